@@ -1,0 +1,163 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+
+	"switchyard/config"
+	"switchyard/load"
+)
+
+// Deps are the shared services policies are built with. Application wiring starts them once;
+// policies retain handles and never create their own.
+type Deps struct {
+	// Loads is the engine-reported load table. Nil means no reports (every metric unknown).
+	Loads LoadReader
+	// Seed seeds the policies' random sources; 0 draws a random seed.
+	Seed uint64
+}
+
+// WorkersFromConfig builds the configured workers, taking each one's router-local counters
+// from counters (nil gives private counters).
+func WorkersFromConfig(cfg *config.Config, counters func(id string) *load.Counters) ([]*Worker, error) {
+	out := make([]*Worker, 0, len(cfg.Workers))
+	for i, wc := range cfg.Workers {
+		stage, ok := StageOf(wc.Role)
+		if !ok {
+			return nil, fmt.Errorf("cannot build workers[%d]: unknown role %q", i, wc.Role)
+		}
+		var c *load.Counters
+		if counters != nil {
+			c = counters(wc.ID)
+		}
+		w := NewWorker(wc.ID, wc.URL, wc.Model, stage, c)
+		if wc.BootstrapPort != nil {
+			w.BootstrapPort = *wc.BootstrapPort
+		}
+		if wc.DPSize > 0 {
+			w.DPSize = wc.DPSize
+		}
+		out = append(out, w)
+	}
+	return out, nil
+}
+
+// BuildResolvers builds one BucketResolver per configured model, with a fresh policy instance
+// per group. The configuration must have passed Validate.
+func BuildResolvers(cfg *config.Config, deps Deps) (map[string]*BucketResolver, error) {
+	seed := deps.Seed
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	b := &builder{cfg: cfg, deps: deps, seed: seed}
+	out := make(map[string]*BucketResolver, len(cfg.Models))
+	var errs []error
+	for name, m := range cfg.Models {
+		buckets := make([]*Bucket, 0, len(m.Buckets))
+		for i, bc := range m.Buckets {
+			path := fmt.Sprintf("models.%s.buckets[%d]", name, i)
+			bk, err := b.bucket(name, &m, &bc, path)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			buckets = append(buckets, bk)
+		}
+		out[name] = NewBucketResolver(name, buckets)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+type builder struct {
+	cfg    *config.Config
+	deps   Deps
+	seed   uint64
+	stream uint64
+}
+
+func (b *builder) bucket(model string, m *config.Model, bc *config.Bucket, path string) (*Bucket, error) {
+	bk := &Bucket{ID: bc.ID, Rank: bc.Rank, MinInput: bc.Limits.Min, MaxInput: Unbounded, MaxContext: Unbounded}
+	if bc.Limits.Max != nil {
+		bk.MaxInput = *bc.Limits.Max
+	}
+	if bc.MaxContextTokens != nil {
+		bk.MaxContext = *bc.MaxContextTokens
+	}
+	var err error
+	switch {
+	case bc.Groups.Plain != nil && bc.Groups.PD == nil:
+		bk.Plain, err = b.group(model, m, StagePlain, bc.Groups.Plain, path+".groups.plain")
+	case bc.Groups.PD != nil && bc.Groups.Plain == nil && bc.Groups.PD.Prefill != nil && bc.Groups.PD.Decode != nil:
+		var errP, errD error
+		bk.Prefill, errP = b.group(model, m, StagePrefill, bc.Groups.PD.Prefill, path+".groups.pd.prefill")
+		bk.Decode, errD = b.group(model, m, StageDecode, bc.Groups.PD.Decode, path+".groups.pd.decode")
+		err = errors.Join(errP, errD)
+	default:
+		err = fmt.Errorf("%s.groups: need exactly one of plain or pd (with prefill and decode)", path)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return bk, nil
+}
+
+func (b *builder) group(model string, m *config.Model, stage Stage, g *config.Group, path string) (*EngineGroup, error) {
+	pc := effectivePolicy(m, stage, g)
+	p, err := b.policy(pc, stage, path+".policy")
+	if err != nil {
+		return nil, err
+	}
+	var members []string
+	if g.WorkerIDs != nil {
+		members = append([]string{}, *g.WorkerIDs...)
+	}
+	return NewEngineGroup(model, stage, members, p), nil
+}
+
+// effectivePolicy is the group's policy, else the model's stage default, else round_robin.
+func effectivePolicy(m *config.Model, stage Stage, g *config.Group) config.Policy {
+	if g.Policy != nil {
+		return *g.Policy
+	}
+	var def *config.Policy
+	switch stage {
+	case StagePlain:
+		def = m.Policies.Plain
+	case StagePrefill:
+		def = m.Policies.Prefill
+	case StageDecode:
+		def = m.Policies.Decode
+	}
+	if def != nil {
+		return *def
+	}
+	return config.Policy{Type: config.PolicyRoundRobin}
+}
+
+func (b *builder) rng() *rand.Rand {
+	b.stream++
+	return rand.New(rand.NewPCG(b.seed, b.stream))
+}
+
+// NewPolicy builds one policy instance from its configuration. Policies that need a state
+// service (affinity store, cache source) not present in deps are an InvalidConfiguration.
+func (b *builder) policy(pc config.Policy, stage Stage, path string) (Policy, error) {
+	adm := admissionOf(LimitsFromConfig(pc.Admission))
+	switch pc.Type {
+	case PolicyRoundRobin:
+		return NewRoundRobin(adm, b.deps.Loads), nil
+	case PolicyRandom:
+		return NewRandom(adm, b.deps.Loads, b.rng()), nil
+	case PolicyPowerOfTwo:
+		return NewPowerOfTwo(adm, b.deps.Loads, b.rng()), nil
+	case PolicyLoadBased:
+		return NewLoadBased(adm, b.deps.Loads), nil
+	case PolicySessionAware, PolicySticky, PolicyCacheAware:
+		return nil, fmt.Errorf("%s.type: policy %q is not available in this build: %w", path, pc.Type, ErrInvalidConfiguration)
+	}
+	return nil, fmt.Errorf("%s.type: unknown policy %q: %w", path, pc.Type, ErrInvalidConfiguration)
+}

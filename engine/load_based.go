@@ -1,0 +1,152 @@
+package engine
+
+import (
+	"time"
+
+	"switchyard/load"
+)
+
+// LoadBased (configured as "load_based") chooses the least loaded candidate, then checks
+// admission once on it.
+//
+// When every candidate has a fresh, complete native report, candidates are ranked by the
+// stage's pressure metrics, each corrected for the dispatches the router made since that
+// report was captured (they are not in the report yet, so they count as waiting requests),
+// then by router-local in-flight. When any candidate lacks such a report, all are ranked by
+// in-flight alone (telemetry fallback). Remaining ties go to the lowest worker ID, so the
+// choice is deterministic for a given state.
+type LoadBased struct {
+	admission EngineAdmission
+	loads     LoadReader
+	scratch   []loadKey
+}
+
+var _ Policy = (*LoadBased)(nil)
+
+// NewLoadBased returns a least-load policy reading loads.
+func NewLoadBased(adm EngineAdmission, loads LoadReader) *LoadBased {
+	return &LoadBased{admission: adm, loads: loads}
+}
+
+// Name implements Policy.
+func (*LoadBased) Name() string { return PolicyLoadBased }
+
+// loadKey is a candidate's ranking tuple; keys compare lexicographically, a total order.
+type loadKey struct {
+	queueMs  float64
+	uncached int64
+	waiting  int64
+	running  int64
+	kvUsage  float64
+	used     int64
+	inflight int64
+	native   bool
+	fields   load.Field
+}
+
+// Pick implements Policy.
+func (p *LoadBased) Pick(c []*Worker, req *PickRequest) (Pick, error) {
+	if len(c) == 0 {
+		return Pick{}, pickErr(OutcomeNoCandidates, req.Stage, req.BucketID, "")
+	}
+	var snap *load.Snapshot
+	if p.loads != nil {
+		snap = p.loads.Load()
+	}
+	now := nowOf(req)
+	keys := p.keys(c, snap, now)
+	best, reason := 0, ReasonLeastLoad
+	native := allNative(keys)
+	if !native {
+		reason = ReasonInFlight
+	}
+	useQueue := native && req.Stage != StageDecode && allHave(keys, load.HasPrefillQueue)
+	useUncached := native && req.Stage != StageDecode && allHave(keys, load.HasWaitingUncached)
+	for i := 1; i < len(keys); i++ {
+		if lessLoad(&keys[i], &keys[best], native, useQueue, useUncached, req.Stage) {
+			best = i
+		}
+	}
+	w := c[best]
+	if p.admission != nil {
+		if err := admit(p.admission, w, observe(snap, w, now), req); err != nil {
+			return Pick{}, err
+		}
+	}
+	return Pick{Worker: w, Reason: reason}, nil
+}
+
+func (p *LoadBased) keys(c []*Worker, snap *load.Snapshot, now time.Time) []loadKey {
+	keys := p.scratch[:0]
+	for _, w := range c {
+		o := observe(snap, w, now)
+		k := loadKey{inflight: w.Counters.InFlight(), native: o.Native(), fields: o.Fields}
+		if k.native {
+			pending := int64(0)
+			if d := w.Counters.Dispatched(); d > o.DispatchesAtCapture {
+				pending = int64(d - o.DispatchesAtCapture)
+			}
+			k.queueMs = o.PrefillQueueMs
+			k.uncached = o.WaitingUncachedTokens
+			k.waiting = o.Waiting + pending
+			k.running = o.Running
+			k.kvUsage = o.KVUsage()
+			k.used = o.UsedTokens
+		}
+		keys = append(keys, k)
+	}
+	p.scratch = keys
+	return keys
+}
+
+func allNative(keys []loadKey) bool {
+	for i := range keys {
+		if !keys[i].native {
+			return false
+		}
+	}
+	return true
+}
+
+func allHave(keys []loadKey, f load.Field) bool {
+	for i := range keys {
+		if keys[i].fields&f != f {
+			return false
+		}
+	}
+	return true
+}
+
+// lessLoad reports whether a ranks strictly before b.
+func lessLoad(a, b *loadKey, native, useQueue, useUncached bool, stage Stage) bool {
+	if native {
+		if stage == StageDecode {
+			if a.waiting != b.waiting {
+				return a.waiting < b.waiting
+			}
+			if a.running != b.running {
+				return a.running < b.running
+			}
+			if a.kvUsage != b.kvUsage {
+				return a.kvUsage < b.kvUsage
+			}
+			if a.used != b.used {
+				return a.used < b.used
+			}
+		} else {
+			if useQueue && a.queueMs != b.queueMs {
+				return a.queueMs < b.queueMs
+			}
+			if useUncached && a.uncached != b.uncached {
+				return a.uncached < b.uncached
+			}
+			if a.waiting != b.waiting {
+				return a.waiting < b.waiting
+			}
+			if a.running != b.running {
+				return a.running < b.running
+			}
+		}
+	}
+	return a.inflight < b.inflight
+}

@@ -1,0 +1,109 @@
+package engine
+
+import (
+	"switchyard/config"
+	"time"
+
+	"switchyard/load"
+)
+
+// Policy selects one engine from a group's candidates. Implementations own their state and
+// the shared-state handles injected at construction (load table, affinity store, cache
+// source), read their observations themselves, and decide where admission is checked.
+//
+// Pick is synchronous: anything needing I/O (a remote prefix lookup) is resolved before the
+// pick and carried in the request (see PickRequest.Prefix). candidates is non-nil, sorted by
+// ID, and must not be modified or retained. A policy instance is owned by one group and is
+// called by one goroutine at a time (its group actor); it needs no locks for its own state.
+type Policy interface {
+	// Pick returns one candidate with a reason, or a *PickError.
+	Pick(candidates []*Worker, req *PickRequest) (Pick, error)
+	// Name is the policy's configuration name ("power_of_two").
+	Name() string
+}
+
+// Pick is one chosen engine and the reason it was chosen (for metrics and tracing).
+type Pick struct {
+	Worker *Worker
+	Reason string
+}
+
+// Selection reasons of the load policies.
+const (
+	ReasonRoundRobin = "round_robin"
+	ReasonRandom     = "random"
+	ReasonSingle     = "single_candidate"
+	ReasonPressure   = "lower_pressure"
+	ReasonInFlight   = "inflight_fallback"
+	ReasonTie        = "tie"
+	ReasonLeastLoad  = "least_load"
+)
+
+// BucketRequest carries the prepared routing facts of one request: everything a bucket
+// attempt needs and nothing of HTTP. The handler builds it once; every bucket attempt reads it.
+type BucketRequest struct {
+	// Model is the requested model.
+	Model string
+	// InputTokens is the prompt length in tokens.
+	InputTokens int64
+	// ExpectedPeak is input plus requested output, or -1 when the output budget is unknown.
+	ExpectedPeak int64
+	// TokenIDs are the prompt's token IDs when tokenized; nil otherwise.
+	TokenIDs []uint32
+	// SessionKey is the session-affinity key, or "".
+	SessionKey string
+	// RoutingKey is the sticky routing key, or "".
+	RoutingKey string
+	// Prefix is the request's prefix-lookup memo, shared by every bucket attempt; nil when no
+	// policy of the model needs it.
+	Prefix PrefixMatcher
+	// Now is the request's observation time: freshness and expiry are judged against it.
+	Now time.Time
+}
+
+// HasPeak reports whether the expected peak is known.
+func (r *BucketRequest) HasPeak() bool { return r.ExpectedPeak >= 0 }
+
+// PickRequest is a BucketRequest as seen by one group of one bucket: the bucket adds its ID
+// and the group's stage.
+type PickRequest struct {
+	*BucketRequest
+	// Stage is the stage of the group being asked.
+	Stage Stage
+	// BucketID is the bucket the pick is for.
+	BucketID string
+}
+
+// PrefixMatcher answers, per candidate, how many prompt tokens an engine already holds. It is
+// the request-scoped memo of one prefix lookup (local index or remote indexer), so every
+// bucket attempt reads the same result. Implemented by the kv package.
+type PrefixMatcher interface {
+	// MatchedTokens returns the number of leading prompt tokens w holds in cache, and ok=false
+	// when the cache source was unavailable for this request (a miss that stays
+	// distinguishable in metrics). err is an invalid-signal error (a rejected query).
+	MatchedTokens(w *Worker) (tokens int64, ok bool, err error)
+}
+
+// LoadReader gives a policy its load observations: the engine-reported load table.
+type LoadReader interface {
+	Load() *load.Snapshot
+}
+
+// observe reads w's observation from snap at now, or the unknown observation without a table.
+func observe(snap *load.Snapshot, w *Worker, now time.Time) load.Observation {
+	if snap == nil {
+		return load.Observation{}
+	}
+	return snap.Observe(w.ID, now)
+}
+
+// Policy names, as configured.
+const (
+	PolicyRoundRobin   = config.PolicyRoundRobin
+	PolicyRandom       = config.PolicyRandom
+	PolicyPowerOfTwo   = config.PolicyPowerOfTwo
+	PolicyLoadBased    = config.PolicyLoadBased
+	PolicySessionAware = config.PolicySessionAware
+	PolicySticky       = config.PolicySticky
+	PolicyCacheAware   = config.PolicyCacheAware
+)

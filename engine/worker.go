@@ -1,0 +1,177 @@
+package engine
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"switchyard/load"
+)
+
+// Worker is one engine. Its identity fields never change after construction; health is an
+// atomic flag flipped through WorkerSet.SetHealthy, which also republishes the registry so
+// that groups see the change. A *Worker is stable for the worker's lifetime: a removed and
+// re-added worker is a new *Worker even with the same ID.
+type Worker struct {
+	// ID is the stable worker ID.
+	ID string
+	// URL is the engine's base URL.
+	URL string
+	// Model is the served model name.
+	Model string
+	// Stage is the worker's role label.
+	Stage Stage
+	// BootstrapPort is a prefill engine's PD bootstrap port; 0 means none.
+	BootstrapPort int
+	// DPSize is the number of data-parallel ranks (at least 1).
+	DPSize int
+	// Counters is the worker's router-local accounting (in-flight, dispatches). Never nil.
+	Counters *load.Counters
+
+	healthy atomic.Bool
+}
+
+// NewWorker returns a healthy worker. A nil counters gets a private set.
+func NewWorker(id, url, model string, stage Stage, counters *load.Counters) *Worker {
+	if counters == nil {
+		counters = new(load.Counters)
+	}
+	w := &Worker{ID: id, URL: url, Model: model, Stage: stage, DPSize: 1, Counters: counters}
+	w.healthy.Store(true)
+	return w
+}
+
+// Healthy reports the worker's current health.
+func (w *Worker) Healthy() bool { return w.healthy.Load() }
+
+// String returns the worker's ID.
+func (w *Worker) String() string { return w.ID }
+
+type modelStage struct {
+	model string
+	stage Stage
+}
+
+// Registry is an immutable snapshot of the live workers. Groups cache what they derive from a
+// snapshot and recompute only when the snapshot pointer changes.
+type Registry struct {
+	byID map[string]*Worker
+	all  []*Worker // sorted by ID
+	// healthy workers per (model, stage), sorted by ID.
+	healthy map[modelStage][]*Worker
+}
+
+// NewRegistry builds a snapshot from workers. IDs must be unique.
+func NewRegistry(workers []*Worker) (*Registry, error) {
+	r := &Registry{
+		byID:    make(map[string]*Worker, len(workers)),
+		all:     slices.Clone(workers),
+		healthy: make(map[modelStage][]*Worker),
+	}
+	for _, w := range workers {
+		if w == nil {
+			return nil, fmt.Errorf("cannot build registry: %w", errNilWorker)
+		}
+		if _, dup := r.byID[w.ID]; dup {
+			return nil, fmt.Errorf("cannot build registry: duplicate worker ID %q", w.ID)
+		}
+		r.byID[w.ID] = w
+	}
+	slices.SortFunc(r.all, func(a, b *Worker) int { return cmp.Compare(a.ID, b.ID) })
+	for _, w := range r.all {
+		if w.Healthy() {
+			k := modelStage{w.Model, w.Stage}
+			r.healthy[k] = append(r.healthy[k], w)
+		}
+	}
+	return r, nil
+}
+
+// Worker returns the worker with the given ID, or nil.
+func (r *Registry) Worker(id string) *Worker { return r.byID[id] }
+
+// Workers returns every worker, sorted by ID. The caller must not modify the slice.
+func (r *Registry) Workers() []*Worker { return r.all }
+
+// Healthy returns the healthy workers of a model and stage, sorted by ID. The caller must not
+// modify the slice.
+func (r *Registry) Healthy(model string, stage Stage) []*Worker {
+	return r.healthy[modelStage{model, stage}]
+}
+
+// WorkerSet publishes the current Registry behind an atomic pointer. Readers call Load;
+// writers (worker lifecycle) serialize on a mutex and publish a new snapshot.
+type WorkerSet struct {
+	mu  sync.Mutex
+	cur atomic.Pointer[Registry]
+}
+
+// NewWorkerSet returns a set holding the given workers.
+func NewWorkerSet(workers []*Worker) (*WorkerSet, error) {
+	r, err := NewRegistry(workers)
+	if err != nil {
+		return nil, err
+	}
+	s := &WorkerSet{}
+	s.cur.Store(r)
+	return s, nil
+}
+
+// Load returns the current snapshot.
+func (s *WorkerSet) Load() *Registry { return s.cur.Load() }
+
+// Add publishes a snapshot with w added; its ID must be new.
+func (s *WorkerSet) Add(w *Worker) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := s.cur.Load()
+	if old.byID[w.ID] != nil {
+		return fmt.Errorf("cannot add worker %q: %w", w.ID, ErrDuplicateWorker)
+	}
+	r, err := NewRegistry(append(slices.Clone(old.all), w))
+	if err != nil {
+		return err
+	}
+	s.cur.Store(r)
+	return nil
+}
+
+// Remove publishes a snapshot without the worker and returns it, or nil when unknown.
+func (s *WorkerSet) Remove(id string) *Worker {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := s.cur.Load()
+	w := old.byID[id]
+	if w == nil {
+		return nil
+	}
+	rest := make([]*Worker, 0, len(old.all)-1)
+	for _, o := range old.all {
+		if o != w {
+			rest = append(rest, o)
+		}
+	}
+	r, _ := NewRegistry(rest) // IDs were unique before; cannot fail
+	s.cur.Store(r)
+	return w
+}
+
+// SetHealthy sets a worker's health and republishes the snapshot when it changed. It reports
+// whether the worker exists.
+func (s *WorkerSet) SetHealthy(id string, healthy bool) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := s.cur.Load()
+	w := old.byID[id]
+	if w == nil {
+		return false
+	}
+	if w.healthy.Swap(healthy) == healthy {
+		return true
+	}
+	r, _ := NewRegistry(old.all)
+	s.cur.Store(r)
+	return true
+}
