@@ -74,14 +74,17 @@ type PickRequest struct {
 	BucketID string
 }
 
-// PrefixMatcher answers, per candidate, how many prompt tokens an engine already holds. It is
-// the request-scoped memo of one prefix lookup (local index or remote indexer), so every
-// bucket attempt reads the same result. Implemented by the kv package.
+// PrefixMatcher answers how many leading prompt tokens an engine already holds in cache. It
+// is the request-scoped memo of one prefix lookup (local index or remote indexer), made once
+// per request before any pick and shared by every bucket attempt; each policy restricts it to
+// its own candidates. Implemented by the kv package (which cannot import engine, hence IDs).
 type PrefixMatcher interface {
-	// MatchedTokens returns the number of leading prompt tokens w holds in cache, and ok=false
-	// when the cache source was unavailable for this request (a miss that stays
-	// distinguishable in metrics). err is an invalid-signal error (a rejected query).
-	MatchedTokens(w *Worker) (tokens int64, ok bool, err error)
+	// MatchedTokens returns the number of leading prompt tokens worker workerID holds.
+	MatchedTokens(workerID string) int64
+	// Status reports whether the lookup succeeded (ok), and otherwise whether the source was
+	// unavailable (a miss that stays distinguishable in metrics, unavailable=true) or the
+	// query was rejected (err, an invalid signal).
+	Status() (ok, unavailable bool, err error)
 }
 
 // LoadReader gives a policy its load observations: the engine-reported load table.
