@@ -1,0 +1,75 @@
+// Command switchyard is the Switchyard LLM inference router and its tools.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// command is one subcommand: it parses its own flags from args and runs until done or ctx is
+// cancelled.
+type command struct {
+	name  string
+	usage string
+	run   func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+}
+
+func commands() []command {
+	return []command{
+		{"check", "validate a configuration: switchyard check --config FILE", runCheck},
+		{"demo", "run the selection core on the built-in example and print its picks", runDemo},
+	}
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(stdout)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	for _, c := range commands() {
+		if c.name != args[0] {
+			continue
+		}
+		err := c.run(ctx, args[1:], stdout, stderr)
+		switch {
+		case err == nil:
+			return 0
+		case errors.Is(err, flag.ErrHelp):
+			return 0
+		case errors.Is(err, errReported):
+			return 1
+		default:
+			fmt.Fprintf(stderr, "switchyard %s: %v\n", c.name, err)
+			return 1
+		}
+	}
+	fmt.Fprintf(stderr, "switchyard: unknown command %q\n\n", args[0])
+	usage(stderr)
+	return 2
+}
+
+// errReported means the command already printed its failure.
+var errReported = errors.New("reported")
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: switchyard <command> [flags]\n\ncommands:")
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-11s %s\n", c.name, c.usage)
+	}
+}

@@ -1,0 +1,77 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func runCmd(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code = run(context.Background(), args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func TestDemoPrintsSection7Picks(t *testing.T) {
+	code, out, errOut := runCmd(t, "demo")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{
+		"4k in, 16k peak      llama  4096    16384  long-context",
+		"4k in, 8k peak       llama  4096    8192   short-context",
+		"no_matching_bucket",
+		"qwen #3 (held)       qwen   100     300    large",
+		"small/plain/Q1: max_inflight_requests, large/plain/Q3: max_inflight_requests",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("demo output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestCheck(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(bad, []byte(`
+workers:
+  - {id: W1, url: "http://127.0.0.1:1", model: m}
+models:
+  m:
+    buckets:
+      - id: a
+        limits: {min: 10, max: 5}
+        groups:
+          plain: {worker_ids: [W9], policy: {type: fused_score}}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut := runCmd(t, "check", "--config", bad)
+	if code != 1 {
+		t.Fatalf("exit %d, want 1", code)
+	}
+	for _, want := range []string{"models.m.buckets[0].limits", "W9", "fused_score"} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("check output lacks %q:\n%s", want, errOut)
+		}
+	}
+	if n := strings.Count(strings.TrimSpace(errOut), "\n") + 1; n < 3 {
+		t.Errorf("want every problem on its own line, got %d lines:\n%s", n, errOut)
+	}
+
+	code, out, errOut := runCmd(t, "check", "--config", "../../config/testdata/example.yaml")
+	if code != 0 || !strings.Contains(out, "configuration ok") {
+		t.Fatalf("example config: exit %d\n%s%s", code, out, errOut)
+	}
+}
+
+func TestUnknownCommand(t *testing.T) {
+	code, _, errOut := runCmd(t, "nope")
+	if code != 2 || !strings.Contains(errOut, `unknown command "nope"`) {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+}
