@@ -1,0 +1,323 @@
+package config
+
+import "time"
+
+// Role is the serving role of an engine.
+type Role string
+
+// Engine roles.
+const (
+	RolePlain   Role = "plain"
+	RolePrefill Role = "prefill"
+	RoleDecode  Role = "decode"
+)
+
+// Policy type names, as written in configuration.
+const (
+	PolicyRoundRobin   = "round_robin"
+	PolicyRandom       = "random"
+	PolicyPowerOfTwo   = "power_of_two"
+	PolicyLoadBased    = "load_based"
+	PolicySessionAware = "session_aware"
+	PolicySticky       = "sticky"
+	PolicyCacheAware   = "cache_aware"
+)
+
+// Config is the router's whole configuration. Load fills it from defaults, a file, the
+// environment and flags; Validate checks it.
+type Config struct {
+	// Server holds listener, auth and timeout settings.
+	Server Server `koanf:"server" json:"server"`
+	// Workers lists the engines known at startup. Default: none.
+	Workers []Worker `koanf:"workers" json:"workers"`
+	// Models maps a model name to its routing. Default: none.
+	Models map[string]Model `koanf:"models" json:"models"`
+	// Actors sizes the actor system.
+	Actors Actors `koanf:"actors" json:"actors"`
+	// Load configures engine-reported load ingestion.
+	Load LoadSettings `koanf:"load" json:"load"`
+	// KV configures KV-event subscriptions and the prefix index.
+	KV KV `koanf:"kv" json:"kv"`
+	// Affinity configures session and routing-key bindings.
+	Affinity Affinity `koanf:"affinity" json:"affinity"`
+	// CacheAware tunes every group whose policy is cache_aware.
+	CacheAware CacheAware `koanf:"cache_aware" json:"cache_aware"`
+	// Health configures active health checks and circuit breakers.
+	Health Health `koanf:"health" json:"health"`
+	// DefaultPolicy is the policy of every group that sets no policy and whose model sets
+	// no default for the group's stage. Default round_robin with default admission (no caps).
+	// The --policy flag sets its type.
+	DefaultPolicy Policy `koanf:"default_policy" json:"default_policy"`
+	// Log configures the router's own logging.
+	Log Log `koanf:"log" json:"log"`
+}
+
+// Log configures the router's own logging.
+type Log struct {
+	// Level is the minimum level logged: debug, info, warn or error. Default info.
+	Level string `koanf:"level" json:"level"`
+}
+
+// Server holds listener, auth and timeout settings.
+type Server struct {
+	// Host is the listen address. Default "127.0.0.1".
+	Host string `koanf:"host" json:"host"`
+	// Port is the listen port, 0..65535; 0 lets the OS choose. Default 8080.
+	Port int `koanf:"port" json:"port"`
+	// APIKey, when set, is the bearer key required on the data plane. Default: none.
+	APIKey string `koanf:"api_key" json:"api_key"`
+	// AdminAPIKey, when set, is the bearer key required on the admin API. Default: none.
+	AdminAPIKey string `koanf:"admin_api_key" json:"admin_api_key"`
+	// MaxBodyBytes caps a request body, also after decompression. Default 32 MiB.
+	MaxBodyBytes int64 `koanf:"max_body_bytes" json:"max_body_bytes"`
+	// RequestTimeout bounds one request end to end. Default 600s.
+	RequestTimeout time.Duration `koanf:"request_timeout" json:"request_timeout"`
+	// StreamIdleTimeout bounds the gap between two chunks of a stream. Default 60s.
+	StreamIdleTimeout time.Duration `koanf:"stream_idle_timeout" json:"stream_idle_timeout"`
+	// DrainTimeout bounds graceful shutdown. Default 30s.
+	DrainTimeout time.Duration `koanf:"drain_timeout" json:"drain_timeout"`
+}
+
+// Worker is one engine known from configuration.
+type Worker struct {
+	// ID is the stable, unique worker ID. Required.
+	ID string `koanf:"id" json:"id"`
+	// URL is the engine's base URL, e.g. "http://127.0.0.1:30001". Required.
+	URL string `koanf:"url" json:"url"`
+	// Model is the served model name. Required.
+	Model string `koanf:"model" json:"model"`
+	// Role is plain, prefill or decode. Default plain.
+	Role Role `koanf:"role" json:"role"`
+	// BootstrapPort is a prefill engine's PD bootstrap port. Default: none (null on the wire).
+	BootstrapPort *int `koanf:"bootstrap_port" json:"bootstrap_port"`
+	// DPSize is the engine's data-parallel size. Default 1 (or introspected).
+	DPSize int `koanf:"dp_size" json:"dp_size"`
+	// KVEvents, when set, is the engine's KV-event publisher endpoint
+	// ("tcp://host:port"), overriding introspection. Default: introspected.
+	KVEvents string `koanf:"kv_events" json:"kv_events"`
+	// LoadPublish, when set, is the engine's ZMQ load-gauge endpoint. Default: introspected.
+	LoadPublish string `koanf:"load_publish" json:"load_publish"`
+}
+
+// Model is one model's routing: default policies per stage and its buckets.
+type Model struct {
+	// Policies are the default policies per stage, used by groups that set none.
+	Policies StagePolicies `koanf:"policies" json:"policies"`
+	// Buckets are the model's length buckets. At least one is required.
+	Buckets []Bucket `koanf:"buckets" json:"buckets"`
+	// Tokenizer configures exact token counting for this model. Default: body-size estimate.
+	Tokenizer Tokenizer `koanf:"tokenizer" json:"tokenizer"`
+}
+
+// Tokenizer locates a model's tokenizer files.
+type Tokenizer struct {
+	// Path is a directory holding tokenizer.json, or the file itself. Default: none.
+	Path string `koanf:"path" json:"path"`
+}
+
+// StagePolicies are a model's default policies per stage. A nil entry defaults to
+// the configuration's DefaultPolicy (round_robin with default admission unless set).
+type StagePolicies struct {
+	// Plain is the default policy of the model's plain groups. Default: none.
+	Plain *Policy `koanf:"plain" json:"plain"`
+	// Prefill is the default policy of the model's prefill groups. Default: none.
+	Prefill *Policy `koanf:"prefill" json:"prefill"`
+	// Decode is the default policy of the model's decode groups; cache_aware is not
+	// allowed. Default: none.
+	Decode *Policy `koanf:"decode" json:"decode"`
+}
+
+// Bucket is a token-length bucket holding one plain group or a PD pair of groups.
+type Bucket struct {
+	// ID is unique within the model and non-empty. Required.
+	ID string `koanf:"id" json:"id"`
+	// Rank breaks capacity ties, lower first. Default 0.
+	Rank int `koanf:"rank" json:"rank"`
+	// Limits is the inclusive input-token range.
+	Limits Limits `koanf:"limits" json:"limits"`
+	// MaxContextTokens caps input plus requested output. Default: unbounded.
+	MaxContextTokens *int64 `koanf:"max_context_tokens" json:"max_context_tokens"`
+	// Groups holds exactly one of Plain or PD.
+	Groups Groups `koanf:"groups" json:"groups"`
+}
+
+// Limits is an inclusive input-token range.
+type Limits struct {
+	// Min is the smallest input length, in tokens. Default 0.
+	Min int64 `koanf:"min" json:"min"`
+	// Max is the largest input length, in tokens. Default: unbounded.
+	Max *int64 `koanf:"max" json:"max"`
+}
+
+// Groups is either a plain group or a prefill/decode pair: exactly one is set.
+type Groups struct {
+	// Plain is the bucket's plain engine group. Default: none.
+	Plain *Group `koanf:"plain" json:"plain"`
+	// PD is the bucket's prefill/decode pair of groups. Default: none.
+	PD *PDGroups `koanf:"pd" json:"pd"`
+}
+
+// PDGroups is a prefill group and a decode group; both are required.
+type PDGroups struct {
+	// Prefill is the prefill group. Required.
+	Prefill *Group `koanf:"prefill" json:"prefill"`
+	// Decode is the decode group. Required.
+	Decode *Group `koanf:"decode" json:"decode"`
+}
+
+// Group is an engine group: its membership and its policy.
+type Group struct {
+	// WorkerIDs lists members by worker ID. Absent (nil) means every healthy engine of the
+	// model and role; an empty list means none.
+	WorkerIDs *[]string `koanf:"worker_ids" json:"worker_ids"`
+	// Policy is the group's policy. Default: the model's stage default, else
+	// the configuration's DefaultPolicy (see Config.EffectivePolicy).
+	Policy *Policy `koanf:"policy" json:"policy"`
+}
+
+// Policy names a policy type with its admission caps and policy settings.
+type Policy struct {
+	// Type is one of the Policy* names. Required.
+	Type string `koanf:"type" json:"type"`
+	// Admission holds the per-engine caps. Default: every cap unset (admit all).
+	Admission Admission `koanf:"admission" json:"admission"`
+	// Fallback is sticky's policy for new or missing keys: round_robin, random,
+	// power_of_two or load_based. Default round_robin. Only valid on sticky.
+	Fallback string `koanf:"fallback" json:"fallback"`
+}
+
+// Admission holds the five optional per-engine caps. A nil cap is not checked; a cap
+// admits while the engine's metric is below it. A set cap must be at least 1.
+type Admission struct {
+	// MaxRunningRequests caps reported running requests. Default: unset.
+	MaxRunningRequests *int64 `koanf:"max_running_requests" json:"max_running_requests"`
+	// MaxWaitingRequests caps reported waiting requests. Default: unset.
+	MaxWaitingRequests *int64 `koanf:"max_waiting_requests" json:"max_waiting_requests"`
+	// MaxKVTokens caps reported used KV tokens, in tokens. Default: unset.
+	MaxKVTokens *int64 `koanf:"max_kv_tokens" json:"max_kv_tokens"`
+	// MaxPendingPrefillTokens caps reported waiting uncached tokens, in tokens. Default: unset.
+	MaxPendingPrefillTokens *int64 `koanf:"max_pending_prefill_tokens" json:"max_pending_prefill_tokens"`
+	// MaxInflightRequests caps router-local in-flight requests. Default: unset; the
+	// --max-in-flight flag sets it on every policy.
+	MaxInflightRequests *int64 `koanf:"max_inflight_requests" json:"max_inflight_requests"`
+}
+
+// Actors sizes the actor system.
+type Actors struct {
+	// Mailbox holds the bounded mailbox size per actor kind.
+	Mailbox Mailbox `koanf:"mailbox" json:"mailbox"`
+	// PickTimeout bounds the wait for a bucket actor's reply. Default 1s.
+	PickTimeout time.Duration `koanf:"pick_timeout" json:"pick_timeout"`
+}
+
+// Mailbox sizes, in messages. A full mailbox rejects at once.
+type Mailbox struct {
+	// Bucket is each bucket actor's mailbox size. Default 1024.
+	Bucket int `koanf:"bucket" json:"bucket"`
+	// Group is each group actor's mailbox size. Default 1024.
+	Group int `koanf:"group" json:"group"`
+	// Telemetry is each telemetry actor's mailbox size. Default 256.
+	Telemetry int `koanf:"telemetry" json:"telemetry"`
+	// IndexShard is each prefix-index shard actor's mailbox size. Default 4096.
+	IndexShard int `koanf:"index_shard" json:"index_shard"`
+	// Affinity is each affinity scope actor's mailbox size. Default 1024.
+	Affinity int `koanf:"affinity" json:"affinity"`
+}
+
+// LoadSettings configures engine-reported load ingestion (the "load" section). It is not
+// named Load because the package's Load function builds the whole configuration.
+type LoadSettings struct {
+	// Freshness is how long a rank's report stays usable. Default 5s.
+	Freshness time.Duration `koanf:"freshness" json:"freshness"`
+	// PollInterval is the HTTP poll period of /v1/loads (or /get_load). Default 1s.
+	PollInterval time.Duration `koanf:"poll_interval" json:"poll_interval"`
+	// Source is "http", "zmq" or "auto" (ZMQ gauge when advertised, else HTTP). Default auto.
+	Source string `koanf:"source" json:"source"`
+	// GuardMaxAge is the age after which the janitor releases a leaked in-flight guard.
+	// Default 1h.
+	GuardMaxAge time.Duration `koanf:"guard_max_age" json:"guard_max_age"`
+}
+
+// KV configures KV-event subscriptions and the prefix index.
+type KV struct {
+	// Enabled subscribes to engines' KV events when a cache_aware policy uses the local
+	// index. Default true.
+	Enabled bool `koanf:"enabled" json:"enabled"`
+	// BindEndpoint, when set, is a SUB endpoint the router binds for engines that connect
+	// to it (e.g. "tcp://127.0.0.1:5557"). Default: none.
+	BindEndpoint string `koanf:"bind_endpoint" json:"bind_endpoint"`
+	// BlockSize is the block size, in tokens, when an engine does not advertise one. Default 16.
+	BlockSize int `koanf:"block_size" json:"block_size"`
+	// Shards is the number of prefix-index shard actors. Default 8.
+	Shards int `koanf:"shards" json:"shards"`
+	// MaxBlocks bounds the resident blocks of the index; LRU beyond. Default 4,000,000.
+	MaxBlocks int `koanf:"max_blocks" json:"max_blocks"`
+	// ReconnectBackoff is the first reconnect delay, doubled up to 30s. Default 500ms.
+	ReconnectBackoff time.Duration `koanf:"reconnect_backoff" json:"reconnect_backoff"`
+}
+
+// Affinity configures session and routing-key bindings.
+type Affinity struct {
+	// SessionHeader carries the session key. Default "x-session-id".
+	SessionHeader string `koanf:"session_header" json:"session_header"`
+	// RoutingKeyHeader carries the sticky routing key. Default "x-sgl-routing-key".
+	RoutingKeyHeader string `koanf:"routing_key_header" json:"routing_key_header"`
+	// IdleTimeout expires a binding unused this long. Default 600s.
+	IdleTimeout time.Duration `koanf:"idle_timeout" json:"idle_timeout"`
+	// SweepInterval is the expiry sweep period. Default 60s.
+	SweepInterval time.Duration `koanf:"sweep_interval" json:"sweep_interval"`
+	// MaxBindings bounds the bindings per scope; LRU beyond. Default 100,000.
+	MaxBindings int `koanf:"max_bindings" json:"max_bindings"`
+}
+
+// CacheAware tunes the cache_aware policy.
+type CacheAware struct {
+	// Source is "local" (the router's own index) or "remote" (an indexer). Default local.
+	Source string `koanf:"source" json:"source"`
+	// RemoteURL is the indexer's base URL when Source is remote. Default: none.
+	RemoteURL string `koanf:"remote_url" json:"remote_url"`
+	// QueryTimeout bounds one remote lookup. Default 100ms.
+	QueryTimeout time.Duration `koanf:"query_timeout" json:"query_timeout"`
+	// MaxInflightQueries bounds concurrent remote lookups. Default 32.
+	MaxInflightQueries int `koanf:"max_inflight_queries" json:"max_inflight_queries"`
+	// MinMatchedTokens is the minimum prefix hit, in tokens, to prefer a holder. Default 1024.
+	MinMatchedTokens int `koanf:"min_matched_tokens" json:"min_matched_tokens"`
+	// MinMatchRatio is the optional minimum matched/input ratio; 0 disables. Default 0.
+	MinMatchRatio float64 `koanf:"min_match_ratio" json:"min_match_ratio"`
+	// MinCandidates is the lower bound of the candidate set. Default 8.
+	MinCandidates int `koanf:"min_candidates" json:"min_candidates"`
+	// CandidateRatio sizes the candidate set as a fraction of the group. Default 0.05.
+	CandidateRatio float64 `koanf:"candidate_ratio" json:"candidate_ratio"`
+	// MaxCandidates is the upper bound of the candidate set. Default 32.
+	MaxCandidates int `koanf:"max_candidates" json:"max_candidates"`
+	// WorkerQueueLimit is the soft queue gate: waiting requests beyond which a holder is
+	// avoided when another is available. Default 8.
+	WorkerQueueLimit int `koanf:"worker_queue_limit" json:"worker_queue_limit"`
+	// SaturationFloor is the fraction of candidates that must be past the soft gate before
+	// the best holder is pinned anyway. Default 1.0 (all).
+	SaturationFloor float64 `koanf:"saturation_floor" json:"saturation_floor"`
+	// SwitchMargin is the uncached-token advantage, in tokens, a holder needs over the
+	// best-matching holder to be chosen instead. Default 256.
+	SwitchMargin int `koanf:"switch_margin" json:"switch_margin"`
+	// PressureGuard is the waiting-request gap beyond which a less-loaded holder wins
+	// despite more uncached work. Default 4.
+	PressureGuard int `koanf:"pressure_guard" json:"pressure_guard"`
+	// MinLoadChoices is k of the power-of-k fallback on a miss; at least 2. Default 2.
+	MinLoadChoices int `koanf:"min_load_choices" json:"min_load_choices"`
+}
+
+// Health configures active health checks and circuit breakers.
+type Health struct {
+	// Interval is the health-check period. Default 5s.
+	Interval time.Duration `koanf:"interval" json:"interval"`
+	// Timeout bounds one health check. Default 2s.
+	Timeout time.Duration `koanf:"timeout" json:"timeout"`
+	// FailureThreshold consecutive failures mark a worker unhealthy. Default 3.
+	FailureThreshold int `koanf:"failure_threshold" json:"failure_threshold"`
+	// SuccessThreshold consecutive successes mark it healthy again. Default 2.
+	SuccessThreshold int `koanf:"success_threshold" json:"success_threshold"`
+	// BreakerFailures consecutive dispatch failures open a worker's breaker. Default 5.
+	BreakerFailures int `koanf:"breaker_failures" json:"breaker_failures"`
+	// BreakerCooldown is the open time before a half-open probe. Default 30s.
+	BreakerCooldown time.Duration `koanf:"breaker_cooldown" json:"breaker_cooldown"`
+}

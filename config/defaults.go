@@ -1,0 +1,94 @@
+package config
+
+import "time"
+
+// Default returns a new Config holding every documented default. It has no workers and
+// no models. Each call returns a fresh value the caller owns.
+func Default() *Config {
+	return &Config{
+		Server: Server{
+			Host:              "127.0.0.1",
+			Port:              8080,
+			MaxBodyBytes:      32 << 20,
+			RequestTimeout:    600 * time.Second,
+			StreamIdleTimeout: 60 * time.Second,
+			DrainTimeout:      30 * time.Second,
+		},
+		Actors: Actors{
+			Mailbox: Mailbox{
+				Bucket:     1024,
+				Group:      1024,
+				Telemetry:  256,
+				IndexShard: 4096,
+				Affinity:   1024,
+			},
+			PickTimeout: time.Second,
+		},
+		Load: LoadSettings{
+			Freshness:    5 * time.Second,
+			PollInterval: time.Second,
+			Source:       LoadSourceAuto,
+			GuardMaxAge:  time.Hour,
+		},
+		KV: KV{
+			Enabled:          true,
+			BlockSize:        16,
+			Shards:           8,
+			MaxBlocks:        4_000_000,
+			ReconnectBackoff: 500 * time.Millisecond,
+		},
+		Affinity: Affinity{
+			SessionHeader:    "x-session-id",
+			RoutingKeyHeader: "x-sgl-routing-key",
+			IdleTimeout:      600 * time.Second,
+			SweepInterval:    60 * time.Second,
+			MaxBindings:      100_000,
+		},
+		CacheAware: CacheAware{
+			Source:             CacheSourceLocal,
+			QueryTimeout:       100 * time.Millisecond,
+			MaxInflightQueries: 32,
+			MinMatchedTokens:   1024,
+			MinMatchRatio:      0,
+			MinCandidates:      8,
+			CandidateRatio:     0.05,
+			MaxCandidates:      32,
+			WorkerQueueLimit:   8,
+			SaturationFloor:    1.0,
+			SwitchMargin:       256,
+			PressureGuard:      4,
+			MinLoadChoices:     2,
+		},
+		Health: Health{
+			Interval:         5 * time.Second,
+			Timeout:          2 * time.Second,
+			FailureThreshold: 3,
+			SuccessThreshold: 2,
+			BreakerFailures:  5,
+			BreakerCooldown:  30 * time.Second,
+		},
+		DefaultPolicy: Policy{Type: PolicyRoundRobin},
+		Log:           Log{Level: LogLevelInfo},
+	}
+}
+
+// defaultWorker is the starting value of every worker decoded from a file: role plain,
+// DP size 1.
+func defaultWorker() Worker {
+	return Worker{Role: RolePlain, DPSize: 1}
+}
+
+// Load sources, cache sources, sticky fallbacks and log levels, as written in configuration.
+const (
+	LoadSourceHTTP = "http"
+	LoadSourceZMQ  = "zmq"
+	LoadSourceAuto = "auto"
+
+	CacheSourceLocal  = "local"
+	CacheSourceRemote = "remote"
+
+	LogLevelDebug = "debug"
+	LogLevelInfo  = "info"
+	LogLevelWarn  = "warn"
+	LogLevelError = "error"
+)
