@@ -1,0 +1,466 @@
+package config
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// policyNames lists the known policy types in configuration order.
+func policyNames() []string {
+	return []string{PolicyRoundRobin, PolicyRandom, PolicyPowerOfTwo, PolicyLoadBased,
+		PolicySessionAware, PolicySticky, PolicyCacheAware}
+}
+
+func knownPolicy(name string) bool { return slices.Contains(policyNames(), name) }
+
+// stickyFallbacks lists the policies sticky may fall back to.
+func stickyFallbacks() []string {
+	return []string{PolicyRoundRobin, PolicyRandom, PolicyPowerOfTwo, PolicyLoadBased}
+}
+
+// Validate checks the whole configuration and reports every problem at once, each a
+// *FieldError naming its path, joined with errors.Join. It returns nil when the
+// configuration is usable.
+func (c *Config) Validate() error {
+	var p problems
+	c.validateServer(&p)
+	workers := c.validateWorkers(&p)
+	for _, name := range sortedKeys(c.Models) {
+		c.validateModel(&p, name, workers)
+	}
+	c.validatePolicy(&p, "default_policy", &c.DefaultPolicy, "", true)
+	c.validateActors(&p)
+	c.validateLoad(&p)
+	c.validateKV(&p)
+	c.validateAffinity(&p)
+	c.validateCacheAware(&p)
+	c.validateHealth(&p)
+	if !slices.Contains([]string{LogLevelDebug, LogLevelInfo, LogLevelWarn, LogLevelError}, c.Log.Level) {
+		p.add("log.level", ErrInvalid, fmt.Sprintf("unknown level %q (debug, info, warn or error)", c.Log.Level))
+	}
+	return p.err()
+}
+
+func positive(p *problems, path string, d time.Duration) {
+	if d <= 0 {
+		p.add(path, ErrInvalid, "must be a positive duration, got "+d.String())
+	}
+}
+
+func atLeast(p *problems, path string, v, least int64) {
+	if v < least {
+		p.add(path, ErrInvalid, fmt.Sprintf("must be at least %d, got %d", least, v))
+	}
+}
+
+func (c *Config) validateServer(p *problems) {
+	s := c.Server
+	if s.Port < 0 || s.Port > 65535 {
+		p.add("server.port", ErrInvalid, fmt.Sprintf("must be in 0..65535, got %d", s.Port))
+	}
+	atLeast(p, "server.max_body_bytes", s.MaxBodyBytes, 1)
+	positive(p, "server.request_timeout", s.RequestTimeout)
+	positive(p, "server.stream_idle_timeout", s.StreamIdleTimeout)
+	positive(p, "server.drain_timeout", s.DrainTimeout)
+}
+
+// validateWorkers checks the workers and returns the index of each worker ID (first
+// occurrence).
+func (c *Config) validateWorkers(p *problems) map[string]int {
+	ids := make(map[string]int, len(c.Workers))
+	type kinds struct{ plain, pd int }
+	firsts := make(map[string]*kinds)
+	var models []string
+	for i, w := range c.Workers {
+		path := joinIndex("workers", i)
+		switch prev, dup := ids[w.ID]; {
+		case w.ID == "":
+			p.add(path+".id", ErrInvalid, "required")
+		case dup:
+			p.add(path+".id", ErrInvalid, fmt.Sprintf("duplicate worker ID %q (also workers[%d])", w.ID, prev))
+		default:
+			ids[w.ID] = i
+		}
+		if msg := checkHTTPURL(w.URL); msg != "" {
+			p.add(path+".url", ErrInvalid, msg)
+		}
+		if w.Model == "" {
+			p.add(path+".model", ErrInvalid, "required")
+		}
+		switch w.Role {
+		case RolePlain, RolePrefill, RoleDecode:
+		default:
+			p.add(path+".role", ErrInvalid, fmt.Sprintf("unknown role %q (plain, prefill or decode)", w.Role))
+		}
+		atLeast(p, path+".dp_size", int64(w.DPSize), 1)
+		if w.BootstrapPort != nil && (*w.BootstrapPort < 1 || *w.BootstrapPort > 65535) {
+			p.add(path+".bootstrap_port", ErrInvalid, fmt.Sprintf("must be in 1..65535, got %d", *w.BootstrapPort))
+		}
+		if w.KVEvents != "" {
+			if msg := checkZMQEndpoint(w.KVEvents); msg != "" {
+				p.add(path+".kv_events", ErrInvalid, msg)
+			}
+		}
+		if w.LoadPublish != "" {
+			if msg := checkZMQEndpoint(w.LoadPublish); msg != "" {
+				p.add(path+".load_publish", ErrInvalid, msg)
+			}
+		}
+		k := firsts[w.Model]
+		if k == nil {
+			k = &kinds{plain: -1, pd: -1}
+			firsts[w.Model] = k
+			models = append(models, w.Model)
+		}
+		switch w.Role {
+		case RolePlain:
+			if k.plain < 0 {
+				k.plain = i
+			}
+		case RolePrefill, RoleDecode:
+			if k.pd < 0 {
+				k.pd = i
+			}
+		}
+	}
+	for _, m := range models {
+		if k := firsts[m]; k.plain >= 0 && k.pd >= 0 {
+			later := max(k.plain, k.pd)
+			p.add(joinIndex("workers", later)+".role", ErrInvalid, fmt.Sprintf(
+				"model %q mixes plain workers (workers[%d]) with prefill/decode workers (workers[%d]); a model is served either plain or prefill/decode",
+				m, k.plain, k.pd))
+		}
+	}
+	return ids
+}
+
+func (c *Config) validateModel(p *problems, name string, workers map[string]int) {
+	m := c.Models[name]
+	path := joinKey("models", name)
+	if name == "" {
+		p.add(path, ErrInvalid, "model name must not be empty")
+	}
+	c.validatePolicy(p, path+".policies.plain", m.Policies.Plain, RolePlain, false)
+	c.validatePolicy(p, path+".policies.prefill", m.Policies.Prefill, RolePrefill, false)
+	c.validatePolicy(p, path+".policies.decode", m.Policies.Decode, RoleDecode, false)
+	if len(m.Buckets) == 0 {
+		p.add(path+".buckets", ErrInvalid, "at least one bucket is required")
+	}
+	ids := make(map[string]int, len(m.Buckets))
+	for i := range m.Buckets {
+		b := &m.Buckets[i]
+		bpath := joinIndex(path+".buckets", i)
+		switch prev, dup := ids[b.ID]; {
+		case b.ID == "":
+			p.add(bpath+".id", ErrInvalid, "required")
+		case dup:
+			p.add(bpath+".id", ErrInvalid, fmt.Sprintf("duplicate bucket ID %q (also buckets[%d])", b.ID, prev))
+		default:
+			ids[b.ID] = i
+		}
+		validateLimits(p, bpath, b)
+		c.validateGroups(p, bpath+".groups", name, b.Groups, workers)
+	}
+}
+
+func validateLimits(p *problems, bpath string, b *Bucket) {
+	lmin := b.Limits.Min
+	if lmin < 0 {
+		p.add(bpath+".limits.min", ErrInvalid, fmt.Sprintf("must be at least 0, got %d", lmin))
+	}
+	if mx := b.Limits.Max; mx != nil {
+		switch {
+		case *mx < 1:
+			p.add(bpath+".limits.max", ErrInvalid, fmt.Sprintf("must be positive, got %d", *mx))
+		case *mx < lmin:
+			p.add(bpath+".limits.max", ErrInvalid, fmt.Sprintf("must be at least limits.min (%d), got %d", lmin, *mx))
+		}
+	}
+	if ctx := b.MaxContextTokens; ctx != nil {
+		switch {
+		case *ctx < 1:
+			p.add(bpath+".max_context_tokens", ErrInvalid, fmt.Sprintf("must be positive, got %d", *ctx))
+		case *ctx < lmin:
+			p.add(bpath+".max_context_tokens", ErrInvalid, fmt.Sprintf(
+				"must be at least limits.min (%d), got %d: the bucket could never match", lmin, *ctx))
+		}
+	}
+}
+
+func (c *Config) validateGroups(p *problems, path, model string, g Groups, workers map[string]int) {
+	switch {
+	case g.Plain == nil && g.PD == nil:
+		p.add(path, ErrInvalid, "exactly one of plain or pd is required")
+	case g.Plain != nil && g.PD != nil:
+		p.add(path, ErrInvalid, "plain and pd are mutually exclusive; set exactly one")
+	}
+	if g.Plain != nil {
+		c.validateGroup(p, path+".plain", model, RolePlain, g.Plain, workers)
+	}
+	if g.PD != nil {
+		if g.PD.Prefill == nil {
+			p.add(path+".pd.prefill", ErrInvalid, "required: a pd bucket needs both prefill and decode groups")
+		} else {
+			c.validateGroup(p, path+".pd.prefill", model, RolePrefill, g.PD.Prefill, workers)
+		}
+		if g.PD.Decode == nil {
+			p.add(path+".pd.decode", ErrInvalid, "required: a pd bucket needs both prefill and decode groups")
+		} else {
+			c.validateGroup(p, path+".pd.decode", model, RoleDecode, g.PD.Decode, workers)
+		}
+	}
+}
+
+func (c *Config) validateGroup(p *problems, path, model string, role Role, g *Group, workers map[string]int) {
+	if g.WorkerIDs != nil {
+		seen := make(map[string]int, len(*g.WorkerIDs))
+		for i, id := range *g.WorkerIDs {
+			ipath := joinIndex(path+".worker_ids", i)
+			if id == "" {
+				p.add(ipath, ErrInvalid, "empty worker ID")
+				continue
+			}
+			if prev, dup := seen[id]; dup {
+				p.add(ipath, ErrInvalid, fmt.Sprintf("duplicate worker %q (also worker_ids[%d])", id, prev))
+				continue
+			}
+			seen[id] = i
+			wi, ok := workers[id]
+			if !ok {
+				p.add(ipath, ErrInvalid, fmt.Sprintf("unknown worker %q", id))
+				continue
+			}
+			w := c.Workers[wi]
+			if w.Model != model {
+				p.add(ipath, ErrInvalid, fmt.Sprintf("worker %q serves model %q, not %q", id, w.Model, model))
+			}
+			if w.Role != role {
+				p.add(ipath, ErrInvalid, fmt.Sprintf("worker %q has role %s; a %s group takes only %s workers", id, w.Role, role, role))
+			}
+		}
+	}
+	if g.Policy != nil {
+		c.validatePolicy(p, path+".policy", g.Policy, role, false)
+		return
+	}
+	// The group inherits: its model's stage default (checked on its own) or the default
+	// policy, which must suit this group's stage.
+	if m := c.Models[model]; m.Policies.forRole(role) == nil && role == RoleDecode && c.DefaultPolicy.Type == PolicyCacheAware {
+		p.add(path+".policy", ErrInvalid, "inherits default_policy cache_aware, which is only valid on plain or prefill groups; "+
+			"set models."+model+".policies.decode or this group's policy")
+	}
+}
+
+// validatePolicy checks one policy attachment for a stage ("" for the default policy,
+// which may apply to any stage). The default policy may leave its type empty
+// (round_robin).
+func (c *Config) validatePolicy(p *problems, path string, pol *Policy, role Role, isDefault bool) {
+	if pol == nil {
+		return
+	}
+	switch t := pol.Type; {
+	case t == "" && isDefault:
+	case t == "":
+		p.add(path+".type", ErrInvalid, "required (one of "+strings.Join(policyNames(), ", ")+")")
+	case droppedPolicyReplacement(t) != "":
+		p.add(path+".type", ErrDropped, fmt.Sprintf("unknown policy %q (dropped; %s)", t, droppedPolicyReplacement(t)))
+	case !knownPolicy(t):
+		p.add(path+".type", ErrInvalid, fmt.Sprintf("unknown policy %q (known: %s)", t, strings.Join(policyNames(), ", ")))
+	case t == PolicyCacheAware && role == RoleDecode:
+		p.add(path+".type", ErrInvalid, "cache_aware is only valid on plain or prefill groups")
+	}
+	if pol.Fallback != "" {
+		if pol.Type != PolicySticky {
+			p.add(path+".fallback", ErrInvalid, "only valid on sticky policies")
+		} else if !slices.Contains(stickyFallbacks(), pol.Fallback) {
+			p.add(path+".fallback", ErrInvalid, fmt.Sprintf("unknown fallback %q (one of %s)",
+				pol.Fallback, strings.Join(stickyFallbacks(), ", ")))
+		}
+	}
+	a := pol.Admission
+	for _, cp := range []struct {
+		key string
+		v   *int64
+	}{
+		{"max_running_requests", a.MaxRunningRequests},
+		{"max_waiting_requests", a.MaxWaitingRequests},
+		{"max_kv_tokens", a.MaxKVTokens},
+		{"max_pending_prefill_tokens", a.MaxPendingPrefillTokens},
+		{"max_inflight_requests", a.MaxInflightRequests},
+	} {
+		if cp.v != nil {
+			atLeast(p, path+".admission."+cp.key, *cp.v, 1)
+		}
+	}
+}
+
+func (c *Config) validateActors(p *problems) {
+	m := c.Actors.Mailbox
+	atLeast(p, "actors.mailbox.bucket", int64(m.Bucket), 1)
+	atLeast(p, "actors.mailbox.group", int64(m.Group), 1)
+	atLeast(p, "actors.mailbox.telemetry", int64(m.Telemetry), 1)
+	atLeast(p, "actors.mailbox.index_shard", int64(m.IndexShard), 1)
+	atLeast(p, "actors.mailbox.affinity", int64(m.Affinity), 1)
+	positive(p, "actors.pick_timeout", c.Actors.PickTimeout)
+}
+
+func (c *Config) validateLoad(p *problems) {
+	l := c.Load
+	positive(p, "load.freshness", l.Freshness)
+	positive(p, "load.poll_interval", l.PollInterval)
+	positive(p, "load.guard_max_age", l.GuardMaxAge)
+	if l.Freshness > 0 && l.PollInterval >= l.Freshness {
+		p.add("load.poll_interval", ErrInvalid, fmt.Sprintf(
+			"must be shorter than load.freshness (%s), or polled reports go stale between polls; got %s", l.Freshness, l.PollInterval))
+	}
+	switch l.Source {
+	case LoadSourceHTTP, LoadSourceZMQ, LoadSourceAuto:
+	default:
+		p.add("load.source", ErrInvalid, fmt.Sprintf("unknown source %q (http, zmq or auto)", l.Source))
+	}
+}
+
+func (c *Config) validateKV(p *problems) {
+	k := c.KV
+	atLeast(p, "kv.block_size", int64(k.BlockSize), 1)
+	atLeast(p, "kv.shards", int64(k.Shards), 1)
+	atLeast(p, "kv.max_blocks", int64(k.MaxBlocks), 1)
+	positive(p, "kv.reconnect_backoff", k.ReconnectBackoff)
+	if k.BindEndpoint != "" {
+		if msg := checkZMQEndpoint(k.BindEndpoint); msg != "" {
+			p.add("kv.bind_endpoint", ErrInvalid, msg)
+		}
+	}
+}
+
+func (c *Config) validateAffinity(p *problems) {
+	a := c.Affinity
+	for _, h := range []struct{ path, v string }{
+		{"affinity.session_header", a.SessionHeader},
+		{"affinity.routing_key_header", a.RoutingKeyHeader},
+	} {
+		if !validHeaderName(h.v) {
+			p.add(h.path, ErrInvalid, fmt.Sprintf("must be a non-empty HTTP header name, got %q", h.v))
+		}
+	}
+	positive(p, "affinity.idle_timeout", a.IdleTimeout)
+	positive(p, "affinity.sweep_interval", a.SweepInterval)
+	atLeast(p, "affinity.max_bindings", int64(a.MaxBindings), 1)
+}
+
+func (c *Config) validateCacheAware(p *problems) {
+	ca := c.CacheAware
+	switch ca.Source {
+	case CacheSourceLocal:
+		if ca.RemoteURL != "" {
+			p.add("cache_aware.remote_url", ErrInvalid, "only used with cache_aware.source remote")
+		}
+	case CacheSourceRemote:
+		if ca.RemoteURL == "" {
+			p.add("cache_aware.remote_url", ErrInvalid, "required when cache_aware.source is remote")
+		} else if msg := checkHTTPURL(ca.RemoteURL); msg != "" {
+			p.add("cache_aware.remote_url", ErrInvalid, msg)
+		}
+	default:
+		p.add("cache_aware.source", ErrInvalid, fmt.Sprintf("unknown source %q (local or remote)", ca.Source))
+	}
+	positive(p, "cache_aware.query_timeout", ca.QueryTimeout)
+	atLeast(p, "cache_aware.max_inflight_queries", int64(ca.MaxInflightQueries), 1)
+	atLeast(p, "cache_aware.min_matched_tokens", int64(ca.MinMatchedTokens), 0)
+	if !(ca.MinMatchRatio >= 0 && ca.MinMatchRatio <= 1) {
+		p.add("cache_aware.min_match_ratio", ErrInvalid, fmt.Sprintf("must be in [0, 1], got %v", ca.MinMatchRatio))
+	}
+	atLeast(p, "cache_aware.min_candidates", int64(ca.MinCandidates), 1)
+	if ca.MaxCandidates < ca.MinCandidates {
+		p.add("cache_aware.max_candidates", ErrInvalid, fmt.Sprintf(
+			"must be at least cache_aware.min_candidates (%d), got %d", ca.MinCandidates, ca.MaxCandidates))
+	}
+	if !(ca.CandidateRatio > 0 && ca.CandidateRatio <= 1) {
+		p.add("cache_aware.candidate_ratio", ErrInvalid, fmt.Sprintf("must be in (0, 1], got %v", ca.CandidateRatio))
+	}
+	atLeast(p, "cache_aware.worker_queue_limit", int64(ca.WorkerQueueLimit), 0)
+	if !(ca.SaturationFloor >= 0 && ca.SaturationFloor <= 1) {
+		p.add("cache_aware.saturation_floor", ErrInvalid, fmt.Sprintf("must be in [0, 1], got %v", ca.SaturationFloor))
+	}
+	atLeast(p, "cache_aware.switch_margin", int64(ca.SwitchMargin), 0)
+	atLeast(p, "cache_aware.pressure_guard", int64(ca.PressureGuard), 0)
+	atLeast(p, "cache_aware.min_load_choices", int64(ca.MinLoadChoices), 2)
+}
+
+func (c *Config) validateHealth(p *problems) {
+	h := c.Health
+	positive(p, "health.interval", h.Interval)
+	positive(p, "health.timeout", h.Timeout)
+	atLeast(p, "health.failure_threshold", int64(h.FailureThreshold), 1)
+	atLeast(p, "health.success_threshold", int64(h.SuccessThreshold), 1)
+	atLeast(p, "health.breaker_failures", int64(h.BreakerFailures), 1)
+	positive(p, "health.breaker_cooldown", h.BreakerCooldown)
+}
+
+// checkHTTPURL returns why s is not an http(s) URL with a host, or "".
+func checkHTTPURL(s string) string {
+	u, err := url.Parse(s)
+	switch {
+	case s == "":
+		return "required"
+	case !strings.Contains(s, "://"):
+		return fmt.Sprintf("URL %q must start with http:// or https://", s)
+	case err != nil:
+		return fmt.Sprintf("invalid URL %q", s)
+	case u.Scheme != "http" && u.Scheme != "https":
+		return fmt.Sprintf("URL %q must use http or https", s)
+	case u.Host == "" || u.Hostname() == "":
+		return fmt.Sprintf("URL %q has no host", s)
+	}
+	if port := u.Port(); port != "" {
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return fmt.Sprintf("URL %q has an invalid port", s)
+		}
+	}
+	return ""
+}
+
+// checkZMQEndpoint returns why s is not a tcp://host:port or ipc://path endpoint, or "".
+func checkZMQEndpoint(s string) string {
+	scheme, rest, ok := strings.Cut(s, "://")
+	switch {
+	case !ok:
+		return fmt.Sprintf("endpoint %q must be tcp://HOST:PORT or ipc://PATH", s)
+	case scheme == "ipc":
+		if rest == "" {
+			return fmt.Sprintf("endpoint %q has no path", s)
+		}
+		return ""
+	case scheme != "tcp":
+		return fmt.Sprintf("endpoint %q must use tcp or ipc", s)
+	}
+	host, port, err := net.SplitHostPort(rest)
+	if err != nil || host == "" {
+		return fmt.Sprintf("endpoint %q must be tcp://HOST:PORT", s)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Sprintf("endpoint %q has an invalid port", s)
+	}
+	return ""
+}
+
+// validHeaderName reports whether s is a non-empty RFC 9110 token.
+func validHeaderName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
+			strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
