@@ -1,0 +1,112 @@
+package config
+
+import (
+	"testing"
+	"time"
+)
+
+func TestDefault(t *testing.T) {
+	d := Default()
+	tests := []struct {
+		name      string
+		got, want any
+	}{
+		{"server.host", d.Server.Host, "127.0.0.1"},
+		{"server.port", d.Server.Port, 8080},
+		{"server.api_key", d.Server.APIKey, ""},
+		{"server.admin_api_key", d.Server.AdminAPIKey, ""},
+		{"server.max_body_bytes", d.Server.MaxBodyBytes, int64(32 * 1024 * 1024)},
+		{"server.request_timeout", d.Server.RequestTimeout, 600 * time.Second},
+		{"server.stream_idle_timeout", d.Server.StreamIdleTimeout, 60 * time.Second},
+		{"server.drain_timeout", d.Server.DrainTimeout, 30 * time.Second},
+		{"workers", len(d.Workers), 0},
+		{"models", len(d.Models), 0},
+		{"actors.mailbox.bucket", d.Actors.Mailbox.Bucket, 1024},
+		{"actors.mailbox.group", d.Actors.Mailbox.Group, 1024},
+		{"actors.mailbox.telemetry", d.Actors.Mailbox.Telemetry, 256},
+		{"actors.mailbox.index_shard", d.Actors.Mailbox.IndexShard, 4096},
+		{"actors.mailbox.affinity", d.Actors.Mailbox.Affinity, 1024},
+		{"actors.pick_timeout", d.Actors.PickTimeout, time.Second},
+		{"load.freshness", d.Load.Freshness, 5 * time.Second},
+		{"load.poll_interval", d.Load.PollInterval, time.Second},
+		{"load.source", d.Load.Source, "auto"},
+		{"load.guard_max_age", d.Load.GuardMaxAge, time.Hour},
+		{"kv.enabled", d.KV.Enabled, true},
+		{"kv.bind_endpoint", d.KV.BindEndpoint, ""},
+		{"kv.block_size", d.KV.BlockSize, 16},
+		{"kv.shards", d.KV.Shards, 8},
+		{"kv.max_blocks", d.KV.MaxBlocks, 4_000_000},
+		{"kv.reconnect_backoff", d.KV.ReconnectBackoff, 500 * time.Millisecond},
+		{"affinity.session_header", d.Affinity.SessionHeader, "x-session-id"},
+		{"affinity.routing_key_header", d.Affinity.RoutingKeyHeader, "x-sgl-routing-key"},
+		{"affinity.idle_timeout", d.Affinity.IdleTimeout, 600 * time.Second},
+		{"affinity.sweep_interval", d.Affinity.SweepInterval, 60 * time.Second},
+		{"affinity.max_bindings", d.Affinity.MaxBindings, 100_000},
+		{"cache_aware.source", d.CacheAware.Source, "local"},
+		{"cache_aware.remote_url", d.CacheAware.RemoteURL, ""},
+		{"cache_aware.query_timeout", d.CacheAware.QueryTimeout, 100 * time.Millisecond},
+		{"cache_aware.max_inflight_queries", d.CacheAware.MaxInflightQueries, 32},
+		{"cache_aware.min_matched_tokens", d.CacheAware.MinMatchedTokens, 1024},
+		{"cache_aware.min_match_ratio", d.CacheAware.MinMatchRatio, 0.0},
+		{"cache_aware.min_candidates", d.CacheAware.MinCandidates, 8},
+		{"cache_aware.candidate_ratio", d.CacheAware.CandidateRatio, 0.05},
+		{"cache_aware.max_candidates", d.CacheAware.MaxCandidates, 32},
+		{"cache_aware.worker_queue_limit", d.CacheAware.WorkerQueueLimit, 8},
+		{"cache_aware.saturation_floor", d.CacheAware.SaturationFloor, 1.0},
+		{"cache_aware.switch_margin", d.CacheAware.SwitchMargin, 256},
+		{"cache_aware.pressure_guard", d.CacheAware.PressureGuard, 4},
+		{"cache_aware.min_load_choices", d.CacheAware.MinLoadChoices, 2},
+		{"health.interval", d.Health.Interval, 5 * time.Second},
+		{"health.timeout", d.Health.Timeout, 2 * time.Second},
+		{"health.failure_threshold", d.Health.FailureThreshold, 3},
+		{"health.success_threshold", d.Health.SuccessThreshold, 2},
+		{"health.breaker_failures", d.Health.BreakerFailures, 5},
+		{"health.breaker_cooldown", d.Health.BreakerCooldown, 30 * time.Second},
+		{"default_policy.type", d.DefaultPolicy.Type, PolicyRoundRobin},
+		{"default_policy.admission.max_inflight_requests", d.DefaultPolicy.Admission.MaxInflightRequests == nil, true},
+		{"log.level", d.Log.Level, "info"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.got != tt.want {
+				t.Errorf("%s = %v (%T), want %v (%T)", tt.name, tt.got, tt.got, tt.want, tt.want)
+			}
+		})
+	}
+	if err := d.Validate(); err != nil {
+		t.Errorf("Default().Validate() = %v, want nil", err)
+	}
+}
+
+func TestDefaultIsFresh(t *testing.T) {
+	a := Default()
+	a.Server.Port = 1
+	a.DefaultPolicy.Type = PolicyRandom
+	if b := Default(); b.Server.Port != 8080 || b.DefaultPolicy.Type != PolicyRoundRobin {
+		t.Errorf("Default() shares state between calls: %+v", b.Server)
+	}
+}
+
+func TestDecodedWorkerDefaults(t *testing.T) {
+	cfg := mustDecodeYAML(t, `
+workers:
+  - {id: w1, url: "http://127.0.0.1:1", model: m}
+  - {id: w2, url: "http://127.0.0.1:2", model: m, role: plain, dp_size: 4}
+  - {id: w3, url: "http://127.0.0.1:3", model: m, dp_size: 0}
+`)
+	tests := []struct {
+		i      int
+		role   Role
+		dpSize int
+	}{{0, RolePlain, 1}, {1, RolePlain, 4}, {2, RolePlain, 0}}
+	for _, tt := range tests {
+		w := cfg.Workers[tt.i]
+		if w.Role != tt.role || w.DPSize != tt.dpSize || w.BootstrapPort != nil {
+			t.Errorf("workers[%d] = role %q dp_size %d bootstrap %v, want %q %d nil", tt.i, w.Role, w.DPSize, w.BootstrapPort, tt.role, tt.dpSize)
+		}
+	}
+	// An explicit dp_size 0 is kept so that Validate reports it.
+	if got := errLines(cfg.Validate()); !equalLines(got, []string{"workers[2].dp_size: must be at least 1, got 0"}) {
+		t.Errorf("Validate = %q", got)
+	}
+}
