@@ -30,6 +30,18 @@ func policyFactories() map[string]func(adm EngineAdmission, loads LoadReader) Po
 		PolicyRandom:     func(adm EngineAdmission, loads LoadReader) Policy { return NewRandom(adm, loads, testRNG()) },
 		PolicyPowerOfTwo: func(adm EngineAdmission, loads LoadReader) Policy { return NewPowerOfTwo(adm, loads, testRNG()) },
 		PolicyLoadBased:  func(adm EngineAdmission, loads LoadReader) Policy { return NewLoadBased(adm, loads) },
+		PolicySessionAware: func(adm EngineAdmission, loads LoadReader) Policy {
+			return NewSessionAware(adm, loads, newMemAffinity(), testRNG())
+		},
+		PolicySessionAware + "/keyed": func(adm EngineAdmission, loads LoadReader) Policy {
+			return keyedPolicy{NewSessionAware(adm, loads, newMemAffinity(), testRNG()), "session-1"}
+		},
+		PolicySticky: func(adm EngineAdmission, loads LoadReader) Policy {
+			return NewSticky(adm, loads, newMemAffinity(), NewRoundRobin(nil, loads))
+		},
+		PolicySticky + "/keyed": func(adm EngineAdmission, loads LoadReader) Policy {
+			return keyedPolicy{NewSticky(adm, loads, newMemAffinity(), NewRoundRobin(nil, loads)), "key-1"}
+		},
 	}
 }
 

@@ -16,6 +16,9 @@ type Deps struct {
 	Loads LoadReader
 	// Seed seeds the policies' random sources; 0 draws a random seed.
 	Seed uint64
+	// Affinity is the shared session and routing-key binding store of session_aware and
+	// sticky. Nil makes those policies an InvalidConfiguration.
+	Affinity AffinityStore
 }
 
 // WorkersFromConfig builds the configured workers, taking each one's router-local counters
@@ -156,8 +159,35 @@ func (b *builder) policy(pc config.Policy, stage Stage, path string) (Policy, er
 		return NewPowerOfTwo(adm, b.deps.Loads, b.rng()), nil
 	case PolicyLoadBased:
 		return NewLoadBased(adm, b.deps.Loads), nil
-	case PolicySessionAware, PolicySticky, PolicyCacheAware:
+	case PolicySessionAware, PolicySticky:
+		return b.affinityPolicy(pc, adm, stage, path)
+	case PolicyCacheAware:
 		return nil, fmt.Errorf("%s.type: policy %q is not available in this build: %w", path, pc.Type, ErrInvalidConfiguration)
 	}
 	return nil, fmt.Errorf("%s.type: unknown policy %q: %w", path, pc.Type, ErrInvalidConfiguration)
+}
+
+// affinityPolicy builds session_aware or sticky. Sticky's fallback (default round_robin) is
+// built with default admission; sticky checks the engine it returns.
+func (b *builder) affinityPolicy(pc config.Policy, adm EngineAdmission, stage Stage, path string) (Policy, error) {
+	if b.deps.Affinity == nil {
+		return nil, fmt.Errorf("%s.type: policy %q needs an affinity store: %w", path, pc.Type, ErrInvalidConfiguration)
+	}
+	if pc.Type == PolicySessionAware {
+		return NewSessionAware(adm, b.deps.Loads, b.deps.Affinity, b.rng()), nil
+	}
+	fb := pc.Fallback
+	if fb == "" {
+		fb = PolicyRoundRobin
+	}
+	switch fb {
+	case PolicyRoundRobin, PolicyRandom, PolicyPowerOfTwo, PolicyLoadBased:
+	default:
+		return nil, fmt.Errorf("%s.fallback: unknown sticky fallback %q: %w", path, fb, ErrInvalidConfiguration)
+	}
+	fallback, err := b.policy(config.Policy{Type: fb}, stage, path+".fallback")
+	if err != nil {
+		return nil, err
+	}
+	return NewSticky(adm, b.deps.Loads, b.deps.Affinity, fallback), nil
 }

@@ -1,0 +1,217 @@
+package engine
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"time"
+
+	"switchyard/load"
+)
+
+// AffinityScope names one set of bindings: the bindings of one engine group, identified by
+// its model, bucket and stage. Keys of different scopes never interact, so a session bound in
+// one bucket (or in the prefill group) says nothing about another bucket (or the decode group).
+type AffinityScope struct {
+	Model    string
+	BucketID string
+	Stage    Stage
+}
+
+// String returns "model/bucket/stage".
+func (s AffinityScope) String() string {
+	return s.Model + "/" + s.BucketID + "/" + s.Stage.String()
+}
+
+// AffinityStore holds the session and routing-key bindings that the affinity policies
+// (session_aware, sticky) consume: per scope, key → worker ID (POLICY_DESIGN section 6,
+// "Affinity state"). The store owns idle expiry, worker invalidation, the per-scope bound and
+// atomic updates; the policies decide when to reuse or replace a binding. Expiry sweeps and
+// invalidation are driven by the application through the implementation, never by policies.
+//
+// Bindings hold worker IDs, not *Worker, so that a store shared by several router replicas
+// (a cluster-backed store) can implement the same contract. Calls are synchronous, made by a
+// policy from its group's goroutine; an implementation bounds each call with a deadline.
+// Errors unwrapping to ErrOverloaded or ErrTimeout are reported as those outcomes; any other
+// error is an internal failure.
+type AffinityStore interface {
+	// Lookup returns the worker ID key is bound to in scope, or "" when the key has no live
+	// binding (never bound, expired, evicted or invalidated). A hit is a use: it refreshes
+	// the binding's idle time at now.
+	Lookup(scope AffinityScope, key string, now time.Time) (workerID string, err error)
+	// Bind is a compare-and-set: when key's live binding in scope is expect ("" for none),
+	// it binds key to workerID at now and returns workerID; otherwise it changes nothing and
+	// returns the binding in force ("" when there is none). Concurrent first assignments of
+	// one key therefore converge: exactly one Bind with expect "" wins, the others learn the
+	// winner.
+	Bind(scope AffinityScope, key, expect, workerID string, now time.Time) (bound string, err error)
+}
+
+// Selection reasons of the affinity policies.
+const (
+	// ReasonNoSession: session_aware had no session key; power_of_two chose, nothing was bound.
+	ReasonNoSession = "no_session"
+	// ReasonNoRoutingKey: sticky had no routing key; its fallback chose, nothing was bound.
+	ReasonNoRoutingKey = "no_routing_key"
+	// ReasonAssigned: a new binding was created for the chosen engine.
+	ReasonAssigned = "assigned"
+	// ReasonSessionPrimary: session_aware reused the session's bound engine.
+	ReasonSessionPrimary = "session_primary"
+	// ReasonSessionRebound: the session's engine left the group; it was bound to a new one.
+	ReasonSessionRebound = "session_rebound"
+	// ReasonHit: sticky reused the routing key's bound engine.
+	ReasonHit = "hit"
+	// ReasonRemap: the routing key's engine left the candidates; it was pinned to a new one.
+	ReasonRemap = "remap"
+)
+
+// maxBindAttempts bounds the compare-and-set rounds of one pick. A round is lost only when a
+// concurrent writer bound the key to an engine that is not one of this group's candidates
+// (a winner that is a candidate is adopted at once), so two rounds settle any realistic race;
+// the third is slack.
+const maxBindAttempts = 3
+
+// affinityReasons are the reasons one affinity policy reports.
+type affinityReasons struct {
+	noKey, reuse, rebound string
+}
+
+// affinity is the selection shared by session_aware and sticky: reuse an admitted binding;
+// otherwise ask the fallback (built with default admission), check its engine, and bind it
+// with a compare-and-set, adopting (after checking it) a concurrent winner.
+type affinity struct {
+	store     AffinityStore
+	admission EngineAdmission
+	loads     LoadReader
+	fallback  Policy
+	reasons   affinityReasons
+}
+
+// pick runs the affinity selection for key (possibly "") over the candidates c.
+func (a *affinity) pick(c []*Worker, req *PickRequest, key string) (Pick, error) {
+	if len(c) == 0 {
+		return Pick{}, pickErr(OutcomeNoCandidates, req.Stage, req.BucketID, "")
+	}
+	if a.fallback == nil {
+		return Pick{}, pickErr(OutcomeInvalidConfiguration, req.Stage, req.BucketID, "affinity policy has no fallback")
+	}
+	if key == "" {
+		// No key: the fallback chooses and nothing is bound.
+		p, err := a.fallback.Pick(c, req)
+		if err != nil {
+			return Pick{}, err
+		}
+		return finish(a.admission, a.loads, p.Worker, req, a.reasons.noKey)
+	}
+	if a.store == nil {
+		return Pick{}, pickErr(OutcomeInvalidConfiguration, req.Stage, req.BucketID, "affinity policy has no store")
+	}
+	scope := AffinityScope{Model: req.Model, BucketID: req.BucketID, Stage: req.Stage}
+	now := nowOf(req)
+	bound, err := a.store.Lookup(scope, key, now)
+	if err != nil {
+		return Pick{}, storeErr(err, req, "look up binding")
+	}
+	// Fast path: the key is bound to a candidate. Reuse it whatever its pressure when admitted;
+	// a rejection keeps the binding and ends this attempt (the bucket loop moves on).
+	if w := candidateByID(c, bound); w != nil {
+		return finish(a.admission, a.loads, w, req, a.reasons.reuse)
+	}
+
+	// Slow path: a new key, or a binding outside the candidates. The fallback chooses with
+	// default admission, then this policy checks its engine; a binding follows admission.
+	p, err := a.fallback.Pick(c, req)
+	if err != nil {
+		return Pick{}, err
+	}
+	w := candidateByID(c, workerID(p.Worker))
+	if w == nil || w != p.Worker {
+		return Pick{}, pickErr(OutcomeOutsideCandidates, req.Stage, req.BucketID,
+			"fallback "+a.fallback.Name()+" returned an engine outside its candidates")
+	}
+	if err := admit(a.admission, w, observeFor(a.admission, a.loads, w, req), req); err != nil {
+		return Pick{}, err
+	}
+	expect := bound
+	for range maxBindAttempts {
+		reason := ReasonAssigned
+		if expect != "" {
+			reason = a.reasons.rebound
+		}
+		got, err := a.store.Bind(scope, key, expect, w.ID, now)
+		if err != nil {
+			return Pick{}, storeErr(err, req, "bind")
+		}
+		if got == w.ID {
+			return Pick{Worker: w, Reason: reason}, nil
+		}
+		// A concurrent binding won. A winner among the candidates is adopted, but only after
+		// this policy's own check; a rejection leaves it bound.
+		if cw := candidateByID(c, got); cw != nil {
+			return finish(a.admission, a.loads, cw, req, a.reasons.reuse)
+		}
+		// The winner is not a candidate here (or vanished): replace it, at most a few times.
+		expect = got
+	}
+	// Contention never settled. w is an admitted candidate: serve the request unbound rather
+	// than fail it; the next request of the key binds again.
+	return Pick{Worker: w, Reason: ReasonAssigned}, nil
+}
+
+// observeFor reads w's observation for adm, or nothing when there is no admission to feed.
+func observeFor(adm EngineAdmission, loads LoadReader, w *Worker, req *PickRequest) (obs load.Observation) {
+	if adm == nil || loads == nil {
+		return obs
+	}
+	return observe(loads.Load(), w, nowOf(req))
+}
+
+// candidateByID returns the candidate with the given ID, or nil. Groups pass candidates
+// sorted by ID, so a hit is a binary search; a miss (a binding outside the group, which is
+// rare) is confirmed by a scan, so that a caller passing unsorted candidates is still right.
+func candidateByID(c []*Worker, id string) *Worker {
+	if id == "" {
+		return nil
+	}
+	if len(c) > 8 {
+		if i, ok := slices.BinarySearchFunc(c, id, func(w *Worker, id string) int { return strings.Compare(w.ID, id) }); ok {
+			return c[i]
+		}
+	}
+	for _, w := range c {
+		if w.ID == id {
+			return w
+		}
+	}
+	return nil
+}
+
+// workerID returns w's ID, or "" for nil.
+func workerID(w *Worker) string {
+	if w == nil {
+		return ""
+	}
+	return w.ID
+}
+
+// storeErr turns an affinity store failure into the pick's error: overload and deadline keep
+// their outcome, anything else is internal.
+func storeErr(err error, req *PickRequest, op string) *PickError {
+	out := OutcomeInternal
+	switch {
+	case errors.Is(err, ErrOverloaded):
+		out = OutcomeOverloaded
+	case errors.Is(err, ErrTimeout):
+		out = OutcomeTimeout
+	}
+	detail := "cannot " + op + " in affinity store"
+	var pe *PickError
+	if errors.As(err, &pe) {
+		// Keep the store's own detail and cause without nesting its outcome twice.
+		if pe.Detail != "" {
+			detail += ": " + pe.Detail
+		}
+		err = pe.Err
+	}
+	return &PickError{Outcome: out, Stage: req.Stage, BucketID: req.BucketID, Detail: detail, Err: err}
+}
