@@ -1,0 +1,39 @@
+//go:build !race
+
+package load
+
+import (
+	"testing"
+	"time"
+)
+
+// TestAllocationBudget locks in the request-path allocation budget.
+func TestAllocationBudget(t *testing.T) {
+	tr := NewTracker()
+	c := tr.Counters("w")
+	now := time.Now()
+	if n := testing.AllocsPerRun(1000, func() {
+		tr.Acquire(c, now).Release()
+	}); n > 1 {
+		t.Errorf("Acquire+Release: %v allocs, want <= 1 (the Guard)", n)
+	}
+	if n := testing.AllocsPerRun(1000, func() { _ = tr.Counters("w") }); n != 0 {
+		t.Errorf("Counters (existing): %v allocs, want 0", n)
+	}
+
+	a := NewAggregator(time.Minute)
+	a.SetWorker("w", 2, c)
+	a.Ingest("w", nativeRep(0, now, 1, 2, 3, 4, 5))
+	a.Ingest("w", nativeRep(1, now, 1, 2, 3, 4, 5))
+	s := a.Snapshot(now)
+	var sink Observation
+	if n := testing.AllocsPerRun(1000, func() { sink = s.Observe("w", now) }); n != 0 {
+		t.Errorf("Observe: %v allocs, want 0", n)
+	}
+	if !sink.Known() {
+		t.Fatal("observation unknown")
+	}
+	if n := testing.AllocsPerRun(1000, func() { a.Ingest("w", nativeRep(0, now, 1, 2, 3, 4, 5)) }); n != 0 {
+		t.Errorf("Ingest: %v allocs, want 0", n)
+	}
+}

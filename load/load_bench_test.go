@@ -1,0 +1,187 @@
+package load
+
+import (
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// benchAggregator registers n workers of dpSize ranks, each with a fresh report.
+func benchAggregator(n, dpSize int, now time.Time) (*Aggregator, []string) {
+	a := NewAggregator(time.Minute)
+	tr := NewTracker()
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = "worker-" + strconv.Itoa(i)
+		a.SetWorker(ids[i], dpSize, tr.Counters(ids[i]))
+		for r := range dpSize {
+			a.Ingest(ids[i], nativeRep(r, now, int64(i), 1, 100, 1000, 10))
+		}
+	}
+	return a, ids
+}
+
+func BenchmarkObserve(b *testing.B) {
+	now := time.Now()
+	a, ids := benchAggregator(512, 2, now)
+	s := a.Snapshot(now)
+	b.Run("known", func(b *testing.B) {
+		b.ReportAllocs()
+		var sink int64
+		i := 0
+		for b.Loop() {
+			o := s.Observe(ids[i&511], now)
+			sink += o.Running
+			i++
+		}
+		_ = sink
+	})
+	b.Run("stale", func(b *testing.B) {
+		b.ReportAllocs()
+		later := now.Add(time.Hour)
+		for b.Loop() {
+			_ = s.Observe(ids[7], later)
+		}
+	})
+	b.Run("absent", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_ = s.Observe("nobody", now)
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		tab := NewTable()
+		tab.Store(s)
+		b.RunParallel(func(pb *testing.PB) {
+			i := 0
+			for pb.Next() {
+				_ = tab.Load().Observe(ids[i&511], now)
+				i++
+			}
+		})
+	})
+}
+
+func BenchmarkAcquireRelease(b *testing.B) {
+	now := time.Now()
+	b.Run("serial", func(b *testing.B) {
+		b.ReportAllocs()
+		tr := NewTracker()
+		c := tr.Counters("w")
+		for b.Loop() {
+			tr.Acquire(c, now).Release()
+		}
+	})
+	b.Run("parallel/one-worker", func(b *testing.B) {
+		b.ReportAllocs()
+		tr := NewTracker()
+		c := tr.Counters("w")
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				tr.Acquire(c, now).Release()
+			}
+		})
+	})
+	b.Run("parallel/many-workers", func(b *testing.B) {
+		b.ReportAllocs()
+		tr := NewTracker()
+		var next atomic.Int64
+		b.RunParallel(func(pb *testing.PB) {
+			c := tr.Counters(fmt.Sprint("w", next.Add(1)))
+			for pb.Next() {
+				tr.Acquire(c, now).Release()
+			}
+		})
+	})
+	// Baseline: the bare atomic counter updates with no guard.
+	b.Run("baseline-atomics", func(b *testing.B) {
+		b.ReportAllocs()
+		var c Counters
+		ns := now.UnixNano()
+		for b.Loop() {
+			c.inflight.Add(1)
+			c.dispatched.Add(1)
+			c.lastDispatch.Store(ns)
+			c.inflight.Add(-1)
+		}
+	})
+}
+
+func BenchmarkSnapshot(b *testing.B) {
+	now := time.Now()
+	for _, n := range []int{8, 64, 512} {
+		b.Run(fmt.Sprintf("workers=%d/unchanged", n), func(b *testing.B) {
+			b.ReportAllocs()
+			a, _ := benchAggregator(n, 1, now)
+			for b.Loop() {
+				_ = a.Snapshot(now)
+			}
+		})
+		b.Run(fmt.Sprintf("workers=%d/all-changed", n), func(b *testing.B) {
+			b.ReportAllocs()
+			a, ids := benchAggregator(n, 1, now)
+			r := nativeRep(0, now, 1, 1, 100, 1000, 10)
+			for b.Loop() {
+				for _, id := range ids {
+					a.Ingest(id, r)
+				}
+				_ = a.Snapshot(now)
+			}
+		})
+	}
+}
+
+func BenchmarkIngest(b *testing.B) {
+	b.ReportAllocs()
+	now := time.Now()
+	a, _ := benchAggregator(1, 1, now)
+	r := nativeRep(0, now, 1, 1, 100, 1000, 10)
+	r.HasCounters = true
+	for b.Loop() {
+		r.TotalPrefillUncached += 100
+		r.TotalPrefillBusyUs += 10
+		a.Ingest("worker-0", r)
+	}
+}
+
+func BenchmarkDecode(b *testing.B) {
+	now := time.Now()
+	loads := []byte(`{"timestamp":1772366409.5,"version":"0.5","loads":[` + nativeRank0 + `]}`)
+	getLoad := []byte(`[{"dp_rank":0,"num_reqs":5,"num_waiting_reqs":2,"num_tokens":900}]`)
+	gauge := AppendGauge(nil, nativeRep(0, now, 3, 2, 1500, 100000, 64), true)
+	b.Run("loads", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := DecodeLoads(loads, now); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("get_load", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := DecodeGetLoad(getLoad, now); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("gauge", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := DecodeGauge(gauge, now); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("append-gauge", func(b *testing.B) {
+		b.ReportAllocs()
+		r := nativeRep(0, now, 3, 2, 1500, 100000, 64)
+		buf := make([]byte, 0, 64)
+		for b.Loop() {
+			buf = AppendGauge(buf[:0], r, true)
+		}
+	})
+}

@@ -1,0 +1,147 @@
+package load
+
+import (
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestTrackerCounters(t *testing.T) {
+	tr := NewTracker()
+	a, b := tr.Counters("a"), tr.Counters("b")
+	if a == b || tr.Counters("a") != a {
+		t.Fatal("Counters is not a stable per-ID pointer")
+	}
+	if !a.LastDispatch().IsZero() || a.InFlight() != 0 || a.Dispatched() != 0 {
+		t.Fatal("fresh counters are not zero")
+	}
+	g1 := tr.Acquire(a, t0)
+	g2 := tr.Acquire(a, t0.Add(time.Second))
+	if a.InFlight() != 2 || a.Dispatched() != 2 || !a.LastDispatch().Equal(t0.Add(time.Second)) {
+		t.Fatalf("after two acquires: inflight %d dispatched %d last %v", a.InFlight(), a.Dispatched(), a.LastDispatch())
+	}
+	if tr.Outstanding() != 2 {
+		t.Fatalf("Outstanding() = %d", tr.Outstanding())
+	}
+	g1.Release()
+	g1.Release()
+	if a.InFlight() != 1 || a.Dispatched() != 2 || tr.Outstanding() != 1 {
+		t.Fatalf("after double release: inflight %d dispatched %d outstanding %d", a.InFlight(), a.Dispatched(), tr.Outstanding())
+	}
+	g2.Release()
+	var nilGuard *Guard
+	nilGuard.Release() // no-op
+	if a.InFlight() != 0 || b.InFlight() != 0 || tr.Outstanding() != 0 {
+		t.Fatalf("after release: a %d b %d outstanding %d", a.InFlight(), b.InFlight(), tr.Outstanding())
+	}
+}
+
+func TestTrackerCountersConcurrentCreate(t *testing.T) {
+	tr := NewTracker()
+	const n = 16
+	got := make([]*Counters, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { got[i] = tr.Counters("same") })
+	}
+	wg.Wait()
+	for i := range got {
+		if got[i] != got[0] {
+			t.Fatalf("goroutine %d got a different *Counters", i)
+		}
+	}
+}
+
+func TestAcquireNilCountersPanics(t *testing.T) {
+	defer func() {
+		if recover() == nil {
+			t.Fatal("Acquire(nil) did not panic")
+		}
+	}()
+	NewTracker().Acquire(nil, t0)
+}
+
+// TestGuardReleaseExactlyOnce races many Release calls (and the janitor) on every guard.
+func TestGuardReleaseExactlyOnce(t *testing.T) {
+	tr := NewTracker()
+	c := tr.Counters("w")
+	const guards, callers = 200, 4
+	gs := make([]*Guard, guards)
+	for i := range gs {
+		gs[i] = tr.Acquire(c, t0)
+	}
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for range callers {
+		wg.Go(func() {
+			<-start
+			for _, g := range gs {
+				g.Release()
+			}
+		})
+	}
+	var reaped int
+	wg.Go(func() {
+		<-start
+		reaped = tr.ReleaseStale(t0.Add(time.Hour), time.Minute)
+	})
+	close(start)
+	wg.Wait()
+	if c.InFlight() != 0 {
+		t.Fatalf("InFlight() = %d after releasing %d guards %d times each", c.InFlight(), guards, callers)
+	}
+	if tr.Outstanding() != 0 || tr.StaleReleased() != uint64(reaped) {
+		t.Fatalf("Outstanding() = %d, StaleReleased() = %d, reaped %d", tr.Outstanding(), tr.StaleReleased(), reaped)
+	}
+}
+
+// TestAcquireReleaseConcurrent mixes acquires and releases from many goroutines.
+func TestAcquireReleaseConcurrent(t *testing.T) {
+	tr := NewTracker()
+	c := tr.Counters("w")
+	const workers, perWorker = 8, 500
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for range perWorker {
+				g := tr.Acquire(c, t0)
+				g.Release()
+			}
+		})
+	}
+	wg.Wait()
+	if c.InFlight() != 0 || c.Dispatched() != workers*perWorker || tr.Outstanding() != 0 {
+		t.Fatalf("inflight %d dispatched %d outstanding %d", c.InFlight(), c.Dispatched(), tr.Outstanding())
+	}
+}
+
+func TestReleaseStale(t *testing.T) {
+	tr := NewTracker()
+	a, b := tr.Counters("a"), tr.Counters("b")
+	old1 := tr.Acquire(a, t0)
+	old2 := tr.Acquire(b, t0.Add(time.Minute))
+	young := tr.Acquire(a, t0.Add(50*time.Minute))
+	done := tr.Acquire(b, t0)
+	done.Release()
+
+	now := t0.Add(time.Hour)
+	if n := tr.ReleaseStale(now, 30*time.Minute); n != 2 {
+		t.Fatalf("ReleaseStale released %d, want 2", n)
+	}
+	if a.InFlight() != 1 || b.InFlight() != 0 || tr.Outstanding() != 1 || tr.StaleReleased() != 2 {
+		t.Fatalf("a %d b %d outstanding %d stale %d", a.InFlight(), b.InFlight(), tr.Outstanding(), tr.StaleReleased())
+	}
+	// The leaked guards' late owners release nothing more.
+	old1.Release()
+	old2.Release()
+	if a.InFlight() != 1 || b.InFlight() != 0 {
+		t.Fatalf("late release changed counts: a %d b %d", a.InFlight(), b.InFlight())
+	}
+	if n := tr.ReleaseStale(now, 30*time.Minute); n != 0 {
+		t.Fatalf("second sweep released %d", n)
+	}
+	young.Release()
+	if a.InFlight() != 0 || tr.Outstanding() != 0 {
+		t.Fatalf("a %d outstanding %d", a.InFlight(), tr.Outstanding())
+	}
+}
