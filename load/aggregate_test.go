@@ -315,3 +315,31 @@ func TestUnixNanoSat(t *testing.T) {
 		t.Fatal("in-range conversion")
 	}
 }
+
+func TestAggregatorRemoveKeepsOthers(t *testing.T) {
+	a := NewAggregator(time.Minute)
+	for i, id := range []string{"a", "b", "c"} {
+		a.SetWorker(id, 1, nil)
+		a.Ingest(id, nativeRep(0, t0, int64(i+1), 0, 0, 10, 0))
+	}
+	before := a.Snapshot(t0)
+	a.RemoveWorker("a")
+	a.RemoveWorker("missing")
+	a.Ingest("c", nativeRep(0, t0, 30, 0, 0, 10, 0))
+	after := a.Snapshot(t0)
+	if o := before.Observe("a", t0); o.Running != 1 {
+		t.Fatalf("earlier snapshot lost a: %+v", o)
+	}
+	if o := before.Observe("c", t0); o.Running != 3 {
+		t.Fatalf("earlier snapshot changed c: %+v", o)
+	}
+	if after.Len() != 2 || after.Observe("a", t0) != (Observation{}) {
+		t.Fatalf("a still present after removal (len %d)", after.Len())
+	}
+	if b, c := after.Observe("b", t0), after.Observe("c", t0); b.Running != 2 || c.Running != 30 {
+		t.Fatalf("b %+v c %+v", b, c)
+	}
+	if got := a.Stats().UnknownWorker; got != 0 {
+		t.Fatalf("UnknownWorker = %d", got)
+	}
+}

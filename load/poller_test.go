@@ -120,7 +120,7 @@ func TestPollerFallbackAndReprobe(t *testing.T) {
 	if got := fe.hitCount(PathLoads); got != 1 {
 		t.Fatalf("/v1/loads hit %d times, want 1", got)
 	}
-	// The engine gains /v1/loads; the third legacy poll re-probes it.
+	// The engine gains /v1/loads; after ReprobeEvery legacy polls the next one re-probes it.
 	fe.set(func(fe *fakeEngine) { fe.loads = http.StatusOK })
 	reps, err = p.Poll(ctx)
 	if err != nil || p.Legacy() || !reps[0].Has(HasNative) {
