@@ -109,7 +109,7 @@ func (b *builder) bucket(model string, m *config.Model, bc *config.Bucket, path 
 }
 
 func (b *builder) group(model string, m *config.Model, stage Stage, g *config.Group, path string) (*EngineGroup, error) {
-	pc := effectivePolicy(m, stage, g)
+	pc := b.cfg.EffectivePolicy(model, roleOf(stage), g)
 	p, err := b.policy(pc, stage, path+".policy")
 	if err != nil {
 		return nil, err
@@ -121,24 +121,15 @@ func (b *builder) group(model string, m *config.Model, stage Stage, g *config.Gr
 	return NewEngineGroup(model, stage, members, p), nil
 }
 
-// effectivePolicy is the group's policy, else the model's stage default, else round_robin.
-func effectivePolicy(m *config.Model, stage Stage, g *config.Group) config.Policy {
-	if g.Policy != nil {
-		return *g.Policy
-	}
-	var def *config.Policy
-	switch stage {
-	case StagePlain:
-		def = m.Policies.Plain
+// roleOf maps a stage back to its configured role.
+func roleOf(s Stage) config.Role {
+	switch s {
 	case StagePrefill:
-		def = m.Policies.Prefill
+		return config.RolePrefill
 	case StageDecode:
-		def = m.Policies.Decode
+		return config.RoleDecode
 	}
-	if def != nil {
-		return *def
-	}
-	return config.Policy{Type: config.PolicyRoundRobin}
+	return config.RolePlain
 }
 
 func (b *builder) rng() *rand.Rand {
