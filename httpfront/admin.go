@@ -1,0 +1,125 @@
+package httpfront
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"strconv"
+
+	"github.com/valyala/fasthttp"
+)
+
+// admin serves the worker admin API: GET /workers, POST /workers, DELETE /workers/{id}.
+// It is the slow path: it may allocate freely.
+func (s *Server) admin(ctx *fasthttp.RequestCtx) {
+	if e := checkKey(ctx, s.cfg.Server.AdminAPIKey); e != nil {
+		writeError(ctx, e)
+		return
+	}
+	path := string(ctx.Path())
+	switch {
+	case path == "/workers" && ctx.IsGet():
+		s.listWorkers(ctx)
+	case path == "/workers" && ctx.IsPost():
+		s.addWorker(ctx)
+	case len(path) > len("/workers/") && path[:len("/workers/")] == "/workers/" && ctx.IsDelete():
+		id := path[len("/workers/"):]
+		if err := s.workers.remove(id); err != nil {
+			writeError(ctx, newAPIError(CodeWorkerNotFound, "no worker "+strconv.Quote(id)))
+			return
+		}
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"removed":` + string(appendJSONString(nil, id)) + `}`)
+	case path == "/workers" || (len(path) > len("/workers/") && path[:len("/workers/")] == "/workers/"):
+		writeError(ctx, errMethodNotAllowed)
+	default:
+		writeError(ctx, errNotFound)
+	}
+}
+
+// workerView is one worker as GET /workers shows it.
+type workerView struct {
+	ID            string `json:"id"`
+	URL           string `json:"url"`
+	Model         string `json:"model"`
+	Role          string `json:"role"`
+	Healthy       bool   `json:"healthy"`
+	Eligible      bool   `json:"eligible"`
+	Breaker       string `json:"breaker"`
+	InFlight      int64  `json:"in_flight"`
+	Dispatched    uint64 `json:"dispatched"`
+	BootstrapPort *int   `json:"bootstrap_port"`
+	DPSize        int    `json:"dp_size"`
+	Introspected  bool   `json:"introspected"`
+}
+
+func (st *workerState) view() workerView {
+	w := st.worker.Load()
+	v := workerView{
+		ID:           w.ID,
+		URL:          w.URL,
+		Model:        w.Model,
+		Role:         w.Stage.String(),
+		Healthy:      st.healthOK.Load(),
+		Eligible:     w.Healthy(),
+		Breaker:      st.breaker.State().String(),
+		InFlight:     w.Counters.InFlight(),
+		Dispatched:   w.Counters.Dispatched(),
+		DPSize:       w.DPSize,
+		Introspected: st.info.Load() != nil,
+	}
+	if w.BootstrapPort > 0 {
+		p := w.BootstrapPort
+		v.BootstrapPort = &p
+	}
+	return v
+}
+
+func (s *Server) listWorkers(ctx *fasthttp.RequestCtx) {
+	states := s.workers.all()
+	views := make([]workerView, 0, len(states))
+	for _, st := range states {
+		views = append(views, st.view())
+	}
+	writeJSON(ctx, fasthttp.StatusOK, map[string]any{"workers": views})
+}
+
+func (s *Server) addWorker(ctx *fasthttp.RequestCtx) {
+	var spec WorkerSpec
+	dec := json.NewDecoder(bytes.NewReader(ctx.PostBody()))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&spec); err != nil {
+		writeError(ctx, newAPIError(CodeInvalidWorker, "cannot decode worker: "+err.Error()))
+		return
+	}
+	// The request goroutine waits for introspection (bounded by the health timeout); the
+	// admin API is not on the hot path.
+	st, err := s.workers.add(context.Background(), spec, true)
+	switch {
+	case errors.Is(err, ErrWorkerExists):
+		writeError(ctx, newAPIError(CodeWorkerExists, err.Error()))
+		return
+	case errors.Is(err, ErrInvalidWorker):
+		writeError(ctx, newAPIError(CodeInvalidWorker, err.Error()))
+		return
+	case errors.Is(err, ErrIntrospection):
+		writeError(ctx, newAPIError(CodeIntrospection, err.Error()))
+		return
+	case err != nil:
+		writeError(ctx, newAPIError(CodeInternal, err.Error()))
+		return
+	}
+	writeJSON(ctx, fasthttp.StatusCreated, st.view())
+}
+
+func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		writeError(ctx, newAPIError(CodeInternal, err.Error()))
+		return
+	}
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(b)
+}

@@ -1,0 +1,367 @@
+package httpfront
+
+import (
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"switchyard/engine"
+)
+
+// maxErrorBody bounds an engine's non-SSE answer read from a streamed response.
+const maxErrorBody = 4 << 20
+
+// forwardHeaders are the client headers forwarded to engines (INTEROP "Headers"); the
+// configured affinity headers are forwarded too. Nothing else is, hop-by-hop headers
+// included.
+var forwardHeaders = [...]string{"Authorization", "X-Request-Id", "X-Correlation-Id", "Traceparent", "Tracestate"}
+
+// Response headers set by the router.
+const (
+	headerWorker        = "X-Switchyard-Worker"
+	headerPrefillWorker = "X-Switchyard-Prefill-Worker"
+	headerBucket        = "X-Switchyard-Bucket"
+)
+
+// exchange is one inference request's pooled scratch: the parsed facts, the decompressed
+// body, the PD body and the bucket request. It never leaves the handler goroutine, except
+// that a selection actor may read breq until it answers (an exchange whose selection timed
+// out is not reused).
+type exchange struct {
+	facts requestFacts
+	body  []byte
+	pd    []byte
+	breq  engine.BucketRequest
+}
+
+func (ex *exchange) trim() {
+	ex.breq = engine.BucketRequest{}
+	if cap(ex.body) > maxPooledBuf {
+		ex.body = nil
+	}
+	if cap(ex.pd) > maxPooledBuf {
+		ex.pd = nil
+	}
+	if cap(ex.facts.scratch) > maxPooledBuf {
+		ex.facts.scratch = nil
+	}
+	if cap(ex.facts.tokenIDs) > maxPooledBuf/4 {
+		ex.facts.tokenIDs = nil
+	}
+	clear(ex.facts.messages)
+	clear(ex.facts.prompts)
+}
+
+// outcome is how an inference request ended in its handler.
+type outcome struct {
+	mm     *modelMetrics
+	status int
+	// async: a stream relay owns the rest of the request (metrics, guards, in-flight).
+	async bool
+	// keep: the exchange must not be reused (an actor may still read it).
+	keep bool
+}
+
+// inference serves one inference route.
+func (s *Server) inference(ctx *fasthttp.RequestCtx, kind routeKind) {
+	start := s.now()
+	s.metrics.inflight.Add(1)
+	ex := s.exPool.Get().(*exchange)
+	o := s.serveInference(ctx, kind, ex, start)
+	rm := o.mm.routes[kind]
+	rm.requests.Inc()
+	if !o.async {
+		rm.response(o.status).Inc()
+		rm.duration.Update(since(start, s.now()))
+		s.metrics.inflight.Add(-1)
+	}
+	if !o.keep {
+		ex.trim()
+		s.exPool.Put(ex)
+	}
+}
+
+func (s *Server) fail(ctx *fasthttp.RequestCtx, o outcome, e *apiError) outcome {
+	writeError(ctx, e)
+	o.status = e.status()
+	return o
+}
+
+func (s *Server) serveInference(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange, start time.Time) outcome {
+	o := outcome{mm: s.metrics.unknown}
+	if !ctx.IsPost() {
+		return s.fail(ctx, o, errMethodNotAllowed)
+	}
+	if s.draining.Load() {
+		return s.fail(ctx, o, errShuttingDown)
+	}
+	if e := checkKey(ctx, s.cfg.Server.APIKey); e != nil {
+		return s.fail(ctx, o, e)
+	}
+	body := ctx.PostBody()
+	if enc := ctx.Request.Header.ContentEncoding(); len(enc) > 0 {
+		// Slow path: compressed body, decoded under the same cap.
+		switch e := parseEncoding(enc); e {
+		case encIdentity:
+		case encUnknown:
+			return s.fail(ctx, o, newAPIError(CodeUnsupportedEncoding, "unsupported Content-Encoding "+string(enc)+" (use gzip, deflate, br or zstd)"))
+		default:
+			var err error
+			ex.body, err = s.dec.decode(ex.body[:0], e, body, s.maxBody())
+			if errors.Is(err, errBodyTooLarge) {
+				ctx.SetConnectionClose()
+				return s.fail(ctx, o, errTooLarge)
+			}
+			if err != nil {
+				return s.fail(ctx, o, newAPIError(CodeInvalidEncoding, "cannot decode the "+string(enc)+" body: "+err.Error()))
+			}
+			body = ex.body
+		}
+	}
+	if int64(len(body)) > s.maxBody() {
+		return s.fail(ctx, o, errTooLarge)
+	}
+	f := &ex.facts
+	if e := parseRequest(kind, body, f); e != nil {
+		return s.fail(ctx, o, e)
+	}
+	mr := s.only
+	if len(f.model) > 0 || kind != routeGenerate {
+		mr = s.models[string(f.model)]
+	}
+	if mr == nil {
+		if len(f.model) == 0 {
+			return s.fail(ctx, o, paramError(CodeMissingModel, "model", "more than one model is configured: name one in the model parameter"))
+		}
+		return s.fail(ctx, o, paramError(CodeModelNotFound, "model", "the model `"+string(f.model)+"` does not exist"))
+	}
+	o.mm = mr.metrics
+	input, ids := f.inputTokens(mr.tokenizer, body)
+	peak, e := expectedPeak(input, f.maxTokens)
+	if e != nil {
+		return s.fail(ctx, o, e)
+	}
+	ex.breq = engine.BucketRequest{
+		Model:        mr.name,
+		InputTokens:  input,
+		ExpectedPeak: peak,
+		TokenIDs:     ids,
+		SessionKey:   headerString(ctx, s.sessionHeader),
+		RoutingKey:   headerString(ctx, s.routingHeader),
+		Now:          start,
+	}
+	pick, err := s.sel.Select(mr.resolver, &ex.breq)
+	if err != nil {
+		s.metrics.selectionFailed(err)
+		if engine.OutcomeOf(err) == engine.OutcomeTimeout {
+			o.keep = true
+		}
+		return s.fail(ctx, o, selectionError(err))
+	}
+	s.metrics.selected(mr.metrics, &pick)
+	d := dispatch{s: s, ctx: ctx, kind: kind, body: body, facts: f, pick: &pick, start: start, mm: mr.metrics}
+	if pick.IsPD() {
+		return d.pd(ex, o)
+	}
+	return d.plain(o)
+}
+
+func (s *Server) maxBody() int64 {
+	if s.cfg.Server.MaxBodyBytes > 0 {
+		return s.cfg.Server.MaxBodyBytes
+	}
+	return 32 << 20
+}
+
+// headerString copies a header's value, or returns "" (no allocation) when it is absent.
+func headerString(ctx *fasthttp.RequestCtx, name string) string {
+	if name == "" {
+		return ""
+	}
+	v := ctx.Request.Header.Peek(name)
+	if len(v) == 0 {
+		return ""
+	}
+	return string(v)
+}
+
+// dispatch is one selected request's forwarding, on the handler goroutine.
+type dispatch struct {
+	s     *Server
+	ctx   *fasthttp.RequestCtx
+	kind  routeKind
+	body  []byte
+	facts *requestFacts
+	pick  *engine.BucketPick
+	start time.Time
+	mm    *modelMetrics
+}
+
+// deadline is the request's end-to-end deadline.
+func (d *dispatch) deadline() time.Time {
+	t := d.s.cfg.Server.RequestTimeout
+	if t <= 0 {
+		t = 600 * time.Second
+	}
+	return d.start.Add(t)
+}
+
+// buildUpstream fills req to send body to st on the request's route with the allow-listed
+// headers.
+func (d *dispatch) buildUpstream(req *fasthttp.Request, st *workerState, body []byte) {
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.SetRequestURI(routePaths[d.kind])
+	req.Header.SetHost(st.hostPort)
+	req.Header.SetContentType("application/json")
+	h := &d.ctx.Request.Header
+	for _, name := range forwardHeaders {
+		if v := h.Peek(name); len(v) > 0 {
+			req.Header.SetBytesV(name, v)
+		}
+	}
+	for _, name := range [2]string{d.s.sessionHeader, d.s.routingHeader} {
+		if name == "" {
+			continue
+		}
+		if v := h.Peek(name); len(v) > 0 {
+			req.Header.SetBytesV(name, v)
+		}
+	}
+	if d.s.cfg.Server.APIKey != "" {
+		// The router's own key authenticates the client to the router, not to the engine.
+		req.Header.Del(fasthttp.HeaderAuthorization)
+	}
+	req.SetBody(body)
+}
+
+// upstreamError maps a transport failure before any byte reached the client.
+func upstreamError(w *engine.Worker, err error) (*apiError, string) {
+	if isTimeout(err) {
+		return newAPIError(CodeUpstreamTimeout, "engine "+w.ID+" did not answer in time"), upstreamTimeout
+	}
+	return newAPIError(CodeUpstream, "engine "+w.ID+" failed: "+err.Error()), upstreamTransport
+}
+
+func isTimeout(err error) bool {
+	if errors.Is(err, fasthttp.ErrTimeout) || errors.Is(err, fasthttp.ErrDialTimeout) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// skipResponseHeader reports the upstream response headers not copied to the client.
+func skipResponseHeader(k []byte) bool {
+	switch len(k) {
+	case 4:
+		return equalFoldASCII(k, "Date")
+	case 6:
+		return equalFoldASCII(k, "Server")
+	case 10:
+		return equalFoldASCII(k, "Connection") || equalFoldASCII(k, "Keep-Alive")
+	case 14:
+		return equalFoldASCII(k, "Content-Length")
+	case 17:
+		return equalFoldASCII(k, "Transfer-Encoding")
+	}
+	return false
+}
+
+// copyResponseHeaders copies resp's end-to-end headers to the client response.
+func copyResponseHeaders(dst *fasthttp.ResponseHeader, resp *fasthttp.Response) {
+	for k, v := range resp.Header.All() {
+		if !skipResponseHeader(k) {
+			dst.SetBytesKV(k, v)
+		}
+	}
+}
+
+func (d *dispatch) routerHeaders() {
+	h := &d.ctx.Response.Header
+	h.Set(headerBucket, d.pick.BucketID)
+	if d.pick.IsPD() {
+		h.Set(headerWorker, d.pick.Decode.Worker.ID)
+		h.Set(headerPrefillWorker, d.pick.Prefill.Worker.ID)
+		return
+	}
+	h.Set(headerWorker, d.pick.Plain.Worker.ID)
+}
+
+// isEventStream reports whether resp is Server-Sent Events.
+func isEventStream(resp *fasthttp.Response) bool {
+	ct := resp.Header.ContentType()
+	return len(ct) >= len("text/event-stream") && equalFoldASCII(ct[:len("text/event-stream")], "text/event-stream")
+}
+
+// plain forwards to the plain engine: buffered for a non-streaming request, relayed for a
+// stream. Guards are released on every path.
+func (d *dispatch) plain(o outcome) outcome {
+	s := d.s
+	w := d.pick.Plain.Worker
+	st := s.workers.state(w.ID)
+	if st == nil {
+		return s.fail(d.ctx, o, newAPIError(CodeUpstream, "engine "+w.ID+" was removed before dispatch"))
+	}
+	guard := s.tracker.Acquire(w.Counters, s.now())
+	req := fasthttp.AcquireRequest()
+	resp := fasthttp.AcquireResponse()
+	d.buildUpstream(req, st, d.body)
+	resp.StreamBody = d.facts.stream
+	err := st.client.DoDeadline(req, resp, d.deadline())
+	fasthttp.ReleaseRequest(req)
+	if err != nil {
+		fasthttp.ReleaseResponse(resp)
+		guard.Release()
+		e, kind := upstreamError(w, err)
+		s.metrics.upstreamError(w.ID, kind)
+		s.workers.dispatched(st, true)
+		return s.fail(d.ctx, o, e)
+	}
+	status := resp.StatusCode()
+	if status >= 500 {
+		s.metrics.upstreamError(w.ID, upstreamStatus)
+	}
+	if d.facts.stream && status == fasthttp.StatusOK && isEventStream(resp) {
+		d.ctx.SetStatusCode(status)
+		copyResponseHeaders(&d.ctx.Response.Header, resp)
+		d.routerHeaders()
+		d.ctx.Response.Header.Set("Cache-Control", "no-cache")
+		d.ctx.Response.Header.Set("X-Accel-Buffering", "no")
+		r := s.newRelay(d, o.mm, resp, st, guard, nil)
+		d.ctx.SetBodyStreamWriter(r.run)
+		o.async = true
+		o.status = status
+		return o
+	}
+	// Buffered answer (non-streaming, or an engine error in answer to a stream).
+	d.ctx.SetStatusCode(status)
+	copyResponseHeaders(&d.ctx.Response.Header, resp)
+	d.routerHeaders()
+	if resp.StreamBody && resp.BodyStream() != nil {
+		buf := getBuf()
+		*buf, _ = readLimited((*buf)[:0], resp.BodyStream(), maxErrorBody)
+		_ = resp.CloseBodyStream()
+		d.ctx.SetBody(*buf)
+		putBuf(buf)
+	} else {
+		d.ctx.SetBody(resp.Body())
+	}
+	fasthttp.ReleaseResponse(resp)
+	guard.Release()
+	s.workers.dispatched(st, status >= 500)
+	o.status = status
+	return o
+}
+
+// readAllLimited reads r up to limit bytes into a new slice.
+func readAllLimited(r io.Reader, limit int64) []byte {
+	b, _ := readLimited(nil, r, limit)
+	return b
+}
+
+// lowerASCII lowercases s (header names).
+func lowerASCII(s string) string { return strings.ToLower(s) }

@@ -1,0 +1,280 @@
+package httpfront
+
+import (
+	"errors"
+	"strconv"
+	"unicode/utf8"
+
+	"github.com/valyala/fasthttp"
+
+	"switchyard/engine"
+)
+
+// Error codes of the OpenAI-shaped error body {"error": {"message", "type", "param", "code"}}.
+// Each code has one HTTP status (see errorTable); README lists them.
+const (
+	CodeInvalidJSON         = "invalid_json"
+	CodeMissingModel        = "missing_model"
+	CodeInvalidMessages     = "invalid_messages"
+	CodeMissingPrompt       = "missing_prompt"
+	CodeInvalidParameter    = "invalid_parameter"
+	CodeNoMatchingBucket    = "no_matching_bucket"
+	CodeMissingAPIKey       = "missing_api_key"
+	CodeInvalidAPIKey       = "invalid_api_key"
+	CodeModelNotFound       = "model_not_found"
+	CodeNotFound            = "not_found"
+	CodeMethodNotAllowed    = "method_not_allowed"
+	CodeRequestTooLarge     = "request_too_large"
+	CodeUnsupportedEncoding = "unsupported_content_encoding"
+	CodeInvalidEncoding     = "invalid_content_encoding"
+	CodeOverloaded          = "overloaded"
+	CodeNoAvailableEngine   = "no_available_engine"
+	CodeShuttingDown        = "shutting_down"
+	CodeInvalidSignal       = "invalid_signal"
+	CodeInvalidConfig       = "invalid_configuration"
+	CodeOutsideCandidates   = "outside_candidates"
+	CodeInternal            = "internal_error"
+	CodeUpstream            = "upstream_error"
+	CodePrefillFailed       = "prefill_failed"
+	CodeUpstreamTimeout     = "upstream_timeout"
+	CodeSelectionTimeout    = "selection_timeout"
+	CodeStreamIdleTimeout   = "stream_idle_timeout"
+	CodeWorkerNotFound      = "worker_not_found"
+	CodeWorkerExists        = "worker_exists"
+	CodeInvalidWorker       = "invalid_worker"
+	CodeIntrospection       = "introspection_failed"
+)
+
+// errorClass is the status and OpenAI error type of a code.
+type errorClass struct {
+	status int
+	typ    string
+}
+
+var errorTable = map[string]errorClass{
+	CodeInvalidJSON:         {fasthttp.StatusBadRequest, "invalid_request_error"},
+	CodeMissingModel:        {fasthttp.StatusBadRequest, "invalid_request_error"},
+	CodeInvalidMessages:     {fasthttp.StatusBadRequest, "invalid_request_error"},
+	CodeMissingPrompt:       {fasthttp.StatusBadRequest, "invalid_request_error"},
+	CodeInvalidParameter:    {fasthttp.StatusBadRequest, "invalid_request_error"},
+	CodeNoMatchingBucket:    {fasthttp.StatusBadRequest, "invalid_request_error"},
+	CodeInvalidWorker:       {fasthttp.StatusBadRequest, "invalid_request_error"},
+	CodeInvalidEncoding:     {fasthttp.StatusBadRequest, "invalid_request_error"},
+	CodeMissingAPIKey:       {fasthttp.StatusUnauthorized, "authentication_error"},
+	CodeInvalidAPIKey:       {fasthttp.StatusForbidden, "permission_error"},
+	CodeModelNotFound:       {fasthttp.StatusNotFound, "invalid_request_error"},
+	CodeNotFound:            {fasthttp.StatusNotFound, "invalid_request_error"},
+	CodeWorkerNotFound:      {fasthttp.StatusNotFound, "invalid_request_error"},
+	CodeMethodNotAllowed:    {fasthttp.StatusMethodNotAllowed, "invalid_request_error"},
+	CodeWorkerExists:        {fasthttp.StatusConflict, "invalid_request_error"},
+	CodeRequestTooLarge:     {fasthttp.StatusRequestEntityTooLarge, "invalid_request_error"},
+	CodeUnsupportedEncoding: {fasthttp.StatusUnsupportedMediaType, "invalid_request_error"},
+	CodeOverloaded:          {fasthttp.StatusTooManyRequests, "overloaded_error"},
+	CodeInvalidSignal:       {fasthttp.StatusInternalServerError, "internal_error"},
+	CodeInvalidConfig:       {fasthttp.StatusInternalServerError, "internal_error"},
+	CodeOutsideCandidates:   {fasthttp.StatusInternalServerError, "internal_error"},
+	CodeInternal:            {fasthttp.StatusInternalServerError, "internal_error"},
+	CodeUpstream:            {fasthttp.StatusBadGateway, "upstream_error"},
+	CodePrefillFailed:       {fasthttp.StatusBadGateway, "upstream_error"},
+	CodeIntrospection:       {fasthttp.StatusBadGateway, "upstream_error"},
+	CodeNoAvailableEngine:   {fasthttp.StatusServiceUnavailable, "service_unavailable_error"},
+	CodeShuttingDown:        {fasthttp.StatusServiceUnavailable, "service_unavailable_error"},
+	CodeUpstreamTimeout:     {fasthttp.StatusGatewayTimeout, "timeout_error"},
+	CodeSelectionTimeout:    {fasthttp.StatusGatewayTimeout, "timeout_error"},
+	CodeStreamIdleTimeout:   {fasthttp.StatusGatewayTimeout, "timeout_error"},
+}
+
+// apiError is one error answer. Message may be built per request (the slow path); the
+// common errors are package-level immutable values.
+type apiError struct {
+	code    string
+	message string
+	param   string
+	// stage and rejections describe a selection failure (503).
+	stage      string
+	rejections []engine.Rejection
+}
+
+func (e *apiError) Error() string { return e.code + ": " + e.message }
+
+func (e *apiError) class() errorClass {
+	c, ok := errorTable[e.code]
+	if !ok {
+		panic("BUG: httpfront: error code without a class: " + e.code)
+	}
+	return c
+}
+
+// status is the HTTP status of the error.
+func (e *apiError) status() int { return e.class().status }
+
+func newAPIError(code, message string) *apiError { return &apiError{code: code, message: message} }
+
+func paramError(code, param, message string) *apiError {
+	return &apiError{code: code, param: param, message: message}
+}
+
+// Immutable errors shared by every request.
+var (
+	errNotFound         = newAPIError(CodeNotFound, "no such route")
+	errMethodNotAllowed = newAPIError(CodeMethodNotAllowed, "method not allowed on this route")
+	errTooLarge         = newAPIError(CodeRequestTooLarge, "request body exceeds the size limit")
+	errMissingKey       = newAPIError(CodeMissingAPIKey, "missing bearer API key (Authorization: Bearer <key>)")
+	errWrongKey         = newAPIError(CodeInvalidAPIKey, "the API key is not valid for this endpoint")
+	errShuttingDown     = newAPIError(CodeShuttingDown, "the router is shutting down")
+	errNotObject        = newAPIError(CodeInvalidJSON, "the request body must be a JSON object")
+	errBadJSON          = newAPIError(CodeInvalidJSON, "the request body is not valid JSON")
+)
+
+// appendErrorJSON appends the OpenAI-shaped body of e.
+func appendErrorJSON(dst []byte, e *apiError) []byte {
+	c := e.class()
+	dst = append(dst, `{"error":{"message":`...)
+	dst = appendJSONString(dst, e.message)
+	dst = append(dst, `,"type":`...)
+	dst = appendJSONString(dst, c.typ)
+	dst = append(dst, `,"param":`...)
+	if e.param == "" {
+		dst = append(dst, "null"...)
+	} else {
+		dst = appendJSONString(dst, e.param)
+	}
+	dst = append(dst, `,"code":`...)
+	dst = appendJSONString(dst, e.code)
+	if e.stage != "" {
+		dst = append(dst, `,"stage":`...)
+		dst = appendJSONString(dst, e.stage)
+	}
+	if len(e.rejections) > 0 {
+		dst = append(dst, `,"rejections":[`...)
+		for i, r := range e.rejections {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = append(dst, `{"bucket":`...)
+			dst = appendJSONString(dst, r.BucketID)
+			dst = append(dst, `,"stage":`...)
+			dst = appendJSONString(dst, r.Stage.String())
+			dst = append(dst, `,"worker":`...)
+			dst = appendJSONString(dst, r.WorkerID)
+			dst = append(dst, `,"limit":`...)
+			dst = appendJSONString(dst, r.Limit)
+			dst = append(dst, '}')
+		}
+		dst = append(dst, ']')
+	}
+	return append(dst, "}}"...)
+}
+
+// writeError answers ctx with e.
+func writeError(ctx *fasthttp.RequestCtx, e *apiError) {
+	ctx.Response.Reset()
+	ctx.SetStatusCode(e.status())
+	ctx.SetContentType("application/json")
+	buf := getBuf()
+	*buf = appendErrorJSON((*buf)[:0], e)
+	ctx.SetBody(*buf)
+	putBuf(buf)
+}
+
+const hexDigits = "0123456789abcdef"
+
+// appendJSONString appends s as a JSON string literal; invalid UTF-8 becomes U+FFFD.
+func appendJSONString(dst []byte, s string) []byte {
+	dst = append(dst, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
+				i++
+				continue
+			}
+			dst = append(dst, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				dst = append(dst, '\\', c)
+			case '\n':
+				dst = append(dst, '\\', 'n')
+			case '\r':
+				dst = append(dst, '\\', 'r')
+			case '\t':
+				dst = append(dst, '\\', 't')
+			default:
+				dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, n := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && n == 1 {
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, `\ufffd`...)
+			i++
+			start = i
+			continue
+		}
+		i += n
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"')
+}
+
+// selectionError maps a failed selection to its HTTP error (POLICY_DESIGN section 3).
+func selectionError(err error) *apiError {
+	var pe *engine.PickError
+	if !errors.As(err, &pe) {
+		return newAPIError(CodeInternal, "engine selection failed: "+err.Error())
+	}
+	switch pe.Outcome {
+	case engine.OutcomeNoMatchingBucket:
+		return newAPIError(CodeNoMatchingBucket, "no bucket of this model supports the request's length")
+	case engine.OutcomeNoCandidates, engine.OutcomeNoAdmissibleEngine, engine.OutcomeAdmissionRejected:
+		msg := "no engine is available"
+		if pe.Outcome != engine.OutcomeNoCandidates {
+			msg = "every compatible engine rejected the request"
+		}
+		msg += " (stage " + pe.Stage.String()
+		if pe.BucketID != "" {
+			msg += ", bucket " + pe.BucketID
+		}
+		msg += ")"
+		return &apiError{code: CodeNoAvailableEngine, message: msg, stage: pe.Stage.String(), rejections: pe.Rejections}
+	case engine.OutcomeOverloaded:
+		return newAPIError(CodeOverloaded, "the router is overloaded: "+pe.Error())
+	case engine.OutcomeTimeout:
+		return newAPIError(CodeSelectionTimeout, "engine selection timed out: "+pe.Error())
+	case engine.OutcomeInvalidSignal:
+		return newAPIError(CodeInvalidSignal, pe.Error())
+	case engine.OutcomeInvalidConfiguration:
+		return newAPIError(CodeInvalidConfig, pe.Error())
+	case engine.OutcomeOutsideCandidates:
+		return newAPIError(CodeOutsideCandidates, pe.Error())
+	}
+	return newAPIError(CodeInternal, pe.Error())
+}
+
+var statusLabels = func() map[int]string {
+	m := make(map[int]string)
+	for _, c := range []int{200, 400, 401, 403, 404, 405, 409, 413, 415, 429, 499, 500, 502, 503, 504} {
+		m[c] = strconv.Itoa(c)
+	}
+	return m
+}()
+
+// statusLabel is the metric label of a status code; the set is fixed so handles are bounded.
+func statusLabel(code int) string {
+	if l, ok := statusLabels[code]; ok {
+		return l
+	}
+	switch {
+	case code < 300:
+		return "2xx"
+	case code < 400:
+		return "3xx"
+	case code < 500:
+		return "4xx"
+	}
+	return "5xx"
+}

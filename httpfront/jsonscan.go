@@ -1,0 +1,405 @@
+package httpfront
+
+import (
+	"errors"
+	"math"
+	"strconv"
+	"unicode/utf8"
+	"unsafe"
+)
+
+// A small strict JSON scanner (RFC 8259) over a byte slice. It validates and locates values
+// without building a tree and without allocating; request preparation reads only the handful
+// of members it needs and forwards the body bytes untouched.
+
+// maxJSONDepth bounds nesting so that hostile input cannot exhaust the stack.
+const maxJSONDepth = 128
+
+// JSON value kinds, named by their first byte.
+const (
+	kindObject byte = '{'
+	kindArray  byte = '['
+	kindString byte = '"'
+	kindNumber byte = '0'
+	kindTrue   byte = 't'
+	kindFalse  byte = 'f'
+	kindNull   byte = 'n'
+)
+
+var (
+	errJSONSyntax = errors.New("invalid JSON")
+	errJSONDepth  = errors.New("JSON nested too deeply")
+)
+
+// jsonValue is one located value: its kind and its bytes in the scanned document.
+type jsonValue struct {
+	kind byte
+	raw  []byte
+}
+
+func skipWS(b []byte, i int) int {
+	for i < len(b) {
+		switch b[i] {
+		case ' ', '\t', '\n', '\r':
+			i++
+		default:
+			return i
+		}
+	}
+	return i
+}
+
+// scanValue validates the value starting at b[i] (after whitespace) and returns it and the
+// index just past it.
+func scanValue(b []byte, i, depth int) (jsonValue, int, error) {
+	i = skipWS(b, i)
+	if i >= len(b) {
+		return jsonValue{}, i, errJSONSyntax
+	}
+	start := i
+	var err error
+	c := b[i]
+	kind := c
+	switch {
+	case c == '{':
+		i, err = scanObject(b, i, depth+1, nil)
+	case c == '[':
+		i, err = scanArray(b, i, depth+1, nil)
+	case c == '"':
+		i, _, err = scanString(b, i)
+	case c == 't':
+		i, err = scanLiteral(b, i, "true")
+	case c == 'f':
+		i, err = scanLiteral(b, i, "false")
+	case c == 'n':
+		i, err = scanLiteral(b, i, "null")
+	case c == '-' || (c >= '0' && c <= '9'):
+		kind = kindNumber
+		i, err = scanNumber(b, i)
+	default:
+		return jsonValue{}, i, errJSONSyntax
+	}
+	if err != nil {
+		return jsonValue{}, i, err
+	}
+	return jsonValue{kind: kind, raw: b[start:i]}, i, nil
+}
+
+func scanLiteral(b []byte, i int, lit string) (int, error) {
+	if len(b)-i < len(lit) || string(b[i:i+len(lit)]) != lit {
+		return i, errJSONSyntax
+	}
+	return i + len(lit), nil
+}
+
+func scanNumber(b []byte, i int) (int, error) {
+	if b[i] == '-' {
+		i++
+	}
+	if i >= len(b) {
+		return i, errJSONSyntax
+	}
+	switch {
+	case b[i] == '0':
+		i++
+	case b[i] >= '1' && b[i] <= '9':
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+	default:
+		return i, errJSONSyntax
+	}
+	if i < len(b) && b[i] == '.' {
+		i++
+		d := i
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+		if i == d {
+			return i, errJSONSyntax
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		d := i
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+		if i == d {
+			return i, errJSONSyntax
+		}
+	}
+	return i, nil
+}
+
+// scanString validates the string starting at the quote b[i]; it returns the index past the
+// closing quote and whether the string holds escapes.
+func scanString(b []byte, i int) (end int, escaped bool, err error) {
+	i++
+	for i < len(b) {
+		c := b[i]
+		switch {
+		case c == '"':
+			return i + 1, escaped, nil
+		case c == '\\':
+			escaped = true
+			i++
+			if i >= len(b) {
+				return i, escaped, errJSONSyntax
+			}
+			switch b[i] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				i++
+			case 'u':
+				if len(b)-i < 5 || !isHex4(b[i+1:i+5]) {
+					return i, escaped, errJSONSyntax
+				}
+				i += 5
+			default:
+				return i, escaped, errJSONSyntax
+			}
+		case c < 0x20:
+			return i, escaped, errJSONSyntax
+		case c < utf8.RuneSelf:
+			i++
+		default:
+			r, n := utf8.DecodeRune(b[i:])
+			if r == utf8.RuneError && n == 1 {
+				return i, escaped, errJSONSyntax
+			}
+			i += n
+		}
+	}
+	return i, escaped, errJSONSyntax
+}
+
+func isHex4(b []byte) bool {
+	for _, c := range b {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F') {
+			return false
+		}
+	}
+	return true
+}
+
+// memberFunc receives one object member: its raw key (with quotes) and its value.
+type memberFunc func(key []byte, v jsonValue) error
+
+// elemFunc receives one array element and its index.
+type elemFunc func(i int, v jsonValue) error
+
+// scanObject validates the object at b[i] and calls fn (when non-nil) for each member.
+func scanObject(b []byte, i, depth int, fn memberFunc) (int, error) {
+	if depth > maxJSONDepth {
+		return i, errJSONDepth
+	}
+	i++ // '{'
+	i = skipWS(b, i)
+	if i < len(b) && b[i] == '}' {
+		return i + 1, nil
+	}
+	for {
+		i = skipWS(b, i)
+		if i >= len(b) || b[i] != '"' {
+			return i, errJSONSyntax
+		}
+		ks := i
+		var err error
+		i, _, err = scanString(b, i)
+		if err != nil {
+			return i, err
+		}
+		key := b[ks:i]
+		i = skipWS(b, i)
+		if i >= len(b) || b[i] != ':' {
+			return i, errJSONSyntax
+		}
+		var v jsonValue
+		v, i, err = scanValue(b, i+1, depth)
+		if err != nil {
+			return i, err
+		}
+		if fn != nil {
+			if err := fn(key, v); err != nil {
+				return i, err
+			}
+		}
+		i = skipWS(b, i)
+		if i >= len(b) {
+			return i, errJSONSyntax
+		}
+		switch b[i] {
+		case ',':
+			i++
+		case '}':
+			return i + 1, nil
+		default:
+			return i, errJSONSyntax
+		}
+	}
+}
+
+// scanArray validates the array at b[i] and calls fn (when non-nil) for each element.
+func scanArray(b []byte, i, depth int, fn elemFunc) (int, error) {
+	if depth > maxJSONDepth {
+		return i, errJSONDepth
+	}
+	i++ // '['
+	i = skipWS(b, i)
+	if i < len(b) && b[i] == ']' {
+		return i + 1, nil
+	}
+	for n := 0; ; n++ {
+		v, j, err := scanValue(b, i, depth)
+		if err != nil {
+			return j, err
+		}
+		i = j
+		if fn != nil {
+			if err := fn(n, v); err != nil {
+				return i, err
+			}
+		}
+		i = skipWS(b, i)
+		if i >= len(b) {
+			return i, errJSONSyntax
+		}
+		switch b[i] {
+		case ',':
+			i++
+		case ']':
+			return i + 1, nil
+		default:
+			return i, errJSONSyntax
+		}
+	}
+}
+
+// members iterates the members of an already validated object value.
+func (v jsonValue) members(fn memberFunc) error {
+	if v.kind != kindObject {
+		return errJSONSyntax
+	}
+	_, err := scanObject(v.raw, 0, 1, fn)
+	return err
+}
+
+// elems iterates the elements of an already validated array value.
+func (v jsonValue) elems(fn elemFunc) error {
+	if v.kind != kindArray {
+		return errJSONSyntax
+	}
+	_, err := scanArray(v.raw, 0, 1, fn)
+	return err
+}
+
+// keyIs reports whether the raw key (with quotes) equals name. Keys with escapes never match:
+// clients do not escape the plain ASCII parameter names this package looks up.
+func keyIs(key []byte, name string) bool {
+	return len(key) == len(name)+2 && string(key[1:len(key)-1]) == name
+}
+
+// appendUnquoted appends the decoded content of the raw string s (with quotes) to dst.
+func appendUnquoted(dst, s []byte) []byte {
+	s = s[1 : len(s)-1]
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c != '\\' {
+			j := i + 1
+			for j < len(s) && s[j] != '\\' {
+				j++
+			}
+			dst = append(dst, s[i:j]...)
+			i = j
+			continue
+		}
+		i++
+		switch s[i] {
+		case 'b':
+			dst = append(dst, '\b')
+		case 'f':
+			dst = append(dst, '\f')
+		case 'n':
+			dst = append(dst, '\n')
+		case 'r':
+			dst = append(dst, '\r')
+		case 't':
+			dst = append(dst, '\t')
+		case 'u':
+			r := rune(hex4(s[i+1 : i+5]))
+			i += 4
+			if utf16IsSurrogate(r) {
+				r2 := rune(-1)
+				if i+6 < len(s) && s[i+1] == '\\' && s[i+2] == 'u' {
+					r2 = rune(hex4(s[i+3 : i+7]))
+				}
+				if dec := utf16Decode(r, r2); dec != utf8.RuneError {
+					i += 6
+					r = dec
+				} else {
+					r = utf8.RuneError
+				}
+			}
+			dst = utf8.AppendRune(dst, r)
+		default: // '"', '\\', '/'
+			dst = append(dst, s[i])
+		}
+		i++
+	}
+	return dst
+}
+
+func hex4(b []byte) int {
+	n := 0
+	for _, c := range b {
+		n <<= 4
+		switch {
+		case c >= '0' && c <= '9':
+			n |= int(c - '0')
+		case c >= 'a' && c <= 'f':
+			n |= int(c - 'a' + 10)
+		default:
+			n |= int(c - 'A' + 10)
+		}
+	}
+	return n
+}
+
+func utf16IsSurrogate(r rune) bool { return r >= 0xd800 && r < 0xe000 }
+
+func utf16Decode(r1, r2 rune) rune {
+	if r1 >= 0xd800 && r1 < 0xdc00 && r2 >= 0xdc00 && r2 < 0xe000 {
+		return (r1-0xd800)<<10 | (r2 - 0xdc00) + 0x10000
+	}
+	return utf8.RuneError
+}
+
+// bytesString views b as a string without copying; the string must not outlive b.
+func bytesString(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
+
+// asFloat parses a number value.
+func (v jsonValue) asFloat() (float64, bool) {
+	if v.kind != kindNumber {
+		return 0, false
+	}
+	f, err := strconv.ParseFloat(bytesString(v.raw), 64)
+	if err != nil || math.IsInf(f, 0) || math.IsNaN(f) {
+		return 0, false
+	}
+	return f, true
+}
+
+// asInt parses an integral number value (no fraction, no exponent) that fits an int64.
+func (v jsonValue) asInt() (int64, bool) {
+	if v.kind != kindNumber {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(bytesString(v.raw), 10, 64)
+	if err != nil {
+		return 0, false
+	}
+	return n, true
+}

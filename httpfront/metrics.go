@@ -1,0 +1,306 @@
+package httpfront
+
+import (
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+
+	"switchyard/engine"
+)
+
+// Metric names. Every handle is created once — at start-up, when a worker is added, or the
+// first time a fixed label combination occurs — and kept; no request builds a name.
+const (
+	metricRequests          = "switchyard_requests_total"
+	metricResponses         = "switchyard_responses_total"
+	metricDuration          = "switchyard_request_duration_seconds"
+	metricTTFT              = "switchyard_time_to_first_token_seconds"
+	metricSelections        = "switchyard_selections_total"
+	metricSelectionFailures = "switchyard_selection_failures_total"
+	metricAdmission         = "switchyard_admission_rejections_total"
+	metricWorkerInflight    = "switchyard_worker_inflight_requests"
+	metricWorkerHealthy     = "switchyard_worker_healthy"
+	metricWorkerBreaker     = "switchyard_worker_breaker_state"
+	metricMailboxRejections = "switchyard_actor_mailbox_rejections_total"
+	metricActorPanics       = "switchyard_actor_panics_total"
+	metricUpstreamErrors    = "switchyard_upstream_errors_total"
+	metricDisconnects       = "switchyard_client_disconnects_total"
+	metricInflight          = "switchyard_inflight_requests"
+	metricStaleGuards       = "switchyard_stale_guards_released_total"
+)
+
+// durationBuckets are the classic `le` upper bounds, in seconds, of the latency histograms.
+var durationBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
+
+// statusSlots are the response status labels; a status not listed counts in its class.
+var statusSlots = [...]string{"200", "400", "401", "403", "404", "405", "409", "413", "415", "429", "499", "500", "502", "503", "504", "2xx", "3xx", "4xx", "5xx"}
+
+func statusSlot(code int) int {
+	l := statusLabel(code)
+	for i, s := range statusSlots {
+		if s == l {
+			return i
+		}
+	}
+	return len(statusSlots) - 1
+}
+
+// escapeLabel escapes a Prometheus label value.
+func escapeLabel(v string) string {
+	if !strings.ContainsAny(v, "\\\"\n") {
+		return v
+	}
+	r := strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)
+	return r.Replace(v)
+}
+
+// routeModelMetrics are one (route, model) pair's handles.
+type routeModelMetrics struct {
+	set       *metrics.Set
+	base      string // `route="...",model="..."`
+	requests  *metrics.Counter
+	duration  *metrics.PrometheusHistogram
+	ttft      *metrics.PrometheusHistogram
+	responses [len(statusSlots)]atomic.Pointer[metrics.Counter]
+}
+
+func (m *routeModelMetrics) response(code int) *metrics.Counter {
+	i := statusSlot(code)
+	if c := m.responses[i].Load(); c != nil {
+		return c
+	}
+	// Slow path: first response with this status.
+	c := m.set.GetOrCreateCounter(metricResponses + "{" + m.base + `,status="` + statusSlots[i] + `"}`)
+	m.responses[i].Store(c)
+	return c
+}
+
+// groupMetrics are one bucket group's selection counters, by reason.
+type groupMetrics struct {
+	set  *metrics.Set
+	base string
+	mu   sync.RWMutex
+	by   map[string]*metrics.Counter
+}
+
+func (g *groupMetrics) selected(reason string) {
+	g.mu.RLock()
+	c := g.by[reason]
+	g.mu.RUnlock()
+	if c == nil {
+		// Slow path: first selection for this reason.
+		g.mu.Lock()
+		if c = g.by[reason]; c == nil {
+			c = g.set.GetOrCreateCounter(metricSelections + "{" + g.base + `,reason="` + escapeLabel(reason) + `"}`)
+			g.by[reason] = c
+		}
+		g.mu.Unlock()
+	}
+	c.Inc()
+}
+
+// modelMetrics are one model's handles: per route, and per bucket and stage.
+type modelMetrics struct {
+	routes [numRoutes]*routeModelMetrics
+	// groups[bucketID][stage]
+	groups map[string]*[3]*groupMetrics
+}
+
+// serverMetrics holds every handle of one Server.
+type serverMetrics struct {
+	set     *metrics.Set
+	models  map[string]*modelMetrics // configured models; read-only after construction
+	unknown *modelMetrics            // requests for no configured model
+	other   [numOtherRoutes]*metrics.Counter
+
+	failures [engine.OutcomeInternal + 1]*metrics.Counter
+
+	admMu     sync.RWMutex
+	admission map[string]*metrics.Counter
+
+	upMu     sync.RWMutex
+	upstream map[upstreamKey]*metrics.Counter
+
+	disconnects *metrics.Counter
+	inflight    atomic.Int64
+}
+
+type upstreamKey struct{ worker, kind string }
+
+// otherRoutes are the non-inference routes counted by path only.
+const (
+	otherModels = iota
+	otherHealth
+	otherReadiness
+	otherMetrics
+	otherAdmin
+	otherUnknown
+	numOtherRoutes
+)
+
+var otherRouteNames = [numOtherRoutes]string{"/v1/models", "/health", "/readiness", "/metrics", "/workers", "other"}
+
+func newServerMetrics(set *metrics.Set, resolvers map[string]*engine.BucketResolver) *serverMetrics {
+	m := &serverMetrics{
+		set:       set,
+		models:    make(map[string]*modelMetrics, len(resolvers)),
+		admission: make(map[string]*metrics.Counter),
+		upstream:  make(map[upstreamKey]*metrics.Counter),
+	}
+	for name, r := range resolvers {
+		m.models[name] = m.newModel(name, r)
+	}
+	m.unknown = m.newModel("unknown", nil)
+	for i, r := range otherRouteNames {
+		m.other[i] = set.NewCounter(metricRequests + `{route="` + r + `",model="none"}`)
+	}
+	for o := engine.OutcomeNoMatchingBucket; o <= engine.OutcomeInternal; o++ {
+		m.failures[o] = set.NewCounter(metricSelectionFailures + `{outcome="` + o.String() + `"}`)
+	}
+	for _, l := range []string{"max_running_requests", "max_waiting_requests", "max_kv_tokens", "max_pending_prefill_tokens", "max_inflight_requests"} {
+		m.admission[l] = set.NewCounter(metricAdmission + `{limit="` + l + `"}`)
+	}
+	m.disconnects = set.NewCounter(metricDisconnects)
+	set.NewGauge(metricInflight, func() float64 { return float64(m.inflight.Load()) })
+	return m
+}
+
+func (m *serverMetrics) newModel(name string, r *engine.BucketResolver) *modelMetrics {
+	mm := &modelMetrics{groups: make(map[string]*[3]*groupMetrics)}
+	model := escapeLabel(name)
+	for k := routeKind(0); k < numRoutes; k++ {
+		base := `route="` + k.String() + `",model="` + model + `"`
+		mm.routes[k] = &routeModelMetrics{
+			set:      m.set,
+			base:     base,
+			requests: m.set.NewCounter(metricRequests + "{" + base + "}"),
+			duration: m.set.NewPrometheusHistogramExt(metricDuration+"{"+base+"}", durationBuckets),
+			ttft:     m.set.NewPrometheusHistogramExt(metricTTFT+"{"+base+"}", durationBuckets),
+		}
+	}
+	if r == nil {
+		return mm
+	}
+	for _, b := range r.Buckets() {
+		var gs [3]*groupMetrics
+		for _, g := range b.Groups() {
+			if g == nil {
+				continue
+			}
+			policy := ""
+			if g.Policy() != nil {
+				policy = g.Policy().Name()
+			}
+			gs[g.Stage()] = &groupMetrics{
+				set: m.set,
+				base: `model="` + model + `",bucket="` + escapeLabel(b.ID) + `",group="` + g.Stage().String() +
+					`",policy="` + escapeLabel(policy) + `"`,
+				by: make(map[string]*metrics.Counter),
+			}
+		}
+		mm.groups[b.ID] = &gs
+	}
+	return mm
+}
+
+// model returns the handles of a configured model, or of "unknown".
+func (m *serverMetrics) model(name []byte) *modelMetrics {
+	if mm := m.models[string(name)]; mm != nil {
+		return mm
+	}
+	return m.unknown
+}
+
+// selected counts a complete selection.
+func (m *serverMetrics) selected(mm *modelMetrics, p *engine.BucketPick) {
+	gs := mm.groups[p.BucketID]
+	if gs == nil {
+		return
+	}
+	if p.IsPD() {
+		if g := gs[engine.StagePrefill]; g != nil {
+			g.selected(p.Prefill.Reason)
+		}
+		if g := gs[engine.StageDecode]; g != nil {
+			g.selected(p.Decode.Reason)
+		}
+		return
+	}
+	if g := gs[engine.StagePlain]; g != nil {
+		g.selected(p.Plain.Reason)
+	}
+}
+
+// selectionFailed counts a failed selection and its admission rejections.
+func (m *serverMetrics) selectionFailed(err error) {
+	o := engine.OutcomeOf(err)
+	if int(o) < len(m.failures) && m.failures[o] != nil {
+		m.failures[o].Inc()
+	}
+	pe, ok := err.(*engine.PickError)
+	if !ok {
+		return
+	}
+	for _, r := range pe.Rejections {
+		m.admissionRejected(r.Limit)
+	}
+}
+
+func (m *serverMetrics) admissionRejected(limit string) {
+	m.admMu.RLock()
+	c := m.admission[limit]
+	m.admMu.RUnlock()
+	if c == nil {
+		m.admMu.Lock()
+		if c = m.admission[limit]; c == nil {
+			c = m.set.GetOrCreateCounter(metricAdmission + `{limit="` + escapeLabel(limit) + `"}`)
+			m.admission[limit] = c
+		}
+		m.admMu.Unlock()
+	}
+	c.Inc()
+}
+
+// Upstream error kinds.
+const (
+	upstreamTransport = "transport"
+	upstreamTimeout   = "timeout"
+	upstreamStatus    = "status_5xx"
+	upstreamIdle      = "stream_idle"
+)
+
+func (m *serverMetrics) upstreamError(worker, kind string) {
+	k := upstreamKey{worker, kind}
+	m.upMu.RLock()
+	c := m.upstream[k]
+	m.upMu.RUnlock()
+	if c == nil {
+		m.upMu.Lock()
+		if c = m.upstream[k]; c == nil {
+			c = m.set.GetOrCreateCounter(metricUpstreamErrors + `{worker="` + escapeLabel(worker) + `",kind="` + kind + `"}`)
+			m.upstream[k] = c
+		}
+		m.upMu.Unlock()
+	}
+	c.Inc()
+}
+
+// workerGauges registers the per-worker gauges; the returned func unregisters them.
+func (m *serverMetrics) workerGauges(id string, inflight, healthy, breaker func() float64) func() {
+	l := `{worker="` + escapeLabel(id) + `"}`
+	names := []string{metricWorkerInflight + l, metricWorkerHealthy + l, metricWorkerBreaker + l}
+	m.set.GetOrCreateGauge(names[0], inflight)
+	m.set.GetOrCreateGauge(names[1], healthy)
+	m.set.GetOrCreateGauge(names[2], breaker)
+	return func() {
+		for _, n := range names {
+			m.set.UnregisterMetric(n)
+		}
+	}
+}
+
+// since returns seconds elapsed from start to now.
+func since(start, now time.Time) float64 { return now.Sub(start).Seconds() }

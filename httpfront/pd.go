@@ -1,0 +1,345 @@
+package httpfront
+
+import (
+	"bytes"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"switchyard/engine"
+	"switchyard/load"
+)
+
+// prefillResult is how a prefill request ended.
+type prefillResult struct {
+	status int
+	// body is kept when the client needs it: a 4xx answer, or the input logprobs.
+	body []byte
+	err  error
+}
+
+// injectBootstrap appends body with the PD bootstrap fields added (INTEROP "Prefill/decode
+// dispatch"): bootstrap_host, bootstrap_port (null when unknown) and a random bootstrap_room;
+// for a batch of n items, each field is a list of n values with one room per item. body must
+// be a validated JSON object. Duplicate keys sent by the client are overridden: JSON readers
+// keep the last occurrence.
+func injectBootstrap(dst, body []byte, host string, port int, batch int) []byte {
+	end := len(body) - 1
+	for end >= 0 && body[end] != '}' {
+		end--
+	}
+	dst = append(dst, body[:end]...)
+	if i := skipWS(body, bytes.IndexByte(body, '{')+1); i < end {
+		dst = append(dst, ',')
+	}
+	appendHost := func(dst []byte) []byte { return appendJSONString(dst, host) }
+	appendPort := func(dst []byte) []byte {
+		if port <= 0 {
+			return append(dst, "null"...)
+		}
+		return strconv.AppendInt(dst, int64(port), 10)
+	}
+	appendRoom := func(dst []byte) []byte { return strconv.AppendUint(dst, rand.Uint64()>>1, 10) }
+	field := func(dst []byte, name string, val func([]byte) []byte) []byte {
+		dst = append(dst, '"')
+		dst = append(dst, name...)
+		dst = append(dst, `":`...)
+		if batch == 0 {
+			return val(dst)
+		}
+		dst = append(dst, '[')
+		for i := range batch {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = val(dst)
+		}
+		return append(dst, ']')
+	}
+	dst = field(dst, "bootstrap_host", appendHost)
+	dst = append(dst, ',')
+	dst = field(dst, "bootstrap_port", appendPort)
+	dst = append(dst, ',')
+	dst = field(dst, "bootstrap_room", appendRoom)
+	return append(dst, '}')
+}
+
+// pd dispatches to the prefill and decode engines concurrently: the same JSON, with the
+// bootstrap fields, goes to both; the client gets the decode engine's answer, streamed when
+// asked; the prefill request runs to completion on its own goroutine even if the client
+// leaves. A prefill 4xx is returned as is; a prefill 5xx or transport failure is
+// prefill_failed.
+func (d *dispatch) pd(ex *exchange, o outcome) outcome {
+	s := d.s
+	pw, dw := d.pick.Prefill.Worker, d.pick.Decode.Worker
+	pst, dst := s.workers.state(pw.ID), s.workers.state(dw.ID)
+	if pst == nil || dst == nil {
+		return s.fail(d.ctx, o, newAPIError(CodeUpstream, "a selected engine was removed before dispatch"))
+	}
+	ex.pd = injectBootstrap(ex.pd[:0], d.body, pst.bootstrapHost, pw.BootstrapPort, d.facts.batch)
+	now := s.now()
+	gp := s.tracker.Acquire(pw.Counters, now)
+	gd := s.tracker.Acquire(dw.Counters, now)
+	deadline := d.deadline()
+
+	preq := fasthttp.AcquireRequest()
+	d.buildUpstream(preq, pst, ex.pd)
+	done := make(chan prefillResult, 1)
+	keepBody := d.facts.returnLogprob
+	s.bg.Add(1)
+	go s.runPrefill(pst, pw, preq, gp, deadline, keepBody, done)
+
+	dreq := fasthttp.AcquireRequest()
+	dresp := fasthttp.AcquireResponse()
+	d.buildUpstream(dreq, dst, ex.pd)
+	dresp.StreamBody = d.facts.stream
+	derr := dst.client.DoDeadline(dreq, dresp, deadline)
+	fasthttp.ReleaseRequest(dreq)
+
+	pr := <-done
+	release := func() {
+		if dresp.StreamBody {
+			_ = dresp.CloseBodyStream()
+		}
+		fasthttp.ReleaseResponse(dresp)
+		gd.Release()
+	}
+	switch {
+	case pr.err != nil || pr.status >= 500:
+		release()
+		msg := "prefill engine " + pw.ID + " failed"
+		if pr.err != nil {
+			msg += ": " + pr.err.Error()
+		} else {
+			msg += " with status " + strconv.Itoa(pr.status)
+		}
+		return s.fail(d.ctx, o, newAPIError(CodePrefillFailed, msg))
+	case pr.status >= 400:
+		release()
+		d.ctx.SetStatusCode(pr.status)
+		d.ctx.SetContentType("application/json")
+		d.routerHeaders()
+		d.ctx.SetBody(pr.body)
+		o.status = pr.status
+		return o
+	}
+	if derr != nil {
+		release()
+		e, kind := upstreamError(dw, derr)
+		s.metrics.upstreamError(dw.ID, kind)
+		s.workers.dispatched(dst, true)
+		return s.fail(d.ctx, o, e)
+	}
+	status := dresp.StatusCode()
+	if status >= 500 {
+		s.metrics.upstreamError(dw.ID, upstreamStatus)
+	}
+	var pLogprobs [][]byte
+	if keepBody {
+		pLogprobs = inputLogprobs(pr.body)
+	}
+	if d.facts.stream && status == fasthttp.StatusOK && isEventStream(dresp) {
+		d.ctx.SetStatusCode(status)
+		copyResponseHeaders(&d.ctx.Response.Header, dresp)
+		d.routerHeaders()
+		d.ctx.Response.Header.Set("Cache-Control", "no-cache")
+		d.ctx.Response.Header.Set("X-Accel-Buffering", "no")
+		var transform func(dst, ev []byte) []byte
+		if len(pLogprobs) > 0 {
+			transform = func(dst, ev []byte) []byte { return mergeEventLogprobs(dst, ev, pLogprobs) }
+		}
+		r := s.newRelay(d, o.mm, dresp, dst, gd, transform)
+		d.ctx.SetBodyStreamWriter(r.run)
+		o.async = true
+		o.status = status
+		return o
+	}
+	d.ctx.SetStatusCode(status)
+	copyResponseHeaders(&d.ctx.Response.Header, dresp)
+	d.routerHeaders()
+	var body []byte
+	if dresp.StreamBody && dresp.BodyStream() != nil {
+		body = readAllLimited(dresp.BodyStream(), maxErrorBody)
+	} else {
+		body = dresp.Body()
+	}
+	if len(pLogprobs) > 0 && status == fasthttp.StatusOK {
+		buf := getBuf()
+		*buf = mergeLogprobs((*buf)[:0], body, pLogprobs)
+		d.ctx.SetBody(*buf)
+		putBuf(buf)
+	} else {
+		d.ctx.SetBody(body)
+	}
+	release()
+	s.workers.dispatched(dst, status >= 500)
+	o.status = status
+	return o
+}
+
+// runPrefill sends the prefill request and reports how it ended. It owns req and guard and
+// runs to completion (bounded by the request deadline) whatever the client does.
+func (s *Server) runPrefill(st *workerState, w *engine.Worker, req *fasthttp.Request, guard *load.Guard,
+	deadline time.Time, keepBody bool, done chan<- prefillResult) {
+	defer s.bg.Done()
+	var res prefillResult
+	defer func() {
+		if r := recover(); r != nil {
+			s.logger.Error("prefill dispatch panicked", slog.String("worker", w.ID), slog.Any("panic", r))
+			res = prefillResult{err: errPanicked}
+		}
+		guard.Release()
+		done <- res
+	}()
+	resp := fasthttp.AcquireResponse()
+	err := st.client.DoDeadline(req, resp, deadline)
+	fasthttp.ReleaseRequest(req)
+	if err != nil {
+		_, kind := upstreamError(w, err)
+		s.metrics.upstreamError(w.ID, kind)
+		s.workers.dispatched(st, true)
+		fasthttp.ReleaseResponse(resp)
+		res = prefillResult{err: err}
+		return
+	}
+	res.status = resp.StatusCode()
+	if res.status >= 500 {
+		s.metrics.upstreamError(w.ID, upstreamStatus)
+	}
+	if keepBody || (res.status >= 400 && res.status < 500) {
+		res.body = append([]byte(nil), resp.Body()...)
+	}
+	s.workers.dispatched(st, res.status >= 500)
+	fasthttp.ReleaseResponse(resp)
+}
+
+type panicError string
+
+func (e panicError) Error() string { return string(e) }
+
+const errPanicked = panicError("prefill dispatch panicked")
+
+// inputLogprobs extracts meta_info.input_token_logprobs from a prefill answer: one raw array
+// per item (an object answer has one item, a batch answer one per element). An SSE answer
+// is read from its first data event.
+func inputLogprobs(body []byte) [][]byte {
+	doc := bytes.TrimSpace(body)
+	if bytes.HasPrefix(doc, []byte("data:")) {
+		doc = doc[len("data:"):]
+		if i := bytes.Index(doc, eventSep); i >= 0 {
+			doc = doc[:i]
+		}
+		doc = bytes.TrimSpace(doc)
+	}
+	v, end, err := scanValue(doc, 0, 0)
+	if err != nil || skipWS(doc, end) != len(doc) {
+		return nil
+	}
+	var out [][]byte
+	switch v.kind {
+	case kindObject:
+		if a, ok := logprobSpan(v); ok {
+			out = append(out, a.raw)
+		}
+	case kindArray:
+		_ = v.elems(func(_ int, e jsonValue) error {
+			a, _ := logprobSpan(e)
+			out = append(out, a.raw)
+			return nil
+		})
+	}
+	return out
+}
+
+// logprobSpan returns the meta_info.input_token_logprobs array of an answer object.
+func logprobSpan(obj jsonValue) (jsonValue, bool) {
+	var found jsonValue
+	if obj.kind != kindObject {
+		return found, false
+	}
+	_ = obj.members(func(k []byte, v jsonValue) error {
+		if keyIs(k, "meta_info") && v.kind == kindObject {
+			_ = v.members(func(k2 []byte, v2 jsonValue) error {
+				if keyIs(k2, "input_token_logprobs") && v2.kind == kindArray {
+					found = v2
+				}
+				return nil
+			})
+		}
+		return nil
+	})
+	return found, found.kind == kindArray
+}
+
+// offsetIn returns the offset of sub within doc; sub must be a subslice of doc.
+func offsetIn(doc, sub []byte) int { return cap(doc) - cap(sub) }
+
+// mergeLogprobs appends body (a decode answer: an object, or a batch list of objects) with
+// each item's meta_info.input_token_logprobs prefixed by the prefill's list for that item.
+// A body it cannot read is appended unchanged.
+func mergeLogprobs(dst, body []byte, p [][]byte) []byte {
+	v, end, err := scanValue(body, 0, 0)
+	if err != nil || skipWS(body, end) != len(body) {
+		return append(dst, body...)
+	}
+	pos := 0
+	splice := func(i int, obj jsonValue) {
+		a, ok := logprobSpan(obj)
+		if !ok || i >= len(p) || p[i] == nil {
+			return
+		}
+		off := offsetIn(body, a.raw)
+		dst = append(dst, body[pos:off]...)
+		dst = spliceArrays(dst, p[i], a.raw)
+		pos = off + len(a.raw)
+	}
+	switch v.kind {
+	case kindObject:
+		idx := 0
+		_ = v.members(func(k []byte, iv jsonValue) error {
+			if keyIs(k, "index") {
+				if n, ok := iv.asInt(); ok && n >= 0 && n < int64(len(p)) {
+					idx = int(n)
+				}
+			}
+			return nil
+		})
+		splice(idx, v)
+	case kindArray:
+		_ = v.elems(func(i int, e jsonValue) error {
+			splice(i, e)
+			return nil
+		})
+	}
+	return append(dst, body[pos:]...)
+}
+
+// spliceArrays appends the JSON array holding p's elements followed by d's.
+func spliceArrays(dst, p, d []byte) []byte {
+	pi := bytes.TrimSpace(p[1 : len(p)-1])
+	di := bytes.TrimSpace(d[1 : len(d)-1])
+	dst = append(dst, '[')
+	dst = append(dst, pi...)
+	if len(pi) > 0 && len(di) > 0 {
+		dst = append(dst, ',')
+	}
+	dst = append(dst, di...)
+	return append(dst, ']')
+}
+
+// mergeEventLogprobs applies mergeLogprobs to one SSE event "data: {...}\n\n".
+func mergeEventLogprobs(dst, ev []byte, p [][]byte) []byte {
+	if !bytes.HasPrefix(ev, []byte("data:")) {
+		return append(dst, ev...)
+	}
+	payload := bytes.TrimSpace(ev[len("data:"):])
+	if len(payload) == 0 || payload[0] != '{' {
+		return append(dst, ev...)
+	}
+	dst = append(dst, "data: "...)
+	dst = mergeLogprobs(dst, payload, p)
+	return append(dst, eventSep...)
+}

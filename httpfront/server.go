@@ -1,0 +1,553 @@
+package httpfront
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/valyala/fasthttp"
+
+	"switchyard/actors"
+	"switchyard/config"
+	"switchyard/engine"
+	"switchyard/httpfront/tokenizer"
+	"switchyard/load"
+)
+
+// Defaults of Options.
+const (
+	DefaultHeartbeatInterval = 5 * time.Second
+	DefaultReadTimeout       = 60 * time.Second
+	DefaultIdleTimeout       = 120 * time.Second
+	DefaultJanitorInterval   = time.Minute
+)
+
+// Options are the Server's collaborators and tuning beyond the configuration. The zero value
+// is usable.
+type Options struct {
+	// Logger receives the server's logs. Default: discard.
+	Logger *slog.Logger
+	// Now is the clock for request timing, breakers and guards. Default time.Now.
+	Now func() time.Time
+	// Tokenizer returns the tokenizer of a model, or nil for the body-size estimate.
+	// Default: none (every model uses the estimate).
+	Tokenizer func(model string) tokenizer.Tokenizer
+	// Telemetry ingests the workers' load reports into Loads. Default: none (every reported
+	// metric unknown; policies fall back to router-local in-flight counts).
+	Telemetry Telemetry
+	// Loads is the load table the policies read; Telemetry publishes into it. Default: a new
+	// empty table.
+	Loads *load.Table
+	// Tracker is the router-local request accounting. Default: a new Tracker.
+	Tracker *load.Tracker
+	// Metrics receives the server's metrics. Default: a new set.
+	Metrics *metrics.Set
+	// Listener, when set, is served instead of listening on the configured host and port.
+	Listener net.Listener
+	// Seed seeds the policies' random sources; 0 draws one.
+	Seed uint64
+	// HeartbeatInterval is the gap after which an idle SSE stream gets a ": keep-alive"
+	// comment, which is how a vanished client is noticed. Default 5s.
+	HeartbeatInterval time.Duration
+	// ReadTimeout bounds reading one request (headers and body). Default 60s.
+	ReadTimeout time.Duration
+	// IdleTimeout closes keep-alive connections idle this long. Default 120s.
+	IdleTimeout time.Duration
+	// SkipStartupChecks skips the health check and introspection of configured workers
+	// before serving: they start healthy with their configured facts.
+	SkipStartupChecks bool
+}
+
+// selector runs the bucket loop for one request (actors.Selector).
+type selector interface {
+	Select(resolver *engine.BucketResolver, req *engine.BucketRequest) (engine.BucketPick, error)
+}
+
+// modelRoute is one configured model: its resolver, tokenizer and metric handles.
+type modelRoute struct {
+	name      string
+	resolver  *engine.BucketResolver
+	tokenizer tokenizer.Tokenizer
+	metrics   *modelMetrics
+	stages    []engine.Stage // stages some bucket requires, for readiness
+}
+
+// Server is Switchyard's HTTP front end: fasthttp routes, request preparation, selection
+// through the actors, plain and PD dispatch, the worker admin API, health and metrics.
+type Server struct {
+	cfg      *config.Config
+	opts     Options
+	logger   *slog.Logger
+	now      func() time.Time
+	ln       net.Listener
+	srv      *fasthttp.Server
+	sel      selector
+	closeSel func()
+	workers  *workerManager
+	wset     *engine.WorkerSet
+	tracker  *load.Tracker
+	set      *metrics.Set
+	metrics  *serverMetrics
+	models   map[string]*modelRoute
+	only     *modelRoute // the single configured model, for /generate without "model"
+	modelsJS []byte      // GET /v1/models body
+	dec      decoders
+	exPool   sync.Pool // *exchange
+
+	sessionHeader, routingHeader string
+
+	draining atomic.Bool
+	// hardStop is closed when the drain timeout passes: streams end at once.
+	hardStop chan struct{}
+	// bg tracks request-owned goroutines that outlive their handler (streams, prefill).
+	bg sync.WaitGroup
+
+	connMu sync.Mutex
+	conns  map[net.Conn]struct{}
+
+	runOnce sync.Once
+}
+
+// New builds a Server from a validated configuration and starts listening (so Addr is known),
+// but serves nothing until Run.
+func New(cfg *config.Config, opts Options) (*Server, error) {
+	if cfg == nil {
+		return nil, errors.New("cannot create server: nil configuration")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Loads == nil {
+		opts.Loads = load.NewTable()
+	}
+	if opts.Tracker == nil {
+		opts.Tracker = load.NewTracker()
+	}
+	if opts.Metrics == nil {
+		opts.Metrics = metrics.NewSet()
+	}
+	if opts.HeartbeatInterval <= 0 {
+		opts.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if opts.ReadTimeout <= 0 {
+		opts.ReadTimeout = DefaultReadTimeout
+	}
+	if opts.IdleTimeout <= 0 {
+		opts.IdleTimeout = DefaultIdleTimeout
+	}
+	s := &Server{
+		cfg:           cfg,
+		opts:          opts,
+		logger:        opts.Logger,
+		now:           opts.Now,
+		tracker:       opts.Tracker,
+		set:           opts.Metrics,
+		hardStop:      make(chan struct{}),
+		conns:         make(map[net.Conn]struct{}),
+		sessionHeader: cfg.Affinity.SessionHeader,
+		routingHeader: cfg.Affinity.RoutingKeyHeader,
+	}
+	s.exPool.New = func() any { return new(exchange) }
+
+	ws, err := engine.NewWorkerSet(nil)
+	if err != nil {
+		return nil, fmt.Errorf("cannot create server: %w", err)
+	}
+	s.wset = ws
+	resolvers, err := engine.BuildResolvers(cfg, engine.Deps{Loads: opts.Loads, Seed: opts.Seed})
+	if err != nil {
+		return nil, fmt.Errorf("cannot create server: %w", err)
+	}
+	s.metrics = newServerMetrics(s.set, resolvers)
+	s.models = make(map[string]*modelRoute, len(resolvers))
+	names := make([]string, 0, len(resolvers))
+	for name, r := range resolvers {
+		mr := &modelRoute{name: name, resolver: r, metrics: s.metrics.models[name]}
+		if opts.Tokenizer != nil {
+			mr.tokenizer = opts.Tokenizer(name)
+		}
+		need := map[engine.Stage]bool{}
+		for _, b := range r.Buckets() {
+			for _, g := range b.Groups() {
+				if g != nil {
+					need[g.Stage()] = true
+				}
+			}
+		}
+		for st := range need {
+			mr.stages = append(mr.stages, st)
+		}
+		slices.Sort(mr.stages)
+		s.models[name] = mr
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	if len(names) == 1 {
+		s.only = s.models[names[0]]
+	}
+	s.modelsJS = modelsBody(names)
+
+	sel, err := actors.NewSelector(resolvers, ws, cfg.Actors, opts.Logger)
+	if err != nil {
+		return nil, fmt.Errorf("cannot create server: %w", err)
+	}
+	s.sel, s.closeSel = sel, sel.Close
+	s.registerActorMetrics(sel)
+
+	s.workers = newWorkerManager(ws, s.tracker, cfg.Health, opts.Telemetry, s.metrics, opts.Logger, opts.Now)
+	for _, wc := range cfg.Workers {
+		spec := WorkerSpec{ID: wc.ID, URL: wc.URL, Model: wc.Model, Role: string(wc.Role),
+			BootstrapPort: wc.BootstrapPort, DPSize: wc.DPSize, LoadPublish: wc.LoadPublish}
+		if _, err := s.workers.add(context.Background(), spec, false); err != nil {
+			s.closeSel()
+			s.workers.stop()
+			return nil, fmt.Errorf("cannot create server: %w", err)
+		}
+	}
+
+	s.srv = &fasthttp.Server{
+		Handler:                       s.handle,
+		ErrorHandler:                  s.handleServerError,
+		Name:                          "switchyard",
+		MaxRequestBodySize:            int(min(cfg.Server.MaxBodyBytes, 1<<40)),
+		ReadTimeout:                   opts.ReadTimeout,
+		WriteTimeout:                  0, // a total write deadline would cut long streams
+		IdleTimeout:                   opts.IdleTimeout,
+		NoDefaultServerHeader:         true,
+		NoDefaultDate:                 false,
+		DisablePreParseMultipartForm:  true,
+		DisableHeaderNamesNormalizing: false,
+		CloseOnShutdown:               true,
+		ConnState:                     s.trackConn,
+		Logger:                        fasthttpLogger{s.logger},
+	}
+	if cfg.Server.MaxBodyBytes <= 0 {
+		s.srv.MaxRequestBodySize = 32 << 20
+	}
+	if opts.Listener != nil {
+		s.ln = opts.Listener
+	} else {
+		ln, err := net.Listen("tcp", net.JoinHostPort(cfg.Server.Host, strconv.Itoa(cfg.Server.Port)))
+		if err != nil {
+			s.closeSel()
+			s.workers.stop()
+			return nil, fmt.Errorf("cannot create server: %w", err)
+		}
+		s.ln = ln
+	}
+	return s, nil
+}
+
+// fasthttpLogger routes fasthttp's own messages to slog.
+type fasthttpLogger struct{ l *slog.Logger }
+
+func (f fasthttpLogger) Printf(format string, args ...any) {
+	f.l.Debug("fasthttp", slog.String("message", fmt.Sprintf(format, args...)))
+}
+
+func (s *Server) registerActorMetrics(sel *actors.Selector) {
+	c := sel.Counters()
+	for _, k := range []actors.Kind{actors.KindBucket, actors.KindGroup, actors.KindTelemetry} {
+		k := k
+		s.set.NewGauge(metricMailboxRejections+`{kind="`+k.String()+`"}`, func() float64 { return float64(c.Rejected(k)) })
+		s.set.NewGauge(metricActorPanics+`{kind="`+k.String()+`"}`, func() float64 { return float64(c.Panics(k)) })
+	}
+	s.set.NewGauge(metricStaleGuards, func() float64 { return float64(s.tracker.StaleReleased()) })
+}
+
+func modelsBody(names []string) []byte {
+	b := []byte(`{"object":"list","data":[`)
+	for i, n := range names {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"id":`...)
+		b = appendJSONString(b, n)
+		b = append(b, `,"object":"model","created":0,"owned_by":"switchyard"}`...)
+	}
+	return append(b, "]}"...)
+}
+
+// Addr is the address the server listens on.
+func (s *Server) Addr() net.Addr { return s.ln.Addr() }
+
+// Workers returns the current worker registry snapshot.
+func (s *Server) Workers() *engine.Registry { return s.wset.Load() }
+
+// Tracker returns the router-local request accounting.
+func (s *Server) Tracker() *load.Tracker { return s.tracker }
+
+// Run checks the configured workers once (introspection and health, unless
+// Options.SkipStartupChecks), starts health checks and the guard janitor, and serves until
+// ctx is done. It then stops accepting connections, lets in-flight requests and streams
+// finish for up to the drain timeout, ends whatever remains, and releases everything. Run
+// may be called once; it returns nil after a clean shutdown.
+func (s *Server) Run(ctx context.Context) error {
+	err := errors.New("cannot run server: Run called twice")
+	s.runOnce.Do(func() { err = s.run(ctx) })
+	return err
+}
+
+func (s *Server) run(ctx context.Context) error {
+	life, stopLife := context.WithCancel(context.Background())
+	defer stopLife()
+	if !s.opts.SkipStartupChecks {
+		s.startupChecks(ctx)
+	}
+	s.workers.start(life)
+	var janitor sync.WaitGroup
+	janitor.Add(1)
+	go func() {
+		defer janitor.Done()
+		s.runJanitor(life)
+	}()
+
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- s.srv.Serve(s.ln) }()
+	s.logger.Info("serving", slog.String("addr", s.ln.Addr().String()), slog.Int("models", len(s.models)),
+		slog.Int("workers", len(s.wset.Load().Workers())))
+
+	var runErr error
+	served := false
+	select {
+	case <-ctx.Done():
+	case runErr = <-serveErr:
+		served = true
+	}
+	s.draining.Store(true)
+	drain := s.cfg.Server.DrainTimeout
+	if drain <= 0 {
+		drain = 30 * time.Second
+	}
+	s.logger.Info("draining", slog.Duration("timeout", drain))
+	dctx, cancel := context.WithTimeout(context.Background(), drain)
+	if err := s.srv.ShutdownWithContext(dctx); err != nil {
+		s.logger.Warn("drain timeout passed; closing remaining connections and streams")
+	}
+	if !served {
+		runErr = <-serveErr
+	}
+	// Prefill requests whose client has gone still count as in flight.
+	bgDone := make(chan struct{})
+	go func() {
+		s.bg.Wait()
+		close(bgDone)
+	}()
+	select {
+	case <-bgDone:
+	case <-dctx.Done():
+	}
+	cancel()
+	close(s.hardStop)
+	s.closeConns()
+	s.workers.upstream.closeAll()
+	<-bgDone
+	stopLife()
+	janitor.Wait()
+	s.workers.stop()
+	s.closeSel()
+	s.logger.Info("stopped")
+	return runErr
+}
+
+// startupChecks introspects and health-checks every configured worker concurrently, bounded
+// by the health timeout, and records the verdicts.
+func (s *Server) startupChecks(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, st := range s.workers.all() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.workers.reintrospect(ctx, st)
+			ok := s.workers.healthCheck(ctx, st)
+			st.healthOK.Store(ok)
+			if ok {
+				st.succ = 1
+			} else {
+				st.fail = 1
+				s.logger.Warn("worker failed its start-up health check", slog.String("worker", st.id), slog.String("url", st.url))
+			}
+			s.workers.refresh(st)
+		}()
+	}
+	wg.Wait()
+}
+
+func (s *Server) runJanitor(ctx context.Context) {
+	maxAge := s.cfg.Load.GuardMaxAge
+	if maxAge <= 0 {
+		maxAge = load.DefaultGuardMaxAge
+	}
+	t := time.NewTicker(DefaultJanitorInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if n := s.tracker.ReleaseStale(s.now(), maxAge); n > 0 {
+				s.logger.Warn("released leaked in-flight guards", slog.Int("count", n))
+			}
+		}
+	}
+}
+
+func (s *Server) trackConn(c net.Conn, state fasthttp.ConnState) {
+	s.connMu.Lock()
+	switch state {
+	case fasthttp.StateNew:
+		s.conns[c] = struct{}{}
+	case fasthttp.StateClosed, fasthttp.StateHijacked:
+		delete(s.conns, c)
+	}
+	s.connMu.Unlock()
+}
+
+func (s *Server) closeConns() {
+	s.connMu.Lock()
+	defer s.connMu.Unlock()
+	for c := range s.conns {
+		_ = c.Close()
+	}
+}
+
+// handleServerError answers fasthttp's own failures (body too large, malformed request).
+func (s *Server) handleServerError(ctx *fasthttp.RequestCtx, err error) {
+	var tooLarge bool
+	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+		tooLarge = true
+	}
+	if tooLarge {
+		writeError(ctx, errTooLarge)
+		ctx.SetConnectionClose()
+		return
+	}
+	writeError(ctx, newAPIError(CodeInvalidJSON, "malformed HTTP request"))
+	ctx.SetConnectionClose()
+}
+
+// checkKey enforces a bearer key when key is set.
+func checkKey(ctx *fasthttp.RequestCtx, key string) *apiError {
+	if key == "" {
+		return nil
+	}
+	h := ctx.Request.Header.Peek(fasthttp.HeaderAuthorization)
+	const prefix = "Bearer "
+	if len(h) <= len(prefix) || !equalFoldASCII(h[:len(prefix)], prefix) {
+		return errMissingKey
+	}
+	if subtle.ConstantTimeCompare(h[len(prefix):], []byte(key)) != 1 {
+		return errWrongKey
+	}
+	return nil
+}
+
+func equalFoldASCII(b []byte, s string) bool {
+	if len(b) != len(s) {
+		return false
+	}
+	for i := range b {
+		c, d := b[i], s[i]
+		if c|0x20 != d|0x20 {
+			return false
+		}
+	}
+	return true
+}
+
+// handle routes a request.
+func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	path := ctx.Path()
+	switch string(path) {
+	case "/v1/chat/completions":
+		s.inference(ctx, routeChat)
+		return
+	case "/v1/completions":
+		s.inference(ctx, routeCompletions)
+		return
+	case "/generate":
+		s.inference(ctx, routeGenerate)
+		return
+	case "/v1/models":
+		s.metrics.other[otherModels].Inc()
+		if !ctx.IsGet() {
+			writeError(ctx, errMethodNotAllowed)
+			return
+		}
+		if e := checkKey(ctx, s.cfg.Server.APIKey); e != nil {
+			writeError(ctx, e)
+			return
+		}
+		ctx.SetContentType("application/json")
+		ctx.SetBody(s.modelsJS)
+		return
+	case "/health":
+		s.metrics.other[otherHealth].Inc()
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"status":"ok"}`)
+		return
+	case "/readiness":
+		s.metrics.other[otherReadiness].Inc()
+		s.readiness(ctx)
+		return
+	case "/metrics":
+		s.metrics.other[otherMetrics].Inc()
+		ctx.SetContentType("text/plain; version=0.0.4; charset=utf-8")
+		s.set.WritePrometheus(ctx)
+		metrics.WriteProcessMetrics(ctx)
+		return
+	}
+	if len(path) >= len("/workers") && string(path[:len("/workers")]) == "/workers" {
+		s.metrics.other[otherAdmin].Inc()
+		s.admin(ctx)
+		return
+	}
+	s.metrics.other[otherUnknown].Inc()
+	writeError(ctx, errNotFound)
+}
+
+// readiness answers 200 when every configured model has a healthy engine for every stage
+// its buckets require, else 503 naming what is missing.
+func (s *Server) readiness(ctx *fasthttp.RequestCtx) {
+	ctx.SetContentType("application/json")
+	if s.draining.Load() {
+		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+		ctx.SetBodyString(`{"status":"draining"}`)
+		return
+	}
+	reg := s.wset.Load()
+	var missing []byte
+	names := make([]string, 0, len(s.models))
+	for n := range s.models {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		for _, st := range s.models[n].stages {
+			if len(reg.Healthy(n, st)) == 0 {
+				if len(missing) > 0 {
+					missing = append(missing, ',')
+				}
+				missing = appendJSONString(missing, n+"/"+st.String())
+			}
+		}
+	}
+	if len(missing) > 0 {
+		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+		ctx.SetBodyString(`{"status":"not_ready","missing":[` + string(missing) + `]}`)
+		return
+	}
+	ctx.SetBodyString(`{"status":"ready"}`)
+}
