@@ -40,11 +40,11 @@ type AffinityStore interface {
 	// the binding's idle time at now.
 	Lookup(scope AffinityScope, key string, now time.Time) (workerID string, err error)
 	// Bind is a compare-and-set: when key's live binding in scope is expect ("" for none),
-	// it binds key to workerID at now and returns workerID; otherwise it changes nothing and
-	// returns the binding in force ("" when there is none). Concurrent first assignments of
-	// one key therefore converge: exactly one Bind with expect "" wins, the others learn the
-	// winner.
-	Bind(scope AffinityScope, key, expect, workerID string, now time.Time) (bound string, err error)
+	// it binds key to workerID at now and returns (workerID, true); otherwise it changes
+	// nothing and returns the binding in force ("" when there is none) and false. Concurrent
+	// first assignments of one key therefore converge: exactly one Bind with expect "" sets
+	// the binding, the others learn the winner.
+	Bind(scope AffinityScope, key, expect, workerID string, now time.Time) (bound string, set bool, err error)
 }
 
 // Selection reasons of the affinity policies.
@@ -138,15 +138,19 @@ func (a *affinity) pick(c []*Worker, req *PickRequest, key string) (Pick, error)
 		if expect != "" {
 			reason = a.reasons.rebound
 		}
-		got, err := a.store.Bind(scope, key, expect, w.ID, now)
+		got, set, err := a.store.Bind(scope, key, expect, w.ID, now)
 		if err != nil {
 			return Pick{}, storeErr(err, req, "bind")
 		}
-		if got == w.ID {
+		if set {
 			return Pick{Worker: w, Reason: reason}, nil
 		}
-		// A concurrent binding won. A winner among the candidates is adopted, but only after
-		// this policy's own check; a rejection leaves it bound.
+		// A concurrent binding won. When it is this very engine, w's check stands; another
+		// winner among the candidates is adopted, but only after this policy's own check (a
+		// rejection leaves it bound).
+		if got == w.ID {
+			return Pick{Worker: w, Reason: a.reasons.reuse}, nil
+		}
 		if cw := candidateByID(c, got); cw != nil {
 			return finish(a.admission, a.loads, cw, req, a.reasons.reuse)
 		}

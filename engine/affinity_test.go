@@ -20,7 +20,7 @@ type memAffinity struct {
 	binds   int
 	// beforeBind, when set, runs before each Bind applies (under the lock): a concurrent
 	// request's binding landing between this pick's Lookup and its Bind.
-	beforeBind func(m map[string]string, key string)
+	beforeBind func(m map[string]string, key, id string)
 	err        error
 }
 
@@ -49,22 +49,22 @@ func (s *memAffinity) Lookup(sc AffinityScope, key string, _ time.Time) (string,
 	return s.scope(sc)[key], nil
 }
 
-func (s *memAffinity) Bind(sc AffinityScope, key, expect, id string, _ time.Time) (string, error) {
+func (s *memAffinity) Bind(sc AffinityScope, key, expect, id string, _ time.Time) (string, bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.binds++
 	if s.err != nil {
-		return "", s.err
+		return "", false, s.err
 	}
 	m := s.scope(sc)
 	if s.beforeBind != nil {
-		s.beforeBind(m, key)
+		s.beforeBind(m, key, id)
 	}
 	if m[key] != expect {
-		return m[key], nil
+		return m[key], false, nil
 	}
 	m[key] = id
-	return id, nil
+	return id, true, nil
 }
 
 // bound returns key's binding in sc ("" for none).
@@ -157,6 +157,7 @@ func TestAffinityRules(t *testing.T) {
 		{name: "replacement rejected: old binding kept", key: "k", bound: "gone", reject: []string{"w0", "w1", "w2", "w3"}, wantErr: OutcomeAdmissionRejected, wantBound: "gone", wantAdm: 1},
 		{name: "concurrent winner is checked and returned", key: "k", winner: "w3", wantWorker: "w3", wantReason: "reuse", wantBound: "w3", wantAdm: 2, wantBinds: 1},
 		{name: "concurrent winner rejected: AdmissionRejected, winner kept", key: "k", winner: "w3", reject: []string{"w3"}, wantErr: OutcomeAdmissionRejected, wantBound: "w3", wantAdm: 2, wantBinds: 1},
+		{name: "concurrent winner on the same engine is reused as is", key: "k", winner: anyW, wantWorker: anyW, wantReason: "reuse", wantBound: anyW, wantAdm: 1, wantBinds: 1},
 		{name: "concurrent winner outside the group is replaced", key: "k", winner: "gone", wantWorker: anyW, wantReason: "rebound", wantBound: anyW, wantAdm: 1, wantBinds: 2},
 	}
 	for _, kind := range affinityKinds() {
@@ -186,10 +187,13 @@ func TestAffinityRules(t *testing.T) {
 					}
 					if tt.winner != "" {
 						staged := false
-						store.beforeBind = func(m map[string]string, key string) {
+						store.beforeBind = func(m map[string]string, key, bindID string) {
 							if !staged {
 								staged = true
 								m[key] = id(tt.winner)
+								if tt.winner == anyW {
+									m[key] = bindID // the concurrent request chose the same engine
+								}
 							}
 						}
 					}
