@@ -1,0 +1,278 @@
+package hf
+
+import (
+	"hash/maphash"
+	"math"
+	"strings"
+	"sync/atomic"
+)
+
+// noRank marks a pair of symbols that no merge joins.
+const noRank = math.MaxUint32
+
+// bpe is a byte-level BPE model whose vocabulary is kept in raw bytes: a piece is a byte
+// string, its initial symbols are its bytes, and merges join adjacent symbols lowest rank
+// first, leftmost first on ties, as the tokenizers library does.
+type bpe struct {
+	vocab        map[string]uint32 // raw bytes of a token → ID
+	byteID       [256]int64        // ID of each single byte, -1 when the vocabulary lacks it
+	merges       mergeTable
+	ignoreMerges bool // a piece that is a whole token is that token, merges or not
+	cache        *wordCache
+}
+
+// appendWord appends the IDs of one piece to dst.
+func (m *bpe) appendWord(dst []uint32, w string) []uint32 {
+	if len(w) == 1 {
+		if id := m.byteID[w[0]]; id >= 0 {
+			return append(dst, uint32(id))
+		}
+		return dst
+	}
+	if ids, ok := m.cache.get(w); ok { // fast path: a piece seen before
+		return append(dst, ids...)
+	}
+	start := len(dst)
+	if id, ok := m.vocab[w]; ok && m.ignoreMerges {
+		dst = append(dst, id)
+	} else {
+		dst = m.merge(dst, w)
+	}
+	m.cache.put(w, dst[start:])
+	return dst
+}
+
+// smallWord is the largest piece merged by the quadratic scan; longer ones use a heap.
+const smallWord = 48
+
+// merge appends the symbols of w to dst and merges them in place.
+func (m *bpe) merge(dst []uint32, w string) []uint32 {
+	start := len(dst)
+	for i := 0; i < len(w); i++ {
+		if id := m.byteID[w[i]]; id >= 0 {
+			dst = append(dst, uint32(id))
+		}
+	}
+	syms := dst[start:]
+	if len(syms) < 2 {
+		return dst
+	}
+	if len(syms) > smallWord {
+		return dst[:start+m.mergeLong(syms)]
+	}
+	var rankBuf [smallWord]uint32
+	n := len(syms)
+	ranks := rankBuf[:n-1]
+	for i := range ranks {
+		ranks[i], _ = m.merges.get(syms[i], syms[i+1])
+	}
+	for {
+		best, bestRank := -1, uint32(noRank)
+		for i, r := range ranks[:n-1] {
+			if r < bestRank {
+				best, bestRank = i, r
+			}
+		}
+		if best < 0 {
+			break
+		}
+		_, id := m.merges.get(syms[best], syms[best+1])
+		syms[best] = id
+		copy(syms[best+1:n-1], syms[best+2:n])
+		copy(ranks[best:n-2], ranks[best+1:n-1])
+		n--
+		if best > 0 {
+			ranks[best-1], _ = m.merges.get(syms[best-1], syms[best])
+		}
+		if best < n-1 {
+			ranks[best], _ = m.merges.get(syms[best], syms[best+1])
+		}
+	}
+	return dst[:start+n]
+}
+
+// mergeLong merges syms in place with a priority queue of candidate pairs ordered by rank,
+// then position, and returns the number of symbols left.
+func (m *bpe) mergeLong(syms []uint32) int {
+	n := len(syms)
+	prev := make([]int32, n)
+	next := make([]int32, n)
+	alive := make([]bool, n)
+	for i := range n {
+		prev[i], next[i], alive[i] = int32(i-1), int32(i+1), true
+	}
+	next[n-1] = -1
+	var h pairHeap
+	for i := 0; i+1 < n; i++ {
+		if r, _ := m.merges.get(syms[i], syms[i+1]); r != noRank {
+			h.push(uint64(r)<<32 | uint64(i))
+		}
+	}
+	for len(h) > 0 {
+		top := h.pop()
+		rank, pos := uint32(top>>32), int32(uint32(top))
+		nx := next[pos]
+		if !alive[pos] || nx < 0 {
+			continue
+		}
+		r, id := m.merges.get(syms[pos], syms[nx])
+		if r != rank {
+			continue // stale entry: one side was merged since
+		}
+		syms[pos] = id
+		alive[nx] = false
+		next[pos] = next[nx]
+		if next[pos] >= 0 {
+			prev[next[pos]] = pos
+		}
+		if p := prev[pos]; p >= 0 {
+			if r, _ := m.merges.get(syms[p], syms[pos]); r != noRank {
+				h.push(uint64(r)<<32 | uint64(p))
+			}
+		}
+		if nx := next[pos]; nx >= 0 {
+			if r, _ := m.merges.get(syms[pos], syms[nx]); r != noRank {
+				h.push(uint64(r)<<32 | uint64(pos))
+			}
+		}
+	}
+	k := 0
+	for i := int32(0); i >= 0; i = next[i] {
+		syms[k] = syms[i]
+		k++
+	}
+	return k
+}
+
+// pairHeap is a binary min-heap of rank<<32 | position.
+type pairHeap []uint64
+
+func (h *pairHeap) push(v uint64) {
+	*h = append(*h, v)
+	s := *h
+	for i := len(s) - 1; i > 0; {
+		p := (i - 1) / 2
+		if s[p] <= s[i] {
+			break
+		}
+		s[p], s[i] = s[i], s[p]
+		i = p
+	}
+}
+
+func (h *pairHeap) pop() uint64 {
+	s := *h
+	top := s[0]
+	last := len(s) - 1
+	s[0] = s[last]
+	s = s[:last]
+	for i := 0; ; {
+		l, r, small := 2*i+1, 2*i+2, i
+		if l < len(s) && s[l] < s[small] {
+			small = l
+		}
+		if r < len(s) && s[r] < s[small] {
+			small = r
+		}
+		if small == i {
+			break
+		}
+		s[i], s[small] = s[small], s[i]
+		i = small
+	}
+	*h = s
+	return top
+}
+
+// mergeTable maps a pair of token IDs to the merge's rank and resulting ID, with open
+// addressing: Go maps cost several times more per lookup on this hot path.
+type mergeTable struct {
+	keys []uint64 // left<<32 | right
+	vals []uint64 // (rank+1)<<32 | id; 0 marks an empty slot
+	mask uint64
+	bits uint
+}
+
+func newMergeTable(n int) mergeTable {
+	bits := uint(4)
+	for 1<<bits < 2*n {
+		bits++
+	}
+	size := 1 << bits
+	return mergeTable{keys: make([]uint64, size), vals: make([]uint64, size), mask: uint64(size - 1), bits: bits}
+}
+
+func (t *mergeTable) slot(key uint64) uint64 {
+	return (key * 0x9E3779B97F4A7C15) >> (64 - t.bits)
+}
+
+// set records a merge; a later merge of the same pair replaces an earlier one, as in the
+// tokenizers library.
+func (t *mergeTable) set(left, right, rank, id uint32) {
+	key := uint64(left)<<32 | uint64(right)
+	for i := t.slot(key); ; i = (i + 1) & t.mask {
+		if t.vals[i] == 0 || t.keys[i] == key {
+			t.keys[i] = key
+			t.vals[i] = uint64(rank+1)<<32 | uint64(id)
+			return
+		}
+	}
+}
+
+// get returns the rank and ID of the merge of left and right, or noRank.
+func (t *mergeTable) get(left, right uint32) (rank, id uint32) {
+	key := uint64(left)<<32 | uint64(right)
+	for i := t.slot(key); ; i = (i + 1) & t.mask {
+		v := t.vals[i]
+		if v == 0 {
+			return noRank, 0
+		}
+		if t.keys[i] == key {
+			return uint32(v>>32) - 1, uint32(v)
+		}
+	}
+}
+
+// wordCache remembers the IDs of recently encoded pieces. It is a lossy direct-mapped table
+// of atomic pointers: lookups take no lock, a colliding insert replaces the older entry, and
+// memory is bounded by the slot count times the longest cached piece.
+type wordCache struct {
+	seed  maphash.Seed
+	slots []atomic.Pointer[wordEntry]
+	mask  uint64
+}
+
+type wordEntry struct {
+	word string
+	ids  []uint32
+}
+
+// maxCachedWord is the longest piece the word cache keeps, in bytes.
+const maxCachedWord = 64
+
+func newWordCache(slots int) *wordCache {
+	n := 1
+	for n < slots {
+		n <<= 1
+	}
+	return &wordCache{seed: maphash.MakeSeed(), slots: make([]atomic.Pointer[wordEntry], n), mask: uint64(n - 1)}
+}
+
+func (c *wordCache) get(w string) ([]uint32, bool) {
+	if c == nil || len(w) > maxCachedWord {
+		return nil, false
+	}
+	e := c.slots[maphash.String(c.seed, w)&c.mask].Load()
+	if e == nil || e.word != w {
+		return nil, false
+	}
+	return e.ids, true
+}
+
+func (c *wordCache) put(w string, ids []uint32) {
+	if c == nil || len(w) > maxCachedWord {
+		return
+	}
+	e := &wordEntry{word: strings.Clone(w), ids: append([]uint32(nil), ids...)}
+	c.slots[maphash.String(c.seed, w)&c.mask].Store(e)
+}

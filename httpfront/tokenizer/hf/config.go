@@ -1,0 +1,519 @@
+package hf
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"strings"
+	"unicode/utf8"
+
+	"golang.org/x/text/unicode/norm"
+)
+
+// Errors of Load and New.
+var (
+	// ErrUnsupported is wrapped when tokenizer.json uses a component Switchyard does not
+	// implement; the message names the component.
+	ErrUnsupported = errors.New("unsupported tokenizer component")
+	// ErrInvalid is wrapped when tokenizer.json or tokenizer_config.json is malformed.
+	ErrInvalid = errors.New("invalid tokenizer file")
+	// ErrNoChatTemplate is returned by the chat methods of a tokenizer without a chat template.
+	ErrNoChatTemplate = errors.New("tokenizer has no chat template")
+)
+
+// fileJSON is the part of tokenizer.json Switchyard reads.
+type fileJSON struct {
+	AddedTokens   []addedTokenJSON `json:"added_tokens"`
+	Normalizer    json.RawMessage  `json:"normalizer"`
+	PreTokenizer  json.RawMessage  `json:"pre_tokenizer"`
+	Model         modelJSON        `json:"model"`
+	PostProcessor json.RawMessage  `json:"post_processor"`
+	Decoder       json.RawMessage  `json:"decoder"`
+}
+
+type addedTokenJSON struct {
+	ID         uint32 `json:"id"`
+	Content    string `json:"content"`
+	SingleWord bool   `json:"single_word"`
+	Lstrip     bool   `json:"lstrip"`
+	Rstrip     bool   `json:"rstrip"`
+	Normalized bool   `json:"normalized"`
+	Special    bool   `json:"special"`
+}
+
+type modelJSON struct {
+	Type                    string            `json:"type"`
+	Dropout                 *float64          `json:"dropout"`
+	UnkToken                *string           `json:"unk_token"`
+	ContinuingSubwordPrefix *string           `json:"continuing_subword_prefix"`
+	EndOfWordSuffix         *string           `json:"end_of_word_suffix"`
+	ByteFallback            bool              `json:"byte_fallback"`
+	IgnoreMerges            bool              `json:"ignore_merges"`
+	Vocab                   map[string]uint32 `json:"vocab"`
+	Merges                  json.RawMessage   `json:"merges"`
+}
+
+// componentJSON holds the fields of every normalizer, pre-tokenizer, post-processor and
+// decoder Switchyard knows; Type says which apply.
+type componentJSON struct {
+	Type string `json:"type"`
+
+	Normalizers   []json.RawMessage `json:"normalizers"`
+	Pretokenizers []json.RawMessage `json:"pretokenizers"`
+	Processors    []json.RawMessage `json:"processors"`
+	Decoders      []json.RawMessage `json:"decoders"`
+
+	StripLeft  *bool        `json:"strip_left"`
+	StripRight *bool        `json:"strip_right"`
+	Pattern    *patternJSON `json:"pattern"`
+	Content    string       `json:"content"`
+	Prepend    string       `json:"prepend"`
+
+	Behavior       string `json:"behavior"`
+	Invert         bool   `json:"invert"`
+	AddPrefixSpace *bool  `json:"add_prefix_space"`
+	UseRegex       *bool  `json:"use_regex"`
+
+	Single        []templatePieceJSON            `json:"single"`
+	SpecialTokens map[string]templateSpecialJSON `json:"special_tokens"`
+	Sep           []json.RawMessage              `json:"sep"`
+	Cls           []json.RawMessage              `json:"cls"`
+}
+
+type patternJSON struct {
+	String *string `json:"String"`
+	Regex  *string `json:"Regex"`
+}
+
+type templatePieceJSON struct {
+	SpecialToken *struct {
+		ID string `json:"id"`
+	} `json:"SpecialToken"`
+	Sequence *struct {
+		ID string `json:"id"`
+	} `json:"Sequence"`
+}
+
+type templateSpecialJSON struct {
+	IDs []uint32 `json:"ids"`
+}
+
+func parseComponent(raw json.RawMessage, what string) (*componentJSON, error) {
+	if len(bytes.TrimSpace(raw)) == 0 || string(bytes.TrimSpace(raw)) == "null" {
+		return nil, nil
+	}
+	var c componentJSON
+	if err := json.Unmarshal(raw, &c); err != nil {
+		return nil, fmt.Errorf("%s: %w: %v", what, ErrInvalid, err)
+	}
+	return &c, nil
+}
+
+func buildMatcher(p *patternJSON, what string) (matcher, error) {
+	switch {
+	case p == nil:
+		return nil, fmt.Errorf("%s: %w: no pattern", what, ErrInvalid)
+	case p.String != nil:
+		return &literalMatcher{lit: *p.String}, nil
+	case p.Regex != nil:
+		m, err := newRegexMatcher(*p.Regex)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", what, err)
+		}
+		return m, nil
+	}
+	return nil, fmt.Errorf("%s: %w: empty pattern", what, ErrInvalid)
+}
+
+func buildNormalizer(raw json.RawMessage, what string) (normalizer, error) {
+	c, err := parseComponent(raw, what)
+	if err != nil || c == nil {
+		return nil, err
+	}
+	switch c.Type {
+	case "NFC":
+		return unicodeForm{norm.NFC}, nil
+	case "NFD":
+		return unicodeForm{norm.NFD}, nil
+	case "NFKC":
+		return unicodeForm{norm.NFKC}, nil
+	case "NFKD":
+		return unicodeForm{norm.NFKD}, nil
+	case "Lowercase":
+		return lowercase{}, nil
+	case "StripAccents":
+		return stripAccents{}, nil
+	case "Strip":
+		return &stripNormalizer{left: c.StripLeft == nil || *c.StripLeft, right: c.StripRight == nil || *c.StripRight}, nil
+	case "Prepend":
+		return &prependNormalizer{prefix: c.Prepend}, nil
+	case "Replace":
+		m, err := buildMatcher(c.Pattern, what+".pattern")
+		if err != nil {
+			return nil, err
+		}
+		return &replaceNormalizer{m: m, content: c.Content}, nil
+	case "Sequence":
+		seq := &sequenceNormalizer{}
+		for i, r := range c.Normalizers {
+			n, err := buildNormalizer(r, fmt.Sprintf("%s.normalizers[%d]", what, i))
+			if err != nil {
+				return nil, err
+			}
+			if n != nil {
+				seq.steps = append(seq.steps, n)
+			}
+		}
+		return seq, nil
+	}
+	return nil, fmt.Errorf("%s: normalizer %q: %w", what, c.Type, ErrUnsupported)
+}
+
+// preTokenizerSpec is a built pre-tokenizer and what the encoder needs to know about it.
+type preTokenizerSpec struct {
+	pre       preTokenizer
+	byteLevel bool // a ByteLevel step maps every byte to the model's alphabet
+	chunkSafe bool // the first split is a fastSplit, so chunking at line and word starts is exact
+}
+
+func buildPreTokenizer(raw json.RawMessage, what string, cls classifier) (preTokenizerSpec, error) {
+	c, err := parseComponent(raw, what)
+	if err != nil || c == nil {
+		return preTokenizerSpec{}, err
+	}
+	switch c.Type {
+	case "Split":
+		if c.Pattern != nil && c.Pattern.Regex != nil && !c.Invert && (c.Behavior == "Isolated" || c.Behavior == "") {
+			switch *c.Pattern.Regex {
+			case patternQwen2:
+				return preTokenizerSpec{pre: &fastSplit{cls: cls, maxDigits: 1}, chunkSafe: true}, nil
+			case patternLlama3:
+				return preTokenizerSpec{pre: &fastSplit{cls: cls, maxDigits: 3}, chunkSafe: true}, nil
+			}
+		}
+		m, err := buildMatcher(c.Pattern, what+".pattern")
+		if err != nil {
+			return preTokenizerSpec{}, err
+		}
+		b, err := parseSplitBehavior(c.Behavior)
+		if err != nil {
+			return preTokenizerSpec{}, fmt.Errorf("%s: %w", what, err)
+		}
+		return preTokenizerSpec{pre: &regexSplit{m: m, behavior: b, invert: c.Invert}}, nil
+	case "ByteLevel":
+		p := &byteLevelSplit{addPrefixSpace: c.AddPrefixSpace == nil || *c.AddPrefixSpace}
+		if c.UseRegex == nil || *c.UseRegex {
+			m, err := newRegexMatcher(patternGPT2)
+			if err != nil {
+				return preTokenizerSpec{}, err
+			}
+			p.split = &regexSplit{m: m, behavior: splitIsolated}
+		}
+		return preTokenizerSpec{pre: p, byteLevel: true}, nil
+	case "Sequence":
+		seq := &sequenceSplit{}
+		spec := preTokenizerSpec{}
+		for i, r := range c.Pretokenizers {
+			s, err := buildPreTokenizer(r, fmt.Sprintf("%s.pretokenizers[%d]", what, i), cls)
+			if err != nil {
+				return preTokenizerSpec{}, err
+			}
+			if s.pre == nil {
+				continue
+			}
+			if len(seq.steps) == 0 {
+				spec.chunkSafe = s.chunkSafe
+			}
+			spec.byteLevel = spec.byteLevel || s.byteLevel
+			seq.steps = append(seq.steps, s.pre)
+		}
+		// Fast path: a fastSplit followed by a plain byte mapping is the fastSplit alone.
+		if len(seq.steps) == 2 {
+			if bl, ok := seq.steps[1].(*byteLevelSplit); ok && !bl.addPrefixSpace && bl.split == nil {
+				if fs, ok := seq.steps[0].(*fastSplit); ok {
+					spec.pre = fs
+					return spec, nil
+				}
+			}
+		}
+		if len(seq.steps) == 1 {
+			spec.pre = seq.steps[0]
+		} else {
+			spec.pre = seq
+		}
+		return spec, nil
+	}
+	return preTokenizerSpec{}, fmt.Errorf("%s: pre-tokenizer %q: %w", what, c.Type, ErrUnsupported)
+}
+
+// buildPostProcessor returns the IDs added before and after a single sequence when special
+// tokens are added.
+func buildPostProcessor(raw json.RawMessage, what string) (prefix, suffix []uint32, err error) {
+	c, err := parseComponent(raw, what)
+	if err != nil || c == nil {
+		return nil, nil, err
+	}
+	switch c.Type {
+	case "ByteLevel":
+		return nil, nil, nil
+	case "TemplateProcessing":
+		seen := false
+		for i, p := range c.Single {
+			switch {
+			case p.Sequence != nil:
+				if seen || p.Sequence.ID != "A" {
+					return nil, nil, fmt.Errorf("%s.single[%d]: %w: sequence %q", what, i, ErrInvalid, p.Sequence.ID)
+				}
+				seen = true
+			case p.SpecialToken != nil:
+				st, ok := c.SpecialTokens[p.SpecialToken.ID]
+				if !ok {
+					return nil, nil, fmt.Errorf("%s.single[%d]: %w: special token %q is not in special_tokens", what, i, ErrInvalid, p.SpecialToken.ID)
+				}
+				if seen {
+					suffix = append(suffix, st.IDs...)
+				} else {
+					prefix = append(prefix, st.IDs...)
+				}
+			default:
+				return nil, nil, fmt.Errorf("%s.single[%d]: %w: empty piece", what, i, ErrInvalid)
+			}
+		}
+		if !seen {
+			return nil, nil, fmt.Errorf("%s.single: %w: no sequence", what, ErrInvalid)
+		}
+		return prefix, suffix, nil
+	case "RobertaProcessing", "BertProcessing":
+		cls, err1 := pairID(c.Cls)
+		sep, err2 := pairID(c.Sep)
+		if err := errors.Join(err1, err2); err != nil {
+			return nil, nil, fmt.Errorf("%s: %w: %v", what, ErrInvalid, err)
+		}
+		return []uint32{cls}, []uint32{sep}, nil
+	case "Sequence":
+		for i, r := range c.Processors {
+			p, s, err := buildPostProcessor(r, fmt.Sprintf("%s.processors[%d]", what, i))
+			if err != nil {
+				return nil, nil, err
+			}
+			prefix = append(slices.Clone(p), prefix...)
+			suffix = append(suffix, s...)
+		}
+		return prefix, suffix, nil
+	}
+	return nil, nil, fmt.Errorf("%s: post-processor %q: %w", what, c.Type, ErrUnsupported)
+}
+
+// pairID reads the ID of a ["token", id] pair.
+func pairID(raw []json.RawMessage) (uint32, error) {
+	if len(raw) != 2 {
+		return 0, errors.New("want [token, id]")
+	}
+	var id uint32
+	if err := json.Unmarshal(raw[1], &id); err != nil {
+		return 0, err
+	}
+	return id, nil
+}
+
+// decoderKind is how IDs become text.
+type decoderKind uint8
+
+const (
+	decodeJoinSpace decoderKind = iota // no decoder: tokens joined with spaces
+	decodeByteLevel                    // byte-level characters back to bytes
+)
+
+func buildDecoder(raw json.RawMessage, what string) (decoderKind, error) {
+	c, err := parseComponent(raw, what)
+	if err != nil || c == nil {
+		return decodeJoinSpace, err
+	}
+	switch c.Type {
+	case "ByteLevel":
+		return decodeByteLevel, nil
+	case "Sequence":
+		if len(c.Decoders) == 1 {
+			return buildDecoder(c.Decoders[0], what+".decoders[0]")
+		}
+	}
+	return 0, fmt.Errorf("%s: decoder %q: %w", what, c.Type, ErrUnsupported)
+}
+
+// byteLevelAlphabet returns the byte-level mapping of the tokenizers library (GPT-2's): the
+// printable Latin-1 bytes stand for themselves, the others for U+0100 onwards.
+func byteLevelAlphabet() (toRune [256]rune, toByte map[rune]byte) {
+	toByte = make(map[rune]byte, 256)
+	n := rune(0)
+	for b := range 256 {
+		if (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF) {
+			toRune[b] = rune(b)
+		} else {
+			toRune[b] = 256 + n
+			n++
+		}
+		toByte[toRune[b]] = byte(b)
+	}
+	return toRune, toByte
+}
+
+// fromByteLevel maps a token of the byte-level alphabet to raw bytes; ok is false when the
+// token has a character outside the alphabet.
+func fromByteLevel(tok string, toByte map[rune]byte) (raw string, ok bool) {
+	var b strings.Builder
+	b.Grow(len(tok))
+	for _, r := range tok {
+		c, ok := toByte[r]
+		if !ok {
+			return "", false
+		}
+		b.WriteByte(c)
+	}
+	return b.String(), true
+}
+
+// parseMerges reads the merges of tokenizer.json in either format: "left right" strings or
+// [left, right] pairs.
+func parseMerges(raw json.RawMessage) ([][2]string, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	var asStrings []string
+	if err := json.Unmarshal(raw, &asStrings); err == nil {
+		out := make([][2]string, len(asStrings))
+		for i, m := range asStrings {
+			l, r, ok := strings.Cut(m, " ")
+			if !ok {
+				return nil, fmt.Errorf("merges[%d] %q: %w: want two tokens", i, m, ErrInvalid)
+			}
+			out[i] = [2]string{l, r}
+		}
+		return out, nil
+	}
+	var asPairs [][2]string
+	if err := json.Unmarshal(raw, &asPairs); err != nil {
+		return nil, fmt.Errorf("merges: %w: %v", ErrInvalid, err)
+	}
+	return asPairs, nil
+}
+
+// buildBPE builds the model with its vocabulary in raw bytes.
+func buildBPE(m *modelJSON, toByte map[rune]byte) (*bpe, error) {
+	if m.Type != "" && m.Type != "BPE" {
+		return nil, fmt.Errorf("model %q: %w (only BPE)", m.Type, ErrUnsupported)
+	}
+	switch {
+	case m.Dropout != nil && *m.Dropout != 0:
+		return nil, fmt.Errorf("model.dropout: %w (dropout makes encoding random)", ErrUnsupported)
+	case m.ByteFallback:
+		return nil, fmt.Errorf("model.byte_fallback: %w", ErrUnsupported)
+	case m.ContinuingSubwordPrefix != nil && *m.ContinuingSubwordPrefix != "":
+		return nil, fmt.Errorf("model.continuing_subword_prefix: %w", ErrUnsupported)
+	case m.EndOfWordSuffix != nil && *m.EndOfWordSuffix != "":
+		return nil, fmt.Errorf("model.end_of_word_suffix: %w", ErrUnsupported)
+	case len(m.Vocab) == 0:
+		return nil, fmt.Errorf("model.vocab: %w: empty", ErrInvalid)
+	}
+	merges, err := parseMerges(m.Merges)
+	if err != nil {
+		return nil, fmt.Errorf("model.%w", err)
+	}
+	b := &bpe{vocab: make(map[string]uint32, len(m.Vocab)), ignoreMerges: m.IgnoreMerges}
+	for i := range b.byteID {
+		b.byteID[i] = -1
+	}
+	for tok, id := range m.Vocab {
+		raw, ok := fromByteLevel(tok, toByte)
+		if !ok {
+			continue // never produced by byte-level merges; still decodable
+		}
+		b.vocab[raw] = id
+		if len(raw) == 1 {
+			b.byteID[raw[0]] = int64(id)
+		}
+	}
+	b.merges = newMergeTable(len(merges))
+	for rank, mg := range merges {
+		l, okL := m.Vocab[mg[0]]
+		r, okR := m.Vocab[mg[1]]
+		id, okID := m.Vocab[mg[0]+mg[1]]
+		if !okL || !okR || !okID {
+			return nil, fmt.Errorf("model.merges[%d] %q: %w: token not in the vocabulary", rank, mg[0]+" "+mg[1], ErrInvalid)
+		}
+		if rank >= math.MaxUint32-1 {
+			return nil, fmt.Errorf("model.merges: %w: too many", ErrInvalid)
+		}
+		b.merges.set(l, r, uint32(rank), id)
+	}
+	return b, nil
+}
+
+// configJSON is the part of tokenizer_config.json Switchyard reads.
+type configJSON struct {
+	ChatTemplate            json.RawMessage            `json:"chat_template"`
+	BosToken                json.RawMessage            `json:"bos_token"`
+	EosToken                json.RawMessage            `json:"eos_token"`
+	UnkToken                json.RawMessage            `json:"unk_token"`
+	SepToken                json.RawMessage            `json:"sep_token"`
+	PadToken                json.RawMessage            `json:"pad_token"`
+	ClsToken                json.RawMessage            `json:"cls_token"`
+	MaskToken               json.RawMessage            `json:"mask_token"`
+	AdditionalSpecialTokens []json.RawMessage          `json:"additional_special_tokens"`
+	AddedTokensDecoder      map[string]json.RawMessage `json:"added_tokens_decoder"`
+}
+
+// tokenString reads a special token of tokenizer_config.json: a string, an AddedToken object
+// with a content field, or null.
+func tokenString(raw json.RawMessage) (string, bool) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", false
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s, true
+	}
+	var obj struct {
+		Content *string `json:"content"`
+	}
+	if json.Unmarshal(raw, &obj) == nil && obj.Content != nil {
+		return *obj.Content, true
+	}
+	return "", false
+}
+
+// chatTemplateSource picks the chat template of tokenizer_config.json: a string, or a list of
+// named templates of which "default" is used.
+func chatTemplateSource(raw json.RawMessage) (string, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		return s, nil
+	}
+	var named []struct {
+		Name     string `json:"name"`
+		Template string `json:"template"`
+	}
+	if err := json.Unmarshal(raw, &named); err != nil {
+		return "", fmt.Errorf("chat_template: %w: %v", ErrInvalid, err)
+	}
+	names := make([]string, 0, len(named))
+	for _, n := range named {
+		if n.Name == "default" {
+			return n.Template, nil
+		}
+		names = append(names, n.Name)
+	}
+	sort.Strings(names)
+	return "", fmt.Errorf("chat_template: %w: no template named \"default\" among %v", ErrInvalid, names)
+}
+
+// validToken reports whether a token string can be matched in text.
+func validToken(s string) bool { return s != "" && utf8.ValidString(s) }

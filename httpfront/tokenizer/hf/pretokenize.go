@@ -1,0 +1,414 @@
+package hf
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/dlclark/regexp2/v2"
+)
+
+// preTokenizer cuts a normalized segment into pieces that the model encodes one by one. The
+// pieces are bytes of the byte-level alphabet: Switchyard keeps the vocabulary in raw bytes,
+// so the byte-to-character mapping of the ByteLevel pre-tokenizer is implicit.
+type preTokenizer interface {
+	// appendPieces appends the pieces of s, in order, to dst.
+	appendPieces(dst []string, s string) []string
+}
+
+var (
+	_ preTokenizer = (*fastSplit)(nil)
+	_ preTokenizer = (*regexSplit)(nil)
+	_ preTokenizer = (*byteLevelSplit)(nil)
+	_ preTokenizer = (*sequenceSplit)(nil)
+)
+
+// Character classes of the Split patterns: \p{L}, \p{N}, \s (Unicode White_Space) and the rest.
+const (
+	clsOther uint8 = iota
+	clsLetter
+	clsNumber
+	clsSpace
+)
+
+// bmpClasses holds the class of every rune of the Basic Multilingual Plane. It is built once,
+// on first use, and never written again.
+var bmpClasses = sync.OnceValue(func() *[0x10000]uint8 {
+	var t [0x10000]uint8
+	for r := range rune(0x10000) {
+		t[r] = slowClass(r)
+	}
+	return &t
+})
+
+func slowClass(r rune) uint8 {
+	switch {
+	case unicode.IsLetter(r):
+		return clsLetter
+	case unicode.IsNumber(r):
+		return clsNumber
+	case unicode.IsSpace(r):
+		return clsSpace
+	}
+	return clsOther
+}
+
+// classifier decodes runes and returns their class.
+type classifier struct {
+	bmp *[0x10000]uint8
+}
+
+func newClassifier() classifier { return classifier{bmp: bmpClasses()} }
+
+// at returns the rune at s[i], its size and its class. s must be valid UTF-8.
+func (c classifier) at(s string, i int) (rune, int, uint8) {
+	b := s[i]
+	if b < utf8.RuneSelf {
+		return rune(b), 1, c.bmp[b]
+	}
+	r, n := utf8.DecodeRuneInString(s[i:])
+	if r < 0x10000 {
+		return r, n, c.bmp[r]
+	}
+	return r, n, slowClass(r)
+}
+
+// Split patterns that fastSplit implements by hand. Both have lookahead, which Go's regexp
+// cannot express; the tests prove fastSplit equal to the regexp2 engine on them.
+const (
+	// patternQwen2 is the pre-tokenizer pattern of Qwen2 and Qwen3: one digit per piece.
+	patternQwen2 = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+	// patternLlama3 is the pattern of Llama 3 (and OpenAI's cl100k): up to three digits.
+	patternLlama3 = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+)
+
+// fastSplit is the hand-written equivalent of patternQwen2 (maxDigits 1) or patternLlama3
+// (maxDigits 3) with the Isolated behavior: every match is a piece, and the matches cover the
+// whole input. It is a backtracking-free scanner: each alternative of the pattern is tried in
+// order at the current position, exactly as a backtracking engine would.
+type fastSplit struct {
+	cls       classifier
+	maxDigits int
+}
+
+func (f *fastSplit) appendPieces(dst []string, s string) []string {
+	for i := 0; i < len(s); {
+		end := f.next(s, i)
+		dst = append(dst, s[i:end])
+		i = end
+	}
+	return dst
+}
+
+// next returns the end of the match that starts at i.
+func (f *fastSplit) next(s string, i int) int {
+	r, n, c := f.cls.at(s, i)
+	switch c {
+	case clsLetter: // [^\r\n\p{L}\p{N}]?\p{L}+ without the optional character
+		return f.run(s, i+n, clsLetter)
+	case clsNumber: // \p{N}{1,maxDigits}
+		j := i + n
+		for k := 1; k < f.maxDigits && j < len(s); k++ {
+			_, n2, c2 := f.cls.at(s, j)
+			if c2 != clsNumber {
+				break
+			}
+			j += n2
+		}
+		return j
+	}
+	if r == '\'' {
+		if end := contraction(s, i+1); end > 0 {
+			return end
+		}
+	}
+	// [^\r\n\p{L}\p{N}]?\p{L}+ with the optional character.
+	if r != '\r' && r != '\n' && i+n < len(s) {
+		if _, _, c2 := f.cls.at(s, i+n); c2 == clsLetter {
+			return f.run(s, i+n, clsLetter)
+		}
+	}
+	if c == clsOther { // ?[^\s\p{L}\p{N}]+[\r\n]* without the space
+		return newlines(s, f.run(s, i+n, clsOther))
+	}
+	// c == clsSpace from here on.
+	if r == ' ' && i+1 < len(s) {
+		if _, n2, c2 := f.cls.at(s, i+1); c2 == clsOther {
+			return newlines(s, f.run(s, i+1+n2, clsOther))
+		}
+	}
+	// \s*[\r\n]+ ends after the last line break of the whitespace run; \s+(?!\S) leaves the
+	// last whitespace character of a run followed by text to the next piece; \s+ takes the run.
+	j, lastBreak, lastStart := i, -1, i
+	for j < len(s) {
+		r2, n2, c2 := f.cls.at(s, j)
+		if c2 != clsSpace {
+			break
+		}
+		if r2 == '\r' || r2 == '\n' {
+			lastBreak = j
+		}
+		lastStart = j
+		j += n2
+	}
+	switch {
+	case lastBreak >= 0:
+		return lastBreak + 1
+	case j == len(s):
+		return j
+	case lastStart > i:
+		return lastStart
+	}
+	return j
+}
+
+// run returns the end of the run of class c starting at j.
+func (f *fastSplit) run(s string, j int, c uint8) int {
+	for j < len(s) {
+		b := s[j]
+		if b < utf8.RuneSelf {
+			if f.cls.bmp[b] != c {
+				return j
+			}
+			j++
+			continue
+		}
+		_, n, c2 := f.cls.at(s, j)
+		if c2 != c {
+			return j
+		}
+		j += n
+	}
+	return j
+}
+
+// newlines returns the end of the run of \r and \n starting at j.
+func newlines(s string, j int) int {
+	for j < len(s) && (s[j] == '\r' || s[j] == '\n') {
+		j++
+	}
+	return j
+}
+
+// contraction returns the end of (?i:'s|'t|'re|'ve|'m|'ll|'d) when s[j-1] is the apostrophe,
+// or 0. Case folding is Unicode's: U+017F (long s) folds to s.
+func contraction(s string, j int) int {
+	if j >= len(s) {
+		return 0
+	}
+	two := func(c byte) bool { return j+1 < len(s) && s[j+1]|0x20 == c }
+	switch s[j] | 0x20 {
+	case 's', 't', 'm', 'd':
+		return j + 1
+	case 'r', 'v':
+		if two('e') {
+			return j + 2
+		}
+	case 'l':
+		if two('l') {
+			return j + 2
+		}
+	}
+	if strings.HasPrefix(s[j:], "\u017f") {
+		return j + len("\u017f")
+	}
+	return 0
+}
+
+// splitBehavior is what a Split pre-tokenizer does with its matches.
+type splitBehavior uint8
+
+const (
+	splitIsolated splitBehavior = iota
+	splitRemoved
+	splitMergedWithPrevious
+	splitMergedWithNext
+	splitContiguous
+)
+
+func parseSplitBehavior(s string) (splitBehavior, error) {
+	switch s {
+	case "Isolated":
+		return splitIsolated, nil
+	case "Removed":
+		return splitRemoved, nil
+	case "MergedWithPrevious":
+		return splitMergedWithPrevious, nil
+	case "MergedWithNext":
+		return splitMergedWithNext, nil
+	case "Contiguous":
+		return splitContiguous, nil
+	}
+	return 0, fmt.Errorf("split behavior %q: %w", s, ErrUnsupported)
+}
+
+// matcher finds the non-overlapping matches of a pattern.
+type matcher interface {
+	// appendMatches appends the [start, end) byte offsets of the matches in s to dst.
+	appendMatches(dst [][2]int, s string) [][2]int
+}
+
+// regexMatcher matches a regular expression with the regexp2 engine (backtracking, with
+// lookaround), the general path for patterns fastSplit does not implement.
+type regexMatcher struct {
+	re *regexp2.Regexp
+}
+
+func newRegexMatcher(pattern string) (*regexMatcher, error) {
+	re, err := regexp2.Compile(pattern, regexp2.RegexOptions(regexp2.Unicode))
+	if err != nil {
+		return nil, fmt.Errorf("cannot compile pattern %q: %w", pattern, err)
+	}
+	return &regexMatcher{re: re}, nil
+}
+
+func (m *regexMatcher) appendMatches(dst [][2]int, s string) [][2]int {
+	idx, err := m.re.FindAllStringIndex(s, -1)
+	if err != nil {
+		// The engine reports only timeouts and stack limits, neither configured here.
+		panic("BUG: regexp2: " + err.Error())
+	}
+	for _, p := range idx {
+		dst = append(dst, [2]int{p[0], p[1]})
+	}
+	return dst
+}
+
+// literalMatcher matches a fixed string.
+type literalMatcher struct {
+	lit string
+}
+
+func (m *literalMatcher) appendMatches(dst [][2]int, s string) [][2]int {
+	if m.lit == "" {
+		return dst
+	}
+	for i := 0; ; {
+		k := strings.Index(s[i:], m.lit)
+		if k < 0 {
+			return dst
+		}
+		dst = append(dst, [2]int{i + k, i + k + len(m.lit)})
+		i += k + len(m.lit)
+	}
+}
+
+// regexSplit is the Split pre-tokenizer of the tokenizers library, for any pattern.
+type regexSplit struct {
+	m        matcher
+	behavior splitBehavior
+	invert   bool
+}
+
+func (p *regexSplit) appendPieces(dst []string, s string) []string {
+	var buf [64][2]int
+	matches := p.m.appendMatches(buf[:0], s)
+	// Cut s into spans, marking which are matches, then fold them as the tokenizers
+	// library does for each behavior.
+	type span struct {
+		start, end int
+		match      bool
+	}
+	spans := make([]span, 0, 2*len(matches)+1)
+	prev := 0
+	for _, m := range matches {
+		if m[0] > prev {
+			spans = append(spans, span{prev, m[0], p.invert})
+		}
+		spans = append(spans, span{m[0], m[1], !p.invert})
+		prev = m[1]
+	}
+	if prev < len(s) {
+		spans = append(spans, span{prev, len(s), p.invert})
+	}
+	var out []span
+	prevMatch := false
+	switch p.behavior {
+	case splitIsolated:
+		out = spans
+	case splitRemoved:
+		for _, sp := range spans {
+			if !sp.match {
+				out = append(out, sp)
+			}
+		}
+	case splitMergedWithPrevious:
+		for _, sp := range spans {
+			if sp.match && !prevMatch && len(out) > 0 {
+				out[len(out)-1].end = sp.end
+			} else {
+				out = append(out, sp)
+			}
+			prevMatch = sp.match
+		}
+	case splitMergedWithNext:
+		for i := len(spans) - 1; i >= 0; i-- {
+			sp := spans[i]
+			if sp.match && !prevMatch && len(out) > 0 {
+				out[len(out)-1].start = sp.start
+			} else {
+				out = append(out, sp)
+			}
+			prevMatch = sp.match
+		}
+		for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {
+			out[i], out[j] = out[j], out[i]
+		}
+	case splitContiguous:
+		for _, sp := range spans {
+			if sp.match == prevMatch && len(out) > 0 {
+				out[len(out)-1].end = sp.end
+			} else {
+				out = append(out, sp)
+			}
+			prevMatch = sp.match
+		}
+	}
+	for _, sp := range out {
+		if sp.end > sp.start {
+			dst = append(dst, s[sp.start:sp.end])
+		}
+	}
+	return dst
+}
+
+// patternGPT2 is the pattern of the ByteLevel pre-tokenizer with use_regex.
+const patternGPT2 = `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
+
+// byteLevelSplit is the ByteLevel pre-tokenizer: an optional space before each piece that
+// does not start with one, then, with use_regex, the GPT-2 split. The byte-to-character
+// mapping itself is implicit (see preTokenizer).
+type byteLevelSplit struct {
+	addPrefixSpace bool
+	split          preTokenizer // nil without use_regex
+}
+
+func (p *byteLevelSplit) appendPieces(dst []string, s string) []string {
+	if p.addPrefixSpace && !strings.HasPrefix(s, " ") {
+		s = " " + s
+	}
+	if p.split == nil {
+		return append(dst, s)
+	}
+	return p.split.appendPieces(dst, s)
+}
+
+// sequenceSplit applies its pre-tokenizers in turn, each to every piece of the previous one.
+type sequenceSplit struct {
+	steps []preTokenizer
+}
+
+func (p *sequenceSplit) appendPieces(dst []string, s string) []string {
+	cur := []string{s}
+	var next []string
+	for _, step := range p.steps {
+		next = next[:0]
+		for _, piece := range cur {
+			next = step.appendPieces(next, piece)
+		}
+		cur, next = next, cur
+	}
+	return append(dst, cur...)
+}
