@@ -42,6 +42,9 @@ func policyFactories() map[string]func(adm EngineAdmission, loads LoadReader) Po
 		PolicySticky + "/keyed": func(adm EngineAdmission, loads LoadReader) Policy {
 			return keyedPolicy{NewSticky(adm, loads, newMemAffinity(), NewRoundRobin(nil, loads)), "key-1"}
 		},
+		PolicyCacheAware: func(adm EngineAdmission, loads LoadReader) Policy {
+			return NewCacheAware(adm, loads, nil, testCacheSettings(), testRNG(), nil)
+		},
 	}
 }
 
@@ -49,6 +52,9 @@ func TestPolicyContract(t *testing.T) {
 	for name, mk := range policyFactories() {
 		t.Run(name, func(t *testing.T) {
 			for _, stage := range []Stage{StagePlain, StagePrefill, StageDecode} {
+				if stage == StageDecode && name == PolicyCacheAware {
+					continue // plain and prefill only; cache_aware_test checks the decode refusal
+				}
 				t.Run(stage.String(), func(t *testing.T) { policyContract(t, mk, stage) })
 			}
 		})

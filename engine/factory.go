@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"math/rand/v2"
 
+	"github.com/VictoriaMetrics/metrics"
+
 	"switchyard/config"
+	"switchyard/kv"
 	"switchyard/load"
 )
 
@@ -19,6 +22,11 @@ type Deps struct {
 	// Affinity is the shared session and routing-key binding store of session_aware and
 	// sticky. Nil makes those policies an InvalidConfiguration.
 	Affinity AffinityStore
+	// Cache is the prefix source of cache_aware: the local index (*kv.Index) or the remote
+	// indexer client (*kv.RemoteSource). Nil makes cache_aware an InvalidConfiguration.
+	Cache kv.CacheSource
+	// Metrics receives the policies' metrics (cache_aware decisions). Nil keeps them private.
+	Metrics *metrics.Set
 }
 
 // WorkersFromConfig builds the configured workers, taking each one's router-local counters
@@ -76,10 +84,11 @@ func BuildResolvers(cfg *config.Config, deps Deps) (map[string]*BucketResolver, 
 }
 
 type builder struct {
-	cfg    *config.Config
-	deps   Deps
-	seed   uint64
-	stream uint64
+	cfg          *config.Config
+	deps         Deps
+	seed         uint64
+	stream       uint64
+	cacheMetrics *CacheAwareMetrics // created with the first cache_aware policy
 }
 
 func (b *builder) bucket(model string, m *config.Model, bc *config.Bucket, path string) (*Bucket, error) {
@@ -153,7 +162,7 @@ func (b *builder) policy(pc config.Policy, stage Stage, path string) (Policy, er
 	case PolicySessionAware, PolicySticky:
 		return b.affinityPolicy(pc, adm, stage, path)
 	case PolicyCacheAware:
-		return nil, fmt.Errorf("%s.type: policy %q is not available in this build: %w", path, pc.Type, ErrInvalidConfiguration)
+		return b.cacheAware(adm, stage, path)
 	}
 	return nil, fmt.Errorf("%s.type: unknown policy %q: %w", path, pc.Type, ErrInvalidConfiguration)
 }
@@ -181,4 +190,19 @@ func (b *builder) affinityPolicy(pc config.Policy, adm EngineAdmission, stage St
 		return nil, err
 	}
 	return NewSticky(adm, b.deps.Loads, b.deps.Affinity, fallback), nil
+}
+
+// cacheAware builds cache_aware from the configuration's cache_aware section; it is valid on
+// plain and prefill groups only and needs the cache source.
+func (b *builder) cacheAware(adm EngineAdmission, stage Stage, path string) (Policy, error) {
+	if stage == StageDecode {
+		return nil, fmt.Errorf("%s.type: cache_aware is only valid on plain or prefill groups: %w", path, ErrInvalidConfiguration)
+	}
+	if b.deps.Cache == nil {
+		return nil, fmt.Errorf("%s.type: policy %q needs a cache source: %w", path, PolicyCacheAware, ErrInvalidConfiguration)
+	}
+	if b.cacheMetrics == nil {
+		b.cacheMetrics = NewCacheAwareMetrics(b.deps.Metrics)
+	}
+	return NewCacheAware(adm, b.deps.Loads, b.deps.Cache, CacheAwareSettingsFromConfig(b.cfg.CacheAware), b.rng(), b.cacheMetrics), nil
 }

@@ -1,0 +1,151 @@
+package kv
+
+import (
+	"errors"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+)
+
+// Metrics are the KV package's metric handles, created once on a set and shared by the index,
+// the subscriptions and the cache sources of one process. The zero of every counter is
+// exported from start-up, so dashboards see a flat line rather than a missing series.
+type Metrics struct {
+	set *metrics.Set
+
+	// Lookups, per source kind (local, remote) and outcome.
+	lookups [numSourceKinds]lookupMetrics
+
+	// Ingest.
+	opsApplied       *metrics.Counter // block operations handed to shards
+	opsDroppedBusy   *metrics.Counter // block operations refused by a full shard mailbox
+	opsDroppedUnkey  *metrics.Counter // stores that could not be re-keyed (parent unknown)
+	batchesOK        *metrics.Counter
+	batchesMalformed *metrics.Counter
+	batchesUnknown   *metrics.Counter // bound SUB: topic of no known worker
+	gaps             *metrics.Counter
+	replays          *metrics.Counter
+	replayFailures   *metrics.Counter
+	reconnects       *metrics.Counter
+	hashMismatches   *metrics.Counter
+	clears           [numClearReasons]*metrics.Counter
+}
+
+type lookupMetrics struct {
+	ok, unavailable, rejected *metrics.Counter
+	seconds                   *metrics.Histogram
+}
+
+// sourceKind labels lookup metrics.
+type sourceKind uint8
+
+const (
+	sourceLocal sourceKind = iota
+	sourceRemote
+	numSourceKinds
+)
+
+var sourceKindNames = [numSourceKinds]string{"local", "remote"}
+
+// clearReason labels why an owner's entries were cleared.
+type clearReason uint8
+
+const (
+	clearAllBlocks clearReason = iota // AllBlocksCleared event
+	clearRestart                      // sequence went backwards: publisher restarted
+	clearGap                          // sequence gap without a successful replay
+	clearDropped                      // a shard refused a batch
+	clearRemoved                      // worker removed
+	clearRekey                        // hashes turned out not reproducible: re-keyed from scratch
+	numClearReasons
+)
+
+var clearReasonNames = [numClearReasons]string{"all_blocks_cleared", "restart", "gap", "dropped", "removed", "rekey"}
+
+// NewMetrics creates the handles on set; a nil set gets a private one (metrics kept but not
+// exported).
+func NewMetrics(set *metrics.Set) *Metrics {
+	if set == nil {
+		set = metrics.NewSet()
+	}
+	m := &Metrics{set: set}
+	for k := range numSourceKinds {
+		src := `source="` + sourceKindNames[k] + `"`
+		m.lookups[k] = lookupMetrics{
+			ok:          set.GetOrCreateCounter(`switchyard_kv_lookups_total{` + src + `,outcome="ok"}`),
+			unavailable: set.GetOrCreateCounter(`switchyard_kv_lookups_total{` + src + `,outcome="unavailable"}`),
+			rejected:    set.GetOrCreateCounter(`switchyard_kv_lookups_total{` + src + `,outcome="rejected"}`),
+			seconds:     set.GetOrCreateHistogram(`switchyard_kv_lookup_duration_seconds{` + src + `}`),
+		}
+	}
+	m.opsApplied = set.GetOrCreateCounter(`switchyard_kv_block_ops_total{result="applied"}`)
+	m.opsDroppedBusy = set.GetOrCreateCounter(`switchyard_kv_block_ops_total{result="dropped_busy"}`)
+	m.opsDroppedUnkey = set.GetOrCreateCounter(`switchyard_kv_block_ops_total{result="dropped_unkeyed"}`)
+	m.batchesOK = set.GetOrCreateCounter(`switchyard_kv_event_batches_total{result="ok"}`)
+	m.batchesMalformed = set.GetOrCreateCounter(`switchyard_kv_event_batches_total{result="malformed"}`)
+	m.batchesUnknown = set.GetOrCreateCounter(`switchyard_kv_event_batches_total{result="unknown_engine"}`)
+	m.gaps = set.GetOrCreateCounter(`switchyard_kv_sequence_gaps_total`)
+	m.replays = set.GetOrCreateCounter(`switchyard_kv_replays_total{result="ok"}`)
+	m.replayFailures = set.GetOrCreateCounter(`switchyard_kv_replays_total{result="failed"}`)
+	m.reconnects = set.GetOrCreateCounter(`switchyard_kv_reconnects_total`)
+	m.hashMismatches = set.GetOrCreateCounter(`switchyard_kv_hash_mismatches_total`)
+	for r := range numClearReasons {
+		m.clears[r] = set.GetOrCreateCounter(`switchyard_kv_owner_clears_total{reason="` + clearReasonNames[r] + `"}`)
+	}
+	return m
+}
+
+// Set returns the set the handles live on.
+func (m *Metrics) Set() *metrics.Set { return m.set }
+
+// observeLookup records one lookup of a source kind.
+func (m *Metrics) observeLookup(k sourceKind, start time.Time, err error) {
+	lm := &m.lookups[k]
+	lm.seconds.UpdateDuration(start)
+	switch {
+	case err == nil:
+		lm.ok.Inc()
+	case errors.Is(err, ErrRejected):
+		lm.rejected.Inc()
+	default:
+		lm.unavailable.Inc()
+	}
+}
+
+// LookupCounts are the lookups a source kind answered, by outcome.
+type LookupCounts struct {
+	OK, Unavailable, Rejected uint64
+}
+
+// LocalLookups returns the outcome counts of local-index lookups.
+func (m *Metrics) LocalLookups() LookupCounts { return m.lookups[sourceLocal].counts() }
+
+// RemoteLookups returns the outcome counts of remote-indexer lookups.
+func (m *Metrics) RemoteLookups() LookupCounts { return m.lookups[sourceRemote].counts() }
+
+func (lm *lookupMetrics) counts() LookupCounts {
+	return LookupCounts{OK: lm.ok.Get(), Unavailable: lm.unavailable.Get(), Rejected: lm.rejected.Get()}
+}
+
+// IngestCounts are the subscription side's counters.
+type IngestCounts struct {
+	OpsApplied, OpsDroppedBusy, OpsDroppedUnkeyed uint64
+	Batches, Malformed, UnknownEngine             uint64
+	Gaps, Replays, ReplayFailures, Reconnects     uint64
+	HashMismatches                                uint64
+	ClearsAllBlocks, ClearsRestart, ClearsGap     uint64
+	ClearsDropped, ClearsRemoved, ClearsRekey     uint64
+}
+
+// Ingest returns the ingest counters.
+func (m *Metrics) Ingest() IngestCounts {
+	return IngestCounts{
+		OpsApplied: m.opsApplied.Get(), OpsDroppedBusy: m.opsDroppedBusy.Get(), OpsDroppedUnkeyed: m.opsDroppedUnkey.Get(),
+		Batches: m.batchesOK.Get(), Malformed: m.batchesMalformed.Get(), UnknownEngine: m.batchesUnknown.Get(),
+		Gaps: m.gaps.Get(), Replays: m.replays.Get(), ReplayFailures: m.replayFailures.Get(), Reconnects: m.reconnects.Get(),
+		HashMismatches:  m.hashMismatches.Get(),
+		ClearsAllBlocks: m.clears[clearAllBlocks].Get(), ClearsRestart: m.clears[clearRestart].Get(),
+		ClearsGap: m.clears[clearGap].Get(), ClearsDropped: m.clears[clearDropped].Get(),
+		ClearsRemoved: m.clears[clearRemoved].Get(), ClearsRekey: m.clears[clearRekey].Get(),
+	}
+}
