@@ -1,10 +1,19 @@
-// Package kv owns Switchyard's view of the engines' KV caches (POLICY_DESIGN section 6,
+// Package kv owns the router's view of the engines' KV caches (POLICY_DESIGN section 6,
 // "Cache state"; wire formats in INTEROP.md).
 //
 // # What it owns
 //
-//   - The event wire format (event.go: msgpack batches, both event shapes, sanity caps) and
-//     SGLang block hashing (hash.go).
+//   - Block hashing (hash.go): SGLang's scheme, a SHA-256 chain over blocks of page-size
+//     tokens, each token as 4 little-endian bytes, the wire hash being the first 8 bytes of a
+//     block's digest as a big-endian int64. AppendBlockHashes hashes a whole token sequence;
+//     AppendChainHashes continues a chain from a block's Digest. The router and the mock
+//     engine both hash with these functions, so their hashes agree by construction, and the
+//     golden vector of INTEROP.md pins them to SGLang's.
+//   - The KV-event wire format (event.go): EventBatch [ts, events, attn_dp_rank?] with the
+//     events BlockStored, BlockRemoved and AllBlocksCleared, encoded with msgpack as tagged
+//     arrays or tagged maps (Encoder, AppendEventBatch) and decoded from either shape by a
+//     hand-written, allocation-free msgpack reader (Decoder, DecodeEventBatch) that takes
+//     every variant INTEROP.md lists, enforces the per-event sanity caps and never panics.
 //   - The prefix index: block hash → owners per storage tier (Tiers), where an owner is a
 //     (worker, DP rank) pair (Owners, OwnerID). Blocks are sharded by hash over Shards; a
 //     lookup hashes the prompt with each block size its model's engines use and computes
@@ -26,6 +35,10 @@
 //
 // # Concurrency model
 //
+// The hashing functions are pure and safe for concurrent use; they allocate nothing for
+// blocks of up to 64 tokens beyond growing dst. An Encoder and a Decoder each reuse their
+// buffers and belong to one goroutine at a time; keep one per subscription.
+//
 // A Shard belongs to one goroutine at a time: an index shard actor in the router (package
 // actors implements ShardHost) or a mutex (LockedShards). Owners publishes immutable
 // snapshots and keeps epochs in atomics. Index, RemoteSource and the subscription Manager
@@ -36,5 +49,7 @@
 //
 // Close an Index (it stops its shard host), cancel the context of Manager.Run and wait for
 // it (it closes every socket it opened), and close an IndexerHandler's server. ShardBatch
-// values handed to a host are returned with Done by the host. Nothing else needs releasing.
+// values handed to a host are returned with Done by the host. The slices of a batch decoded
+// by Decoder.Decode alias the decoder's buffers and are valid only until its next Decode
+// call: copy what must outlive it.
 package kv
