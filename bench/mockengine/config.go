@@ -1,0 +1,359 @@
+package mockengine
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"switchyard/httpfront/tokenizer"
+	"switchyard/kv"
+)
+
+// Role is the engine's serving role.
+type Role string
+
+// Engine roles.
+const (
+	RolePlain   Role = "plain"
+	RolePrefill Role = "prefill"
+	RoleDecode  Role = "decode"
+)
+
+// DefaultBootstrapPort is the engine default for a prefill engine's bootstrap server, used
+// by a decode engine when a request's bootstrap_port is null.
+const DefaultBootstrapPort = 8998
+
+// Config configures one mock engine. The zero value of every field selects its default.
+type Config struct {
+	// Host is the address every listener binds. Default "127.0.0.1".
+	Host string
+	// Port is the HTTP port. Default 0: chosen by the OS.
+	Port int
+	// WorkerID names the engine in the X-Worker-Id header. Default "host:port".
+	WorkerID string
+	// Model is the served model name. Default "switchyard-mock".
+	Model string
+	// Role is plain, prefill or decode. Default plain.
+	Role Role
+	// BootstrapPort is a prefill engine's bootstrap server port. Default 0: chosen by the OS.
+	BootstrapPort int
+	// DefaultBootstrapPort is what a decode engine contacts when a request's bootstrap_port
+	// is null. Default 8998.
+	DefaultBootstrapPort int
+	// PageSize is the KV page (block) size in tokens. Default 16.
+	PageSize int
+	// CacheTokens is the KV capacity per DP rank, in tokens. Default 131072.
+	CacheTokens int
+	// ContextLength caps prompt plus output tokens of one request. Default 32768.
+	ContextLength int
+	// MaxRunning is max_running_requests per DP rank. Default 64.
+	MaxRunning int
+	// MaxPrefillTokens caps the uncached tokens of one prefill batch (one request is always
+	// admitted). Default 16384.
+	MaxPrefillTokens int
+	// DPSize is the number of data-parallel ranks, each with its own scheduler, cache and
+	// publishers. Default 1.
+	DPSize int
+	// Speedup divides every simulated duration: 10 runs ten times faster than real time.
+	// Default 1.
+	Speedup float64
+	// ZeroCost answers at once: no simulated prefill or decode time, no scheduling queue.
+	// Default false.
+	ZeroCost bool
+	// Costs is the simulated cost model. Default DefaultCosts().
+	Costs Costs
+	// DefaultMaxTokens is the output length of a request without max_tokens. Default 0: a
+	// length between 16 and 128 derived from the prompt, finishing with "stop".
+	DefaultMaxTokens int
+	// KVEvents configures the KV-event publishers.
+	KVEvents KVEvents
+	// LoadPublish configures the ZMQ load gauge.
+	LoadPublish LoadPublish
+	// PDTimeout bounds a decode engine's wait for its prefill partner. Default 30s.
+	PDTimeout time.Duration
+	// Faults are the initial fault switches. Default none.
+	Faults Faults
+	// Seed seeds the random failure rate and request IDs. Default 1.
+	Seed uint64
+	// Clock is the time source. Default the wall clock.
+	Clock Clock
+	// Logger receives the engine's logs. Default: discard.
+	Logger *slog.Logger
+	// Tokenizer tokenizes prompts and renders chat templates. Default tokenizer.NewSimple().
+	Tokenizer Tokenizer
+}
+
+// Tokenizer is what the engine needs of a tokenizer: token IDs and a chat template.
+type Tokenizer interface {
+	tokenizer.Tokenizer
+	tokenizer.ChatTemplater
+}
+
+// Costs is the simulated cost model, in simulated time (divided by Config.Speedup).
+type Costs struct {
+	// PrefillOverhead is the fixed cost of one prefill batch. Default 5ms.
+	PrefillOverhead time.Duration
+	// PrefillPerToken is the cost of one uncached prompt token. Default 50µs (20k tokens/s).
+	PrefillPerToken time.Duration
+	// DecodeStep is the base cost of one decode step. Default 8ms.
+	DecodeStep time.Duration
+	// DecodePerRequest is the extra cost of one decode step per running request. Default 100µs.
+	DecodePerRequest time.Duration
+}
+
+// DefaultCosts returns the default cost model, roughly an 8B model on one modern GPU.
+func DefaultCosts() Costs {
+	return Costs{
+		PrefillOverhead:  5 * time.Millisecond,
+		PrefillPerToken:  50 * time.Microsecond,
+		DecodeStep:       8 * time.Millisecond,
+		DecodePerRequest: 100 * time.Microsecond,
+	}
+}
+
+// KVEvents configures the KV-event publishers: one ZMQ PUB socket per DP rank on
+// PortBase+rank.
+type KVEvents struct {
+	// Disabled turns KV events off. Default false (on).
+	Disabled bool
+	// PortBase is rank 0's port. Default 0: chosen by the OS (consecutive for DP ranks).
+	PortBase int
+	// Topic is the first frame of every message. Default "".
+	Topic string
+	// Shape is the event encoding: kv.ShapeArray (default) or kv.ShapeMap.
+	Shape kv.Shape
+	// Replay enables the replay ROUTER socket per rank on ReplayPortBase+rank. Default false.
+	Replay bool
+	// ReplayPortBase is rank 0's replay port. Default 0: chosen by the OS.
+	ReplayPortBase int
+	// BufferSteps is the number of batches kept for replay. Default 10000.
+	BufferSteps int
+	// HWM is the per-subscriber send queue, in messages. Default 10000.
+	HWM int
+}
+
+// LoadPublish configures the ZMQ load gauge: one PUB socket per DP rank on PortBase+rank,
+// topic "load".
+type LoadPublish struct {
+	// Disabled turns the gauge off. Default false (on).
+	Disabled bool
+	// PortBase is rank 0's port. Default 0: chosen by the OS (consecutive for DP ranks).
+	PortBase int
+	// Interval is the time between two gauges, on the engine's clock. Default 250ms.
+	Interval time.Duration
+	// Basic publishes the 6-element form instead of the extended 11-element one.
+	// Default false (extended).
+	Basic bool
+}
+
+// Faults are the fault-injection switches. The zero value injects nothing.
+type Faults struct {
+	// FailFirst fails the first N inference requests after the faults are set.
+	FailFirst int
+	// FailRate fails each inference request with this probability, 0..1.
+	FailRate float64
+	// FailStatus is the status of FailFirst and FailRate failures. Default 500.
+	FailStatus int
+	// Status, when set, answers every inference request with this status.
+	Status int
+	// Latency is added before every inference request is queued (engine clock, not scaled).
+	Latency time.Duration
+	// Drop closes the connection after DropAfterTokens output tokens (streaming), or
+	// without a response once that many tokens exist (non-streaming).
+	Drop            bool
+	DropAfterTokens int
+	// Hang holds every inference request before its first token until the fault is cleared,
+	// the request is aborted or the engine closes.
+	Hang bool
+	// Unhealthy makes /health and /health_generate answer 503 now; UnhealthyAfter does so
+	// once that long has passed since the faults were set.
+	Unhealthy      bool
+	UnhealthyAfter time.Duration
+	// StopEvents stops publishing KV events and load gauges now; StopEventsAfter does so
+	// once that long has passed. Withheld KV batches still take a sequence number and stay
+	// in the replay buffer, so a subscriber sees a gap when publishing resumes.
+	StopEvents      bool
+	StopEventsAfter time.Duration
+	// RestartEvery restarts the engine (see Engine.Restart) at this interval.
+	RestartEvery time.Duration
+	// RestartDowntime keeps the engine unavailable (503 on every route but the mock
+	// controls) for this long after each restart.
+	RestartDowntime time.Duration
+}
+
+// withDefaults returns c with every unset field at its default.
+func (c Config) withDefaults() Config {
+	if c.Host == "" {
+		c.Host = "127.0.0.1"
+	}
+	if c.Model == "" {
+		c.Model = "switchyard-mock"
+	}
+	if c.Role == "" {
+		c.Role = RolePlain
+	}
+	if c.DefaultBootstrapPort == 0 {
+		c.DefaultBootstrapPort = DefaultBootstrapPort
+	}
+	if c.PageSize == 0 {
+		c.PageSize = 16
+	}
+	if c.CacheTokens == 0 {
+		c.CacheTokens = 131072
+	}
+	if c.ContextLength == 0 {
+		c.ContextLength = 32768
+	}
+	if c.MaxRunning == 0 {
+		c.MaxRunning = 64
+	}
+	if c.MaxPrefillTokens == 0 {
+		c.MaxPrefillTokens = 16384
+	}
+	if c.DPSize == 0 {
+		c.DPSize = 1
+	}
+	if c.Speedup == 0 {
+		c.Speedup = 1
+	}
+	if c.Costs == (Costs{}) {
+		c.Costs = DefaultCosts()
+	}
+	if c.KVEvents.BufferSteps == 0 {
+		c.KVEvents.BufferSteps = 10000
+	}
+	if c.KVEvents.HWM == 0 {
+		c.KVEvents.HWM = 10000
+	}
+	if c.LoadPublish.Interval == 0 {
+		c.LoadPublish.Interval = 250 * time.Millisecond
+	}
+	if c.PDTimeout == 0 {
+		c.PDTimeout = 30 * time.Second
+	}
+	if c.Faults.FailStatus == 0 {
+		c.Faults.FailStatus = 500
+	}
+	if c.Seed == 0 {
+		c.Seed = 1
+	}
+	if c.Clock == nil {
+		c.Clock = RealClock()
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Tokenizer == nil {
+		c.Tokenizer = tokenizer.NewSimple()
+	}
+	return c
+}
+
+// ErrInvalidConfig is wrapped by every configuration error.
+var ErrInvalidConfig = errors.New("invalid mock engine configuration")
+
+// Validate reports every problem of c (after defaults) at once.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: %s: %s", ErrInvalidConfig, field, fmt.Sprintf(format, args...)))
+	}
+	port := func(field string, p int) {
+		if p < 0 || p > 65535 {
+			bad(field, "port %d out of range 0..65535", p)
+		}
+	}
+	port("port", c.Port)
+	port("bootstrap_port", c.BootstrapPort)
+	port("default_bootstrap_port", c.DefaultBootstrapPort)
+	port("kv_events.port_base", c.KVEvents.PortBase)
+	port("kv_events.replay_port_base", c.KVEvents.ReplayPortBase)
+	port("load_publish.port_base", c.LoadPublish.PortBase)
+	switch c.Role {
+	case RolePlain, RolePrefill, RoleDecode:
+	default:
+		bad("role", "unknown role %q (want plain, prefill or decode)", c.Role)
+	}
+	positive := func(field string, v int) {
+		if v < 1 {
+			bad(field, "%d must be at least 1", v)
+		}
+	}
+	positive("page_size", c.PageSize)
+	positive("cache_tokens", c.CacheTokens)
+	positive("context_length", c.ContextLength)
+	positive("max_running", c.MaxRunning)
+	positive("max_prefill_tokens", c.MaxPrefillTokens)
+	positive("dp_size", c.DPSize)
+	positive("kv_events.buffer_steps", c.KVEvents.BufferSteps)
+	positive("kv_events.hwm", c.KVEvents.HWM)
+	if c.DPSize > 256 {
+		bad("dp_size", "%d exceeds 256", c.DPSize)
+	}
+	if c.CacheTokens < c.PageSize {
+		bad("cache_tokens", "%d is smaller than one page (%d)", c.CacheTokens, c.PageSize)
+	}
+	if !(c.Speedup > 0) {
+		bad("speedup", "%v must be positive", c.Speedup)
+	}
+	for name, d := range map[string]time.Duration{
+		"costs.prefill_overhead": c.Costs.PrefillOverhead, "costs.prefill_per_token": c.Costs.PrefillPerToken,
+		"costs.decode_step": c.Costs.DecodeStep, "costs.decode_per_request": c.Costs.DecodePerRequest,
+	} {
+		if d < 0 {
+			bad(name, "%v is negative", d)
+		}
+	}
+	if c.DefaultMaxTokens < 0 {
+		bad("default_max_tokens", "%d is negative", c.DefaultMaxTokens)
+	}
+	if c.LoadPublish.Interval < 0 {
+		bad("load_publish.interval", "%v is negative", c.LoadPublish.Interval)
+	}
+	if c.PDTimeout < 0 {
+		bad("pd_timeout", "%v is negative", c.PDTimeout)
+	}
+	if c.KVEvents.Shape != kv.ShapeArray && c.KVEvents.Shape != kv.ShapeMap {
+		bad("kv_events.shape", "unknown shape %d", c.KVEvents.Shape)
+	}
+	if err := c.Faults.validate(); err != nil {
+		errs = append(errs, fmt.Errorf("%w: faults: %w", ErrInvalidConfig, err))
+	}
+	return errors.Join(errs...)
+}
+
+// ErrInvalidFaults is wrapped by every fault-switch error.
+var ErrInvalidFaults = errors.New("invalid fault switches")
+
+func (f Faults) validate() error {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: %s", ErrInvalidFaults, fmt.Sprintf(format, args...)))
+	}
+	if f.FailFirst < 0 {
+		bad("fail_first %d is negative", f.FailFirst)
+	}
+	if !(f.FailRate >= 0 && f.FailRate <= 1) {
+		bad("fail_rate %v is outside 0..1", f.FailRate)
+	}
+	if f.FailStatus != 0 && (f.FailStatus < 400 || f.FailStatus > 599) {
+		bad("fail_status %d is not an error status (400..599)", f.FailStatus)
+	}
+	if f.Status != 0 && (f.Status < 400 || f.Status > 599) {
+		bad("status %d is not an error status (400..599)", f.Status)
+	}
+	if f.DropAfterTokens < 0 {
+		bad("drop_after_tokens %d is negative", f.DropAfterTokens)
+	}
+	for name, d := range map[string]time.Duration{
+		"latency": f.Latency, "unhealthy_after": f.UnhealthyAfter, "stop_events_after": f.StopEventsAfter,
+		"restart_every": f.RestartEvery, "restart_downtime": f.RestartDowntime,
+	} {
+		if d < 0 {
+			bad("%s %v is negative", name, d)
+		}
+	}
+	return errors.Join(errs...)
+}
