@@ -355,17 +355,17 @@ func (e *Engine) serveFaults(ctx *fasthttp.RequestCtx) {
 
 // kvEventsInfo is the kv_events object of /server_info.
 type kvEventsInfo struct {
-	Publisher               string `json:"publisher"`
-	EndpointHost            string `json:"endpoint_host"`
-	EndpointPortBase        *int   `json:"endpoint_port_base,omitempty"`
-	Topic                   string `json:"topic"`
-	BlockSize               int    `json:"block_size"`
-	DPSize                  int    `json:"dp_size"`
-	LoadEndpointPortBase    *int   `json:"load_endpoint_port_base,omitempty"`
-	LoadTopic               string `json:"load_topic,omitempty"`
-	ReplayEndpointPortBase  *int   `json:"replay_endpoint_port_base,omitempty"`
-	BufferSteps             int    `json:"buffer_steps,omitempty"`
-	EventShape              string `json:"event_shape"`
+	Publisher               string  `json:"publisher"`
+	EndpointHost            string  `json:"endpoint_host"`
+	EndpointPortBase        *int    `json:"endpoint_port_base,omitempty"`
+	Topic                   string  `json:"topic"`
+	BlockSize               int     `json:"block_size"`
+	DPSize                  int     `json:"dp_size"`
+	LoadEndpointPortBase    *int    `json:"load_endpoint_port_base,omitempty"`
+	LoadTopic               string  `json:"load_topic,omitempty"`
+	ReplayEndpointPortBase  *int    `json:"replay_endpoint_port_base,omitempty"`
+	BufferSteps             int     `json:"buffer_steps,omitempty"`
+	EventShape              string  `json:"event_shape"`
 	LoadPublishIntervalSecs float64 `json:"load_publish_interval_s,omitempty"`
 }
 

@@ -13,7 +13,7 @@ import (
 // msgpack batch) on a PUB socket, counting seq up from 0, and keeps the latest batches for
 // the replay ROUTER socket when replay is on.
 type eventPublisher struct {
-	sock    *zmtpPub   // nil when KV events are disabled
+	sock    *zmtpPub    // nil when KV events are disabled
 	replay  *zmtpRouter // nil unless replay is on
 	topic   []byte
 	shape   kv.Shape
