@@ -1,0 +1,208 @@
+package kv
+
+import (
+	"fmt"
+	"log/slog"
+)
+
+// maxRekeyBlocks bounds the engine-hash → router-digest map of one re-keyed owner; past it,
+// new blocks are not indexed (a miss, never a stale hit).
+const maxRekeyBlocks = 1 << 21
+
+// seqVerdict is what a sequence number says about the messages before it.
+type seqVerdict uint8
+
+const (
+	seqNext      seqVerdict = iota // the first message, or the one after the last
+	seqGap                         // messages were lost
+	seqRestart                     // the sequence went back: the publisher restarted
+	seqDuplicate                   // already applied (replayed, then received live)
+)
+
+// seqTracker follows one publisher's sequence numbers, which count up from 0.
+type seqTracker struct {
+	known bool
+	last  uint64
+	// dedupe is set after a replay: live messages the replay already covered are skipped
+	// until the sequence moves past it.
+	dedupe bool
+}
+
+// observe classifies seq; it does not advance the tracker (advance does, once applied).
+func (t *seqTracker) observe(seq uint64) seqVerdict {
+	switch {
+	case !t.known || seq == t.last+1:
+		return seqNext
+	case seq > t.last+1:
+		return seqGap
+	case t.dedupe:
+		return seqDuplicate
+	}
+	return seqRestart
+}
+
+func (t *seqTracker) advance(seq uint64) {
+	t.known, t.last = true, seq
+	t.dedupe = false
+}
+
+// reset forgets the sequence: the next message starts afresh.
+func (t *seqTracker) reset() { *t = seqTracker{} }
+
+// applier turns one worker's decoded event batches into index operations. It keys blocks
+// by the engine's own hashes once they are verified to be the router's (SGLang), or re-keys
+// them from the token IDs carried by BlockStored (vLLM-style engines, whose hashes the
+// router cannot reproduce), mapping the engine's hashes to the router's for later removes.
+//
+// An applier is owned by one goroutine.
+type applier struct {
+	x      *Index
+	w      *IndexWriter
+	m      *Metrics
+	log    *slog.Logger
+	worker string
+	// rekey: key by router hashes recomputed from token IDs. verified: a first block's hash
+	// matched the router's, so engine hashes are used as they are.
+	rekey, verified bool
+	keys            map[int][]rekeyMap // by DP rank
+	lastBad         string
+}
+
+// rekeyMap maps an engine's block hashes to the router's digests for one owner.
+type rekeyMap struct {
+	owner OwnerID
+	epoch uint32
+	m     map[int64]Digest
+}
+
+func newApplier(x *Index, worker string, rekey bool, log *slog.Logger) *applier {
+	return &applier{x: x, w: x.NewWriter(), m: x.metrics, log: log, worker: worker, rekey: rekey, keys: map[int][]rekeyMap{}}
+}
+
+// keysFor returns the re-key map of owner at epoch, emptied when the owner's epoch moved on.
+func (a *applier) keysFor(rank int, owner OwnerID, epoch uint32) *rekeyMap {
+	ks := a.keys[rank]
+	if len(ks) == 0 {
+		ks = []rekeyMap{{}}
+		a.keys[rank] = ks
+	}
+	k := &ks[0]
+	if k.m == nil || k.owner != owner || k.epoch != epoch {
+		*k = rekeyMap{owner: owner, epoch: epoch, m: make(map[int64]Digest)}
+	}
+	return k
+}
+
+// apply applies one batch of the publisher of defaultRank (a batch's own DP rank wins). It
+// returns an error for a batch naming an unknown rank; the batch is then dropped.
+func (a *applier) apply(b *EventBatch, defaultRank int) error {
+	rank := defaultRank
+	if b.HasDPRank {
+		rank = b.DPRank
+	}
+	owners := a.x.owners
+	owner, ok := owners.Lookup(a.worker, rank)
+	if !ok {
+		return fmt.Errorf("cannot apply KV events of %s: unknown DP rank %d", a.worker, rank)
+	}
+	epoch := owners.Epoch(owner)
+	info := owners.Info(owner)
+	for i := range b.Events {
+		ev := &b.Events[i]
+		switch ev.Kind {
+		case EventAllBlocksCleared:
+			a.x.clearOwner(owner, clearAllBlocks)
+			epoch = owners.Epoch(owner)
+		case EventBlockStored:
+			if ev.BlockSize > 0 && ev.BlockSize != info.BlockSize {
+				owners.SetBlockSize(a.worker, ev.BlockSize)
+				info = owners.Info(owner)
+				epoch = owners.Epoch(owner)
+			}
+			if !a.rekey && !a.verified {
+				a.verify(ev, info.BlockSize)
+				epoch = owners.Epoch(owner)
+			}
+			t := StoreTiers(ev.Medium)
+			if a.rekey {
+				a.rekeyStore(ev, rank, owner, epoch, info.BlockSize, t)
+				continue
+			}
+			for _, h := range ev.BlockHashes {
+				a.w.Store(owner, epoch, h, t)
+			}
+		case EventBlockRemoved:
+			t := RemoveTiers(ev.Medium)
+			if a.rekey {
+				k := a.keysFor(rank, owner, epoch)
+				for _, h := range ev.BlockHashes {
+					if d, ok := k.m[h]; ok {
+						a.w.Remove(owner, epoch, d.Hash(), t)
+						if t == AllTiers {
+							delete(k.m, h)
+						}
+					}
+				}
+				continue
+			}
+			for _, h := range ev.BlockHashes {
+				a.w.Remove(owner, epoch, h, t)
+			}
+		}
+	}
+	a.w.Flush()
+	return nil
+}
+
+// verify checks a first block's hash against the router's and switches to re-keying, clearing
+// what was keyed by the engine's hashes, when they differ. Blocks with a parent or an adapter
+// cannot be checked.
+func (a *applier) verify(ev *Event, blockSize int) {
+	if ev.HasParent || ev.HasLoRA || len(ev.BlockHashes) == 0 || len(ev.TokenIDs) == 0 || blockSize < 1 {
+		return
+	}
+	d := HashBlock(nil, ev.TokenIDs[:min(blockSize, len(ev.TokenIDs))])
+	if d.Hash() == ev.BlockHashes[0] {
+		a.verified = true
+		return
+	}
+	a.rekey = true
+	a.m.hashMismatches.Inc()
+	for r := 0; ; r++ {
+		id, ok := a.x.owners.Lookup(a.worker, r)
+		if !ok {
+			break
+		}
+		a.x.clearOwner(id, clearRekey)
+	}
+	a.log.Warn("engine block hashes differ from the router's; re-keying from token IDs", slog.String("worker", a.worker))
+}
+
+// rekeyStore indexes a BlockStored under router hashes chained from the parent's digest.
+func (a *applier) rekeyStore(ev *Event, rank int, owner OwnerID, epoch uint32, blockSize int, t Tiers) {
+	k := a.keysFor(rank, owner, epoch)
+	n := len(ev.BlockHashes)
+	if n == 0 || blockSize < 1 || len(ev.TokenIDs) > n*blockSize || len(ev.TokenIDs) <= (n-1)*blockSize {
+		a.m.opsDroppedUnkey.Add(n) // token IDs do not cover the blocks
+		return
+	}
+	var parent *Digest
+	if ev.HasParent {
+		d, ok := k.m[ev.ParentHash]
+		if !ok {
+			a.m.opsDroppedUnkey.Add(n) // parent stored before we subscribed, or evicted
+			return
+		}
+		parent = &d
+	}
+	for i, h := range ev.BlockHashes {
+		if len(k.m) >= maxRekeyBlocks {
+			a.m.opsDroppedUnkey.Add(n - i)
+			return
+		}
+		d := HashBlock(parent, ev.TokenIDs[i*blockSize:min((i+1)*blockSize, len(ev.TokenIDs))])
+		k.m[h] = d
+		a.w.Store(owner, epoch, d.Hash(), t)
+		parent = &d
+	}
+}

@@ -1,0 +1,153 @@
+package kv
+
+import (
+	"log/slog"
+	"testing"
+)
+
+func TestSeqTracker(t *testing.T) {
+	tests := []struct {
+		name   string
+		known  bool
+		last   uint64
+		dedupe bool
+		seq    uint64
+		want   seqVerdict
+	}{
+		{"first message at any seq", false, 0, false, 41, seqNext},
+		{"the next one", true, 41, false, 42, seqNext},
+		{"a gap", true, 41, false, 44, seqGap},
+		{"back to zero is a restart", true, 41, false, 0, seqRestart},
+		{"a repeat is a restart", true, 41, false, 41, seqRestart},
+		{"after a replay, covered seqs are duplicates", true, 41, true, 40, seqDuplicate},
+		{"after a replay, the next is next", true, 41, true, 42, seqNext},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tr := seqTracker{known: tt.known, last: tt.last, dedupe: tt.dedupe}
+			if got := tr.observe(tt.seq); got != tt.want {
+				t.Fatalf("observe(%d) = %d, want %d", tt.seq, got, tt.want)
+			}
+		})
+	}
+}
+
+// engineHashes are hashes a vLLM-style engine might publish: not the router's.
+func engineHashes(base int64, n int) []int64 {
+	out := make([]int64, n)
+	for i := range out {
+		out[i] = base*1_000_003 + int64(i)*7919 + 17
+	}
+	return out
+}
+
+func stored(hashes []int64, parent int64, tokens []uint32, bs int, medium Medium) Event {
+	return Event{Kind: EventBlockStored, BlockHashes: hashes, ParentHash: parent, HasParent: parent != 0,
+		TokenIDs: tokens, BlockSize: bs, Medium: medium}
+}
+
+func newTestApplier(t *testing.T, x *Index, worker string, rekey bool) *applier {
+	t.Helper()
+	return newApplier(x, worker, rekey, slog.New(slog.DiscardHandler))
+}
+
+func applyEvents(t *testing.T, a *applier, rank int, evs ...Event) {
+	t.Helper()
+	if err := a.apply(&EventBatch{Events: evs}, rank); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestApplierVerifiesRouterHashes(t *testing.T) {
+	x := newTestIndex(t, 4, 1<<16)
+	register(t, x, "a", 1, 16)
+	a := newTestApplier(t, x, "a", false)
+	prompt := seqTokens(0, 256)
+	hs := AppendBlockHashes(nil, prompt, 16)
+	applyEvents(t, a, 0,
+		stored(hs[:8], 0, prompt[:128], 16, MediumGPU),
+		stored(hs[8:], hs[7], prompt[128:], 16, MediumNone))
+	if !a.verified || a.rekey {
+		t.Fatalf("verified %v rekey %v", a.verified, a.rekey)
+	}
+	if got := lookup(t, x, "m", prompt); got["a"] != 256 {
+		t.Fatalf("got %v", got)
+	}
+	applyEvents(t, a, 0, Event{Kind: EventBlockRemoved, BlockHashes: hs[4:5]})
+	if got := lookup(t, x, "m", prompt); got["a"] != 64 {
+		t.Fatalf("after remove: %v", got)
+	}
+}
+
+func TestApplierRekeysUnreproducibleHashes(t *testing.T) {
+	x := newTestIndex(t, 4, 1<<16)
+	register(t, x, "v", 1, 16)
+	a := newTestApplier(t, x, "v", false)
+	prompt := seqTokens(1<<31, 320) // token IDs above 2^31, as simulated tokenizers emit
+	eh := engineHashes(1, 20)
+	// A block published before the first root block is keyed by the engine's hash until the
+	// mismatch shows; it must not survive the switch.
+	applyEvents(t, a, 0, stored(engineHashes(9, 1), 99, seqTokens(5, 16), 16, MediumGPU))
+	applyEvents(t, a, 0,
+		stored(eh[:10], 0, prompt[:160], 16, MediumGPU), // root: hash differs → re-key
+		stored(eh[10:], eh[9], prompt[160:], 16, MediumGPU))
+	if !a.rekey || a.verified {
+		t.Fatalf("rekey %v verified %v", a.rekey, a.verified)
+	}
+	if got := lookup(t, x, "m", prompt); got["v"] != 320 {
+		t.Fatalf("got %v", got)
+	}
+	if st := x.Stats(); st.Blocks != 20 {
+		x.Prune()
+		if st = x.Stats(); st.Blocks != 20 {
+			t.Fatalf("blocks %d, want the 20 re-keyed ones", st.Blocks)
+		}
+	}
+	// A remove names engine hashes; it is translated.
+	applyEvents(t, a, 0, Event{Kind: EventBlockRemoved, BlockHashes: eh[12:13], Medium: MediumGPU})
+	if got := lookup(t, x, "m", prompt); got["v"] != 192 {
+		t.Fatalf("after remove: %v", got)
+	}
+	// A store whose parent was never seen cannot be keyed: dropped, counted.
+	before := x.Metrics().Ingest().OpsDroppedUnkeyed
+	applyEvents(t, a, 0, stored(engineHashes(3, 2), 424242, seqTokens(9000, 32), 16, MediumGPU))
+	if got := x.Metrics().Ingest().OpsDroppedUnkeyed - before; got != 2 {
+		t.Fatalf("dropped %d", got)
+	}
+	if c := x.Metrics().Ingest(); c.HashMismatches != 1 || c.ClearsRekey != 1 {
+		t.Fatalf("counts %+v", c)
+	}
+}
+
+func TestApplierClearsAndBlockSize(t *testing.T) {
+	x := newTestIndex(t, 2, 1<<16)
+	ids := register(t, x, "a", 2, 16)
+	a := newTestApplier(t, x, "a", true)
+	prompt := seqTokens(0, 256)
+	t.Run("a cleared-then-stored batch keeps what follows the clear", func(t *testing.T) {
+		eh := engineHashes(2, 4)
+		applyEvents(t, a, 1,
+			stored(eh[:2], 0, prompt[:32], 16, MediumGPU),
+			Event{Kind: EventAllBlocksCleared},
+			stored(eh[2:3], 0, prompt[:16], 16, MediumGPU))
+		if got := lookup(t, x, "m", prompt); got["a"] != 16 {
+			t.Fatalf("got %v", got)
+		}
+	})
+	t.Run("the batch's DP rank wins", func(t *testing.T) {
+		err := a.apply(&EventBatch{HasDPRank: true, DPRank: 5, Events: []Event{{Kind: EventAllBlocksCleared}}}, 0)
+		if err == nil {
+			t.Fatal("an unknown rank was accepted")
+		}
+	})
+	t.Run("a published block size replaces the default", func(t *testing.T) {
+		eh := engineHashes(3, 2)
+		applyEvents(t, a, 0, stored(eh, 0, prompt[:128], 64, MediumGPU))
+		if bs := x.Owners().Info(ids[0]).BlockSize; bs != 64 {
+			t.Fatalf("block size %d", bs)
+		}
+		if got := lookup(t, x, "m", prompt); got["a"] != 128 {
+			t.Fatalf("got %v", got)
+		}
+	})
+}
