@@ -1,15 +1,318 @@
 package hf
 
 import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"switchyard/httpfront/tokenizer"
 )
 
-type chatTemplate struct{}
-
-func newChatTemplate(src string, vars map[string]any, now func() time.Time) (*chatTemplate, error) {
-	return &chatTemplate{}, nil
+// chatTemplate is a compiled chat template with the variables transformers passes to it
+// besides the conversation: the special tokens of tokenizer_config.json.
+type chatTemplate struct {
+	body []stmt
+	vars map[string]any
+	now  func() time.Time
 }
 
-func (t *Tokenizer) ApplyChatTemplate(messages []tokenizer.Message) (string, error) { return "", nil }
+func newChatTemplate(src string, vars map[string]any, now func() time.Time) (*chatTemplate, error) {
+	body, err := parseTemplate(src)
+	if err != nil {
+		return nil, err
+	}
+	c := &chatTemplate{body: body, vars: make(map[string]any, len(vars)), now: now}
+	for k, v := range vars {
+		c.vars[k] = fromGo(v)
+	}
+	return c, nil
+}
+
+// render renders the template as transformers' apply_chat_template does: messages, tools and
+// documents (None when absent), add_generation_prompt, the special tokens, then extra.
+func (c *chatTemplate) render(messages any, tools any, addGenerationPrompt bool, extra *dict) (string, error) {
+	root := newScope(nil)
+	for k, v := range c.vars {
+		root.vars[k] = v
+	}
+	root.vars["messages"] = messages
+	root.vars["tools"] = tools
+	root.vars["documents"] = nil
+	root.vars["add_generation_prompt"] = addGenerationPrompt
+	if extra != nil {
+		for _, k := range extra.keys {
+			root.vars[k] = extra.m[k]
+		}
+	}
+	r := &renderer{now: c.now}
+	err := r.execBody(c.body, newScope(root))
+	switch {
+	case errors.Is(err, errBreak), errors.Is(err, errContinue):
+		return "", fmt.Errorf("%w: %v", ErrTemplate, err)
+	case err != nil:
+		return "", err
+	}
+	return r.out.String(), nil
+}
+
+// ChatOptions adjusts a chat rendering. The zero value renders with the generation prompt,
+// as the router needs.
+type ChatOptions struct {
+	// NoGenerationPrompt renders add_generation_prompt=False.
+	NoGenerationPrompt bool
+	// Tools is the JSON array of tool definitions passed to the template as tools, or nil.
+	Tools json.RawMessage
+	// Extra is a JSON object of further template variables (e.g. {"enable_thinking": false}),
+	// or nil.
+	Extra json.RawMessage
+}
+
+// ApplyChatTemplate renders messages with the model's chat template and the generation prompt,
+// as transformers' apply_chat_template(messages, add_generation_prompt=True, tokenize=False).
+func (t *Tokenizer) ApplyChatTemplate(messages []tokenizer.Message) (string, error) {
+	if t.chat == nil {
+		return "", fmt.Errorf("cannot apply chat template: %w", ErrNoChatTemplate)
+	}
+	if len(messages) == 0 {
+		return "", fmt.Errorf("cannot apply chat template: %w", tokenizer.ErrNoMessages)
+	}
+	list := make([]any, len(messages))
+	for i, m := range messages {
+		d := newDict(2)
+		d.set("role", m.Role)
+		d.set("content", m.Content)
+		list[i] = d
+	}
+	s, err := t.chat.render(list, nil, true, nil)
+	if err != nil {
+		return "", fmt.Errorf("cannot apply chat template: %w", err)
+	}
+	return s, nil
+}
+
+// EncodeChat returns the token IDs of the rendered conversation, encoded as the engine encodes
+// apply_chat_template's output: special tokens in the text are recognized and the
+// post-processor adds none (the template writes them).
+func (t *Tokenizer) EncodeChat(messages []tokenizer.Message) ([]uint32, error) {
+	s, err := t.ApplyChatTemplate(messages)
+	if err != nil {
+		return nil, err
+	}
+	return t.EncodePlain(s), nil
+}
+
+// RenderChatJSON renders a JSON array of OpenAI chat messages, passed to the template as they
+// are (every field, in order: tool_calls, reasoning_content, content parts...).
+func (t *Tokenizer) RenderChatJSON(messages []byte, opts ChatOptions) (string, error) {
+	if t.chat == nil {
+		return "", fmt.Errorf("cannot apply chat template: %w", ErrNoChatTemplate)
+	}
+	list, err := decodeJSONValue(messages)
+	if err != nil {
+		return "", fmt.Errorf("cannot apply chat template: messages: %w", err)
+	}
+	items, ok := list.([]any)
+	if !ok {
+		return "", fmt.Errorf("cannot apply chat template: messages: %w: want a JSON array", ErrInvalidMessages)
+	}
+	if len(items) == 0 {
+		return "", fmt.Errorf("cannot apply chat template: %w", tokenizer.ErrNoMessages)
+	}
+	var tools any
+	if len(bytes.TrimSpace(opts.Tools)) > 0 {
+		if tools, err = decodeJSONValue(opts.Tools); err != nil {
+			return "", fmt.Errorf("cannot apply chat template: tools: %w", err)
+		}
+	}
+	var extra *dict
+	if len(bytes.TrimSpace(opts.Extra)) > 0 {
+		v, err := decodeJSONValue(opts.Extra)
+		if err != nil {
+			return "", fmt.Errorf("cannot apply chat template: extra: %w", err)
+		}
+		if extra, ok = v.(*dict); !ok {
+			return "", fmt.Errorf("cannot apply chat template: extra: %w: want a JSON object", ErrInvalidMessages)
+		}
+	}
+	s, err := t.chat.render(items, tools, !opts.NoGenerationPrompt, extra)
+	if err != nil {
+		return "", fmt.Errorf("cannot apply chat template: %w", err)
+	}
+	return s, nil
+}
+
+// EncodeChatJSON returns the token IDs of RenderChatJSON's rendering (see EncodeChat).
+func (t *Tokenizer) EncodeChatJSON(messages []byte, opts ChatOptions) ([]uint32, error) {
+	s, err := t.RenderChatJSON(messages, opts)
+	if err != nil {
+		return nil, err
+	}
+	return t.EncodePlain(s), nil
+}
+
+// HasChatTemplate reports whether the tokenizer has a chat template.
+func (t *Tokenizer) HasChatTemplate() bool { return t.chat != nil }
+
+// ErrInvalidMessages is wrapped when the JSON given to RenderChatJSON is malformed.
+var ErrInvalidMessages = errors.New("invalid chat messages")
+
+// decodeJSONValue decodes JSON into template values, keeping the order of object keys and
+// telling integers (int64) from other numbers (float64), as Python's json module does.
+func decodeJSONValue(data []byte) (any, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	v, err := decodeValue(dec)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidMessages, err)
+	}
+	if _, err := dec.Token(); err == nil {
+		return nil, fmt.Errorf("%w: trailing data", ErrInvalidMessages)
+	}
+	return v, nil
+}
+
+func decodeValue(dec *json.Decoder) (any, error) {
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, err
+	}
+	switch tok := tok.(type) {
+	case json.Delim:
+		switch tok {
+		case '[':
+			list := []any{}
+			for dec.More() {
+				v, err := decodeValue(dec)
+				if err != nil {
+					return nil, err
+				}
+				list = append(list, v)
+			}
+			_, err := dec.Token()
+			return list, err
+		case '{':
+			d := newDict(4)
+			for dec.More() {
+				k, err := dec.Token()
+				if err != nil {
+					return nil, err
+				}
+				v, err := decodeValue(dec)
+				if err != nil {
+					return nil, err
+				}
+				d.set(k.(string), v)
+			}
+			_, err := dec.Token()
+			return d, err
+		}
+		return nil, fmt.Errorf("unexpected %v", tok)
+	case json.Number:
+		s := tok.String()
+		if !strings.ContainsAny(s, ".eE") {
+			if n, err := strconv.ParseInt(s, 10, 64); err == nil {
+				return n, nil
+			}
+		}
+		f, err := strconv.ParseFloat(s, 64)
+		return f, err
+	case string, bool, nil:
+		return tok, nil
+	}
+	return nil, fmt.Errorf("unexpected %v", tok)
+}
+
+// fromGo converts configuration values (strings and lists of them) to template values.
+func fromGo(v any) any {
+	switch v := v.(type) {
+	case []any:
+		out := make([]any, len(v))
+		for i, it := range v {
+			out[i] = fromGo(it)
+		}
+		return out
+	case int:
+		return int64(v)
+	}
+	return v
+}
+
+// strftime formats t with the directives of C's strftime that chat templates use.
+func strftime(t time.Time, format string) string {
+	var b strings.Builder
+	for i := 0; i < len(format); i++ {
+		c := format[i]
+		if c != '%' || i+1 >= len(format) {
+			b.WriteByte(c)
+			continue
+		}
+		i++
+		pad := true
+		if format[i] == '-' && i+1 < len(format) { // glibc: no padding
+			pad = false
+			i++
+		}
+		num := func(n, width int) {
+			s := strconv.Itoa(n)
+			if pad {
+				for len(s) < width {
+					s = "0" + s
+				}
+			}
+			b.WriteString(s)
+		}
+		switch format[i] {
+		case 'Y':
+			b.WriteString(strconv.Itoa(t.Year()))
+		case 'y':
+			num(t.Year()%100, 2)
+		case 'm':
+			num(int(t.Month()), 2)
+		case 'd':
+			num(t.Day(), 2)
+		case 'e':
+			fmt.Fprintf(&b, "%2d", t.Day())
+		case 'H':
+			num(t.Hour(), 2)
+		case 'I':
+			num((t.Hour()+11)%12+1, 2)
+		case 'M':
+			num(t.Minute(), 2)
+		case 'S':
+			num(t.Second(), 2)
+		case 'f':
+			num(t.Nanosecond()/1000, 6)
+		case 'j':
+			num(t.YearDay(), 3)
+		case 'p':
+			if t.Hour() < 12 {
+				b.WriteString("AM")
+			} else {
+				b.WriteString("PM")
+			}
+		case 'b', 'h':
+			b.WriteString(t.Month().String()[:3])
+		case 'B':
+			b.WriteString(t.Month().String())
+		case 'a':
+			b.WriteString(t.Weekday().String()[:3])
+		case 'A':
+			b.WriteString(t.Weekday().String())
+		case 'Z':
+			name, _ := t.Zone()
+			b.WriteString(name)
+		case 'z':
+			b.WriteString(t.Format("-0700"))
+		case '%':
+			b.WriteByte('%')
+		default:
+			b.WriteByte('%')
+			b.WriteByte(format[i])
+		}
+	}
+	return b.String()
+}

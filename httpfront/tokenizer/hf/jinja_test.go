@@ -1,0 +1,95 @@
+package hf
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// jinjaCases is testdata/golden/jinja.json: small templates rendered by Jinja2 as
+// transformers configures it (testdata/gen_chat.py), with the context they render in.
+type jinjaCases struct {
+	Context json.RawMessage `json:"context"`
+	Cases   []struct {
+		Template string  `json:"template"`
+		Output   *string `json:"output"`
+		Error    string  `json:"error"`
+	} `json:"cases"`
+}
+
+// fixedNow is the instant gen_chat.py gives strftime_now.
+var fixedNow = func() time.Time { return time.Date(2025, 7, 26, 14, 30, 5, 0, time.UTC) }
+
+func TestJinjaParity(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("testdata", "golden", "jinja.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cases jinjaCases
+	if err := json.Unmarshal(raw, &cases); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cases.Cases {
+		t.Run(c.Template, func(t *testing.T) {
+			ctx, err := decodeJSONValue(cases.Context)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := renderString(c.Template, ctx.(*dict))
+			switch {
+			case c.Output == nil && err == nil:
+				t.Fatalf("rendered %q, want the error %s", got, c.Error)
+			case c.Output == nil:
+				if !errors.Is(err, ErrTemplate) {
+					t.Fatalf("error %v does not wrap ErrTemplate", err)
+				}
+			case err != nil:
+				t.Fatal(err)
+			case got != *c.Output:
+				t.Fatalf("got  %q\nwant %q", got, *c.Output)
+			}
+		})
+	}
+}
+
+// renderString compiles and renders one template with ctx as its variables.
+func renderString(src string, ctx *dict) (string, error) {
+	body, err := parseTemplate(src)
+	if err != nil {
+		return "", err
+	}
+	root := newScope(nil)
+	for _, k := range ctx.keys {
+		root.vars[k] = ctx.m[k]
+	}
+	r := &renderer{now: fixedNow}
+	if err := r.execBody(body, newScope(root)); err != nil {
+		return "", err
+	}
+	return r.out.String(), nil
+}
+
+func TestJinjaCompileErrors(t *testing.T) {
+	tests := []struct {
+		name, src string
+	}{
+		{"unclosed tag", "{{ x "},
+		{"unclosed block", "{% if x %}y"},
+		{"unknown statement", "{% include 'x' %}"},
+		{"stray end", "{% endif %}"},
+		{"bad expression", "{{ 1 + }}"},
+		{"unterminated string", "{{ 'abc }}"},
+		{"unclosed comment", "{# x"},
+		{"recursive loop", "{% for x in y recursive %}{% endfor %}"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := parseTemplate(tt.src); !errors.Is(err, ErrTemplate) {
+				t.Fatalf("parseTemplate(%q) = %v, want an ErrTemplate", tt.src, err)
+			}
+		})
+	}
+}
