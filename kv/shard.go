@@ -231,6 +231,17 @@ func (s *Shard) Prune() {
 	s.publish()
 }
 
+// Reset empties the shard (after its owner goroutine failed mid-operation, its state cannot
+// be trusted; an empty shard only costs misses).
+func (s *Shard) Reset() {
+	s.table = make(map[int64]uint32)
+	s.entries = append(make([]entry, 0, 1024), entry{})
+	s.free, s.spill, s.spFree = nil, make([]spillNode, 1, 64), nil
+	s.hand, s.live, s.sweepPos = 0, 0, 0
+	s.sweepGen = s.owners.ClearGen()
+	s.publish()
+}
+
 // store records that owner (at epoch) holds h in tiers t.
 func (s *Shard) store(h int64, owner OwnerID, epoch uint32, t Tiers) {
 	idx, ok := s.table[h]

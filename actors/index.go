@@ -1,0 +1,353 @@
+package actors
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/asynkron/protoactor-go/actor"
+
+	"switchyard/config"
+	"switchyard/engine"
+	"switchyard/kv"
+)
+
+// ErrIndexClosed: the IndexShards were closed.
+var ErrIndexClosed = errors.New("index shards closed")
+
+// DefaultIndexShardMailbox is each index shard actor's mailbox size when IndexOptions leaves
+// it at zero.
+const DefaultIndexShardMailbox = 4096
+
+// Index shard metric names.
+const (
+	metricIndexRejections = "switchyard_kv_shard_mailbox_rejections_total"
+	metricIndexPanics     = "switchyard_kv_shard_panics_total"
+	metricIndexTimeouts   = "switchyard_kv_shard_match_timeouts_total"
+)
+
+// IndexOptions configure IndexShards. Zero fields take the defaults.
+type IndexOptions struct {
+	// Mailbox is each shard actor's mailbox size, in messages. Default 4096.
+	Mailbox int
+	// Logger receives the shards' and Proto.Actor's logs. Default: discarded.
+	Logger *slog.Logger
+	// Metrics is the set the shards register their series in. Default: a private set.
+	Metrics *metrics.Set
+}
+
+// IndexOptionsFrom returns the options configured by cfg (actors.mailbox.index_shard); the
+// caller adds the logger and metric set.
+func IndexOptionsFrom(cfg *config.Config) IndexOptions {
+	return IndexOptions{Mailbox: cfg.Actors.Mailbox.IndexShard}
+}
+
+// IndexHost returns a kv.IndexConfig.Host that runs the index's shards on index shard actors.
+func IndexHost(opts IndexOptions) func(shards []*kv.Shard) (kv.ShardHost, error) {
+	return func(shards []*kv.Shard) (kv.ShardHost, error) { return NewIndexShards(shards, opts) }
+}
+
+// IndexShards hosts the prefix index's shards on index shard actors, one per shard: each
+// actor owns its kv.Shard and applies ApplyEvents, MatchPrefix and PruneOwners in mailbox
+// order. It implements kv.ShardHost.
+//
+// Writes (ApplyEvents) are fire-and-forget: a full mailbox refuses them at once and the index
+// writer clears the affected owners. A lookup (MatchPrefix) fans out to the shards it needs
+// with one pooled call whose reply channel collects every answer, and waits until the
+// lookup's deadline; a miss abandons the call. A panicking shard actor is logged, counted,
+// restarted with an empty shard, and fails only the message that hit it.
+//
+// All methods are safe for concurrent use. Close stops every actor.
+type IndexShards struct {
+	sys      *actor.ActorSystem
+	root     *actor.RootContext
+	host     *host
+	logger   *slog.Logger
+	set      *metrics.Set
+	counters kindCounters
+	timeouts *metrics.Counter
+	shards   []*indexShardHost
+	names    []string
+
+	calls     sync.Pool // *matchCall
+	closeMu   sync.Mutex
+	closed    atomic.Bool
+	closedErr error
+
+	// onMessage, when set (by tests), runs in the shard actor before each command.
+	onMessage func(msg any)
+}
+
+var _ kv.ShardHost = (*IndexShards)(nil)
+
+// NewIndexShards spawns one actor per shard.
+func NewIndexShards(shards []*kv.Shard, opts IndexOptions) (*IndexShards, error) {
+	if opts.Mailbox <= 0 {
+		opts.Mailbox = DefaultIndexShardMailbox
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Metrics == nil {
+		opts.Metrics = metrics.NewSet()
+	}
+	s := &IndexShards{host: newHost(), logger: opts.Logger, set: opts.Metrics,
+		closedErr: fmt.Errorf("cannot reach index shard: %w", ErrIndexClosed)}
+	n := len(shards)
+	s.calls.New = func() any { return &matchCall{msgs: make([]MatchPrefix, 0, n), reply: make(chan error, n)} }
+	s.timeouts = s.set.GetOrCreateCounter(metricIndexTimeouts)
+	s.set.GetOrCreateGauge(metricIndexRejections, func() float64 { return float64(s.counters.rejected.Load()) })
+	s.set.GetOrCreateGauge(metricIndexPanics, func() float64 { return float64(s.counters.panics.Load()) })
+	s.names = []string{metricIndexTimeouts, metricIndexRejections, metricIndexPanics}
+
+	s.sys = newActorSystem(opts.Logger)
+	s.root = s.sys.Root
+	subscribeDeadLetters(s.sys, &engine.PickError{Outcome: engine.OutcomeInternal, Detail: "index shard actor stopped", Err: ErrStopped})
+	for i, sh := range shards {
+		h := &indexShardHost{owner: s, shard: sh, index: i, name: fmt.Sprintf("index-shard:%d", i), mailboxSize: opts.Mailbox}
+		pid, err := s.root.SpawnNamed(h.props(), h.name)
+		if err != nil {
+			s.Close()
+			return nil, fmt.Errorf("cannot spawn %s: %w", h.name, err)
+		}
+		h.pid = pid
+		s.shards = append(s.shards, h)
+	}
+	return s, nil
+}
+
+// Rejected is the number of messages refused by full or stopped shard mailboxes.
+func (s *IndexShards) Rejected() uint64 { return s.counters.rejected.Load() }
+
+// Panics is the number of shard actor panics recovered.
+func (s *IndexShards) Panics() uint64 { return s.counters.panics.Load() }
+
+// Apply implements kv.ShardHost: it posts the batch to shard i's mailbox without waiting.
+func (s *IndexShards) Apply(i int, b *kv.ShardBatch) error {
+	if s.closed.Load() {
+		return s.closedErr
+	}
+	msg := &ApplyEvents{Batch: b}
+	s.root.Send(s.shards[i].pid, msg)
+	if msg.refused.Load() {
+		return fmt.Errorf("cannot apply %d block operations on index shard %d: %w", len(b.Ops), i, kv.ErrShardBusy)
+	}
+	return nil
+}
+
+// Match implements kv.ShardHost: one MatchPrefix per non-nil query, answered on one reply
+// channel; it waits for every answer or until ctx is done.
+func (s *IndexShards) Match(ctx context.Context, qs []*kv.ShardQuery) error {
+	if s.closed.Load() {
+		return s.closedErr
+	}
+	c := s.calls.Get().(*matchCall)
+	sent := 0
+	for i, q := range qs {
+		if q == nil {
+			continue
+		}
+		c.msgs = append(c.msgs, MatchPrefix{Query: q, call: c}) // within capacity: no reallocation
+		m := &c.msgs[len(c.msgs)-1]
+		sent++
+		s.root.Send(s.shards[i].pid, m)
+	}
+	var firstErr error
+	for got := 0; got < sent; got++ {
+		// Fast path: the answer is already there.
+		select {
+		case err := <-c.reply:
+			if err != nil && firstErr == nil {
+				firstErr = err
+			}
+			continue
+		default:
+		}
+		select {
+		case err := <-c.reply:
+			if err != nil && firstErr == nil {
+				firstErr = err
+			}
+		case <-ctx.Done():
+			c.abandoned.Store(true) // never pooled: a late answer lands in a call nobody reuses
+			s.timeouts.Inc()
+			return fmt.Errorf("index shards did not answer %d of %d queries: %w", sent-got, sent, ctx.Err())
+		}
+	}
+	c.reset()
+	s.calls.Put(c)
+	return firstErr
+}
+
+// Prune implements kv.ShardHost: shard i reclaims the records of cleared owners now.
+func (s *IndexShards) Prune(i int) error {
+	if s.closed.Load() {
+		return s.closedErr
+	}
+	msg := &PruneOwners{}
+	s.root.Send(s.shards[i].pid, msg)
+	if msg.refused.Load() {
+		return fmt.Errorf("cannot prune index shard %d: %w", i, kv.ErrShardBusy)
+	}
+	return nil
+}
+
+// Close stops every shard actor, waits for them, and shuts the actor system down. Later calls
+// fail with ErrIndexClosed. It returns nil; it implements io.Closer so that kv.Index.Close
+// stops the host.
+func (s *IndexShards) Close() error {
+	s.closeMu.Lock()
+	defer s.closeMu.Unlock()
+	if s.closed.Swap(true) {
+		return nil
+	}
+	futures := make([]*actor.Future, 0, len(s.shards))
+	for _, h := range s.shards {
+		if h.pid != nil {
+			futures = append(futures, s.root.StopFuture(h.pid))
+		}
+	}
+	for _, f := range futures {
+		if _, err := f.Result(); err != nil {
+			s.logger.Warn("index shard actor did not confirm stop", slog.Any("error", err))
+		}
+	}
+	s.host.shutdown()
+	s.sys.Shutdown()
+	for _, n := range s.names {
+		s.set.UnregisterMetric(n)
+	}
+	return nil
+}
+
+// indexShardHost is what a shard actor's incarnations share: the shard and its identity.
+type indexShardHost struct {
+	owner       *IndexShards
+	shard       *kv.Shard
+	index       int
+	name        string
+	pid         *actor.PID
+	mailboxSize int
+}
+
+// props returns the shard actor's props with a fresh mailbox. Shard actors are always
+// restarted after a failure, never stopped.
+func (h *indexShardHost) props() *actor.Props {
+	s := h.owner
+	mb := newMailbox(h.mailboxSize, s.host, &s.counters,
+		&engine.PickError{Outcome: engine.OutcomeOverloaded, Detail: h.name + " mailbox is full"},
+		&engine.PickError{Outcome: engine.OutcomeInternal, Detail: h.name + " stopped", Err: ErrStopped})
+	return actor.PropsFromProducer(func() actor.Actor { return &indexShardActor{h: h, mb: mb} },
+		actor.WithMailbox(mb.producer()),
+		actor.WithGuardian(actor.RestartingSupervisorStrategy()),
+		actor.WithSupervisor(actor.RestartingSupervisorStrategy()),
+	)
+}
+
+// indexShardActor owns one kv.Shard.
+type indexShardActor struct {
+	h  *indexShardHost
+	mb *mailbox
+}
+
+var _ actor.Actor = (*indexShardActor)(nil)
+
+// Receive implements actor.Actor.
+func (a *indexShardActor) Receive(ctx actor.Context) {
+	switch msg := ctx.Message().(type) {
+	case *ApplyEvents:
+		a.guard(msg, nil, func() { a.h.shard.Apply(msg.Batch); msg.Batch.Done() })
+	case *MatchPrefix:
+		c := msg.call
+		if c.abandoned.Load() {
+			return
+		}
+		a.guard(msg, c, func() { a.h.shard.Match(msg.Query); c.reply <- nil })
+	case *PruneOwners:
+		a.guard(msg, nil, a.h.shard.Prune)
+	case *actor.Restarting:
+		a.h.shard.Reset()
+	case *actor.Stopped:
+		a.mb.close()
+	}
+}
+
+// guard runs f; a panic is counted and logged, fails the message's call (if any), and
+// restarts the actor (which empties the shard: its state cannot be trusted).
+func (a *indexShardActor) guard(msg any, c *matchCall, f func()) {
+	replied := false
+	defer func() {
+		if r := recover(); r != nil {
+			s := a.h.owner
+			s.counters.panics.Add(1)
+			s.logger.Error("index shard actor panicked; restarting it with an empty shard",
+				slog.String("shard", a.h.name), slog.Any("panic", r), slog.String("stack", string(debug.Stack())))
+			if c != nil && !replied {
+				c.reply <- fmt.Errorf("%s failed: %w", a.h.name, ErrPanicked)
+			}
+			panic(r)
+		}
+	}()
+	if hook := a.h.owner.onMessage; hook != nil {
+		hook(msg)
+	}
+	f()
+	replied = true
+}
+
+// ApplyEvents hands a shard a batch of block operations. The sender fills it and never
+// touches the batch again; the shard calls Batch.Done once applied. There is no reply.
+type ApplyEvents struct {
+	Batch *kv.ShardBatch
+
+	refused atomic.Bool
+}
+
+// MatchPrefix asks a shard for the owners of some blocks of a prompt. The shard appends its
+// hits to Query and answers on the call's reply channel.
+type MatchPrefix struct {
+	Query *kv.ShardQuery
+
+	call *matchCall
+}
+
+// PruneOwners asks a shard to reclaim, now, the records of owners cleared or removed in the
+// registry (kv.Owners). Worker removal and engine restarts take effect for lookups at once
+// through the owners' epochs; this message only frees the memory sooner. There is no reply.
+type PruneOwners struct {
+	refused atomic.Bool
+}
+
+func (m *ApplyEvents) reject(*engine.PickError) { m.refused.Store(true) }
+func (m *PruneOwners) reject(*engine.PickError) { m.refused.Store(true) }
+func (m *MatchPrefix) reject(err *engine.PickError) {
+	if err.Outcome == engine.OutcomeOverloaded {
+		m.call.reply <- fmt.Errorf("%s: %w", err.Detail, kv.ErrShardBusy)
+		return
+	}
+	m.call.reply <- err
+}
+
+var (
+	_ rejecter = (*ApplyEvents)(nil)
+	_ rejecter = (*MatchPrefix)(nil)
+	_ rejecter = (*PruneOwners)(nil)
+)
+
+// matchCall is the pooled state of one lookup's fan-out: its messages and a reply channel
+// with room for one answer per shard.
+type matchCall struct {
+	msgs      []MatchPrefix
+	reply     chan error
+	abandoned atomic.Bool
+}
+
+func (c *matchCall) reset() {
+	clear(c.msgs)
+	c.msgs = c.msgs[:0]
+}

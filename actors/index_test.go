@@ -1,0 +1,201 @@
+package actors
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"switchyard/kv"
+)
+
+// actorIndex returns a kv.Index whose shards run on index shard actors, and those actors.
+func actorIndex(t *testing.T, shards, mailbox int) (*kv.Index, *IndexShards) {
+	t.Helper()
+	var hosted *IndexShards
+	x, err := kv.NewIndex(kv.IndexConfig{Shards: shards, MaxBlocks: 1 << 20, Host: func(s []*kv.Shard) (kv.ShardHost, error) {
+		h, err := NewIndexShards(s, IndexOptions{Mailbox: mailbox})
+		hosted = h
+		return h, err
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = x.Close() })
+	return x, hosted
+}
+
+func prompt(base, n int) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = uint32(base + i)
+	}
+	return out
+}
+
+// holdPrompt stores tokens' blocks (block size 16) for worker and reports dropped ops.
+func holdPrompt(t *testing.T, x *kv.Index, worker string, tokens []uint32) int {
+	t.Helper()
+	ids, err := x.SetWorker(worker, "m", 1, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := x.NewWriter()
+	for _, h := range kv.AppendBlockHashes(nil, tokens, 16) {
+		w.Store(ids[0], x.Owners().Epoch(ids[0]), h, kv.TierGPU)
+	}
+	return w.Flush()
+}
+
+func matched(t *testing.T, x *kv.Index, tokens []uint32) (map[string]int64, error) {
+	t.Helper()
+	var l kv.Lookup
+	err := x.Lookup(context.Background(), "m", tokens, &l)
+	out := map[string]int64{}
+	for _, m := range l.Matches {
+		out[m.Worker] = m.Tokens
+	}
+	return out, err
+}
+
+func TestIndexShardsServeTheIndex(t *testing.T) {
+	x, _ := actorIndex(t, 4, 64)
+	long := prompt(0, 20_000)
+	if d := holdPrompt(t, x, "a", long); d != 0 {
+		t.Fatalf("dropped %d", d)
+	}
+	if d := holdPrompt(t, x, "b", long[:3008]); d != 0 {
+		t.Fatalf("dropped %d", d)
+	}
+	// Applies are asynchronous: a lookup queued behind them in every shard sees them.
+	got, err := matched(t, x, long)
+	if err != nil || got["a"] != 20_000 || got["b"] != 3008 {
+		t.Fatalf("got %v, err %v", got, err)
+	}
+	x.RemoveWorker("b")
+	if got, _ := matched(t, x, long); len(got) != 1 {
+		t.Fatalf("after removal: %v", got)
+	}
+}
+
+// blockShards makes every shard actor wait on release before handling a message; entered
+// receives one value per message an actor started handling.
+func blockShards(h *IndexShards) (entered <-chan struct{}, release func()) {
+	ch := make(chan struct{})
+	in := make(chan struct{}, 64)
+	h.onMessage = func(any) {
+		in <- struct{}{}
+		<-ch
+	}
+	closed := false
+	return in, func() {
+		if !closed {
+			closed = true
+			close(ch)
+		}
+	}
+}
+
+func TestIndexShardsRejectFastWhenFull(t *testing.T) {
+	x, h := actorIndex(t, 1, 1)
+	ids, _ := x.SetWorker("a", "m", 1, 16)
+	entered, release := blockShards(h)
+	defer release()
+	// The first batch occupies the actor; the next ones fill the mailbox until one is refused.
+	write := func(hash int64) int {
+		w := x.NewWriter()
+		w.Store(ids[0], x.Owners().Epoch(ids[0]), hash, kv.TierGPU)
+		return w.Flush()
+	}
+	if write(1) != 0 {
+		t.Fatal("the first batch was refused")
+	}
+	<-entered
+	dropped := 0
+	for i := int64(2); i < 100 && dropped == 0; i++ {
+		dropped = write(i)
+	}
+	if dropped != 1 || h.Rejected() != 1 {
+		t.Fatalf("dropped %d, rejected %d", dropped, h.Rejected())
+	}
+	if c := x.Metrics().Ingest(); c.ClearsDropped == 0 {
+		t.Fatalf("the owner of a refused batch was not cleared: %+v", c)
+	}
+	// A lookup meeting the full mailbox is unavailable at once, not after its deadline.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	start := time.Now()
+	var l kv.Lookup
+	if err := x.Lookup(ctx, "m", prompt(0, 32), &l); !errors.Is(err, kv.ErrUnavailable) || !errors.Is(err, kv.ErrShardBusy) {
+		t.Fatalf("err = %v", err)
+	}
+	if time.Since(start) > 30*time.Second {
+		t.Fatal("a refused lookup waited for its deadline")
+	}
+}
+
+func TestIndexShardsLookupDeadline(t *testing.T) {
+	x, h := actorIndex(t, 2, 64)
+	if _, err := x.SetWorker("a", "m", 1, 16); err != nil {
+		t.Fatal(err)
+	}
+	_, release := blockShards(h)
+	defer release()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // the deadline has passed
+	var l kv.Lookup
+	if err := x.Lookup(ctx, "m", prompt(0, 64), &l); !errors.Is(err, kv.ErrUnavailable) {
+		t.Fatalf("err = %v", err)
+	}
+	release()
+	if got, err := matched(t, x, prompt(0, 64)); err != nil || len(got) != 0 {
+		t.Fatalf("after release: %v, %v", got, err)
+	}
+}
+
+func TestIndexShardsRestartAfterPanic(t *testing.T) {
+	x, h := actorIndex(t, 1, 64)
+	tokens := prompt(0, 64)
+	holdPrompt(t, x, "a", tokens)
+	if got, _ := matched(t, x, tokens); got["a"] != 64 {
+		t.Fatalf("before: %v", got)
+	}
+	panicked := make(chan struct{})
+	h.onMessage = func(msg any) {
+		if _, ok := msg.(*MatchPrefix); ok {
+			select {
+			case <-panicked:
+			default:
+				close(panicked)
+				panic("injected")
+			}
+		}
+	}
+	if _, err := matched(t, x, tokens); !errors.Is(err, kv.ErrUnavailable) || !errors.Is(err, ErrPanicked) {
+		t.Fatalf("the query that hit the panic: %v", err)
+	}
+	got, err := matched(t, x, tokens)
+	if err != nil || len(got) != 0 || h.Panics() != 1 {
+		t.Fatalf("after restart: %v, %v, panics %d (the shard restarts empty)", got, err, h.Panics())
+	}
+	holdPrompt(t, x, "a", tokens)
+	if got, _ := matched(t, x, tokens); got["a"] != 64 {
+		t.Fatalf("refilled: %v", got)
+	}
+}
+
+func TestIndexShardsClose(t *testing.T) {
+	x, h := actorIndex(t, 2, 64)
+	if err := x.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Apply(0, &kv.ShardBatch{}); !errors.Is(err, ErrIndexClosed) {
+		t.Fatalf("apply after close: %v", err)
+	}
+	if _, err := matched(t, x, prompt(0, 16)); err != nil {
+		t.Fatalf("a lookup with no owners needs no shard: %v", err)
+	}
+	if err := h.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
