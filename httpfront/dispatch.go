@@ -199,15 +199,20 @@ type dispatch struct {
 	pick  *engine.BucketPick
 	start time.Time
 	mm    *modelMetrics
+	dl    time.Time
 }
 
-// deadline is the request's end-to-end deadline.
+// deadline is the request's end-to-end deadline, on the wall clock (network deadlines are
+// real time even when the Server's clock is a fake).
 func (d *dispatch) deadline() time.Time {
-	t := d.s.cfg.Server.RequestTimeout
-	if t <= 0 {
-		t = 600 * time.Second
+	if d.dl.IsZero() {
+		t := d.s.cfg.Server.RequestTimeout
+		if t <= 0 {
+			t = 600 * time.Second
+		}
+		d.dl = time.Now().Add(t)
 	}
-	return d.start.Add(t)
+	return d.dl
 }
 
 // buildUpstream fills req to send body to st on the request's route with the allow-listed

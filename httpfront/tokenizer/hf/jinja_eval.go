@@ -84,7 +84,15 @@ type renderer struct {
 	out   strings.Builder
 	now   func() time.Time
 	depth int // macro call depth
+	steps int // loop iterations so far, bounded by maxSteps
 }
+
+// maxSteps bounds the loop iterations of one rendering and maxOutput its size in bytes, so a
+// template cannot run away (chat templates iterate over messages, far below both).
+const (
+	maxSteps  = 1 << 22
+	maxOutput = 256 << 20
+)
 
 // maxMacroDepth bounds macro recursion.
 const maxMacroDepth = 64
@@ -241,6 +249,9 @@ func (r *renderer) execFor(s *forStmt, sc *scope) error {
 		inner := newScope(sc)
 		if err := r.assign(inner, s.targets, it); err != nil {
 			return err
+		}
+		if r.steps++; r.steps > maxSteps || r.out.Len() > maxOutput {
+			return r.errorf("rendering exceeds %d loop iterations or %d bytes", maxSteps, maxOutput)
 		}
 		l := *loop
 		l.index0 = i

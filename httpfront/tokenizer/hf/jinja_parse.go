@@ -25,11 +25,11 @@ var ErrTemplate = errors.New("chat template error")
 type tokKind uint8
 
 const (
-	tokText      tokKind = iota // template data
-	tokVarBegin                 // {{
-	tokVarEnd                   // }}
-	tokBlockBegin               // {%
-	tokBlockEnd                 // %}
+	tokText       tokKind = iota // template data
+	tokVarBegin                  // {{
+	tokVarEnd                    // }}
+	tokBlockBegin                // {%
+	tokBlockEnd                  // %}
 	tokName
 	tokString
 	tokInt
@@ -434,16 +434,16 @@ func (lx *lexer) stringLit(s string) (string, int, error) {
 type expr interface{}
 
 type (
-	constExpr   struct{ v any }
-	nameExpr    struct{ name string }
-	listExpr    struct{ items []expr }
-	tupleExpr   struct{ items []expr }
-	dictExpr    struct{ keys, vals []expr }
-	attrExpr    struct {
+	constExpr struct{ v any }
+	nameExpr  struct{ name string }
+	listExpr  struct{ items []expr }
+	tupleExpr struct{ items []expr }
+	dictExpr  struct{ keys, vals []expr }
+	attrExpr  struct {
 		obj  expr
 		name string
 	}
-	itemExpr struct{ obj, key expr }
+	itemExpr  struct{ obj, key expr }
 	sliceExpr struct {
 		obj               expr
 		start, stop, step expr // nil when absent

@@ -259,7 +259,7 @@ type regexMatcher struct {
 func newRegexMatcher(pattern string) (*regexMatcher, error) {
 	re, err := regexp2.Compile(pattern, regexp2.RegexOptions(regexp2.Unicode))
 	if err != nil {
-		return nil, fmt.Errorf("cannot compile pattern %q: %w", pattern, err)
+		return nil, fmt.Errorf("cannot compile pattern %q: %w: %v", pattern, ErrInvalid, err)
 	}
 	return &regexMatcher{re: re}, nil
 }

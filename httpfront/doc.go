@@ -1,0 +1,33 @@
+// Package httpfront is Switchyard's HTTP front end (fasthttp): the routes, request
+// preparation, the bucket loop through the actors, the HTTP error mapping, plain and
+// prefill/decode dispatch with SSE streaming, the worker admin API and lifecycle (introspection,
+// health checks, circuit breakers, telemetry), /metrics, health and graceful shutdown.
+//
+// # Request flow
+//
+// A handler reads the body (capped at server.max_body_bytes, 32 MiB by default, also after
+// gzip/deflate/br/zstd decompression, which stops as soon as the cap is passed), validates it
+// with a strict allocation-free JSON scanner (OpenAI-style 400 errors), counts input tokens
+// (tokenizer, token IDs already in the body, or the body-size estimate), computes the expected
+// peak (overflow-checked), and asks actors.Selector for a complete selection, one actor round
+// trip per bucket attempt. It then acquires in-flight guards for the engines it dispatches to
+// and forwards the body with the allow-listed headers. A forwarding failure never restarts the
+// bucket loop.
+//
+// # Concurrency model
+//
+// Handlers run on fasthttp's goroutines and never hand the RequestCtx, or bytes aliasing it,
+// to another goroutine. A stream is relayed by fasthttp's stream-writer goroutine plus one
+// reader goroutine per stream; both own only copies (the upstream response, the guard). A PD
+// request's prefill runs on its own goroutine, tracked by the Server, and completes even when
+// the client leaves. Health loops run one goroutine per worker, owned by the worker manager.
+// Read-mostly state (worker states, the registry) is published as immutable snapshots behind
+// atomic pointers; metric handles are created once and kept.
+//
+// # What a caller must release
+//
+// New listens at once; Run serves until its context is done, then drains (stops accepting,
+// lets requests and streams finish for up to server.drain_timeout, then closes what remains)
+// and releases every goroutine, connection and actor. A Server that is never Run still holds
+// its listener: call Run with a cancelled context to release it.
+package httpfront

@@ -1,0 +1,431 @@
+package httpfront
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"switchyard/config"
+	"switchyard/engine"
+)
+
+// fakeEngine is a hand-written SGLang-like engine on a loopback port: chat, completions and
+// /generate (plain, prefill or decode role), SSE streaming with an optional gate after the
+// first chunk, /health, /server_info, and fault injection. A decode engine refuses requests
+// whose bootstrap fields do not name its expected prefill engine.
+type fakeEngine struct {
+	t     *testing.T
+	id    string
+	model string
+	mode  string // "", "prefill", "decode"
+	// bootstrapPort is what a prefill engine advertises.
+	bootstrapPort int
+	// expectHost/expectPort are what a decode engine requires (expectPort 0: null).
+	expectHost string
+	expectPort int
+
+	ln  net.Listener
+	srv *fasthttp.Server
+	url string
+
+	health   atomic.Int32 // status of /health; 0 means 200
+	fail     atomic.Int32 // status answered to inference; 0 means normal
+	noInfo   atomic.Bool  // /server_info and /get_server_info answer 404
+	hits     atomic.Int64
+	chunks   int           // stream chunks after the first
+	gate     chan struct{} // when set, a stream waits here after its first chunk
+	hold     chan struct{} // when set, a non-stream answer waits here
+	streamed chan struct{} // receives after a stream's first chunk was flushed
+	gone     chan struct{} // receives when a stream write fails (client side closed)
+
+	mu      sync.Mutex
+	bodies  [][]byte
+	headers []http.Header
+}
+
+type engineOpt func(*fakeEngine)
+
+func withMode(mode string) engineOpt { return func(e *fakeEngine) { e.mode = mode } }
+func withGate() engineOpt {
+	return func(e *fakeEngine) { e.gate = make(chan struct{}) }
+}
+
+func newFakeEngine(t *testing.T, id, model string, opts ...engineOpt) *fakeEngine {
+	t.Helper()
+	e := &fakeEngine{t: t, id: id, model: model, chunks: 3,
+		streamed: make(chan struct{}, 16), gone: make(chan struct{}, 16)}
+	for _, o := range opts {
+		o(e)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.ln = ln
+	e.url = "http://" + ln.Addr().String()
+	e.srv = &fasthttp.Server{Handler: e.handle, CloseOnShutdown: true, IdleTimeout: time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = e.srv.Serve(ln)
+	}()
+	t.Cleanup(func() {
+		if e.gate != nil {
+			select {
+			case <-e.gate:
+			default:
+				close(e.gate)
+			}
+		}
+		if e.hold != nil {
+			select {
+			case <-e.hold:
+			default:
+				close(e.hold)
+			}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = e.srv.ShutdownWithContext(ctx)
+		<-done
+	})
+	return e
+}
+
+func (e *fakeEngine) port() int { return e.ln.Addr().(*net.TCPAddr).Port }
+
+func (e *fakeEngine) received() ([][]byte, []http.Header) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([][]byte(nil), e.bodies...), append([]http.Header(nil), e.headers...)
+}
+
+func (e *fakeEngine) handle(ctx *fasthttp.RequestCtx) {
+	ctx.Response.Header.Set("X-Worker-Id", e.id)
+	switch string(ctx.Path()) {
+	case "/health":
+		if s := e.health.Load(); s != 0 {
+			ctx.SetStatusCode(int(s))
+		}
+		return
+	case "/server_info", "/get_server_info":
+		if e.noInfo.Load() {
+			ctx.SetStatusCode(404)
+			return
+		}
+		info := map[string]any{"model_path": "/models/" + e.model, "served_model_name": e.model,
+			"disaggregation_mode": nil, "dp_size": 1, "page_size": 16}
+		if e.mode != "" {
+			info["disaggregation_mode"] = e.mode
+		}
+		if e.mode == "prefill" {
+			info["disaggregation_bootstrap_port"] = e.bootstrapPort
+		}
+		b, _ := json.Marshal(info)
+		ctx.SetContentType("application/json")
+		ctx.SetBody(b)
+		return
+	}
+	e.hits.Add(1)
+	body := append([]byte(nil), ctx.PostBody()...)
+	h := http.Header{}
+	for k, v := range ctx.Request.Header.All() {
+		h.Add(string(k), string(v))
+	}
+	e.mu.Lock()
+	e.bodies = append(e.bodies, body)
+	e.headers = append(e.headers, h)
+	e.mu.Unlock()
+	if s := e.fail.Load(); s != 0 {
+		ctx.SetStatusCode(int(s))
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"error":{"message":"injected failure","code":` + strconv.Itoa(int(s)) + `}}`)
+		return
+	}
+	var req map[string]any
+	_ = json.Unmarshal(body, &req)
+	if e.mode == "decode" {
+		if msg := e.checkBootstrap(req); msg != "" {
+			ctx.SetStatusCode(400)
+			ctx.SetContentType("application/json")
+			ctx.SetBodyString(`{"error":{"message":"` + msg + `"}}`)
+			return
+		}
+	}
+	logprob := -0.5
+	if e.mode == "prefill" {
+		logprob = -0.1
+	}
+	meta := `"meta_info":{"id":"` + e.id + `","input_token_logprobs":[[` + strconv.FormatFloat(logprob, 'f', -1, 64) + `,1,null]]}`
+	if stream, _ := req["stream"].(bool); stream {
+		ctx.SetContentType("text/event-stream")
+		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+			write := func(s string) bool {
+				_, _ = w.WriteString(s)
+				if err := w.Flush(); err != nil {
+					e.gone <- struct{}{}
+					return false
+				}
+				return true
+			}
+			if !write(`data: {"id":"c0","text":"tok0",` + meta + "}\n\n") {
+				return
+			}
+			e.streamed <- struct{}{}
+			if e.gate != nil {
+				// Keep writing heartbeats-like nothing: wait, but notice a vanished client
+				// by probing with SSE comments.
+				t := time.NewTicker(5 * time.Millisecond)
+				defer t.Stop()
+				for waiting := true; waiting; {
+					select {
+					case <-e.gate:
+						waiting = false
+					case <-t.C:
+						if !write(": ping\n\n") {
+							return
+						}
+					}
+				}
+			}
+			for i := 1; i <= e.chunks; i++ {
+				if !write(`data: {"id":"c` + strconv.Itoa(i) + `","text":"tok` + strconv.Itoa(i) + `"}` + "\n\n") {
+					return
+				}
+			}
+			write("data: [DONE]\n\n")
+		})
+		return
+	}
+	if e.hold != nil {
+		<-e.hold
+	}
+	ctx.SetContentType("application/json")
+	ctx.SetBodyString(`{"id":"r-` + e.id + `","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hello from ` + e.id + `"}}],` + meta + `}`)
+}
+
+func (e *fakeEngine) checkBootstrap(req map[string]any) string {
+	host, ok := req["bootstrap_host"].(string)
+	if !ok || host != e.expectHost {
+		return "bad bootstrap_host"
+	}
+	switch p := req["bootstrap_port"].(type) {
+	case nil:
+		if e.expectPort != 0 {
+			return "missing bootstrap_port"
+		}
+	case float64:
+		if int(p) != e.expectPort {
+			return "bad bootstrap_port"
+		}
+	default:
+		return "bad bootstrap_port type"
+	}
+	room, ok := req["bootstrap_room"].(float64)
+	if !ok || room < 0 {
+		return "bad bootstrap_room"
+	}
+	return ""
+}
+
+// Configuration builders.
+
+func ptr[T any](v T) *T { return &v }
+
+func plainWorker(id, url, model string) config.Worker {
+	return config.Worker{ID: id, URL: url, Model: model, Role: config.RolePlain, DPSize: 1}
+}
+
+func plainBucket(id string, maxInput, maxContext *int64, workers ...string) config.Bucket {
+	ids := append([]string{}, workers...)
+	return config.Bucket{ID: id, Limits: config.Limits{Max: maxInput}, MaxContextTokens: maxContext,
+		Groups: config.Groups{Plain: &config.Group{WorkerIDs: &ids}}}
+}
+
+func baseConfig() *config.Config {
+	cfg := config.Default()
+	cfg.Server.Port = 0
+	cfg.Server.DrainTimeout = 5 * time.Second
+	cfg.Health.Interval = time.Hour // tests drive health rounds themselves
+	cfg.Health.Timeout = 2 * time.Second
+	return cfg
+}
+
+// testServer is a running Server with its base URL.
+type testServer struct {
+	*Server
+	url    string
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func startServer(t *testing.T, cfg *config.Config, opts Options) *testServer {
+	t.Helper()
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("invalid test configuration: %v", err)
+	}
+	if opts.HeartbeatInterval == 0 {
+		opts.HeartbeatInterval = 20 * time.Millisecond
+	}
+	s, err := New(cfg, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ts := &testServer{Server: s, url: "http://" + s.Addr().String(), cancel: cancel, done: make(chan error, 1)}
+	go func() { ts.done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		ts.stop(t)
+		ts.assertIdle(t)
+	})
+	return ts
+}
+
+func (ts *testServer) stop(t *testing.T) {
+	t.Helper()
+	ts.cancel()
+	select {
+	case err, ok := <-ts.done:
+		if ok && err != nil {
+			t.Errorf("Run: %v", err)
+		}
+		close(ts.done)
+	case <-time.After(30 * time.Second):
+		t.Fatal("server did not stop")
+	}
+}
+
+// assertIdle checks that every in-flight gauge is back to zero.
+func (ts *testServer) assertIdle(t *testing.T) {
+	t.Helper()
+	if n := ts.tracker.Outstanding(); n != 0 {
+		t.Errorf("%d in-flight guards outstanding", n)
+	}
+	for _, w := range ts.wset.Load().Workers() {
+		if n := w.Counters.InFlight(); n != 0 {
+			t.Errorf("worker %s: in-flight %d", w.ID, n)
+		}
+	}
+	if n := ts.metrics.inflight.Load(); n != 0 {
+		t.Errorf("router in-flight gauge %d", n)
+	}
+}
+
+var testClient = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableCompression: true}}
+
+type response struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (r response) errorCode() string {
+	var e struct {
+		Error struct {
+			Code string `json:"code"`
+		} `json:"error"`
+	}
+	_ = json.Unmarshal(r.body, &e)
+	return e.Error.Code
+}
+
+func post(t *testing.T, url, body string, headers ...string) response {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	return do(t, req)
+}
+
+func do(t *testing.T, req *http.Request) response {
+	t.Helper()
+	resp, err := testClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return response{status: resp.StatusCode, header: resp.Header, body: b}
+}
+
+func get(t *testing.T, url string, headers ...string) response {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	return do(t, req)
+}
+
+func chatBody(model, content string, extra string) string {
+	b, _ := json.Marshal(content)
+	s := `{"model":"` + model + `","messages":[{"role":"user","content":` + string(b) + `}]`
+	if extra != "" {
+		s += "," + extra
+	}
+	return s + "}"
+}
+
+// waitFor waits for a signal on ch, failing after a bounded deadline.
+func waitFor(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("timed out waiting for %s", what)
+	}
+}
+
+// fakeClock is a manually advanced clock.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{now: time.Unix(1_700_000_000, 0)} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// stubSelector answers every selection with a fixed error.
+type stubSelector struct{ err error }
+
+func (s stubSelector) Select(*engine.BucketResolver, *engine.BucketRequest) (engine.BucketPick, error) {
+	return engine.BucketPick{}, s.err
+}
+
+var _ selector = stubSelector{}
+
+func contains(b []byte, s string) bool { return bytes.Contains(b, []byte(s)) }
