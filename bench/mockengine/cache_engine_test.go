@@ -34,7 +34,7 @@ func generate(t *testing.T, e *Engine, prompt []uint32, maxNew int, extra map[st
 // reported latencies are exactly the cost model's, so a cache hit shows as a smaller TTFT.
 func TestRepeatedPromptGetsCheaper(t *testing.T) {
 	clk := NewManualClock(time.Unix(1_800_000_000, 0))
-	costs := Costs{PrefillOverhead: 5 * time.Millisecond, PrefillPerToken: 100 * time.Microsecond, DecodeStep: 10 * time.Millisecond, DecodePerRequest: time.Millisecond}
+	costs := &Costs{PrefillOverhead: 5 * time.Millisecond, PrefillPerToken: 100 * time.Microsecond, DecodeStep: 10 * time.Millisecond, DecodePerRequest: time.Millisecond}
 	e := startEngine(t, Config{Clock: clk, Costs: costs, PageSize: 16, LoadPublish: LoadPublish{Disabled: true}})
 	runClock(t, clk)
 
@@ -103,7 +103,7 @@ func longText(words int) string {
 
 // TestTTFTFallsOnRealClock measures TTFT the way a client does, over a real clock.
 func TestTTFTFallsOnRealClock(t *testing.T) {
-	costs := Costs{PrefillOverhead: time.Millisecond, PrefillPerToken: 500 * time.Microsecond, DecodeStep: 2 * time.Millisecond, DecodePerRequest: 0}
+	costs := &Costs{PrefillOverhead: time.Millisecond, PrefillPerToken: 500 * time.Microsecond, DecodeStep: 2 * time.Millisecond, DecodePerRequest: 0}
 	e := startEngine(t, Config{Speedup: 5, Costs: costs}) // an uncached 1000-token prompt takes 100 ms
 	c := newClient(t)
 	body := map[string]any{"model": "m", "max_tokens": 2, "stream": true, "messages": []map[string]any{{"role": "user", "content": longText(800)}}}

@@ -61,10 +61,11 @@ type Config struct {
 	// ZeroCost answers at once: no simulated prefill or decode time, no scheduling queue.
 	// Default false.
 	ZeroCost bool
-	// Costs is the simulated cost model. Default DefaultCosts().
-	Costs Costs
-	// DefaultMaxTokens is the output length of a request without max_tokens. Default 0: a
-	// length between 16 and 128 derived from the prompt, finishing with "stop".
+	// Costs is the simulated cost model. Default (nil) DefaultCosts().
+	Costs *Costs
+	// DefaultMaxTokens is the output length of a chat request without max_tokens. Default 0:
+	// a length between 16 and 128 derived from the prompt, finishing with "stop". (Without
+	// a limit /v1/completions generates 16 tokens and /generate 128, as the real APIs do.)
 	DefaultMaxTokens int
 	// KVEvents configures the KV-event publishers.
 	KVEvents KVEvents
@@ -217,8 +218,9 @@ func (c Config) withDefaults() Config {
 	if c.Speedup == 0 {
 		c.Speedup = 1
 	}
-	if c.Costs == (Costs{}) {
-		c.Costs = DefaultCosts()
+	if c.Costs == nil {
+		d := DefaultCosts()
+		c.Costs = &d
 	}
 	if c.KVEvents.BufferSteps == 0 {
 		c.KVEvents.BufferSteps = 10000

@@ -328,7 +328,12 @@ func (e *Engine) WorkerID() string { return e.workerID }
 func (e *Engine) Port() int { return e.port }
 
 // Config returns the engine's configuration with defaults applied.
-func (e *Engine) Config() Config { return e.cfg }
+func (e *Engine) Config() Config {
+	c := e.cfg
+	costs := *c.Costs
+	c.Costs = &costs
+	return c
+}
 
 // BootstrapPort returns a prefill engine's bootstrap port, or 0.
 func (e *Engine) BootstrapPort() int {
@@ -645,4 +650,11 @@ type fasthttpLogger struct{ log *slog.Logger }
 
 func (l fasthttpLogger) Printf(format string, args ...any) {
 	l.log.Warn("fasthttp", slog.String("msg", fmt.Sprintf(format, args...)))
+}
+
+// jobCount returns the number of inference requests in flight.
+func (e *Engine) jobCount() int {
+	e.jobsMu.Lock()
+	defer e.jobsMu.Unlock()
+	return len(e.jobs)
 }

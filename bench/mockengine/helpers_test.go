@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log"
 	"net/http"
@@ -76,6 +77,15 @@ func (r response) json(t *testing.T) map[string]any {
 
 func do(t *testing.T, c *http.Client, method, url string, body any) response {
 	t.Helper()
+	r, err := tryDo(c, method, url, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// tryDo is do for goroutines other than the test's: it returns errors instead of failing.
+func tryDo(c *http.Client, method, url string, body any) (response, error) {
 	var rd io.Reader
 	switch b := body.(type) {
 	case nil:
@@ -86,27 +96,44 @@ func do(t *testing.T, c *http.Client, method, url string, body any) response {
 	default:
 		raw, err := json.Marshal(b)
 		if err != nil {
-			t.Fatal(err)
+			return response{}, err
 		}
 		rd = bytes.NewReader(raw)
 	}
 	req, err := http.NewRequest(method, url, rd)
 	if err != nil {
-		t.Fatal(err)
+		return response{}, err
 	}
 	if rd != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
 	resp, err := c.Do(req)
 	if err != nil {
-		t.Fatalf("%s %s: %v", method, url, err)
+		return response{}, fmt.Errorf("%s %s: %w", method, url, err)
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(resp.Body)
 	if err != nil {
-		t.Fatalf("%s %s: reading body: %v", method, url, err)
+		return response{}, fmt.Errorf("%s %s: reading body: %w", method, url, err)
 	}
-	return response{status: resp.StatusCode, header: resp.Header, body: raw}
+	return response{status: resp.StatusCode, header: resp.Header, body: raw}, nil
+}
+
+// poll calls cond until it holds, failing the test after testDeadline. It is for state
+// behind a real socket, which no channel can signal.
+func poll(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.NewTimer(testDeadline)
+	defer deadline.Stop()
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
 }
 
 // sseEvents reads an SSE body into its data payloads; it reports whether the stream ended
@@ -260,4 +287,89 @@ func jsonBody(t *testing.T, v any) io.Reader {
 		t.Fatal(err)
 	}
 	return bytes.NewReader(raw)
+}
+
+func newRequest(ctx context.Context, url string, body any) (*http.Request, error) {
+	raw, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	req, err := http.NewRequestWithContext(ctx, "POST", url, bytes.NewReader(raw))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	return req, nil
+}
+
+func beUint64(b []byte) uint64 { return binary.BigEndian.Uint64(b) }
+
+type replayed struct {
+	seq uint64
+	b   *kv.EventBatch
+}
+
+// replay asks a replay socket for every batch from start, with or without the empty
+// delimiter frame of a REQ-style peer.
+func replay(t *testing.T, endpoint string, start uint64, delimiter bool) []replayed {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sock := zmq4.NewDealer(ctx, zmq4.WithLogger(log.New(io.Discard, "", 0)), zmq4.WithDialerMaxRetries(0))
+	defer sock.Close()
+	if err := sock.Dial(endpoint); err != nil {
+		t.Fatal(err)
+	}
+	req := [][]byte{binary.BigEndian.AppendUint64(nil, start)}
+	if delimiter {
+		req = append([][]byte{{}}, req...)
+	}
+	if err := sock.Send(zmq4.NewMsgFrom(req...)); err != nil {
+		t.Fatal(err)
+	}
+	var out []replayed
+	for {
+		type recv struct {
+			m   zmq4.Msg
+			err error
+		}
+		ch := make(chan recv, 1)
+		go func() {
+			m, err := sock.Recv()
+			ch <- recv{m, err}
+		}()
+		var m zmq4.Msg
+		select {
+		case r := <-ch:
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			m = r.m
+		case <-time.After(testDeadline):
+			t.Fatal("replay did not answer")
+		}
+		f := m.Frames
+		if delimiter {
+			if len(f) == 0 || len(f[0]) != 0 {
+				t.Fatalf("reply without the delimiter: %q", f)
+			}
+			f = f[1:]
+		}
+		if len(f) != 2 || len(f[0]) != 8 {
+			t.Fatalf("bad replay frames %q", f)
+		}
+		seq := binary.BigEndian.Uint64(f[0])
+		if seq == ^uint64(0) {
+			return out
+		}
+		b, err := kv.DecodeEventBatch(f[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, replayed{seq, b})
+	}
+}
+
+func contextWithCancel(t *testing.T) (context.Context, context.CancelFunc) {
+	return context.WithCancel(t.Context())
 }

@@ -36,6 +36,9 @@ type replayEntry struct {
 // publish encodes and sends one batch. Callers serialize publish calls (the rank's mutex),
 // so batches leave in the order the cache changed.
 func (p *eventPublisher) publish(b *kv.EventBatch) {
+	if p.sock == nil && p.ring == nil {
+		return // KV events are off
+	}
 	payload, err := p.enc.Encode(b, p.shape)
 	if err != nil {
 		p.log.Error("cannot encode KV events", slog.Any("err", err))

@@ -38,7 +38,6 @@ type seq struct {
 	last      kv.Digest // digest of the last whole prompt page, when hashes is not empty
 	maxTokens int
 	seed      uint64
-	arrived   time.Time
 	room      uint64 // bootstrap room a prefill engine completes
 	hasRoom   bool
 
@@ -107,7 +106,6 @@ func (r *rank) submit(seqs []*seq) {
 	}
 	r.mu.Lock()
 	for _, s := range seqs {
-		s.arrived = now
 		s.state = stWaiting
 		s.estUncached = len(s.prompt) - r.matchablePages(s, r.cache.match(s.hashes))*r.cache.pageSize
 		r.waiting = append(r.waiting, s)
@@ -128,7 +126,7 @@ func (r *rank) matchablePages(s *seq, matched int) int {
 // iteration, sleeping the step's simulated cost on the engine's clock.
 func (r *rank) run(ctx context.Context) {
 	var batch []*seq
-	costs, speedup := r.e.cfg.Costs, r.e.cfg.Speedup
+	costs, speedup := *r.e.cfg.Costs, r.e.cfg.Speedup
 	for {
 		now := r.e.clock.Now()
 		r.mu.Lock()
@@ -482,7 +480,6 @@ func (r *rank) runInline(seqs []*seq, now time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, s := range seqs {
-		s.arrived = now
 		if _, ok := r.tryAdmit(s, r.e.cfg.MaxPrefillTokens, true); !ok {
 			// Only a request larger than the whole cache gets here; requests are validated
 			// against it, so this is a broken invariant.

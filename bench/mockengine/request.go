@@ -41,7 +41,8 @@ type inferRequest struct {
 	prompts      [][]uint32
 	batch        bool // the request used the batch form (a list of prompts)
 	n            int
-	maxTokens    int // -1: derived from the prompt
+	maxTokens    int // -1: not given
+	defaultMax   int // the route's default when not given (clamped to the context); 0: derived from the prompt
 	stream       bool
 	includeUsage bool
 	logprobs     bool
@@ -316,9 +317,7 @@ func (e *Engine) parseCompletions(body []byte) (*inferRequest, error) {
 		api: apiCompletions, model: b.Model, prompts: prompts, batch: batch, n: b.samples(),
 		maxTokens: optInt(b.MaxTokens), stream: b.Stream, dpRank: optRank(b.DataParallelRank),
 	}
-	if b.MaxTokens == nil {
-		req.maxTokens = 16 // the OpenAI completions default
-	}
+	req.defaultMax = 16 // the OpenAI completions default
 	if b.Logprobs != nil {
 		req.logprobs, req.topLogprobs = true, *b.Logprobs
 	}
@@ -362,9 +361,7 @@ func (e *Engine) parseGenerate(body []byte) (*inferRequest, error) {
 		api: apiGenerate, prompts: prompts, batch: batch, n: p.samples(), maxTokens: optInt(p.MaxNewTokens),
 		stream: b.Stream, logprobs: b.ReturnLogprob, dpRank: optRank(b.DataParallelRank),
 	}
-	if p.MaxNewTokens == nil {
-		req.maxTokens = 128 // SGLang's max_new_tokens default
-	}
+	req.defaultMax = 128 // SGLang's max_new_tokens default
 	return e.finishParse(req, b.Rid, &b.bootstrapFields)
 }
 

@@ -62,7 +62,10 @@ func (e *Engine) newJob(req *inferRequest) *job {
 		seed := hashTokens(p)
 		maxTokens := req.maxTokens
 		if maxTokens < 0 {
-			maxTokens = e.cfg.DefaultMaxTokens
+			maxTokens = req.defaultMax
+			if maxTokens == 0 {
+				maxTokens = e.cfg.DefaultMaxTokens
+			}
 			if maxTokens == 0 {
 				maxTokens = 16 + int(seed%113)
 			}
@@ -535,7 +538,7 @@ func finishReason(s *seq) string {
 	switch {
 	case errors.Is(s.err, errAborted):
 		return "abort"
-	case s.job.req.maxTokens < 0:
+	case s.job.req.maxTokens < 0 && s.job.req.defaultMax == 0:
 		return "stop"
 	}
 	return "length"

@@ -1,0 +1,70 @@
+// Package mockengine is a simulated SGLang engine for tests and benchmarks: it speaks the
+// wire formats of INTEROP.md and behaves like an engine under load, so the router's tests,
+// the benchmark harness and the demo can run without GPUs. `switchyard mockengine` runs it
+// as a command (Command); tests start engines in-process (Start, StartMany).
+//
+// # What it owns
+//
+//   - The HTTP API (fasthttp): POST /v1/chat/completions, /v1/completions and /generate
+//     (text or input_ids, single or batch), streaming as Server-Sent Events ending with
+//     "data: [DONE]" or as one JSON body, with OpenAI usage (prompt_tokens,
+//     completion_tokens, prompt_tokens_details.cached_tokens); GET /health,
+//     /health_generate, /server_info, /get_server_info, /v1/models, /get_load and /v1/loads
+//     (encoded by package load); POST /flush_cache and /abort_request. Every response carries
+//     X-Worker-Id. Malformed JSON and invalid sampling parameters get a 400 with an
+//     OpenAI-style error body, unknown routes a 404, a wrong method a 405; a handler panic
+//     becomes a 500 and is logged.
+//   - The simulation, per data-parallel rank: prompts are tokenized with the project's
+//     tokenizer (the built-in Simple tokenizer by default, the router's too); a paged prefix
+//     cache keyed by SGLang block hashes (package kv) with a token capacity and LRU eviction
+//     of unreferenced leaves, which caches prompt and output pages; and a scheduler with
+//     max_running_requests, a FIFO waiting queue, prefill batches costing a fixed overhead
+//     plus a cost per uncached token, and decode steps whose cost grows with the batch.
+//     Costs are simulated durations divided by Config.Speedup; Config.ZeroCost skips the
+//     scheduler and answers at once. At least one prompt token is always computed, so a
+//     repeated prompt hits all its whole pages but the last token's.
+//   - Load reports from that state: /get_load, /v1/loads with the cumulative prefill
+//     counters, and the ZMQ load gauge (topic "load", extended 11-element form by default).
+//   - KV events over ZMQ, one PUB socket per DP rank: (topic, 8-byte big-endian seq, msgpack
+//     batch) with BlockStored (parent hash, token IDs), BlockRemoved on eviction and
+//     AllBlocksCleared at start, on flush_cache and on restart, in either event shape; an
+//     optional replay ROUTER socket per rank answers an 8-byte start seq with (seq, payload)
+//     per retained batch and then seq -1. The sockets are a minimal ZMTP 3 server (zmtp.go),
+//     tested against go-zeromq/zmq4 clients.
+//   - PD roles. A prefill engine runs a bootstrap HTTP server: GET /bootstrap/rooms/{room}
+//     answers once the prefill of that bootstrap_room completed (200 with prompt and cached
+//     token counts) or failed (409). A decode engine refuses a request without
+//     bootstrap_host and bootstrap_room (400), long-polls the named prefill engine for the
+//     room (bootstrap_port null means Config.DefaultBootstrapPort), and fails with a 500
+//     naming room and peer on a refused connection, a timeout (Config.PDTimeout), a failed
+//     prefill or a prompt of a different length. While it waits the request counts as
+//     waiting in the load reports.
+//   - Fault injection (Faults): fail the first N requests, a failure rate, a fixed status,
+//     added latency, a connection dropped after N tokens, a hang before the first token,
+//     unhealthy health checks (now or after a delay), withheld events, and restarts (every
+//     request fails, the cache empties, counters and sequence numbers start from zero). Set
+//     at start, with Engine.SetFaults and Engine.Restart, or over HTTP with GET/PUT
+//     /mock/faults and POST /mock/restart.
+//
+// Beyond SGLang's fields, /generate's meta_info carries queue_time, first_token_latency
+// (seconds, from arrival), dp_rank and worker_id, and /server_info carries a "mock" object
+// and, in kv_events, event_shape and the replay port base.
+//
+// # Concurrency model
+//
+// Each DP rank has one scheduler goroutine and a mutex guarding its queues, cache and
+// counters; request handlers queue sequences and wait on a per-request channel, reading
+// progress from atomics. KV events are encoded and handed to the PUB socket under the rank's
+// mutex, so batches leave in the order the cache changed. Each PUB subscriber has a bounded
+// queue (dropping when full, like a ZMQ high-water mark). Time comes from Config.Clock:
+// ManualClock freezes an engine (Advance) or runs it as a discrete-event simulation (Run),
+// in which every timer of the engine (step costs, added latency, the PD timeout, delayed
+// faults, the load-gauge interval) fires as soon as it is set, so reported latencies equal
+// the cost model exactly. An Engine's methods are safe for concurrent use.
+//
+// # What a caller must release
+//
+// Close every Engine (or cancel the context given to Start): Close fails the requests in
+// flight, stops every goroutine the engine started and closes every socket. Command closes
+// its engines when its context is done.
+package mockengine

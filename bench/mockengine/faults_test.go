@@ -1,0 +1,275 @@
+package mockengine
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+func chatReq(stream bool, maxTokens int) map[string]any {
+	return map[string]any{
+		"model": "m", "max_tokens": maxTokens, "stream": stream,
+		"messages": []map[string]any{{"role": "user", "content": "Tell me about caches."}},
+	}
+}
+
+func TestFaultFailFirst(t *testing.T) {
+	e := startEngine(t, Config{ZeroCost: true, Faults: Faults{FailFirst: 2, FailStatus: 503}})
+	c := newClient(t)
+	for i, want := range []int{503, 503, 200, 200} {
+		r := do(t, c, "POST", e.URL()+"/v1/chat/completions", chatReq(false, 2))
+		if r.status != want {
+			t.Fatalf("request %d: status %d, want %d (%s)", i, r.status, want, r.body)
+		}
+		if want != 200 && path(t, r.json(t), "error", "code") != float64(want) {
+			t.Fatalf("request %d: error body %s", i, r.body)
+		}
+	}
+	// Setting the faults again restarts the count; the default status is 500.
+	if err := e.SetFaults(Faults{FailFirst: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if r := do(t, c, "POST", e.URL()+"/v1/completions", map[string]any{"prompt": "x"}); r.status != 500 {
+		t.Fatalf("after SetFaults: %d, want 500", r.status)
+	}
+	if r := do(t, c, "POST", e.URL()+"/v1/completions", map[string]any{"prompt": "x"}); r.status != 200 {
+		t.Fatalf("second after SetFaults: %d, want 200", r.status)
+	}
+}
+
+func TestFaultFailRate(t *testing.T) {
+	e := startEngine(t, Config{ZeroCost: true, Seed: 7, Faults: Faults{FailRate: 0.5}})
+	c := newClient(t)
+	failed := 0
+	for range 200 {
+		switch r := do(t, c, "POST", e.URL()+"/generate", map[string]any{"text": "x", "sampling_params": map[string]any{"max_new_tokens": 1}}); r.status {
+		case 500:
+			failed++
+		case 200:
+		default:
+			t.Fatalf("status %d", r.status)
+		}
+	}
+	if failed < 60 || failed > 140 {
+		t.Fatalf("%d of 200 failed at rate 0.5", failed)
+	}
+	for _, rate := range []float64{0, 1} {
+		if err := e.SetFaults(Faults{FailRate: rate}); err != nil {
+			t.Fatal(err)
+		}
+		want := 200
+		if rate == 1 {
+			want = 500
+		}
+		for range 20 {
+			if r := do(t, c, "POST", e.URL()+"/generate", map[string]any{"text": "x"}); r.status != want {
+				t.Fatalf("rate %v: status %d", rate, r.status)
+			}
+		}
+	}
+}
+
+func TestFaultFixedStatus(t *testing.T) {
+	e := startEngine(t, Config{ZeroCost: true, Faults: Faults{Status: 429}})
+	c := newClient(t)
+	for _, route := range []string{"/v1/chat/completions", "/v1/completions", "/generate"} {
+		r := do(t, c, "POST", e.URL()+route, chatReq(false, 1))
+		if r.status != 429 || path(t, r.json(t), "error", "type") != "RateLimitError" {
+			t.Errorf("%s: %d %s", route, r.status, r.body)
+		}
+	}
+	if r := do(t, c, "GET", e.URL()+"/health", nil); r.status != 200 {
+		t.Errorf("/health: %d; a status fault concerns inference only", r.status)
+	}
+}
+
+func TestFaultLatency(t *testing.T) {
+	clk := NewManualClock(time.Unix(1_800_000_000, 0))
+	e := startEngine(t, Config{Clock: clk, Costs: &Costs{PrefillOverhead: time.Millisecond, DecodeStep: time.Millisecond},
+		Faults: Faults{Latency: 250 * time.Millisecond}, LoadPublish: LoadPublish{Disabled: true}})
+	done := async(t, "POST", e.URL()+"/generate", map[string]any{"text": "x", "sampling_params": map[string]any{"max_new_tokens": 1}})
+	if err := clk.WaitForTimers(t.Context(), 1); err != nil { // the added latency
+		t.Fatal(err)
+	}
+	start := clk.Now()
+	runClock(t, clk)
+	r := await(t, done)
+	if r.status != 200 {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	// The latency is spent before the request is queued; the simulation then costs 1ms.
+	if got := clk.Now().Sub(start); got < 250*time.Millisecond {
+		t.Fatalf("request finished after %v of engine time, want at least 250ms", got)
+	}
+}
+
+func TestFaultDropMidStream(t *testing.T) {
+	e := startEngine(t, Config{ZeroCost: true, Faults: Faults{Drop: true, DropAfterTokens: 3}})
+	c := newClient(t)
+	resp, err := c.Post(e.URL()+"/v1/chat/completions", "application/json", jsonBody(t, chatReq(true, 10)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	events, done, err := sseEvents(resp.Body)
+	if err == nil || done {
+		t.Fatalf("stream ended cleanly (done=%v, err=%v); want a cut connection", done, err)
+	}
+	if len(events) != 3 {
+		t.Fatalf("%d events before the drop, want 3", len(events))
+	}
+	// Non-streaming: the connection closes without a response.
+	if _, err := tryDo(c, "POST", e.URL()+"/v1/chat/completions", chatReq(false, 10)); err == nil {
+		t.Fatal("non-streaming request got a response")
+	}
+	// Fewer tokens than the threshold: the request completes.
+	if r := do(t, c, "POST", e.URL()+"/v1/chat/completions", chatReq(false, 2)); r.status != 200 {
+		t.Fatalf("short request: %d", r.status)
+	}
+}
+
+func TestFaultHangBeforeFirstToken(t *testing.T) {
+	e := startEngine(t, Config{ZeroCost: true, Faults: Faults{Hang: true}})
+	c := &http.Client{Transport: &http.Transport{}, Timeout: 200 * time.Millisecond}
+	t.Cleanup(c.CloseIdleConnections)
+	// The stream starts (headers) but no token arrives.
+	resp, err := c.Post(e.URL()+"/v1/chat/completions", "application/json", jsonBody(t, chatReq(true, 3)))
+	if err != nil {
+		t.Fatalf("headers did not arrive: %v", err)
+	}
+	_, err = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err == nil || !strings.Contains(err.Error(), "Client.Timeout") {
+		t.Fatalf("read = %v, want the client's timeout while the engine hangs", err)
+	}
+	// A hung request is released when the fault is cleared.
+	held := async(t, "POST", e.URL()+"/generate", map[string]any{"text": "x", "sampling_params": map[string]any{"max_new_tokens": 2}})
+	poll(t, "the request to be held", func() bool { return e.jobCount() >= 1 })
+	select {
+	case r := <-held:
+		t.Fatalf("hung request answered: %+v", r)
+	default:
+	}
+	if err := e.SetFaults(Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	if r := await(t, held); r.status != 200 {
+		t.Fatalf("released request: %d %s", r.status, r.body)
+	}
+	// Abort releases a hung request too.
+	_ = e.SetFaults(Faults{Hang: true})
+	held = async(t, "POST", e.URL()+"/generate", map[string]any{"text": "x", "rid": "stuck"})
+	poll(t, "the request to be held", func() bool { return e.jobCount() >= 1 })
+	if r := do(t, newClient(t), "POST", e.URL()+"/abort_request", map[string]any{"rid": "stuck"}); r.status != 200 || num(t, r.json(t)["aborted"]) != 1 {
+		t.Fatalf("abort: %d %s", r.status, r.body)
+	}
+	if r := await(t, held); r.status != 400 || !strings.Contains(string(r.body), "aborted") {
+		t.Fatalf("aborted request: %d %s", r.status, r.body)
+	}
+}
+
+func TestFaultUnhealthyAfter(t *testing.T) {
+	clk := NewManualClock(time.Unix(1_800_000_000, 0))
+	e := startEngine(t, Config{ZeroCost: true, Clock: clk, Faults: Faults{UnhealthyAfter: time.Minute}, LoadPublish: LoadPublish{Disabled: true}})
+	c := newClient(t)
+	for _, route := range []string{"/health", "/health_generate"} {
+		if r := do(t, c, "GET", e.URL()+route, nil); r.status != 200 {
+			t.Fatalf("%s before the delay: %d %s", route, r.status, r.body)
+		}
+	}
+	if err := clk.WaitForTimers(t.Context(), 1); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Minute)
+	poll(t, "/health to fail", func() bool { return do(t, c, "GET", e.URL()+"/health", nil).status == 503 })
+	if r := do(t, c, "GET", e.URL()+"/health_generate", nil); r.status != 503 {
+		t.Fatalf("/health_generate: %d", r.status)
+	}
+	_ = e.SetFaults(Faults{Unhealthy: true})
+	if r := do(t, c, "GET", e.URL()+"/health", nil); r.status != 503 {
+		t.Fatalf("Unhealthy: /health %d", r.status)
+	}
+	_ = e.SetFaults(Faults{})
+	if r := do(t, c, "GET", e.URL()+"/health", nil); r.status != 200 {
+		t.Fatalf("cleared: /health %d", r.status)
+	}
+}
+
+func TestFaultStopEvents(t *testing.T) {
+	e := startEngine(t, Config{ZeroCost: true, KVEvents: KVEvents{Replay: true}})
+	c := newClient(t)
+	sub := dialSub(t, e.KVEventsEndpoint(0), "")
+	seq := syncKV(t, c, e, sub, "")
+	_ = e.SetFaults(Faults{StopEvents: true})
+	generate(t, e, ids(1, 40), 0, nil)    // withheld: seq+1
+	_ = e.SetFaults(Faults{})
+	generate(t, e, ids(100, 40), 0, nil) // published: seq+2
+	got, b := kvBatch(t, sub.next(t), "")
+	if got != seq+2 || b.Events[0].Kind != 1 {
+		t.Fatalf("after resuming: seq %d (want %d, a visible gap), events %+v", got, seq+2, b.Events)
+	}
+	// The withheld batch is in the replay buffer.
+	batches := replay(t, e.ReplayEndpoint(0), seq+1, true)
+	if len(batches) != 2 || batches[0].seq != seq+1 || batches[1].seq != seq+2 {
+		t.Fatalf("replay from %d returned %+v", seq+1, batches)
+	}
+}
+
+func TestFaultRestart(t *testing.T) {
+	e := startEngine(t, Config{ZeroCost: true, KVEvents: KVEvents{Replay: true}})
+	c := newClient(t)
+	prompt := ids(1, 100)
+	generate(t, e, prompt, 1, nil)
+	if m := generate(t, e, prompt, 1, nil); num(t, path(t, m, "meta_info", "cached_tokens")) == 0 {
+		t.Fatal("no cache hit before the restart")
+	}
+	if getLoads(t, e)[0].TotalPrefillUncached == 0 {
+		t.Fatal("no prefill counted before the restart")
+	}
+	if r := do(t, c, "POST", e.URL()+"/mock/restart", nil); r.status != 200 {
+		t.Fatalf("restart: %d", r.status)
+	}
+	if m := generate(t, e, prompt, 1, nil); num(t, path(t, m, "meta_info", "cached_tokens")) != 0 {
+		t.Fatal("cache survived the restart")
+	}
+	if got := getLoads(t, e)[0].TotalPrefillUncached; got != 100 {
+		t.Fatalf("prefill counter after restart = %d, want 100 (reset, then one request)", got)
+	}
+	// Sequence numbers start again at 0 with AllBlocksCleared.
+	batches := replay(t, e.ReplayEndpoint(0), 0, false)
+	if len(batches) != 2 || batches[0].seq != 0 || batches[0].b.Events[0].Kind != 3 {
+		t.Fatalf("after restart the replay buffer holds %+v", batches)
+	}
+}
+
+// TestFaultRestartCutsStreams restarts while a stream is stuck mid-way.
+func TestFaultRestartCutsStreams(t *testing.T) {
+	clk := NewManualClock(time.Unix(1_800_000_000, 0))
+	e := startEngine(t, Config{Clock: clk, LoadPublish: LoadPublish{Disabled: true}, Faults: Faults{RestartEvery: time.Hour, RestartDowntime: time.Minute}})
+	c := newClient(t)
+	resp, err := c.Post(e.URL()+"/v1/chat/completions", "application/json", jsonBody(t, chatReq(true, 5)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if err := clk.WaitForTimers(t.Context(), 2); err != nil { // restart timer and the prefill step
+		t.Fatal(err)
+	}
+	clk.Advance(time.Hour) // the prefill finishes, then the restart fires
+	_, done, err := sseEvents(resp.Body)
+	if done || err == nil {
+		t.Fatalf("stream survived the restart: done=%v err=%v", done, err)
+	}
+	if r := do(t, c, "GET", e.URL()+"/health", nil); r.status != 503 {
+		t.Fatalf("/health during the restart downtime: %d", r.status)
+	}
+	clk.Advance(time.Minute)
+	if r := do(t, c, "GET", e.URL()+"/health", nil); r.status != 200 {
+		t.Fatalf("/health after the downtime: %d", r.status)
+	}
+}
