@@ -206,7 +206,7 @@ func TestFaultStopEvents(t *testing.T) {
 	sub := dialSub(t, e.KVEventsEndpoint(0), "")
 	seq := syncKV(t, c, e, sub, "")
 	_ = e.SetFaults(Faults{StopEvents: true})
-	generate(t, e, ids(1, 40), 0, nil)    // withheld: seq+1
+	generate(t, e, ids(1, 40), 0, nil) // withheld: seq+1
 	_ = e.SetFaults(Faults{})
 	generate(t, e, ids(100, 40), 0, nil) // published: seq+2
 	got, b := kvBatch(t, sub.next(t), "")
