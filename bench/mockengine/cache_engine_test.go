@@ -104,7 +104,7 @@ func longText(words int) string {
 // TestTTFTFallsOnRealClock measures TTFT the way a client does, over a real clock.
 func TestTTFTFallsOnRealClock(t *testing.T) {
 	costs := &Costs{PrefillOverhead: time.Millisecond, PrefillPerToken: 500 * time.Microsecond, DecodeStep: 2 * time.Millisecond, DecodePerRequest: 0}
-	e := startEngine(t, Config{Speedup: 5, Costs: costs}) // an uncached 1000-token prompt takes 100 ms
+	e := startEngine(t, Config{Speedup: 2.5, Costs: costs}) // an uncached 1000-token prompt takes 200 ms
 	c := newClient(t)
 	body := map[string]any{"model": "m", "max_tokens": 2, "stream": true, "messages": []map[string]any{{"role": "user", "content": longText(800)}}}
 	measure := func() time.Duration {

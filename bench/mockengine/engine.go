@@ -651,10 +651,3 @@ type fasthttpLogger struct{ log *slog.Logger }
 func (l fasthttpLogger) Printf(format string, args ...any) {
 	l.log.Warn("fasthttp", slog.String("msg", fmt.Sprintf(format, args...)))
 }
-
-// jobCount returns the number of inference requests in flight.
-func (e *Engine) jobCount() int {
-	e.jobsMu.Lock()
-	defer e.jobsMu.Unlock()
-	return len(e.jobs)
-}

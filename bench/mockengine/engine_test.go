@@ -5,6 +5,8 @@ import (
 	"net"
 	"strings"
 	"testing"
+
+	"switchyard/kv"
 )
 
 func TestContextStopsEngine(t *testing.T) {
@@ -39,5 +41,16 @@ func TestInvalidConfig(t *testing.T) {
 	}
 	if e := (Engine{}); e.SetFaults(Faults{FailRate: -1}) == nil {
 		t.Error("SetFaults accepted a negative rate")
+	}
+}
+
+func TestAllBlocksClearedAtStart(t *testing.T) {
+	e := startEngine(t, Config{ZeroCost: true, DPSize: 2, KVEvents: KVEvents{Replay: true}})
+	for rank := range 2 {
+		batches := replay(t, e.ReplayEndpoint(rank), 0, rank == 0)
+		if len(batches) != 1 || batches[0].seq != 0 || len(batches[0].b.Events) != 1 ||
+			batches[0].b.Events[0].Kind != kv.EventAllBlocksCleared || batches[0].b.DPRank != rank {
+			t.Fatalf("rank %d: replay from 0 = %+v, want AllBlocksCleared as seq 0", rank, batches)
+		}
 	}
 }

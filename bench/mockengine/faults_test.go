@@ -1,11 +1,11 @@
 package mockengine
 
 import (
-	"io"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
+
+	"switchyard/load"
 )
 
 func chatReq(stream bool, maxTokens int) map[string]any {
@@ -135,37 +135,60 @@ func TestFaultDropMidStream(t *testing.T) {
 
 func TestFaultHangBeforeFirstToken(t *testing.T) {
 	e := startEngine(t, Config{ZeroCost: true, Faults: Faults{Hang: true}})
-	c := &http.Client{Transport: &http.Transport{}, Timeout: 200 * time.Millisecond}
-	t.Cleanup(c.CloseIdleConnections)
-	// The stream starts (headers) but no token arrives.
+	c := newClient(t)
+	// The stream starts (headers arrive) but no token does until the fault is cleared.
 	resp, err := c.Post(e.URL()+"/v1/chat/completions", "application/json", jsonBody(t, chatReq(true, 3)))
 	if err != nil {
 		t.Fatalf("headers did not arrive: %v", err)
 	}
-	_, err = io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if err == nil || !strings.Contains(err.Error(), "Client.Timeout") {
-		t.Fatalf("read = %v, want the client's timeout while the engine hangs", err)
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		t.Fatalf("status %d, headers %v", resp.StatusCode, resp.Header)
 	}
-	// A hung request is released when the fault is cleared.
-	held := async(t, "POST", e.URL()+"/generate", map[string]any{"text": "x", "sampling_params": map[string]any{"max_new_tokens": 2}})
-	poll(t, "the request to be held", func() bool { return e.jobCount() >= 1 })
+	first := make(chan error, 1)
+	go func() {
+		_, err := resp.Body.Read(make([]byte, 1))
+		first <- err
+	}()
+	waitLoad(t, e, "the stream to be held", func(r load.RankReport) bool { return r.Running == 1 })
 	select {
-	case r := <-held:
-		t.Fatalf("hung request answered: %+v", r)
+	case err := <-first:
+		t.Fatalf("a byte arrived while the engine hangs (err %v)", err)
 	default:
 	}
 	if err := e.SetFaults(Faults{}); err != nil {
 		t.Fatal(err)
 	}
+	select {
+	case err := <-first:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(testDeadline):
+		t.Fatal("the stream did not resume")
+	}
+	if events, done, err := sseEvents(resp.Body); err != nil || !done || len(events) < 3 {
+		t.Fatalf("resumed stream: %d events, done %v, err %v", len(events), done, err)
+	}
+
+	// A held non-streaming request is released when the fault is cleared...
+	_ = e.SetFaults(Faults{Hang: true})
+	held := async(t, "POST", e.URL()+"/generate", map[string]any{"text": "x", "sampling_params": map[string]any{"max_new_tokens": 2}})
+	waitLoad(t, e, "the request to be held", func(r load.RankReport) bool { return r.Running == 1 })
+	select {
+	case r := <-held:
+		t.Fatalf("hung request answered: %+v", r)
+	default:
+	}
+	_ = e.SetFaults(Faults{})
 	if r := await(t, held); r.status != 200 {
 		t.Fatalf("released request: %d %s", r.status, r.body)
 	}
-	// Abort releases a hung request too.
+	// ...or by /abort_request.
 	_ = e.SetFaults(Faults{Hang: true})
 	held = async(t, "POST", e.URL()+"/generate", map[string]any{"text": "x", "rid": "stuck"})
-	poll(t, "the request to be held", func() bool { return e.jobCount() >= 1 })
-	if r := do(t, newClient(t), "POST", e.URL()+"/abort_request", map[string]any{"rid": "stuck"}); r.status != 200 || num(t, r.json(t)["aborted"]) != 1 {
+	waitLoad(t, e, "the request to be held", func(r load.RankReport) bool { return r.Running == 1 })
+	if r := do(t, c, "POST", e.URL()+"/abort_request", map[string]any{"rid": "stuck"}); r.status != 200 || num(t, r.json(t)["aborted"]) != 1 {
 		t.Fatalf("abort: %d %s", r.status, r.body)
 	}
 	if r := await(t, held); r.status != 400 || !strings.Contains(string(r.body), "aborted") {

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"switchyard/httpfront/tokenizer"
+
+	"switchyard/load"
 )
 
 func TestBadInput(t *testing.T) {
@@ -301,7 +303,7 @@ func TestAbortAndFlush(t *testing.T) {
 	e := startEngine(t, Config{ZeroCost: true, Faults: Faults{Hang: true}})
 	c := newClient(t)
 	held := async(t, "POST", e.URL()+"/v1/chat/completions", chatReq(false, 3))
-	poll(t, "the request to be held", func() bool { return e.jobCount() == 1 })
+	waitLoad(t, e, "the request to be held", func(r load.RankReport) bool { return r.Running == 1 })
 	if r := do(t, c, "POST", e.URL()+"/abort_request", map[string]any{"abort_all": true}); num(t, r.json(t)["aborted"]) != 1 {
 		t.Fatalf("abort_all: %s", r.body)
 	}

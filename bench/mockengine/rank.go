@@ -87,6 +87,7 @@ type rank struct {
 
 	wake        chan struct{}
 	zeroRunning atomic.Int64 // zero-cost requests in flight
+	held        atomic.Int64 // requests held by the Hang fault
 	transfers   atomic.Int64 // decode requests waiting for their prefill partner
 
 	kvpub   *eventPublisher
@@ -576,7 +577,7 @@ func (r *rank) report(now time.Time) (load.RankReport, rankExtra) {
 	for _, s := range r.waiting {
 		waitingUncached += s.estUncached
 	}
-	running := int64(len(r.running)) + r.zeroRunning.Load()
+	running := int64(len(r.running)) + r.zeroRunning.Load() + r.held.Load()
 	used := int64(r.cache.tokens - r.cache.evictable + private)
 	rep := load.RankReport{
 		DPRank:                r.id,

@@ -206,8 +206,13 @@ func (j *job) close() {
 	j.e.jobsMu.Unlock()
 }
 
-// waitHang holds the job while the Hang fault is on.
+// waitHang holds the job while the Hang fault is on. A held request counts as running in
+// the load reports, as a request stuck on a real engine would.
 func (j *job) waitHang() error {
+	if j.e.faults.Load().Hang {
+		j.rank.held.Add(int64(len(j.seqs)))
+		defer j.rank.held.Add(-int64(len(j.seqs)))
+	}
 	for {
 		ch := j.e.changed()
 		if !j.e.faults.Load().Hang {
