@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"switchyard/httpfront/tokenizer"
 )
@@ -161,69 +163,272 @@ func (t *Tokenizer) HasChatTemplate() bool { return t.chat != nil }
 var ErrInvalidMessages = errors.New("invalid chat messages")
 
 // decodeJSONValue decodes JSON into template values, keeping the order of object keys and
-// telling integers (int64) from other numbers (float64), as Python's json module does.
+// telling integers (int64) from other numbers (float64), as Python's json module does. It is
+// a hand-written parser: encoding/json's token API costs several times more on the request
+// path. Ill-formed UTF-8 in strings is replaced as validUTF8 describes.
 func decodeJSONValue(data []byte) (any, error) {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	v, err := decodeValue(dec)
+	p := jsonParser{data: data}
+	v, err := p.value(0)
+	if err == nil {
+		p.space()
+		if p.i != len(p.data) {
+			err = p.errorf("trailing data")
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidMessages, err)
-	}
-	if _, err := dec.Token(); err == nil {
-		return nil, fmt.Errorf("%w: trailing data", ErrInvalidMessages)
 	}
 	return v, nil
 }
 
-func decodeValue(dec *json.Decoder) (any, error) {
-	tok, err := dec.Token()
+// maxJSONDepth bounds the nesting of decoded JSON.
+const maxJSONDepth = 1000
+
+type jsonParser struct {
+	data []byte
+	i    int
+}
+
+func (p *jsonParser) errorf(format string, args ...any) error {
+	return fmt.Errorf("offset %d: %s", p.i, fmt.Sprintf(format, args...))
+}
+
+func (p *jsonParser) space() {
+	for p.i < len(p.data) {
+		switch p.data[p.i] {
+		case ' ', '\t', '\n', '\r':
+			p.i++
+		default:
+			return
+		}
+	}
+}
+
+func (p *jsonParser) value(depth int) (any, error) {
+	if depth > maxJSONDepth {
+		return nil, p.errorf("nested deeper than %d", maxJSONDepth)
+	}
+	p.space()
+	if p.i >= len(p.data) {
+		return nil, p.errorf("unexpected end of input")
+	}
+	switch c := p.data[p.i]; {
+	case c == '{':
+		p.i++
+		d := newDict(4)
+		p.space()
+		if p.i < len(p.data) && p.data[p.i] == '}' {
+			p.i++
+			return d, nil
+		}
+		for {
+			p.space()
+			if p.i >= len(p.data) || p.data[p.i] != '"' {
+				return nil, p.errorf("want an object key")
+			}
+			k, err := p.str()
+			if err != nil {
+				return nil, err
+			}
+			p.space()
+			if p.i >= len(p.data) || p.data[p.i] != ':' {
+				return nil, p.errorf("want ':'")
+			}
+			p.i++
+			v, err := p.value(depth + 1)
+			if err != nil {
+				return nil, err
+			}
+			d.set(k, v)
+			p.space()
+			if p.i < len(p.data) && p.data[p.i] == ',' {
+				p.i++
+				continue
+			}
+			if p.i < len(p.data) && p.data[p.i] == '}' {
+				p.i++
+				return d, nil
+			}
+			return nil, p.errorf("want ',' or '}'")
+		}
+	case c == '[':
+		p.i++
+		list := []any{}
+		p.space()
+		if p.i < len(p.data) && p.data[p.i] == ']' {
+			p.i++
+			return list, nil
+		}
+		for {
+			v, err := p.value(depth + 1)
+			if err != nil {
+				return nil, err
+			}
+			list = append(list, v)
+			p.space()
+			if p.i < len(p.data) && p.data[p.i] == ',' {
+				p.i++
+				continue
+			}
+			if p.i < len(p.data) && p.data[p.i] == ']' {
+				p.i++
+				return list, nil
+			}
+			return nil, p.errorf("want ',' or ']'")
+		}
+	case c == '"':
+		return p.str()
+	case c == '-' || (c >= '0' && c <= '9'):
+		return p.number()
+	}
+	for _, lit := range []struct {
+		s string
+		v any
+	}{{"true", true}, {"false", false}, {"null", nil}} {
+		if bytes.HasPrefix(p.data[p.i:], []byte(lit.s)) {
+			p.i += len(lit.s)
+			return lit.v, nil
+		}
+	}
+	return nil, p.errorf("unexpected character %q", p.data[p.i])
+}
+
+func (p *jsonParser) str() (string, error) {
+	p.i++ // opening quote
+	start := p.i
+	// Fast path: no escapes.
+	for p.i < len(p.data) {
+		c := p.data[p.i]
+		if c == '"' {
+			s := string(p.data[start:p.i])
+			p.i++
+			return validUTF8(s), nil
+		}
+		if c == '\\' || c < 0x20 {
+			break
+		}
+		p.i++
+	}
+	var b []byte
+	b = append(b, p.data[start:p.i]...)
+	for p.i < len(p.data) {
+		c := p.data[p.i]
+		switch {
+		case c == '"':
+			p.i++
+			return validUTF8(string(b)), nil
+		case c < 0x20:
+			return "", p.errorf("control character in string")
+		case c != '\\':
+			b = append(b, c)
+			p.i++
+			continue
+		}
+		if p.i+1 >= len(p.data) {
+			break
+		}
+		e := p.data[p.i+1]
+		p.i += 2
+		switch e {
+		case '"', '\\', '/':
+			b = append(b, e)
+		case 'b':
+			b = append(b, '\b')
+		case 'f':
+			b = append(b, '\f')
+		case 'n':
+			b = append(b, '\n')
+		case 'r':
+			b = append(b, '\r')
+		case 't':
+			b = append(b, '\t')
+		case 'u':
+			r, ok := p.hex4()
+			if !ok {
+				return "", p.errorf("bad \\u escape")
+			}
+			if utf16.IsSurrogate(r) {
+				r2 := rune(-1)
+				if p.i+1 < len(p.data) && p.data[p.i] == '\\' && p.data[p.i+1] == 'u' {
+					save := p.i
+					p.i += 2
+					if r2, ok = p.hex4(); !ok {
+						return "", p.errorf("bad \\u escape")
+					}
+					if dec := utf16.DecodeRune(r, r2); dec != utf8.RuneError {
+						b = utf8.AppendRune(b, dec)
+						continue
+					}
+					p.i = save
+				}
+				r = utf8.RuneError
+			}
+			b = utf8.AppendRune(b, r)
+		default:
+			return "", p.errorf("bad escape \\%c", e)
+		}
+	}
+	return "", p.errorf("unterminated string")
+}
+
+func (p *jsonParser) hex4() (rune, bool) {
+	if p.i+4 > len(p.data) {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(string(p.data[p.i:p.i+4]), 16, 32)
 	if err != nil {
-		return nil, err
+		return 0, false
 	}
-	switch tok := tok.(type) {
-	case json.Delim:
-		switch tok {
-		case '[':
-			list := []any{}
-			for dec.More() {
-				v, err := decodeValue(dec)
-				if err != nil {
-					return nil, err
-				}
-				list = append(list, v)
-			}
-			_, err := dec.Token()
-			return list, err
-		case '{':
-			d := newDict(4)
-			for dec.More() {
-				k, err := dec.Token()
-				if err != nil {
-					return nil, err
-				}
-				v, err := decodeValue(dec)
-				if err != nil {
-					return nil, err
-				}
-				d.set(k.(string), v)
-			}
-			_, err := dec.Token()
-			return d, err
+	p.i += 4
+	return rune(v), true
+}
+
+func (p *jsonParser) number() (any, error) {
+	start := p.i
+	digits := func() int {
+		n := 0
+		for p.i < len(p.data) && p.data[p.i] >= '0' && p.data[p.i] <= '9' {
+			p.i++
+			n++
 		}
-		return nil, fmt.Errorf("unexpected %v", tok)
-	case json.Number:
-		s := tok.String()
-		if !strings.ContainsAny(s, ".eE") {
-			if n, err := strconv.ParseInt(s, 10, 64); err == nil {
-				return n, nil
-			}
-		}
-		f, err := strconv.ParseFloat(s, 64)
-		return f, err
-	case string, bool, nil:
-		return tok, nil
+		return n
 	}
-	return nil, fmt.Errorf("unexpected %v", tok)
+	if p.data[p.i] == '-' {
+		p.i++
+	}
+	intStart := p.i
+	if digits() == 0 || (p.data[intStart] == '0' && p.i-intStart > 1) {
+		return nil, p.errorf("bad number")
+	}
+	isFloat := false
+	if p.i < len(p.data) && p.data[p.i] == '.' {
+		p.i++
+		isFloat = true
+		if digits() == 0 {
+			return nil, p.errorf("bad number")
+		}
+	}
+	if p.i < len(p.data) && (p.data[p.i] == 'e' || p.data[p.i] == 'E') {
+		p.i++
+		isFloat = true
+		if p.i < len(p.data) && (p.data[p.i] == '+' || p.data[p.i] == '-') {
+			p.i++
+		}
+		if digits() == 0 {
+			return nil, p.errorf("bad number")
+		}
+	}
+	s := string(p.data[start:p.i])
+	if !isFloat {
+		if n, err := strconv.ParseInt(s, 10, 64); err == nil {
+			return n, nil
+		}
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil && !errors.Is(err, strconv.ErrRange) {
+		return nil, p.errorf("bad number %s", s)
+	}
+	return f, nil
 }
 
 // fromGo converts configuration values (strings and lists of them) to template values.
