@@ -49,6 +49,7 @@ type fakeEngine struct {
 	hold     chan struct{} // when set, a non-stream answer waits here
 	streamed chan struct{} // receives after a stream's first chunk was flushed
 	gone     chan struct{} // receives when a stream write fails (client side closed)
+	silent   bool          // a gated stream sends nothing while it waits
 
 	mu      sync.Mutex
 	bodies  [][]byte
@@ -194,7 +195,7 @@ func (e *fakeEngine) handle(ctx *fasthttp.RequestCtx) {
 					case <-e.gate:
 						waiting = false
 					case <-t.C:
-						if !write(": ping\n\n") {
+						if !e.silent && !write(": ping\n\n") {
 							return
 						}
 					}
@@ -286,6 +287,11 @@ func startServer(t *testing.T, cfg *config.Config, opts Options) *testServer {
 	ctx, cancel := context.WithCancel(context.Background())
 	ts := &testServer{Server: s, url: "http://" + s.Addr().String(), cancel: cancel, done: make(chan error, 1)}
 	go func() { ts.done <- s.Run(ctx) }()
+	select {
+	case <-s.serving:
+	case <-time.After(30 * time.Second):
+		t.Fatal("server did not start serving")
+	}
 	t.Cleanup(func() {
 		ts.stop(t)
 		ts.assertIdle(t)

@@ -115,6 +115,8 @@ type Server struct {
 	conns  map[net.Conn]struct{}
 
 	runOnce sync.Once
+	// serving is closed once the start-up checks are done and Serve begins.
+	serving chan struct{}
 }
 
 // New builds a Server from a validated configuration and starts listening (so Addr is known),
@@ -155,6 +157,7 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		tracker:       opts.Tracker,
 		set:           opts.Metrics,
 		hardStop:      make(chan struct{}),
+		serving:       make(chan struct{}),
 		conns:         make(map[net.Conn]struct{}),
 		sessionHeader: cfg.Affinity.SessionHeader,
 		routingHeader: cfg.Affinity.RoutingKeyHeader,
@@ -316,6 +319,7 @@ func (s *Server) run(ctx context.Context) error {
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- s.srv.Serve(s.ln) }()
+	close(s.serving)
 	s.logger.Info("serving", slog.String("addr", s.ln.Addr().String()), slog.Int("models", len(s.models)),
 		slog.Int("workers", len(s.wset.Load().Workers())))
 
