@@ -110,7 +110,7 @@ func Start(ctx context.Context, cfg Config) (*Engine, error) {
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
-		if err := e.srv.Serve(e.ln); err != nil {
+		if err := e.srv.Serve(e.ln); err != nil && e.ctx.Err() == nil {
 			e.log.Error("mock engine HTTP server stopped", slog.Any("err", err))
 		}
 	}()
@@ -598,6 +598,11 @@ func (e *Engine) Close() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if err := e.srv.ShutdownWithContext(ctx); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, err)
+		}
+		// Shutdown does nothing when Serve has not registered the listener yet (a Close
+		// right after Start); closing it ourselves makes Serve return in every case.
+		if err := e.ln.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
 			errs = append(errs, err)
 		}
 		errs = append(errs, e.closeListeners())

@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"switchyard/httpfront/tokenizer"
-
 	"switchyard/load"
 )
 

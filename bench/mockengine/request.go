@@ -435,45 +435,64 @@ func (e *Engine) parsePrompts(field string, raw json.RawMessage, allowIDs bool) 
 	if !present(raw) {
 		return nil, false, badf("%s is required", field)
 	}
-	var one string
-	if json.Unmarshal(raw, &one) == nil {
+	raw = bytes.TrimSpace(raw)
+	invalid := func() error {
+		if allowIDs {
+			return badf("%s must be a string, a list of strings, a list of token IDs or a list of token-ID lists", field)
+		}
+		return badf("%s must be a string or a list of strings", field)
+	}
+	if raw[0] == '"' {
+		var one string
+		if err := json.Unmarshal(raw, &one); err != nil {
+			return nil, false, invalid()
+		}
 		return [][]uint32{e.tok.Encode(one)}, false, nil
 	}
-	var many []string
-	if json.Unmarshal(raw, &many) == nil {
-		if len(many) == 0 {
-			return nil, false, badf("%s must not be empty", field)
+	if raw[0] != '[' {
+		return nil, false, invalid()
+	}
+	// The first element decides the form.
+	var first byte
+	if rest := bytes.TrimSpace(raw[1:]); len(rest) > 0 {
+		first = rest[0]
+	}
+	switch {
+	case first == ']':
+		return nil, false, badf("%s must not be empty", field)
+	case first == '"':
+		var many []string
+		if err := json.Unmarshal(raw, &many); err != nil {
+			return nil, false, invalid()
 		}
 		out := make([][]uint32, len(many))
 		for i, s := range many {
 			out[i] = e.tok.Encode(s)
 		}
 		return out, len(many) > 1 || field == "text", nil
-	}
-	if !allowIDs {
-		return nil, false, badf("%s must be a string or a list of strings", field)
+	case !allowIDs:
+		return nil, false, invalid()
+	case first == '[':
+		var lists [][]int64
+		if err := json.Unmarshal(raw, &lists); err != nil {
+			return nil, false, invalid()
+		}
+		out := make([][]uint32, len(lists))
+		for i, l := range lists {
+			p, err := tokenIDs(fmt.Sprintf("%s[%d]", field, i), l)
+			if err != nil {
+				return nil, false, err
+			}
+			out[i] = p
+		}
+		return out, true, nil
 	}
 	var ids []int64
-	if json.Unmarshal(raw, &ids) == nil {
-		p, err := tokenIDs(field, ids)
-		return [][]uint32{p}, false, err
+	if err := json.Unmarshal(raw, &ids); err != nil {
+		return nil, false, invalid()
 	}
-	var lists [][]int64
-	if err := json.Unmarshal(raw, &lists); err != nil {
-		return nil, false, badf("%s must be a string, a list of strings, a list of token IDs or a list of token-ID lists", field)
-	}
-	if len(lists) == 0 {
-		return nil, false, badf("%s must not be empty", field)
-	}
-	out := make([][]uint32, len(lists))
-	for i, l := range lists {
-		p, err := tokenIDs(fmt.Sprintf("%s[%d]", field, i), l)
-		if err != nil {
-			return nil, false, err
-		}
-		out[i] = p
-	}
-	return out, true, nil
+	p, err := tokenIDs(field, ids)
+	return [][]uint32{p}, false, err
 }
 
 func tokenIDs(field string, ids []int64) ([]uint32, error) {
