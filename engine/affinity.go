@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"crypto/sha256"
 	"errors"
 	"slices"
 	"strings"
@@ -65,6 +66,26 @@ const (
 	ReasonRemap = "remap"
 )
 
+// MaxAffinityKeyBytes is the longest session or routing key stored as is. A longer key (a
+// header value can be kilobytes) is bound under a fixed-size digest instead, so that a
+// scope's bound on bindings also bounds its memory; the digest is stable across processes,
+// so replicas sharing a store agree on it.
+const MaxAffinityKeyBytes = 128
+
+// digestPrefix marks a digested key; a header value cannot contain NUL, so no literal key
+// collides with a digest.
+const digestPrefix = "\x00sha256:"
+
+// storeKey returns the key under which key is bound.
+func storeKey(key string) string {
+	if len(key) <= MaxAffinityKeyBytes {
+		return key
+	}
+	// Slow path: an oversized key.
+	sum := sha256.Sum256([]byte(key))
+	return digestPrefix + string(sum[:16])
+}
+
 // maxBindAttempts bounds the compare-and-set rounds of one pick. A round is lost only when a
 // concurrent writer bound the key to an engine that is not one of this group's candidates
 // (a winner that is a candidate is adopted at once), so two rounds settle any realistic race;
@@ -107,6 +128,7 @@ func (a *affinity) pick(c []*Worker, req *PickRequest, key string) (Pick, error)
 		return Pick{}, pickErr(OutcomeInvalidConfiguration, req.Stage, req.BucketID, "affinity policy has no store")
 	}
 	scope := AffinityScope{Model: req.Model, BucketID: req.BucketID, Stage: req.Stage}
+	key = storeKey(key)
 	now := nowOf(req)
 	bound, err := a.store.Lookup(scope, key, now)
 	if err != nil {

@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -379,6 +380,40 @@ func TestAffinityPDDecodeFailureKeepsPrefillBinding(t *testing.T) {
 			got, err := short.PickEngines(set.Load(), req)
 			if err != nil || got.Prefill.Worker.ID != bound || got.Prefill.Reason != kind.reuse {
 				t.Fatalf("got %+v err %v, want prefill %s reused", got, err, bound)
+			}
+		})
+	}
+}
+
+func TestAffinityLongKeysAreDigested(t *testing.T) {
+	for _, kind := range affinityKinds() {
+		t.Run(kind.name, func(t *testing.T) {
+			ws := testWorkers(t, "llama", StagePlain, "w", 8)
+			store := newMemAffinity()
+			p := kind.mk(nil, nil, store)
+			common := strings.Repeat("x", 4000)
+			short := strings.Repeat("y", MaxAffinityKeyBytes)
+			for _, key := range []string{common + "a", common + "b", short} {
+				first, err := p.Pick(ws, kind.keyReq(StagePlain, key))
+				if err != nil || first.Reason != ReasonAssigned {
+					t.Fatalf("first pick: %v (%v), want a new binding per distinct key", first, err)
+				}
+				again, err := p.Pick(ws, kind.keyReq(StagePlain, key))
+				if err != nil || again.Worker != first.Worker || again.Reason != kind.reuse {
+					t.Fatalf("second pick: %v (%v), want %v reused", again, err, first.Worker)
+				}
+			}
+			scope := AffinityScope{Model: "llama", BucketID: "b", Stage: StagePlain}
+			if n := len(store.m[scope]); n != 3 {
+				t.Fatalf("%d bindings, want 3", n)
+			}
+			for k := range store.m[scope] {
+				if len(k) > MaxAffinityKeyBytes && !strings.HasPrefix(k, digestPrefix) {
+					t.Fatalf("stored a %d-byte key as is", len(k))
+				}
+			}
+			if store.bound(scope, short) == "" {
+				t.Fatal("a key of exactly the limit must be stored as is")
 			}
 		})
 	}
