@@ -1,0 +1,116 @@
+package httpfront
+
+import (
+	"encoding/json"
+	"testing"
+	"unicode/utf8"
+)
+
+var fuzzSeeds = []string{
+	`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":5,"stream":true}`,
+	`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"x"}]}],"temperature":0.5,"top_p":1,"n":2}`,
+	`{"model":"m","prompt":[[1,2],[3]],"max_tokens":1}`,
+	`{"text":["a","b"],"sampling_params":[{"max_new_tokens":1},{"top_p":0.5}],"return_logprob":true}`,
+	`{"input_ids":[1,2,3],"stream":false}`,
+	`{"model":"\u00e9\ud83d\ude00","messages":[]}`,
+	`{"a":[{"b":[{"c":[1e10,-0.5e-3,true,false,null]}]}]}`,
+	`{"model":"m"`,
+	`[`,
+}
+
+// FuzzParseRequest checks that request parsing never panics, accepts only valid JSON objects,
+// and that every accepted request can be prepared (tokens, peak, PD body).
+func FuzzParseRequest(f *testing.F) {
+	for _, s := range fuzzSeeds {
+		for k := range numRoutes {
+			f.Add(uint8(k), []byte(s))
+		}
+	}
+	f.Fuzz(func(t *testing.T, kind uint8, body []byte) {
+		k := routeKind(kind % uint8(numRoutes))
+		var facts requestFacts
+		e := parseRequest(k, body, &facts)
+		if e != nil {
+			if e.status() != 400 {
+				t.Fatalf("status %d for a client error", e.status())
+			}
+			return
+		}
+		if !json.Valid(body) {
+			t.Fatalf("accepted invalid JSON %q", body)
+		}
+		var obj map[string]json.RawMessage
+		if err := json.Unmarshal(body, &obj); err != nil {
+			t.Fatalf("accepted a non-object %q: %v", body, err)
+		}
+		if k != routeGenerate && len(facts.model) == 0 {
+			t.Fatal("accepted a request without a model")
+		}
+		n, _ := facts.inputTokens(nil, body)
+		if n < 0 {
+			t.Fatalf("negative input %d", n)
+		}
+		if _, e := expectedPeak(n, facts.maxTokens); e == nil && facts.maxTokens >= 0 && n+facts.maxTokens < n {
+			t.Fatal("overflow not caught")
+		}
+		out := injectBootstrap(nil, body, "127.0.0.1", 8998, facts.batch)
+		if !json.Valid(out) {
+			t.Fatalf("PD body is not JSON: %q", out)
+		}
+	})
+}
+
+// FuzzScanValue compares the scanner with encoding/json on validity.
+func FuzzScanValue(f *testing.F) {
+	for _, s := range fuzzSeeds {
+		f.Add([]byte(s))
+	}
+	f.Add([]byte(`"\ud800"`))
+	f.Add([]byte(`-01`))
+	f.Add([]byte(` 1.5e+3 `))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		_, end, err := scanValue(b, 0, 0)
+		ok := err == nil && skipWS(b, end) == len(b)
+		want := json.Valid(b)
+		if ok && !want {
+			t.Fatalf("scanner accepts what encoding/json rejects: %q", b)
+		}
+		if !ok && want && utf8.Valid(b) && err != errJSONDepth {
+			t.Fatalf("scanner rejects valid JSON %q: %v", b, err)
+		}
+		if ok {
+			var v any
+			if json.Unmarshal(b, &v) == nil {
+				if s, isStr := v.(string); isStr && utf8.Valid(b) {
+					if got := string(appendUnquoted(nil, b[skipWS(b, 0):skipWS2(b)])); got != s {
+						t.Fatalf("unquote %q = %q, want %q", b, got, s)
+					}
+				}
+			}
+		}
+	})
+}
+
+// skipWS2 returns the index after the last non-space byte.
+func skipWS2(b []byte) int {
+	i := len(b)
+	for i > 0 && (b[i-1] == ' ' || b[i-1] == '\t' || b[i-1] == '\n' || b[i-1] == '\r') {
+		i--
+	}
+	return i
+}
+
+// FuzzDecodeServerInfo checks that introspection decoding never panics.
+func FuzzDecodeServerInfo(f *testing.F) {
+	f.Add([]byte(`{"model_path":"m","disaggregation_mode":"prefill","disaggregation_bootstrap_port":8998,"dp_size":2,"kv_events":{"endpoint_host":"*","load_endpoint_port_base":1}}`))
+	f.Add([]byte(`{"served_model_name":"x","dp_size":"4"}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		info, err := decodeServerInfo(b)
+		if err == nil {
+			_ = info.GaugeEndpoints("http://127.0.0.1:1")
+			if info.DPSize < 0 || info.BootstrapPort < 0 {
+				t.Fatalf("%+v", info)
+			}
+		}
+	})
+}
