@@ -222,7 +222,7 @@ func TestAppendErrorJSON(t *testing.T) {
 		var v struct {
 			Error struct {
 				Message, Type, Code string
-				Param              *string
+				Param               *string
 			}
 		}
 		b := appendErrorJSON(nil, e)
