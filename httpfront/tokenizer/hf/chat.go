@@ -2,6 +2,7 @@ package hf
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -36,7 +37,7 @@ func newChatTemplate(src string, vars map[string]any, now func() time.Time) (*ch
 
 // render renders the template as transformers' apply_chat_template does: messages, tools and
 // documents (None when absent), add_generation_prompt, the special tokens, then extra.
-func (c *chatTemplate) render(messages any, tools any, addGenerationPrompt bool, extra *dict) (string, error) {
+func (c *chatTemplate) render(messages any, tools any, addGenerationPrompt bool, extra *dict, sizeHint int) (string, error) {
 	root := newScope(nil)
 	for k, v := range c.vars {
 		root.vars[k] = v
@@ -51,6 +52,7 @@ func (c *chatTemplate) render(messages any, tools any, addGenerationPrompt bool,
 		}
 	}
 	r := &renderer{now: c.now}
+	r.out.Grow(sizeHint)
 	err := r.execBody(c.body, newScope(root))
 	switch {
 	case errors.Is(err, errBreak), errors.Is(err, errContinue):
@@ -89,7 +91,11 @@ func (t *Tokenizer) ApplyChatTemplate(messages []tokenizer.Message) (string, err
 		d.set("content", m.Content)
 		list[i] = d
 	}
-	s, err := t.chat.render(list, nil, true, nil)
+	n := 256
+	for _, m := range messages {
+		n += len(m.Content) + 32
+	}
+	s, err := t.chat.render(list, nil, true, nil, n)
 	if err != nil {
 		return "", fmt.Errorf("cannot apply chat template: %w", err)
 	}
@@ -140,7 +146,7 @@ func (t *Tokenizer) RenderChatJSON(messages []byte, opts ChatOptions) (string, e
 			return "", fmt.Errorf("cannot apply chat template: extra: %w: want a JSON object", ErrInvalidMessages)
 		}
 	}
-	s, err := t.chat.render(items, tools, !opts.NoGenerationPrompt, extra)
+	s, err := t.chat.render(items, tools, !opts.NoGenerationPrompt, extra, len(messages)+len(opts.Tools)+256)
 	if err != nil {
 		return "", fmt.Errorf("cannot apply chat template: %w", err)
 	}
@@ -296,18 +302,13 @@ func (p *jsonParser) value(depth int) (any, error) {
 func (p *jsonParser) str() (string, error) {
 	p.i++ // opening quote
 	start := p.i
-	// Fast path: no escapes.
-	for p.i < len(p.data) {
-		c := p.data[p.i]
-		if c == '"' {
-			s := string(p.data[start:p.i])
-			p.i++
-			return validUTF8(s), nil
+	// Fast path: no escapes up to the closing quote.
+	if k := bytes.IndexByte(p.data[start:], '"'); k >= 0 {
+		raw := p.data[start : start+k]
+		if bytes.IndexByte(raw, '\\') < 0 && !hasControl(raw) {
+			p.i = start + k + 1
+			return validUTF8(string(raw)), nil
 		}
-		if c == '\\' || c < 0x20 {
-			break
-		}
-		p.i++
 	}
 	var b []byte
 	b = append(b, p.data[start:p.i]...)
@@ -369,6 +370,25 @@ func (p *jsonParser) str() (string, error) {
 		}
 	}
 	return "", p.errorf("unterminated string")
+}
+
+// hasControl reports whether b holds a byte below 0x20, eight bytes at a time.
+func hasControl(b []byte) bool {
+	const lo, hi = 0x0101010101010101, 0x8080808080808080
+	i := 0
+	for ; i+8 <= len(b); i += 8 {
+		w := binary.LittleEndian.Uint64(b[i:])
+		// A byte x < 0x20 makes (x - 0x20) borrow into its high bit, unless x >= 0x80.
+		if (w-0x20*lo)&^w&hi != 0 {
+			return true
+		}
+	}
+	for ; i < len(b); i++ {
+		if b[i] < 0x20 {
+			return true
+		}
+	}
+	return false
 }
 
 func (p *jsonParser) hex4() (rune, bool) {

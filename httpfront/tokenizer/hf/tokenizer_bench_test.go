@@ -187,7 +187,7 @@ func BenchmarkEncode1MB(b *testing.B) {
 func BenchmarkChat100k(b *testing.B) {
 	for _, model := range []string{"qwen3", "llama3"} {
 		tk := benchModel(b, model, 0)
-		msgs, rendered := conversation(b, tk, 102_000)
+		msgs, rendered := conversation(b, tk, 104_000)
 		b.Run(model+"/switchyard-cold", func(b *testing.B) {
 			cold := benchModel(b, model, -1)
 			b.SetBytes(int64(len(rendered)))

@@ -347,3 +347,33 @@ func roundTrip(t *testing.T, tk *Tokenizer, s string, nfc bool) {
 		t.Fatalf("Decode(Encode(%q)) = %q, want %q", s, got, want)
 	}
 }
+
+func TestConcurrentEncode(t *testing.T) {
+	cached := loadTiny(t, Options{CacheBytes: 256 << 10})
+	direct := loadTiny(t, Options{CacheBytes: -1})
+	rng := rand.New(rand.NewPCG(7, 8))
+	texts := make([]string, 64)
+	want := make([][]uint32, len(texts))
+	for i := range texts {
+		texts[i] = randomText(rng, 100+rng.IntN(1500))
+		want[i] = direct.Encode(texts[i])
+	}
+	errs := make(chan error, 4)
+	for g := range 4 {
+		go func() {
+			for k := range 200 {
+				i := (k*7 + g*13) % len(texts)
+				if !slices.Equal(cached.Encode(texts[i]), want[i]) {
+					errs <- errors.New("concurrent encoding differs from the direct one")
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
