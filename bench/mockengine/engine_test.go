@@ -2,7 +2,11 @@ package mockengine
 
 import (
 	"context"
+	"errors"
+	"io"
 	"net"
+	"net/http"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -53,4 +57,81 @@ func TestAllBlocksClearedAtStart(t *testing.T) {
 			t.Fatalf("rank %d: replay from 0 = %+v, want AllBlocksCleared as seq 0", rank, batches)
 		}
 	}
+}
+
+// TestCloseStopsEverything checks that Close leaves no goroutine behind, with requests of
+// every kind in flight or done: streams, a hung stream, PD handshakes and ZMQ subscribers.
+func TestCloseStopsEverything(t *testing.T) {
+	tr := &http.Transport{}
+	c := &http.Client{Transport: tr}
+	p, err := Start(t.Context(), Config{Role: RolePrefill, DPSize: 2, Speedup: 100, KVEvents: KVEvents{Replay: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := Start(t.Context(), Config{Role: RoleDecode, Speedup: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := pdBody(ids(1, 64), "127.0.0.1", p.BootstrapPort(), 3)
+	body["stream"] = true
+	pd := make(chan error, 2)
+	for _, e := range []*Engine{d, p} {
+		go func() {
+			r, err := tryDo(c, "POST", e.URL()+"/generate", body)
+			if err == nil && r.status != 200 {
+				err = errors.New(string(r.body))
+			}
+			pd <- err
+		}()
+	}
+	for range 2 {
+		if err := <-pd; err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A raw subscriber stays connected through Close; a hung stream is cut by it.
+	sub, err := net.Dial("tcp", strings.TrimPrefix(p.KVEventsEndpoint(1), "tcp://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	_ = p.SetFaults(Faults{Hang: true})
+	resp, err := c.Post(p.URL()+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"x","stream":true,"bootstrap_host":"h","bootstrap_room":4}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadAll(resp.Body); err == nil {
+		t.Error("the hung stream ended cleanly; want it cut by Close")
+	}
+	resp.Body.Close()
+	tr.CloseIdleConnections()
+	sub.Close()
+	poll(t, "the engines' goroutines to exit", func() bool { return len(engineGoroutines()) == 0 })
+}
+
+// engineGoroutines returns the stacks of goroutines that belong to an engine: this
+// package's own, and the HTTP servers' connections. (fasthttp keeps a date-updating
+// goroutine for the process and lets idle worker-pool cleaners exit on their next tick.)
+func engineGoroutines() []string {
+	buf := make([]byte, 4<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	var out []string
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "TestCloseStopsEverything") || strings.Contains(g, "testing.(*T).Run") {
+			continue
+		}
+		for _, mark := range []string{"switchyard/bench/mockengine.", "fasthttp.(*Server).serveConn", "net/http.(*conn).serve", "net/http.(*persistConn)"} {
+			if strings.Contains(g, mark) {
+				out = append(out, g)
+				break
+			}
+		}
+	}
+	return out
 }
