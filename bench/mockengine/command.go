@@ -56,7 +56,7 @@ func newFlagSet(stderr io.Writer) (*flag.FlagSet, *commandFlags) {
 	fs.StringVar(&f.host, "host", "127.0.0.1", "address every listener binds")
 	fs.IntVar(&f.port, "port", 30000, "HTTP port of the first engine; engine i listens on port+i (0: chosen by the OS)")
 	fs.IntVar(&f.count, "count", 1, "number of engines to run, on consecutive ports")
-	fs.StringVar(&f.workerID, "worker-id", "", `X-Worker-Id of the engines, suffixed "-i" when count > 1 (default "host:port")`)
+	fs.StringVar(&f.workerID, "worker-id", "", `X-Worker-Id of the engines, suffixed "-i" when count > 1; empty means "host:port"`)
 	fs.StringVar(&f.model, "model", "switchyard-mock", "served model name")
 	fs.StringVar(&f.role, "role", "plain", "serving role: plain, prefill or decode")
 	fs.IntVar(&f.bootstrapPort, "bootstrap-port", DefaultBootstrapPort, "prefill engines: bootstrap server port of the first engine, +i for engine i; decode engines: the port used when a request's bootstrap_port is null")
@@ -108,7 +108,10 @@ func newFlagSet(stderr io.Writer) (*flag.FlagSet, *commandFlags) {
 			if def == "" {
 				def = `""`
 			}
-			fmt.Fprintf(out, "  --%s %s\n    \t%s (default %s)\n", fl.Name, name, usage, def)
+			if name != "" {
+				name = " " + name
+			}
+			fmt.Fprintf(out, "  --%s%s\n    \t%s (default %s)\n", fl.Name, name, usage, def)
 		})
 	}
 	return fs, f
