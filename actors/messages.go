@@ -1,0 +1,101 @@
+package actors
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"switchyard/engine"
+)
+
+// PickEngines asks a bucket actor for the bucket's complete selection: a plain engine, or a
+// prefill engine then a decode engine. The sender sets every field before sending and never
+// changes them; the reply arrives on the call's reply channel as a *PickEnginesResult.
+type PickEngines struct {
+	// Request is the prepared request. Actors only read it.
+	Request *engine.BucketRequest
+
+	call *pickCall
+}
+
+// PickEngine asks a group actor for one engine of its stage. A prefill group that succeeds
+// forwards the same message to Decode; a plain or decode group (or any failure) replies. The
+// bucket actor sets every field before sending and never changes them.
+type PickEngine struct {
+	// Request is the prepared request. Actors only read it.
+	Request *engine.BucketRequest
+	// BucketID is the bucket the pick is for.
+	BucketID string
+	// Decode is the decode group that completes a PD selection; nil for a plain bucket.
+	Decode *actor.PID
+
+	call *pickCall
+}
+
+// PickEnginesResult is the reply to PickEngines: a complete selection, or the error of the
+// stage that failed (a decode failure discards the tentative prefill pick).
+type PickEnginesResult struct {
+	Pick engine.BucketPick
+	Err  error
+}
+
+// pickCall is the pooled state of one PickEngines round trip: both command messages, the
+// result slot, a reply channel and the deadline timer.
+//
+// Ownership moves with the message: the caller fills engines and sends it; the bucket actor
+// fills engine and forwards it; group actors write result (the prefill pick, then the
+// final result) and exactly one of them — or a mailbox refusing the message — sends
+// &result on reply. The caller owns the call again once it has received from reply. The
+// deadline timer sends &expired on reply (capacity 2: the reply and the expiry never
+// block). A caller that stops waiting sets abandoned and never returns the call to the pool,
+// so a late reply lands in a call nobody reuses.
+type pickCall struct {
+	engines PickEngines
+	engine  PickEngine
+	result  PickEnginesResult
+	expired PickEnginesResult // marker: the deadline passed
+	reply   chan *PickEnginesResult
+	timer   *time.Timer // sends &expired on reply when it fires
+	// abandoned is set by a caller that gave up waiting; actors skip such calls.
+	abandoned atomic.Bool
+}
+
+func newPickCall() *pickCall {
+	c := &pickCall{reply: make(chan *PickEnginesResult, 2)}
+	c.timer = time.AfterFunc(time.Hour, c.expire)
+	c.timer.Stop()
+	c.engines.call = c
+	c.engine.call = c
+	return c
+}
+
+// expire runs on the timer's goroutine when the deadline passes.
+func (c *pickCall) expire() { c.reply <- &c.expired }
+
+// fail replies with err, discarding any partial selection.
+func (c *pickCall) fail(err error) {
+	c.result = PickEnginesResult{Err: err}
+	c.reply <- &c.result
+}
+
+// finish replies with the selection in result.
+func (c *pickCall) finish() {
+	c.reply <- &c.result
+}
+
+// reset drops the call's references before it returns to the pool.
+func (c *pickCall) reset() {
+	c.engines.Request = nil
+	c.engine = PickEngine{call: c}
+	c.result = PickEnginesResult{}
+}
+
+func (m *PickEngines) reject(err *engine.PickError) { m.call.fail(err) }
+
+func (m *PickEngine) reject(err *engine.PickError) { m.call.fail(err) }
+
+var (
+	_ rejecter = (*PickEngines)(nil)
+	_ rejecter = (*PickEngine)(nil)
+)

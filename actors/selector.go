@@ -1,0 +1,485 @@
+package actors
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"switchyard/config"
+	"switchyard/engine"
+)
+
+// Sentinel errors; a *engine.PickError with OutcomeInternal wraps them.
+var (
+	// ErrClosed: the Selector was closed.
+	ErrClosed = errors.New("selector closed")
+	// ErrStopped: the actor serving the pick stopped before answering.
+	ErrStopped = errors.New("actor stopped")
+	// ErrPanicked: the policy or actor serving the pick panicked.
+	ErrPanicked = errors.New("actor panicked")
+)
+
+// DefaultPickTimeout bounds the wait for a bucket actor's reply when config.Actors sets none.
+const DefaultPickTimeout = time.Second
+
+// Default mailbox sizes, used when config.Actors.Mailbox leaves a kind at zero.
+const (
+	DefaultBucketMailbox    = 1024
+	DefaultGroupMailbox     = 1024
+	DefaultTelemetryMailbox = 256
+)
+
+// Selector hosts the selection domain on actors: one bucket actor per bucket and, as its
+// children, one group actor per engine group. PickEngines and Select are safe for concurrent
+// use by any number of request goroutines.
+type Selector struct {
+	sys      *actor.ActorSystem
+	root     *actor.RootContext
+	host     *host
+	workers  *engine.WorkerSet
+	timeout  time.Duration
+	logger   *slog.Logger
+	counters Counters
+
+	buckets map[*engine.Bucket]*bucketHost
+	pids    []*actor.PID // bucket actors, for Close
+
+	calls sync.Pool // *pickCall
+	bufs  sync.Pool // *[]*engine.Bucket
+
+	closed    atomic.Bool
+	closeOnce sync.Once
+	closedErr *engine.PickError
+}
+
+// bucketHost is what a bucket actor's incarnations share: the bucket's immutable facts and
+// the hosts of its groups. Restarting the actor keeps it.
+type bucketHost struct {
+	sel    *Selector
+	bucket *engine.Bucket
+	id     string
+	name   string // actor name
+	pid    *actor.PID
+	stage  engine.Stage
+	// groups: plain, or prefill then decode; nil entries for a misconfigured bucket.
+	plain, prefill, decode *groupHost
+	mailboxSize            int
+	mb                     atomic.Pointer[mailbox] // the current incarnation's mailbox
+	invalid                *engine.PickError       // reply of a bucket without its groups
+	internal               *engine.PickError       // reply to a pick that hit a bucket actor panic
+}
+
+// groupHost is what a group actor's incarnations share: the *engine.EngineGroup (membership
+// and the policy with its state, kept across restarts) and the group's fixed labels.
+type groupHost struct {
+	sel         *Selector
+	group       *engine.EngineGroup
+	bucketID    string
+	stage       engine.Stage
+	mailboxSize int
+	mb          atomic.Pointer[mailbox] // the current incarnation's mailbox
+}
+
+// NewSelector spawns the actors for every bucket of resolvers. workers is the registry the
+// group actors pick from; cfg sizes the mailboxes and the pick deadline (zero values take
+// the defaults). A group shared by two buckets is refused: a group is owned by one actor.
+func NewSelector(resolvers map[string]*engine.BucketResolver, workers *engine.WorkerSet, cfg config.Actors, logger *slog.Logger) (*Selector, error) {
+	if workers == nil {
+		return nil, errors.New("cannot create selector: nil worker set")
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Selector{
+		host:    newHost(),
+		workers: workers,
+		timeout: cfg.PickTimeout,
+		logger:  logger,
+		buckets: make(map[*engine.Bucket]*bucketHost),
+	}
+	if s.timeout <= 0 {
+		s.timeout = DefaultPickTimeout
+	}
+	bucketSize := sizeOr(cfg.Mailbox.Bucket, DefaultBucketMailbox)
+	groupSize := sizeOr(cfg.Mailbox.Group, DefaultGroupMailbox)
+	s.closedErr = &engine.PickError{Outcome: engine.OutcomeInternal, Detail: "selection is shut down", Err: ErrClosed}
+	s.calls.New = func() any { return newPickCall() }
+	s.bufs.New = func() any { b := make([]*engine.Bucket, 0, 8); return &b }
+
+	// Deterministic order: models by name, then each resolver's selection order.
+	models := make([]string, 0, len(resolvers))
+	for m := range resolvers {
+		models = append(models, m)
+	}
+	slices.Sort(models)
+	owner := make(map[*engine.EngineGroup]string)
+	var errs []error
+	for _, m := range models {
+		r := resolvers[m]
+		if r == nil {
+			continue
+		}
+		for _, b := range r.Buckets() {
+			if b == nil || s.buckets[b] != nil {
+				continue
+			}
+			bh := &bucketHost{
+				sel:         s,
+				bucket:      b,
+				id:          b.ID,
+				name:        fmt.Sprintf("bucket:%s:%s#%d", m, b.ID, len(s.buckets)),
+				mailboxSize: bucketSize,
+			}
+			for _, g := range b.Groups() {
+				if g == nil {
+					continue
+				}
+				if prev, dup := owner[g]; dup {
+					errs = append(errs, fmt.Errorf("cannot create selector: bucket %q of model %q shares a group with %s", b.ID, m, prev))
+					continue
+				}
+				owner[g] = fmt.Sprintf("bucket %q of model %q", b.ID, m)
+				gh := &groupHost{sel: s, group: g, bucketID: b.ID, stage: g.Stage(), mailboxSize: groupSize}
+				switch {
+				case !b.IsPD():
+					bh.plain = gh
+				case g == b.Prefill:
+					bh.prefill = gh
+				default:
+					bh.decode = gh
+				}
+			}
+			bh.stage = engine.StagePlain
+			if b.IsPD() {
+				bh.stage = engine.StagePrefill
+			}
+			bh.invalid = bh.invalidErr()
+			bh.internal = &engine.PickError{Outcome: engine.OutcomeInternal, Stage: bh.stage, BucketID: b.ID,
+				Detail: "bucket actor failed", Err: ErrPanicked}
+			s.buckets[b] = bh
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+
+	s.sys = newActorSystem(logger)
+	s.root = s.sys.Root
+	subscribeDeadLetters(s.sys, &engine.PickError{Outcome: engine.OutcomeInternal, Detail: "actor stopped", Err: ErrStopped})
+	hosts := make([]*bucketHost, 0, len(s.buckets))
+	for _, bh := range s.buckets {
+		hosts = append(hosts, bh)
+	}
+	slices.SortFunc(hosts, func(a, b *bucketHost) int { return strings.Compare(a.name, b.name) })
+	for _, bh := range hosts {
+		pid, err := s.root.SpawnNamed(bh.props(), bh.name)
+		if err != nil {
+			s.Close()
+			return nil, fmt.Errorf("cannot spawn bucket actor %s: %w", bh.name, err)
+		}
+		bh.pid = pid
+		s.pids = append(s.pids, pid)
+	}
+	return s, nil
+}
+
+func sizeOr(n, def int) int {
+	if n > 0 {
+		return n
+	}
+	return def
+}
+
+func (bh *bucketHost) invalidErr() *engine.PickError {
+	b := bh.bucket
+	switch {
+	case !b.IsPD() && bh.plain == nil:
+		return &engine.PickError{Outcome: engine.OutcomeInvalidConfiguration, Stage: engine.StagePlain, BucketID: b.ID, Detail: "bucket has no groups"}
+	case b.IsPD() && bh.decode == nil:
+		return &engine.PickError{Outcome: engine.OutcomeInvalidConfiguration, Stage: engine.StageDecode, BucketID: b.ID, Detail: "PD bucket has no decode group"}
+	}
+	return nil
+}
+
+// Counters returns the actors' failure counts (mailbox rejections, recovered panics).
+func (s *Selector) Counters() *Counters { return &s.counters }
+
+// Timeout is the pick deadline.
+func (s *Selector) Timeout() time.Duration { return s.timeout }
+
+// PickEngines returns b's complete selection for req in one round trip through b's actors:
+// the bucket actor forwards to the plain group actor, or to the prefill group actor which
+// forwards to the decode group actor; the last one replies. It waits at most the pick
+// deadline: a miss returns OutcomeTimeout and req may still be read by an actor afterwards,
+// so a caller must not reuse req after a timeout. A full mailbox returns OutcomeOverloaded at
+// once. Returned errors are shared and must not be modified.
+func (s *Selector) PickEngines(b *engine.Bucket, req *engine.BucketRequest) (engine.BucketPick, error) {
+	bh := s.buckets[b]
+	if bh == nil {
+		return engine.BucketPick{}, &engine.PickError{Outcome: engine.OutcomeInvalidConfiguration, BucketID: bucketID(b),
+			Detail: "bucket is not hosted by this selector"}
+	}
+	if s.closed.Load() {
+		return engine.BucketPick{}, s.closedErr
+	}
+	return s.await(bh, s.start(bh, req))
+}
+
+// start sends req to bh's actor in a pooled call, arming the call's deadline.
+func (s *Selector) start(bh *bucketHost, req *engine.BucketRequest) *pickCall {
+	c := s.calls.Get().(*pickCall)
+	c.engines.Request = req
+	c.timer.Reset(s.timeout)
+	s.root.Send(bh.pid, &c.engines)
+	return c
+}
+
+// await waits for c's reply until its deadline. Fast path: one channel receive; the
+// deadline timer answers on the same channel, so no select is needed.
+func (s *Selector) await(bh *bucketHost, c *pickCall) (engine.BucketPick, error) {
+	r := <-c.reply
+	if r != &c.expired {
+		if !c.timer.Stop() {
+			<-c.reply // the deadline fired meanwhile: take its marker before reuse
+		}
+		return s.release(c, r)
+	}
+	// Slow path: deadline missed. A reply may have raced the timer.
+	select {
+	case r = <-c.reply:
+		return s.release(c, r)
+	default:
+	}
+	c.abandoned.Store(true) // never pooled again: a late reply cannot reach a reused call
+	return engine.BucketPick{}, &engine.PickError{Outcome: engine.OutcomeTimeout, Stage: bh.stage, BucketID: bh.id,
+		Detail: "no reply within " + s.timeout.String()}
+}
+
+// release returns c to the pool and its result.
+func (s *Selector) release(c *pickCall, r *PickEnginesResult) (engine.BucketPick, error) {
+	pick, err := r.Pick, r.Err
+	c.reset()
+	s.calls.Put(c)
+	return pick, err
+}
+
+func bucketID(b *engine.Bucket) string {
+	if b == nil {
+		return ""
+	}
+	return b.ID
+}
+
+// Select resolves req's compatible buckets and runs the bucket loop (engine.SelectEngines)
+// with PickEngines as the attempt: the first complete selection wins; missing candidates and
+// admission rejections move on to the next bucket.
+func (s *Selector) Select(resolver *engine.BucketResolver, req *engine.BucketRequest) (engine.BucketPick, error) {
+	bp := s.bufs.Get().(*[]*engine.Bucket)
+	buckets, err := resolver.Resolve((*bp)[:0], req.InputTokens, req.ExpectedPeak)
+	if err == nil {
+		var pick engine.BucketPick
+		pick, err = engine.SelectEngines(buckets, func(b *engine.Bucket) (engine.BucketPick, error) {
+			return s.PickEngines(b, req)
+		})
+		if err == nil {
+			clear(buckets)
+			*bp = buckets[:0]
+			s.bufs.Put(bp)
+			return pick, nil
+		}
+	}
+	clear(buckets)
+	*bp = buckets[:0]
+	s.bufs.Put(bp)
+	return engine.BucketPick{}, err
+}
+
+// Close stops every actor, waits until they have stopped and their goroutines have ended,
+// and shuts the actor system down. Picks after Close fail with OutcomeInternal (ErrClosed).
+func (s *Selector) Close() {
+	s.closeOnce.Do(func() {
+		s.closed.Store(true)
+		futures := make([]*actor.Future, 0, len(s.pids))
+		for _, pid := range s.pids {
+			futures = append(futures, s.root.StopFuture(pid))
+		}
+		for _, f := range futures {
+			if _, err := f.Result(); err != nil {
+				s.logger.Warn("actor did not confirm stop", slog.Any("error", err))
+			}
+		}
+		s.host.shutdown()
+		s.sys.Shutdown()
+	})
+}
+
+// props returns the bucket actor's props; each spawn gets a fresh mailbox. Bucket actors (by
+// their guardian) and group actors (by their parent's strategy) are always restarted after a
+// failure, never stopped however often they fail: a stopped actor would turn every later pick
+// of its bucket into an error.
+func (bh *bucketHost) props() *actor.Props {
+	mb := newMailbox(bh.mailboxSize, bh.sel.host, &bh.sel.counters.kinds[KindBucket],
+		&engine.PickError{Outcome: engine.OutcomeOverloaded, Stage: bh.stage, BucketID: bh.id, Detail: "bucket actor mailbox is full"},
+		&engine.PickError{Outcome: engine.OutcomeInternal, Stage: bh.stage, BucketID: bh.id, Detail: "bucket actor stopped", Err: ErrStopped})
+	bh.mb.Store(mb)
+	return actor.PropsFromProducer(func() actor.Actor { return newBucketActor(bh, mb) },
+		actor.WithMailbox(mb.producer()),
+		actor.WithGuardian(actor.RestartingSupervisorStrategy()),
+		actor.WithSupervisor(actor.RestartingSupervisorStrategy()),
+	)
+}
+
+// props returns the group actor's props; each spawn gets a fresh mailbox.
+func (gh *groupHost) props() *actor.Props {
+	mb := newMailbox(gh.mailboxSize, gh.sel.host, &gh.sel.counters.kinds[KindGroup],
+		&engine.PickError{Outcome: engine.OutcomeOverloaded, Stage: gh.stage, BucketID: gh.bucketID, Detail: gh.stage.String() + " group actor mailbox is full"},
+		&engine.PickError{Outcome: engine.OutcomeInternal, Stage: gh.stage, BucketID: gh.bucketID, Detail: gh.stage.String() + " group actor stopped", Err: ErrStopped})
+	gh.mb.Store(mb)
+	return actor.PropsFromProducer(func() actor.Actor { return newGroupActor(gh, mb) },
+		actor.WithMailbox(mb.producer()))
+}
+
+// bucketActor serializes the entry of a bucket's picks and owns its group actors (children).
+type bucketActor struct {
+	h  *bucketHost
+	mb *mailbox
+	// group actor PIDs; spawned on Started (again after a restart, which stops children).
+	plain, prefill, decode *actor.PID
+}
+
+var _ actor.Actor = (*bucketActor)(nil)
+
+func newBucketActor(h *bucketHost, mb *mailbox) *bucketActor { return &bucketActor{h: h, mb: mb} }
+
+// Receive implements actor.Actor.
+func (a *bucketActor) Receive(ctx actor.Context) {
+	switch msg := ctx.Message().(type) {
+	case *PickEngines:
+		a.pickEngines(ctx, msg)
+	case *actor.Started:
+		a.spawnGroups(ctx)
+	case *actor.Stopped:
+		a.mb.close()
+	}
+}
+
+func (a *bucketActor) spawnGroups(ctx actor.Context) {
+	spawn := func(gh *groupHost) *actor.PID {
+		if gh == nil {
+			return nil
+		}
+		pid, err := ctx.SpawnNamed(gh.props(), gh.stage.String())
+		if err != nil {
+			panic(fmt.Sprintf("BUG: cannot spawn %s group actor of bucket %s: %v", gh.stage, a.h.id, err))
+		}
+		return pid
+	}
+	a.plain = spawn(a.h.plain)
+	a.prefill = spawn(a.h.prefill)
+	a.decode = spawn(a.h.decode)
+}
+
+func (a *bucketActor) pickEngines(ctx actor.Context, msg *PickEngines) {
+	c := msg.call
+	if c.abandoned.Load() {
+		return
+	}
+	owned := true
+	defer func() {
+		if r := recover(); r != nil {
+			recordPanic(a.h.sel, KindBucket, a.h.id, a.h.stage, "", r)
+			if owned {
+				c.fail(a.h.internal)
+			}
+			panic(r) // let Proto.Actor restart the actor
+		}
+	}()
+	if a.h.invalid != nil {
+		owned = false
+		c.fail(a.h.invalid)
+		return
+	}
+	c.engine = PickEngine{Request: msg.Request, BucketID: a.h.id, Decode: a.decode, call: c}
+	target := a.plain
+	if a.prefill != nil {
+		target = a.prefill
+	}
+	owned = false
+	ctx.Send(target, &c.engine)
+}
+
+// groupActor owns one engine group: its membership cache and its policy with its state.
+type groupActor struct {
+	h  *groupHost
+	mb *mailbox
+}
+
+var _ actor.Actor = (*groupActor)(nil)
+
+func newGroupActor(h *groupHost, mb *mailbox) *groupActor { return &groupActor{h: h, mb: mb} }
+
+// Receive implements actor.Actor.
+func (a *groupActor) Receive(ctx actor.Context) {
+	switch msg := ctx.Message().(type) {
+	case *PickEngine:
+		a.pickEngine(ctx, msg)
+	case *actor.Stopped:
+		a.mb.close()
+	}
+}
+
+func (a *groupActor) pickEngine(ctx actor.Context, msg *PickEngine) {
+	c := msg.call
+	if c.abandoned.Load() {
+		return
+	}
+	owned := true
+	defer func() {
+		if r := recover(); r != nil {
+			recordPanic(a.h.sel, KindGroup, a.h.bucketID, a.h.stage, a.h.group.Policy().Name(), r)
+			if owned {
+				c.fail(&engine.PickError{Outcome: engine.OutcomeInternal, Stage: a.h.stage, BucketID: a.h.bucketID,
+					Detail: fmt.Sprintf("%s group actor panicked: %v", a.h.stage, r), Err: ErrPanicked})
+			}
+			panic(r) // let Proto.Actor restart the actor
+		}
+	}()
+	p, err := a.h.group.Pick(a.h.sel.workers.Load(), msg.BucketID, msg.Request)
+	owned = false
+	if err != nil {
+		c.fail(err)
+		return
+	}
+	switch a.h.stage {
+	case engine.StagePrefill:
+		c.result.Pick.Prefill = p
+		ctx.Send(msg.Decode, msg)
+	case engine.StageDecode:
+		c.result.Pick.BucketID = msg.BucketID
+		c.result.Pick.Decode = p
+		c.finish()
+	default:
+		c.result.Pick = engine.BucketPick{BucketID: msg.BucketID, Plain: p}
+		c.finish()
+	}
+}
+
+// recordPanic logs and counts a panic recovered in an actor.
+func recordPanic(s *Selector, k Kind, bucketID string, stage engine.Stage, policy string, r any) {
+	s.counters.kinds[k].panics.Add(1)
+	s.logger.Error("actor panicked; failing its request and restarting it",
+		slog.String("kind", k.String()),
+		slog.String("bucket", bucketID),
+		slog.String("stage", stage.String()),
+		slog.String("policy", policy),
+		slog.Any("panic", r),
+		slog.String("stack", string(debug.Stack())))
+}

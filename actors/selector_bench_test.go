@@ -1,0 +1,152 @@
+package actors
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"switchyard/config"
+	"switchyard/engine"
+	"switchyard/load"
+)
+
+// benchLoads returns a load table holding a fresh, native report for every worker, so
+// power_of_two compares reported pressure as in production.
+func benchLoads(now time.Time, ws ...[]*engine.Worker) *load.Table {
+	agg := load.NewAggregator(time.Hour)
+	for _, group := range ws {
+		for i, w := range group {
+			agg.SetWorker(w.ID, 1, w.Counters)
+			agg.Ingest(w.ID, load.RankReport{
+				Fields:         load.HasRunning | load.HasWaiting | load.HasUsedTokens | load.HasCapacity | load.HasNative | load.HasWaitingUncached,
+				Running:        int64(i % 7),
+				Waiting:        int64(i % 3),
+				UsedTokens:     int64(1000 * (i % 11)),
+				MaxTotalTokens: 100_000,
+				At:             now,
+			})
+		}
+	}
+	t := load.NewTable()
+	t.Store(agg.Snapshot(now))
+	return t
+}
+
+func benchPolicy(name string, loads engine.LoadReader, seed uint64) engine.Policy {
+	switch name {
+	case engine.PolicyPowerOfTwo:
+		return engine.NewPowerOfTwo(nil, loads, rand.New(rand.NewPCG(seed, 1)))
+	default:
+		return engine.NewRoundRobin(nil, loads)
+	}
+}
+
+// benchFixture is one bucket of n engines (plain, or n/2 prefill and n/2 decode).
+type benchFixture struct {
+	set    *engine.WorkerSet
+	bucket *engine.Bucket
+	res    *engine.BucketResolver
+	req    *engine.BucketRequest
+}
+
+func newBenchFixture(b *testing.B, pd bool, policy string, n int) *benchFixture {
+	b.Helper()
+	now := time.Now()
+	f := &benchFixture{req: &engine.BucketRequest{Model: testModel, InputTokens: 100, ExpectedPeak: -1, Now: now}}
+	if pd {
+		ps := workers("P", n/2, engine.StagePrefill)
+		ds := workers("D", n/2, engine.StageDecode)
+		loads := benchLoads(now, ps, ds)
+		f.set = workerSet(b, ps, ds)
+		f.bucket = pdBucket("pd", 4096, benchPolicy(policy, loads, 1), benchPolicy(policy, loads, 2), nil, nil)
+	} else {
+		ws := workers("W", n, engine.StagePlain)
+		loads := benchLoads(now, ws)
+		f.set = workerSet(b, ws)
+		f.bucket = plainBucket("plain", 4096, benchPolicy(policy, loads, 1), nil)
+	}
+	f.res = engine.NewBucketResolver(testModel, []*engine.Bucket{f.bucket})
+	return f
+}
+
+func checkPick(b *testing.B, p engine.BucketPick, err error) {
+	if err != nil {
+		b.Fatal(err)
+	}
+	if p.Plain.Worker == nil && p.Decode.Worker == nil {
+		b.Fatal("empty pick")
+	}
+}
+
+// BenchmarkPick measures one bucket's complete selection: through the actors
+// (Selector.PickEngines: one round trip, bucket actor → group actor(s) → caller) beside the
+// direct call of Bucket.PickEngines (the baseline; under RunParallel the bucket is behind a
+// mutex, as it must be owned by one goroutine at a time).
+func BenchmarkPick(b *testing.B) {
+	for _, mode := range []string{"plain", "pd"} {
+		for _, policy := range []string{engine.PolicyRoundRobin, engine.PolicyPowerOfTwo} {
+			for _, n := range []int{8, 64, 512} {
+				name := fmt.Sprintf("%s/%s/engines=%d", mode, policy, n)
+				b.Run(name+"/actors/serial", func(b *testing.B) {
+					f := newBenchFixture(b, mode == "pd", policy, n)
+					s := newTestSelector(b, f.set, config.Actors{}, nil, f.bucket)
+					b.ReportAllocs()
+					for b.Loop() {
+						p, err := s.PickEngines(f.bucket, f.req)
+						checkPick(b, p, err)
+					}
+				})
+				b.Run(name+"/actors/parallel", func(b *testing.B) {
+					f := newBenchFixture(b, mode == "pd", policy, n)
+					s := newTestSelector(b, f.set, config.Actors{Mailbox: config.Mailbox{Bucket: 4096, Group: 4096}}, nil, f.bucket)
+					b.ReportAllocs()
+					b.RunParallel(func(pb *testing.PB) {
+						for pb.Next() {
+							p, err := s.PickEngines(f.bucket, f.req)
+							checkPick(b, p, err)
+						}
+					})
+				})
+				b.Run(name+"/direct/serial", func(b *testing.B) {
+					f := newBenchFixture(b, mode == "pd", policy, n)
+					b.ReportAllocs()
+					for b.Loop() {
+						p, err := f.bucket.PickEngines(f.set.Load(), f.req)
+						checkPick(b, p, err)
+					}
+				})
+				b.Run(name+"/direct/parallel", func(b *testing.B) {
+					f := newBenchFixture(b, mode == "pd", policy, n)
+					var mu sync.Mutex
+					b.ReportAllocs()
+					b.RunParallel(func(pb *testing.PB) {
+						for pb.Next() {
+							mu.Lock()
+							p, err := f.bucket.PickEngines(f.set.Load(), f.req)
+							mu.Unlock()
+							checkPick(b, p, err)
+						}
+					})
+				})
+			}
+		}
+	}
+}
+
+// BenchmarkSelect measures the whole selection of Selector.Select (Resolve, then the bucket
+// loop with the actor round trip as the attempt) on one compatible bucket of 64 engines.
+func BenchmarkSelect(b *testing.B) {
+	for _, mode := range []string{"plain", "pd"} {
+		b.Run(mode, func(b *testing.B) {
+			f := newBenchFixture(b, mode == "pd", engine.PolicyPowerOfTwo, 64)
+			s := newTestSelector(b, f.set, config.Actors{}, nil, f.bucket)
+			b.ReportAllocs()
+			for b.Loop() {
+				p, err := s.Select(f.res, f.req)
+				checkPick(b, p, err)
+			}
+		})
+	}
+}
