@@ -112,9 +112,9 @@ type wakeToken struct{}
 // has a channel slot of its own and does not count toward the size. The dispatcher handed
 // to RegisterHandlers is not used.
 type mailbox struct {
-	user         chan any     // capacity size+1: size messages and one wakeToken
+	user         chan any // capacity size+1: size messages and one wakeToken
 	size         int32
-	queued       atomic.Int32 // user messages in user (not the token)
+	queued       atomic.Int32  // user messages in user (not the token)
 	wake         chan struct{} // capacity 1: wakes the goroutine while suspended
 	tokenPending atomic.Bool   // a wakeToken is (being) queued in user
 
