@@ -89,7 +89,7 @@ func newFlagSet(stderr io.Writer) (*flag.FlagSet, *commandFlags) {
 	fs.IntVar(&f.failStatus, "fault-fail-status", 500, "HTTP status of --fault-fail-first and --fault-fail-rate failures")
 	fs.IntVar(&f.status, "fault-status", 0, "answer every inference request with this error status (0: off)")
 	fs.DurationVar(&f.latency, "fault-latency", 0, "latency added before every inference request (real time, not divided by --speedup)")
-	fs.IntVar(&f.dropAfterTokens, "fault-drop-after-tokens", -1, "close the connection after N output tokens (-1: off; non-streaming requests get no response)")
+	fs.IntVar(&f.dropAfterTokens, "fault-drop-after-tokens", -1, "close the connection instead of sending output token N+1 (-1: off; a non-streaming request gets no response)")
 	fs.BoolVar(&f.hang, "fault-hang", false, "hold every inference request before its first token")
 	fs.DurationVar(&f.unhealthyAfter, "fault-unhealthy-after", 0, "answer 503 on /health and /health_generate after this long (0: off)")
 	fs.DurationVar(&f.stopEventsAfter, "fault-stop-events-after", 0, "stop publishing KV events and load gauges after this long (0: off)")

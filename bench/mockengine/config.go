@@ -160,8 +160,9 @@ type Faults struct {
 	Status int
 	// Latency is added before every inference request is queued (engine clock, not scaled).
 	Latency time.Duration
-	// Drop closes the connection after DropAfterTokens output tokens (streaming), or
-	// without a response once that many tokens exist (non-streaming).
+	// Drop closes the connection instead of delivering output token DropAfterTokens+1: a
+	// stream is cut after DropAfterTokens token chunks, a non-streaming request gets no
+	// response once more tokens than that exist. Shorter responses complete.
 	Drop            bool
 	DropAfterTokens int
 	// Hang holds every inference request before its first token until the fault is cleared,

@@ -187,7 +187,6 @@ func (e *Engine) serveHealthGenerate(ctx *fasthttp.RequestCtx) {
 	req := &inferRequest{api: apiGenerate, prompts: [][]uint32{prompt}, n: 1, maxTokens: 1, dpRank: -1}
 	j := e.newJob(req)
 	defer j.close()
-	j.internal = true
 	j.submit()
 	if err := j.wait(); err != nil {
 		e.writeError(ctx, fasthttp.StatusServiceUnavailable, "health generation failed: "+err.Error())

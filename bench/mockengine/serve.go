@@ -25,7 +25,6 @@ type job struct {
 	created  time.Time
 	faults   *Faults
 	items    []itemInfo // per prompt: cached tokens reported by the prefill partner (decode)
-	internal bool       // a health check: not registered for abort
 
 	mu        sync.Mutex
 	submitted bool
@@ -348,7 +347,7 @@ func (e *Engine) serveInference(ctx *fasthttp.RequestCtx, api apiKind) {
 	j.submit()
 	for {
 		ok, err := j.done()
-		if j.faults.Drop && j.produced() >= j.faults.DropAfterTokens {
+		if j.faults.Drop && j.produced() > j.faults.DropAfterTokens {
 			j.abort()
 			dropConnection(ctx)
 			return
@@ -501,14 +500,6 @@ func (s *sseStream) fill() error {
 				s.ended[i] = true
 				s.buf = j.appendChunk(s.buf, s, i, -1, finishReason(sq))
 			}
-		}
-		if drop && s.total >= j.faults.DropAfterTokens && !s.allEnded() {
-			j.abort()
-			if len(s.buf) > 0 {
-				s.fail = errDropped
-				return nil
-			}
-			return errDropped
 		}
 		if s.allEnded() {
 			if j.req.includeUsage && j.req.api != apiGenerate {
