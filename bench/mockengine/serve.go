@@ -16,15 +16,15 @@ import (
 
 // job is one inference request in flight: its sequences (prompts × samples) on one rank.
 type job struct {
-	e        *Engine
-	req      *inferRequest
-	rank     *rank
-	rid      string
-	seqs     []*seq
-	notify   chan struct{}
-	created  time.Time
-	faults   *Faults
-	items    []itemInfo // per prompt: cached tokens reported by the prefill partner (decode)
+	e       *Engine
+	req     *inferRequest
+	rank    *rank
+	rid     string
+	seqs    []*seq
+	notify  chan struct{}
+	created time.Time
+	faults  *Faults
+	items   []itemInfo // per prompt: cached tokens reported by the prefill partner (decode)
 
 	mu        sync.Mutex
 	submitted bool
