@@ -22,6 +22,12 @@ type Timer interface {
 	Stop() bool
 }
 
+var (
+	_ Clock = realClock{}
+	_ Timer = realTimer{}
+	_ Timer = (*manualTimer)(nil)
+)
+
 // RealClock returns the wall clock.
 func RealClock() Clock { return realClock{} }
 

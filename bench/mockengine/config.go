@@ -91,6 +91,8 @@ type Tokenizer interface {
 	tokenizer.ChatTemplater
 }
 
+var _ Tokenizer = (*tokenizer.Simple)(nil)
+
 // Costs is the simulated cost model, in simulated time (divided by Config.Speedup).
 type Costs struct {
 	// PrefillOverhead is the fixed cost of one prefill batch. Default 5ms.

@@ -425,6 +425,8 @@ type sseStream struct {
 
 var errDropped = errors.New("connection dropped by fault injection")
 
+var _ io.ReadCloser = (*sseStream)(nil)
+
 func newSSEStream(j *job) *sseStream {
 	n := len(j.seqs)
 	s := &sseStream{j: j, sent: make([]int, n), ended: make([]bool, n)}
