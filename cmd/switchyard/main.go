@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 )
 
@@ -29,18 +30,20 @@ type command struct {
 
 func commands() []command {
 	return []command{
+		{"serve", "run the router (the default command): switchyard [serve] --config FILE", runServe},
 		{"check", "validate a configuration: switchyard check --config FILE", runCheck},
 		{"demo", "run the selection core on the built-in example and print its picks", runDemo},
+		{"tokenize", "print the token IDs of stdin: switchyard tokenize --tokenizer PATH [--chat]", runTokenize},
 	}
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	switch {
+	case len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help"):
 		usage(stdout)
-		if len(args) == 0 {
-			return 2
-		}
 		return 0
+	case len(args) == 0 || strings.HasPrefix(args[0], "-"):
+		args = append([]string{"serve"}, args...) // serve is the default command
 	}
 	for _, c := range commands() {
 		if c.name != args[0] {
