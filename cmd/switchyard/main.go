@@ -11,6 +11,8 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+
+	"switchyard/bench/mockengine"
 )
 
 func main() {
@@ -33,6 +35,7 @@ func commands() []command {
 		{"serve", "run the router (the default command): switchyard [serve] --config FILE", runServe},
 		{"check", "validate a configuration: switchyard check --config FILE", runCheck},
 		{"demo", "run the selection core on the built-in example and print its picks", runDemo},
+		{"mockengine", "run simulated SGLang engines: switchyard mockengine [--count N] (see --help)", mockengine.Command},
 		{"tokenize", "print the token IDs of stdin: switchyard tokenize --tokenizer PATH [--chat]", runTokenize},
 	}
 }
