@@ -1,0 +1,48 @@
+//go:build !race
+
+package actors
+
+import (
+	"testing"
+
+	"switchyard/config"
+	"switchyard/engine"
+)
+
+// TestSelectorAllocations locks in the allocation budget of the pick path through the
+// actors: a plain and a PD round trip, and a whole Select, allocate nothing (pooled calls,
+// reply channels and timers; pooled bucket slices).
+func TestSelectorAllocations(t *testing.T) {
+	ws := workers("W", 8, engine.StagePlain)
+	ps := workers("P", 4, engine.StagePrefill)
+	ds := workers("D", 4, engine.StageDecode)
+	plain := plainBucket("plain", 4096, engine.NewRoundRobin(nil, nil), nil)
+	pd := pdBucket("pd", 8192, engine.NewRoundRobin(nil, nil), engine.NewRoundRobin(nil, nil), nil, nil)
+	s := newTestSelector(t, workerSet(t, ws, ps, ds), config.Actors{}, nil, plain, pd)
+	res := engine.NewBucketResolver(testModel, []*engine.Bucket{plain})
+	req := request(100)
+
+	tests := []struct {
+		name string
+		run  func() (engine.BucketPick, error)
+	}{
+		{"plain PickEngines", func() (engine.BucketPick, error) { return s.PickEngines(plain, req) }},
+		{"PD PickEngines", func() (engine.BucketPick, error) { return s.PickEngines(pd, req) }},
+		{"plain Select", func() (engine.BucketPick, error) { return s.Select(res, req) }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := tt.run(); err != nil { // warm the pools
+				t.Fatal(err)
+			}
+			n := testing.AllocsPerRun(1000, func() {
+				if _, err := tt.run(); err != nil {
+					t.Fatal(err)
+				}
+			})
+			if n != 0 {
+				t.Fatalf("%v allocs per selection, want 0", n)
+			}
+		})
+	}
+}

@@ -1,0 +1,496 @@
+package actors
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/valyala/fasthttp"
+
+	"switchyard/config"
+	"switchyard/engine"
+	"switchyard/load"
+)
+
+// Telemetry defaults, used when TelemetryOptions leaves a field at zero.
+const (
+	// DefaultPublishInterval is the coalescing window: a dirty load table is rebuilt and
+	// published at most once per interval.
+	DefaultPublishInterval = 20 * time.Millisecond
+	// DefaultRefreshInterval is how often the table is rebuilt even when no report arrived,
+	// so that its build time follows the clock and expired reports drop out.
+	DefaultRefreshInterval = time.Second
+)
+
+// Telemetry errors.
+var (
+	// ErrTelemetryClosed: the Telemetry was closed.
+	ErrTelemetryClosed = errors.New("telemetry closed")
+	// ErrWorkerTracked: AddWorker was called for a worker already tracked.
+	ErrWorkerTracked = errors.New("worker already tracked")
+	// ErrNoGaugeEndpoint: load.source is zmq and the worker advertises no load gauge.
+	ErrNoGaugeEndpoint = errors.New("no load gauge endpoint")
+)
+
+// LoadReported is an event: a worker's transport delivered its DP ranks' reports, or
+// failed to (Err set, Reports nil). The telemetry actor owns Reports once sent.
+type LoadReported struct {
+	WorkerID string
+	Reports  []load.RankReport
+	Err      error
+}
+
+// AddWorker tells the telemetry actor to aggregate a worker's reports.
+type AddWorker struct {
+	WorkerID string
+	// DPSize is the worker's number of DP ranks (at least 1).
+	DPSize int
+	// Counters are the worker's router-local counters (dispatch counts at ingest); may be nil.
+	Counters *load.Counters
+
+	reply chan *AddWorkerResult
+}
+
+// AddWorkerResult is the reply to AddWorker.
+type AddWorkerResult struct{ Err error }
+
+// RemoveWorker tells the telemetry actor to forget a worker and its reports.
+type RemoveWorker struct {
+	WorkerID string
+
+	reply chan *RemoveWorkerResult
+}
+
+// RemoveWorkerResult is the reply to RemoveWorker.
+type RemoveWorkerResult struct{ Err error }
+
+// PublishLoads tells the telemetry actor to rebuild and publish the load table: always when
+// Force is set, else only when a report or worker change arrived since the last build or
+// the refresh interval has passed. The periodic tick sends it without a reply channel.
+type PublishLoads struct {
+	Force bool
+
+	reply chan *PublishLoadsResult
+}
+
+// PublishLoadsResult is the reply to PublishLoads: the snapshot now in the table.
+type PublishLoadsResult struct {
+	Snapshot *load.Snapshot
+	Err      error
+}
+
+func (m *AddWorker) reject(err *engine.PickError) { answer(m.reply, &AddWorkerResult{Err: err}) }
+
+func (m *RemoveWorker) reject(err *engine.PickError) { answer(m.reply, &RemoveWorkerResult{Err: err}) }
+
+func (m *PublishLoads) reject(err *engine.PickError) { answer(m.reply, &PublishLoadsResult{Err: err}) }
+
+// answer sends r on reply (capacity 1) unless reply is nil or already answered, so the
+// panic path can answer a command without knowing whether it was answered.
+func answer[R any](reply chan *R, r *R) {
+	select {
+	case reply <- r:
+	default:
+	}
+}
+
+var (
+	_ rejecter = (*AddWorker)(nil)
+	_ rejecter = (*RemoveWorker)(nil)
+	_ rejecter = (*PublishLoads)(nil)
+)
+
+// TelemetryOptions configure a Telemetry. Zero fields take the defaults.
+type TelemetryOptions struct {
+	// Load holds load.freshness, load.poll_interval and load.source. Zero values take the
+	// load package's defaults; an empty source is auto.
+	Load config.LoadSettings
+	// Mailbox is the telemetry actor's mailbox size (actors.mailbox.telemetry). Default 256.
+	Mailbox int
+	// PublishInterval is the coalescing window of table rebuilds. Default 20ms.
+	PublishInterval time.Duration
+	// RefreshInterval rebuilds the table even when nothing changed. Default 1s.
+	RefreshInterval time.Duration
+	// Now is the clock of snapshots and report receipt times. Default time.Now.
+	Now func() time.Time
+	// Ticks, when set, replaces the publish ticker (tests drive it); Telemetry does not own
+	// or close it.
+	Ticks <-chan time.Time
+	// Client is the HTTP client shared by the pollers. Default: the load package's.
+	Client *fasthttp.Client
+	// Logger receives telemetry and Proto.Actor logs. Default: discarded.
+	Logger *slog.Logger
+}
+
+// WorkerSource is what Telemetry needs to follow one engine's load.
+type WorkerSource struct {
+	// ID is the worker ID. Required.
+	ID string
+	// URL is the engine's base URL, polled at /v1/loads (or /get_load).
+	URL string
+	// DPSize is the number of DP ranks; smaller than 1 means 1.
+	DPSize int
+	// Counters are the worker's router-local counters; may be nil.
+	Counters *load.Counters
+	// GaugeEndpoint is the engine's ZMQ load gauge ("tcp://host:port"), or "".
+	GaugeEndpoint string
+}
+
+// TelemetryStats counts what the telemetry actor received and published.
+type TelemetryStats struct {
+	// Reports is the number of LoadReported events carrying reports.
+	Reports uint64
+	// Failures is the number of LoadReported events carrying a transport or decode error.
+	Failures uint64
+	// Publishes is the number of snapshots stored in the table.
+	Publishes uint64
+}
+
+// Telemetry ingests engine load reports and publishes them into a load.Table. It owns a
+// telemetry actor (holding the load.Aggregator), a publish ticker and one transport goroutine
+// per worker: a load.Poller (HTTP) or a load.GaugeSubscriber (ZMQ), chosen by load.source.
+// Its methods are safe for concurrent use.
+type Telemetry struct {
+	opts   TelemetryOptions
+	table  *load.Table
+	logger *slog.Logger
+	now    func() time.Time
+
+	sys      *actor.ActorSystem
+	pid      *actor.PID
+	host     *host
+	th       *telemetryHost
+	counters Counters
+	tick     *PublishLoads // shared, reply-less
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // ticker and transports
+
+	mu     sync.Mutex
+	feeds  map[string]*feed
+	closed bool
+}
+
+// feed is one worker's running transport.
+type feed struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// telemetryHost is what the telemetry actor's incarnations share: the aggregator and the
+// table it publishes into survive a restart.
+type telemetryHost struct {
+	agg       *load.Aggregator
+	table     *load.Table
+	now       func() time.Time
+	refresh   time.Duration
+	logger    *slog.Logger
+	counters  *kindCounters
+	internal  *engine.PickError
+	reports   atomic.Uint64
+	failures  atomic.Uint64
+	publishes atomic.Uint64
+
+	// Owned by the actor.
+	dirty     bool
+	lastBuild time.Time
+}
+
+// NewTelemetry starts the telemetry actor and its publish ticker. Workers are added with
+// AddWorker; Close stops everything.
+func NewTelemetry(table *load.Table, opts TelemetryOptions) (*Telemetry, error) {
+	if table == nil {
+		return nil, errors.New("cannot create telemetry: nil load table")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.PublishInterval <= 0 {
+		opts.PublishInterval = DefaultPublishInterval
+	}
+	if opts.RefreshInterval <= 0 {
+		opts.RefreshInterval = DefaultRefreshInterval
+	}
+	switch opts.Load.Source {
+	case "":
+		opts.Load.Source = config.LoadSourceAuto
+	case config.LoadSourceAuto, config.LoadSourceHTTP, config.LoadSourceZMQ:
+	default:
+		return nil, fmt.Errorf("cannot create telemetry: unknown load source %q", opts.Load.Source)
+	}
+	t := &Telemetry{
+		opts:   opts,
+		table:  table,
+		logger: opts.Logger,
+		now:    opts.Now,
+		host:   newHost(),
+		feeds:  make(map[string]*feed),
+		tick:   &PublishLoads{},
+	}
+	t.th = &telemetryHost{
+		agg:      load.NewAggregator(opts.Load.Freshness),
+		table:    table,
+		now:      opts.Now,
+		refresh:  opts.RefreshInterval,
+		logger:   opts.Logger,
+		counters: &t.counters.kinds[KindTelemetry],
+		internal: &engine.PickError{Outcome: engine.OutcomeInternal, Detail: "telemetry actor failed", Err: ErrPanicked},
+	}
+	mb := newMailbox(sizeOr(opts.Mailbox, DefaultTelemetryMailbox), t.host, t.th.counters,
+		&engine.PickError{Outcome: engine.OutcomeOverloaded, Detail: "telemetry actor mailbox is full"},
+		&engine.PickError{Outcome: engine.OutcomeInternal, Detail: "telemetry actor stopped", Err: ErrStopped})
+	t.sys = newActorSystem(opts.Logger)
+	subscribeDeadLetters(t.sys, &engine.PickError{Outcome: engine.OutcomeInternal, Detail: "actor stopped", Err: ErrStopped})
+	props := actor.PropsFromProducer(func() actor.Actor { return &telemetryActor{h: t.th, mb: mb} },
+		actor.WithMailbox(mb.producer()),
+		actor.WithGuardian(actor.RestartingSupervisorStrategy()))
+	pid, err := t.sys.Root.SpawnNamed(props, "telemetry")
+	if err != nil {
+		t.host.shutdown()
+		t.sys.Shutdown()
+		return nil, fmt.Errorf("cannot spawn telemetry actor: %w", err)
+	}
+	t.pid = pid
+	t.ctx, t.cancel = context.WithCancel(context.Background())
+
+	ticks := opts.Ticks
+	var ticker *time.Ticker
+	if ticks == nil {
+		ticker = time.NewTicker(opts.PublishInterval)
+		ticks = ticker.C
+	}
+	t.wg.Go(func() {
+		if ticker != nil {
+			defer ticker.Stop()
+		}
+		for {
+			select {
+			case <-t.ctx.Done():
+				return
+			case <-ticks:
+				t.sys.Root.Send(t.pid, t.tick)
+			}
+		}
+	})
+	return t, nil
+}
+
+// Counters returns the telemetry actor's failure counts (mailbox rejections: dropped
+// reports or refused commands; recovered panics).
+func (t *Telemetry) Counters() *Counters { return &t.counters }
+
+// Stats returns what the telemetry actor received and published.
+func (t *Telemetry) Stats() TelemetryStats {
+	return TelemetryStats{
+		Reports:   t.th.reports.Load(),
+		Failures:  t.th.failures.Load(),
+		Publishes: t.th.publishes.Load(),
+	}
+}
+
+// AddWorker registers src with the aggregator and starts its transport: the ZMQ load gauge
+// when load.source is zmq, or auto and src has a gauge endpoint; HTTP polling otherwise.
+func (t *Telemetry) AddWorker(src WorkerSource) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return fmt.Errorf("cannot add worker %q to telemetry: %w", src.ID, ErrTelemetryClosed)
+	}
+	if src.ID == "" {
+		return errors.New("cannot add worker to telemetry: empty worker ID")
+	}
+	if t.feeds[src.ID] != nil {
+		return fmt.Errorf("cannot add worker %q to telemetry: %w", src.ID, ErrWorkerTracked)
+	}
+	run, err := t.transport(src)
+	if err != nil {
+		return fmt.Errorf("cannot add worker %q to telemetry: %w", src.ID, err)
+	}
+	reply := make(chan *AddWorkerResult, 1)
+	t.sys.Root.Send(t.pid, &AddWorker{WorkerID: src.ID, DPSize: src.DPSize, Counters: src.Counters, reply: reply})
+	if r := <-reply; r.Err != nil {
+		return fmt.Errorf("cannot add worker %q to telemetry: %w", src.ID, r.Err)
+	}
+	ctx, cancel := context.WithCancel(t.ctx)
+	f := &feed{cancel: cancel, done: make(chan struct{})}
+	t.feeds[src.ID] = f
+	t.wg.Go(func() {
+		defer close(f.done)
+		defer func() {
+			if v := recover(); v != nil {
+				t.logger.Error("load transport panicked", slog.String("worker", src.ID), slog.Any("panic", v))
+			}
+		}()
+		if err := run(ctx); err != nil {
+			t.logger.Warn("load transport stopped", slog.String("worker", src.ID), slog.Any("error", err))
+		}
+	})
+	return nil
+}
+
+// transport builds src's load transport and returns its Run.
+func (t *Telemetry) transport(src WorkerSource) (func(context.Context) error, error) {
+	useGauge := t.opts.Load.Source == config.LoadSourceZMQ ||
+		(t.opts.Load.Source == config.LoadSourceAuto && src.GaugeEndpoint != "")
+	if useGauge {
+		if src.GaugeEndpoint == "" {
+			return nil, ErrNoGaugeEndpoint
+		}
+		s, err := load.NewGaugeSubscriber(load.GaugeSubscriberConfig{
+			WorkerID: src.ID,
+			Endpoint: src.GaugeEndpoint,
+			Logger:   t.logger,
+			Now:      t.now,
+			Deliver: func(id string, r load.RankReport) {
+				t.sys.Root.Send(t.pid, &LoadReported{WorkerID: id, Reports: []load.RankReport{r}})
+			},
+		})
+		if err != nil {
+			return nil, err
+		}
+		return s.Run, nil
+	}
+	p, err := load.NewPoller(load.PollerConfig{
+		WorkerID: src.ID,
+		URL:      src.URL,
+		Interval: t.opts.Load.PollInterval,
+		Client:   t.opts.Client,
+		Logger:   t.logger,
+		Now:      t.now,
+		Deliver: func(id string, reps []load.RankReport, err error) {
+			t.sys.Root.Send(t.pid, &LoadReported{WorkerID: id, Reports: reps, Err: err})
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return p.Run, nil
+}
+
+// RemoveWorker stops the worker's transport, waits for it, and removes the worker and its
+// reports from the aggregator. Unknown workers are ignored.
+func (t *Telemetry) RemoveWorker(id string) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return fmt.Errorf("cannot remove worker %q from telemetry: %w", id, ErrTelemetryClosed)
+	}
+	f := t.feeds[id]
+	if f == nil {
+		return nil
+	}
+	delete(t.feeds, id)
+	f.cancel()
+	<-f.done
+	reply := make(chan *RemoveWorkerResult, 1)
+	t.sys.Root.Send(t.pid, &RemoveWorker{WorkerID: id, reply: reply})
+	if r := <-reply; r.Err != nil {
+		return fmt.Errorf("cannot remove worker %q from telemetry: %w", id, r.Err)
+	}
+	return nil
+}
+
+// Workers returns the IDs of the tracked workers, in no particular order.
+func (t *Telemetry) Workers() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ids := make([]string, 0, len(t.feeds))
+	for id := range t.feeds {
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// Flush rebuilds and publishes the table now, after every report already queued, and
+// returns the published snapshot.
+func (t *Telemetry) Flush() (*load.Snapshot, error) {
+	reply := make(chan *PublishLoadsResult, 1)
+	t.sys.Root.Send(t.pid, &PublishLoads{Force: true, reply: reply})
+	r := <-reply
+	return r.Snapshot, r.Err
+}
+
+// Close stops every transport and the ticker, waits for them, then stops the telemetry
+// actor and waits for it. The table keeps its last snapshot.
+func (t *Telemetry) Close() {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return
+	}
+	t.closed = true
+	t.feeds = nil
+	t.mu.Unlock()
+	t.cancel()
+	t.wg.Wait()
+	if _, err := t.sys.Root.StopFuture(t.pid).Result(); err != nil {
+		t.logger.Warn("telemetry actor did not confirm stop", slog.Any("error", err))
+	}
+	t.host.shutdown()
+	t.sys.Shutdown()
+}
+
+// telemetryActor owns the load.Aggregator: it ingests reports and worker changes and
+// publishes coalesced snapshots into the table.
+type telemetryActor struct {
+	h  *telemetryHost
+	mb *mailbox
+}
+
+var _ actor.Actor = (*telemetryActor)(nil)
+
+// Receive implements actor.Actor.
+func (a *telemetryActor) Receive(ctx actor.Context) {
+	msg := ctx.Message()
+	defer func() {
+		if r := recover(); r != nil {
+			a.h.counters.panics.Add(1)
+			a.h.logger.Error("telemetry actor panicked; restarting it", slog.Any("panic", r), slog.String("message", fmt.Sprintf("%T", msg)))
+			if rj, ok := msg.(rejecter); ok {
+				rj.reject(a.h.internal)
+			}
+			panic(r) // let Proto.Actor restart the actor
+		}
+	}()
+	h := a.h
+	switch m := msg.(type) {
+	case *LoadReported:
+		if m.Err != nil {
+			h.failures.Add(1)
+			return
+		}
+		h.reports.Add(1)
+		for _, r := range m.Reports {
+			h.agg.Ingest(m.WorkerID, r)
+		}
+		h.dirty = true
+	case *AddWorker:
+		h.agg.SetWorker(m.WorkerID, m.DPSize, m.Counters)
+		h.dirty = true
+		answer(m.reply, &AddWorkerResult{})
+	case *RemoveWorker:
+		h.agg.RemoveWorker(m.WorkerID)
+		h.dirty = true
+		answer(m.reply, &RemoveWorkerResult{})
+	case *PublishLoads:
+		now := h.now()
+		if m.Force || h.dirty || now.Sub(h.lastBuild) >= h.refresh {
+			h.table.Store(h.agg.Snapshot(now))
+			h.dirty = false
+			h.lastBuild = now
+			h.publishes.Add(1)
+		}
+		answer(m.reply, &PublishLoadsResult{Snapshot: h.table.Load()})
+	case *actor.Stopped:
+		a.mb.close()
+	}
+}

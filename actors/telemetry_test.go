@@ -1,0 +1,285 @@
+package actors
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"switchyard/config"
+	"switchyard/engine"
+	"switchyard/load"
+)
+
+var telT0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+
+// fakeClock is a settable clock.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// newTestTelemetry returns a Telemetry driven by clk whose publish ticker never ticks; it
+// is closed when the test ends.
+func newTestTelemetry(t *testing.T, clk *fakeClock, opts TelemetryOptions) (*Telemetry, *load.Table) {
+	t.Helper()
+	table := load.NewTable()
+	opts.Now = clk.Now
+	opts.Ticks = make(chan time.Time)
+	tel, err := NewTelemetry(table, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(tel.Close)
+	return tel, table
+}
+
+// publish asks the actor for an unforced publish (what a tick does) and waits for it.
+func publish(t *testing.T, tel *Telemetry) *load.Snapshot {
+	t.Helper()
+	reply := make(chan *PublishLoadsResult, 1)
+	tel.sys.Root.Send(tel.pid, &PublishLoads{reply: reply})
+	r := <-reply
+	if r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	return r.Snapshot
+}
+
+func report(running int64, at time.Time) load.RankReport {
+	return load.RankReport{
+		Fields:         load.HasNative | load.HasRunning | load.HasWaiting | load.HasCapacity,
+		Running:        running,
+		Waiting:        1,
+		MaxTotalTokens: 1000,
+		At:             at,
+	}
+}
+
+// loadsServer is a loopback engine answering GET /v1/loads with a fixed report; every
+// request is signalled on hits.
+type loadsServer struct {
+	*httptest.Server
+	hits  chan struct{}
+	count atomic.Int64
+}
+
+func newLoadsServer(t *testing.T, reps []load.RankReport) *loadsServer {
+	t.Helper()
+	body, err := json.Marshal(load.NewLoadsBody(telT0, "test", reps))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &loadsServer{hits: make(chan struct{}, 1024)}
+	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != load.PathLoads {
+			http.NotFound(w, r)
+			return
+		}
+		s.count.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(body)
+		select {
+		case s.hits <- struct{}{}:
+		default:
+		}
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+func (s *loadsServer) awaitHits(t *testing.T, n int) {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for range n {
+		select {
+		case <-s.hits:
+		case <-deadline:
+			t.Fatalf("engine was not polled %d times", n)
+		}
+	}
+}
+
+func TestTelemetryPollsHTTPAndPublishes(t *testing.T) {
+	clk := &fakeClock{t: telT0.Add(time.Second)}
+	srv := newLoadsServer(t, []load.RankReport{report(3, telT0), {DPRank: 1, Fields: load.HasNative | load.HasRunning | load.HasWaiting | load.HasCapacity, Running: 4, Waiting: 2, MaxTotalTokens: 500, At: telT0}})
+	tel, table := newTestTelemetry(t, clk, TelemetryOptions{
+		Load: config.LoadSettings{Source: config.LoadSourceHTTP, PollInterval: 5 * time.Millisecond, Freshness: 5 * time.Second},
+	})
+
+	counters := new(load.Counters)
+	if err := tel.AddWorker(WorkerSource{ID: "W1", URL: srv.URL, DPSize: 2, Counters: counters}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tel.AddWorker(WorkerSource{ID: "W1", URL: srv.URL}); !errors.Is(err, ErrWorkerTracked) {
+		t.Fatalf("second AddWorker error = %v, want ErrWorkerTracked", err)
+	}
+	// The poller delivers a round before it starts the next: after the second request the
+	// first round's reports are queued ahead of Flush.
+	srv.awaitHits(t, 2)
+	snap, err := tel.Flush()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if table.Load() != snap {
+		t.Error("Flush did not publish its snapshot into the table")
+	}
+	obs := snap.Observe("W1", clk.Now())
+	if !obs.Native() || obs.Running != 7 || obs.Waiting != 3 || obs.MaxTotalTokens != 1500 || !obs.CapturedAt.Equal(telT0) {
+		t.Fatalf("observation = %+v, want the sum of both ranks (running 7, waiting 3, capacity 1500) captured at %v", obs, telT0)
+	}
+	if st := tel.Stats(); st.Reports == 0 || st.Failures != 0 {
+		t.Errorf("stats = %+v, want reports and no failures", st)
+	}
+	// Freshness is judged at read time: past the window the worker is unknown.
+	if o := snap.Observe("W1", telT0.Add(6*time.Second)); o.Known() {
+		t.Errorf("observation past freshness = %+v, want unknown", o)
+	}
+
+	if err := tel.RemoveWorker("W1"); err != nil {
+		t.Fatal(err)
+	}
+	// RemoveWorker returned after the poller goroutine ended: no request can follow.
+	polled := srv.count.Load()
+	if ids := tel.Workers(); len(ids) != 0 {
+		t.Errorf("workers after removal = %v, want none", ids)
+	}
+	snap, err = tel.Flush()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := snap.Observe("W1", clk.Now()); snap.Len() != 0 || o.Known() {
+		t.Errorf("snapshot after removal covers %d workers, want none", snap.Len())
+	}
+	srv.Close() // waits for any handler still running
+	if got := srv.count.Load(); got != polled {
+		t.Errorf("engine polled %d times after RemoveWorker returned", got-polled)
+	}
+	if err := tel.RemoveWorker("W1"); err != nil {
+		t.Errorf("removing an unknown worker: %v", err)
+	}
+}
+
+func TestTelemetryCoalescesPublishes(t *testing.T) {
+	clk := &fakeClock{t: telT0}
+	tel, table := newTestTelemetry(t, clk, TelemetryOptions{RefreshInterval: time.Second})
+	send := func(msg any) { tel.sys.Root.Send(tel.pid, msg) }
+	publishes := func() uint64 { return tel.Stats().Publishes }
+
+	publish(t, tel) // first build (the clock is past the zero lastBuild)
+	base := publishes()
+	publish(t, tel)
+	if publishes() != base {
+		t.Fatal("a clean table was rebuilt within the refresh interval")
+	}
+
+	// Worker changes and reports mark the table dirty; one tick publishes them all.
+	reply := make(chan *AddWorkerResult, 1)
+	send(&AddWorker{WorkerID: "W1", DPSize: 1, reply: reply})
+	if r := <-reply; r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	send(&LoadReported{WorkerID: "W1", Reports: []load.RankReport{report(1, telT0)}})
+	send(&LoadReported{WorkerID: "W1", Reports: []load.RankReport{report(2, telT0)}})
+	snap := publish(t, tel)
+	if publishes() != base+1 {
+		t.Fatalf("publishes = %d, want %d (one coalesced rebuild)", publishes(), base+1)
+	}
+	if o := snap.Observe("W1", telT0); o.Running != 2 || table.Load() != snap {
+		t.Fatalf("observation = %+v, want the latest report (running 2) in the table", o)
+	}
+	publish(t, tel)
+	if publishes() != base+1 {
+		t.Fatal("the table was rebuilt again without a change")
+	}
+
+	// A failed poll is counted and changes nothing.
+	send(&LoadReported{WorkerID: "W1", Err: errors.New("connection refused")})
+	publish(t, tel)
+	if st := tel.Stats(); st.Failures != 1 || st.Publishes != base+1 {
+		t.Fatalf("stats = %+v, want 1 failure and no rebuild", st)
+	}
+
+	// Past the refresh interval a clean table is rebuilt at the new time.
+	clk.Advance(time.Second)
+	snap = publish(t, tel)
+	if publishes() != base+2 || !snap.At().Equal(telT0.Add(time.Second)) {
+		t.Fatalf("publishes = %d at %v, want %d at %v", publishes(), snap.At(), base+2, telT0.Add(time.Second))
+	}
+}
+
+func TestTelemetryAddWorkerErrors(t *testing.T) {
+	clk := &fakeClock{t: telT0}
+	tests := []struct {
+		name    string
+		source  string
+		src     WorkerSource
+		wantErr error
+	}{
+		{name: "zmq without a gauge endpoint", source: config.LoadSourceZMQ, src: WorkerSource{ID: "W1", URL: "http://127.0.0.1:1"}, wantErr: ErrNoGaugeEndpoint},
+		{name: "http with a bad URL", source: config.LoadSourceHTTP, src: WorkerSource{ID: "W1", URL: "ftp://x"}, wantErr: load.ErrInvalidConfig},
+		{name: "auto with a bad gauge endpoint", source: config.LoadSourceAuto, src: WorkerSource{ID: "W1", GaugeEndpoint: "udp://x"}, wantErr: load.ErrInvalidConfig},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tel, _ := newTestTelemetry(t, clk, TelemetryOptions{Load: config.LoadSettings{Source: tt.source}})
+			if err := tel.AddWorker(tt.src); !errors.Is(err, tt.wantErr) {
+				t.Fatalf("AddWorker error = %v, want %v", err, tt.wantErr)
+			}
+			if ids := tel.Workers(); len(ids) != 0 {
+				t.Errorf("workers = %v after a failed add", ids)
+			}
+		})
+	}
+	if _, err := NewTelemetry(load.NewTable(), TelemetryOptions{Load: config.LoadSettings{Source: "carrier-pigeon"}}); err == nil {
+		t.Error("NewTelemetry accepted an unknown load source")
+	}
+}
+
+func TestTelemetryClose(t *testing.T) {
+	clk := &fakeClock{t: telT0.Add(time.Second)}
+	srv := newLoadsServer(t, []load.RankReport{report(3, telT0)})
+	table := load.NewTable()
+	tel, err := NewTelemetry(table, TelemetryOptions{
+		Load: config.LoadSettings{Source: config.LoadSourceHTTP, PollInterval: 5 * time.Millisecond},
+		Now:  clk.Now,
+		// The real publish ticker: Close must stop it too.
+		PublishInterval: time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tel.AddWorker(WorkerSource{ID: "W1", URL: srv.URL}); err != nil {
+		t.Fatal(err)
+	}
+	srv.awaitHits(t, 1)
+	tel.Close()
+	tel.Close() // idempotent
+	polled := srv.count.Load()
+	srv.Close()
+	if got := srv.count.Load(); got != polled {
+		t.Errorf("engine polled after Close returned")
+	}
+	if err := tel.AddWorker(WorkerSource{ID: "W2", URL: srv.URL}); !errors.Is(err, ErrTelemetryClosed) {
+		t.Errorf("AddWorker after Close = %v, want ErrTelemetryClosed", err)
+	}
+	if _, err := tel.Flush(); !errors.Is(err, ErrStopped) || !errors.Is(err, engine.ErrInternal) {
+		t.Errorf("Flush after Close = %v, want Internal wrapping ErrStopped", err)
+	}
+}
