@@ -121,6 +121,9 @@ func (e *fakeEngine) handle(ctx *fasthttp.RequestCtx) {
 			ctx.SetStatusCode(int(s))
 		}
 		return
+	case "/v1/loads", "/get_load":
+		ctx.SetStatusCode(404) // no load reports: every metric stays unknown
+		return
 	case "/server_info", "/get_server_info":
 		if e.noInfo.Load() {
 			ctx.SetStatusCode(404)

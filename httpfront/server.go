@@ -41,9 +41,12 @@ type Options struct {
 	// Tokenizer returns the tokenizer of a model, or nil for the body-size estimate.
 	// Default: none (every model uses the estimate).
 	Tokenizer func(model string) tokenizer.Tokenizer
-	// Telemetry ingests the workers' load reports into Loads. Default: none (every reported
-	// metric unknown; policies fall back to router-local in-flight counts).
+	// Telemetry ingests the workers' load reports into Loads. Default: an actors.Telemetry
+	// (HTTP polling of /v1/loads or /get_load, or the ZMQ load gauge per load.source).
 	Telemetry Telemetry
+	// NoTelemetry disables the default Telemetry: every reported metric stays unknown and
+	// policies fall back to router-local in-flight counts.
+	NoTelemetry bool
 	// Loads is the load table the policies read; Telemetry publishes into it. Default: a new
 	// empty table.
 	Loads *load.Table
@@ -90,8 +93,9 @@ type Server struct {
 	now      func() time.Time
 	ln       net.Listener
 	srv      *fasthttp.Server
-	sel      selector
-	closeSel func()
+	sel       selector
+	closeSel  func()
+	closeTele func()
 	workers  *workerManager
 	wset     *engine.WorkerSet
 	tracker  *load.Tracker
@@ -209,6 +213,21 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 	s.sel, s.closeSel = sel, sel.Close
 	s.registerActorMetrics(sel)
 
+	s.closeTele = func() {}
+	if opts.Telemetry == nil && !opts.NoTelemetry {
+		tel, err := actors.NewTelemetry(opts.Loads, actors.TelemetryOptions{
+			Load:    cfg.Load,
+			Mailbox: cfg.Actors.Mailbox.Telemetry,
+			Now:     opts.Now,
+			Logger:  opts.Logger,
+		})
+		if err != nil {
+			s.closeSel()
+			return nil, fmt.Errorf("cannot create server: %w", err)
+		}
+		opts.Telemetry = actorTelemetry{tel}
+		s.closeTele = tel.Close
+	}
 	s.workers = newWorkerManager(ws, s.tracker, cfg.Health, opts.Telemetry, s.metrics, opts.Logger, opts.Now)
 	for _, wc := range cfg.Workers {
 		spec := WorkerSpec{ID: wc.ID, URL: wc.URL, Model: wc.Model, Role: string(wc.Role),
@@ -216,6 +235,7 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		if _, err := s.workers.add(context.Background(), spec, false); err != nil {
 			s.closeSel()
 			s.workers.stop()
+			s.closeTele()
 			return nil, fmt.Errorf("cannot create server: %w", err)
 		}
 	}
@@ -246,6 +266,7 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		if err != nil {
 			s.closeSel()
 			s.workers.stop()
+			s.closeTele()
 			return nil, fmt.Errorf("cannot create server: %w", err)
 		}
 		s.ln = ln
@@ -361,6 +382,7 @@ func (s *Server) run(ctx context.Context) error {
 	stopLife()
 	janitor.Wait()
 	s.workers.stop()
+	s.closeTele()
 	s.closeSel()
 	s.logger.Info("stopped")
 	return runErr
@@ -555,3 +577,18 @@ func (s *Server) readiness(ctx *fasthttp.RequestCtx) {
 	}
 	ctx.SetBodyString(`{"status":"ready"}`)
 }
+
+// actorTelemetry adapts actors.Telemetry to Telemetry.
+type actorTelemetry struct{ t *actors.Telemetry }
+
+var _ Telemetry = actorTelemetry{}
+
+func (a actorTelemetry) StartWorker(src TelemetrySource) error {
+	ws := actors.WorkerSource{ID: src.WorkerID, URL: src.URL, DPSize: src.DPSize, Counters: src.Counters}
+	if len(src.GaugeEndpoints) > 0 {
+		ws.GaugeEndpoint = src.GaugeEndpoints[0]
+	}
+	return a.t.AddWorker(ws)
+}
+
+func (a actorTelemetry) StopWorker(id string) { _ = a.t.RemoveWorker(id) }

@@ -1,0 +1,45 @@
+//go:build !race
+
+package httpfront
+
+import "testing"
+
+// TestParseRequestAllocations locks in an allocation-free request parse on the hot path.
+func TestParseRequestAllocations(t *testing.T) {
+	bodies := []struct {
+		kind routeKind
+		body string
+	}{
+		{routeChat, `{"model":"llama","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi \u00e9"}],"max_tokens":64,"temperature":0.7,"top_p":0.9,"stream":true}`},
+		{routeCompletions, `{"model":"llama","prompt":"once upon a time","max_tokens":16}`},
+		{routeGenerate, `{"input_ids":[1,2,3,4,5,6,7,8],"sampling_params":{"max_new_tokens":8}}`},
+	}
+	for _, b := range bodies {
+		var f requestFacts
+		body := []byte(b.body)
+		if e := parseRequest(b.kind, body, &f); e != nil { // warm the scratch buffers
+			t.Fatal(e)
+		}
+		allocs := testing.AllocsPerRun(200, func() {
+			if e := parseRequest(b.kind, body, &f); e != nil {
+				t.Fatal(e)
+			}
+			_, _ = f.inputTokens(nil, body)
+		})
+		if allocs != 0 {
+			t.Errorf("%s: %.1f allocations per parse, want 0", b.kind, allocs)
+		}
+	}
+}
+
+// TestInjectBootstrapAllocations checks the PD body is built without allocating.
+func TestInjectBootstrapAllocations(t *testing.T) {
+	body := []byte(`{"model":"llama","messages":[{"role":"user","content":"hi"}]}`)
+	dst := make([]byte, 0, 1024)
+	allocs := testing.AllocsPerRun(200, func() {
+		dst = injectBootstrap(dst[:0], body, "10.0.0.1", 8998, 0)
+	})
+	if allocs != 0 {
+		t.Errorf("%.1f allocations, want 0", allocs)
+	}
+}
