@@ -1,0 +1,59 @@
+// Package actors hosts Switchyard's selection state on Proto.Actor actors: bucket actors and
+// their group actors (Selector), the telemetry actor (Telemetry), affinity scope actors
+// (AffinityStore) and prefix-index shard actors (IndexShards). The selection rules themselves live in
+// package engine; this package only decides which goroutine runs them and how requests
+// reach it.
+//
+// # What it owns
+//
+//   - Selector: one bucket actor per engine.Bucket and, as its children, one group actor per
+//     engine.EngineGroup. The group actor is the only goroutine that calls its group's Pick,
+//     so the group's candidate cache and the policy's state (round-robin cursor, random
+//     source) need no locks. Group actors read the worker registry (engine.WorkerSet) and
+//     the load table as immutable snapshots on every pick, so health and load changes are
+//     seen by the next pick.
+//   - Telemetry: one telemetry actor owning a load.Aggregator. Transports (load.Poller for
+//     HTTP, load.GaugeSubscriber for the ZMQ load gauge) send it LoadReported events; it
+//     rebuilds the load.Table snapshot at most once per publish interval when something
+//     changed, and at least once per refresh interval.
+//   - The bounded mailbox every actor here uses, and the per-kind Counters of mailbox
+//     rejections and recovered panics.
+//
+// # Concurrency model
+//
+// A pick is one round trip: the request goroutine sends a pooled call (PickEngines) to the
+// bucket actor; the bucket actor forwards it (PickEngine) to the plain group actor, or to
+// the prefill group actor, which forwards it to the decode group actor after picking; the
+// last actor writes the result into the call and signals the call's reply channel. The
+// caller waits on that channel alone; a timer armed for the pick deadline
+// (actors.pick_timeout) answers on the same channel, so a stuck actor costs the caller
+// OutcomeTimeout, never a hang. No future, no per-pick allocation.
+//
+// Actors never block on I/O: anything that waits on the network (tokenization, remote
+// prefix lookups) happens in the request goroutine before the pick is sent.
+//
+// Mailboxes are bounded (actors.mailbox.<kind>) and never block the sender: a full mailbox
+// answers a command at once with engine.OutcomeOverloaded (HTTP 429 at the front end) and
+// counts it; an event that finds the mailbox full (a load report) is dropped and counted,
+// as the next report supersedes it. Each mailbox runs one goroutine for its actor's
+// lifetime, parked on a channel receive between messages; Proto.Actor's dispatcher is not
+// used.
+//
+// Supervision: a panic in an actor (in practice, in a policy) is recovered in Receive, the
+// request that hit it is answered with engine.OutcomeInternal (ErrPanicked), the panic is
+// logged and counted, and the actor is restarted by Proto.Actor (always, however often it
+// fails). The engine group and its policy instance survive the restart; other requests
+// queued in the mailbox are served after it. Proto.Actor's own logging goes to the injected
+// slog.Logger (attribute lib=protoactor); its metrics provider is not used.
+//
+// # What a caller must release
+//
+//   - Selector.Close and Telemetry.Close stop every actor, transport and ticker they started
+//     and wait for them. Picks after Close fail with OutcomeInternal (ErrClosed).
+//   - Errors returned by a pick may be shared between requests (per-bucket overload errors):
+//     do not modify them.
+//   - After a pick returns OutcomeTimeout, an actor may still read the request: do not reuse
+//     or mutate that *engine.BucketRequest (let it be collected). Any other outcome returns
+//     only after every actor is done with it.
+//   - A LoadReported event transfers its Reports slice to the telemetry actor.
+package actors
