@@ -87,25 +87,25 @@ type modelRoute struct {
 // Server is Switchyard's HTTP front end: fasthttp routes, request preparation, selection
 // through the actors, plain and PD dispatch, the worker admin API, health and metrics.
 type Server struct {
-	cfg      *config.Config
-	opts     Options
-	logger   *slog.Logger
-	now      func() time.Time
-	ln       net.Listener
-	srv      *fasthttp.Server
+	cfg       *config.Config
+	opts      Options
+	logger    *slog.Logger
+	now       func() time.Time
+	ln        net.Listener
+	srv       *fasthttp.Server
 	sel       selector
 	closeSel  func()
 	closeTele func()
-	workers  *workerManager
-	wset     *engine.WorkerSet
-	tracker  *load.Tracker
-	set      *metrics.Set
-	metrics  *serverMetrics
-	models   map[string]*modelRoute
-	only     *modelRoute // the single configured model, for /generate without "model"
-	modelsJS []byte      // GET /v1/models body
-	dec      decoders
-	exPool   sync.Pool // *exchange
+	workers   *workerManager
+	wset      *engine.WorkerSet
+	tracker   *load.Tracker
+	set       *metrics.Set
+	metrics   *serverMetrics
+	models    map[string]*modelRoute
+	only      *modelRoute // the single configured model, for /generate without "model"
+	modelsJS  []byte      // GET /v1/models body
+	dec       decoders
+	exPool    sync.Pool // *exchange
 
 	sessionHeader, routingHeader string
 
