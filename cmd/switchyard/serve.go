@@ -1,14 +1,20 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
 
+	"switchyard/bench/mockengine"
 	"switchyard/config"
 	"switchyard/httpfront"
 )
@@ -50,4 +56,127 @@ func logLevel(s string) slog.Level {
 		return slog.LevelError
 	}
 	return slog.LevelInfo
+}
+
+// runServeDemo starts embedded mock engines (two plain engines behind a short and a long
+// bucket, and a prefill/decode pair), puts the router in front of them on a loopback port,
+// sends a short burst of chat requests, streaming and not, and prints where each went.
+func runServeDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("serve-demo", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	start := func(id, model string, role mockengine.Role) (*mockengine.Engine, error) {
+		return mockengine.Start(ctx, mockengine.Config{WorkerID: id, Model: model, Role: role, Speedup: 20,
+			KVEvents: mockengine.KVEvents{Disabled: true}})
+	}
+	var engines []*mockengine.Engine
+	defer func() {
+		for _, e := range engines {
+			_ = e.Close()
+		}
+	}()
+	specs := []struct {
+		id, model string
+		role      mockengine.Role
+	}{
+		{"short-1", "llama", mockengine.RolePlain},
+		{"long-1", "llama", mockengine.RolePlain},
+		{"prefill-1", "llama-pd", mockengine.RolePrefill},
+		{"decode-1", "llama-pd", mockengine.RoleDecode},
+	}
+	cfg := config.Default()
+	cfg.Server.Port = 0
+	for _, sp := range specs {
+		e, err := start(sp.id, sp.model, sp.role)
+		if err != nil {
+			return err
+		}
+		engines = append(engines, e)
+		cfg.Workers = append(cfg.Workers, config.Worker{ID: sp.id, URL: e.URL(), Model: sp.model,
+			Role: config.Role(sp.role), DPSize: 1})
+	}
+	shortMax, longMax, shortCtx := int64(256), int64(65536), int64(1024)
+	cfg.Models = map[string]config.Model{
+		"llama": {Buckets: []config.Bucket{
+			{ID: "short", Rank: 10, Limits: config.Limits{Max: &shortMax}, MaxContextTokens: &shortCtx,
+				Groups: config.Groups{Plain: &config.Group{WorkerIDs: &[]string{"short-1"}}}},
+			{ID: "long", Rank: 20, Limits: config.Limits{Max: &longMax},
+				Groups: config.Groups{Plain: &config.Group{WorkerIDs: &[]string{"long-1"}}}},
+		}},
+		"llama-pd": {Buckets: []config.Bucket{{ID: "pd", Groups: config.Groups{PD: &config.PDGroups{
+			Prefill: &config.Group{Policy: &config.Policy{Type: config.PolicyPowerOfTwo}},
+			Decode:  &config.Group{Policy: &config.Policy{Type: config.PolicyPowerOfTwo}},
+		}}}}},
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	srv, err := httpfront.New(cfg, httpfront.Options{Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		return err
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(runCtx) }()
+	defer func() {
+		stop()
+		<-done
+	}()
+	base := "http://" + srv.Addr().String()
+	fmt.Fprintf(stdout, "router on %s in front of %d mock engines\n\n", base, len(engines))
+	client := &http.Client{Timeout: 30 * time.Second}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := client.Get(base + "/readiness")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			return errors.New("router never became ready")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	burst := []struct {
+		model, prompt string
+		maxTokens     int
+		stream        bool
+	}{
+		{"llama", "Hello!", 16, false},
+		{"llama", "Stream me a short poem.", 16, true},
+		{"llama", strings.Repeat("A very long document. ", 150), 16, false},
+		{"llama", "Short prompt, long answer.", 2000, true},
+		{"llama-pd", "Disaggregated hello.", 16, false},
+		{"llama-pd", "Disaggregated stream.", 16, true},
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "#\tmodel\tstream\tmax_tokens\tstatus\tbucket\tworker\tprefill\tchunks")
+	for i, r := range burst {
+		body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":%q}],"max_tokens":%d,"stream":%t}`,
+			r.model, r.prompt, r.maxTokens, r.stream)
+		resp, err := client.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			return err
+		}
+		chunks := 0
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(make([]byte, 64<<10), 8<<20)
+		for sc.Scan() {
+			if strings.HasPrefix(sc.Text(), "data: ") {
+				chunks++
+			}
+		}
+		resp.Body.Close()
+		prefill := resp.Header.Get("X-Switchyard-Prefill-Worker")
+		if prefill == "" {
+			prefill = "-"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%t\t%d\t%d\t%s\t%s\t%s\t%d\n", i+1, r.model, r.stream, r.maxTokens, resp.StatusCode,
+			resp.Header.Get("X-Switchyard-Bucket"), resp.Header.Get("X-Switchyard-Worker"), prefill, chunks)
+	}
+	return tw.Flush()
 }

@@ -277,3 +277,17 @@ func TestRunServeRejectsBadConfig(t *testing.T) {
 		t.Fatalf("err %v stderr %q", err, stderr.String())
 	}
 }
+
+func TestServeDemo(t *testing.T) {
+	var out strings.Builder
+	if err := runServeDemo(context.Background(), nil, &out, io.Discard); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	s := out.String()
+	for _, want := range []string{"short-1", "long-1", "decode-1", "prefill-1"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("demo output lacks %s:\n%s", want, s)
+		}
+	}
+	t.Log("\n" + s)
+}
