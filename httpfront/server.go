@@ -493,8 +493,14 @@ func equalFoldASCII(b []byte, s string) bool {
 	return true
 }
 
-// handle routes a request.
+// handle routes a request. A panic fails only its own request, with a 500.
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.logger.Error("request handler panicked", slog.Any("panic", r), slog.String("path", string(ctx.Path())))
+			writeError(ctx, newAPIError(CodeInternal, "internal error"))
+		}
+	}()
 	path := ctx.Path()
 	switch string(path) {
 	case "/v1/chat/completions":
