@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -125,6 +126,9 @@ type TelemetryOptions struct {
 	Client *fasthttp.Client
 	// Logger receives telemetry and Proto.Actor logs. Default: discarded.
 	Logger *slog.Logger
+	// Counters, when set, receives the telemetry actor's failure counts (KindTelemetry), so
+	// one Counters (a Selector's) can serve every actor kind's metrics. Default: private.
+	Counters *Counters
 }
 
 // WorkerSource is what Telemetry needs to follow one engine's load.
@@ -139,6 +143,20 @@ type WorkerSource struct {
 	Counters *load.Counters
 	// GaugeEndpoint is the engine's ZMQ load gauge ("tcp://host:port"), or "".
 	GaugeEndpoint string
+	// GaugeEndpoints are further load gauge publishers of the same engine (one per DP rank
+	// when the engine publishes each rank on its own port); each gets a subscriber.
+	GaugeEndpoints []string
+}
+
+// gauges returns every gauge endpoint of src, without duplicates.
+func (src *WorkerSource) gauges() []string {
+	var out []string
+	for _, e := range append([]string{src.GaugeEndpoint}, src.GaugeEndpoints...) {
+		if e != "" && !slices.Contains(out, e) {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // TelemetryStats counts what the telemetry actor received and published.
@@ -165,7 +183,7 @@ type Telemetry struct {
 	pid      *actor.PID
 	host     *host
 	th       *telemetryHost
-	counters Counters
+	counters *Counters
 	tick     *PublishLoads // shared, reply-less
 
 	ctx    context.Context
@@ -177,10 +195,10 @@ type Telemetry struct {
 	closed bool
 }
 
-// feed is one worker's running transport.
+// feed is one worker's running transports.
 type feed struct {
 	cancel context.CancelFunc
-	done   chan struct{}
+	wg     sync.WaitGroup
 }
 
 // telemetryHost is what the telemetry actor's incarnations share: the aggregator and the
@@ -236,6 +254,10 @@ func NewTelemetry(table *load.Table, opts TelemetryOptions) (*Telemetry, error) 
 		feeds:  make(map[string]*feed),
 		tick:   &PublishLoads{},
 	}
+	t.counters = opts.Counters
+	if t.counters == nil {
+		t.counters = new(Counters)
+	}
 	t.th = &telemetryHost{
 		agg:      load.NewAggregator(opts.Load.Freshness),
 		table:    table,
@@ -286,7 +308,7 @@ func NewTelemetry(table *load.Table, opts TelemetryOptions) (*Telemetry, error) 
 
 // Counters returns the telemetry actor's failure counts (mailbox rejections: dropped
 // reports or refused commands; recovered panics).
-func (t *Telemetry) Counters() *Counters { return &t.counters }
+func (t *Telemetry) Counters() *Counters { return t.counters }
 
 // Stats returns what the telemetry actor received and published.
 func (t *Telemetry) Stats() TelemetryStats {
@@ -311,7 +333,7 @@ func (t *Telemetry) AddWorker(src WorkerSource) error {
 	if t.feeds[src.ID] != nil {
 		return fmt.Errorf("cannot add worker %q to telemetry: %w", src.ID, ErrWorkerTracked)
 	}
-	run, err := t.transport(src)
+	runs, err := t.transports(src)
 	if err != nil {
 		return fmt.Errorf("cannot add worker %q to telemetry: %w", src.ID, err)
 	}
@@ -321,43 +343,52 @@ func (t *Telemetry) AddWorker(src WorkerSource) error {
 		return fmt.Errorf("cannot add worker %q to telemetry: %w", src.ID, r.Err)
 	}
 	ctx, cancel := context.WithCancel(t.ctx)
-	f := &feed{cancel: cancel, done: make(chan struct{})}
+	f := &feed{cancel: cancel}
 	t.feeds[src.ID] = f
-	t.wg.Go(func() {
-		defer close(f.done)
-		defer func() {
-			if v := recover(); v != nil {
-				t.logger.Error("load transport panicked", slog.String("worker", src.ID), slog.Any("panic", v))
+	for _, run := range runs {
+		f.wg.Add(1)
+		t.wg.Go(func() {
+			defer f.wg.Done()
+			defer func() {
+				if v := recover(); v != nil {
+					t.logger.Error("load transport panicked", slog.String("worker", src.ID), slog.Any("panic", v))
+				}
+			}()
+			if err := run(ctx); err != nil {
+				t.logger.Warn("load transport stopped", slog.String("worker", src.ID), slog.Any("error", err))
 			}
-		}()
-		if err := run(ctx); err != nil {
-			t.logger.Warn("load transport stopped", slog.String("worker", src.ID), slog.Any("error", err))
-		}
-	})
+		})
+	}
 	return nil
 }
 
-// transport builds src's load transport and returns its Run.
-func (t *Telemetry) transport(src WorkerSource) (func(context.Context) error, error) {
+// transports builds src's load transports and returns their Run functions: one gauge
+// subscriber per gauge endpoint, or one HTTP poller.
+func (t *Telemetry) transports(src WorkerSource) ([]func(context.Context) error, error) {
+	gauges := src.gauges()
 	useGauge := t.opts.Load.Source == config.LoadSourceZMQ ||
-		(t.opts.Load.Source == config.LoadSourceAuto && src.GaugeEndpoint != "")
+		(t.opts.Load.Source == config.LoadSourceAuto && len(gauges) > 0)
 	if useGauge {
-		if src.GaugeEndpoint == "" {
+		if len(gauges) == 0 {
 			return nil, ErrNoGaugeEndpoint
 		}
-		s, err := load.NewGaugeSubscriber(load.GaugeSubscriberConfig{
-			WorkerID: src.ID,
-			Endpoint: src.GaugeEndpoint,
-			Logger:   t.logger,
-			Now:      t.now,
-			Deliver: func(id string, r load.RankReport) {
-				t.sys.Root.Send(t.pid, &LoadReported{WorkerID: id, Reports: []load.RankReport{r}})
-			},
-		})
-		if err != nil {
-			return nil, err
+		runs := make([]func(context.Context) error, 0, len(gauges))
+		for _, ep := range gauges {
+			s, err := load.NewGaugeSubscriber(load.GaugeSubscriberConfig{
+				WorkerID: src.ID,
+				Endpoint: ep,
+				Logger:   t.logger,
+				Now:      t.now,
+				Deliver: func(id string, r load.RankReport) {
+					t.sys.Root.Send(t.pid, &LoadReported{WorkerID: id, Reports: []load.RankReport{r}})
+				},
+			})
+			if err != nil {
+				return nil, err
+			}
+			runs = append(runs, s.Run)
 		}
-		return s.Run, nil
+		return runs, nil
 	}
 	p, err := load.NewPoller(load.PollerConfig{
 		WorkerID: src.ID,
@@ -373,7 +404,7 @@ func (t *Telemetry) transport(src WorkerSource) (func(context.Context) error, er
 	if err != nil {
 		return nil, err
 	}
-	return p.Run, nil
+	return []func(context.Context) error{p.Run}, nil
 }
 
 // RemoveWorker stops the worker's transport, waits for it, and removes the worker and its
@@ -390,7 +421,7 @@ func (t *Telemetry) RemoveWorker(id string) error {
 	}
 	delete(t.feeds, id)
 	f.cancel()
-	<-f.done
+	f.wg.Wait()
 	reply := make(chan *RemoveWorkerResult, 1)
 	t.sys.Root.Send(t.pid, &RemoveWorker{WorkerID: id, reply: reply})
 	if r := <-reply; r.Err != nil {

@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -9,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/go-zeromq/zmq4"
 
 	"switchyard/config"
 	"switchyard/engine"
@@ -281,5 +284,78 @@ func TestTelemetryClose(t *testing.T) {
 	}
 	if _, err := tel.Flush(); !errors.Is(err, ErrStopped) || !errors.Is(err, engine.ErrInternal) {
 		t.Errorf("Flush after Close = %v, want Internal wrapping ErrStopped", err)
+	}
+}
+
+// gaugePub is a real ZMQ PUB socket on 127.0.0.1 publishing load gauges.
+type gaugePub struct {
+	t    *testing.T
+	sock zmq4.Socket
+	seq  uint64
+}
+
+func newGaugePub(t *testing.T) *gaugePub {
+	t.Helper()
+	sock := zmq4.NewPub(t.Context())
+	if err := sock.Listen("tcp://127.0.0.1:0"); err != nil {
+		t.Fatalf("cannot bind PUB: %v", err)
+	}
+	t.Cleanup(func() { _ = sock.Close() })
+	return &gaugePub{t: t, sock: sock}
+}
+
+func (p *gaugePub) endpoint() string { return "tcp://" + p.sock.Addr().String() }
+
+func (p *gaugePub) publish(r load.RankReport) {
+	p.t.Helper()
+	seq := binary.BigEndian.AppendUint64(nil, p.seq)
+	p.seq++
+	if err := p.sock.Send(zmq4.NewMsgFrom([]byte(load.GaugeTopic), seq, load.AppendGauge(nil, r, true))); err != nil {
+		p.t.Fatalf("cannot publish: %v", err)
+	}
+}
+
+func TestTelemetrySubscribesToEveryGaugeEndpoint(t *testing.T) {
+	clk := &fakeClock{t: telT0}
+	shared := new(Counters)
+	tel, _ := newTestTelemetry(t, clk, TelemetryOptions{Load: config.LoadSettings{Source: config.LoadSourceAuto}, Counters: shared})
+	if tel.Counters() != shared {
+		t.Fatal("Counters option not used")
+	}
+	pubs := []*gaugePub{newGaugePub(t), newGaugePub(t)} // one publisher per DP rank
+	err := tel.AddWorker(WorkerSource{ID: "W1", URL: "http://127.0.0.1:1", DPSize: 2,
+		GaugeEndpoint: pubs[0].endpoint(), GaugeEndpoints: []string{pubs[0].endpoint(), pubs[1].endpoint()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A subscriber misses what is published before its subscription reaches the publisher
+	// (ZMQ's slow joiner): republish until the table shows both ranks, within a deadline.
+	deadline := time.After(10 * time.Second)
+	pace := time.NewTicker(5 * time.Millisecond)
+	defer pace.Stop()
+	for {
+		for rank, p := range pubs {
+			r := report(int64(10*(rank+1)), telT0)
+			r.DPRank = rank
+			p.publish(r)
+		}
+		snap, err := tel.Flush()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o := snap.Observe("W1", clk.Now()); o.Known() {
+			if o.Running != 30 || !o.Native() {
+				t.Fatalf("observation = %+v, want both ranks summed (running 30), native", o)
+			}
+			break
+		}
+		select {
+		case <-pace.C:
+		case <-deadline:
+			t.Fatal("no complete report from both gauge endpoints within 10 s")
+		}
+	}
+	if err := tel.RemoveWorker("W1"); err != nil {
+		t.Fatal(err)
 	}
 }
