@@ -75,6 +75,8 @@ type bucketHost struct {
 	mb                     atomic.Pointer[mailbox] // the current incarnation's mailbox
 	invalid                *engine.PickError       // reply of a bucket without its groups
 	internal               *engine.PickError       // reply to a pick that hit a bucket actor panic
+	// testHook, when set (tests only), runs before a pick is forwarded.
+	testHook func(req *engine.BucketRequest)
 }
 
 // groupHost is what a group actor's incarnations share: the *engine.EngineGroup (membership
@@ -406,6 +408,9 @@ func (a *bucketActor) pickEngines(ctx actor.Context, msg *PickEngines) {
 		owned = false
 		c.fail(a.h.invalid)
 		return
+	}
+	if a.h.testHook != nil {
+		a.h.testHook(msg.Request)
 	}
 	c.engine = PickEngine{Request: msg.Request, BucketID: a.h.id, Decode: a.decode, call: c}
 	target := a.plain

@@ -415,3 +415,42 @@ func TestCloseStopsActors(t *testing.T) {
 		t.Fatalf("error of a send to a stopped actor = %v, want ErrStopped", err)
 	}
 }
+
+func TestBucketActorPanicRestartsItAndItsGroups(t *testing.T) {
+	ps := workers("P", 2, engine.StagePrefill)
+	ds := workers("D", 2, engine.StageDecode)
+	pol := newTestPolicy()
+	b := pdBucket("pd", 4096, pol, engine.NewRoundRobin(nil, nil), nil, nil)
+	s := newTestSelector(t, workerSet(t, ps, ds), config.Actors{PickTimeout: time.Minute}, nil, b)
+	bh := s.buckets[b]
+	bh.testHook = func(req *engine.BucketRequest) {
+		if req.SessionKey == markPanic {
+			panic("test: bucket actor failure")
+		}
+	}
+	if _, err := s.PickEngines(b, request(10)); err != nil {
+		t.Fatal(err)
+	}
+	oldPrefill := bh.prefill.mb.Load() // spawned when the bucket actor started
+
+	for i := range 3 {
+		_, err := s.PickEngines(b, requestFor(10, markPanic, ""))
+		if !errors.Is(err, ErrPanicked) || !errors.Is(err, engine.ErrInternal) {
+			t.Fatalf("panic %d: error = %v, want Internal wrapping ErrPanicked", i, err)
+		}
+		// The restart stopped the group actors and spawned new ones; picks go on.
+		p, err := s.PickEngines(b, requestFor(10, "", "P2"))
+		if err != nil {
+			t.Fatalf("pick after bucket panic %d: %v", i, err)
+		}
+		if p.Prefill.Worker == nil || p.Prefill.Worker.ID != "P2" || p.Decode.Worker == nil || p.BucketID != "pd" {
+			t.Fatalf("pick after bucket panic %d = %+v", i, p)
+		}
+	}
+	if got := s.Counters().Panics(KindBucket); got != 3 {
+		t.Errorf("Panics(bucket) = %d, want 3", got)
+	}
+	if !oldPrefill.closed.Load() || bh.prefill.mb.Load() == oldPrefill {
+		t.Error("the bucket restart did not replace its group actors")
+	}
+}
