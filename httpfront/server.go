@@ -593,6 +593,7 @@ func (a actorTelemetry) StartWorker(src TelemetrySource) error {
 	ws := actors.WorkerSource{ID: src.WorkerID, URL: src.URL, DPSize: src.DPSize, Counters: src.Counters}
 	if len(src.GaugeEndpoints) > 0 {
 		ws.GaugeEndpoint = src.GaugeEndpoints[0]
+		ws.GaugeEndpoints = src.GaugeEndpoints[1:]
 	}
 	return a.t.AddWorker(ws)
 }
