@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"strconv"
 
 	"github.com/valyala/fasthttp"
@@ -28,6 +29,11 @@ func (s *Server) admin(ctx *fasthttp.RequestCtx) {
 		if err := s.workers.remove(id); err != nil {
 			writeError(ctx, newAPIError(CodeWorkerNotFound, "no worker "+strconv.Quote(id)))
 			return
+		}
+		if n, err := s.affinity.InvalidateWorker(id); err != nil {
+			s.logger.Warn("cannot invalidate the removed worker's affinity bindings", slog.String("worker", id), slog.Any("error", err))
+		} else if n > 0 {
+			s.logger.Info("invalidated affinity bindings", slog.String("worker", id), slog.Int("bindings", n))
 		}
 		ctx.SetContentType("application/json")
 		ctx.SetBodyString(`{"removed":` + string(appendJSONString(nil, id)) + `}`)

@@ -96,16 +96,18 @@ type Server struct {
 	sel       selector
 	closeSel  func()
 	closeTele func()
-	workers   *workerManager
-	wset      *engine.WorkerSet
-	tracker   *load.Tracker
-	set       *metrics.Set
-	metrics   *serverMetrics
-	models    map[string]*modelRoute
-	only      *modelRoute // the single configured model, for /generate without "model"
-	modelsJS  []byte      // GET /v1/models body
-	dec       decoders
-	exPool    sync.Pool // *exchange
+	// affinity holds the session and routing-key bindings of session_aware and sticky.
+	affinity *actors.AffinityStore
+	workers  *workerManager
+	wset     *engine.WorkerSet
+	tracker  *load.Tracker
+	set      *metrics.Set
+	metrics  *serverMetrics
+	models   map[string]*modelRoute
+	only     *modelRoute // the single configured model, for /generate without "model"
+	modelsJS []byte      // GET /v1/models body
+	dec      decoders
+	exPool   sync.Pool // *exchange
 
 	sessionHeader, routingHeader string
 
@@ -173,8 +175,12 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		return nil, fmt.Errorf("cannot create server: %w", err)
 	}
 	s.wset = ws
-	resolvers, err := engine.BuildResolvers(cfg, engine.Deps{Loads: opts.Loads, Seed: opts.Seed})
+	aopts := actors.AffinityOptionsFrom(cfg)
+	aopts.Now, aopts.Logger, aopts.Metrics = opts.Now, opts.Logger, opts.Metrics
+	s.affinity = actors.NewAffinityStore(aopts)
+	resolvers, err := engine.BuildResolvers(cfg, engine.Deps{Loads: opts.Loads, Seed: opts.Seed, Affinity: s.affinity})
 	if err != nil {
+		s.affinity.Close()
 		return nil, fmt.Errorf("cannot create server: %w", err)
 	}
 	s.metrics = newServerMetrics(s.set, resolvers)
@@ -208,18 +214,24 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 
 	sel, err := actors.NewSelector(resolvers, ws, cfg.Actors, opts.Logger)
 	if err != nil {
+		s.affinity.Close()
 		return nil, fmt.Errorf("cannot create server: %w", err)
 	}
-	s.sel, s.closeSel = sel, sel.Close
+	s.sel = sel
+	s.closeSel = func() {
+		sel.Close()
+		s.affinity.Close()
+	}
 	s.registerActorMetrics(sel)
 
 	s.closeTele = func() {}
 	if opts.Telemetry == nil && !opts.NoTelemetry {
 		tel, err := actors.NewTelemetry(opts.Loads, actors.TelemetryOptions{
-			Load:    cfg.Load,
-			Mailbox: cfg.Actors.Mailbox.Telemetry,
-			Now:     opts.Now,
-			Logger:  opts.Logger,
+			Load:     cfg.Load,
+			Mailbox:  cfg.Actors.Mailbox.Telemetry,
+			Now:      opts.Now,
+			Logger:   opts.Logger,
+			Counters: sel.Counters(),
 		})
 		if err != nil {
 			s.closeSel()
@@ -336,6 +348,17 @@ func (s *Server) run(ctx context.Context) error {
 	go func() {
 		defer janitor.Done()
 		s.runJanitor(life)
+	}()
+	sweep := s.cfg.Affinity.SweepInterval
+	if sweep <= 0 {
+		sweep = time.Minute
+	}
+	janitor.Add(1)
+	go func() {
+		defer janitor.Done()
+		t := time.NewTicker(sweep)
+		defer t.Stop()
+		s.affinity.RunSweeper(life, t.C)
 	}()
 
 	serveErr := make(chan error, 1)
