@@ -34,7 +34,8 @@ func commands() []command {
 	return []command{
 		{"serve", "run the router (the default command): switchyard [serve] --config FILE", runServe},
 		{"check", "validate a configuration: switchyard check --config FILE", runCheck},
-		{"demo", "run the selection core on the built-in example and print its picks", runDemo},
+		{"demo", "start mock engines and the router, send a burst of requests, print where each went", runServeDemo},
+		{"select", "print the selection core's picks for the built-in example (no engines needed)", runDemo},
 		{"mockengine", "run simulated SGLang engines: switchyard mockengine [--count N] (see --help)", mockengine.Command},
 		{"tokenize", "print the token IDs of stdin: switchyard tokenize --tokenizer PATH [--chat]", runTokenize},
 	}

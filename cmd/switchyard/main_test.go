@@ -17,7 +17,7 @@ func runCmd(t *testing.T, args ...string) (code int, stdout, stderr string) {
 }
 
 func TestDemoPrintsSection7Picks(t *testing.T) {
-	code, out, errOut := runCmd(t, "demo")
+	code, out, errOut := runCmd(t, "select")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
