@@ -1,4 +1,3 @@
-// Command switchyard is the Switchyard LLM inference router and its tools.
 package main
 
 import (

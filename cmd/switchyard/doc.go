@@ -1,0 +1,12 @@
+// Command switchyard is the Switchyard LLM inference router and its tools, in one binary:
+//
+//	serve       the router (the default command)
+//	check       validate a configuration and print every problem
+//	demo        mock engines plus the router, a short burst of requests, where each went
+//	select      the selection core's picks on a built-in example, without engines
+//	mockengine  simulated SGLang engines for tests and benchmarks
+//	tokenize    the token IDs the router computes for stdin
+//
+// main stays thin: each subcommand parses its flags, loads and validates its configuration,
+// builds its component and runs it until the signal context is cancelled.
+package main
