@@ -109,10 +109,22 @@ type Model struct {
 	Tokenizer Tokenizer `koanf:"tokenizer" json:"tokenizer"`
 }
 
-// Tokenizer locates a model's tokenizer files.
+// Tokenizer locates a model's tokenizer files and says how the router uses them.
 type Tokenizer struct {
-	// Path is a directory holding tokenizer.json, or the file itself. Default: none.
+	// Path is a directory holding tokenizer.json (and tokenizer_config.json with the chat
+	// template), or the tokenizer.json file itself. It is loaded at start-up; a file that
+	// cannot be loaded stops the start. Default: none (the body-size estimate).
 	Path string `koanf:"path" json:"path"`
+	// CacheBytes bounds the tokenizer's prefix cache, which spares re-encoding the history
+	// a multi-turn conversation resends, in bytes of text plus token IDs; 0 disables it.
+	// Requires path. Default (absent): 64 MiB.
+	CacheBytes *int64 `koanf:"cache_bytes" json:"cache_bytes"`
+	// ForwardInputIDs makes the router send a /generate request that carries text to the
+	// engine with the token IDs it computed (input_ids) in place of the text, so the engine
+	// cannot tokenize differently. It applies to /generate only: the OpenAI routes
+	// (/v1/chat/completions, /v1/completions) are forwarded as received. Requires path.
+	// Default false.
+	ForwardInputIDs bool `koanf:"forward_input_ids" json:"forward_input_ids"`
 }
 
 // StagePolicies are a model's default policies per stage. A nil entry defaults to

@@ -151,6 +151,7 @@ func (c *Config) validateModel(p *problems, name string, workers map[string]int)
 	if len(m.Buckets) == 0 {
 		p.add(path+".buckets", ErrInvalid, "at least one bucket is required")
 	}
+	validateTokenizer(p, path+".tokenizer", m.Tokenizer)
 	ids := make(map[string]int, len(m.Buckets))
 	for i := range m.Buckets {
 		b := &m.Buckets[i]
@@ -165,6 +166,23 @@ func (c *Config) validateModel(p *problems, name string, workers map[string]int)
 		}
 		validateLimits(p, bpath, b)
 		c.validateGroups(p, bpath+".groups", name, b.Groups, workers)
+	}
+}
+
+func validateTokenizer(p *problems, path string, t Tokenizer) {
+	if t.Path != "" && strings.TrimSpace(t.Path) == "" {
+		p.add(path+".path", ErrInvalid, "must not be blank")
+	}
+	if t.CacheBytes != nil {
+		switch {
+		case *t.CacheBytes < 0:
+			p.add(path+".cache_bytes", ErrInvalid, fmt.Sprintf("must be at least 0 (0 disables the prefix cache), got %d", *t.CacheBytes))
+		case t.Path == "":
+			p.add(path+".cache_bytes", ErrInvalid, "requires "+path+".path")
+		}
+	}
+	if t.ForwardInputIDs && t.Path == "" {
+		p.add(path+".forward_input_ids", ErrInvalid, "requires "+path+".path: without a tokenizer there are no input_ids to forward")
 	}
 }
 
