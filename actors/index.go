@@ -83,7 +83,10 @@ type IndexShards struct {
 	onMessage func(msg any)
 }
 
-var _ kv.ShardHost = (*IndexShards)(nil)
+var (
+	_ kv.ShardHost    = (*IndexShards)(nil)
+	_ kv.PendingMatch = (*matchCall)(nil)
+)
 
 // NewIndexShards spawns one actor per shard.
 func NewIndexShards(shards []*kv.Shard, opts IndexOptions) (*IndexShards, error) {
@@ -143,22 +146,34 @@ func (s *IndexShards) Apply(i int, b *kv.ShardBatch) error {
 // Match implements kv.ShardHost: one MatchPrefix per non-nil query, answered on one reply
 // channel; it waits for every answer or until ctx is done.
 func (s *IndexShards) Match(ctx context.Context, qs []*kv.ShardQuery) error {
+	return s.StartMatch(qs).Wait(ctx)
+}
+
+// StartMatch sends one MatchPrefix per non-nil query and returns at once; the index hashes
+// the prompt's next wave while the shard actors answer.
+func (s *IndexShards) StartMatch(qs []*kv.ShardQuery) kv.PendingMatch {
 	if s.closed.Load() {
-		return s.closedErr
+		return failedMatch{s.closedErr}
 	}
 	c := s.calls.Get().(*matchCall)
-	sent := 0
+	c.owner = s
 	for i, q := range qs {
 		if q == nil {
 			continue
 		}
 		c.msgs = append(c.msgs, MatchPrefix{Query: q, call: c}) // within capacity: no reallocation
-		m := &c.msgs[len(c.msgs)-1]
-		sent++
-		s.root.Send(s.shards[i].pid, m)
+		c.sent++
+		s.root.Send(s.shards[i].pid, &c.msgs[len(c.msgs)-1])
 	}
+	return c
+}
+
+// Wait implements kv.PendingMatch: it collects every shard's answer, or gives up when ctx
+// ends (the call is then abandoned: never pooled again, so a late answer lands in a call
+// nobody reuses).
+func (c *matchCall) Wait(ctx context.Context) error {
 	var firstErr error
-	for got := 0; got < sent; got++ {
+	for got := 0; got < c.sent; got++ {
 		// Fast path: the answer is already there.
 		select {
 		case err := <-c.reply:
@@ -174,15 +189,21 @@ func (s *IndexShards) Match(ctx context.Context, qs []*kv.ShardQuery) error {
 				firstErr = err
 			}
 		case <-ctx.Done():
-			c.abandoned.Store(true) // never pooled: a late answer lands in a call nobody reuses
-			s.timeouts.Inc()
-			return fmt.Errorf("index shards did not answer %d of %d queries: %w", sent-got, sent, ctx.Err())
+			c.abandoned.Store(true)
+			c.owner.timeouts.Inc()
+			return fmt.Errorf("index shards did not answer %d of %d queries: %w", c.sent-got, c.sent, ctx.Err())
 		}
 	}
+	s := c.owner
 	c.reset()
 	s.calls.Put(c)
 	return firstErr
 }
+
+// failedMatch is a match that could not start.
+type failedMatch struct{ err error }
+
+func (f failedMatch) Wait(context.Context) error { return f.err }
 
 // Prune implements kv.ShardHost: shard i reclaims the records of cleared owners now.
 func (s *IndexShards) Prune(i int) error {
@@ -342,7 +363,9 @@ var (
 // matchCall is the pooled state of one lookup's fan-out: its messages and a reply channel
 // with room for one answer per shard.
 type matchCall struct {
+	owner     *IndexShards
 	msgs      []MatchPrefix
+	sent      int
 	reply     chan error
 	abandoned atomic.Bool
 }
@@ -350,4 +373,6 @@ type matchCall struct {
 func (c *matchCall) reset() {
 	clear(c.msgs)
 	c.msgs = c.msgs[:0]
+	c.sent = 0
+	c.owner = nil
 }

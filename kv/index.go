@@ -146,6 +146,8 @@ func (x *Index) Stats() IndexStats {
 		ss := s.Stats()
 		st.Blocks += ss.Blocks
 		st.Spilled += ss.Spilled
+		st.SpillCap += ss.SpillCap
+		st.TableSlots += ss.TableSlots
 		st.Stored += ss.Stored
 		st.Removed += ss.Removed
 		st.Stale += ss.Stale
@@ -304,11 +306,33 @@ type lookupScratch struct {
 	qs     []ShardQuery
 	qp     []*ShardQuery
 	cursor []int
-	// Per owner: count is the owner's held leading blocks; want marks the owners of the
-	// block-size group being matched (want[o] == gen).
+	// bits numbers the owners of the block-size group being matched: bits[o] = 1 + o's
+	// bit, 0 for every other owner (it is all zeros between groups).
+	bits []uint16
+	// alive is the set of owners holding every block so far; count[b] is the number of
+	// leading blocks owner bit b holds.
+	alive []uint64
 	count []uint32
-	want  []uint32
-	gen   uint32
+	// Incremental hashing: the prompt's blocks are hashed a wave at a time (hashes holds
+	// the first hashed of them), chaining from last.
+	tokens    []uint32
+	blockSize int
+	hashed    int
+	last      Digest
+}
+
+// hashUpTo hashes the prompt's blocks up to block hi (exclusive).
+func (sc *lookupScratch) hashUpTo(hi int) {
+	if hi <= sc.hashed || sc.tokens == nil {
+		return
+	}
+	var parent *Digest
+	if sc.hashed > 0 {
+		parent = &sc.last
+	}
+	toks := sc.tokens[sc.hashed*sc.blockSize : min(hi*sc.blockSize, len(sc.tokens))]
+	sc.hashes, sc.last = AppendChainHashes(sc.hashes, parent, toks, sc.blockSize)
+	sc.hashed = hi
 }
 
 func (x *Index) getScratch(maxID OwnerID) *lookupScratch {
@@ -320,10 +344,8 @@ func (x *Index) getScratch(maxID OwnerID) *lookupScratch {
 			cursor: make([]int, len(x.shards)),
 		}
 	}
-	if need := int(maxID) + 1; len(sc.count) < need {
-		sc.count = make([]uint32, need+need/2)
-		sc.want = make([]uint32, need+need/2)
-		sc.gen = 0
+	if need := int(maxID) + 1; len(sc.bits) < need {
+		sc.bits = make([]uint16, need+need/2)
 	}
 	return sc
 }
@@ -356,26 +378,58 @@ func (x *Index) lookup(ctx context.Context, model string, tokens []uint32, dst *
 	}
 	sc := x.getScratch(snap.maxID)
 	for _, g := range groups {
-		sc.hashes = AppendBlockHashes(sc.hashes[:0], tokens, g.blockSize)
-		sc.gen++
-		if sc.gen == 0 {
-			clear(sc.want)
-			sc.gen = 1
-		}
-		for _, o := range g.owners {
-			sc.want[o] = sc.gen
-			sc.count[o] = 0
-		}
-		if err := x.matchWaves(ctx, sc); err != nil {
-			// A shard may still write to the queries: drop the scratch instead of pooling it.
+		sc.hashes, sc.tokens, sc.blockSize, sc.hashed = sc.hashes[:0], tokens, g.blockSize, 0
+		if err := x.matchGroup(ctx, sc, g.owners, (len(tokens)+g.blockSize-1)/g.blockSize); err != nil {
+			// A shard may still read or write the queries: drop the scratch instead of pooling it.
 			dst.Reset()
 			return fmt.Errorf("cannot look up prefix of %d tokens: %w: %w", len(tokens), ErrUnavailable, err)
 		}
 		bs := int64(g.blockSize)
-		for _, o := range g.owners {
-			if c := sc.count[o]; c > 0 {
+		for i, o := range g.owners[:len(sc.count)] {
+			if c := sc.count[i]; c > 0 {
 				dst.Matches = append(dst.Matches, Match{Worker: snap.info[o].Worker, Tokens: min(int64(c)*bs, int64(len(tokens)))})
 			}
+		}
+	}
+	sc.tokens = nil // do not retain the prompt
+	x.scratch.Put(sc)
+	dst.normalize()
+	return nil
+}
+
+// MatchHashes is Lookup for a caller that already hashed the prompt with blockSize: it
+// matches hashes against the owners of model with that block size only. queryTokens is the
+// prompt length (a match is capped by it).
+func (x *Index) MatchHashes(ctx context.Context, model string, blockSize int, hashes []int64, queryTokens int, dst *Lookup) error {
+	dst.Reset()
+	dst.QueryTokens = queryTokens
+	snap := x.owners.snap.Load()
+	var owners []OwnerID
+	for _, g := range snap.models[model] {
+		if g.blockSize == blockSize {
+			owners = g.owners
+		}
+	}
+	if len(hashes) == 0 || len(owners) == 0 {
+		return nil
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		if _, locked := x.host.(*LockedShards); !locked {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, x.timeout)
+			defer cancel()
+		}
+	}
+	sc := x.getScratch(snap.maxID)
+	sc.hashes = append(sc.hashes[:0], hashes...)
+	sc.tokens, sc.hashed = nil, len(hashes)
+	if err := x.matchGroup(ctx, sc, owners, len(hashes)); err != nil {
+		dst.Reset()
+		return fmt.Errorf("cannot match %d block hashes: %w: %w", len(hashes), ErrUnavailable, err)
+	}
+	for i, o := range owners[:len(sc.count)] {
+		if c := sc.count[i]; c > 0 {
+			dst.Matches = append(dst.Matches, Match{Worker: snap.info[o].Worker, Tokens: min(int64(c)*int64(blockSize), int64(queryTokens))})
 		}
 	}
 	x.scratch.Put(sc)
@@ -383,15 +437,50 @@ func (x *Index) lookup(ctx context.Context, model string, tokens []uint32, dst *
 	return nil
 }
 
-// matchWaves asks the shards about sc.hashes in growing waves and leaves in sc.count the
-// number of leading blocks each wanted owner holds.
-func (x *Index) matchWaves(ctx context.Context, sc *lookupScratch) error {
-	n := len(sc.hashes)
+// maxQueryOwners is how many owners one block-size group can ask about (bit numbers are
+// uint16, 0 reserved); owners beyond are not matched.
+const maxQueryOwners = 1<<16 - 1
+
+// matchGroup sets sc.count[i] to the number of the prompt's n leading blocks owners[i]
+// holds.
+func (x *Index) matchGroup(ctx context.Context, sc *lookupScratch, owners []OwnerID, n int) error {
+	owners = owners[:min(len(owners), maxQueryOwners)]
+	k := len(owners)
+	w := (k + 63) / 64
+	for i, o := range owners {
+		sc.bits[o] = uint16(i + 1)
+	}
+	defer func() {
+		for _, o := range owners {
+			sc.bits[o] = 0
+		}
+	}()
+	if cap(sc.count) < k {
+		sc.count = make([]uint32, k)
+	} else {
+		sc.count = sc.count[:k]
+		clear(sc.count)
+	}
+	sc.alive = sc.alive[:0]
+	for i := range w {
+		n := min(64, k-64*i)
+		sc.alive = append(sc.alive, ^uint64(0)>>(64-n))
+	}
+	return x.matchWaves(ctx, sc, w, n)
+}
+
+// matchWaves asks the shards about the prompt's n blocks in growing waves, following the
+// set of owners that hold every block so far, and stops at the first block nobody left
+// holds. Blocks are hashed a wave ahead: on a pipelined host, while the shards answer.
+func (x *Index) matchWaves(ctx context.Context, sc *lookupScratch, w, n int) error {
+	pipe, _ := x.host.(pipelinedHost)
 	size := firstWave
 	for lo := 0; lo < n; lo, size = lo+size, size*waveGrowth {
 		hi := min(n, lo+size)
+		sc.hashUpTo(hi) // already done when the previous wave hashed ahead
 		for i := range sc.qs {
 			sc.qs[i].reset()
+			sc.qs[i].Bits, sc.qs[i].Words = sc.bits, w
 			sc.qp[i] = nil
 			sc.cursor[i] = 0
 		}
@@ -399,29 +488,45 @@ func (x *Index) matchWaves(ctx context.Context, sc *lookupScratch) error {
 			h := sc.hashes[p]
 			i := x.shardOf(h)
 			q := &sc.qs[i]
-			q.Pos = append(q.Pos, uint32(p))
 			q.Hash = append(q.Hash, h)
 			sc.qp[i] = q
 		}
-		if err := x.host.Match(ctx, sc.qp); err != nil {
+		if pipe != nil {
+			pending := pipe.StartMatch(sc.qp)
+			if lo > 0 {
+				// Past the first wave the prompt is likely cached further: hash the next
+				// wave while the shards work. (Most cold prompts end in the first wave.)
+				sc.hashUpTo(min(n, hi+size*waveGrowth))
+			}
+			if err := pending.Wait(ctx); err != nil {
+				return err
+			}
+		} else if err := x.host.Match(ctx, sc.qp); err != nil {
 			return err
 		}
 		for p := lo; p < hi; p++ {
 			i := x.shardOf(sc.hashes[p])
-			hits := sc.qs[i].Hits
 			c := sc.cursor[i]
-			advanced := false
-			for ; c < len(hits) && hits[c].Pos == uint32(p); c++ {
-				o := hits[c].Owner
-				if int(o) < len(sc.want) && sc.want[o] == sc.gen && sc.count[o] == uint32(p) {
-					sc.count[o] = uint32(p) + 1
-					advanced = true
+			sc.cursor[i] = c + 1
+			set := sc.qs[i].Sets[c*w : c*w+w]
+			var any uint64
+			for k := range w {
+				a := sc.alive[k]
+				na := a & set[k]
+				for d := a &^ na; d != 0; d &= d - 1 {
+					sc.count[k*64+bits.TrailingZeros64(d)] = uint32(p)
 				}
+				sc.alive[k] = na
+				any |= na
 			}
-			sc.cursor[i] = c
-			if !advanced {
-				return nil // no owner holds the prefix through block p
+			if any == 0 {
+				return nil // nobody holds the prefix through block p
 			}
+		}
+	}
+	for k, a := range sc.alive {
+		for ; a != 0; a &= a - 1 {
+			sc.count[k*64+bits.TrailingZeros64(a)] = uint32(n)
 		}
 	}
 	return nil

@@ -258,21 +258,20 @@ func TestShardSpillAndPrune(t *testing.T) {
 		b.Ops = append(b.Ops, ShardOp{Hash: 42, Owner: id, Epoch: owners.Epoch(id), Tiers: TierGPU})
 	}
 	s.Apply(b)
-	if st := s.Stats(); st.Blocks != 1 || st.Spilled != 3 {
+	if st := s.Stats(); st.Blocks != 1 || st.Spilled != 3 || st.SpillCap != 4 {
 		t.Fatalf("stats %+v", st)
 	}
 	owners.Clear(ids[0])
 	owners.Clear(ids[2])
 	s.Prune()
-	q := &ShardQuery{Pos: []uint32{0}, Hash: []int64{42}}
-	s.Match(q)
-	var got []OwnerID
-	for _, h := range q.Hits {
-		got = append(got, h.Owner)
+	bitsOf := make([]uint16, 8)
+	for i, id := range ids {
+		bitsOf[id] = uint16(i + 1)
 	}
-	slices.Sort(got)
-	if !slices.Equal(got, []OwnerID{ids[1], ids[3]}) {
-		t.Fatalf("owners after prune %v", got)
+	q := &ShardQuery{Hash: []int64{42, 43}, Bits: bitsOf, Words: 1}
+	s.Match(q)
+	if want := uint64(1<<1 | 1<<3); len(q.Sets) != 2 || q.Sets[0] != want || q.Sets[1] != 0 {
+		t.Fatalf("owner sets after prune %b, want %b and none", q.Sets, want)
 	}
 	if st := s.Stats(); st.Spilled != 1 || st.Pruned != 2 {
 		t.Fatalf("stats after prune %+v", st)

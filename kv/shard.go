@@ -31,33 +31,34 @@ func (b *ShardBatch) Done() {
 	}
 }
 
-// ShardQuery asks one shard for the owners of some blocks of a prompt: Pos[i] is the block
-// position of Hash[i], in increasing order. The shard appends one ShardHit per current owner
-// of each block it holds, in position order.
+// ShardQuery asks one shard which of some owners hold some blocks of a prompt. Owners are
+// numbered for the query: Bits[o] is 1 + owner o's bit, 0 for an owner the query does not
+// ask about (Bits is shared by the shards of one lookup and only read). For Hash[i] the shard
+// writes the set of asked owners currently holding it, in any tier, as Words 64-bit words at
+// Sets[i*Words:].
 type ShardQuery struct {
-	Pos  []uint32
-	Hash []int64
-	Hits []ShardHit
-}
-
-// ShardHit is one owner of the block at a queried position.
-type ShardHit struct {
-	Pos   uint32
-	Owner OwnerID
-	Tiers Tiers
+	Hash  []int64
+	Bits  []uint16
+	Words int
+	Sets  []uint64
 }
 
 // reset empties q for reuse.
 func (q *ShardQuery) reset() {
-	q.Pos, q.Hash, q.Hits = q.Pos[:0], q.Hash[:0], q.Hits[:0]
+	q.Hash, q.Sets = q.Hash[:0], q.Sets[:0]
 }
 
-// ShardStats are a shard's counters. Counters only grow; Blocks and Spilled are current.
+// ShardStats are a shard's counters. Counters only grow; Blocks, Spilled and SpillCap are
+// current.
 type ShardStats struct {
 	// Blocks is the number of resident blocks.
 	Blocks int64
 	// Spilled is the number of extra owner records (blocks held by more than one owner).
 	Spilled int64
+	// SpillCap is the capacity, in records, of the runs holding them.
+	SpillCap int64
+	// TableSlots is the capacity of the block table (resident blocks use at most 70%).
+	TableSlots int64
 	// Stored and Removed count applied store and remove operations.
 	Stored, Removed uint64
 	// Stale counts operations dropped because their owner was cleared after ingest.
@@ -82,42 +83,55 @@ const (
 	ageMatched  = 3
 )
 
-// entry is one resident block: its first owner inline, further owners in a spill chain.
-// An entry with no owner is deleted at once, so a live entry always has a first owner.
-type entry struct {
-	hash  int64
+// slot is one owner of a block.
+type slot struct {
 	owner OwnerID
 	epoch uint32
-	more  uint32 // first spill node, 0 for none
+	tiers Tiers
+}
+
+// entry is one resident block: its first owner inline, further owners in a run (set).
+// An entry with no owner is deleted at once, so a live entry always has a first owner.
+type entry struct {
+	hash int64
+	// The first owner, its fields inline so that the entry packs into 24 bytes.
+	owner OwnerID
+	epoch uint32
+	set   uint32 // index in Shard.sets of the further owners, 0 for none
 	tiers Tiers
 	flags uint8
 	age   uint8 // CLOCK age, 0..ageMatched
 }
 
-// spillNode is one more owner of a block.
-type spillNode struct {
-	owner OwnerID
-	epoch uint32
-	next  uint32
-	tiers Tiers
+func (e *entry) firstSlot() slot { return slot{e.owner, e.epoch, e.tiers} }
+
+func (e *entry) setFirst(sl slot) { e.owner, e.epoch, e.tiers = sl.owner, sl.epoch, sl.tiers }
+
+// ownerSet is a run of arena[off:off+n] with room for 1<<class records.
+type ownerSet struct {
+	off   uint32
+	n     uint16
+	class uint8
 }
 
-// Bytes of memory a resident block and a spilled owner record cost, used for the memory
-// estimate: the entry, its map slot (key, value and the Swiss table's control byte at the
-// 7/8 maximum load), and the spill node.
+// maxSetClass is the largest run class: 1<<16 = 65,536 records (MaxOwners).
+const maxSetClass = 16
+
+// Bytes of memory a table slot and a further owner record cost.
 const (
-	entryBytes     = int64(unsafe.Sizeof(entry{}))
-	tableSlotBytes = 8 + 4 + 4 + 1
-	spillBytes     = int64(unsafe.Sizeof(spillNode{}))
+	entryBytes = int64(unsafe.Sizeof(entry{}))
+	slotBytes  = int64(unsafe.Sizeof(slot{}))
 )
 
 // sweepChunk is how many entries a shard examines for stale owners per message.
 const sweepChunk = 4096
 
 // Shard is one part of the prefix index: block hash → owners with their storage tiers.
-// Blocks are assigned to shards by hash. A shard's memory is bounded: past its maximum, the
-// least recently used block is evicted, approximated with a CLOCK of small ages (a block
-// matched by a request survives longer than one only stored; see ageMatched).
+// Blocks are assigned to shards by hash. A block's first owner lives in its entry; further
+// owners in a contiguous run, so that a block every engine holds (a shared system prompt) is
+// read sequentially. A shard's memory is bounded: past its maximum, the least recently used
+// block is evicted, approximated with a CLOCK of small ages (a block matched by a request
+// survives longer than one only stored; see ageMatched).
 //
 // A Shard is NOT safe for concurrent use: it is owned by one goroutine at a time (its index
 // shard actor, or a mutex in LockedShards). Stats may be read from any goroutine.
@@ -125,20 +139,21 @@ type Shard struct {
 	owners *Owners
 	max    int
 
-	table   map[int64]uint32
-	entries []entry // entries[0] is never used
-	free    []uint32
-	spill   []spillNode // spill[0] is never used
-	spFree  []uint32
+	tab     blockTable
+	sets    []ownerSet // sets[0] is never used
+	setFree []uint32
+	arena   []slot
+	runFree [maxSetClass + 1][]uint32
 	hand    uint32
-	live    int
+	spilled int64
+	runCap  int64
 
 	// Sweep state: entries of owners cleared since sweepGen are reclaimed in chunks.
 	sweepGen    uint64
 	sweepTarget uint64
 	sweepPos    uint32 // 0: not sweeping
 
-	blocks, spilled                 atomic.Int64
+	blocks, spilledA, runCapA, slotsA atomic.Int64
 	stored, removed, stale, evicted atomic.Uint64
 	pruned, queries, probes         atomic.Uint64
 }
@@ -146,29 +161,37 @@ type Shard struct {
 // NewShard returns an empty shard of at most maxBlocks blocks (at least 1) whose owners are
 // registered in owners.
 func NewShard(owners *Owners, maxBlocks int) *Shard {
-	maxBlocks = max(maxBlocks, 1)
-	return &Shard{
-		owners:  owners,
-		max:     maxBlocks,
-		table:   make(map[int64]uint32),
-		entries: make([]entry, 1, 1+min(maxBlocks, 1024)),
-		spill:   make([]spillNode, 1, 64),
-	}
+	s := &Shard{owners: owners, max: max(maxBlocks, 1)}
+	s.Reset()
+	return s
+}
+
+// Reset empties the shard (after its owner goroutine failed mid-operation, its state cannot
+// be trusted; an empty shard only costs misses).
+func (s *Shard) Reset() {
+	s.tab = newBlockTable(0)
+	s.setFree = nil
+	s.sets = append(make([]ownerSet, 0, 64), ownerSet{})
+	s.arena = s.arena[:0]
+	s.runFree = [maxSetClass + 1][]uint32{}
+	s.hand, s.sweepPos, s.spilled, s.runCap = 0, 0, 0, 0
+	s.sweepGen = s.owners.ClearGen()
+	s.publish()
 }
 
 // Stats returns the shard's counters. Safe for concurrent use.
 func (s *Shard) Stats() ShardStats {
 	return ShardStats{
-		Blocks: s.blocks.Load(), Spilled: s.spilled.Load(),
+		Blocks: s.blocks.Load(), Spilled: s.spilledA.Load(), SpillCap: s.runCapA.Load(), TableSlots: s.slotsA.Load(),
 		Stored: s.stored.Load(), Removed: s.removed.Load(), Stale: s.stale.Load(),
 		Evicted: s.evicted.Load(), Pruned: s.pruned.Load(),
 		Queries: s.queries.Load(), Probes: s.probes.Load(),
 	}
 }
 
-// MemoryBytes estimates the shard's memory from its current counts.
+// MemoryBytes is the memory of the block table and the owner runs.
 func (st ShardStats) MemoryBytes() int64 {
-	return st.Blocks*(entryBytes+tableSlotBytes*8/7) + st.Spilled*spillBytes
+	return st.TableSlots*entryBytes + st.SpillCap*slotBytes
 }
 
 // Apply applies a batch of operations in order.
@@ -182,10 +205,10 @@ func (s *Shard) Apply(b *ShardBatch) {
 			continue
 		}
 		if op.Remove {
-			s.remove(op.Hash, op.Owner, op.Epoch, op.Tiers)
+			s.remove(op.Hash, slot{op.Owner, op.Epoch, op.Tiers})
 			removed++
 		} else {
-			s.store(op.Hash, op.Owner, op.Epoch, op.Tiers)
+			s.store(op.Hash, slot{op.Owner, op.Epoch, op.Tiers})
 			stored++
 		}
 	}
@@ -195,24 +218,38 @@ func (s *Shard) Apply(b *ShardBatch) {
 	s.publish()
 }
 
-// Match answers q: for each queried block the shard holds, one hit per current owner.
+// Match answers q (see ShardQuery).
 func (s *Shard) Match(q *ShardQuery) {
 	s.maintain()
+	w := q.Words
+	n := len(q.Hash) * w
+	if cap(q.Sets) < n {
+		q.Sets = make([]uint64, n)
+	} else {
+		q.Sets = q.Sets[:n]
+		clear(q.Sets)
+	}
+	bits := q.Bits
 	for i, h := range q.Hash {
-		idx, ok := s.table[h]
+		idx, ok := s.tab.find(h)
 		if !ok {
 			continue
 		}
-		e := &s.entries[idx]
+		e := &s.tab.slots[idx]
 		e.age = ageMatched
-		pos := q.Pos[i]
-		if s.owners.Valid(e.owner, e.epoch) {
-			q.Hits = append(q.Hits, ShardHit{Pos: pos, Owner: e.owner, Tiers: e.tiers})
+		set := q.Sets[i*w : i*w+w]
+		if o := e.owner; int(o) < len(bits) && bits[o] != 0 && s.owners.Valid(o, e.epoch) {
+			b := bits[o] - 1
+			set[b>>6] |= 1 << (b & 63)
 		}
-		for n := e.more; n != 0; n = s.spill[n].next {
-			sp := &s.spill[n]
-			if s.owners.Valid(sp.owner, sp.epoch) {
-				q.Hits = append(q.Hits, ShardHit{Pos: pos, Owner: sp.owner, Tiers: sp.tiers})
+		if e.set == 0 {
+			continue
+		}
+		rs := s.sets[e.set]
+		for _, sl := range s.arena[rs.off : rs.off+uint32(rs.n)] {
+			if o := sl.owner; int(o) < len(bits) && bits[o] != 0 && s.owners.Valid(o, sl.epoch) {
+				b := bits[o] - 1
+				set[b>>6] |= 1 << (b & 63)
 			}
 		}
 	}
@@ -231,179 +268,211 @@ func (s *Shard) Prune() {
 	s.publish()
 }
 
-// Reset empties the shard (after its owner goroutine failed mid-operation, its state cannot
-// be trusted; an empty shard only costs misses).
-func (s *Shard) Reset() {
-	s.table = make(map[int64]uint32)
-	s.entries = append(make([]entry, 0, 1024), entry{})
-	s.free, s.spill, s.spFree = nil, make([]spillNode, 1, 64), nil
-	s.hand, s.live, s.sweepPos = 0, 0, 0
-	s.sweepGen = s.owners.ClearGen()
-	s.publish()
-}
-
-// store records that owner (at epoch) holds h in tiers t.
-func (s *Shard) store(h int64, owner OwnerID, epoch uint32, t Tiers) {
-	idx, ok := s.table[h]
+// store records that sl.owner (at sl.epoch) holds h in sl.tiers.
+func (s *Shard) store(h int64, sl slot) {
+	idx, ok := s.tab.find(h)
 	if !ok {
 		idx = s.newEntry(h)
-		e := &s.entries[idx]
-		e.owner, e.epoch, e.tiers = owner, epoch, t
+		s.tab.slots[idx].setFirst(sl)
 		return
 	}
-	e := &s.entries[idx]
+	e := &s.tab.slots[idx]
 	e.age = max(e.age, ageStored)
-	if e.owner == owner {
-		if e.epoch == epoch {
-			e.tiers |= t
-		} else {
-			e.epoch, e.tiers = epoch, t
-		}
+	if first := e.firstSlot(); merge(&first, sl) {
+		e.setFirst(first)
 		return
 	}
-	for n := e.more; n != 0; n = s.spill[n].next {
-		sp := &s.spill[n]
-		if sp.owner == owner {
-			if sp.epoch == epoch {
-				sp.tiers |= t
-			} else {
-				sp.epoch, sp.tiers = epoch, t
+	var run []slot
+	if e.set != 0 {
+		rs := s.sets[e.set]
+		run = s.arena[rs.off : rs.off+uint32(rs.n)]
+		for i := range run {
+			if merge(&run[i], sl) {
+				return
 			}
-			return
 		}
 	}
 	// Reuse a stale record before adding one.
 	if !s.owners.Valid(e.owner, e.epoch) {
-		e.owner, e.epoch, e.tiers = owner, epoch, t
+		e.setFirst(sl)
 		return
 	}
-	for n := e.more; n != 0; n = s.spill[n].next {
-		sp := &s.spill[n]
-		if !s.owners.Valid(sp.owner, sp.epoch) {
-			sp.owner, sp.epoch, sp.tiers = owner, epoch, t
+	for i := range run {
+		if !s.owners.Valid(run[i].owner, run[i].epoch) {
+			run[i] = sl
 			return
 		}
 	}
-	n := s.newSpill()
-	s.spill[n] = spillNode{owner: owner, epoch: epoch, tiers: t, next: e.more}
-	e.more = n // newSpill grows s.spill, never s.entries: e is still valid
+	s.appendOwner(idx, sl)
 }
 
-// remove records that owner (at epoch) no longer holds h in tiers t.
-func (s *Shard) remove(h int64, owner OwnerID, epoch uint32, t Tiers) {
-	idx, ok := s.table[h]
+// merge folds sl into r when r is the same owner: more tiers at the same epoch, or a fresh
+// record over one from an older epoch.
+func merge(r *slot, sl slot) bool {
+	if r.owner != sl.owner {
+		return false
+	}
+	if r.epoch == sl.epoch {
+		r.tiers |= sl.tiers
+	} else {
+		*r = sl
+	}
+	return true
+}
+
+// remove records that sl.owner (at sl.epoch) no longer holds h in sl.tiers.
+func (s *Shard) remove(h int64, sl slot) {
+	idx, ok := s.tab.find(h)
 	if !ok {
 		return
 	}
-	e := &s.entries[idx]
-	if e.owner == owner && e.epoch == epoch {
-		e.tiers &^= t
+	e := &s.tab.slots[idx]
+	if e.owner == sl.owner && e.epoch == sl.epoch {
+		e.tiers &^= sl.tiers
 		if e.tiers == 0 {
 			s.dropFirst(idx)
 		}
 		return
 	}
-	prev := uint32(0)
-	for n := e.more; n != 0; prev, n = n, s.spill[n].next {
-		sp := &s.spill[n]
-		if sp.owner != owner || sp.epoch != epoch {
+	if e.set == 0 {
+		return
+	}
+	rs := s.sets[e.set]
+	run := s.arena[rs.off : rs.off+uint32(rs.n)]
+	for i := range run {
+		if run[i].owner != sl.owner || run[i].epoch != sl.epoch {
 			continue
 		}
-		sp.tiers &^= t
-		if sp.tiers == 0 {
-			s.unlinkSpill(idx, prev, n)
+		run[i].tiers &^= sl.tiers
+		if run[i].tiers == 0 {
+			s.removeOwnerAt(idx, i)
 		}
 		return
 	}
 }
 
-// dropFirst removes an entry's first owner: the next spilled owner takes its place, or the
+// dropFirst removes an entry's first owner: the last further owner takes its place, or the
 // entry is deleted.
 func (s *Shard) dropFirst(idx uint32) {
-	e := &s.entries[idx]
-	if n := e.more; n != 0 {
-		sp := s.spill[n]
-		e.owner, e.epoch, e.tiers, e.more = sp.owner, sp.epoch, sp.tiers, sp.next
-		s.freeSpill(n)
+	e := &s.tab.slots[idx]
+	if e.set == 0 {
+		s.deleteEntry(idx)
 		return
 	}
-	s.deleteEntry(idx)
+	rs := s.sets[e.set]
+	e.setFirst(s.arena[rs.off+uint32(rs.n)-1])
+	s.removeOwnerAt(idx, int(rs.n)-1)
 }
 
-// unlinkSpill removes spill node n (after prev, or first when prev is 0) from entry idx.
-func (s *Shard) unlinkSpill(idx, prev, n uint32) {
-	next := s.spill[n].next
-	if prev == 0 {
-		s.entries[idx].more = next
-	} else {
-		s.spill[prev].next = next
+// appendOwner adds sl to entry idx's run, growing it to the next class when full.
+func (s *Shard) appendOwner(idx uint32, sl slot) {
+	e := &s.tab.slots[idx]
+	if e.set == 0 {
+		e.set = s.newSet(0)
 	}
-	s.freeSpill(n)
+	rs := &s.sets[e.set]
+	if int(rs.n) == 1<<rs.class {
+		if rs.class == maxSetClass {
+			return // MaxOwners records: cannot happen with at most MaxOwners owners
+		}
+		off := s.allocRun(rs.class + 1)
+		rs = &s.sets[e.set] // allocRun may grow s.arena, never s.sets
+		copy(s.arena[off:], s.arena[rs.off:rs.off+uint32(rs.n)])
+		s.freeRun(rs.off, rs.class)
+		rs.off, rs.class = off, rs.class+1
+	}
+	s.arena[rs.off+uint32(rs.n)] = sl
+	rs.n++
+	s.spilled++
+}
+
+// removeOwnerAt removes record i of entry idx's run (the last one moves into its place) and
+// frees an emptied run.
+func (s *Shard) removeOwnerAt(idx uint32, i int) {
+	e := &s.tab.slots[idx]
+	rs := &s.sets[e.set]
+	last := rs.off + uint32(rs.n) - 1
+	s.arena[rs.off+uint32(i)] = s.arena[last]
+	s.arena[last] = slot{}
+	rs.n--
+	s.spilled--
+	if rs.n == 0 {
+		s.freeRun(rs.off, rs.class)
+		s.setFree = append(s.setFree, e.set)
+		*rs = ownerSet{}
+		e.set = 0
+	}
+}
+
+func (s *Shard) newSet(class uint8) uint32 {
+	off := s.allocRun(class)
+	var id uint32
+	if n := len(s.setFree); n > 0 {
+		id = s.setFree[n-1]
+		s.setFree = s.setFree[:n-1]
+	} else {
+		s.sets = append(s.sets, ownerSet{})
+		id = uint32(len(s.sets) - 1)
+	}
+	s.sets[id] = ownerSet{off: off, class: class}
+	return id
+}
+
+func (s *Shard) allocRun(class uint8) uint32 {
+	s.runCap += 1 << class
+	if fl := s.runFree[class]; len(fl) > 0 {
+		off := fl[len(fl)-1]
+		s.runFree[class] = fl[:len(fl)-1]
+		return off
+	}
+	off := uint32(len(s.arena))
+	s.arena = append(s.arena, make([]slot, 1<<class)...)
+	return off
+}
+
+func (s *Shard) freeRun(off uint32, class uint8) {
+	s.runCap -= 1 << class
+	s.runFree[class] = append(s.runFree[class], off)
 }
 
 func (s *Shard) newEntry(h int64) uint32 {
-	if s.live >= s.max {
+	if s.tab.n >= s.max {
 		s.evict()
 	}
-	var idx uint32
-	if n := len(s.free); n > 0 {
-		idx = s.free[n-1]
-		s.free = s.free[:n-1]
-	} else {
-		s.entries = append(s.entries, entry{})
-		idx = uint32(len(s.entries) - 1)
-	}
-	s.entries[idx] = entry{hash: h, flags: entryLive, age: ageInserted}
-	s.table[h] = idx
-	s.live++
+	idx := s.tab.insert(h)
+	s.tab.slots[idx].age = ageInserted
 	return idx
 }
 
+// deleteEntry frees entry idx's run and removes it from the table (moving later entries of
+// its probe run back).
 func (s *Shard) deleteEntry(idx uint32) {
-	e := &s.entries[idx]
-	for n := e.more; n != 0; {
-		next := s.spill[n].next
-		s.freeSpill(n)
-		n = next
+	e := &s.tab.slots[idx]
+	if e.set != 0 {
+		rs := &s.sets[e.set]
+		clear(s.arena[rs.off : rs.off+uint32(rs.n)])
+		s.spilled -= int64(rs.n)
+		s.freeRun(rs.off, rs.class)
+		*rs = ownerSet{}
+		s.setFree = append(s.setFree, e.set)
 	}
-	delete(s.table, e.hash)
-	*e = entry{}
-	s.free = append(s.free, idx)
-	s.live--
-}
-
-func (s *Shard) newSpill() uint32 {
-	if n := len(s.spFree); n > 0 {
-		idx := s.spFree[n-1]
-		s.spFree = s.spFree[:n-1]
-		return idx
-	}
-	s.spill = append(s.spill, spillNode{})
-	return uint32(len(s.spill) - 1)
-}
-
-func (s *Shard) freeSpill(n uint32) {
-	s.spill[n] = spillNode{}
-	s.spFree = append(s.spFree, n)
+	s.tab.remove(idx)
 }
 
 // evict deletes one block chosen by the CLOCK hand: the first live block whose age is down
 // to zero (the hand decrements the ages it passes), or one whose owners are all stale.
 func (s *Shard) evict() {
-	n := uint32(len(s.entries))
-	if n <= 1 || s.live == 0 {
+	n := uint32(len(s.tab.slots))
+	if s.tab.n == 0 {
 		return
 	}
 	for range (ageMatched+1)*n + 1 {
-		s.hand++
-		if s.hand >= n {
-			s.hand = 1
-		}
-		e := &s.entries[s.hand]
+		s.hand = (s.hand + 1) & uint32(s.tab.mask)
+		e := &s.tab.slots[s.hand]
 		if e.flags&entryLive == 0 {
 			continue
 		}
-		if e.age > 0 && (e.more != 0 || s.owners.Valid(e.owner, e.epoch)) {
+		if e.age > 0 && (e.set != 0 || s.owners.Valid(e.owner, e.epoch)) {
 			e.age--
 			continue
 		}
@@ -423,15 +492,25 @@ func (s *Shard) maintain() {
 		}
 		s.sweepTarget, s.sweepPos = g, 1
 	}
-	end := min(int(s.sweepPos)+sweepChunk, len(s.entries))
+	// Slots are 1-based in sweepPos (0 means not sweeping). A removal shifts later entries
+	// back, so a slot whose entry changed is examined again.
+	end := min(int(s.sweepPos)+sweepChunk, len(s.tab.slots)+1)
 	var pruned uint64
-	for i := int(s.sweepPos); i < end; i++ {
-		if s.entries[i].flags&entryLive != 0 {
-			pruned += s.pruneEntry(uint32(i))
+	for i := int(s.sweepPos); i < end; {
+		e := &s.tab.slots[i-1]
+		if e.flags&entryLive == 0 {
+			i++
+			continue
 		}
+		h := e.hash
+		pruned += s.pruneEntry(uint32(i - 1))
+		if e.flags&entryLive != 0 && e.hash != h {
+			continue // another entry moved in: examine it too
+		}
+		i++
 	}
 	s.pruned.Add(pruned)
-	if end >= len(s.entries) {
+	if end > len(s.tab.slots) {
 		s.sweepPos, s.sweepGen = 0, s.sweepTarget
 	} else {
 		s.sweepPos = uint32(end)
@@ -445,26 +524,36 @@ func (s *Shard) maintain() {
 // returns how many it dropped.
 func (s *Shard) pruneEntry(idx uint32) uint64 {
 	var n uint64
-	prev := uint32(0)
-	for sp := s.entries[idx].more; sp != 0; {
-		next := s.spill[sp].next
-		if !s.owners.Valid(s.spill[sp].owner, s.spill[sp].epoch) {
-			s.unlinkSpill(idx, prev, sp)
+	if set := s.tab.slots[idx].set; set != 0 {
+		for i := 0; i < int(s.sets[set].n); {
+			rs := s.sets[set]
+			sl := s.arena[rs.off+uint32(i)]
+			if s.owners.Valid(sl.owner, sl.epoch) {
+				i++
+				continue
+			}
 			n++
-		} else {
-			prev = sp
+			last := rs.n == 1
+			s.removeOwnerAt(idx, i)
+			if last {
+				break
+			}
 		}
-		sp = next
 	}
-	if e := &s.entries[idx]; !s.owners.Valid(e.owner, e.epoch) {
+	for {
+		e := &s.tab.slots[idx]
+		if e.flags&entryLive == 0 || s.owners.Valid(e.owner, e.epoch) {
+			return n
+		}
 		s.dropFirst(idx)
 		n++
 	}
-	return n
 }
 
 // publish updates the atomically readable sizes.
 func (s *Shard) publish() {
-	s.blocks.Store(int64(s.live))
-	s.spilled.Store(int64(len(s.spill) - 1 - len(s.spFree)))
+	s.blocks.Store(int64(s.tab.n))
+	s.slotsA.Store(int64(len(s.tab.slots)))
+	s.spilledA.Store(s.spilled)
+	s.runCapA.Store(s.runCap)
 }

@@ -1,0 +1,351 @@
+package actors
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"switchyard/kv"
+)
+
+// The prefix-index benchmarks of issue 7, run on both shard hosts: "locked" (kv.LockedShards,
+// shards behind mutexes on the caller's goroutine: the baseline) and "actors" (index shard
+// actors, as the router runs them).
+
+type benchHost struct {
+	name   string
+	shards int
+	host   func([]*kv.Shard) (kv.ShardHost, error)
+}
+
+func benchHosts() []benchHost {
+	locked := func(s []*kv.Shard) (kv.ShardHost, error) { return kv.NewLockedShards(s), nil }
+	return []benchHost{
+		{"locked", 8, locked},
+		{"actors", 8, IndexHost(IndexOptions{Mailbox: 1 << 16})},
+		{"actors-2shards", 2, IndexHost(IndexOptions{Mailbox: 1 << 16})},
+	}
+}
+
+func newBenchIndex(b *testing.B, h benchHost, maxBlocks int) *kv.Index {
+	b.Helper()
+	x, err := kv.NewIndex(kv.IndexConfig{Shards: h.shards, MaxBlocks: maxBlocks, Host: h.host})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = x.Close() })
+	return x
+}
+
+// registerEngines registers n one-rank engines e000… of model "m" with block size bs.
+func registerEngines(b *testing.B, x *kv.Index, n, bs int) []kv.OwnerID {
+	b.Helper()
+	ids := make([]kv.OwnerID, n)
+	for i := range ids {
+		got, err := x.SetWorker(fmt.Sprintf("e%03d", i), "m", 1, bs)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ids[i] = got[0]
+	}
+	return ids
+}
+
+// fillResident stores n random blocks, spread round-robin over owners, and waits until the
+// shards applied them.
+func fillResident(b *testing.B, x *kv.Index, owners []kv.OwnerID, n, bs int) {
+	b.Helper()
+	rng := rand.New(rand.NewPCG(1, uint64(n)))
+	w := x.NewWriter()
+	for i := range n {
+		o := owners[i%len(owners)]
+		w.Store(o, x.Owners().Epoch(o), int64(rng.Uint64()), kv.TierGPU)
+		if w.Pending() >= 1<<14 {
+			if d := w.Flush(); d != 0 {
+				b.Fatalf("fill dropped %d operations", d)
+			}
+		}
+	}
+	if d := w.Flush(); d != 0 {
+		b.Fatalf("fill dropped %d operations", d)
+	}
+	drain(b, x, bs)
+}
+
+// drain waits until every shard applied what was sent before: a lookup touching every
+// shard queues behind the earlier batches. The engines use block size bs.
+func drain(b *testing.B, x *kv.Index, bs int) {
+	b.Helper()
+	hashes := make([]int64, 0, 256)
+	for i := range 256 {
+		hashes = append(hashes, int64(i)*0x1d8e4e27c47d124f)
+	}
+	var l kv.Lookup
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := x.MatchHashes(ctx, "m", bs, hashes, 4096, &l); err != nil {
+		b.Fatal(err)
+	}
+}
+
+func holdTokens(b *testing.B, x *kv.Index, o kv.OwnerID, tokens []uint32, bs int) {
+	b.Helper()
+	w := x.NewWriter()
+	for _, h := range kv.AppendBlockHashes(nil, tokens, bs) {
+		w.Store(o, x.Owners().Epoch(o), h, kv.TierGPU)
+	}
+	if d := w.Flush(); d != 0 {
+		b.Fatalf("dropped %d", d)
+	}
+}
+
+func randomTokens(rng *rand.Rand, n int) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = rng.Uint32()
+	}
+	return out
+}
+
+func reportPercentiles(b *testing.B, d []time.Duration) {
+	if len(d) == 0 {
+		return
+	}
+	slices.Sort(d)
+	at := func(q float64) float64 { return float64(d[min(len(d)-1, int(q*float64(len(d))))].Nanoseconds()) / 1e3 }
+	b.ReportMetric(at(0.50), "p50-µs")
+	b.ReportMetric(at(0.99), "p99-µs")
+}
+
+// BenchmarkLookup100kTokens: one lookup of a 100,000-token prompt over 100 engines, with
+// 1,000,000 other blocks resident. Every engine holds the first 2,048 tokens (a shared
+// system prompt), four hold all of it, ten hold 10%…100% of it. "full" hashes the prompt
+// and matches; "match" matches precomputed hashes; "hash" only hashes (the floor of full).
+func BenchmarkLookup100kTokens(b *testing.B) {
+	const engines, resident, promptLen = 100, 1_000_000, 100_000
+	for _, h := range benchHosts() {
+		for _, bs := range []int{16, 64} {
+			var x *kv.Index
+			var prompt []uint32
+			parent := b
+			setup := func(*testing.B) {
+				if x != nil {
+					return
+				}
+				b := parent // the index lives as long as the parent benchmark
+				x = newBenchIndex(b, h, 4_000_000)
+				ids := registerEngines(b, x, engines, bs)
+				fillResident(b, x, ids, resident, bs)
+				prompt = randomTokens(rand.New(rand.NewPCG(7, 7)), promptLen)
+				for i, o := range ids {
+					n := 2048
+					switch {
+					case i < 4:
+						n = promptLen
+					case i < 14:
+						n = (i - 3) * promptLen / 10
+					}
+					holdTokens(b, x, o, prompt[:n], bs)
+				}
+				drain(b, x, bs)
+			}
+			check := func(b *testing.B, l *kv.Lookup) {
+				if l.Tokens("e000") != promptLen || l.Tokens("e099") != 2048 || len(l.Matches) != engines {
+					b.Fatalf("wrong lookup: e000 %d, e099 %d, %d matches", l.Tokens("e000"), l.Tokens("e099"), len(l.Matches))
+				}
+			}
+			b.Run(fmt.Sprintf("%s/bs=%d/full", h.name, bs), func(b *testing.B) {
+				setup(b)
+				var l kv.Lookup
+				var d []time.Duration
+				ctx := context.Background()
+				b.ReportAllocs()
+				for b.Loop() {
+					t := time.Now()
+					if err := x.Lookup(ctx, "m", prompt, &l); err != nil {
+						b.Fatal(err)
+					}
+					d = append(d, time.Since(t))
+				}
+				check(b, &l)
+				reportPercentiles(b, d)
+			})
+			b.Run(fmt.Sprintf("%s/bs=%d/match", h.name, bs), func(b *testing.B) {
+				setup(b)
+				hashes := kv.AppendBlockHashes(nil, prompt, bs)
+				var l kv.Lookup
+				var d []time.Duration
+				ctx := context.Background()
+				b.ReportAllocs()
+				for b.Loop() {
+					t := time.Now()
+					if err := x.MatchHashes(ctx, "m", bs, hashes, promptLen, &l); err != nil {
+						b.Fatal(err)
+					}
+					d = append(d, time.Since(t))
+				}
+				check(b, &l)
+				reportPercentiles(b, d)
+			})
+			if h.name == "locked" {
+				b.Run(fmt.Sprintf("hash-only/bs=%d", bs), func(b *testing.B) {
+					setup(b)
+					dst := make([]int64, 0, promptLen)
+					var d []time.Duration
+					b.ReportAllocs()
+					for b.Loop() {
+						t := time.Now()
+						dst = kv.AppendBlockHashes(dst[:0], prompt, bs)
+						d = append(d, time.Since(t))
+					}
+					reportPercentiles(b, d)
+				})
+			}
+		}
+	}
+}
+
+// ingestWorkload is one engine's pre-encoded event batches: each stores eventsPerBatch/2
+// new two-block chains (real router hashes of random tokens, as an SGLang engine publishes)
+// and removes the chains stored window batches earlier, so the resident size stays flat.
+type ingestWorkload struct {
+	worker   string
+	payloads [][]byte
+}
+
+const (
+	eventsPerBatch = 16 // 8 BlockStored + 8 BlockRemoved
+	blocksPerEvent = 2
+	batchesPerEng  = 512
+	removeWindow   = 64
+)
+
+func newIngestWorkload(b *testing.B, worker string, seed uint64) *ingestWorkload {
+	b.Helper()
+	rng := rand.New(rand.NewPCG(seed, 99))
+	enc := kv.NewEncoder()
+	chains := make([][]int64, 0, batchesPerEng*eventsPerBatch/2)
+	w := &ingestWorkload{worker: worker}
+	for i := range batchesPerEng {
+		batch := &kv.EventBatch{TS: float64(i)}
+		for range eventsPerBatch / 2 {
+			tokens := randomTokens(rng, 16*blocksPerEvent)
+			hs := kv.AppendBlockHashes(nil, tokens, 16)
+			chains = append(chains, hs)
+			batch.Events = append(batch.Events, kv.Event{Kind: kv.EventBlockStored, BlockHashes: hs, TokenIDs: tokens, BlockSize: 16, Medium: kv.MediumGPU})
+		}
+		for k := range eventsPerBatch / 2 {
+			j := (i-removeWindow)*eventsPerBatch/2 + k
+			if j < 0 {
+				j += batchesPerEng * eventsPerBatch / 2 // wraps onto the last round's chains
+				if j >= len(chains) {
+					continue
+				}
+			}
+			batch.Events = append(batch.Events, kv.Event{Kind: kv.EventBlockRemoved, BlockHashes: chains[j], Medium: kv.MediumGPU})
+		}
+		p, err := enc.Encode(batch, kv.ShapeArray)
+		if err != nil {
+			b.Fatal(err)
+		}
+		w.payloads = append(w.payloads, append([]byte(nil), p...))
+	}
+	return w
+}
+
+// BenchmarkIngestAndLookup runs event ingest (decode, key, write, shard apply) and lookups
+// concurrently over an index holding `resident` blocks: 4 goroutines on the machine's cores,
+// each applying one engine's batches and, every 4th iteration, looking up a 2,048-token
+// prompt whose first half two engines hold. Reported: events/s, block-ops/s, lookups/s and
+// their sum (ops/s = events + lookups; block-ops+lookups/s).
+func BenchmarkIngestAndLookup(b *testing.B) {
+	for _, resident := range []int{100_000, 1_000_000, 10_000_000} {
+		for _, h := range benchHosts() {
+			b.Run(fmt.Sprintf("%s/resident=%d", h.name, resident), func(b *testing.B) {
+				benchIngestAndLookup(b, h, resident)
+			})
+		}
+	}
+}
+
+func benchIngestAndLookup(b *testing.B, h benchHost, resident int) {
+	const engines, hot, lookupEvery, parallelism = 16, 64, 4, 2
+	x := newBenchIndex(b, h, resident+resident/2+engines*removeWindow*eventsPerBatch*blocksPerEvent)
+	ids := registerEngines(b, x, engines, 16)
+	fillResident(b, x, ids, resident, 16)
+	rng := rand.New(rand.NewPCG(3, 3))
+	prompts := make([][]uint32, hot)
+	for i := range prompts {
+		prompts[i] = randomTokens(rng, 2048)
+		holdTokens(b, x, ids[i%engines], prompts[i][:1024], 16)
+		holdTokens(b, x, ids[(i+1)%engines], prompts[i][:1024], 16)
+	}
+	workloads := make([]*ingestWorkload, 2*parallelism*2)
+	for i := range workloads {
+		workloads[i] = newIngestWorkload(b, fmt.Sprintf("e%03d", i%engines), uint64(i))
+	}
+	drain(b, x, 16)
+	before := x.Metrics().Ingest()
+	var events, lookups, hits atomic.Int64
+	var next atomic.Int64
+	var mu sync.Mutex
+	var firstErr error
+	b.SetParallelism(parallelism)
+	b.ReportAllocs()
+	start := time.Now()
+	b.RunParallel(func(pb *testing.PB) {
+		g := int(next.Add(1) - 1)
+		wl := workloads[g%len(workloads)]
+		ing := x.NewIngestor(wl.worker, false, nil)
+		var l kv.Lookup
+		ctx := context.Background()
+		var ev, lk, hit int64
+		for i := 0; pb.Next(); i++ {
+			if i%lookupEvery == lookupEvery-1 {
+				if err := x.Lookup(ctx, "m", prompts[(i/lookupEvery+g)%hot], &l); err != nil {
+					mu.Lock()
+					firstErr = err
+					mu.Unlock()
+				}
+				lk++
+				if len(l.Matches) > 0 {
+					hit++
+				}
+				continue
+			}
+			n, err := ing.Apply(wl.payloads[i%len(wl.payloads)], 0)
+			if err != nil {
+				mu.Lock()
+				firstErr = err
+				mu.Unlock()
+			}
+			ev += int64(n)
+		}
+		events.Add(ev)
+		lookups.Add(lk)
+		hits.Add(hit)
+	})
+	drain(b, x, 16)
+	elapsed := time.Since(start).Seconds()
+	if firstErr != nil {
+		b.Fatal(firstErr)
+	}
+	after := x.Metrics().Ingest()
+	ops := float64(after.OpsApplied - before.OpsApplied)
+	b.ReportMetric(float64(events.Load())/elapsed, "events/s")
+	b.ReportMetric(ops/elapsed, "block-ops/s")
+	b.ReportMetric(float64(lookups.Load())/elapsed, "lookups/s")
+	b.ReportMetric(float64(events.Load()+lookups.Load())/elapsed, "ops/s")
+	b.ReportMetric((ops+float64(lookups.Load()))/elapsed, "block-ops+lookups/s")
+	if dropped := after.OpsDroppedBusy - before.OpsDroppedBusy; dropped > 0 {
+		b.ReportMetric(float64(dropped), "dropped-ops")
+	}
+	if lookups.Load() > 0 && hits.Load() < lookups.Load()/2 {
+		b.Fatalf("only %d of %d lookups hit the hot prompts", hits.Load(), lookups.Load())
+	}
+}
