@@ -154,8 +154,8 @@ type Shard struct {
 	sweepPos    uint32 // 0: not sweeping
 
 	blocks, spilledA, runCapA, slotsA atomic.Int64
-	stored, removed, stale, evicted atomic.Uint64
-	pruned, queries, probes         atomic.Uint64
+	stored, removed, stale, evicted   atomic.Uint64
+	pruned, queries, probes           atomic.Uint64
 }
 
 // NewShard returns an empty shard of at most maxBlocks blocks (at least 1) whose owners are
