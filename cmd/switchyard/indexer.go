@@ -1,0 +1,144 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/valyala/fasthttp"
+
+	"switchyard/config"
+	"switchyard/kv"
+)
+
+// defaultIndexerListen is the indexer's listen address when --listen is not given.
+const defaultIndexerListen = "127.0.0.1:9400"
+
+// runIndexer is the indexer subcommand: the prefix index as a network service that several
+// routers share (cache_aware.source remote, cache_aware.remote_url). It reads the same
+// configuration as serve — the workers and the kv section — subscribes to every worker's KV
+// events itself, and serves kv.IndexerHandler's routes until ctx is cancelled.
+//
+//	switchyard indexer [--listen HOST:PORT] [--config FILE] [configuration flags]
+func runIndexer(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	listen, rest, err := indexerFlags(args)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return errReported
+	}
+	cfg, err := config.Load(rest, os.Environ())
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintln(stdout, "usage: switchyard indexer [--listen HOST:PORT] [--config FILE] [flags]")
+		fmt.Fprintf(stdout, "  --listen HOST:PORT  address of the indexer's HTTP service (default %s)\n", defaultIndexerListen)
+		config.Usage(stdout)
+		return err
+	}
+	if err == nil {
+		err = cfg.Validate()
+	}
+	if err != nil {
+		for _, line := range problems(err) {
+			fmt.Fprintln(stderr, line)
+		}
+		return errReported
+	}
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: logLevel(cfg.Log.Level)}))
+	set := metrics.NewSet()
+	idx, err := kv.NewIndex(kv.IndexConfig{Shards: cfg.KV.Shards, MaxBlocks: cfg.KV.MaxBlocks, Metrics: kv.NewMetrics(set)})
+	if err != nil {
+		return err
+	}
+	defer idx.Close()
+	mgr, err := kv.NewManager(kv.ManagerConfig{
+		Index: idx, BindEndpoint: cfg.KV.BindEndpoint, DefaultBlockSize: cfg.KV.BlockSize,
+		MinBackoff: cfg.KV.ReconnectBackoff, Logger: logger.With(slog.String("component", "kv")),
+	})
+	if err != nil {
+		return err
+	}
+	for _, w := range cfg.Workers {
+		spec := kv.WorkerSpec{ID: w.ID, URL: w.URL, Model: w.Model, DPSize: w.DPSize, KVEvents: w.KVEvents}
+		if err := mgr.AddWorker(spec); err != nil {
+			return fmt.Errorf("cannot follow worker %s: %w", w.ID, err)
+		}
+	}
+	h, err := kv.NewIndexerHandler(kv.IndexerConfig{Index: idx, Manager: mgr, Metrics: set, Logger: logger})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return fmt.Errorf("cannot listen on %s: %w", listen, err)
+	}
+	srv := &fasthttp.Server{
+		Handler:            h.Serve,
+		Name:               "switchyard-indexer",
+		MaxRequestBodySize: kv.MaxQueryBytes,
+		ReadTimeout:        cfg.Server.RequestTimeout,
+		Logger:             slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, 2)
+	wg.Go(func() { errs <- mgr.Run(runCtx) })
+	wg.Go(func() {
+		if err := srv.Serve(ln); err != nil {
+			errs <- fmt.Errorf("cannot serve: %w", err)
+			cancel()
+		}
+	})
+	logger.Info("indexer started", slog.String("listen", ln.Addr().String()), slog.Int("workers", len(cfg.Workers)),
+		slog.String("bind_endpoint", cfg.KV.BindEndpoint))
+	fmt.Fprintf(stdout, "switchyard indexer listening on http://%s\n", ln.Addr())
+	<-runCtx.Done()
+	sctx, scancel := context.WithTimeout(context.Background(), cfg.Server.DrainTimeout)
+	defer scancel()
+	if err := srv.ShutdownWithContext(sctx); err != nil {
+		logger.Warn("indexer shutdown incomplete", slog.Any("error", err))
+	}
+	cancel()
+	wg.Wait()
+	close(errs)
+	var first error
+	for err := range errs {
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// indexerFlags takes --listen (or -listen, with "=" or a separate value) out of args and
+// returns the rest for config.Load.
+func indexerFlags(args []string) (listen string, rest []string, err error) {
+	listen = defaultIndexerListen
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		name, value, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !strings.HasPrefix(a, "-") || name != "listen" {
+			rest = append(rest, a)
+			continue
+		}
+		if !hasValue {
+			if i+1 >= len(args) {
+				return "", nil, errors.New("switchyard indexer: --listen needs HOST:PORT")
+			}
+			i++
+			value = args[i]
+		}
+		if _, _, err := net.SplitHostPort(value); err != nil {
+			return "", nil, fmt.Errorf("switchyard indexer: --listen %q: %w", value, err)
+		}
+		listen = value
+	}
+	return listen, rest, nil
+}
