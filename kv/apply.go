@@ -23,9 +23,10 @@ const (
 type seqTracker struct {
 	known bool
 	last  uint64
-	// dedupe is set after a replay: live messages the replay already covered are skipped
-	// until the sequence moves past it.
-	dedupe bool
+	// After a replay, live messages in [dupFrom, last] were already applied from the replay
+	// socket and are skipped; anything below dupFrom is a restart as usual.
+	dedupe  bool
+	dupFrom uint64
 }
 
 // observe classifies seq; it does not advance the tracker (advance does, once applied).
@@ -35,7 +36,7 @@ func (t *seqTracker) observe(seq uint64) seqVerdict {
 		return seqNext
 	case seq > t.last+1:
 		return seqGap
-	case t.dedupe:
+	case t.dedupe && seq >= t.dupFrom:
 		return seqDuplicate
 	}
 	return seqRestart
@@ -44,6 +45,12 @@ func (t *seqTracker) observe(seq uint64) seqVerdict {
 func (t *seqTracker) advance(seq uint64) {
 	t.known, t.last = true, seq
 	t.dedupe = false
+}
+
+// replayed marks the batches up to last as applied by a replay that live message from
+// revealed: live messages from..last that are still queued are duplicates.
+func (t *seqTracker) replayed(from uint64) {
+	t.dedupe, t.dupFrom = true, from
 }
 
 // reset forgets the sequence: the next message starts afresh.

@@ -21,10 +21,14 @@ func TestSeqTracker(t *testing.T) {
 		{"a repeat is a restart", true, 41, false, 41, seqRestart},
 		{"after a replay, covered seqs are duplicates", true, 41, true, 40, seqDuplicate},
 		{"after a replay, the next is next", true, 41, true, 42, seqNext},
+		{"after a replay, a seq below the replayed range is a restart", true, 41, true, 0, seqRestart},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			tr := seqTracker{known: tt.known, last: tt.last, dedupe: tt.dedupe}
+			tr := seqTracker{known: tt.known, last: tt.last}
+			if tt.dedupe {
+				tr.replayed(38)
+			}
 			if got := tr.observe(tt.seq); got != tt.want {
 				t.Fatalf("observe(%d) = %d, want %d", tt.seq, got, tt.want)
 			}

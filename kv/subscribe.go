@@ -34,6 +34,8 @@ type rankSub struct {
 
 	lastConnErr string
 	lastBad     string
+	// reconnected is set from a new connection's start until its first message.
+	reconnected bool
 }
 
 func newRankSub(m *Manager, worker string, pub Publisher, rekey bool) *rankSub {
@@ -108,6 +110,9 @@ func (s *rankSub) session(ctx context.Context) (delivered bool, err error) {
 	}
 	s.connected.Store(true)
 	defer s.connected.Store(false)
+	// Duplicates of a replay can only arrive on the connection that carried them.
+	s.seq.dedupe = false
+	s.reconnected = s.seq.known
 	if s.lastConnErr != "" {
 		s.log.Info("KV-event subscription connected", slog.String("endpoint", s.pub.Endpoint))
 		s.lastConnErr = ""
@@ -131,6 +136,7 @@ func (s *rankSub) handle(ctx context.Context, frames [][]byte) bool {
 	}
 	seq := binary.BigEndian.Uint64(frames[1])
 	s.received.Add(1)
+	defer func() { s.reconnected = false }()
 	switch s.seq.observe(seq) {
 	case seqDuplicate:
 		return true
@@ -139,7 +145,12 @@ func (s *rankSub) handle(ctx context.Context, frames [][]byte) bool {
 		s.seq.reset()
 	case seqGap:
 		s.m.x.metrics.gaps.Inc()
-		s.repair(ctx)
+		if !s.reconnected {
+			// Within one connection a replay can fill the gap. Across a reconnection it
+			// cannot be trusted: a restarted engine may have counted past our last seq,
+			// and its replay socket would answer from its new history.
+			s.repair(ctx, seq)
+		}
 		switch s.seq.observe(seq) {
 		case seqDuplicate:
 			return true
@@ -188,10 +199,11 @@ func (s *rankSub) clear(reason clearReason) {
 	}
 }
 
-// repair replays the batches after the last applied one from the engine's replay socket. On
-// success the tracker stands at the newest replayed batch (in dedupe mode); on failure it is
-// left where it was, for the caller to clear.
-func (s *rankSub) repair(ctx context.Context) {
+// repair replays the batches after the last applied one from the engine's replay socket,
+// after live message live revealed the gap. On success the tracker stands at the newest
+// replayed batch (in dedupe mode); on failure it is left where it was, for the caller to
+// clear.
+func (s *rankSub) repair(ctx context.Context, live uint64) {
 	if s.pub.Replay == "" {
 		return
 	}
@@ -202,7 +214,7 @@ func (s *rankSub) repair(ctx context.Context) {
 		return
 	}
 	s.m.x.metrics.replays.Inc()
-	s.seq.dedupe = true
+	s.seq.replayed(live)
 }
 
 // endOfReplay is the replay end marker: sequence −1.

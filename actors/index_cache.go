@@ -1,0 +1,216 @@
+package actors
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+
+	"switchyard/config"
+	"switchyard/engine"
+	"switchyard/kv"
+)
+
+// CacheOptions are CacheState's collaborators beyond the configuration.
+type CacheOptions struct {
+	// Logger receives the index's and subscriptions' logs. Default: discarded.
+	Logger *slog.Logger
+	// Metrics receives the switchyard_kv_* series. Default: a private set.
+	Metrics *metrics.Set
+	// OnApplied, when set, is called after each KV-event batch is applied (see
+	// kv.ManagerConfig.OnApplied). For tests and tracing; it must not block.
+	OnApplied func(worker string, rank int, seq uint64)
+}
+
+// CacheState is the router's cache state, built once from the configuration: the prefix
+// source that cache_aware policies read (engine.Deps.Cache), and with a local source the
+// index on shard actors plus the KV-event subscriptions feeding it. The serving path:
+//
+//	cs, _ := actors.NewCacheState(cfg, opts)            // when actors.NeedsCache(cfg)
+//	deps.Cache = cs.Source()                            // engine.BuildResolvers
+//	go cs.Run(ctx)                                      // subscriptions, until shutdown
+//	memo := cs.Prepare(ctx, model, tokens)              // per request, before the picks
+//	breq.Prefix = memo                                  // engine.BucketRequest
+//	cs.AddWorker(w) / cs.RemoveWorker(id)               // worker lifecycle (admin API)
+//	cs.Close()
+//
+// Safe for concurrent use.
+type CacheState struct {
+	source  kv.CacheSource
+	index   *kv.Index
+	manager *kv.Manager
+	timeout time.Duration
+	prepare map[string]bool // models with a cache_aware group
+}
+
+// NeedsCache reports whether any group's effective policy is cache_aware.
+func NeedsCache(cfg *config.Config) bool { return len(cacheModels(cfg)) > 0 }
+
+// cacheModels returns the models with at least one cache_aware group.
+func cacheModels(cfg *config.Config) map[string]bool {
+	type roleGroup struct {
+		role config.Role
+		g    *config.Group
+	}
+	out := map[string]bool{}
+	for name, m := range cfg.Models {
+		for _, b := range m.Buckets {
+			var groups []roleGroup
+			if b.Groups.Plain != nil {
+				groups = append(groups, roleGroup{config.RolePlain, b.Groups.Plain})
+			}
+			if b.Groups.PD != nil && b.Groups.PD.Prefill != nil {
+				groups = append(groups, roleGroup{config.RolePrefill, b.Groups.PD.Prefill})
+			}
+			for _, g := range groups {
+				if cfg.EffectivePolicy(name, g.role, g.g).Type == config.PolicyCacheAware {
+					out[name] = true
+				}
+			}
+		}
+	}
+	return out
+}
+
+// NewCacheState builds the cache state cfg describes: cache_aware.source local (an index of
+// kv.shards shards on index shard actors, bounded by kv.max_blocks, fed by subscriptions to
+// every configured worker unless kv.enabled is false, and by the kv.bind_endpoint SUB) or
+// remote (a kv.RemoteSource of cache_aware.remote_url with cache_aware.query_timeout and
+// cache_aware.max_inflight_queries).
+func NewCacheState(cfg *config.Config, opts CacheOptions) (*CacheState, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Metrics == nil {
+		opts.Metrics = metrics.NewSet()
+	}
+	km := kv.NewMetrics(opts.Metrics)
+	cs := &CacheState{prepare: cacheModels(cfg), timeout: cfg.CacheAware.QueryTimeout}
+	switch cfg.CacheAware.Source {
+	case config.CacheSourceRemote:
+		r, err := kv.NewRemoteSource(kv.RemoteConfig{URL: cfg.CacheAware.RemoteURL, Timeout: cfg.CacheAware.QueryTimeout,
+			MaxInflight: cfg.CacheAware.MaxInflightQueries, Metrics: km})
+		if err != nil {
+			return nil, fmt.Errorf("cannot build the cache state: %w", err)
+		}
+		cs.source = r
+		return cs, nil
+	case config.CacheSourceLocal, "":
+	default:
+		return nil, fmt.Errorf("cannot build the cache state: unknown cache_aware.source %q", cfg.CacheAware.Source)
+	}
+	io := IndexOptionsFrom(cfg)
+	io.Logger, io.Metrics = opts.Logger, opts.Metrics
+	x, err := kv.NewIndex(kv.IndexConfig{Shards: cfg.KV.Shards, MaxBlocks: cfg.KV.MaxBlocks,
+		LookupTimeout: cfg.CacheAware.QueryTimeout, Host: IndexHost(io), Metrics: km})
+	if err != nil {
+		return nil, fmt.Errorf("cannot build the cache state: %w", err)
+	}
+	cs.index, cs.source = x, x
+	if !cfg.KV.Enabled {
+		return cs, nil
+	}
+	m, err := kv.NewManager(kv.ManagerConfig{Index: x, BindEndpoint: cfg.KV.BindEndpoint, DefaultBlockSize: cfg.KV.BlockSize,
+		MinBackoff: cfg.KV.ReconnectBackoff, Logger: opts.Logger.With(slog.String("component", "kv")), OnApplied: opts.OnApplied})
+	if err != nil {
+		_ = x.Close()
+		return nil, fmt.Errorf("cannot build the cache state: %w", err)
+	}
+	cs.manager = m
+	for _, w := range cfg.Workers {
+		if err := m.AddWorker(WorkerSpecFrom(w)); err != nil {
+			_ = x.Close()
+			return nil, fmt.Errorf("cannot build the cache state: %w", err)
+		}
+	}
+	return cs, nil
+}
+
+// WorkerSpecFrom is the KV subscription of a configured worker: its kv_events endpoint when
+// set, else discovery through /server_info (and the bound SUB for engines that dial it).
+func WorkerSpecFrom(w config.Worker) kv.WorkerSpec {
+	return kv.WorkerSpec{ID: w.ID, URL: w.URL, Model: w.Model, DPSize: w.DPSize, KVEvents: w.KVEvents}
+}
+
+// Source is the prefix source for engine.Deps.Cache.
+func (c *CacheState) Source() kv.CacheSource { return c.source }
+
+// Index is the local index, nil with a remote source.
+func (c *CacheState) Index() *kv.Index { return c.index }
+
+// Manager is the local index's subscriptions, nil with a remote source or kv.enabled false.
+func (c *CacheState) Manager() *kv.Manager { return c.manager }
+
+// NeedsPrefix reports whether requests for model need a prefix lookup (one of its groups
+// runs cache_aware).
+func (c *CacheState) NeedsPrefix(model string) bool { return c.prepare[model] }
+
+// Prepare makes the request's one prefix lookup, in the request goroutine before any pick
+// (the only place a remote lookup's I/O happens), bounded by cache_aware.query_timeout.
+// It returns nil when the model needs none or there are no tokens; otherwise the memo to
+// put in engine.BucketRequest.Prefix. An unavailable source or a rejected query is recorded
+// in the memo; the policy turns them into a miss or an invalid signal.
+func (c *CacheState) Prepare(ctx context.Context, model string, tokens []uint32) *kv.PrefixMemo {
+	if !c.prepare[model] || len(tokens) == 0 {
+		return nil
+	}
+	memo := kv.NewPrefixMemo(model, tokens)
+	c.Resolve(ctx, memo)
+	return memo
+}
+
+// Resolve makes memo's lookup for the state's source (a pooled memo's counterpart of
+// Prepare).
+func (c *CacheState) Resolve(ctx context.Context, memo *kv.PrefixMemo) *kv.PrefixResult {
+	if _, ok := ctx.Deadline(); !ok && c.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.timeout)
+		defer cancel()
+	}
+	return memo.Resolve(ctx, c.source)
+}
+
+// Run follows the workers' KV events until ctx is done, then closes every subscription
+// socket; without subscriptions (remote source, kv.enabled false) it only waits for ctx.
+func (c *CacheState) Run(ctx context.Context) error {
+	if c.manager == nil {
+		<-ctx.Done()
+		return nil
+	}
+	return c.manager.Run(ctx)
+}
+
+// AddWorker starts following a worker added at run time (admin API); a no-op without local
+// subscriptions.
+func (c *CacheState) AddWorker(w config.Worker) error {
+	if c.manager == nil {
+		return nil
+	}
+	return c.manager.AddWorker(WorkerSpecFrom(w))
+}
+
+// RemoveWorker stops following a removed worker and drops its entries.
+func (c *CacheState) RemoveWorker(id string) {
+	switch {
+	case c.manager != nil:
+		c.manager.RemoveWorker(id)
+	case c.index != nil:
+		c.index.RemoveWorker(id)
+	}
+}
+
+// Close stops the index's shard actors. Run must have returned.
+func (c *CacheState) Close() error {
+	if c.index == nil {
+		return nil
+	}
+	return c.index.Close()
+}
+
+// Deps adds the cache source to deps (engine.BuildResolvers).
+func (c *CacheState) Deps(deps engine.Deps) engine.Deps {
+	deps.Cache = c.source
+	return deps
+}

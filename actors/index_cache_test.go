@@ -1,0 +1,373 @@
+package actors
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+
+	"switchyard/config"
+	"switchyard/engine"
+	"switchyard/kv"
+	"switchyard/load"
+)
+
+// enginePub is the KV-event side of one engine on real zmq4 sockets on 127.0.0.1: a bound
+// PUB and a replay ROUTER answering from the batches it retained.
+type enginePub struct {
+	t      *testing.T
+	pub    zmq4.Socket
+	router zmq4.Socket
+	done   chan struct{}
+	enc    *kv.Encoder
+
+	mu   sync.Mutex
+	seq  uint64
+	ring map[uint64][]byte
+}
+
+func startEnginePub(t *testing.T, pubEP, replayEP string) *enginePub {
+	t.Helper()
+	p := &enginePub{t: t, enc: kv.NewEncoder(), ring: map[uint64][]byte{}, done: make(chan struct{})}
+	p.pub = zmq4.NewPub(context.Background())
+	if err := p.pub.Listen(pubEP); err != nil {
+		t.Fatalf("cannot bind %s: %v", pubEP, err)
+	}
+	p.router = zmq4.NewRouter(context.Background())
+	if err := p.router.Listen(replayEP); err != nil {
+		t.Fatalf("cannot bind %s: %v", replayEP, err)
+	}
+	go p.serveReplay()
+	t.Cleanup(p.stop)
+	return p
+}
+
+func (p *enginePub) stop() {
+	_ = p.pub.Close()
+	_ = p.router.Close()
+	<-p.done
+}
+
+func (p *enginePub) port(s zmq4.Socket) int { return s.Addr().(*net.TCPAddr).Port }
+
+func (p *enginePub) record(b *kv.EventBatch) (uint64, []byte) {
+	p.t.Helper()
+	payload, err := p.enc.Encode(b, kv.ShapeArray)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	seq := p.seq
+	p.seq++
+	msg := append([]byte(nil), payload...)
+	p.ring[seq] = msg
+	return seq, msg
+}
+
+func (p *enginePub) send(b *kv.EventBatch) uint64 {
+	p.t.Helper()
+	seq, msg := p.record(b)
+	if err := p.pub.Send(zmq4.NewMsgFrom([]byte{}, binary.BigEndian.AppendUint64(nil, seq), msg)); err != nil {
+		p.t.Fatal(err)
+	}
+	return seq
+}
+
+func (p *enginePub) lose(b *kv.EventBatch) { p.record(b) }
+
+func (p *enginePub) serveReplay() {
+	defer close(p.done)
+	for {
+		msg, err := p.router.Recv()
+		if err != nil {
+			return
+		}
+		f := msg.Frames
+		if len(f) != 3 || len(f[1]) != 0 || len(f[2]) != 8 {
+			continue
+		}
+		id, start := f[0], binary.BigEndian.Uint64(f[2])
+		p.mu.Lock()
+		last := p.seq
+		p.mu.Unlock()
+		for s := start; s < last; s++ {
+			p.mu.Lock()
+			payload := p.ring[s]
+			p.mu.Unlock()
+			_ = p.router.Send(zmq4.NewMsgFrom(id, []byte{}, binary.BigEndian.AppendUint64(nil, s), payload))
+		}
+		_ = p.router.Send(zmq4.NewMsgFrom(id, []byte{}, binary.BigEndian.AppendUint64(nil, ^uint64(0)), nil))
+	}
+}
+
+func stores(tokens []uint32) *kv.EventBatch {
+	return &kv.EventBatch{Events: []kv.Event{{Kind: kv.EventBlockStored, BlockHashes: kv.AppendBlockHashes(nil, tokens, 16),
+		TokenIDs: tokens, BlockSize: 16, Medium: kv.MediumGPU}}}
+}
+
+func removes(tokens []uint32) *kv.EventBatch {
+	return &kv.EventBatch{Events: []kv.Event{{Kind: kv.EventBlockRemoved, BlockHashes: kv.AppendBlockHashes(nil, tokens, 16)}}}
+}
+
+// cacheHarness is the selection path of a router with cache_aware over three engines whose
+// KV events arrive over ZMQ: the cache state (index on shard actors, subscriptions), the
+// selector (bucket and group actors) and a load table the test controls.
+type cacheHarness struct {
+	cs       *CacheState
+	sel      *Selector
+	resolver *engine.BucketResolver
+	loads    *load.Table
+	agg      *load.Aggregator
+	workers  []*engine.Worker
+	applied  chan string // "worker/seq"
+}
+
+var t0 = time.Unix(1_800_000_000, 0)
+
+func startCacheHarness(t *testing.T, cfg *config.Config) *cacheHarness {
+	t.Helper()
+	h := &cacheHarness{loads: load.NewTable(), agg: load.NewAggregator(time.Hour), applied: make(chan string, 1024)}
+	cs, err := NewCacheState(cfg, CacheOptions{OnApplied: func(w string, _ int, seq uint64) {
+		select {
+		case h.applied <- fmt.Sprintf("%s/%d", w, seq):
+		default:
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.cs = cs
+	h.workers, err = engine.WorkersFromConfig(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws, err := engine.NewWorkerSet(h.workers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resolvers, err := engine.BuildResolvers(cfg, cs.Deps(engine.Deps{Loads: h.loads, Seed: 7}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.resolver = resolvers["m"]
+	h.sel, err = NewSelector(resolvers, ws, cfg.Actors, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range h.workers {
+		h.agg.SetWorker(w.ID, 1, w.Counters)
+	}
+	h.setWaiting(map[string]int64{})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- cs.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("cache state: %v", err)
+		}
+		h.sel.Close()
+		_ = cs.Close()
+	})
+	return h
+}
+
+// setWaiting publishes fresh native load reports: waiting requests per worker (0 if absent).
+func (h *cacheHarness) setWaiting(waiting map[string]int64) {
+	for _, w := range h.workers {
+		h.agg.Ingest(w.ID, load.RankReport{
+			Fields:  load.HasRunning | load.HasWaiting | load.HasUsedTokens | load.HasWaitingUncached | load.HasCapacity | load.HasNative,
+			Running: 1, Waiting: waiting[w.ID], MaxTotalTokens: 100_000, At: t0,
+		})
+	}
+	h.loads.Store(h.agg.Snapshot(t0))
+}
+
+func (h *cacheHarness) waitApplied(t *testing.T, worker string, seq uint64) {
+	t.Helper()
+	want := fmt.Sprintf("%s/%d", worker, seq)
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case got := <-h.applied:
+			if got == want {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("batch %s never applied", want)
+		}
+	}
+}
+
+// warmUp publishes empty batches until the subscription delivers one.
+func (h *cacheHarness) warmUp(t *testing.T, p *enginePub, worker string) {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		seq := p.send(&kv.EventBatch{Events: []kv.Event{}})
+		tick := time.After(50 * time.Millisecond)
+	wait:
+		for {
+			select {
+			case got := <-h.applied:
+				if got == fmt.Sprintf("%s/%d", worker, seq) {
+					return
+				}
+			case <-tick:
+				break wait
+			case <-deadline:
+				t.Fatalf("%s's events never arrived", worker)
+			}
+		}
+	}
+}
+
+// pick routes one request for tokens and returns the engine and reason.
+func (h *cacheHarness) pick(t *testing.T, tokens []uint32) (string, string) {
+	t.Helper()
+	req := &engine.BucketRequest{Model: "m", InputTokens: int64(len(tokens)), ExpectedPeak: -1, TokenIDs: tokens, Now: t0}
+	if memo := h.cs.Prepare(context.Background(), "m", tokens); memo != nil {
+		req.Prefix = memo
+	}
+	p, err := h.sel.Select(h.resolver, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p.Plain.Worker.ID, p.Plain.Reason
+}
+
+func tokenRun(base, n int) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = uint32(base + i)
+	}
+	return out
+}
+
+// TestCacheAwareSelectionOverZMQ: the issue's end-to-end checks at the selection level
+// (bucket and group actors, index shard actors, real ZMQ publishers): a warmed engine wins a
+// long shared prefix; past the soft gate the request goes elsewhere; eviction returns it to
+// the fallback; a restarted publisher leaves no stale ownership; a gap is repaired by
+// replay. Engine A is discovered through /server_info (with its replay socket); B and C are
+// configured by endpoint.
+func TestCacheAwareSelectionOverZMQ(t *testing.T) {
+	pubPort, replayPort := freeTCPPort(t), freeTCPPort(t)
+	a := startEnginePub(t, "tcp://127.0.0.1:"+strconv.Itoa(pubPort), "tcp://127.0.0.1:"+strconv.Itoa(replayPort))
+	info := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, `{"model_path":"m","page_size":16,"dp_size":1,"kv_events":{"publisher":"zmq","endpoint_host":"*",`+
+			`"endpoint_port_base":%d,"block_size":16,"dp_size":1,"replay_endpoint_port_base":%d}}`, pubPort, replayPort)
+	}))
+	defer info.Close()
+	b := startEnginePub(t, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0")
+	c := startEnginePub(t, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0")
+
+	cfg := config.Default()
+	cfg.KV.ReconnectBackoff = 10 * time.Millisecond
+	cfg.CacheAware.MinLoadChoices = 3 // exact minimum over the three engines
+	cfg.Workers = []config.Worker{
+		{ID: "A", URL: info.URL, Model: "m", Role: config.RolePlain, DPSize: 1},
+		{ID: "B", URL: "http://127.0.0.1:1", Model: "m", Role: config.RolePlain, DPSize: 1, KVEvents: "tcp://" + b.pub.Addr().String()},
+		{ID: "C", URL: "http://127.0.0.1:2", Model: "m", Role: config.RolePlain, DPSize: 1, KVEvents: "tcp://" + c.pub.Addr().String()},
+	}
+	policy := config.Policy{Type: config.PolicyCacheAware}
+	cfg.Models = map[string]config.Model{"m": {Buckets: []config.Bucket{{ID: "all", Groups: config.Groups{Plain: &config.Group{Policy: &policy}}}}}}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	h := startCacheHarness(t, cfg)
+	h.warmUp(t, a, "A")
+	h.warmUp(t, b, "B")
+	h.warmUp(t, c, "C")
+
+	shared := tokenRun(1_000, 4096)
+	request := append(append([]uint32(nil), shared...), tokenRun(90_000, 300)...)
+
+	t.Run("a request sharing a long prefix goes to the warmed engine", func(t *testing.T) {
+		h.waitApplied(t, "A", a.send(stores(shared)))
+		h.waitApplied(t, "B", b.send(stores(shared[:512]))) // below the 1,024-token minimum
+		for range 5 {
+			if w, reason := h.pick(t, request); w != "A" || reason != engine.ReasonCacheCandidate {
+				t.Fatalf("pick %s (%s), want A (cache_candidate)", w, reason)
+			}
+		}
+	})
+	t.Run("past the soft gate it goes elsewhere", func(t *testing.T) {
+		h.setWaiting(map[string]int64{"A": 9, "B": 2, "C": 0})
+		if w, reason := h.pick(t, request); w != "C" || reason != engine.ReasonCacheMissFallback {
+			t.Fatalf("pick %s (%s), want C (cache_miss_fallback)", w, reason)
+		}
+		h.setWaiting(map[string]int64{"A": 9, "B": 9, "C": 9}) // every engine saturated: keep the prefix
+		if w, reason := h.pick(t, request); w != "A" || reason != engine.ReasonSaturationPin {
+			t.Fatalf("pick %s (%s), want A (saturation_pin)", w, reason)
+		}
+		h.setWaiting(map[string]int64{})
+	})
+	t.Run("eviction on the engine moves the request back to the fallback", func(t *testing.T) {
+		h.waitApplied(t, "A", a.send(removes(shared[2048:])))
+		if w, reason := h.pick(t, request); w != "A" || reason != engine.ReasonCacheCandidate {
+			t.Fatalf("half evicted: pick %s (%s), want A (2,048 tokens still held)", w, reason)
+		}
+		h.waitApplied(t, "A", a.send(removes(shared)))
+		if _, reason := h.pick(t, request); reason != engine.ReasonCacheMissFallback {
+			t.Fatalf("fully evicted: reason %s, want cache_miss_fallback", reason)
+		}
+	})
+	t.Run("a sequence gap is repaired by replay", func(t *testing.T) {
+		a.lose(stores(shared)) // published while the subscriber was not listening
+		h.waitApplied(t, "A", a.send(&kv.EventBatch{Events: []kv.Event{}}))
+		if w, reason := h.pick(t, request); w != "A" || reason != engine.ReasonCacheCandidate {
+			t.Fatalf("pick %s (%s), want A after the replay", w, reason)
+		}
+		if c := h.cs.Index().Metrics().Ingest(); c.Replays == 0 || c.ClearsGap != 0 {
+			t.Fatalf("counts %+v", c)
+		}
+	})
+	t.Run("a killed and restarted publisher leaves no stale ownership", func(t *testing.T) {
+		a.stop()
+		a2 := startEnginePub(t, "tcp://127.0.0.1:"+strconv.Itoa(pubPort), "tcp://127.0.0.1:"+strconv.Itoa(replayPort))
+		h.warmUp(t, a2, "A")
+		if _, reason := h.pick(t, request); reason != engine.ReasonCacheMissFallback {
+			t.Fatalf("reason %s: A's ownership from before its restart survived", reason)
+		}
+		h.waitApplied(t, "A", a2.send(stores(shared)))
+		if w, reason := h.pick(t, request); w != "A" || reason != engine.ReasonCacheCandidate {
+			t.Fatalf("pick %s (%s), want A once it cached the prefix again", w, reason)
+		}
+	})
+}
+
+func freeTCPPort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+func TestNeedsCache(t *testing.T) {
+	cfg := config.Default()
+	if NeedsCache(cfg) {
+		t.Fatal("no models, no cache")
+	}
+	ca := config.Policy{Type: config.PolicyCacheAware}
+	cfg.Models = map[string]config.Model{
+		"plain": {Buckets: []config.Bucket{{ID: "b", Groups: config.Groups{Plain: &config.Group{}}}}},
+		"pd": {Policies: config.StagePolicies{Prefill: &ca}, Buckets: []config.Bucket{{ID: "b",
+			Groups: config.Groups{PD: &config.PDGroups{Prefill: &config.Group{}, Decode: &config.Group{}}}}}},
+	}
+	got := cacheModels(cfg)
+	if !got["pd"] || got["plain"] || !NeedsCache(cfg) {
+		t.Fatalf("cache models %v", got)
+	}
+}
