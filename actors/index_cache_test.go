@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/valyala/fasthttp"
 
 	"switchyard/config"
 	"switchyard/engine"
@@ -370,4 +371,126 @@ func TestNeedsCache(t *testing.T) {
 	if !got["pd"] || got["plain"] || !NeedsCache(cfg) {
 		t.Fatalf("cache models %v", got)
 	}
+}
+
+// TestTwoRoutersShareAnIndexer: an indexer (kv.IndexerHandler over its own subscriptions)
+// serves two routers whose cache_aware policies use the remote source; both send the shared
+// prefix to the engine holding it, and each makes one lookup per request.
+func TestTwoRoutersShareAnIndexer(t *testing.T) {
+	a := startEnginePub(t, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0")
+	idx, err := kv.NewIndex(kv.IndexConfig{Shards: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idx.Close()
+	applied := make(chan uint64, 1024)
+	mgr, err := kv.NewManager(kv.ManagerConfig{Index: idx, MinBackoff: 10 * time.Millisecond,
+		OnApplied: func(_ string, _ int, seq uint64) {
+			select {
+			case applied <- seq:
+			default:
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mgr.AddWorker(kv.WorkerSpec{ID: "A", Model: "m", KVEvents: "tcp://" + a.pub.Addr().String(),
+		Replay: "tcp://" + a.router.Addr().String()}); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"B", "C"} {
+		if err := mgr.AddWorker(kv.WorkerSpec{ID: id, Model: "m", NoDiscovery: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	mgrDone := make(chan error, 1)
+	go func() { mgrDone <- mgr.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-mgrDone; err != nil {
+			t.Error(err)
+		}
+	}()
+	h, err := kv.NewIndexerHandler(kv.IndexerConfig{Index: idx, Manager: mgr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &fasthttpServer{handler: h}
+	srv.start(t, ln)
+
+	waitSeq := func(seq uint64) {
+		t.Helper()
+		deadline := time.After(10 * time.Second)
+		for {
+			select {
+			case got := <-applied:
+				if got == seq {
+					return
+				}
+			case <-deadline:
+				t.Fatalf("batch %d never applied", seq)
+			}
+		}
+	}
+	for warm := false; !warm; {
+		seq := a.send(&kv.EventBatch{Events: []kv.Event{}})
+		select {
+		case got := <-applied:
+			warm = got == seq
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	shared := tokenRun(7_000, 4096)
+	waitSeq(a.send(stores(shared)))
+
+	policy := config.Policy{Type: config.PolicyCacheAware}
+	newRouter := func() *cacheHarness {
+		cfg := config.Default()
+		cfg.CacheAware.Source = config.CacheSourceRemote
+		cfg.CacheAware.RemoteURL = "http://" + ln.Addr().String()
+		cfg.CacheAware.QueryTimeout = 5 * time.Second
+		cfg.Workers = []config.Worker{
+			{ID: "A", URL: "http://127.0.0.1:1", Model: "m", Role: config.RolePlain, DPSize: 1},
+			{ID: "B", URL: "http://127.0.0.1:2", Model: "m", Role: config.RolePlain, DPSize: 1},
+			{ID: "C", URL: "http://127.0.0.1:3", Model: "m", Role: config.RolePlain, DPSize: 1},
+		}
+		cfg.Models = map[string]config.Model{"m": {Buckets: []config.Bucket{{ID: "all", Groups: config.Groups{Plain: &config.Group{Policy: &policy}}}}}}
+		if err := cfg.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		return startCacheHarness(t, cfg)
+	}
+	r1, r2 := newRouter(), newRouter()
+	request := append(append([]uint32(nil), shared...), tokenRun(99_000, 100)...)
+	for i, r := range []*cacheHarness{r1, r2, r1, r2} {
+		if w, reason := r.pick(t, request); w != "A" || reason != engine.ReasonCacheCandidate {
+			t.Fatalf("router %d: pick %s (%s), want A (cache_candidate)", i%2+1, w, reason)
+		}
+	}
+	if got := idx.Metrics().LocalLookups().OK; got != 4 {
+		t.Fatalf("the indexer answered %d lookups, want 4 (one per request)", got)
+	}
+}
+
+// fasthttpServer serves a kv.IndexerHandler until the test ends.
+type fasthttpServer struct {
+	handler *kv.IndexerHandler
+}
+
+func (s *fasthttpServer) start(t *testing.T, ln net.Listener) {
+	t.Helper()
+	srv := &fasthttp.Server{Handler: s.handler.Serve}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	t.Cleanup(func() {
+		_ = srv.Shutdown()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
 }
