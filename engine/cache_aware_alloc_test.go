@@ -1,0 +1,39 @@
+//go:build !race
+
+package engine
+
+import (
+	"testing"
+
+	"switchyard/load"
+)
+
+// TestCacheAwarePickAllocations locks in that a cache_aware pick — hit, soft-gate diversion
+// and miss fallback — allocates nothing; only a rejection builds its error.
+func TestCacheAwarePickAllocations(t *testing.T) {
+	ws := sortedWorkers(t, 16)
+	reports := map[*Worker]load.RankReport{}
+	matched := map[string]int64{}
+	for i, w := range ws {
+		reports[w] = native(1, int64(i%10), 100, 1000)
+		if i%3 == 0 {
+			matched[w.ID] = int64(1024 + 100*i)
+		}
+	}
+	tab := loadTable(t, reports)
+	p := newCache(AdmissionLimits{MaxRunning: 1 << 40}, tab, nil)
+	for name, prefix := range map[string]PrefixMatcher{
+		"hit":      &fakePrefix{matched: matched},
+		"miss":     &fakePrefix{matched: map[string]int64{}},
+		"no memo":  nil,
+		"unavail.": &fakePrefix{unavailable: true},
+	} {
+		req := cacheReq(8000, prefix)
+		if _, err := p.Pick(ws, req); err != nil {
+			t.Fatal(err)
+		}
+		if n := testing.AllocsPerRun(100, func() { _, _ = p.Pick(ws, req) }); n != 0 {
+			t.Errorf("%s: %v allocations per pick, want 0", name, n)
+		}
+	}
+}
