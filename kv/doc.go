@@ -15,24 +15,33 @@
 //     hand-written, allocation-free msgpack reader (Decoder, DecodeEventBatch) that takes
 //     every variant INTEROP.md lists, enforces the per-event sanity caps and never panics.
 //   - The prefix index: block hash → owners per storage tier (Tiers), where an owner is a
-//     (worker, DP rank) pair (Owners, OwnerID). Blocks are sharded by hash over Shards; a
-//     lookup hashes the prompt with each block size its model's engines use and computes
-//     every owner's longest held prefix (Index.Lookup), asking the shards in growing waves
-//     so that a cold prompt costs one small wave. The index is bounded (IndexConfig.MaxBlocks)
-//     with a CLOCK approximation of LRU eviction.
+//     (worker, DP rank) pair (Owners, OwnerID). Blocks are sharded by hash over Shards; each
+//     shard keeps its blocks inline in an open-addressing table (blockTable: linear probing,
+//     backward-shift deletion) with the first owner in the entry and further owners in a
+//     contiguous run. A lookup hashes the prompt with each block size its model's engines
+//     use and computes every owner's longest held prefix (Index.Lookup): the shards answer
+//     per block with a bitset of the owners asked about, in growing waves, and the prompt is
+//     hashed a wave at a time, so a cold prompt costs one small wave; on a pipelined host
+//     the next wave is hashed while the shards answer. The index is bounded
+//     (IndexConfig.MaxBlocks) with a CLOCK approximation of LRU eviction in which blocks a
+//     request matched outlive blocks only stored.
 //   - Clearing: every owner has an epoch; an entry is valid only with its owner's current
 //     epoch. Clearing an owner (AllBlocksCleared, publisher restart, unrepaired sequence gap,
-//     a batch refused by a busy shard, worker removal) is one atomic increment, effective
-//     for every lookup at once; shards reclaim the stale records in bounded sweeps.
-//   - Subscriptions to the engines' ZMQ publishers in both topologies of INTEROP (connect to
-//     each engine's PUB per DP rank, discovered from /server_info or configured; or bind a
-//     SUB that vLLM-style engines dial, identifying them by topic), with per-publisher
-//     sequence tracking, replay on a gap, reconnect with backoff, and re-keying from token
-//     IDs for engines whose hashes the router cannot reproduce.
+//     lost connection without replay, a batch refused by a busy shard, worker removal) is one
+//     atomic increment, effective for every lookup at once; shards reclaim the stale records
+//     in bounded sweeps.
+//   - Ingest: an applier keys a worker's events by the engine's hashes once a first block
+//     proves them to be the router's, and otherwise re-keys them from their token IDs
+//     (vLLM-style engines), mapping engine hashes to router hashes for later removes.
+//     Ingestor applies raw payloads; Manager runs the subscriptions to the engines' ZMQ
+//     publishers in both topologies of INTEROP (connect to each engine's PUB per DP rank,
+//     discovered from /server_info or configured; or bind a SUB that vLLM-style engines
+//     dial, identifying them by topic), with per-publisher sequence tracking, replay of a gap
+//     within a connection, reconnect with backoff, and clearing on restart or removal.
 //   - CacheSource, the contract of a prefix source: the local Index, or RemoteSource, the
-//     client of `switchyard indexer` (IndexerHandler serves an Index over HTTP). PrefixMemo
-//     memoizes one request's lookups, one per source.
-//
+//     client of `switchyard indexer` (IndexerHandler serves an Index over HTTP, protocol in
+//     wire.go). PrefixMemo memoizes one request's lookups, one per source.
+
 // # Concurrency model
 //
 // The hashing functions are pure and safe for concurrent use; they allocate nothing for
@@ -41,9 +50,10 @@
 //
 // A Shard belongs to one goroutine at a time: an index shard actor in the router (package
 // actors implements ShardHost) or a mutex (LockedShards). Owners publishes immutable
-// snapshots and keeps epochs in atomics. Index, RemoteSource and the subscription Manager
-// are safe for concurrent use. An IndexWriter, a Decoder and a PrefixMemo are owned by one
-// goroutine (a PrefixMemo by one request, handed along its picks in sequence).
+// snapshots and keeps epochs in atomics. Index, RemoteSource, the subscription Manager
+// and IndexerHandler are safe for concurrent use. An IndexWriter, an Ingestor, a Decoder and
+// a PrefixMemo are owned by one goroutine (a PrefixMemo by one request, handed along its
+// picks in sequence).
 //
 // # What a caller must release
 //
