@@ -31,8 +31,9 @@ type CacheOptions struct {
 //	cs, _ := actors.NewCacheState(cfg, opts)            // when actors.NeedsCache(cfg)
 //	deps.Cache = cs.Source()                            // engine.BuildResolvers
 //	go cs.Run(ctx)                                      // subscriptions, until shutdown
-//	memo := cs.Prepare(ctx, model, tokens)              // per request, before the picks
-//	breq.Prefix = memo                                  // engine.BucketRequest
+//	if memo := cs.Prepare(ctx, model, tokens); memo != nil {  // per request, before the picks
+//		breq.Prefix = memo                              // engine.BucketRequest
+//	}
 //	cs.AddWorker(w) / cs.RemoveWorker(id)               // worker lifecycle (admin API)
 //	cs.Close()
 //

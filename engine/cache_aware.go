@@ -268,7 +268,11 @@ func (p *CacheAware) prefix(req *PickRequest) (PrefixMatcher, missReason, error)
 		return nil, missNoLookup, nil
 	}
 	var pm PrefixMatcher = req.Prefix
-	if memo, ok := req.Prefix.(*kv.PrefixMemo); ok && p.source != nil {
+	memo, isMemo := req.Prefix.(*kv.PrefixMemo)
+	if isMemo && memo == nil {
+		return nil, missNoLookup, nil // a typed nil: no lookup was prepared
+	}
+	if isMemo && p.source != nil {
 		if r, ok := memo.Resolved(p.source); ok {
 			pm = r
 		} else if idx, ok := p.source.(*kv.Index); ok {

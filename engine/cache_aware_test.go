@@ -543,3 +543,12 @@ func ExampleCacheAware() {
 	fmt.Println(pick.Worker, pick.Reason)
 	// Output: b cache_candidate
 }
+
+func TestCacheAwareTypedNilMemo(t *testing.T) {
+	ws := sortedWorkers(t, 3)
+	var memo *kv.PrefixMemo
+	got, err := newCache(nil, nil, nil).Pick(ws, cacheReq(8000, memo))
+	if err != nil || got.Reason != ReasonCacheMissFallback {
+		t.Fatalf("pick %v (%s), err %v", got.Worker, got.Reason, err)
+	}
+}

@@ -88,6 +88,9 @@ func (m *PrefixMemo) Tokens() []uint32 { return m.tokens }
 
 // Resolved returns src's result when it was already looked up.
 func (m *PrefixMemo) Resolved(src CacheSource) (*PrefixResult, bool) {
+	if m == nil {
+		return nil, false
+	}
 	for i := range m.n {
 		if m.srcs[i] == src {
 			return &m.res[i], true
@@ -126,16 +129,16 @@ func (m *PrefixMemo) Resolve(ctx context.Context, src CacheSource) *PrefixResult
 
 // MatchedTokens answers from the first source resolved (0 before any lookup).
 func (m *PrefixMemo) MatchedTokens(worker string) int64 {
-	if m.n == 0 {
+	if m == nil || m.n == 0 {
 		return 0
 	}
 	return m.res[0].MatchedTokens(worker)
 }
 
-// Status answers from the first source resolved; before any lookup the memo counts as
-// unavailable.
+// Status answers from the first source resolved; before any lookup (or on a nil memo) the
+// memo counts as unavailable.
 func (m *PrefixMemo) Status() (ok, unavailable bool, err error) {
-	if m.n == 0 {
+	if m == nil || m.n == 0 {
 		return false, true, nil
 	}
 	return m.res[0].Status()
