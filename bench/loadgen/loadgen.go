@@ -1,0 +1,473 @@
+package loadgen
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"switchyard/bench/workload"
+)
+
+// Default values of Config.
+const (
+	DefaultPath          = "/v1/chat/completions"
+	DefaultTimeout       = 2 * time.Minute
+	DefaultProgressEvery = time.Second
+	// DefaultMaxOutstanding bounds open-loop requests in flight; past it arrivals wait.
+	DefaultMaxOutstanding = 4096
+)
+
+// ErrInvalidConfig is wrapped by every configuration error.
+var ErrInvalidConfig = errors.New("invalid load generator configuration")
+
+// Config configures one measured run.
+type Config struct {
+	// URLs are the base URLs requests go to ("http://127.0.0.1:8080"), in rotation: one
+	// router, or the engines themselves for a direct run. Required.
+	URLs []string
+	// Path is the route. Default "/v1/chat/completions".
+	Path string
+	// Model is the "model" field of every request. Required.
+	Model string
+	// Stream asks for Server-Sent Events; time to first token and inter-token latency are
+	// measured only on streams. Default false.
+	Stream bool
+	// Concurrency is the number of closed-loop clients. Used when Rate is 0. Default 1.
+	Concurrency int
+	// Rate, when positive, sends open-loop Poisson arrivals at this mean rate, in requests
+	// per second of wall time.
+	Rate float64
+	// MaxRequests bounds the requests sent. Default 0: every request of the workload (no
+	// bound with Repeat).
+	MaxRequests int
+	// Repeat cycles over the requests (request i is reqs[i mod len(reqs)]) until MaxRequests
+	// or Duration: a throughput run over a small set of requests. Dependencies (After) are
+	// ignored. Bodies are rendered once. Default false.
+	Repeat bool
+	// Duration bounds the time during which requests are sent. Default 0: no bound.
+	Duration time.Duration
+	// Seed seeds the open-loop arrival times. Default 1.
+	Seed uint64
+	// SessionHeader carries Request.SessionID. Default "x-session-id".
+	SessionHeader string
+	// RoutingKeyHeader carries Request.RoutingKey. Default "x-sgl-routing-key".
+	RoutingKeyHeader string
+	// Timeout bounds one request end to end. Default 2 minutes.
+	Timeout time.Duration
+	// MaxOutstanding bounds open-loop requests in flight. Default 4096.
+	MaxOutstanding int
+	// Progress, when set, is called every ProgressEvery and once at the end.
+	Progress func(Progress)
+	// ProgressEvery is the progress period. Default 1s.
+	ProgressEvery time.Duration
+	// Now is the clock of every measurement. Default time.Now.
+	Now func() time.Time
+}
+
+func (c Config) withDefaults() Config {
+	if c.Path == "" {
+		c.Path = DefaultPath
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = 1
+	}
+	if c.Seed == 0 {
+		c.Seed = 1
+	}
+	if c.SessionHeader == "" {
+		c.SessionHeader = "x-session-id"
+	}
+	if c.RoutingKeyHeader == "" {
+		c.RoutingKeyHeader = "x-sgl-routing-key"
+	}
+	if c.Timeout == 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.MaxOutstanding == 0 {
+		c.MaxOutstanding = DefaultMaxOutstanding
+	}
+	if c.ProgressEvery == 0 {
+		c.ProgressEvery = DefaultProgressEvery
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+// Validate reports every problem of c (after defaults) at once.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: %s: %s", ErrInvalidConfig, field, fmt.Sprintf(format, args...)))
+	}
+	if len(c.URLs) == 0 {
+		bad("urls", "at least one URL is required")
+	}
+	if c.Model == "" {
+		bad("model", "required")
+	}
+	if c.Concurrency < 1 {
+		bad("concurrency", "%d must be at least 1", c.Concurrency)
+	}
+	if c.Rate < 0 || math.IsNaN(c.Rate) || math.IsInf(c.Rate, 0) {
+		bad("rate", "%v must be a finite non-negative number", c.Rate)
+	}
+	if c.MaxRequests < 0 {
+		bad("max_requests", "%d is negative", c.MaxRequests)
+	}
+	if c.Duration < 0 {
+		bad("duration", "%v is negative", c.Duration)
+	}
+	if c.Repeat && c.MaxRequests == 0 && c.Duration == 0 {
+		bad("repeat", "needs max_requests or duration as a bound")
+	}
+	if c.Timeout < 0 {
+		bad("timeout", "%v is negative", c.Timeout)
+	}
+	if c.MaxOutstanding < 1 {
+		bad("max_outstanding", "%d must be at least 1", c.MaxOutstanding)
+	}
+	return errors.Join(errs...)
+}
+
+// Result is the measurement of one request. Durations are wall time.
+type Result struct {
+	// Index is the request's sequence number in the run (its workload index unless the run
+	// repeats the workload); Class the request's class.
+	Index int    `json:"index"`
+	Class string `json:"class"`
+	// Start is when the request was sent, from the start of the run.
+	Start time.Duration `json:"start_ns"`
+	// TTFT is the time to the first output token of a stream, or to the whole response
+	// otherwise; 0 when the request failed before it.
+	TTFT time.Duration `json:"ttft_ns"`
+	// ITL is the mean gap between output tokens after the first; 0 with fewer than two.
+	ITL time.Duration `json:"itl_ns"`
+	// E2E is the time to the end of the response (or the failure).
+	E2E time.Duration `json:"e2e_ns"`
+	// Status is the HTTP status; 0 when no response arrived.
+	Status int `json:"status"`
+	// Error names a failure: the error code of an error body, "transport", "timeout",
+	// "truncated" (a stream without its end) or "stream_error"; empty on success.
+	Error string `json:"error,omitempty"`
+	// Worker is the engine that served the request: the router's X-Switchyard-Worker, or
+	// the engine's X-Worker-Id (the decode engine of a PD pair).
+	Worker string `json:"worker,omitempty"`
+	// PrefillWorker is the prefill engine of a PD pair (X-Switchyard-Prefill-Worker).
+	PrefillWorker string `json:"prefill_worker,omitempty"`
+	// Bucket is the bucket the router chose (X-Switchyard-Bucket).
+	Bucket string `json:"bucket,omitempty"`
+	// PromptTokens, CachedTokens and CompletionTokens come from the response's usage.
+	PromptTokens     int `json:"prompt_tokens"`
+	CachedTokens     int `json:"cached_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+}
+
+// OK reports whether the request succeeded.
+func (r *Result) OK() bool { return r.Status == 200 && r.Error == "" }
+
+// Progress is a snapshot of a run in progress.
+type Progress struct {
+	Issued, Done, Errors int
+	Elapsed              time.Duration
+}
+
+// Measurement is the outcome of one run.
+type Measurement struct {
+	// Results holds one entry per request sent, ordered by Index.
+	Results []Result
+	// Elapsed runs from the first send to the last completion.
+	Elapsed time.Duration
+	// Truncated is set when the duration bound (or a cancellation) stopped the run before
+	// every request allowed by MaxRequests was sent.
+	Truncated bool
+}
+
+// Measure sends reqs (at most MaxRequests of them, for at most Duration) and measures them.
+// It returns what it measured, with ctx's error when ctx ended the run early.
+func Measure(ctx context.Context, cfg Config, reqs []workload.Request) (*Measurement, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if len(reqs) == 0 {
+		return nil, fmt.Errorf("cannot measure: %w: no requests", ErrInvalidConfig)
+	}
+	cfg = cfg.withDefaults()
+	r := &runner{cfg: cfg, reqs: reqs, bodies: &bodies{model: cfg.Model, stream: cfg.Stream}}
+	switch {
+	case !cfg.Repeat:
+		r.limit = len(reqs)
+		if cfg.MaxRequests > 0 {
+			r.limit = min(r.limit, cfg.MaxRequests)
+		}
+		r.done = make([]chan struct{}, r.limit)
+		for i := range r.limit {
+			if a := reqs[i].After; a >= 0 && a < r.limit && r.done[a] == nil {
+				r.done[a] = make(chan struct{})
+			}
+		}
+	case cfg.MaxRequests > 0:
+		r.limit = cfg.MaxRequests
+	default:
+		r.limit = math.MaxInt
+	}
+	if cfg.Repeat {
+		r.rendered = make([][]byte, len(reqs))
+		for i := range reqs {
+			r.rendered[i] = r.bodies.of(&reqs[i])
+		}
+	}
+	if cfg.Stream {
+		r.send = newStreamSender(cfg)
+	} else {
+		r.send = newFastSender(cfg)
+	}
+	defer r.send.close()
+	return r.run(ctx)
+}
+
+type sender interface {
+	// do sends one request and fills res (all but Index, Class and Start).
+	do(ctx context.Context, url string, body []byte, req *workload.Request, res *Result, start time.Time)
+	close()
+}
+
+type runner struct {
+	cfg      Config
+	reqs     []workload.Request
+	limit    int             // requests that may be sent
+	done     []chan struct{} // closed when request i completes, for its dependants
+	rendered [][]byte        // bodies of a repeated run, rendered once
+	bodies   *bodies
+	send     sender
+
+	issued, completed, failed atomic.Int64
+	start                     time.Time
+	last                      atomic.Int64 // ns since start of the last completion
+
+	mu      sync.Mutex
+	results []Result // merged from the clients
+}
+
+func (r *runner) run(ctx context.Context) (*Measurement, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	r.start = r.cfg.Now()
+	var deadline time.Time
+	if r.cfg.Duration > 0 {
+		deadline = r.start.Add(r.cfg.Duration)
+	}
+	stopProgress := r.progress()
+	var taken int
+	if r.cfg.Rate > 0 {
+		taken = r.openLoop(ctx, deadline)
+	} else {
+		taken = r.closedLoop(ctx, deadline)
+	}
+	stopProgress()
+	slices.SortFunc(r.results, func(a, b Result) int { return a.Index - b.Index })
+	m := &Measurement{
+		Results:   r.results,
+		Elapsed:   time.Duration(r.last.Load()),
+		Truncated: r.limit != math.MaxInt && taken < r.limit,
+	}
+	return m, context.Cause(ctx)
+}
+
+// stopping reports whether no further request may be sent.
+func (r *runner) stopping(ctx context.Context, deadline time.Time) bool {
+	return ctx.Err() != nil || (!deadline.IsZero() && !r.cfg.Now().Before(deadline))
+}
+
+func (r *runner) merge(res []Result) {
+	r.mu.Lock()
+	r.results = append(r.results, res...)
+	r.mu.Unlock()
+}
+
+// closedLoop runs Concurrency clients over the requests in order and returns how many
+// requests they took.
+func (r *runner) closedLoop(ctx context.Context, deadline time.Time) int {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(r.cfg.Concurrency, r.limit) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var mine []Result
+			defer func() { r.merge(mine) }()
+			for {
+				if r.stopping(ctx, deadline) {
+					return
+				}
+				i := next.Add(1) - 1
+				if i >= int64(r.limit) {
+					return
+				}
+				mine = append(mine, Result{})
+				r.issue(ctx, int(i), &mine[len(mine)-1])
+			}
+		}()
+	}
+	wg.Wait()
+	return int(min(next.Load(), int64(r.limit)))
+}
+
+// openLoop sends request i at the i-th arrival of a Poisson process of rate Rate and
+// returns how many requests it sent.
+func (r *runner) openLoop(ctx context.Context, deadline time.Time) int {
+	rng := rand.New(rand.NewPCG(r.cfg.Seed, 0xa77))
+	sem := make(chan struct{}, r.cfg.MaxOutstanding)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	at := time.Duration(0)
+	for i := 0; i < r.limit; i++ {
+		at += time.Duration(rng.ExpFloat64() / r.cfg.Rate * float64(time.Second))
+		due := r.start.Add(at)
+		if !deadline.IsZero() && due.After(deadline) {
+			return i
+		}
+		if wait := due.Sub(r.cfg.Now()); wait > 0 {
+			timer.Reset(wait)
+			select {
+			case <-timer.C:
+			case <-ctx.Done():
+				return i
+			}
+		}
+		if ctx.Err() != nil {
+			return i
+		}
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			return i
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			var res Result
+			r.issue(ctx, i, &res)
+			r.merge([]Result{res})
+		}()
+	}
+	return r.limit
+}
+
+// issue waits for request i's dependency, sends it and records its result in res.
+func (r *runner) issue(ctx context.Context, i int, res *Result) {
+	req := &r.reqs[i%len(r.reqs)]
+	res.Index, res.Class = i, req.Class
+	if r.done != nil {
+		defer func() {
+			if ch := r.done[i]; ch != nil {
+				close(ch)
+			}
+		}()
+		if a := req.After; a >= 0 && a < len(r.done) {
+			select {
+			case <-r.done[a]:
+			case <-ctx.Done():
+				res.Error = "cancelled"
+				r.failed.Add(1)
+				return
+			}
+		}
+	}
+	r.issued.Add(1)
+	url := r.cfg.URLs[i%len(r.cfg.URLs)] + r.cfg.Path
+	var body []byte
+	if r.rendered != nil {
+		body = r.rendered[i%len(r.reqs)]
+	} else {
+		body = r.bodies.of(req)
+	}
+	start := r.cfg.Now()
+	res.Start = start.Sub(r.start)
+	r.send.do(ctx, url, body, req, res, start)
+	end := res.Start + res.E2E
+	for {
+		old := r.last.Load()
+		if int64(end) <= old || r.last.CompareAndSwap(old, int64(end)) {
+			break
+		}
+	}
+	r.completed.Add(1)
+	if !res.OK() {
+		r.failed.Add(1)
+	}
+}
+
+// progress starts the progress ticker and returns its stop function, which reports once more.
+func (r *runner) progress() (stop func()) {
+	if r.cfg.Progress == nil {
+		return func() {}
+	}
+	report := func() {
+		r.cfg.Progress(Progress{Issued: int(r.issued.Load()), Done: int(r.completed.Load()),
+			Errors: int(r.failed.Load()), Elapsed: r.cfg.Now().Sub(r.start)})
+	}
+	quit := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(r.cfg.ProgressEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-t.C:
+				report()
+			}
+		}
+	}()
+	return func() {
+		close(quit)
+		wg.Wait()
+		report()
+	}
+}
+
+// bodies renders request bodies; each request is sent once per run, so nothing is kept.
+type bodies struct {
+	model  string
+	stream bool
+}
+
+type chatBody struct {
+	Model         string         `json:"model"`
+	Messages      any            `json:"messages"`
+	MaxTokens     int            `json:"max_tokens"`
+	Stream        bool           `json:"stream,omitempty"`
+	StreamOptions *streamOptions `json:"stream_options,omitempty"`
+}
+
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+func (b *bodies) of(req *workload.Request) []byte {
+	cb := chatBody{Model: b.model, Messages: req.Messages, MaxTokens: req.MaxTokens, Stream: b.stream}
+	if b.stream {
+		cb.StreamOptions = &streamOptions{IncludeUsage: true}
+	}
+	out, err := json.Marshal(&cb)
+	if err != nil {
+		panic("BUG: cannot encode a chat body: " + err.Error())
+	}
+	return out
+}

@@ -1,0 +1,312 @@
+package loadgen
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"switchyard/bench/workload"
+)
+
+// Response headers read from every response.
+const (
+	headerRouterWorker  = "X-Switchyard-Worker"
+	headerPrefillWorker = "X-Switchyard-Prefill-Worker"
+	headerBucket        = "X-Switchyard-Bucket"
+	headerEngineWorker  = "X-Worker-Id"
+)
+
+// maxErrorBody bounds how much of an error body is read.
+const maxErrorBody = 64 << 10
+
+// usage is the OpenAI usage object.
+type usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	Details          *struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+}
+
+func (u *usage) fill(res *Result) {
+	res.PromptTokens = u.PromptTokens
+	res.CompletionTokens = u.CompletionTokens
+	if u.Details != nil {
+		res.CachedTokens = u.Details.CachedTokens
+	}
+}
+
+// envelope is the part of a response body or stream chunk the harness reads.
+type envelope struct {
+	Usage *usage `json:"usage"`
+	Error *struct {
+		Code any    `json:"code"`
+		Type string `json:"type"`
+	} `json:"error"`
+}
+
+// errorCode names the failure an error body describes: its code, else its type, else the
+// status ("http_503").
+func errorCode(status int, body []byte) string {
+	var env envelope
+	if json.Unmarshal(body, &env) == nil && env.Error != nil {
+		switch c := env.Error.Code.(type) {
+		case string:
+			if c != "" {
+				return c
+			}
+		case float64:
+			return "http_" + strconv.Itoa(int(c))
+		}
+		if env.Error.Type != "" {
+			return env.Error.Type
+		}
+	}
+	return "http_" + strconv.Itoa(status)
+}
+
+// fastSender sends non-streaming requests with a fasthttp client.
+type fastSender struct {
+	client  *fasthttp.Client
+	cfg     Config
+	timeout time.Duration
+}
+
+func newFastSender(cfg Config) *fastSender {
+	conns := cfg.Concurrency
+	if cfg.Rate > 0 {
+		conns = cfg.MaxOutstanding
+	}
+	return &fastSender{
+		cfg:     cfg,
+		timeout: cfg.Timeout,
+		client: &fasthttp.Client{
+			MaxConnsPerHost:               conns,
+			MaxConnWaitTimeout:            cfg.Timeout,
+			ReadTimeout:                   cfg.Timeout,
+			WriteTimeout:                  cfg.Timeout,
+			NoDefaultUserAgentHeader:      true,
+			DisableHeaderNamesNormalizing: false,
+		},
+	}
+}
+
+func (s *fastSender) close() { s.client.CloseIdleConnections() }
+
+func (s *fastSender) do(_ context.Context, url string, body []byte, r *workload.Request, res *Result, start time.Time) {
+	req := fasthttp.AcquireRequest()
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI(url)
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.Header.SetContentType("application/json")
+	if r.SessionID != "" {
+		req.Header.Set(s.cfg.SessionHeader, r.SessionID)
+	}
+	if r.RoutingKey != "" {
+		req.Header.Set(s.cfg.RoutingKeyHeader, r.RoutingKey)
+	}
+	req.SetBodyRaw(body)
+	err := s.client.DoTimeout(req, resp, s.timeout)
+	res.E2E = s.cfg.Now().Sub(start)
+	if err != nil {
+		res.Error = transportError(err)
+		return
+	}
+	res.Status = resp.StatusCode()
+	res.Worker = string(resp.Header.Peek(headerRouterWorker))
+	if res.Worker == "" {
+		res.Worker = string(resp.Header.Peek(headerEngineWorker))
+	}
+	res.PrefillWorker = string(resp.Header.Peek(headerPrefillWorker))
+	res.Bucket = string(resp.Header.Peek(headerBucket))
+	if res.Status != fasthttp.StatusOK {
+		res.Error = errorCode(res.Status, resp.Body())
+		return
+	}
+	var env envelope
+	if err := json.Unmarshal(resp.Body(), &env); err != nil {
+		res.Error = "malformed_response"
+		return
+	}
+	if env.Usage != nil {
+		env.Usage.fill(res)
+	}
+	res.TTFT = res.E2E
+}
+
+func transportError(err error) string {
+	var ne net.Error
+	if errors.Is(err, fasthttp.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+		return "timeout"
+	}
+	if errors.Is(err, context.Canceled) {
+		return "cancelled"
+	}
+	return "transport"
+}
+
+// streamSender sends streaming requests with net/http and reads their events as they come.
+type streamSender struct {
+	transport *http.Transport
+	client    *http.Client
+	cfg       Config
+}
+
+func newStreamSender(cfg Config) *streamSender {
+	conns := cfg.Concurrency
+	if cfg.Rate > 0 {
+		conns = cfg.MaxOutstanding
+	}
+	t := &http.Transport{
+		Proxy:               nil,
+		MaxIdleConns:        conns,
+		MaxIdleConnsPerHost: conns,
+		IdleConnTimeout:     30 * time.Second,
+		DisableCompression:  true,
+		DialContext:         (&net.Dialer{Timeout: 10 * time.Second}).DialContext,
+	}
+	return &streamSender{transport: t, client: &http.Client{Transport: t}, cfg: cfg}
+}
+
+func (s *streamSender) close() { s.transport.CloseIdleConnections() }
+
+func (s *streamSender) do(ctx context.Context, url string, body []byte, r *workload.Request, res *Result, start time.Time) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		res.Error = "transport"
+		return
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "text/event-stream")
+	if r.SessionID != "" {
+		req.Header.Set(s.cfg.SessionHeader, r.SessionID)
+	}
+	if r.RoutingKey != "" {
+		req.Header.Set(s.cfg.RoutingKeyHeader, r.RoutingKey)
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		res.E2E = s.cfg.Now().Sub(start)
+		res.Error = transportError(err)
+		return
+	}
+	defer resp.Body.Close()
+	res.Status = resp.StatusCode
+	res.Worker = resp.Header.Get(headerRouterWorker)
+	if res.Worker == "" {
+		res.Worker = resp.Header.Get(headerEngineWorker)
+	}
+	res.PrefillWorker = resp.Header.Get(headerPrefillWorker)
+	res.Bucket = resp.Header.Get(headerBucket)
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+		res.E2E = s.cfg.Now().Sub(start)
+		res.Error = errorCode(res.Status, b)
+		return
+	}
+	readStream(resp.Body, res, start, s.cfg.Now)
+	if res.Error != "" && ctx.Err() != nil {
+		res.Error = transportError(ctx.Err())
+	}
+}
+
+// readStream reads Server-Sent Events from body into res: the first and last token times,
+// the token count, the usage chunk and the end marker.
+func readStream(body io.Reader, res *Result, start time.Time, now func() time.Time) {
+	br := bufio.NewReaderSize(body, 32<<10)
+	var (
+		line         []byte
+		first, last  time.Time
+		tokens       int
+		done, failed bool
+	)
+	for !done {
+		chunk, err := br.ReadSlice('\n')
+		line = append(line, chunk...)
+		if errors.Is(err, bufio.ErrBufferFull) {
+			continue
+		}
+		if err != nil && len(line) == 0 {
+			break
+		}
+		ev := bytes.TrimRight(line, "\r\n")
+		line = line[:0]
+		if p, ok := bytes.CutPrefix(ev, []byte("data:")); ok {
+			p = bytes.TrimLeft(p, " ")
+			switch {
+			case bytes.Equal(p, []byte("[DONE]")):
+				done = true
+			case isTokenChunk(p):
+				t := now()
+				if tokens == 0 {
+					first = t
+				}
+				last = t
+				tokens++
+				if bytes.Contains(p, []byte(`"usage":{`)) {
+					readEnvelope(p, res, &failed)
+				}
+			case bytes.Contains(p, []byte(`"usage":{`)) || bytes.Contains(p, []byte(`"error":`)):
+				readEnvelope(p, res, &failed)
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
+	end := now()
+	res.E2E = end.Sub(start)
+	if tokens > 0 {
+		res.TTFT = first.Sub(start)
+	}
+	if tokens > 1 {
+		res.ITL = last.Sub(first) / time.Duration(tokens-1)
+	}
+	if res.CompletionTokens == 0 {
+		res.CompletionTokens = tokens
+	}
+	switch {
+	case failed:
+		if res.Error == "" {
+			res.Error = "stream_error"
+		}
+	case !done:
+		res.Error = "truncated"
+	}
+}
+
+// isTokenChunk reports whether an event carries output text: a chat delta with content or a
+// completion chunk with non-empty text.
+func isTokenChunk(p []byte) bool {
+	if bytes.Contains(p, []byte(`"content":`)) {
+		return !bytes.Contains(p, []byte(`"content":""`)) && !bytes.Contains(p, []byte(`"content":null`))
+	}
+	return bytes.Contains(p, []byte(`"text":"`)) && !bytes.Contains(p, []byte(`"text":""`))
+}
+
+func readEnvelope(p []byte, res *Result, failed *bool) {
+	var env envelope
+	if err := json.Unmarshal(p, &env); err != nil {
+		return
+	}
+	if env.Usage != nil {
+		env.Usage.fill(res)
+	}
+	if env.Error != nil {
+		*failed = true
+		res.Error = errorCode(res.Status, p)
+	}
+}
