@@ -1,0 +1,156 @@
+package report
+
+import (
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"text/tabwriter"
+)
+
+// WriteTable writes the scenario as a text table with its heading and notes.
+func WriteTable(w io.Writer, s *Scenario) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "== %s ==\n", s.Title())
+	if s.Description != "" {
+		fmt.Fprintf(&b, "workload:   %s\n", s.Description)
+	}
+	fmt.Fprintf(&b, "deployment: %s\n", s.Deployment)
+	switch s.TimeBase {
+	case TimeSimulated:
+		fmt.Fprintf(&b, "times:      simulated (wall × speedup %g); latencies in ms, rates per simulated second\n", s.Speedup)
+	default:
+		fmt.Fprintf(&b, "times:      wall clock; latencies in ms\n")
+	}
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
+	switch s.Name {
+	case ScenarioOverhead:
+		overheadTable(tw, s)
+	case ScenarioMailbox:
+		mailboxTable(tw, s)
+	default:
+		policyTable(tw, s)
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("cannot write table: %w", err)
+	}
+	if o := s.Overhead; o != nil {
+		fmt.Fprintf(&b, "router keeps %.1f%% of direct throughput; adds %s ms at p50 and %s ms at p99", 100*o.Share, num(o.AddedP50ms), num(o.AddedP99ms))
+		if o.RouterCPUSecondsPer1K >= 0 {
+			fmt.Fprintf(&b, "; router CPU %.3f s per 1,000 requests", o.RouterCPUSecondsPer1K)
+		}
+		b.WriteString("\n")
+	}
+	for i := range s.Rows {
+		r := &s.Rows[i]
+		if r.Summary == nil || r.Summary.ErrorCount() == 0 {
+			continue
+		}
+		fmt.Fprintf(&b, "errors %s: %s\n", r.Name, counts(r.Summary.ErrorsByStatus, r.Summary.ErrorsByCode))
+	}
+	for i := range s.Rows {
+		if r := &s.Rows[i]; r.Skipped != "" {
+			fmt.Fprintf(&b, "skipped %s: %s\n", r.Name, r.Skipped)
+		}
+	}
+	for _, n := range s.Notes {
+		fmt.Fprintf(&b, "note: %s\n", n)
+	}
+	b.WriteString("\n")
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func counts(byStatus, byCode map[string]int) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(byStatus)) {
+		parts = append(parts, fmt.Sprintf("%s×%d", k, byStatus[k]))
+	}
+	if len(byCode) > 0 {
+		var codes []string
+		for _, k := range slices.Sorted(maps.Keys(byCode)) {
+			codes = append(codes, fmt.Sprintf("%s×%d", k, byCode[k]))
+		}
+		parts = append(parts, "("+strings.Join(codes, ", ")+")")
+	}
+	return strings.Join(parts, " ")
+}
+
+// num formats a latency or rate with a precision suited to its size.
+func num(v float64) string {
+	switch a := max(v, -v); {
+	case a == 0:
+		return "0"
+	case a < 1:
+		return fmt.Sprintf("%.3f", v)
+	case a < 100:
+		return fmt.Sprintf("%.1f", v)
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
+func pct(v float64) string { return fmt.Sprintf("%.1f%%", 100*v) }
+
+func policyTable(tw io.Writer, s *Scenario) {
+	fmt.Fprintln(tw, "POLICY\tREQS\tERR\tREQ/S\tOUT TOK/S\tTTFT p50\tp90\tp99\tITL p50\tE2E p90\tHIT\tvs ORACLE\tSPREAD req\tprefill\t")
+	for i := range s.Rows {
+		r := &s.Rows[i]
+		if r.Skipped != "" {
+			fmt.Fprintf(tw, "%s\tskipped\t\t\t\t\t\t\t\t\t\t\t\t\t\n", r.Name)
+			continue
+		}
+		m := r.Summary
+		vs := "-"
+		if v := r.VsOracle(); v > 0 {
+			vs = pct(v)
+		}
+		name := r.Name
+		if r.Truncated {
+			name += "*"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.2f\t%.2f\t\n", name, m.Requests, m.ErrorCount(),
+			num(m.RequestsPerS), num(m.OutputTokensPerS), num(m.TTFT.P50), num(m.TTFT.P90), num(m.TTFT.P99),
+			num(m.ITL.P50), num(m.E2E.P90), pct(m.HitRate), vs, m.SpreadRequests, m.SpreadPrefill)
+	}
+	if o := s.Oracle; o != nil {
+		fmt.Fprintf(tw, "oracle\t%d\t\t\t\t\t\t\t\t\t%s\t100.0%%\t\t\t\n", o.Requests, pct(o.HitRate))
+	}
+}
+
+func overheadTable(tw io.Writer, s *Scenario) {
+	fmt.Fprintln(tw, "MODE\tREQS\tERR\tREQ/S\tp50\tp90\tp99\tCPU s/1k req\t")
+	for i := range s.Rows {
+		r := &s.Rows[i]
+		if r.Skipped != "" {
+			fmt.Fprintf(tw, "%s\tskipped\t\t\t\t\t\t\t\n", r.Name)
+			continue
+		}
+		m := r.Summary
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%.3f\t\n", r.Name, m.Requests, m.ErrorCount(), num(m.RequestsPerS),
+			num(m.E2E.P50), num(m.E2E.P90), num(m.E2E.P99), r.CPUSecondsPer1K)
+	}
+}
+
+func mailboxTable(tw io.Writer, s *Scenario) {
+	fmt.Fprintln(tw, "MAILBOX\tSENT\tOK\t429\t429 RATE\tACCEPTED REQ/S\tp50\tp99\t")
+	for i := range s.Rows {
+		r := &s.Rows[i]
+		if r.Skipped != "" {
+			fmt.Fprintf(tw, "%d\tskipped\t\t\t\t\t\t\t\n", r.Mailbox)
+			continue
+		}
+		m := r.Summary
+		rejected := m.ErrorsByStatus["429"]
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t\n", r.Mailbox, m.Requests, m.OK, rejected,
+			pct(RejectRate(m)), num(m.RequestsPerS), num(m.E2E.P50), num(m.E2E.P99))
+	}
+}
+
+// RejectRate is the fraction of requests answered 429.
+func RejectRate(m *Summary) float64 {
+	if m.Requests == 0 {
+		return 0
+	}
+	return float64(m.ErrorsByStatus["429"]) / float64(m.Requests)
+}
