@@ -1,0 +1,227 @@
+package harness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"switchyard/bench/mockengine"
+	"switchyard/config"
+	"switchyard/httpfront"
+	"switchyard/httpfront/tokenizer"
+)
+
+// cluster is a set of in-process mock engines.
+type cluster struct {
+	plain, prefill, decode []*mockengine.Engine
+}
+
+// clusterSpec sizes a cluster.
+type clusterSpec struct {
+	plain, prefill, decode int
+	zeroCost               bool
+}
+
+// engineConfig is the engines' common configuration.
+func (o *Options) engineConfig(zeroCost bool) mockengine.Config {
+	costs := *o.Costs
+	return mockengine.Config{
+		Host:        "127.0.0.1",
+		Model:       o.Model,
+		PageSize:    o.PageSize,
+		CacheTokens: o.EngineCache,
+		MaxRunning:  o.MaxRunning,
+		Speedup:     o.Speedup,
+		ZeroCost:    zeroCost,
+		Costs:       &costs,
+		Seed:        o.Seed,
+		Logger:      o.Logger,
+		// The harness subscribes nothing itself; the router does when a policy needs events.
+		LoadPublish: mockengine.LoadPublish{Interval: 250 * time.Millisecond},
+	}
+}
+
+// startCluster starts the engines of spec. On error every engine started is closed.
+func (o *Options) startCluster(ctx context.Context, spec clusterSpec) (*cluster, error) {
+	c := &cluster{}
+	start := func(role mockengine.Role, prefix string, n int) ([]*mockengine.Engine, error) {
+		var out []*mockengine.Engine
+		for i := range n {
+			cfg := o.engineConfig(spec.zeroCost)
+			cfg.Role = role
+			cfg.WorkerID = prefix + strconv.Itoa(i)
+			cfg.Seed = o.Seed + uint64(len(c.all())+i)
+			e, err := mockengine.Start(ctx, cfg)
+			if err != nil {
+				for _, s := range out {
+					_ = s.Close()
+				}
+				return nil, err
+			}
+			out = append(out, e)
+		}
+		return out, nil
+	}
+	var err error
+	if c.plain, err = start(mockengine.RolePlain, "e", spec.plain); err == nil {
+		if c.prefill, err = start(mockengine.RolePrefill, "p", spec.prefill); err == nil {
+			c.decode, err = start(mockengine.RoleDecode, "d", spec.decode)
+		}
+	}
+	if err != nil {
+		_ = c.close()
+		return nil, fmt.Errorf("cannot start engines: %w", err)
+	}
+	return c, nil
+}
+
+func (c *cluster) all() []*mockengine.Engine {
+	out := make([]*mockengine.Engine, 0, len(c.plain)+len(c.prefill)+len(c.decode))
+	out = append(out, c.plain...)
+	out = append(out, c.prefill...)
+	return append(out, c.decode...)
+}
+
+// close stops every engine.
+func (c *cluster) close() error {
+	var errs []error
+	for _, e := range c.all() {
+		if err := e.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func ids(es []*mockengine.Engine) []string {
+	out := make([]string, len(es))
+	for i, e := range es {
+		out[i] = e.WorkerID()
+	}
+	return out
+}
+
+func urls(es []*mockengine.Engine) []string {
+	out := make([]string, len(es))
+	for i, e := range es {
+		out[i] = e.URL()
+	}
+	return out
+}
+
+// workers returns the router's worker list for the cluster.
+func (c *cluster) workers(model string) []config.Worker {
+	var out []config.Worker
+	add := func(es []*mockengine.Engine, role config.Role) {
+		for _, e := range es {
+			w := config.Worker{ID: e.WorkerID(), URL: e.URL(), Model: model, Role: role, DPSize: 1}
+			if role == config.RolePrefill {
+				p := e.BootstrapPort()
+				w.BootstrapPort = &p
+			}
+			out = append(out, w)
+		}
+	}
+	add(c.plain, config.RolePlain)
+	add(c.prefill, config.RolePrefill)
+	add(c.decode, config.RoleDecode)
+	return out
+}
+
+// routerConfig returns the router configuration every scenario starts from: loopback, an
+// OS-chosen port, a short drain, and the cluster's workers.
+func (o *Options) routerConfig(c *cluster) *config.Config {
+	cfg := config.Default()
+	cfg.Server.Host = "127.0.0.1"
+	cfg.Server.Port = 0
+	cfg.Server.DrainTimeout = 5 * time.Second
+	cfg.Server.RequestTimeout = o.RequestTimeout
+	cfg.Workers = c.workers(o.Model)
+	return cfg
+}
+
+// plainGroup is one plain bucket holding ids with policy p.
+func plainBucket(id string, ids []string, p config.Policy) config.Bucket {
+	members := append([]string(nil), ids...)
+	return config.Bucket{ID: id, Groups: config.Groups{Plain: &config.Group{WorkerIDs: &members, Policy: &p}}}
+}
+
+// router is an in-process httpfront server.
+type router struct {
+	srv    *httpfront.Server
+	url    string
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// errRouterBuild marks a router the configuration or the policy factory refused: the row is
+// skipped rather than the run failed.
+var errRouterBuild = errors.New("cannot build router")
+
+// startRouter validates cfg, builds the router and waits until it is ready.
+func (o *Options) startRouter(ctx context.Context, cfg *config.Config) (*router, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", errRouterBuild, err)
+	}
+	tok := tokenizer.NewSimple()
+	srv, err := httpfront.New(cfg, httpfront.Options{
+		Logger:    o.Logger,
+		Tokenizer: func(string) tokenizer.Tokenizer { return tok },
+		Seed:      o.Seed,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errRouterBuild, err)
+	}
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	r := &router{srv: srv, url: "http://" + srv.Addr().String(), cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- srv.Run(rctx) }()
+	if err := waitReady(ctx, r.url, DefaultRouterReadyTimeout); err != nil {
+		_ = r.close()
+		return nil, err
+	}
+	return r, nil
+}
+
+// close stops the router and waits for its drain.
+func (r *router) close() error {
+	r.cancel()
+	if err := <-r.done; err != nil {
+		return fmt.Errorf("router stopped with: %w", err)
+	}
+	return nil
+}
+
+// waitReady polls GET /readiness until it answers 200, for at most timeout.
+func waitReady(ctx context.Context, base string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	client := &http.Client{Timeout: time.Second}
+	defer client.CloseIdleConnections()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	var last error
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/readiness", nil)
+		if err != nil {
+			return err
+		}
+		resp, err := client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			last = fmt.Errorf("readiness answered %d", resp.StatusCode)
+		} else {
+			last = err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("router at %s not ready after %v: %w", base, timeout, errors.Join(last, ctx.Err()))
+		case <-tick.C:
+		}
+	}
+}

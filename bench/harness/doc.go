@@ -1,0 +1,32 @@
+// Package harness runs the benchmark scenarios of `switchyard bench` and `switchyard demo`:
+// it starts mock engines and a router in-process (or targets a running router), drives a
+// workload through them with package loadgen, and assembles a report.Report.
+//
+// # What it owns
+//
+//   - The cluster: N plain mock engines, or P prefill plus D decode engines, with the
+//     simulation settings (speedup, cache capacity, max running requests, costs, zero
+//     cost), and an httpfront router configured per row (a policy, a bucket layout, a
+//     mailbox size), all on 127.0.0.1 with ports chosen by the OS. Every row starts fresh
+//     engines, so caches are cold and no policy inherits another's state.
+//   - The scenarios: overhead (router against the same engines reached directly, zero
+//     simulated cost: requests/s, added latency, router CPU seconds per 1,000 requests from
+//     the process's CPU time), routing (one workload under each policy of a list, with the
+//     oracle's bound on the hit rate), pd (the prefill group's policy compared on a PD
+//     bucket), buckets (the long-context mix on one pool against length buckets, per
+//     length class) and mailbox (an overload burst at several actors.mailbox sizes:
+//     accepted throughput, 429 rate, p99).
+//   - Policy lists as data (PolicySpec, ParsePolicies): a policy the router cannot build
+//     yet becomes a skipped row carrying the reason, not a failed run.
+//   - The progress line on the progress writer during every measured row.
+//
+// # Concurrency model
+//
+// Run measures one row at a time; each row's engines, router and load generator run
+// concurrently inside it and are stopped before the next row starts.
+//
+// # What a caller must release
+//
+// Nothing: Run stops every engine and router it started before it returns, also on error or
+// cancellation.
+package harness

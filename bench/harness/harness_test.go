@@ -1,0 +1,256 @@
+package harness
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"switchyard/bench/report"
+	"switchyard/bench/workload"
+	"switchyard/config"
+)
+
+// mayBeSkipped are the policies whose router wiring may still be missing; every other row
+// must be measured.
+var mayBeSkipped = map[string]bool{config.PolicyCacheAware: true, config.PolicySessionAware: true}
+
+// checkRow asserts that a measured row is complete: every request answered, every figure
+// present, every request on a known engine, the hit rate within the oracle.
+func checkRow(t *testing.T, r *report.Row, requests, engines int, streamed bool) {
+	t.Helper()
+	m := r.Summary
+	if m == nil {
+		t.Fatalf("%s: no summary (skipped: %q)", r.Name, r.Skipped)
+	}
+	if m.Requests != requests || m.OK != requests || m.Unknown != 0 || r.Truncated {
+		t.Errorf("%s: %d requests, %d ok, %d on unknown engines, truncated %v; want %d ok", r.Name, m.Requests, m.OK, m.Unknown, r.Truncated, requests)
+	}
+	if m.TTFT.N != requests || m.E2E.N != requests || m.TTFT.P50 <= 0 || m.E2E.P99 < m.E2E.P50 || m.TTFT.P99 < m.TTFT.P90 {
+		t.Errorf("%s: latency figures incomplete: ttft %+v e2e %+v", r.Name, m.TTFT, m.E2E)
+	}
+	if streamed && m.ITL.N != requests {
+		t.Errorf("%s: ITL over %d requests, want %d", r.Name, m.ITL.N, requests)
+	}
+	if m.RequestsPerS <= 0 || m.OutputTokensPerS <= 0 || m.PromptTokens <= 0 || len(m.Workers) != engines {
+		t.Errorf("%s: throughput %v req/s %v tok/s, %d prompt tokens, %d workers", r.Name, m.RequestsPerS, m.OutputTokensPerS, m.PromptTokens, len(m.Workers))
+	}
+	served := 0
+	for _, w := range m.Workers {
+		served += w.Requests
+	}
+	if served != requests && engines > 0 && r.Name != "" && !strings.HasPrefix(r.Name, "pd") {
+		t.Errorf("%s: engines served %d of %d requests", r.Name, served, requests)
+	}
+	if r.Oracle != nil && m.HitRate > r.Oracle.HitRate+1e-9 {
+		t.Errorf("%s: hit rate %.4f exceeds the oracle's %.4f", r.Name, m.HitRate, r.Oracle.HitRate)
+	}
+}
+
+func checkRendered(t *testing.T, rep *report.Report) {
+	t.Helper()
+	var b bytes.Buffer
+	if err := report.WriteJSON(&b, rep); err != nil {
+		t.Error(err)
+	}
+	for _, sc := range rep.Scenarios {
+		b.Reset()
+		if err := report.WriteTable(&b, sc); err != nil {
+			t.Error(err)
+		}
+		for i := range sc.Rows {
+			if !strings.Contains(b.String(), sc.Rows[i].Name) && sc.Name != report.ScenarioMailbox {
+				t.Errorf("%s table lacks row %s", sc.Title(), sc.Rows[i].Name)
+			}
+		}
+		b.Reset()
+		if err := report.WriteSVG(&b, sc); err != nil || !bytes.HasPrefix(b.Bytes(), []byte("<svg")) {
+			t.Errorf("%s chart: %v", sc.Title(), err)
+		}
+	}
+}
+
+// TestRoutingEndToEnd runs the routing scenario on a small shared-prefix workload with two
+// groups over four engines, every policy on fresh engines and a fresh router, and checks
+// that the report is complete and that the policies differ where they must: round_robin
+// spreads requests exactly evenly, and sticky, which ignores load and pins each group's
+// routing key, puts everything on two engines (spread 2), which no load-aware policy does.
+func TestRoutingEndToEnd(t *testing.T) {
+	var progress bytes.Buffer
+	opts := Options{
+		Scenarios: []string{report.ScenarioRouting},
+		Workloads: []string{workload.NameSharedPrefix},
+		Workload: workload.Config{SharedPrefix: workload.SharedPrefixConfig{
+			Groups: 2, PromptsPerGroup: 32, SystemPromptLen: 512, QuestionLen: 32, OutputLen: 8}},
+		Engines: 4, Speedup: 10, Concurrency: 8, Duration: 45 * time.Second, Seed: 1,
+		Progress: &progress,
+	}
+	rep, err := Run(t.Context(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Scenarios) != 1 {
+		t.Fatalf("%d scenarios", len(rep.Scenarios))
+	}
+	sc := rep.Scenarios[0]
+	if sc.Name != report.ScenarioRouting || sc.Workload != workload.NameSharedPrefix || sc.TimeBase != report.TimeSimulated || sc.Speedup != 10 {
+		t.Errorf("scenario %+v", sc)
+	}
+	if len(sc.Rows) != len(DefaultPolicies()) {
+		t.Fatalf("%d rows, want one per default policy", len(sc.Rows))
+	}
+	if sc.Oracle == nil || sc.Oracle.Requests != 64 || !(sc.Oracle.HitRate > 0.5 && sc.Oracle.HitRate < 1) {
+		t.Fatalf("oracle %+v", sc.Oracle)
+	}
+	rows := map[string]*report.Row{}
+	for i := range sc.Rows {
+		r := &sc.Rows[i]
+		rows[r.Name] = r
+		if r.Skipped != "" {
+			if !mayBeSkipped[r.Name] {
+				t.Errorf("%s skipped: %s", r.Name, r.Skipped)
+			}
+			continue
+		}
+		checkRow(t, r, 64, 4, true)
+		if *r.Oracle != *sc.Oracle {
+			t.Errorf("%s: oracle %+v, want the scenario's", r.Name, r.Oracle)
+		}
+		if r.Summary.HitRate <= 0 {
+			t.Errorf("%s: no cache hits on a shared-prefix workload", r.Name)
+		}
+	}
+	if got := rows[config.PolicyRoundRobin].Summary.SpreadRequests; got != 1 {
+		t.Errorf("round_robin request spread %v, want exactly 1 (16 requests on each engine)", got)
+	}
+	sticky, p2c := rows[config.PolicySticky], rows[config.PolicyPowerOfTwo]
+	if sticky.Skipped != "" {
+		t.Fatalf("sticky skipped: %s", sticky.Skipped)
+	}
+	if got := sticky.Summary.SpreadRequests; got < 2 {
+		t.Errorf("sticky request spread %v, want at least 2 (two routing keys on four engines)", got)
+	}
+	if s, p := sticky.Summary.SpreadRequests, p2c.Summary.SpreadRequests; !(s > p) {
+		t.Errorf("sticky spread %v is not larger than power_of_two's %v", s, p)
+	}
+	for _, name := range []string{config.PolicyRoundRobin, config.PolicySticky} {
+		if !strings.Contains(progress.String(), "routing shared_prefix "+name+": ") {
+			t.Errorf("no progress line for %s:\n%s", name, progress.String())
+		}
+	}
+	checkRendered(t, rep)
+}
+
+// TestPDAndBucketsEndToEnd runs the pd and buckets scenarios briefly.
+func TestPDAndBucketsEndToEnd(t *testing.T) {
+	opts := Options{
+		Scenarios:  []string{report.ScenarioPD, report.ScenarioBuckets},
+		PDPolicies: mustPolicies("round_robin,power_of_two"),
+		Workload: workload.Config{
+			SharedPrefix: workload.SharedPrefixConfig{Groups: 2, PromptsPerGroup: 8, SystemPromptLen: 256, QuestionLen: 16, OutputLen: 4},
+			LongContext: workload.LongContextConfig{Requests: 24, OutputLen: 4, Classes: []workload.LengthClass{
+				{Name: "short", Min: 20, Max: 60, Weight: 2}, {Name: "medium", Min: 200, Max: 300, Weight: 1}, {Name: "long", Min: 800, Max: 1000, Weight: 1}}},
+		},
+		Engines: 3, Prefill: 1, Decode: 2, Speedup: 20, Concurrency: 4, Duration: 45 * time.Second,
+	}
+	rep, err := Run(t.Context(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Scenarios) != 2 {
+		t.Fatalf("%d scenarios", len(rep.Scenarios))
+	}
+	pd := rep.Scenarios[0]
+	if pd.Name != report.ScenarioPD || len(pd.Rows) != 2 || pd.Oracle == nil {
+		t.Fatalf("pd scenario %+v", pd)
+	}
+	for i := range pd.Rows {
+		r := &pd.Rows[i]
+		checkRow(t, r, 16, 3, true)
+		for _, w := range r.Summary.Workers {
+			if strings.HasPrefix(w.Worker, "p") && (w.Requests != 0 || w.PrefillTokens == 0) {
+				t.Errorf("%s: prefill engine %+v", r.Name, w)
+			}
+		}
+		// One prefill engine: every prefill lands on it.
+		if r.Summary.SpreadPrefill != 1 {
+			t.Errorf("%s: prefill spread %v over one engine", r.Name, r.Summary.SpreadPrefill)
+		}
+	}
+	bk := rep.Scenarios[1]
+	var names []string
+	for i := range bk.Rows {
+		names = append(names, bk.Rows[i].Name)
+	}
+	want := "single_pool,single_pool/short,single_pool/medium,single_pool/long,buckets,buckets/short,buckets/medium,buckets/long"
+	if strings.Join(names, ",") != want {
+		t.Fatalf("buckets rows %v", names)
+	}
+	perClass := 0
+	for i := range bk.Rows {
+		r := &bk.Rows[i]
+		// Unknown == 0 on buckets/<class>: every request of the class was served by one of
+		// its bucket's engines.
+		if r.Summary == nil || r.Summary.Unknown != 0 || r.Summary.ErrorCount() != 0 {
+			t.Errorf("%s: %+v", r.Name, r.Summary)
+		}
+		if strings.HasPrefix(r.Name, "buckets/") {
+			perClass += r.Summary.Requests
+		}
+	}
+	if perClass != 24 || bk.Rows[4].Summary.Requests != 24 {
+		t.Errorf("per-class rows cover %d of 24 requests", perClass)
+	}
+	checkRendered(t, rep)
+}
+
+// TestOverheadAndMailboxEndToEnd runs the throughput scenarios briefly.
+func TestOverheadAndMailboxEndToEnd(t *testing.T) {
+	opts := Options{
+		Scenarios:       []string{report.ScenarioOverhead, report.ScenarioMailbox},
+		Engines:         2,
+		Duration:        time.Second,
+		MailboxSizes:    []int{1, 1024},
+		MailboxRequests: 400,
+		Concurrency:     16,
+	}
+	rep, err := Run(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ov := rep.Scenarios[0]
+	if ov.Name != report.ScenarioOverhead || len(ov.Rows) != 2 || ov.Rows[0].Name != "direct" || ov.Rows[1].Name != "router" || ov.Overhead == nil {
+		t.Fatalf("overhead scenario %+v", ov)
+	}
+	for i := range ov.Rows {
+		r := &ov.Rows[i]
+		if r.Summary.OK == 0 || r.Summary.ErrorCount() != 0 || r.CPUSecondsPer1K <= 0 || r.Summary.RequestsPerS <= 0 || r.Summary.Unknown != 0 {
+			t.Errorf("%s: cpu %v, %+v", r.Name, r.CPUSecondsPer1K, r.Summary)
+		}
+	}
+	if ov.Overhead.Share <= 0 {
+		t.Errorf("overhead figures %+v", ov.Overhead)
+	}
+	mb := rep.Scenarios[1]
+	if mb.Name != report.ScenarioMailbox || len(mb.Rows) != 2 || mb.Rows[0].Mailbox != 1 || mb.Rows[1].Mailbox != 1024 {
+		t.Fatalf("mailbox scenario %+v", mb)
+	}
+	for i := range mb.Rows {
+		m := mb.Rows[i].Summary
+		if m.Requests != 400 || m.OK+m.ErrorsByStatus["429"] != 400 {
+			t.Errorf("mailbox %d: %d requests, %d ok, errors %v", mb.Rows[i].Mailbox, m.Requests, m.OK, m.ErrorsByStatus)
+		}
+	}
+	// Sixteen clients cannot fill a mailbox of 1024.
+	if n := mb.Rows[1].Summary.ErrorsByStatus["429"]; n != 0 {
+		t.Errorf("mailbox 1024 refused %d requests", n)
+	}
+	checkRendered(t, rep)
+}
+
+func TestRunRejectsBadOptions(t *testing.T) {
+	if _, err := Run(context.Background(), Options{Engines: -1}); err == nil {
+		t.Fatal("no error")
+	}
+}

@@ -1,0 +1,353 @@
+package harness
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	"switchyard/bench/mockengine"
+	"switchyard/bench/report"
+	"switchyard/bench/workload"
+	"switchyard/config"
+)
+
+// ErrInvalidOptions is wrapped by every option error.
+var ErrInvalidOptions = errors.New("invalid bench options")
+
+// Scenarios returns every scenario name in the order "all" runs them.
+func Scenarios() []string {
+	return []string{report.ScenarioOverhead, report.ScenarioRouting, report.ScenarioPD, report.ScenarioBuckets, report.ScenarioMailbox}
+}
+
+// PolicySpec is one row of a policy comparison: a display name and the policy configured
+// on the compared group.
+type PolicySpec struct {
+	Name   string
+	Policy config.Policy
+}
+
+// DefaultPolicies returns the routing scenario's policies: every policy Switchyard has.
+// Those the router cannot build yet are reported as skipped rows.
+func DefaultPolicies() []PolicySpec {
+	return mustPolicies("round_robin,random,power_of_two,load_based,cache_aware,session_aware,sticky")
+}
+
+// DefaultPDPolicies returns the pd scenario's prefill-group policies.
+func DefaultPDPolicies() []PolicySpec {
+	return mustPolicies("round_robin,power_of_two,load_based,cache_aware")
+}
+
+func mustPolicies(list string) []PolicySpec {
+	p, err := ParsePolicies(list)
+	if err != nil {
+		panic("BUG: " + err.Error())
+	}
+	return p
+}
+
+// ParsePolicies parses a comma-separated policy list. An entry is a policy name, or
+// "sticky:FALLBACK" for sticky with that fallback (round_robin, random, power_of_two or
+// load_based).
+func ParsePolicies(list string) ([]PolicySpec, error) {
+	var out []PolicySpec
+	var errs []error
+	for _, item := range strings.Split(list, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		name, fallback, hasFallback := strings.Cut(item, ":")
+		if !slices.Contains(policyNames(), name) {
+			errs = append(errs, fmt.Errorf("%w: policies: unknown policy %q (want %s)", ErrInvalidOptions, name, strings.Join(policyNames(), ", ")))
+			continue
+		}
+		spec := PolicySpec{Name: item, Policy: config.Policy{Type: name}}
+		if hasFallback {
+			if name != config.PolicySticky {
+				errs = append(errs, fmt.Errorf("%w: policies: %q: only sticky takes a fallback", ErrInvalidOptions, item))
+				continue
+			}
+			spec.Policy.Fallback = fallback
+		}
+		if slices.ContainsFunc(out, func(s PolicySpec) bool { return s.Name == spec.Name }) {
+			errs = append(errs, fmt.Errorf("%w: policies: %q listed twice", ErrInvalidOptions, item))
+			continue
+		}
+		out = append(out, spec)
+	}
+	if len(out) == 0 && len(errs) == 0 {
+		errs = append(errs, fmt.Errorf("%w: policies: empty list", ErrInvalidOptions))
+	}
+	return out, errors.Join(errs...)
+}
+
+func policyNames() []string {
+	return []string{config.PolicyRoundRobin, config.PolicyRandom, config.PolicyPowerOfTwo, config.PolicyLoadBased,
+		config.PolicyCacheAware, config.PolicySessionAware, config.PolicySticky}
+}
+
+// Defaults of Options.
+const (
+	DefaultEngines            = 4
+	DefaultSpeedup            = 4
+	DefaultEngineCache        = 32768
+	DefaultDuration           = 20 * time.Second
+	DefaultConcurrency        = 16
+	DefaultOverheadClients    = 32
+	DefaultMailboxClients     = 512
+	DefaultMailboxRequests    = 20000
+	DefaultPrefillEngines     = 2
+	DefaultDecodeEngines      = 2
+	DefaultModel              = "bench"
+	DefaultRequestTimeout     = 2 * time.Minute
+	DefaultSeed               = 1
+	DefaultRouterReadyTimeout = 15 * time.Second
+)
+
+// DefaultMailboxSizes returns the mailbox scenario's actors.mailbox sizes.
+func DefaultMailboxSizes() []int { return []int{1, 4, 16, 64, 256, 1024} }
+
+// DefaultWorkloads returns the routing scenario's workloads.
+func DefaultWorkloads() []string { return []string{workload.NameSharedPrefix, workload.NameMultiTurn} }
+
+// Options configure a harness run. Zero fields take their defaults.
+type Options struct {
+	// Scenarios to run, in order. Default: routing.
+	Scenarios []string
+	// Target, when set, is a running router's base URL: the routing scenario then measures
+	// that router as one row ("target"), and the scenarios that need their own engines are
+	// refused.
+	Target string
+	// Model is the model name served and requested. Default "bench".
+	Model string
+
+	// Engines is the number of plain engines. Default 4.
+	Engines int
+	// Prefill and Decode are the pd scenario's engine counts. Default 2 and 2.
+	Prefill, Decode int
+	// Speedup divides every simulated duration of the engines; figures of the simulated
+	// scenarios are reported in simulated time. Default 4.
+	Speedup float64
+	// EngineCache is each engine's KV cache capacity, in tokens. Default 32768.
+	EngineCache int
+	// MaxRunning is each engine's max_running_requests. Default 64.
+	MaxRunning int
+	// PageSize is the engines' KV page size, in tokens. Default 16.
+	PageSize int
+	// Costs is the engines' cost model. Default mockengine.DefaultCosts().
+	Costs *mockengine.Costs
+
+	// Duration bounds each measured row, in wall time. Default 20s.
+	Duration time.Duration
+	// Requests bounds the requests of each row. Default 0: the whole workload (routing, pd,
+	// buckets), no bound (overhead), MailboxRequests (mailbox).
+	Requests int
+	// Concurrency is the number of closed-loop clients. Default 16 (overhead 32, mailbox
+	// 512).
+	Concurrency int
+	// Rate, when positive, sends open-loop Poisson arrivals at this many requests per
+	// simulated second instead (routing, pd and buckets).
+	Rate float64
+	// NoStream sends non-streaming requests in the routing, pd and buckets scenarios (time
+	// to first token is then the whole response). Default false: streaming.
+	NoStream bool
+	// Seed seeds the workloads, the arrivals and the router's policies. Default 1.
+	Seed uint64
+
+	// Policies are the routing scenario's rows. Default DefaultPolicies().
+	Policies []PolicySpec
+	// PDPolicies are the pd scenario's prefill-group policies. Default DefaultPDPolicies().
+	PDPolicies []PolicySpec
+	// Workloads are the routing scenario's workloads, one table each. Default
+	// DefaultWorkloads().
+	Workloads []string
+	// Workload configures the generators.
+	Workload workload.Config
+	// MailboxSizes are the mailbox scenario's actors.mailbox sizes (bucket and group).
+	// Default DefaultMailboxSizes().
+	MailboxSizes []int
+	// MailboxRequests is the size of each mailbox row's burst. Default 20000.
+	MailboxRequests int
+	// RequestTimeout bounds one request. Default 2 minutes.
+	RequestTimeout time.Duration
+
+	// Progress receives the progress line; nil prints none.
+	Progress io.Writer
+	// Logger receives the engines' and the router's logs. Default: discard.
+	Logger *slog.Logger
+	// Now is the clock of the report's start time. Default time.Now.
+	Now func() time.Time
+}
+
+func (o Options) withDefaults() Options {
+	if len(o.Scenarios) == 0 {
+		o.Scenarios = []string{report.ScenarioRouting}
+	}
+	if o.Model == "" {
+		o.Model = DefaultModel
+	}
+	if o.Engines == 0 {
+		o.Engines = DefaultEngines
+	}
+	if o.Prefill == 0 {
+		o.Prefill = DefaultPrefillEngines
+	}
+	if o.Decode == 0 {
+		o.Decode = DefaultDecodeEngines
+	}
+	if o.Speedup == 0 {
+		o.Speedup = DefaultSpeedup
+	}
+	if o.EngineCache == 0 {
+		o.EngineCache = DefaultEngineCache
+	}
+	if o.MaxRunning == 0 {
+		o.MaxRunning = 64
+	}
+	if o.PageSize == 0 {
+		o.PageSize = 16
+	}
+	if o.Costs == nil {
+		c := mockengine.DefaultCosts()
+		o.Costs = &c
+	}
+	if o.Duration == 0 {
+		o.Duration = DefaultDuration
+	}
+	if o.Seed == 0 {
+		o.Seed = DefaultSeed
+	}
+	if len(o.Policies) == 0 {
+		o.Policies = DefaultPolicies()
+	}
+	if len(o.PDPolicies) == 0 {
+		o.PDPolicies = DefaultPDPolicies()
+	}
+	if len(o.Workloads) == 0 {
+		o.Workloads = DefaultWorkloads()
+	}
+	if len(o.MailboxSizes) == 0 {
+		o.MailboxSizes = DefaultMailboxSizes()
+	}
+	if o.MailboxRequests == 0 {
+		o.MailboxRequests = DefaultMailboxRequests
+	}
+	if o.RequestTimeout == 0 {
+		o.RequestTimeout = DefaultRequestTimeout
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return o
+}
+
+// Validate reports every problem of o (after defaults) at once.
+func (o Options) Validate() error {
+	o = o.withDefaults()
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: %s: %s", ErrInvalidOptions, field, fmt.Sprintf(format, args...)))
+	}
+	for _, s := range o.Scenarios {
+		if !slices.Contains(Scenarios(), s) {
+			bad("scenario", "unknown scenario %q (want %s or all)", s, strings.Join(Scenarios(), ", "))
+		} else if o.Target != "" && s != report.ScenarioRouting {
+			bad("scenario", "%s starts its own engines and cannot run against --target; only routing can", s)
+		}
+	}
+	if o.Target != "" && !strings.HasPrefix(o.Target, "http://") && !strings.HasPrefix(o.Target, "https://") {
+		bad("target", "%q is not an http(s) URL", o.Target)
+	}
+	if o.Engines < 1 || o.Engines > 256 {
+		bad("engines", "%d is outside 1..256", o.Engines)
+	}
+	if o.Prefill < 1 || o.Prefill > 128 || o.Decode < 1 || o.Decode > 128 {
+		bad("prefill/decode", "%d prefill and %d decode engines: each must be 1..128", o.Prefill, o.Decode)
+	}
+	if slices.Contains(o.Scenarios, report.ScenarioBuckets) {
+		if n := len(o.bucketClasses()); o.Engines < n {
+			bad("engines", "the buckets scenario needs at least one engine per length class (%d)", n)
+		}
+	}
+	if !(o.Speedup > 0) || math.IsInf(o.Speedup, 0) {
+		bad("speedup", "%v must be a positive number", o.Speedup)
+	}
+	if o.PageSize < 1 {
+		bad("page_size", "%d must be at least 1", o.PageSize)
+	}
+	if o.EngineCache < o.PageSize {
+		bad("engine_cache", "%d tokens is below one page", o.EngineCache)
+	}
+	if o.MaxRunning < 1 {
+		bad("max_running", "%d must be at least 1", o.MaxRunning)
+	}
+	if o.Duration < 0 {
+		bad("duration", "%v is negative", o.Duration)
+	}
+	if o.Requests < 0 {
+		bad("requests", "%d is negative", o.Requests)
+	}
+	if o.Concurrency < 0 {
+		bad("concurrency", "%d is negative", o.Concurrency)
+	}
+	if o.Rate < 0 || math.IsNaN(o.Rate) || math.IsInf(o.Rate, 0) {
+		bad("rate", "%v must be a finite non-negative number", o.Rate)
+	}
+	for _, w := range o.Workloads {
+		if !slices.Contains(workload.Names(), w) {
+			bad("workloads", "unknown workload %q (want %s)", w, strings.Join(workload.Names(), ", "))
+		}
+	}
+	for _, m := range o.MailboxSizes {
+		if m < 1 {
+			bad("mailbox_sizes", "%d must be at least 1", m)
+		}
+	}
+	if o.MailboxRequests < 1 {
+		bad("mailbox_requests", "%d must be at least 1", o.MailboxRequests)
+	}
+	if slices.Contains(o.Scenarios, report.ScenarioBuckets) || slices.Contains(o.Workloads, workload.NameLongContext) {
+		longest := 0
+		for _, c := range o.bucketClasses() {
+			longest = max(longest, c.Max)
+		}
+		if need := longest + 64 + o.outputLen(workload.NameLongContext); need > o.EngineCache {
+			bad("engine_cache", "%d tokens cannot hold the long-context mix's longest prompt and its output (%d)", o.EngineCache, need)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// bucketClasses are the long-context mix's length classes.
+func (o Options) bucketClasses() []workload.LengthClass {
+	if len(o.Workload.LongContext.Classes) > 0 {
+		return o.Workload.LongContext.Classes
+	}
+	return workload.DefaultLengthClasses()
+}
+
+// outputLen is a workload's configured output length (with its default).
+func (o Options) outputLen(name string) int {
+	w, err := workload.Build(name, shrink(o.Workload), 1)
+	if err != nil || len(w.Requests) == 0 {
+		return 0
+	}
+	return w.Requests[0].MaxTokens
+}
+
+// shrink returns c with every generator sized to one request, for reading defaults cheaply.
+func shrink(c workload.Config) workload.Config {
+	c.SharedPrefix.Groups, c.SharedPrefix.PromptsPerGroup = 1, 1
+	c.MultiTurn.Users, c.MultiTurn.Turns = 1, 1
+	c.LongContext.Requests = 1
+	c.ZeroReuse.Requests = 1
+	return c
+}

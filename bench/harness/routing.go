@@ -1,0 +1,217 @@
+package harness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"switchyard/bench/report"
+	"switchyard/bench/workload"
+	"switchyard/config"
+)
+
+// policyRun is what measuring one policy row needs beyond the policy.
+type policyRun struct {
+	scenario string
+	wl       *workload.Workload
+	spec     clusterSpec
+	// model lays out the model's buckets for the cluster with policy p.
+	model func(c *cluster, p config.Policy) config.Model
+	// serving and prefill name the engines the spreads are over.
+	serving, prefill func(c *cluster) []string
+	oracles          *oracles
+}
+
+// routing runs every workload of opts.Workloads under every policy of opts.Policies on
+// plain engines behind one bucket.
+func (h *harness) routing(ctx context.Context) ([]*report.Scenario, error) {
+	var out []*report.Scenario
+	o := &h.opts
+	for _, name := range o.Workloads {
+		wl, err := workload.Build(name, o.Workload, o.Seed)
+		if err != nil {
+			return out, err
+		}
+		sc := &report.Scenario{
+			Name: report.ScenarioRouting, Workload: name, Description: wl.Description,
+			TimeBase: report.TimeSimulated, Speedup: o.Speedup,
+		}
+		out = append(out, sc)
+		orc := h.newOracles(wl.Requests, o.Engines*o.EngineCache)
+		if o.Target != "" {
+			sc.Deployment = fmt.Sprintf("router at %s; oracle assumes %d engines × %d cache tokens; %s", o.Target, o.Engines, o.EngineCache, h.arrivals())
+			sc.TimeBase, sc.Speedup = report.TimeWall, 1
+			row, err := h.targetRow(ctx, wl, orc)
+			if err != nil {
+				return out, err
+			}
+			sc.Rows = append(sc.Rows, row)
+		} else {
+			sc.Deployment = h.plainDeployment(o.Engines) + "; router: one bucket, the policy under test; " + h.arrivals()
+			pr := policyRun{
+				scenario: report.ScenarioRouting, wl: wl, spec: clusterSpec{plain: o.Engines}, oracles: orc,
+				model: func(c *cluster, p config.Policy) config.Model {
+					return config.Model{Buckets: []config.Bucket{plainBucket("all", ids(c.plain), p)}}
+				},
+				serving: func(c *cluster) []string { return ids(c.plain) },
+			}
+			for _, spec := range o.Policies {
+				row, err := h.policyRow(ctx, pr, spec)
+				if err != nil {
+					return out, err
+				}
+				sc.Rows = append(sc.Rows, row)
+			}
+		}
+		sc.Oracle = orc.longest()
+		sc.Notes = append(sc.Notes, routingNotes(sc, wl)...)
+	}
+	return out, nil
+}
+
+// pd compares the prefill group's policies on one PD bucket (decode: power_of_two) under the
+// shared-prefix workload.
+func (h *harness) pd(ctx context.Context) ([]*report.Scenario, error) {
+	o := &h.opts
+	wl, err := workload.Build(workload.NameSharedPrefix, o.Workload, o.Seed)
+	if err != nil {
+		return nil, err
+	}
+	sc := &report.Scenario{
+		Name: report.ScenarioPD, Workload: wl.Name, Description: wl.Description,
+		TimeBase: report.TimeSimulated, Speedup: o.Speedup,
+		Deployment: fmt.Sprintf("%d prefill + %d decode engines (cache %d tokens, max running %d), speedup %g; router: one PD bucket, decode power_of_two, prefill the policy under test; %s",
+			o.Prefill, o.Decode, o.EngineCache, o.MaxRunning, o.Speedup, h.arrivals()),
+	}
+	orc := h.newOracles(wl.Requests, o.Prefill*o.EngineCache)
+	decode := config.Policy{Type: config.PolicyPowerOfTwo}
+	pr := policyRun{
+		scenario: report.ScenarioPD, wl: wl, spec: clusterSpec{prefill: o.Prefill, decode: o.Decode}, oracles: orc,
+		model: func(c *cluster, p config.Policy) config.Model {
+			pre, dec := ids(c.prefill), ids(c.decode)
+			return config.Model{Buckets: []config.Bucket{{ID: "pd", Groups: config.Groups{PD: &config.PDGroups{
+				Prefill: &config.Group{WorkerIDs: &pre, Policy: &p},
+				Decode:  &config.Group{WorkerIDs: &dec, Policy: &decode},
+			}}}}}
+		},
+		serving: func(c *cluster) []string { return ids(c.decode) },
+		prefill: func(c *cluster) []string { return ids(c.prefill) },
+	}
+	for _, spec := range o.PDPolicies {
+		row, err := h.policyRow(ctx, pr, spec)
+		if err != nil {
+			return []*report.Scenario{sc}, err
+		}
+		sc.Rows = append(sc.Rows, row)
+	}
+	sc.Oracle = orc.longest()
+	sc.Notes = append(sc.Notes, routingNotes(sc, wl)...)
+	sc.Notes = append(sc.Notes, "spread req is over the decode engines, spread prefill over the prefill engines; the oracle pools the prefill engines' caches")
+	return []*report.Scenario{sc}, nil
+}
+
+func (h *harness) plainDeployment(n int) string {
+	o := &h.opts
+	return fmt.Sprintf("%d plain engines (cache %d tokens, max running %d), speedup %g", n, o.EngineCache, o.MaxRunning, o.Speedup)
+}
+
+func routingNotes(sc *report.Scenario, wl *workload.Workload) []string {
+	var notes []string
+	for i := range sc.Rows {
+		if sc.Rows[i].Truncated {
+			notes = append(notes, "* the duration bound ended this row before the whole workload was sent; vs ORACLE compares each row with the oracle of the requests it sent")
+			break
+		}
+	}
+	if wl.Name != workload.NameMultiTurn {
+		for i := range sc.Rows {
+			if sc.Rows[i].Name == config.PolicySessionAware && sc.Rows[i].Skipped == "" {
+				notes = append(notes, "this workload sets no session header: session_aware places every request like power_of_two")
+				break
+			}
+		}
+	}
+	if wl.Name == workload.NameSharedPrefix && slices.ContainsFunc(sc.Rows, func(r report.Row) bool {
+		return strings.HasPrefix(r.Name, config.PolicySticky) && r.Skipped == ""
+	}) {
+		notes = append(notes, "the routing key (x-sgl-routing-key) is the prompt's group, so sticky pins each group to one engine")
+	}
+	return notes
+}
+
+// policyRow measures one policy on fresh engines and a fresh router. A policy the router
+// cannot build becomes a skipped row.
+func (h *harness) policyRow(ctx context.Context, pr policyRun, spec PolicySpec) (row report.Row, err error) {
+	o := &h.opts
+	row.Name = spec.Name
+	c, err := o.startCluster(ctx, pr.spec)
+	if err != nil {
+		return row, err
+	}
+	defer func() { err = errors.Join(err, c.close()) }()
+	cfg := o.routerConfig(c)
+	cfg.Models = map[string]config.Model{o.Model: pr.model(c, spec.Policy)}
+	r, err := o.startRouter(ctx, cfg)
+	if errors.Is(err, errRouterBuild) {
+		row.Skipped = skipReason(err)
+		h.progress.note("%s %s %s: skipped: %s", pr.scenario, pr.wl.Name, spec.Name, row.Skipped)
+		return row, nil
+	}
+	if err != nil {
+		return row, err
+	}
+	defer func() { err = errors.Join(err, r.close()) }()
+	m, err := h.measure(ctx, load{
+		label: pr.scenario + " " + pr.wl.Name + " " + spec.Name, urls: []string{r.url}, reqs: pr.wl.Requests,
+		stream: !o.NoStream, simulated: true, concurrency: h.concurrency(DefaultConcurrency),
+		maxRequests: o.Requests, duration: o.Duration,
+	})
+	if err != nil {
+		return row, err
+	}
+	opts := report.SummaryOptions{Workers: pr.serving(c), TimeScale: o.Speedup, Elapsed: m.Elapsed}
+	if pr.prefill != nil {
+		opts.PrefillWorkers = pr.prefill(c)
+	}
+	row.Summary = report.Summarize(m.Results, opts)
+	row.Truncated = m.Truncated
+	if pr.oracles != nil && len(m.Results) > 0 {
+		if row.Oracle, err = pr.oracles.of(len(m.Results)); err != nil {
+			return row, err
+		}
+	}
+	return row, nil
+}
+
+// targetRow measures the router at opts.Target as one row.
+func (h *harness) targetRow(ctx context.Context, wl *workload.Workload, orc *oracles) (report.Row, error) {
+	o := &h.opts
+	row := report.Row{Name: "target"}
+	m, err := h.measure(ctx, load{
+		label: "routing " + wl.Name + " target", urls: []string{o.Target}, reqs: wl.Requests,
+		stream: !o.NoStream, simulated: false, concurrency: h.concurrency(DefaultConcurrency),
+		maxRequests: o.Requests, duration: o.Duration,
+	})
+	if err != nil {
+		return row, err
+	}
+	// The deployment is unknown: spread is over the engines that served something.
+	var workers []string
+	seen := map[string]bool{}
+	for _, r := range m.Results {
+		if r.Worker != "" && !seen[r.Worker] {
+			seen[r.Worker] = true
+			workers = append(workers, r.Worker)
+		}
+	}
+	row.Summary = report.Summarize(m.Results, report.SummaryOptions{Workers: workers, TimeScale: 1, Elapsed: m.Elapsed})
+	row.Truncated = m.Truncated
+	if len(m.Results) > 0 {
+		if row.Oracle, err = orc.of(len(m.Results)); err != nil {
+			return row, err
+		}
+	}
+	return row, nil
+}

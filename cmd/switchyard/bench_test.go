@@ -1,0 +1,137 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// runBenchCmd runs the bench subcommand and maps its error to an exit code as run does
+// (the command is registered in main.go; calling runBench directly keeps these tests
+// independent of that list).
+func runBenchCmd(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	err := runBench(context.Background(), args, &out, &errb)
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0, out.String(), errb.String()
+	case errors.Is(err, errReported):
+		return 1, out.String(), errb.String()
+	}
+	errb.WriteString(err.Error())
+	return 1, out.String(), errb.String()
+}
+
+func TestBenchHelpDocumentsEveryFlag(t *testing.T) {
+	code, out, errOut := runBenchCmd(t, "--help")
+	if code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	help := out + errOut
+	fs, _ := newBenchFlagSet(nil)
+	fs.VisitAll(func(f *flag.Flag) {
+		if !strings.Contains(help, "-"+f.Name) {
+			t.Errorf("--help lacks -%s", f.Name)
+		}
+	})
+	for _, want := range []string{"overhead", "routing", "pd", "buckets", "mailbox", `(default "routing")`, "(default 20s)",
+		"(default 4)", "cache_aware", "shared_prefix"} {
+		if !strings.Contains(help, want) {
+			t.Errorf("--help lacks %q:\n%s", want, help)
+		}
+	}
+}
+
+func TestBenchRejectsBadFlags(t *testing.T) {
+	code, _, errOut := runBenchCmd(t, "--scenario", "nope", "--policies", "fused_score", "--mailbox-sizes", "x",
+		"--long-classes", "short:1", "--speedup", "-1")
+	if code != 1 {
+		t.Fatalf("exit %d, want 1", code)
+	}
+	for _, want := range []string{`unknown scenario "nope"`, `unknown policy "fused_score"`, `"x" is not a number`, `"short:1" is not NAME:MIN-MAX:WEIGHT`} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, errOut)
+		}
+	}
+	if code, _, errOut := runBenchCmd(t, "--target", "http://127.0.0.1:1", "--scenario", "overhead"); code != 1 || !strings.Contains(errOut, "--target") {
+		t.Errorf("overhead against a target: exit %d: %s", code, errOut)
+	}
+}
+
+func TestBenchWritesTableJSONAndChart(t *testing.T) {
+	dir := t.TempDir()
+	jsonPath := filepath.Join(dir, "report.json")
+	code, out, errOut := runBenchCmd(t, "--scenario", "mailbox", "--engines", "2", "--mailbox-sizes", "1024",
+		"--mailbox-requests", "200", "--concurrency", "8", "--json", jsonPath, "--chart", dir, "--quiet")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{"== mailbox ==", "MAILBOX", "1024", "report: " + jsonPath, "chart: " + filepath.Join(dir, "mailbox.svg")} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	b, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Tool      string `json:"tool"`
+		Scenarios []struct {
+			Name string `json:"name"`
+			Rows []struct {
+				Mailbox int `json:"mailbox"`
+				Summary struct {
+					Requests int `json:"requests"`
+					OK       int `json:"ok"`
+				} `json:"summary"`
+			} `json:"rows"`
+		} `json:"scenarios"`
+	}
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Tool != "switchyard bench" || len(rep.Scenarios) != 1 || rep.Scenarios[0].Name != "mailbox" ||
+		len(rep.Scenarios[0].Rows) != 1 || rep.Scenarios[0].Rows[0].Summary.OK != 200 {
+		t.Errorf("report %+v", rep)
+	}
+	if svg, err := os.ReadFile(filepath.Join(dir, "mailbox.svg")); err != nil || !strings.HasPrefix(string(svg), "<svg") {
+		t.Errorf("chart: %v", err)
+	}
+}
+
+// TestBenchDemo runs the demo for a few seconds: engines and the router start, every policy
+// is compared on the shared-prefix workload, the table is printed and the chart written.
+func TestBenchDemo(t *testing.T) {
+	dir := t.TempDir()
+	var out, errb bytes.Buffer
+	if err := runBenchDemo(context.Background(), []string{"--duration", "3s", "--chart", dir, "--quiet"}, &out, &errb); err != nil {
+		t.Fatalf("%v: %s", err, errb.String())
+	}
+	for _, want := range []string{
+		"switchyard demo: 4 mock engines",
+		"== routing: shared_prefix ==",
+		"POLICY", "TTFT p50", "HIT", "SPREAD req",
+		"round_robin", "random", "power_of_two", "load_based", "sticky",
+		"oracle",
+		"chart: " + filepath.Join(dir, "routing-shared_prefix.svg"),
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("demo output lacks %q:\n%s", want, out.String())
+		}
+	}
+	svg, err := os.ReadFile(filepath.Join(dir, "routing-shared_prefix.svg"))
+	if err != nil || !bytes.HasPrefix(svg, []byte("<svg")) || !bytes.Contains(svg, []byte("power_of_two")) {
+		t.Errorf("chart: %v\n%.200s", err, svg)
+	}
+	if err := runBenchDemo(context.Background(), []string{"--duration", "0s"}, &out, &errb); err == nil {
+		t.Error("--duration 0s accepted")
+	}
+}
