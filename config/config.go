@@ -109,6 +109,10 @@ type Model struct {
 	Tokenizer Tokenizer `koanf:"tokenizer" json:"tokenizer"`
 }
 
+// ModelPath returns the configuration path of model name, as FieldError paths spell it:
+// "models.llama", or `models["org/Model-1.5"]` for a name that is not a plain key.
+func ModelPath(name string) string { return joinKey("models", name) }
+
 // Tokenizer locates a model's tokenizer files and says how the router uses them.
 type Tokenizer struct {
 	// Path is a directory holding tokenizer.json (and tokenizer_config.json with the chat

@@ -105,3 +105,16 @@ func TestLoadTokenizerFromEnvironment(t *testing.T) {
 		t.Errorf("Validate: %v", err)
 	}
 }
+
+func TestModelPath(t *testing.T) {
+	tests := []struct{ name, want string }{
+		{"llama", "models.llama"},
+		{"qwen-3_8b", "models.qwen-3_8b"},
+		{"meta-llama/Llama-3.1-8B", `models["meta-llama/Llama-3.1-8B"]`},
+	}
+	for _, tt := range tests {
+		if got := ModelPath(tt.name); got != tt.want {
+			t.Errorf("ModelPath(%q) = %s, want %s", tt.name, got, tt.want)
+		}
+	}
+}

@@ -28,13 +28,16 @@ const (
 )
 
 // exchange is one inference request's pooled scratch: the parsed facts, the decompressed
-// body, the PD body and the bucket request. It never leaves the handler goroutine, except
-// that a selection actor may read breq until it answers (an exchange whose selection timed
-// out is not reused).
+// body, the PD body, the body forwarded with input_ids, unescaped prompt text and the
+// bucket request (whose TokenIDs alias facts.tokenIDs). It never leaves the handler
+// goroutine, except that a selection actor may read breq until it answers (an exchange whose
+// selection timed out is not reused).
 type exchange struct {
 	facts requestFacts
 	body  []byte
 	pd    []byte
+	fwd   []byte
+	text  []byte
 	breq  engine.BucketRequest
 }
 
@@ -45,6 +48,12 @@ func (ex *exchange) trim() {
 	}
 	if cap(ex.pd) > maxPooledBuf {
 		ex.pd = nil
+	}
+	if cap(ex.fwd) > maxPooledBuf {
+		ex.fwd = nil
+	}
+	if cap(ex.text) > maxPooledBuf {
+		ex.text = nil
 	}
 	if cap(ex.facts.scratch) > maxPooledBuf {
 		ex.facts.scratch = nil
@@ -140,7 +149,16 @@ func (s *Server) serveInference(ctx *fasthttp.RequestCtx, kind routeKind, ex *ex
 		return s.fail(ctx, o, paramError(CodeModelNotFound, "model", "the model `"+string(f.model)+"` does not exist"))
 	}
 	o.mm = mr.metrics
-	input, ids := f.inputTokens(mr.tokenizer, body)
+	var (
+		input int64
+		ids   []uint32
+	)
+	if mr.tok.forwards(f) {
+		ex.fwd, input, ids = f.forwardInputIDs(mr.tok, body, ex.fwd[:0], &ex.text)
+		body = ex.fwd
+	} else {
+		input, ids = f.inputTokens(mr.tok, body, &ex.text)
+	}
 	peak, e := expectedPeak(input, f.maxTokens)
 	if e != nil {
 		return s.fail(ctx, o, e)

@@ -14,6 +14,20 @@
 // and forwards the body with the allow-listed headers. A forwarding failure never restarts the
 // bucket loop.
 //
+// # Tokenizers
+//
+// New loads the Hugging Face tokenizer of every model with models.<name>.tokenizer.path
+// (Options.Tokenizer may supply one instead); a file that cannot be loaded fails New with an
+// error naming the key. With a tokenizer, a chat request is counted by applying the model's
+// chat template to its messages as SGLang prepares them for a text model (content parts
+// joined, null members dropped, tool-call arguments parsed), with the generation prompt, the
+// tools (unless tool_choice is "none") and chat_template_kwargs; a text prompt is encoded with
+// the post-processor's special tokens, as the engine encodes it. The IDs go to
+// BucketRequest.TokenIDs in a buffer pooled with the request's exchange; when the template
+// refuses a conversation the body-size estimate applies. With tokenizer.forward_input_ids, a
+// /generate request carrying text is forwarded with input_ids in place of the text. Without a
+// tokenizer nothing of this runs.
+//
 // # Concurrency model
 //
 // Handlers run on fasthttp's goroutines and never hand the RequestCtx, or bytes aliasing it,

@@ -47,6 +47,8 @@ type requestFacts struct {
 	tokenCount int64
 	// tokenIDs are the IDs of a single tokenized prompt.
 	tokenIDs []uint32
+	// chat holds what a chat template reads of a chat request besides the messages.
+	chat chatFields
 
 	scratch []byte
 }
@@ -114,7 +116,10 @@ func parseRequest(kind routeKind, body []byte, f *requestFacts) *apiError {
 			perr = intParam(v, "n", 1, &n)
 		case keyIs(key, "messages") && kind == routeChat:
 			haveMessages = true
+			f.chat.messages = v
 			perr = f.parseMessages(v)
+		case kind == routeChat && (keyIs(key, "tools") || keyIs(key, "tool_choice") || keyIs(key, "chat_template_kwargs")):
+			f.chat.set(key, v)
 		case keyIs(key, "prompt") && kind == routeCompletions:
 			havePrompt = true
 			perr = f.parsePrompt(v, "prompt")
@@ -251,6 +256,9 @@ func (f *requestFacts) parseMessages(v jsonValue) *apiError {
 		var role, content jsonValue
 		hasTools := false
 		_ = m.members(func(key []byte, mv jsonValue) error {
+			if mv.kind == kindNull {
+				f.chat.prepare = true
+			}
 			switch {
 			case keyIs(key, "role"):
 				role = mv
@@ -258,6 +266,7 @@ func (f *requestFacts) parseMessages(v jsonValue) *apiError {
 				content = mv
 			case keyIs(key, "tool_calls"), keyIs(key, "function_call"):
 				hasTools = mv.kind != kindNull
+				f.chat.prepare = f.chat.prepare || mv.kind == kindArray
 			}
 			return nil
 		})
@@ -268,11 +277,13 @@ func (f *requestFacts) parseMessages(v jsonValue) *apiError {
 		switch content.kind {
 		case kindString:
 		case kindArray:
+			f.chat.prepare = true
 			if e := checkContentParts(content, i); e != nil {
 				perr = e
 				return nil
 			}
 		case 0, kindNull:
+			f.chat.prepare = true
 			if string(role.raw) != `"assistant"` || !hasTools {
 				perr = paramError(CodeInvalidMessages, "messages", "messages["+strconv.Itoa(i)+"].content is required")
 				return nil

@@ -105,11 +105,12 @@ func TestInputTokensAndPeak(t *testing.T) {
 	if e := parseRequest(routeChat, body, &f); e != nil {
 		t.Fatal(e)
 	}
-	est, ids := f.inputTokens(nil, body)
+	est, ids := f.inputTokens(nil, body, nil)
 	if est != estimateTokens(len(body)) || ids != nil {
 		t.Fatalf("estimate %d ids %v", est, ids)
 	}
-	n, ids := f.inputTokens(tk, body)
+	var text []byte
+	n, ids := f.inputTokens(newPromptTokenizer(tk, false), body, &text)
 	want, _ := tk.ApplyChatTemplate([]tokenizer.Message{{Role: "user", Content: "hello there, general"}})
 	if n != int64(len(tk.Encode(want))) || len(ids) != int(n) {
 		t.Fatalf("tokenized %d, want %d", n, len(tk.Encode(want)))
@@ -118,7 +119,7 @@ func TestInputTokensAndPeak(t *testing.T) {
 	if e := parseRequest(routeGenerate, gen, &f); e != nil {
 		t.Fatal(e)
 	}
-	if n, ids := f.inputTokens(tk, gen); n != 3 || len(ids) != 3 || ids[2] != 3 {
+	if n, ids := f.inputTokens(newPromptTokenizer(tk, false), gen, &text); n != 3 || len(ids) != 3 || ids[2] != 3 {
 		t.Fatalf("input_ids counted %d %v", n, ids)
 	}
 	if p, e := expectedPeak(100, -1); p != -1 || e != nil {

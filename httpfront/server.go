@@ -38,8 +38,9 @@ type Options struct {
 	Logger *slog.Logger
 	// Now is the clock for request timing, breakers and guards. Default time.Now.
 	Now func() time.Time
-	// Tokenizer returns the tokenizer of a model, or nil for the body-size estimate.
-	// Default: none (every model uses the estimate).
+	// Tokenizer returns the tokenizer of a model, or nil to use the Hugging Face tokenizer
+	// that models.<name>.tokenizer.path names (loaded by New), or, without one, the
+	// body-size estimate. Default: none (the configuration decides).
 	Tokenizer func(model string) tokenizer.Tokenizer
 	// Telemetry ingests the workers' load reports into Loads. Default: an actors.Telemetry
 	// (HTTP polling of /v1/loads or /get_load, or the ZMQ load gauge per load.source).
@@ -77,11 +78,11 @@ type selector interface {
 
 // modelRoute is one configured model: its resolver, tokenizer and metric handles.
 type modelRoute struct {
-	name      string
-	resolver  *engine.BucketResolver
-	tokenizer tokenizer.Tokenizer
-	metrics   *modelMetrics
-	stages    []engine.Stage // stages some bucket requires, for readiness
+	name     string
+	resolver *engine.BucketResolver
+	tok      *promptTokenizer // nil: the body-size estimate
+	metrics  *modelMetrics
+	stages   []engine.Stage // stages some bucket requires, for readiness
 }
 
 // Server is Switchyard's HTTP front end: fasthttp routes, request preparation, selection
@@ -170,6 +171,10 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 	}
 	s.exPool.New = func() any { return new(exchange) }
 
+	toks, err := loadTokenizers(cfg, opts)
+	if err != nil {
+		return nil, fmt.Errorf("cannot create server: %w", err)
+	}
 	ws, err := engine.NewWorkerSet(nil)
 	if err != nil {
 		return nil, fmt.Errorf("cannot create server: %w", err)
@@ -187,10 +192,7 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 	s.models = make(map[string]*modelRoute, len(resolvers))
 	names := make([]string, 0, len(resolvers))
 	for name, r := range resolvers {
-		mr := &modelRoute{name: name, resolver: r, metrics: s.metrics.models[name]}
-		if opts.Tokenizer != nil {
-			mr.tokenizer = opts.Tokenizer(name)
-		}
+		mr := &modelRoute{name: name, resolver: r, tok: toks[name], metrics: s.metrics.models[name]}
 		need := map[engine.Stage]bool{}
 		for _, b := range r.Buckets() {
 			for _, g := range b.Groups() {

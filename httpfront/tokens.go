@@ -1,46 +1,176 @@
 package httpfront
 
 import (
+	"bytes"
+	"fmt"
+	"log/slog"
 	"math"
+	"slices"
+	"strconv"
 	"strings"
 
+	"switchyard/config"
 	"switchyard/httpfront/tokenizer"
+	"switchyard/httpfront/tokenizer/hf"
 )
 
 // estimateTokens is the body-size estimate of a prompt's length used when no tokenizer is
 // configured: about four bytes per token, rounded up.
 func estimateTokens(bodyLen int) int64 { return (int64(bodyLen) + 3) / 4 }
 
+// appendEncoder is the allocation-free form of Encode (hf.Tokenizer, tokenizer.Simple).
+type appendEncoder interface {
+	AppendEncode(dst []uint32, text string) []uint32
+}
+
+// chatJSONEncoder renders a JSON array of OpenAI messages with the model's chat template and
+// encodes the rendering as the engine does (hf.Tokenizer).
+type chatJSONEncoder interface {
+	RenderChatJSON(messages []byte, opts hf.ChatOptions) (string, error)
+	AppendEncodePlain(dst []uint32, text string) []uint32
+	HasChatTemplate() bool
+}
+
+var (
+	_ appendEncoder   = (*hf.Tokenizer)(nil)
+	_ appendEncoder   = (*tokenizer.Simple)(nil)
+	_ chatJSONEncoder = (*hf.Tokenizer)(nil)
+)
+
+// promptTokenizer is one model's tokenizer as request preparation uses it, with its optional
+// forms resolved once at start-up rather than per request. A nil *promptTokenizer means the
+// body-size estimate.
+type promptTokenizer struct {
+	tk   tokenizer.Tokenizer
+	app  appendEncoder   // tk's Append form, or nil
+	chat chatJSONEncoder // tk's chat-JSON form when it has a chat template, or nil
+	// forward: /generate requests carrying text are forwarded with input_ids instead.
+	forward bool
+}
+
+// newPromptTokenizer wraps tk; it returns nil for a nil tk.
+func newPromptTokenizer(tk tokenizer.Tokenizer, forward bool) *promptTokenizer {
+	if tk == nil {
+		return nil
+	}
+	pt := &promptTokenizer{tk: tk, forward: forward}
+	pt.app, _ = tk.(appendEncoder)
+	if c, ok := tk.(chatJSONEncoder); ok && c.HasChatTemplate() {
+		pt.chat = c
+	}
+	return pt
+}
+
+// appendEncode appends the IDs of text (with the post-processor's special tokens, as the
+// engine encodes a text prompt) to dst.
+func (pt *promptTokenizer) appendEncode(dst []uint32, text string) []uint32 {
+	if pt.app != nil {
+		return pt.app.AppendEncode(dst, text)
+	}
+	return append(dst, pt.tk.Encode(text)...)
+}
+
+// forwards reports whether the request is forwarded with the IDs computed here in place of
+// its text: a /generate request carrying text, for a model with forward_input_ids.
+func (pt *promptTokenizer) forwards(f *requestFacts) bool {
+	return pt != nil && pt.forward && f.kind == routeGenerate && f.tokenCount < 0 && len(f.prompts) > 0
+}
+
+// loadTokenizers returns every configured model's tokenizer: the one Options.Tokenizer gives,
+// else the Hugging Face tokenizer models.<name>.tokenizer.path names (loaded once per path
+// and cache size), else nil (the body-size estimate). A tokenizer that cannot be loaded is an
+// error naming its configuration key.
+func loadTokenizers(cfg *config.Config, opts Options) (map[string]*promptTokenizer, error) {
+	type key struct {
+		path  string
+		cache int64
+	}
+	loaded := map[key]*hf.Tokenizer{}
+	out := make(map[string]*promptTokenizer, len(cfg.Models))
+	names := make([]string, 0, len(cfg.Models))
+	for name := range cfg.Models {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		tc := cfg.Models[name].Tokenizer
+		var tk tokenizer.Tokenizer
+		if opts.Tokenizer != nil {
+			tk = opts.Tokenizer(name)
+		}
+		path := "(Options.Tokenizer)"
+		if tk == nil && tc.Path != "" {
+			path = tc.Path
+			k := key{path: tc.Path, cache: hf.DefaultCacheBytes}
+			if tc.CacheBytes != nil {
+				k.cache = *tc.CacheBytes
+				if k.cache == 0 {
+					k.cache = -1 // hf: negative disables the cache
+				}
+			}
+			h := loaded[k]
+			if h == nil {
+				var err error
+				h, err = hf.Load(tc.Path, hf.Options{CacheBytes: k.cache, Logger: opts.Logger, Now: opts.Now})
+				if err != nil {
+					return nil, fmt.Errorf("%s.tokenizer.path: %w", config.ModelPath(name), err)
+				}
+				loaded[k] = h
+			}
+			tk = h
+		}
+		pt := newPromptTokenizer(tk, tc.ForwardInputIDs)
+		out[name] = pt
+		if pt == nil {
+			continue
+		}
+		opts.Logger.Info("model tokenizer ready", slog.String("model", name), slog.String("path", path),
+			slog.Bool("chat_template", pt.chat != nil), slog.Bool("forward_input_ids", pt.forward))
+		if _, isHF := tk.(*hf.Tokenizer); isHF && pt.chat == nil {
+			opts.Logger.Warn("tokenizer has no chat template: chat requests are counted by the body-size estimate",
+				slog.String("model", name), slog.String("path", path))
+		}
+	}
+	return out, nil
+}
+
 // inputTokens returns the request's input length in tokens and, for a single tokenized
-// prompt, its token IDs. A body that is already tokenized (input_ids, a token-array prompt)
-// is counted as is; otherwise tk encodes the prompt (through its chat template for chat
-// requests when it has one); without tk, the body-size estimate applies. For a batch, the
-// longest item counts.
-func (f *requestFacts) inputTokens(tk tokenizer.Tokenizer, body []byte) (int64, []uint32) {
+// prompt, its token IDs (in f.tokenIDs, reused across requests). A body that is already
+// tokenized (input_ids, a token-array prompt) is counted as is; otherwise pt encodes the
+// prompt: a chat request through the model's chat template applied to the messages as sent,
+// a text prompt with the post-processor's special tokens, as the engine does. Without pt, or
+// when the chat template refuses the conversation, the body-size estimate applies. For a
+// batch, the longest item counts. text is scratch for unescaping a prompt.
+func (f *requestFacts) inputTokens(pt *promptTokenizer, body []byte, text *[]byte) (int64, []uint32) {
 	if f.tokenCount >= 0 {
 		if f.batch == 0 {
 			return f.tokenCount, f.tokenIDs
 		}
 		return f.tokenCount, nil
 	}
-	if tk == nil {
+	if pt == nil {
 		return estimateTokens(len(body)), nil
 	}
-	// Slow path: exact counting allocates the prompt text.
-	switch f.kind {
-	case routeChat:
+	switch {
+	case f.kind == routeChat && pt.chat != nil:
+		ids, err := f.encodeChatJSON(pt.chat, text)
+		if err != nil {
+			return estimateTokens(len(body)), nil
+		}
+		return int64(len(ids)), ids
+	case f.kind == routeChat:
+		// A tokenizer without a chat-JSON form (tokenizer.Simple): role and text content.
 		msgs := make([]tokenizer.Message, 0, len(f.messages))
 		for _, m := range f.messages {
 			msgs = append(msgs, chatMessage(m))
 		}
-		var text string
-		if ct, ok := tk.(tokenizer.ChatTemplater); ok {
-			t, err := ct.ApplyChatTemplate(msgs)
-			if err == nil {
-				text = t
+		var prompt string
+		if ct, ok := pt.tk.(tokenizer.ChatTemplater); ok {
+			if t, err := ct.ApplyChatTemplate(msgs); err == nil {
+				prompt = t
 			}
 		}
-		if text == "" {
+		if prompt == "" {
 			var b strings.Builder
 			for _, m := range msgs {
 				b.WriteString(m.Role)
@@ -48,23 +178,300 @@ func (f *requestFacts) inputTokens(tk tokenizer.Tokenizer, body []byte) (int64, 
 				b.WriteString(m.Content)
 				b.WriteByte('\n')
 			}
-			text = b.String()
+			prompt = b.String()
 		}
-		ids := tk.Encode(text)
-		return int64(len(ids)), ids
-	default:
-		if len(f.prompts) == 1 && f.batch == 0 {
-			ids := tk.Encode(string(appendUnquoted(nil, f.prompts[0].raw)))
-			return int64(len(ids)), ids
-		}
-		longest := int64(0)
-		var buf []byte
-		for _, p := range f.prompts {
-			buf = appendUnquoted(buf[:0], p.raw)
-			longest = max(longest, int64(len(tk.Encode(string(buf)))))
-		}
-		return longest, nil
+		f.tokenIDs = pt.appendEncode(f.tokenIDs[:0], prompt)
+		return int64(len(f.tokenIDs)), f.tokenIDs
+	case len(f.prompts) == 1 && f.batch == 0:
+		f.tokenIDs = pt.appendEncode(f.tokenIDs[:0], promptText(f.prompts[0].raw, text))
+		return int64(len(f.tokenIDs)), f.tokenIDs
 	}
+	longest := int64(0)
+	for _, p := range f.prompts {
+		f.tokenIDs = pt.appendEncode(f.tokenIDs[:0], promptText(p.raw, text))
+		longest = max(longest, int64(len(f.tokenIDs)))
+	}
+	return longest, nil
+}
+
+// chatFields are the members of a chat request that its chat template reads, aliasing the
+// body; parseRequest fills them.
+type chatFields struct {
+	messages, tools, toolChoice, kwargs jsonValue
+	// prepare: some message may need appendChatMessages (a null member, a content that is
+	// absent or a list of parts, or tool calls whose arguments may be a JSON string).
+	prepare bool
+}
+
+func (c *chatFields) set(key []byte, v jsonValue) {
+	switch {
+	case keyIs(key, "tools"):
+		c.tools = v
+	case keyIs(key, "tool_choice"):
+		c.toolChoice = v
+	case keyIs(key, "chat_template_kwargs"):
+		c.kwargs = v
+	}
+}
+
+// encodeChatJSON encodes a chat request as the engine does: its messages prepared for a text
+// chat template as SGLang prepares them (see appendChatMessages; passed as sent when they
+// need nothing), with the generation prompt, its tools unless tool_choice is "none", and
+// its chat_template_kwargs as further template variables. scratch holds the prepared
+// messages.
+func (f *requestFacts) encodeChatJSON(chat chatJSONEncoder, scratch *[]byte) ([]uint32, error) {
+	c := &f.chat
+	msgs := c.messages.raw
+	if c.prepare {
+		*scratch = appendChatMessages((*scratch)[:0], f.messages)
+		msgs = *scratch
+	}
+	var opts hf.ChatOptions
+	if c.tools.kind == kindArray && !(c.toolChoice.kind == kindString && string(c.toolChoice.raw) == `"none"`) {
+		opts.Tools = c.tools.raw
+	}
+	if c.kwargs.kind == kindObject {
+		opts.Extra = c.kwargs.raw
+	}
+	prompt, err := chat.RenderChatJSON(msgs, opts)
+	if err != nil {
+		return nil, err
+	}
+	f.tokenIDs = chat.AppendEncodePlain(f.tokenIDs[:0], prompt)
+	return f.tokenIDs, nil
+}
+
+// appendChatMessages appends msgs as a JSON array prepared for a text chat template the way
+// SGLang prepares a chat request before applying the template: a null or absent content
+// becomes "", a list of content parts becomes its text parts joined by a space, members
+// whose value is null are dropped, and tool-call arguments given as a JSON string holding an
+// object are passed as that object (which the template then renders with tojson).
+func appendChatMessages(dst []byte, msgs []jsonValue) []byte {
+	dst = append(dst, '[')
+	for i, m := range msgs {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = append(dst, '{')
+		n, hasContent := 0, false
+		_ = m.members(func(key []byte, v jsonValue) error {
+			isContent := keyIs(key, "content")
+			if v.kind == kindNull && !isContent {
+				return nil
+			}
+			if n > 0 {
+				dst = append(dst, ',')
+			}
+			n++
+			dst = append(dst, key...)
+			dst = append(dst, ':')
+			switch {
+			case isContent:
+				hasContent = true
+				dst = appendContentText(dst, v)
+			case keyIs(key, "tool_calls") && v.kind == kindArray:
+				dst = appendToolCalls(dst, v)
+			default:
+				dst = append(dst, v.raw...)
+			}
+			return nil
+		})
+		if !hasContent {
+			if n > 0 {
+				dst = append(dst, ',')
+			}
+			dst = append(dst, `"content":""`...)
+		}
+		dst = append(dst, '}')
+	}
+	return append(dst, ']')
+}
+
+// appendContentText appends a message content as a JSON string: a string as is, a list of
+// parts as the texts of its "text" parts joined by a space (escapes kept: the joined raw
+// strings stay valid JSON), anything else as "".
+func appendContentText(dst []byte, v jsonValue) []byte {
+	switch v.kind {
+	case kindString:
+		return append(dst, v.raw...)
+	case kindArray:
+	default:
+		return append(dst, `""`...)
+	}
+	dst = append(dst, '"')
+	first := true
+	_ = v.elems(func(_ int, part jsonValue) error {
+		if part.kind != kindObject {
+			return nil
+		}
+		var typ, text jsonValue
+		_ = part.members(func(k []byte, pv jsonValue) error {
+			switch {
+			case keyIs(k, "type"):
+				typ = pv
+			case keyIs(k, "text"):
+				text = pv
+			}
+			return nil
+		})
+		if typ.kind != kindString || string(typ.raw) != `"text"` || text.kind != kindString {
+			return nil
+		}
+		if !first {
+			dst = append(dst, ' ')
+		}
+		first = false
+		dst = append(dst, text.raw[1:len(text.raw)-1]...)
+		return nil
+	})
+	return append(dst, '"')
+}
+
+// toolCallArguments returns a tool call's function object and its arguments member (zero
+// values when absent).
+func toolCallArguments(call jsonValue) (fn, args jsonValue) {
+	if call.kind != kindObject {
+		return
+	}
+	_ = call.members(func(k []byte, v jsonValue) error {
+		if keyIs(k, "function") && v.kind == kindObject {
+			fn = v
+		}
+		return nil
+	})
+	if fn.kind != kindObject {
+		return
+	}
+	_ = fn.members(func(k []byte, v jsonValue) error {
+		if keyIs(k, "arguments") {
+			args = v
+		}
+		return nil
+	})
+	return fn, args
+}
+
+// appendToolCalls appends a tool_calls list with every function.arguments string that holds
+// a JSON object replaced by that object.
+func appendToolCalls(dst []byte, calls jsonValue) []byte {
+	dst = append(dst, '[')
+	_ = calls.elems(func(i int, call jsonValue) error {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		if _, args := toolCallArguments(call); args.kind != kindString {
+			dst = append(dst, call.raw...)
+			return nil
+		}
+		dst = append(dst, '{')
+		n := 0
+		_ = call.members(func(k []byte, v jsonValue) error {
+			if n > 0 {
+				dst = append(dst, ',')
+			}
+			n++
+			dst = append(dst, k...)
+			dst = append(dst, ':')
+			if !keyIs(k, "function") || v.kind != kindObject {
+				dst = append(dst, v.raw...)
+				return nil
+			}
+			dst = append(dst, '{')
+			m := 0
+			_ = v.members(func(fk []byte, fv jsonValue) error {
+				if m > 0 {
+					dst = append(dst, ',')
+				}
+				m++
+				dst = append(dst, fk...)
+				dst = append(dst, ':')
+				if keyIs(fk, "arguments") && fv.kind == kindString {
+					dst = appendParsedArguments(dst, fv)
+				} else {
+					dst = append(dst, fv.raw...)
+				}
+				return nil
+			})
+			dst = append(dst, '}')
+			return nil
+		})
+		dst = append(dst, '}')
+		return nil
+	})
+	return append(dst, ']')
+}
+
+// appendParsedArguments appends the JSON object that the string s holds, or s itself when it
+// holds anything else (the engine refuses such a request).
+func appendParsedArguments(dst []byte, s jsonValue) []byte {
+	start := len(dst)
+	dst = appendUnquoted(dst, s.raw)
+	obj := dst[start:]
+	i := skipWS(obj, 0)
+	if i < len(obj) && obj[i] == '{' {
+		if v, end, err := scanValue(obj, i, 0); err == nil && v.kind == kindObject && skipWS(obj, end) == len(obj) {
+			return dst
+		}
+	}
+	return append(dst[:start], s.raw...)
+}
+
+// promptText returns the text of the raw JSON string s without copying when it holds no
+// escape, else unescaped into *scratch. The result aliases s or *scratch: it is only passed
+// to a tokenizer, which keeps no reference to it.
+func promptText(s []byte, scratch *[]byte) string {
+	inner := s[1 : len(s)-1]
+	if bytes.IndexByte(inner, '\\') < 0 {
+		return bytesString(inner)
+	}
+	*scratch = appendUnquoted((*scratch)[:0], s)
+	return bytesString(*scratch)
+}
+
+// forwardInputIDs counts a /generate request's text as inputTokens does and appends to dst
+// the body to forward in its place: every member but text (and a null input_ids), then
+// input_ids with the computed IDs (a list of lists for a batch). The engine then runs
+// exactly the tokens the router counted and hashed.
+func (f *requestFacts) forwardInputIDs(pt *promptTokenizer, body, dst []byte, text *[]byte) (out []byte, input int64, ids []uint32) {
+	dst = append(dst, '{')
+	_, _ = scanObject(body, skipWS(body, 0), 1, func(key []byte, v jsonValue) error {
+		if keyIs(key, "text") || keyIs(key, "input_ids") {
+			return nil
+		}
+		dst = append(dst, key...)
+		dst = append(dst, ':')
+		dst = append(dst, v.raw...)
+		dst = append(dst, ',')
+		return nil
+	})
+	dst = append(dst, `"input_ids":`...)
+	if f.batch == 0 {
+		f.tokenIDs = pt.appendEncode(f.tokenIDs[:0], promptText(f.prompts[0].raw, text))
+		dst = appendIDs(dst, f.tokenIDs)
+		return append(dst, '}'), int64(len(f.tokenIDs)), f.tokenIDs
+	}
+	dst = append(dst, '[')
+	for i, p := range f.prompts {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		f.tokenIDs = pt.appendEncode(f.tokenIDs[:0], promptText(p.raw, text))
+		input = max(input, int64(len(f.tokenIDs)))
+		dst = appendIDs(dst, f.tokenIDs)
+	}
+	return append(dst, "]}"...), input, nil
+}
+
+// appendIDs appends ids as a JSON array.
+func appendIDs(dst []byte, ids []uint32) []byte {
+	dst = append(dst, '[')
+	for i, id := range ids {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = strconv.AppendUint(dst, uint64(id), 10)
+	}
+	return append(dst, ']')
 }
 
 // chatMessage extracts a message's role and text content (text parts joined).
