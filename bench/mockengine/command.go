@@ -46,6 +46,7 @@ type commandFlags struct {
 	latency, unhealthyAfter, stopEventsAfter       time.Duration
 	restartEvery, restartDowntime                  time.Duration
 	hang                                           bool
+	tokenizer                                      string
 }
 
 func newFlagSet(stderr io.Writer) (*flag.FlagSet, *commandFlags) {
@@ -58,6 +59,7 @@ func newFlagSet(stderr io.Writer) (*flag.FlagSet, *commandFlags) {
 	fs.IntVar(&f.count, "count", 1, "number of engines to run, on consecutive ports")
 	fs.StringVar(&f.workerID, "worker-id", "", `X-Worker-Id of the engines, suffixed "-i" when count > 1; empty means "host:port"`)
 	fs.StringVar(&f.model, "model", "switchyard-mock", "served model name")
+	fs.StringVar(&f.tokenizer, "tokenizer", "", "Hugging Face tokenizer (directory with tokenizer.json and tokenizer_config.json, or the tokenizer.json file) used to tokenize prompts and apply the chat template, as the router does with the same models.<name>.tokenizer.path; empty: the built-in Simple tokenizer")
 	fs.StringVar(&f.role, "role", "plain", "serving role: plain, prefill or decode")
 	fs.IntVar(&f.bootstrapPort, "bootstrap-port", DefaultBootstrapPort, "prefill engines: bootstrap server port of the first engine, +i for engine i; decode engines: the port used when a request's bootstrap_port is null")
 	fs.IntVar(&f.pageSize, "page-size", 16, "KV page (block) size in tokens")
@@ -192,11 +194,12 @@ func (f *commandFlags) config(stderr io.Writer) (Config, error) {
 			PrefillOverhead: f.prefillOverhead, PrefillPerToken: f.prefillPerToken,
 			DecodeStep: f.decodeStep, DecodePerRequest: f.decodePerRequest,
 		},
-		KVEvents:    KVEvents{Topic: f.kvTopic, Shape: shape, BufferSteps: f.kvBufferSteps},
-		LoadPublish: LoadPublish{Interval: f.loadInterval, Basic: f.loadBasic},
-		PDTimeout:   f.pdTimeout,
-		Seed:        f.seed,
-		Logger:      slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})),
+		KVEvents:      KVEvents{Topic: f.kvTopic, Shape: shape, BufferSteps: f.kvBufferSteps},
+		LoadPublish:   LoadPublish{Interval: f.loadInterval, Basic: f.loadBasic},
+		PDTimeout:     f.pdTimeout,
+		Seed:          f.seed,
+		TokenizerPath: f.tokenizer,
+		Logger:        slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})),
 		Faults: Faults{
 			FailFirst: f.failFirst, FailRate: f.failRate, FailStatus: f.failStatus, Status: f.status,
 			Latency: f.latency, Drop: f.dropAfterTokens >= 0, DropAfterTokens: max(f.dropAfterTokens, 0),
@@ -265,6 +268,12 @@ func (f *commandFlags) config(stderr io.Writer) (Config, error) {
 	}
 	if err := cfg.Validate(); err != nil {
 		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		// Loaded once here rather than by every engine StartMany starts.
+		if err := cfg.loadTokenizer(); err != nil {
+			bad("tokenizer", "%v", err)
+		}
 	}
 	return cfg, errors.Join(errs...)
 }

@@ -81,8 +81,15 @@ type Config struct {
 	Clock Clock
 	// Logger receives the engine's logs. Default: discard.
 	Logger *slog.Logger
-	// Tokenizer tokenizes prompts and renders chat templates. Default tokenizer.NewSimple().
+	// Tokenizer tokenizes prompts and renders chat templates. Default: the tokenizer
+	// TokenizerPath names, else tokenizer.NewSimple().
 	Tokenizer Tokenizer
+	// TokenizerPath is a Hugging Face tokenizer (a directory holding tokenizer.json and
+	// tokenizer_config.json, or the tokenizer.json file) that Start loads when Tokenizer is
+	// nil, so the engine tokenizes and applies the chat template as a router configured
+	// with the same models.<name>.tokenizer.path does. /server_info reports it as
+	// tokenizer_path. Default: none.
+	TokenizerPath string
 }
 
 // Tokenizer is what the engine needs of a tokenizer: token IDs and a chat template.

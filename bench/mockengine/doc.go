@@ -15,7 +15,10 @@
 //     OpenAI-style error body, unknown routes a 404, a wrong method a 405; a handler panic
 //     becomes a 500 and is logged.
 //   - The simulation, per data-parallel rank: prompts are tokenized with the project's
-//     tokenizer (the built-in Simple tokenizer by default, the router's too); a paged prefix
+//     tokenizer: the built-in Simple tokenizer by default (the router's too), or the Hugging
+//     Face tokenizer of --tokenizer (Config.TokenizerPath), whose chat template renders chat
+//     messages as sent, with tools and chat_template_kwargs, exactly as the router counts
+//     them when configured with the same files; a paged prefix
 //     cache keyed by SGLang block hashes (package kv) with a token capacity and LRU eviction
 //     of unreferenced leaves, which caches prompt and output pages; and a scheduler with
 //     max_running_requests, a FIFO waiting queue, prefill batches costing a fixed overhead

@@ -75,6 +75,9 @@ func Start(ctx context.Context, cfg Config) (*Engine, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if err := cfg.loadTokenizer(); err != nil {
+		return nil, fmt.Errorf("cannot start mock engine: %w", err)
+	}
 	cfg = cfg.withDefaults()
 	e := &Engine{
 		cfg:     cfg,
@@ -286,6 +289,9 @@ func listenConsecutive[T interface {
 func StartMany(ctx context.Context, cfg Config, n int) ([]*Engine, error) {
 	if n < 1 {
 		return nil, fmt.Errorf("cannot start %d mock engines: %w: count must be at least 1", n, ErrInvalidConfig)
+	}
+	if err := cfg.loadTokenizer(); err != nil { // once for every engine
+		return nil, fmt.Errorf("cannot start %d mock engines: %w", n, err)
 	}
 	dp := max(cfg.DPSize, 1)
 	offset := func(base, i, stride int) int {

@@ -1,6 +1,7 @@
 package mockengine
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -382,7 +383,7 @@ func (e *Engine) serverInfo() map[string]any {
 	info := map[string]any{
 		"model_path":                    cfg.Model,
 		"served_model_name":             cfg.Model,
-		"tokenizer_path":                cfg.Model,
+		"tokenizer_path":                cmp.Or(cfg.TokenizerPath, cfg.Model),
 		"host":                          cfg.Host,
 		"port":                          e.port,
 		"disaggregation_mode":           mode,

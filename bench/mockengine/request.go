@@ -271,9 +271,19 @@ func (e *Engine) parseChat(body []byte) (*inferRequest, error) {
 		}
 		msgs[i] = tokenizer.Message{Role: m.Role, Content: string(m.Content)}
 	}
-	text, err := e.tok.ApplyChatTemplate(msgs)
-	if err != nil {
-		return nil, badf("%v", err)
+	var prompt []uint32
+	if ct, ok := e.tok.(chatJSONTokenizer); ok && ct.HasChatTemplate() {
+		p, err := encodeChatJSON(ct, body)
+		if err != nil {
+			return nil, err
+		}
+		prompt = p
+	} else {
+		text, err := e.tok.ApplyChatTemplate(msgs)
+		if err != nil {
+			return nil, badf("%v", err)
+		}
+		prompt = e.tok.Encode(text)
 	}
 	maxTokens := b.MaxTokens
 	if b.MaxCompletionTokens != nil {
@@ -286,7 +296,7 @@ func (e *Engine) parseChat(body []byte) (*inferRequest, error) {
 		return nil, badf("top_logprobs must be in [0, 20], got %d", *b.TopLogprobs)
 	}
 	req := &inferRequest{
-		api: apiChat, model: b.Model, prompts: [][]uint32{e.tok.Encode(text)}, n: b.samples(),
+		api: apiChat, model: b.Model, prompts: [][]uint32{prompt}, n: b.samples(),
 		maxTokens: optInt(maxTokens), stream: b.Stream, logprobs: b.Logprobs, dpRank: optRank(b.DataParallelRank),
 	}
 	if b.TopLogprobs != nil {

@@ -28,7 +28,7 @@ type wordToken struct {
 func newWordTable(tok tokenizer.Tokenizer) *wordTable {
 	w := &wordTable{}
 	single := func(text string) (wordToken, bool) {
-		ids := tok.Encode(text)
+		ids := encodeWord(tok, text)
 		if len(ids) != 1 || tok.Decode(ids) != text {
 			return wordToken{}, false
 		}
@@ -46,7 +46,7 @@ func newWordTable(tok tokenizer.Tokenizer) *wordTable {
 	}
 	if len(w.first) == 0 {
 		// A tokenizer without single-token words: emit its encoding of "a" regardless.
-		ids := tok.Encode("a")
+		ids := encodeWord(tok, "a")
 		t := wordToken{text: "a"}
 		if len(ids) > 0 {
 			t.id = ids[0]
