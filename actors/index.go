@@ -56,8 +56,9 @@ func IndexHost(opts IndexOptions) func(shards []*kv.Shard) (kv.ShardHost, error)
 // actor owns its kv.Shard and applies ApplyEvents, MatchPrefix and PruneOwners in mailbox
 // order. It implements kv.ShardHost.
 //
-// Writes (ApplyEvents) are fire-and-forget: a full mailbox refuses them at once and the index
-// writer clears the affected owners. A lookup (MatchPrefix) fans out to the shards it needs
+// Writes are fire-and-forget: batches queue per shard behind one ApplyEvents doorbell; a
+// full queue or mailbox refuses them at once and the index writer clears the affected
+// owners. A lookup (MatchPrefix) fans out to the shards it needs
 // with one pooled call whose reply channel collects every answer, and waits until the
 // lookup's deadline; a miss abandons the call. A panicking shard actor is logged, counted,
 // restarted with an empty shard, and fails only the message that hit it.
@@ -112,7 +113,8 @@ func NewIndexShards(shards []*kv.Shard, opts IndexOptions) (*IndexShards, error)
 	s.root = s.sys.Root
 	subscribeDeadLetters(s.sys, &engine.PickError{Outcome: engine.OutcomeInternal, Detail: "index shard actor stopped", Err: ErrStopped})
 	for i, sh := range shards {
-		h := &indexShardHost{owner: s, shard: sh, index: i, name: fmt.Sprintf("index-shard:%d", i), mailboxSize: opts.Mailbox}
+		h := &indexShardHost{owner: s, shard: sh, index: i, name: fmt.Sprintf("index-shard:%d", i), mailboxSize: opts.Mailbox,
+			maxPending: opts.Mailbox}
 		pid, err := s.root.SpawnNamed(h.props(), h.name)
 		if err != nil {
 			s.Close()
@@ -130,17 +132,52 @@ func (s *IndexShards) Rejected() uint64 { return s.counters.rejected.Load() }
 // Panics is the number of shard actor panics recovered.
 func (s *IndexShards) Panics() uint64 { return s.counters.panics.Load() }
 
-// Apply implements kv.ShardHost: it posts the batch to shard i's mailbox without waiting.
+// Apply implements kv.ShardHost: it queues the batch on shard i and rings the shard's
+// doorbell (one ApplyEvents in its mailbox) unless one is already pending, so that under
+// load many batches cost one actor wake-up. The shard actor also applies its queue before
+// every other message, which keeps writes ordered before later lookups and lets a doorbell
+// refused by a full mailbox wait for the messages that fill it. The queue holds at most
+// the mailbox size in batches (actors.mailbox.index_shard): beyond it a batch is refused at
+// once, which bounds how far the index may lag behind the events and how long a lookup
+// waits behind writes.
 func (s *IndexShards) Apply(i int, b *kv.ShardBatch) error {
 	if s.closed.Load() {
 		return s.closedErr
 	}
-	msg := &ApplyEvents{Batch: b}
-	s.root.Send(s.shards[i].pid, msg)
-	if msg.refused.Load() {
+	h := s.shards[i]
+	h.mu.Lock()
+	if len(h.pending) >= h.maxPending {
+		h.mu.Unlock()
+		s.counters.rejected.Add(1)
 		return fmt.Errorf("cannot apply %d block operations on index shard %d: %w", len(b.Ops), i, kv.ErrShardBusy)
 	}
+	h.pending = append(h.pending, b)
+	ring := !h.rung
+	h.rung = true
+	h.mu.Unlock()
+	if ring {
+		msg := &ApplyEvents{}
+		s.root.Send(h.pid, msg)
+		if msg.refused.Load() {
+			// A full mailbox: the actor drains the queue before each message it holds. The
+			// next Apply rings again.
+			h.mu.Lock()
+			h.rung = false
+			h.mu.Unlock()
+		}
+	}
 	return nil
+}
+
+// drain takes the shard's queued batches; called by the shard actor on its doorbell.
+func (h *indexShardHost) drain(dst []*kv.ShardBatch) []*kv.ShardBatch {
+	h.mu.Lock()
+	dst = append(dst, h.pending...)
+	clear(h.pending)
+	h.pending = h.pending[:0]
+	h.rung = false
+	h.mu.Unlock()
+	return dst
 }
 
 // Match implements kv.ShardHost: one MatchPrefix per non-nil query, answered on one reply
@@ -254,7 +291,14 @@ type indexShardHost struct {
 	name        string
 	pid         *actor.PID
 	mailboxSize int
+
+	// Batches waiting for the shard actor, and whether its doorbell is in the mailbox.
+	mu         sync.Mutex
+	pending    []*kv.ShardBatch
+	rung       bool
+	maxPending int
 }
+
 
 // props returns the shard actor's props with a fresh mailbox. Shard actors are always
 // restarted after a failure, never stopped.
@@ -272,8 +316,9 @@ func (h *indexShardHost) props() *actor.Props {
 
 // indexShardActor owns one kv.Shard.
 type indexShardActor struct {
-	h  *indexShardHost
-	mb *mailbox
+	h       *indexShardHost
+	mb      *mailbox
+	batches []*kv.ShardBatch // scratch of a drain
 }
 
 var _ actor.Actor = (*indexShardActor)(nil)
@@ -282,19 +327,36 @@ var _ actor.Actor = (*indexShardActor)(nil)
 func (a *indexShardActor) Receive(ctx actor.Context) {
 	switch msg := ctx.Message().(type) {
 	case *ApplyEvents:
-		a.guard(msg, nil, func() { a.h.shard.Apply(msg.Batch); msg.Batch.Done() })
+		a.guard(msg, nil, a.applyQueued)
 	case *MatchPrefix:
 		c := msg.call
 		if c.abandoned.Load() {
 			return
 		}
-		a.guard(msg, c, func() { a.h.shard.Match(msg.Query); c.reply <- nil })
+		a.guard(msg, c, func() {
+			a.applyQueued()
+			a.h.shard.Match(msg.Query)
+			c.reply <- nil
+		})
 	case *PruneOwners:
-		a.guard(msg, nil, a.h.shard.Prune)
+		a.guard(msg, nil, func() {
+			a.applyQueued()
+			a.h.shard.Prune()
+		})
 	case *actor.Restarting:
 		a.h.shard.Reset()
 	case *actor.Stopped:
 		a.mb.close()
+	}
+}
+
+// applyQueued applies every batch queued for the shard.
+func (a *indexShardActor) applyQueued() {
+	a.batches = a.h.drain(a.batches[:0])
+	for i, b := range a.batches {
+		a.h.shard.Apply(b)
+		b.Done()
+		a.batches[i] = nil
 	}
 }
 
@@ -321,11 +383,10 @@ func (a *indexShardActor) guard(msg any, c *matchCall, f func()) {
 	replied = true
 }
 
-// ApplyEvents hands a shard a batch of block operations. The sender fills it and never
-// touches the batch again; the shard calls Batch.Done once applied. There is no reply.
+// ApplyEvents is a shard's doorbell: apply every batch of block operations queued for it
+// (IndexShards.Apply queues them and sends one ApplyEvents while none is pending). The
+// shard calls each batch's Done once applied. There is no reply.
 type ApplyEvents struct {
-	Batch *kv.ShardBatch
-
 	refused atomic.Bool
 }
 

@@ -27,8 +27,8 @@ func benchHosts() []benchHost {
 	locked := func(s []*kv.Shard) (kv.ShardHost, error) { return kv.NewLockedShards(s), nil }
 	return []benchHost{
 		{"locked", 8, locked},
-		{"actors", 8, IndexHost(IndexOptions{Mailbox: 1 << 16})},
-		{"actors-2shards", 2, IndexHost(IndexOptions{Mailbox: 1 << 16})},
+		{"actors", 8, IndexHost(IndexOptions{})},
+		{"actors-2shards", 2, IndexHost(IndexOptions{})},
 	}
 }
 
