@@ -299,7 +299,6 @@ type indexShardHost struct {
 	maxPending int
 }
 
-
 // props returns the shard actor's props with a fresh mailbox. Shard actors are always
 // restarted after a failure, never stopped.
 func (h *indexShardHost) props() *actor.Props {
