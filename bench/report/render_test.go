@@ -165,3 +165,21 @@ func TestWriteSVG(t *testing.T) {
 		}
 	}
 }
+
+func TestWrap(t *testing.T) {
+	tests := []struct {
+		s     string
+		width int
+		want  []string
+	}{
+		{"", 10, []string{""}},
+		{"a b c", 10, []string{"a b c"}},
+		{"aaaa bbbb cccc", 9, []string{"aaaa bbbb", "cccc"}},
+		{"averyveryverylongword x", 5, []string{"averyveryverylongword", "x"}},
+	}
+	for _, tt := range tests {
+		if got := wrap(tt.s, tt.width); strings.Join(got, "|") != strings.Join(tt.want, "|") {
+			t.Errorf("wrap(%q, %d) = %q, want %q", tt.s, tt.width, got, tt.want)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strings"
 )
 
 // chart is a set of panels of horizontal bars sharing their row labels.
@@ -46,13 +47,36 @@ const (
 	panelHeader = 44
 	panelGap    = 18
 	chartHeader = 58
+	// The subtitle wraps at subtitleChars characters, one line per subtitleLine pixels.
+	subtitleChars = 150
+	subtitleLine  = 16
 )
+
+// wrap cuts s into lines of at most width characters at spaces (a longer word stays whole).
+func wrap(s string, width int) []string {
+	var lines []string
+	line := ""
+	for _, w := range strings.Fields(s) {
+		switch {
+		case line == "":
+			line = w
+		case len(line)+1+len(w) <= width:
+			line += " " + w
+		default:
+			lines = append(lines, line)
+			line = w
+		}
+	}
+	return append(lines, line)
+}
 
 // WriteSVG writes the scenario's chart. Skipped rows appear as labels without bars.
 func WriteSVG(w io.Writer, s *Scenario) error {
 	c := buildChart(s)
+	sub := wrap(c.subtitle, subtitleChars)
+	header := chartHeader + (len(sub)-1)*subtitleLine
 	var b bytes.Buffer
-	height := chartHeader
+	height := header
 	for _, p := range c.panels {
 		height += panelHeight(len(c.labels), len(p.series)) + panelGap
 	}
@@ -60,8 +84,10 @@ func WriteSVG(w io.Writer, s *Scenario) error {
 		svgWidth, height, svgWidth, height)
 	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="#ffffff"/>`+"\n")
 	fmt.Fprintf(&b, `<text x="12" y="24" font-size="17" font-weight="bold">%s</text>`+"\n", esc(c.title))
-	fmt.Fprintf(&b, `<text x="12" y="44" fill="#555555">%s</text>`+"\n", esc(c.subtitle))
-	y := chartHeader
+	for i, line := range sub {
+		fmt.Fprintf(&b, `<text x="12" y="%d" fill="#555555">%s</text>`+"\n", 44+i*subtitleLine, esc(line))
+	}
+	y := header
 	for _, p := range c.panels {
 		writePanel(&b, p, c.labels, y)
 		y += panelHeight(len(c.labels), len(p.series)) + panelGap

@@ -86,9 +86,9 @@ func SharedPrefix(c SharedPrefixConfig, seed uint64) (*Workload, error) {
 // MultiTurnConfig shapes the multi-turn workload: users holding conversations whose history
 // grows by one question and one answer per turn. Zero fields take the defaults.
 type MultiTurnConfig struct {
-	// Users is the number of concurrent conversations. Default 32.
+	// Users is the number of conversations. Default 48.
 	Users int
-	// Turns is the number of requests per conversation. Default 8.
+	// Turns is the number of requests per conversation. Default 10.
 	Turns int
 	// SystemPromptLen is each user's own system prompt length. Default 256.
 	SystemPromptLen int
@@ -100,8 +100,8 @@ type MultiTurnConfig struct {
 }
 
 func (c MultiTurnConfig) withDefaults() MultiTurnConfig {
-	def(&c.Users, 32)
-	def(&c.Turns, 8)
+	def(&c.Users, 48)
+	def(&c.Turns, 10)
 	def(&c.SystemPromptLen, 256)
 	def(&c.QuestionLen, 128)
 	def(&c.OutputLen, 64)
