@@ -63,6 +63,7 @@ func (ex *exchange) trim() {
 	}
 	clear(ex.facts.messages)
 	clear(ex.facts.prompts)
+	ex.facts.chat = chatFields{} // it aliases the body
 }
 
 // outcome is how an inference request ended in its handler.
