@@ -386,6 +386,10 @@ func (s *Server) run(ctx context.Context) error {
 	if err := s.srv.ShutdownWithContext(dctx); err != nil {
 		s.logger.Warn("drain timeout passed; closing remaining connections and streams")
 	}
+	// Shutdown closes only the listeners Serve has registered; when the context was cancelled
+	// before Serve got that far, closing ours makes Serve return (a closed listener ends it
+	// without error).
+	_ = s.ln.Close()
 	if !served {
 		runErr = <-serveErr
 	}
