@@ -36,6 +36,7 @@ func commands() []command {
 		{"demo", "start mock engines and the router, send a burst of requests, print where each went", runServeDemo},
 		{"select", "print the selection core's picks for the built-in example (no engines needed)", runDemo},
 		{"mockengine", "run simulated SGLang engines: switchyard mockengine [--count N] (see --help)", mockengine.Command},
+		{"indexer", "serve the prefix index to several routers: switchyard indexer [--listen HOST:PORT] --config FILE", runIndexer},
 		{"tokenize", "print the token IDs of stdin: switchyard tokenize --tokenizer PATH [--chat]", runTokenize},
 	}
 }
