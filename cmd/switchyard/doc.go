@@ -5,6 +5,7 @@
 //	demo        mock engines plus the router, a short burst of requests, where each went
 //	select      the selection core's picks on a built-in example, without engines
 //	mockengine  simulated SGLang engines for tests and benchmarks
+//	indexer     the prefix index as a network service shared by several routers
 //	tokenize    the token IDs the router computes for stdin
 //
 // main stays thin: each subcommand parses its flags, loads and validates its configuration,
