@@ -220,6 +220,16 @@ func (c *chatFields) set(key []byte, v jsonValue) {
 // its chat_template_kwargs as further template variables. scratch holds the prepared
 // messages.
 func (f *requestFacts) encodeChatJSON(chat chatJSONEncoder, scratch *[]byte) ([]uint32, error) {
+	prompt, err := f.renderChatJSON(chat, scratch)
+	if err != nil {
+		return nil, err
+	}
+	f.tokenIDs = chat.AppendEncodePlain(f.tokenIDs[:0], prompt)
+	return f.tokenIDs, nil
+}
+
+// renderChatJSON renders the chat request's prompt text as encodeChatJSON encodes it.
+func (f *requestFacts) renderChatJSON(chat chatJSONEncoder, scratch *[]byte) (string, error) {
 	c := &f.chat
 	msgs := c.messages.raw
 	if c.prepare {
@@ -233,12 +243,25 @@ func (f *requestFacts) encodeChatJSON(chat chatJSONEncoder, scratch *[]byte) ([]
 	if c.kwargs.kind == kindObject {
 		opts.Extra = c.kwargs.raw
 	}
-	prompt, err := chat.RenderChatJSON(msgs, opts)
-	if err != nil {
-		return nil, err
+	return chat.RenderChatJSON(msgs, opts)
+}
+
+// RenderChat renders a /v1/chat/completions request body exactly as the router does to
+// count and hash it: messages prepared as SGLang prepares them for a text chat template,
+// the generation prompt, tools unless tool_choice is "none", and chat_template_kwargs. It
+// returns the prompt text and its token IDs; switchyard tokenize --chat uses it so that it
+// prints what the router computes.
+func RenderChat(chat *hf.Tokenizer, body []byte) (string, []uint32, error) {
+	var f requestFacts
+	if e := parseRequest(routeChat, body, &f); e != nil {
+		return "", nil, e
 	}
-	f.tokenIDs = chat.AppendEncodePlain(f.tokenIDs[:0], prompt)
-	return f.tokenIDs, nil
+	var scratch []byte
+	prompt, err := f.renderChatJSON(chat, &scratch)
+	if err != nil {
+		return "", nil, err
+	}
+	return prompt, chat.AppendEncodePlain(nil, prompt), nil
 }
 
 // appendChatMessages appends msgs as a JSON array prepared for a text chat template the way

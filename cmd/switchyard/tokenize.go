@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 
+	"switchyard/httpfront"
 	"switchyard/httpfront/tokenizer/hf"
 )
 
@@ -60,17 +61,18 @@ func tokenize(_ context.Context, args []string, stdin io.Reader, stdout, stderr 
 	}
 	var ids []uint32
 	switch {
-	case *chat && *render:
-		s, err := tk.RenderChatJSON(input, hf.ChatOptions{})
+	case *chat:
+		// The router's own rendering: messages prepared as the engine prepares them.
+		body := append(append([]byte(`{"model":"tokenize","messages":`), input...), '}')
+		prompt, chatIDs, err := httpfront.RenderChat(tk, body)
 		if err != nil {
 			return err
 		}
-		_, err = io.WriteString(stdout, s)
-		return err
-	case *chat:
-		if ids, err = tk.EncodeChatJSON(input, hf.ChatOptions{}); err != nil {
+		if *render {
+			_, err = io.WriteString(stdout, prompt)
 			return err
 		}
+		ids = chatIDs
 	case *noSpecial:
 		ids = tk.EncodePlain(string(input))
 	default:

@@ -24,7 +24,11 @@ func TestTokenize(t *testing.T) {
 			"[278,117,115,260,10,104,105,279,10,278,97,115,115,105,115,116,264,116,10]\n", ""},
 		{"chat render", []string{"--tokenizer", tinyTokenizer, "--chat", "--render"}, `[{"role":"user","content":"hi"}]`,
 			"<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", ""},
-		{"chat not an array", []string{"--tokenizer", tinyTokenizer, "--chat"}, `{"role":"user"}`, "", "want a JSON array"},
+		{"chat not an array", []string{"--tokenizer", tinyTokenizer, "--chat"}, `{"role":"user"}`, "", "messages must be an array"},
+		// Prepared as the router prepares chats: the text parts of a content list join.
+		{"chat content parts", []string{"--tokenizer", tinyTokenizer, "--chat", "--render"},
+			`[{"role":"user","content":[{"type":"text","text":"hi"},{"type":"text","text":"there"}]}]`,
+			"<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n", ""},
 		{"missing tokenizer flag", nil, "x", "", "--tokenizer is required"},
 		{"missing tokenizer", []string{"--tokenizer", t.TempDir() + "/none"}, "x", "", "no such file"},
 		{"render without chat", []string{"--tokenizer", tinyTokenizer, "--render"}, "x", "", "--render needs --chat"},
