@@ -77,7 +77,8 @@ func cacheModels(cfg *config.Config) map[string]bool {
 
 // NewCacheState builds the cache state cfg describes: cache_aware.source local (an index of
 // kv.shards shards on index shard actors, bounded by kv.max_blocks, fed by subscriptions to
-// every configured worker unless kv.enabled is false, and by the kv.bind_endpoint SUB) or
+// every configured worker of a model with a cache_aware group unless kv.enabled is false,
+// and by the kv.bind_endpoint SUB) or
 // remote (a kv.RemoteSource of cache_aware.remote_url with cache_aware.query_timeout and
 // cache_aware.max_inflight_queries).
 func NewCacheState(cfg *config.Config, opts CacheOptions) (*CacheState, error) {
@@ -121,6 +122,9 @@ func NewCacheState(cfg *config.Config, opts CacheOptions) (*CacheState, error) {
 	}
 	cs.manager = m
 	for _, w := range cfg.Workers {
+		if !cs.prepare[w.Model] {
+			continue // no cache_aware group reads this worker's blocks
+		}
 		if err := m.AddWorker(WorkerSpecFrom(w)); err != nil {
 			_ = x.Close()
 			return nil, fmt.Errorf("cannot build the cache state: %w", err)
@@ -184,9 +188,9 @@ func (c *CacheState) Run(ctx context.Context) error {
 }
 
 // AddWorker starts following a worker added at run time (admin API); a no-op without local
-// subscriptions.
+// subscriptions or when no cache_aware group of the worker's model reads its blocks.
 func (c *CacheState) AddWorker(w config.Worker) error {
-	if c.manager == nil {
+	if c.manager == nil || !c.prepare[w.Model] {
 		return nil
 	}
 	return c.manager.AddWorker(WorkerSpecFrom(w))

@@ -30,6 +30,7 @@ func (s *Server) admin(ctx *fasthttp.RequestCtx) {
 			writeError(ctx, newAPIError(CodeWorkerNotFound, "no worker "+strconv.Quote(id)))
 			return
 		}
+		s.unfollowKV(id)
 		if n, err := s.affinity.InvalidateWorker(id); err != nil {
 			s.logger.Warn("cannot invalidate the removed worker's affinity bindings", slog.String("worker", id), slog.Any("error", err))
 		} else if n > 0 {
@@ -116,6 +117,7 @@ func (s *Server) addWorker(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, newAPIError(CodeInternal, err.Error()))
 		return
 	}
+	s.followKV(st)
 	writeJSON(ctx, fasthttp.StatusCreated, st.view())
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"switchyard/engine"
+	"switchyard/kv"
 )
 
 // maxErrorBody bounds an engine's non-SSE answer read from a streamed response.
@@ -39,10 +40,13 @@ type exchange struct {
 	fwd   []byte
 	text  []byte
 	breq  engine.BucketRequest
+	// memo is the request's prefix lookup (cache_aware); breq.Prefix points to it.
+	memo kv.PrefixMemo
 }
 
 func (ex *exchange) trim() {
 	ex.breq = engine.BucketRequest{}
+	ex.memo.Reset("", nil) // it aliases facts.tokenIDs
 	if cap(ex.body) > maxPooledBuf {
 		ex.body = nil
 	}
@@ -172,6 +176,9 @@ func (s *Server) serveInference(ctx *fasthttp.RequestCtx, kind routeKind, ex *ex
 		SessionKey:   headerString(ctx, s.sessionHeader),
 		RoutingKey:   headerString(ctx, s.routingHeader),
 		Now:          start,
+	}
+	if mr.prefix && len(ids) > 0 {
+		ex.breq.Prefix = s.preparePrefix(ex, mr.name, ids)
 	}
 	pick, err := s.sel.Select(mr.resolver, &ex.breq)
 	if err != nil {

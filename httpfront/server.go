@@ -83,6 +83,7 @@ type modelRoute struct {
 	tok      *promptTokenizer // nil: the body-size estimate
 	metrics  *modelMetrics
 	stages   []engine.Stage // stages some bucket requires, for readiness
+	prefix   bool           // some group runs cache_aware: requests make a prefix lookup
 }
 
 // Server is Switchyard's HTTP front end: fasthttp routes, request preparation, selection
@@ -99,6 +100,8 @@ type Server struct {
 	closeTele func()
 	// affinity holds the session and routing-key bindings of session_aware and sticky.
 	affinity *actors.AffinityStore
+	// cache is cache_aware's prefix source and KV-event subscriptions; nil without one.
+	cache    *actors.CacheState
 	workers  *workerManager
 	wset     *engine.WorkerSet
 	tracker  *load.Tracker
@@ -183,16 +186,32 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 	aopts := actors.AffinityOptionsFrom(cfg)
 	aopts.Now, aopts.Logger, aopts.Metrics = opts.Now, opts.Logger, opts.Metrics
 	s.affinity = actors.NewAffinityStore(aopts)
-	resolvers, err := engine.BuildResolvers(cfg, engine.Deps{Loads: opts.Loads, Seed: opts.Seed, Affinity: s.affinity})
-	if err != nil {
+	deps := engine.Deps{Loads: opts.Loads, Seed: opts.Seed, Affinity: s.affinity, Metrics: opts.Metrics}
+	if s.cache, err = newCacheState(cfg, opts); err != nil {
 		s.affinity.Close()
+		return nil, fmt.Errorf("cannot create server: %w", err)
+	}
+	if s.cache != nil {
+		deps = s.cache.Deps(deps)
+		defaultCacheTokenizers(s.cache, toks, opts.Logger)
+	}
+	closeState := func() {
+		s.affinity.Close()
+		if s.cache != nil {
+			_ = s.cache.Close()
+		}
+	}
+	resolvers, err := engine.BuildResolvers(cfg, deps)
+	if err != nil {
+		closeState()
 		return nil, fmt.Errorf("cannot create server: %w", err)
 	}
 	s.metrics = newServerMetrics(s.set, resolvers)
 	s.models = make(map[string]*modelRoute, len(resolvers))
 	names := make([]string, 0, len(resolvers))
 	for name, r := range resolvers {
-		mr := &modelRoute{name: name, resolver: r, tok: toks[name], metrics: s.metrics.models[name]}
+		mr := &modelRoute{name: name, resolver: r, tok: toks[name], metrics: s.metrics.models[name],
+			prefix: s.cache != nil && s.cache.NeedsPrefix(name)}
 		need := map[engine.Stage]bool{}
 		for _, b := range r.Buckets() {
 			for _, g := range b.Groups() {
@@ -216,13 +235,13 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 
 	sel, err := actors.NewSelector(resolvers, ws, cfg.Actors, opts.Logger)
 	if err != nil {
-		s.affinity.Close()
+		closeState()
 		return nil, fmt.Errorf("cannot create server: %w", err)
 	}
 	s.sel = sel
 	s.closeSel = func() {
 		sel.Close()
-		s.affinity.Close()
+		closeState()
 	}
 	s.registerActorMetrics(sel)
 
@@ -245,7 +264,7 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 	s.workers = newWorkerManager(ws, s.tracker, cfg.Health, opts.Telemetry, s.metrics, opts.Logger, opts.Now)
 	for _, wc := range cfg.Workers {
 		spec := WorkerSpec{ID: wc.ID, URL: wc.URL, Model: wc.Model, Role: string(wc.Role),
-			BootstrapPort: wc.BootstrapPort, DPSize: wc.DPSize, LoadPublish: wc.LoadPublish}
+			BootstrapPort: wc.BootstrapPort, DPSize: wc.DPSize, LoadPublish: wc.LoadPublish, KVEvents: wc.KVEvents}
 		if _, err := s.workers.add(context.Background(), spec, false); err != nil {
 			s.closeSel()
 			s.workers.stop()
@@ -362,6 +381,16 @@ func (s *Server) run(ctx context.Context) error {
 		defer t.Stop()
 		s.affinity.RunSweeper(life, t.C)
 	}()
+	if s.cache != nil {
+		// The KV-event subscriptions follow the engines until the drain is over.
+		janitor.Add(1)
+		go func() {
+			defer janitor.Done()
+			if err := s.cache.Run(life); err != nil {
+				s.logger.Error("KV-event subscriptions stopped", slog.Any("error", err))
+			}
+		}()
+	}
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- s.srv.Serve(s.ln) }()

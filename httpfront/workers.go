@@ -61,6 +61,9 @@ type WorkerSpec struct {
 	BootstrapPort *int   `json:"bootstrap_port"`
 	DPSize        int    `json:"dp_size"`
 	LoadPublish   string `json:"load_publish"`
+	// KVEvents is the engine's KV-event publisher endpoint ("tcp://host:port") for
+	// cache_aware; empty: the one /server_info advertises.
+	KVEvents string `json:"kv_events"`
 }
 
 // workerState is the router's view of one worker: its engine.Worker, HTTP client, health

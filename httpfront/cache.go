@@ -1,0 +1,88 @@
+package httpfront
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+
+	"switchyard/actors"
+	"switchyard/config"
+	"switchyard/httpfront/tokenizer"
+	"switchyard/kv"
+)
+
+// Cache-aware wiring: the cache state (prefix index and KV-event subscriptions, or the
+// remote indexer client) is built by New when a group runs cache_aware, followed by Run for
+// the server's lifetime, told about workers the admin API adds or removes, and asked once
+// per request, in the handler goroutine, for the prompt's prefix matches.
+
+// newCacheState builds the cache state when some group's policy is cache_aware, else nil.
+func newCacheState(cfg *config.Config, opts Options) (*actors.CacheState, error) {
+	if !actors.NeedsCache(cfg) {
+		return nil, nil
+	}
+	return actors.NewCacheState(cfg, actors.CacheOptions{Logger: opts.Logger, Metrics: opts.Metrics})
+}
+
+// defaultCacheTokenizers gives every model whose requests need a prefix lookup and that has
+// no tokenizer the built-in one (tokenizer.Simple), which the mock engine uses by default:
+// a lookup needs the prompt's token IDs, and the body-size estimate has none. Against real
+// engines the built-in tokenizer's IDs match nothing they cache, so every pick falls back on
+// load; models.<name>.tokenizer.path names the engine's tokenizer.
+func defaultCacheTokenizers(cs *actors.CacheState, toks map[string]*promptTokenizer, logger *slog.Logger) {
+	if cs == nil {
+		return
+	}
+	names := make([]string, 0, len(toks))
+	for name, pt := range toks {
+		if pt == nil && cs.NeedsPrefix(name) {
+			names = append(names, name)
+		}
+	}
+	if len(names) == 0 {
+		return
+	}
+	slices.Sort(names)
+	simple := tokenizer.NewSimple()
+	for _, name := range names {
+		toks[name] = newPromptTokenizer(simple, false)
+		logger.Warn("cache_aware model has no tokenizer: prompts are tokenized with the built-in tokenizer, "+
+			"whose blocks only engines using it (the mock engine) hold; set its tokenizer.path to the engine's tokenizer",
+			slog.String("model", name), slog.String("key", config.ModelPath(name)+".tokenizer.path"))
+	}
+}
+
+// preparePrefix makes the request's one prefix lookup into the exchange's memo, in the
+// handler goroutine before any pick: the only place a remote indexer's I/O happens, bounded
+// by cache_aware.query_timeout. An unavailable source or a rejected query is recorded in the
+// memo; the policy turns them into a miss or an invalid signal.
+func (s *Server) preparePrefix(ex *exchange, model string, ids []uint32) *kv.PrefixMemo {
+	ex.memo.Reset(model, ids)
+	s.cache.Resolve(context.Background(), &ex.memo)
+	return &ex.memo
+}
+
+// followKV starts following the KV events of a worker the admin API added: the spec's
+// kv_events endpoint when given, else the publishers its /server_info advertises.
+func (s *Server) followKV(st *workerState) {
+	if s.cache == nil {
+		return
+	}
+	w := st.worker.Load()
+	err := s.cache.AddWorker(config.Worker{ID: w.ID, URL: w.URL, Model: w.Model, DPSize: w.DPSize, KVEvents: st.spec.KVEvents})
+	if err != nil {
+		s.logger.Warn("cannot follow the worker's KV events: cache_aware sees it hold nothing",
+			slog.String("worker", w.ID), slog.Any("error", err))
+	}
+}
+
+// unfollowKV stops following a removed worker's KV events and drops its index entries.
+func (s *Server) unfollowKV(id string) {
+	if s.cache != nil {
+		s.cache.RemoveWorker(id)
+	}
+}
+
+// Cache returns the router's cache state (prefix source, and with a local source the index
+// and its KV-event subscriptions), or nil when no group runs cache_aware.
+func (s *Server) Cache() *actors.CacheState { return s.cache }
