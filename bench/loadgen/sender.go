@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -73,6 +74,11 @@ func errorCode(status int, body []byte) string {
 	}
 	return "http_" + strconv.Itoa(status)
 }
+
+var (
+	_ sender = (*fastSender)(nil)
+	_ sender = (*streamSender)(nil)
+)
 
 // fastSender sends non-streaming requests with a fasthttp client.
 type fastSender struct {
@@ -156,11 +162,15 @@ func transportError(err error) string {
 	return "transport"
 }
 
+// streamBuffer is the size of a stream reader's buffer.
+const streamBuffer = 32 << 10
+
 // streamSender sends streaming requests with net/http and reads their events as they come.
 type streamSender struct {
 	transport *http.Transport
 	client    *http.Client
 	cfg       Config
+	readers   sync.Pool // *bufio.Reader of streamBuffer bytes
 }
 
 func newStreamSender(cfg Config) *streamSender {
@@ -176,7 +186,9 @@ func newStreamSender(cfg Config) *streamSender {
 		DisableCompression:  true,
 		DialContext:         (&net.Dialer{Timeout: 10 * time.Second}).DialContext,
 	}
-	return &streamSender{transport: t, client: &http.Client{Transport: t}, cfg: cfg}
+	s := &streamSender{transport: t, client: &http.Client{Transport: t}, cfg: cfg}
+	s.readers.New = func() any { return bufio.NewReaderSize(nil, streamBuffer) }
+	return s
 }
 
 func (s *streamSender) close() { s.transport.CloseIdleConnections() }
@@ -217,16 +229,21 @@ func (s *streamSender) do(ctx context.Context, url string, body []byte, r *workl
 		res.Error = errorCode(res.Status, b)
 		return
 	}
-	readStream(resp.Body, res, start, s.cfg.Now)
+	br := s.readers.Get().(*bufio.Reader)
+	br.Reset(resp.Body)
+	readStream(br, res, start, s.cfg.Now)
+	br.Reset(nil)
+	s.readers.Put(br)
 	if res.Error != "" && ctx.Err() != nil {
 		res.Error = transportError(ctx.Err())
 	}
 }
 
 // readStream reads Server-Sent Events from body into res: the first and last token times,
-// the token count, the usage chunk and the end marker.
+// the token count, the usage chunk and the end marker. A *bufio.Reader of at least
+// streamBuffer bytes is used as it is.
 func readStream(body io.Reader, res *Result, start time.Time, now func() time.Time) {
-	br := bufio.NewReaderSize(body, 32<<10)
+	br := bufio.NewReaderSize(body, streamBuffer)
 	var (
 		line         []byte
 		first, last  time.Time
