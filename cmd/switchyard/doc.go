@@ -2,7 +2,9 @@
 //
 //	serve       the router (the default command)
 //	check       validate a configuration and print every problem
-//	demo        mock engines plus the router, a short burst of requests, where each went
+//	demo        mock engines plus the router: a short routing comparison, table and chart
+//	bench       the benchmark harness (overhead, routing, pd, buckets, mailbox scenarios)
+//	dispatch-demo  mock engines plus the router, a burst of requests, where each went
 //	select      the selection core's picks on a built-in example, without engines
 //	mockengine  simulated SGLang engines for tests and benchmarks
 //	indexer     the prefix index as a network service shared by several routers

@@ -33,7 +33,9 @@ func commands() []command {
 	return []command{
 		{"serve", "run the router (the default command): switchyard [serve] --config FILE", runServe},
 		{"check", "validate a configuration: switchyard check --config FILE", runCheck},
-		{"demo", "start mock engines and the router, send a burst of requests, print where each went", runServeDemo},
+		{"demo", "mock engines and the router: a short routing comparison with a table and a chart", runBenchDemo},
+		{"bench", "the benchmark harness: switchyard bench --scenario overhead|routing|pd|buckets|mailbox|all", runBench},
+		{"dispatch-demo", "start mock engines and the router, send a burst of requests, print where each went", runServeDemo},
 		{"select", "print the selection core's picks for the built-in example (no engines needed)", runDemo},
 		{"mockengine", "run simulated SGLang engines: switchyard mockengine [--count N] (see --help)", mockengine.Command},
 		{"indexer", "serve the prefix index to several routers: switchyard indexer [--listen HOST:PORT] --config FILE", runIndexer},
