@@ -206,6 +206,45 @@ func TestCacheAwareEndToEnd(t *testing.T) {
 	runCacheScenario(t, env)
 }
 
+// TestCacheAwareAdminWorkers: a worker added through the admin API has its KV events
+// followed (publisher discovered through /server_info) and wins its prefix; removing it drops
+// its blocks from the index.
+func TestCacheAwareAdminWorkers(t *testing.T) {
+	engines := startCacheEngines(t, 3)
+	r := startCacheRouter(t, cacheRouterConfig(engines[:2]))
+	env := &cacheEnv{routers: []*cacheRouter{r}, kvMetrics: r.base + "/metrics", engines: byID(engines[:2])}
+	added := engines[2]
+	if _, body, err := httpPost(r.base+"/workers", `{"id":"`+added.WorkerID()+`","url":"`+added.URL()+`"}`); err != nil {
+		t.Fatalf("POST /workers: %v %s", err, body)
+	}
+	warmSubscription(t, env, added, added.WorkerID())
+	p := cachePrefix("echo")
+	chatEngine(t, added, p, "question one")
+	probe := promptIDs(t, cacheMessages(p, "question two"))
+	env.waitHeld(t, added.WorkerID(), probe, "the index learns what the added worker cached", func(n int64) bool { return n >= cacheMinMatched })
+	if got := chatRouter(t, r, p, "question two"); got.worker != added.WorkerID() || got.cached < cacheMinMatched {
+		t.Fatalf("served by %s with %d cached tokens, want %s", got.worker, got.cached, added.WorkerID())
+	}
+	req, err := http.NewRequest(http.MethodDelete, r.base+"/workers/"+added.WorkerID(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("DELETE /workers/%s: %d", added.WorkerID(), resp.StatusCode)
+	}
+	if n := env.held(added.WorkerID(), probe); n != 0 {
+		t.Fatalf("the removed worker still holds %d tokens in the index", n)
+	}
+	if got := chatRouter(t, r, p, "question three"); got.worker == added.WorkerID() {
+		t.Fatal("a removed worker was picked")
+	}
+}
+
 // runCacheScenario runs issue 7's end-to-end checks against env: a warmed engine wins a long
 // shared prefix; past the soft gate the request goes elsewhere; eviction on the engine moves
 // it back to the fallback; a sequence gap is repaired by replay; an engine whose publisher
@@ -517,7 +556,7 @@ func httpPost(url, body string) (int, []byte, error) {
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
-	if err == nil && resp.StatusCode != http.StatusOK {
+	if err == nil && resp.StatusCode/100 != 2 {
 		err = fmt.Errorf("status %d: %s", resp.StatusCode, b)
 	}
 	return resp.StatusCode, b, err
