@@ -28,6 +28,23 @@
 // /generate request carrying text is forwarded with input_ids in place of the text. Without a
 // tokenizer nothing of this runs.
 //
+// # Cache-aware routing
+//
+// When some group runs cache_aware, New builds the cache state (actors.CacheState): with
+// cache_aware.source local, a prefix index on index shard actors fed by the KV events of
+// every worker of such a model (publishers given as workers[].kv_events or discovered through
+// /server_info, plus kv.bind_endpoint); with remote, the client of a `switchyard indexer`.
+// Run follows the engines' events until the drain is over; workers added or removed through
+// the admin API are followed or forgotten (a POST /workers body may name "kv_events"). A
+// request of such a model makes its one prefix lookup in the handler goroutine, after
+// tokenizing and before the bucket loop, into a memo pooled with its exchange
+// (BucketRequest.Prefix); a remote lookup's I/O happens only there, bounded by
+// cache_aware.query_timeout. A lookup needs token IDs: a cache_aware model without a
+// configured tokenizer gets the built-in one (tokenizer.Simple, the mock engine's default),
+// whose blocks match no real engine's, so against real engines tokenizer.path must name the
+// engine's tokenizer; a request with no token IDs (a batch) makes no lookup and falls back
+// on load.
+//
 // # Concurrency model
 //
 // Handlers run on fasthttp's goroutines and never hand the RequestCtx, or bytes aliasing it,
@@ -42,6 +59,7 @@
 //
 // New listens at once; Run serves until its context is done, then drains (stops accepting,
 // lets requests and streams finish for up to server.drain_timeout, then closes what remains)
-// and releases every goroutine, connection and actor. A Server that is never Run still holds
+// and releases every goroutine, connection and actor (the KV-event subscriptions and the
+// index shard actors included). A Server that is never Run still holds
 // its listener: call Run with a cancelled context to release it.
 package httpfront
