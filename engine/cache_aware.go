@@ -182,9 +182,12 @@ func (m *CacheAwareMetrics) Counts() CacheAwareCounts {
 //     ReasonCacheMissFallback. Rejection is AdmissionRejected, or NoAdmissibleEngine with
 //     every rejection when holders were rejected too.
 //
-// Pressure: reported metrics compared as power_of_two does (comparePressure) when both
-// engines have a fresh native report, else router-local in-flight. Sorts and exact minima
-// use a per-set total order (the load_based key), never a pairwise comparator.
+// Pressure: reported metrics corrected for the dispatches made since each report (keyOf,
+// with the request's input tokens per pending dispatch), compared as power_of_two does
+// (comparePressure) when both engines have a fresh native report, else router-local
+// in-flight. Sorts and exact minima use a per-set total order over the same corrected keys
+// (as load_based ranks), never a pairwise comparator. The soft queue gate, the saturation
+// count and the PressureGuard compare reported waiting requests as reported.
 type CacheAware struct {
 	admission EngineAdmission
 	loads     LoadReader
@@ -315,7 +318,7 @@ func (p *CacheAware) pickHolder(c []*Worker, req *PickRequest, pm PrefixMatcher,
 			continue
 		}
 		obs := observe(snap, w, now)
-		hs = append(hs, cacheHolder{w: w, matched: m, uncached: max(input-m, 0), obs: obs, key: keyOf(w, &obs)})
+		hs = append(hs, cacheHolder{w: w, matched: m, uncached: max(input-m, 0), obs: obs, key: keyOf(w, &obs, input)})
 	}
 	p.holders = hs
 	if len(hs) == 0 {
@@ -439,7 +442,7 @@ func (p *CacheAware) better(a, b *cacheHolder, stage Stage) bool {
 	if a.uncached != b.uncached {
 		return a.uncached < b.uncached
 	}
-	if c := pairPressure(stage, a.w, b.w, &a.obs, &b.obs); c != 0 {
+	if c := pairPressure(stage, a, b); c != 0 {
 		return c < 0
 	}
 	return a.w.ID < b.w.ID
@@ -518,7 +521,7 @@ func (p *CacheAware) fallback(c []*Worker, req *PickRequest, snap *load.Snapshot
 	sample := pool[:k]
 	for _, w := range sample {
 		o := observe(snap, w, now)
-		keys = append(keys, keyOf(w, &o))
+		keys = append(keys, keyOf(w, &o, perDispatchTokens(req)))
 	}
 	p.keys = keys
 	flags := sampleFlags(keys, req.Stage)
@@ -590,32 +593,14 @@ func compareKeys(a, b *loadKey, wa, wb *Worker, f keyFlags) int {
 	return strings.Compare(wa.ID, wb.ID)
 }
 
-// keyOf is w's ranking tuple (as load_based builds it): reported pressure corrected for the
-// dispatches made since the report, and router-local in-flight.
-func keyOf(w *Worker, o *load.Observation) loadKey {
-	k := loadKey{inflight: w.Counters.InFlight(), native: o.Native(), fields: o.Fields}
-	if k.native {
-		pending := int64(0)
-		if d := w.Counters.Dispatched(); d > o.DispatchesAtCapture {
-			pending = int64(d - o.DispatchesAtCapture)
-		}
-		k.queueMs = o.PrefillQueueMs
-		k.uncached = o.WaitingUncachedTokens
-		k.waiting = o.Waiting + pending
-		k.running = o.Running
-		k.kvUsage = o.KVUsage()
-		k.used = o.UsedTokens
-	}
-	return k
-}
-
-// pairPressure compares two engines as power_of_two does: reported stage pressure when both
-// have a fresh native report, then router-local in-flight.
-func pairPressure(stage Stage, a, b *Worker, oa, ob *load.Observation) int {
-	if oa.Native() && ob.Native() {
-		if c := comparePressure(stage, oa, ob); c != 0 {
+// pairPressure compares two holders as power_of_two compares its samples: corrected stage
+// pressure (comparePressure on their keys) when both have a fresh native report, then
+// router-local in-flight.
+func pairPressure(stage Stage, a, b *cacheHolder) int {
+	if a.key.native && b.key.native {
+		if c := comparePressure(stage, &a.key, &b.key); c != 0 {
 			return c
 		}
 	}
-	return compareInFlight(a, b)
+	return compareInFlight(a.w, b.w)
 }

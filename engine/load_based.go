@@ -10,9 +10,13 @@ import (
 // admission once on it.
 //
 // When every candidate has a fresh, complete native report, candidates are ranked by the
-// stage's pressure metrics, each corrected for the dispatches the router made since that
-// report was captured (they are not in the report yet, so they count as waiting requests),
-// then by router-local in-flight. When any candidate lacks such a report, all are ranked by
+// stage's pressure metrics corrected for the dispatches the router made since each report
+// was captured (keyOf: each pending dispatch is one more waiting request and, on plain and
+// prefill, the current request's input tokens more waiting uncached tokens), then by
+// router-local in-flight. Plain and prefill rank by estimated prefill queue time when every
+// candidate's corrected key has it, then by waiting uncached tokens when every one has them,
+// then waiting and running requests; decode by waiting and running requests, KV usage
+// fraction and used KV tokens. When any candidate lacks such a report, all are ranked by
 // in-flight alone (telemetry fallback). Remaining ties go to the lowest worker ID, so the
 // choice is deterministic for a given state.
 type LoadBased struct {
@@ -31,19 +35,6 @@ func NewLoadBased(adm EngineAdmission, loads LoadReader) *LoadBased {
 // Name implements Policy.
 func (*LoadBased) Name() string { return PolicyLoadBased }
 
-// loadKey is a candidate's ranking tuple; keys compare lexicographically, a total order.
-type loadKey struct {
-	queueMs  float64
-	uncached int64
-	waiting  int64
-	running  int64
-	kvUsage  float64
-	used     int64
-	inflight int64
-	native   bool
-	fields   load.Field
-}
-
 // Pick implements Policy.
 func (p *LoadBased) Pick(c []*Worker, req *PickRequest) (Pick, error) {
 	if len(c) == 0 {
@@ -54,7 +45,7 @@ func (p *LoadBased) Pick(c []*Worker, req *PickRequest) (Pick, error) {
 		snap = p.loads.Load()
 	}
 	now := nowOf(req)
-	keys := p.keys(c, snap, now)
+	keys := p.keys(c, snap, now, perDispatchTokens(req))
 	best, reason := 0, ReasonLeastLoad
 	native := allNative(keys)
 	if !native {
@@ -76,24 +67,11 @@ func (p *LoadBased) Pick(c []*Worker, req *PickRequest) (Pick, error) {
 	return Pick{Worker: w, Reason: reason}, nil
 }
 
-func (p *LoadBased) keys(c []*Worker, snap *load.Snapshot, now time.Time) []loadKey {
+func (p *LoadBased) keys(c []*Worker, snap *load.Snapshot, now time.Time, perDispatch int64) []loadKey {
 	keys := p.scratch[:0]
 	for _, w := range c {
 		o := observe(snap, w, now)
-		k := loadKey{inflight: w.Counters.InFlight(), native: o.Native(), fields: o.Fields}
-		if k.native {
-			pending := int64(0)
-			if d := w.Counters.Dispatched(); d > o.DispatchesAtCapture {
-				pending = int64(d - o.DispatchesAtCapture)
-			}
-			k.queueMs = o.PrefillQueueMs
-			k.uncached = o.WaitingUncachedTokens
-			k.waiting = o.Waiting + pending
-			k.running = o.Running
-			k.kvUsage = o.KVUsage()
-			k.used = o.UsedTokens
-		}
-		keys = append(keys, k)
+		keys = append(keys, keyOf(w, &o, perDispatch))
 	}
 	p.scratch = keys
 	return keys

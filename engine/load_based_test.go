@@ -21,6 +21,7 @@ func TestLoadBased(t *testing.T) {
 		{"tie goes to lowest ID", StageDecode, []load.RankReport{native(1, 1, 0, 0), native(1, 1, 0, 0), native(1, 1, 0, 0)}, nil, nil, 0, ReasonLeastLoad},
 		{"tie broken by in-flight", StageDecode, []load.RankReport{native(1, 1, 0, 0), native(1, 1, 0, 0), native(1, 1, 0, 0)}, []int{2, 1, 1}, nil, 1, ReasonLeastLoad},
 		{"recent dispatches correct a stale-looking idle engine", StageDecode, []load.RankReport{native(0, 0, 0, 0), native(0, 1, 0, 0)}, nil, []int{3, 0}, 1, ReasonLeastLoad},
+		{"recent dispatches add their input tokens to a stale idle engine's uncached tokens", StagePrefill, []load.RankReport{native(0, 0, 0, 0), native(0, 0, 20, 0)}, nil, []int{3, 0}, 1, ReasonLeastLoad},
 		{"missing telemetry falls back to in-flight", StagePlain, []load.RankReport{native(0, 0, 0, 0), {}, native(9, 9, 9, 9)}, []int{4, 2, 3}, nil, 1, ReasonInFlight},
 		{"basic reports fall back to in-flight", StagePlain, []load.RankReport{basic(0, 0, 0), basic(5, 5, 5)}, []int{1, 0}, nil, 1, ReasonInFlight},
 	}

@@ -75,10 +75,12 @@ func TestPowerOfTwoComparison(t *testing.T) {
 			if tt.b.Fields != 0 {
 				reports[b] = tt.b
 			}
-			tab := loadTable(t, reports)
+			// In-flight requests were dispatched before the reports were captured: they are
+			// in the reports, not pending dispatches.
 			tr := load.NewTracker()
 			inflight(t, tr, a, tt.inA)
 			inflight(t, tr, b, tt.inB)
+			tab := loadTable(t, reports)
 			p := NewPowerOfTwo(nil, tab, rngPicking(t, 3, 2, 0))
 			got, err := p.Pick(ws, pickReq(tt.stage))
 			if err != nil {
@@ -151,5 +153,49 @@ func TestPowerOfTwoAdmissionUsesSelectionObservation(t *testing.T) {
 	_, err = NewPowerOfTwo(AdmissionLimits{MaxRunning: 3}, tab, rngPicking(t, 2, 1, 0)).Pick(ws, pickReq(StagePlain))
 	if !errors.Is(err, ErrAdmissionRejected) {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestPowerOfTwoCorrectsForDispatchesSinceReport(t *testing.T) {
+	tests := []struct {
+		name      string
+		stage     Stage
+		input     int64           // the request's input tokens
+		idle      load.RankReport // first sample: looked idle when captured
+		since     int             // dispatches to it since its report
+		busy      load.RankReport // second sample: slightly busier, no dispatch since
+		wantFirst bool
+	}{
+		{"plain: stale idle report with a burst since loses", StagePlain, 500, native(0, 0, 0, 0), 8, native(4, 1, 200, 0), false},
+		{"prefill: stale idle report with a burst since loses", StagePrefill, 500, native(0, 0, 0, 0), 8, native(4, 1, 200, 0), false},
+		{"decode: stale idle report with a burst since loses", StageDecode, 500, native(0, 0, 0, 0), 8, native(4, 1, 200, 0), false},
+		{"no token estimate: waiting requests decide", StagePlain, 0, native(0, 0, 0, 0), 8, native(4, 1, 200, 0), false},
+		{"one dispatch since does not outweigh a long queue", StagePrefill, 500, native(0, 0, 0, 0), 1, native(4, 6, 5000, 0), true},
+		{"no dispatch since: reported pressure as is", StagePlain, 500, native(0, 0, 0, 0), 0, native(4, 1, 200, 0), true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ws := testWorkers(t, "llama", tt.stage, "w", 2)
+			tr := load.NewTracker()
+			a, b := ws[0], ws[1]
+			tab := loadTable(t, map[*Worker]load.RankReport{a: tt.idle, b: tt.busy})
+			// Dispatches since the reports: finished or not, they are not in the report.
+			for range tt.since {
+				tr.Acquire(a.Counters, t0)
+			}
+			req := pickReq(tt.stage)
+			req.InputTokens = tt.input
+			got, err := NewPowerOfTwo(nil, tab, rngPicking(t, 2, 0, 0)).Pick(ws, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := b
+			if tt.wantFirst {
+				want = a
+			}
+			if got.Worker != want || got.Reason != ReasonPressure {
+				t.Fatalf("got %v (%s), want %v (%s)", got.Worker, got.Reason, want, ReasonPressure)
+			}
+		})
 	}
 }
