@@ -36,7 +36,7 @@ func commands() []command {
 		{"demo", "mock engines and the router: a short routing comparison with a table and a chart", runBenchDemo},
 		{"bench", "the benchmark harness: switchyard bench --scenario overhead|routing|pd|buckets|mailbox|all", runBench},
 		{"dispatch-demo", "start mock engines and the router, send a burst of requests, print where each went", runServeDemo},
-		{"select", "print the selection core's picks for the built-in example (no engines needed)", runDemo},
+		{"select", "print the selection core's picks for the built-in example (no engines needed)", runSelect},
 		{"mockengine", "run simulated SGLang engines: switchyard mockengine [--count N] (see --help)", mockengine.Command},
 		{"indexer", "serve the prefix index to several routers: switchyard indexer [--listen HOST:PORT] --config FILE", runIndexer},
 		{"tokenize", "print the token IDs of stdin: switchyard tokenize --tokenizer PATH [--chat]", runTokenize},

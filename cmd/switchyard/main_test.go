@@ -16,7 +16,7 @@ func runCmd(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	return code, out.String(), errb.String()
 }
 
-func TestDemoPrintsSection7Picks(t *testing.T) {
+func TestSelectPrintsSection7Picks(t *testing.T) {
 	code, out, errOut := runCmd(t, "select")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
@@ -29,7 +29,7 @@ func TestDemoPrintsSection7Picks(t *testing.T) {
 		"small/plain/Q1: max_inflight_requests, large/plain/Q3: max_inflight_requests",
 	} {
 		if !strings.Contains(out, want) {
-			t.Errorf("demo output lacks %q:\n%s", want, out)
+			t.Errorf("select output lacks %q:\n%s", want, out)
 		}
 	}
 }

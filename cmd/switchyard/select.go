@@ -16,19 +16,19 @@ import (
 	"switchyard/load"
 )
 
-//go:embed demo.yaml
-var demoConfig []byte
+//go:embed select.yaml
+var selectConfig []byte
 
-// runDemo runs the selection core, hosted on its actors, over the built-in example
+// runSelect runs the selection core, hosted on its actors, over the built-in example
 // configuration with synthetic load reports, and prints every pick it makes. It sends no
 // network traffic: the workers' URLs are never contacted.
-func runDemo(_ context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+func runSelect(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("select", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	cfg, err := config.Decode(demoConfig, config.FormatYAML)
+	cfg, err := config.Decode(selectConfig, config.FormatYAML)
 	if err != nil {
 		return err
 	}
@@ -46,7 +46,7 @@ func runDemo(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	now := time.Now()
 	table := load.NewTable()
-	table.Store(demoLoads(workers, now))
+	table.Store(selectLoads(workers, now))
 	resolvers, err := engine.BuildResolvers(cfg, engine.Deps{Loads: table, Seed: 42})
 	if err != nil {
 		return err
@@ -96,9 +96,9 @@ func runDemo(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// demoLoads builds a snapshot with a fresh native report for every worker: D1 and D3 busier
+// selectLoads builds a snapshot with a fresh native report for every worker: D1 and D3 busier
 // than D2 and D4, prefill engines with different queues.
-func demoLoads(workers []*engine.Worker, now time.Time) *load.Snapshot {
+func selectLoads(workers []*engine.Worker, now time.Time) *load.Snapshot {
 	agg := load.NewAggregator(5 * time.Second)
 	busy := map[string]int64{"P1": 3, "P2": 1, "P3": 0, "P4": 2, "D1": 9, "D2": 2, "D3": 7, "D4": 1}
 	for _, w := range workers {
