@@ -1,8 +1,11 @@
 package main
 
 import (
+	"math"
+	"net"
 	"os"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,33 +17,52 @@ import (
 	"switchyard/config"
 )
 
-// loadResult is one measured phase.
+// loadResult is one target's measurement: requests, errors and latencies over one or more
+// phases.
 type loadResult struct {
 	requests int
 	errors   int64
 	elapsed  time.Duration
-	p50, p99 time.Duration
+	lat      []time.Duration
 }
 
-func (r loadResult) rps() float64 { return float64(r.requests) / r.elapsed.Seconds() }
+func (r *loadResult) add(o loadResult) {
+	r.requests += o.requests
+	r.errors += o.errors
+	r.elapsed += o.elapsed
+	r.lat = append(r.lat, o.lat...)
+}
 
-// runLoad sends small non-streaming chat requests from conc goroutines for d, rotating over
-// urls, and measures throughput and latency.
+func (r *loadResult) rps() float64 { return float64(r.requests) / r.elapsed.Seconds() }
+
+// quantile is the nearest-rank q-quantile of the latencies (sorted by the caller).
+func (r *loadResult) quantile(q float64) time.Duration {
+	if len(r.lat) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(q*float64(len(r.lat)))) - 1
+	return r.lat[max(i, 0)]
+}
+
+// benchBody is the small non-streaming chat request of the benchmark.
+var benchBody = []byte(`{"model":"bench","messages":[{"role":"user","content":"hi"}],"max_tokens":1}`)
+
+// runLoad sends small non-streaming chat requests from conc goroutines for d, each goroutine
+// rotating over urls from its own offset, and measures throughput and latency. Every target is
+// loaded by this same closed-loop client, in the same process as the engines (and router).
 func runLoad(tb testing.TB, urls []string, conc int, d time.Duration) loadResult {
 	tb.Helper()
 	client := &fasthttp.Client{MaxConnsPerHost: conc, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second}
 	defer client.CloseIdleConnections()
-	body := []byte(`{"model":"bench","messages":[{"role":"user","content":"hi"}],"max_tokens":1}`)
 	var (
-		wg     sync.WaitGroup
-		mu     sync.Mutex
-		all    []time.Duration
-		errs   atomic.Int64
-		stop   atomic.Bool
-		cursor atomic.Uint64
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		all  []time.Duration
+		errs atomic.Int64
+		stop atomic.Bool
 	)
 	start := time.Now()
-	for range conc {
+	for g := range conc {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -49,12 +71,12 @@ func runLoad(tb testing.TB, urls []string, conc int, d time.Duration) loadResult
 			defer fasthttp.ReleaseRequest(req)
 			defer fasthttp.ReleaseResponse(resp)
 			lat := make([]time.Duration, 0, 1<<14)
-			for !stop.Load() {
+			for i := g; !stop.Load(); i++ {
 				req.Reset()
-				req.SetRequestURI(urls[cursor.Add(1)%uint64(len(urls))] + "/v1/chat/completions")
+				req.SetRequestURI(urls[i%len(urls)] + "/v1/chat/completions")
 				req.Header.SetMethod(fasthttp.MethodPost)
 				req.Header.SetContentType("application/json")
-				req.SetBody(body)
+				req.SetBodyRaw(benchBody)
 				t0 := time.Now()
 				err := client.Do(req, resp)
 				if err != nil || resp.StatusCode() != 200 {
@@ -71,26 +93,86 @@ func runLoad(tb testing.TB, urls []string, conc int, d time.Duration) loadResult
 	time.Sleep(d) // the measurement window itself, not a wait for a condition
 	stop.Store(true)
 	wg.Wait()
-	elapsed := time.Since(start)
-	slices.Sort(all)
-	r := loadResult{requests: len(all), errors: errs.Load(), elapsed: elapsed}
-	if len(all) > 0 {
-		r.p50 = all[len(all)/2]
-		r.p99 = all[len(all)*99/100]
+	return loadResult{requests: len(all), errors: errs.Load(), elapsed: time.Since(start), lat: all}
+}
+
+// startBareProxy runs the reference the router is compared with: a bare fasthttp reverse
+// proxy (round robin, request and response copied through, no parsing, selection, metrics
+// or deadlines) in front of the engines.
+func startBareProxy(tb testing.TB, engineURLs []string) string {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
 	}
-	return r
+	clients := make([]*fasthttp.HostClient, len(engineURLs))
+	for i, u := range engineURLs {
+		clients[i] = &fasthttp.HostClient{Addr: u[len("http://"):], MaxConns: 8192}
+	}
+	var next atomic.Uint64
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		c := clients[next.Add(1)%uint64(len(clients))]
+		req := fasthttp.AcquireRequest()
+		resp := fasthttp.AcquireResponse()
+		ctx.Request.CopyTo(req)
+		req.SetHost(c.Addr)
+		if err := c.Do(req, resp); err != nil {
+			ctx.Error(err.Error(), fasthttp.StatusBadGateway)
+		} else {
+			resp.CopyTo(&ctx.Response)
+		}
+		fasthttp.ReleaseRequest(req)
+		fasthttp.ReleaseResponse(resp)
+	}}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(ln)
+	}()
+	tb.Cleanup(func() {
+		_ = srv.Shutdown()
+		<-done
+		for _, c := range clients {
+			c.CloseIdleConnections()
+		}
+	})
+	return "http://" + ln.Addr().String()
+}
+
+// benchTarget is one way of reaching the engines.
+type benchTarget struct {
+	name string
+	urls []string
+	load loadResult // under concurrent load
+	one  loadResult // one request at a time
 }
 
 // BenchmarkRouterVsDirect measures, in one run, small non-streaming requests sent to two
-// zero-cost mock engines directly and through the router (round_robin over the same engines):
-// requests/s and p50/p99 latency of both, the router's share of the direct throughput and the
-// latency it adds at p50, under load (32 concurrent clients) and one request at a time. Run it once: go test -run '^$' -bench RouterVsDirect -benchtime 1x.
-// SWITCHYARD_BENCH_SECONDS sets each phase's length (default 3).
+// zero-cost mock engines directly, through the router (round_robin over the same engines)
+// and through a bare fasthttp proxy (the reference): requests/s and p50/p99 latency of each
+// under load (32 concurrent clients), the share of the direct throughput the router and
+// the bare proxy keep, and the latency the router adds at p50 one request at a time.
+//
+// Client, engines and proxies share the process and its cores, and every target is measured
+// the same way: the same client and request, a warm-up per target, then several short phases
+// per target interleaved round by round in rotating order (so that a change in the machine's
+// load mid-run hits every target alike); each target's figures pool its phases.
+//
+// Run it once: go test -run '^$' -bench RouterVsDirect -benchtime 1x ./cmd/switchyard.
+// SWITCHYARD_BENCH_SECONDS sets the measured time per target under load (default 3; the
+// one-at-a-time phases take half as long) and SWITCHYARD_BENCH_ROUNDS the number of rounds
+// (default 3).
 func BenchmarkRouterVsDirect(b *testing.B) {
 	d := 3 * time.Second
 	if s := os.Getenv("SWITCHYARD_BENCH_SECONDS"); s != "" {
-		if v, err := time.ParseDuration(s + "s"); err == nil {
+		if v, err := time.ParseDuration(s + "s"); err == nil && v > 0 {
 			d = v
+		}
+	}
+	rounds := 3
+	if s := os.Getenv("SWITCHYARD_BENCH_ROUNDS"); s != "" {
+		if v, err := strconv.Atoi(s); err == nil && v > 0 {
+			rounds = v
 		}
 	}
 	const conc = 32
@@ -104,30 +186,55 @@ func BenchmarkRouterVsDirect(b *testing.B) {
 	}
 	cfg.Models = map[string]config.Model{"bench": {Buckets: []config.Bucket{{ID: "all", Groups: config.Groups{Plain: &config.Group{}}}}}}
 	_, routerURL := startRouter(b, cfg)
+	engines := []string{e1.URL(), e2.URL()}
+	bareURL := startBareProxy(b, engines)
 
 	b.ResetTimer()
 	for range b.N {
-		runLoad(b, []string{e1.URL(), e2.URL()}, conc, d/5) // warm-up
-		direct := runLoad(b, []string{e1.URL(), e2.URL()}, conc, d)
-		router := runLoad(b, []string{routerURL}, conc, d)
-		// Latency without queueing: one request at a time.
-		directSerial := runLoad(b, []string{e1.URL(), e2.URL()}, 1, d/2)
-		routerSerial := runLoad(b, []string{routerURL}, 1, d/2)
-		if direct.errors+router.errors+directSerial.errors+routerSerial.errors > 0 {
-			b.Fatalf("errors: direct %d, router %d", direct.errors+directSerial.errors, router.errors+routerSerial.errors)
+		targets := []*benchTarget{
+			{name: "direct", urls: engines},
+			{name: "router", urls: []string{routerURL}},
+			{name: "bare", urls: []string{bareURL}},
 		}
-		b.ReportMetric(float64(directSerial.p50.Microseconds()), "serial_direct_p50_µs")
-		b.ReportMetric(float64(routerSerial.p50.Microseconds()), "serial_router_p50_µs")
-		b.ReportMetric(float64(directSerial.p99.Microseconds()), "serial_direct_p99_µs")
-		b.ReportMetric(float64(routerSerial.p99.Microseconds()), "serial_router_p99_µs")
-		b.ReportMetric(float64((routerSerial.p50 - directSerial.p50).Microseconds()), "serial_added_p50_µs")
-		b.ReportMetric(direct.rps(), "direct_req/s")
-		b.ReportMetric(router.rps(), "router_req/s")
-		b.ReportMetric(router.rps()/direct.rps()*100, "router_%_of_direct")
-		b.ReportMetric(float64(direct.p50.Microseconds()), "direct_p50_µs")
-		b.ReportMetric(float64(direct.p99.Microseconds()), "direct_p99_µs")
-		b.ReportMetric(float64(router.p50.Microseconds()), "router_p50_µs")
-		b.ReportMetric(float64(router.p99.Microseconds()), "router_p99_µs")
-		b.ReportMetric(float64((router.p50 - direct.p50).Microseconds()), "added_p50_µs")
+		for _, t := range targets {
+			runLoad(b, t.urls, conc, d/5) // warm-up: connections, pools, heap
+		}
+		for r := range rounds {
+			for i := range targets {
+				t := targets[(r+i)%len(targets)]
+				t.load.add(runLoad(b, t.urls, conc, d/time.Duration(rounds)))
+			}
+			// Latency without queueing: one request at a time.
+			for i := range 2 {
+				t := targets[(r+i)%2]
+				t.one.add(runLoad(b, t.urls, 1, d/time.Duration(2*rounds)))
+			}
+		}
+		for _, t := range targets {
+			if t.load.errors+t.one.errors > 0 {
+				b.Fatalf("%s: %d errors", t.name, t.load.errors+t.one.errors)
+			}
+			slices.Sort(t.load.lat)
+			slices.Sort(t.one.lat)
+		}
+		direct, router, bare := targets[0], targets[1], targets[2]
+		µs := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
+		b.ReportMetric(direct.load.rps(), "direct_req/s")
+		b.ReportMetric(router.load.rps(), "router_req/s")
+		b.ReportMetric(bare.load.rps(), "bare_req/s")
+		b.ReportMetric(router.load.rps()/direct.load.rps()*100, "router_%_of_direct")
+		b.ReportMetric(bare.load.rps()/direct.load.rps()*100, "bare_%_of_direct")
+		b.ReportMetric(µs(direct.load.quantile(0.5)), "direct_p50_µs")
+		b.ReportMetric(µs(direct.load.quantile(0.99)), "direct_p99_µs")
+		b.ReportMetric(µs(router.load.quantile(0.5)), "router_p50_µs")
+		b.ReportMetric(µs(router.load.quantile(0.99)), "router_p99_µs")
+		b.ReportMetric(µs(bare.load.quantile(0.5)), "bare_p50_µs")
+		b.ReportMetric(µs(bare.load.quantile(0.99)), "bare_p99_µs")
+		b.ReportMetric(µs(router.load.quantile(0.5)-direct.load.quantile(0.5)), "added_p50_µs")
+		b.ReportMetric(µs(direct.one.quantile(0.5)), "serial_direct_p50_µs")
+		b.ReportMetric(µs(direct.one.quantile(0.99)), "serial_direct_p99_µs")
+		b.ReportMetric(µs(router.one.quantile(0.5)), "serial_router_p50_µs")
+		b.ReportMetric(µs(router.one.quantile(0.99)), "serial_router_p99_µs")
+		b.ReportMetric(µs(router.one.quantile(0.5)-direct.one.quantile(0.5)), "serial_added_p50_µs")
 	}
 }
