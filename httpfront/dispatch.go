@@ -16,10 +16,68 @@ import (
 // maxErrorBody bounds an engine's non-SSE answer read from a streamed response.
 const maxErrorBody = 4 << 20
 
-// forwardHeaders are the client headers forwarded to engines (INTEROP "Headers"); the
-// configured affinity headers are forwarded too. Nothing else is, hop-by-hop headers
-// included.
-var forwardHeaders = [...]string{"Authorization", "X-Request-Id", "X-Correlation-Id", "Traceparent", "Tracestate"}
+// The client headers forwarded to engines (INTEROP "Headers"), by slot: the allow-list, then
+// the configured affinity headers. Nothing else is, hop-by-hop headers included.
+const (
+	fwdAuthorization = iota
+	fwdRequestID
+	fwdCorrelationID
+	fwdTraceparent
+	fwdTracestate
+	fwdSession // Affinity.SessionHeader
+	fwdRouting // Affinity.RoutingKeyHeader
+	numForward
+)
+
+// forwardHeaders are the allow-listed names in the canonical form the server gives received
+// header names.
+var forwardHeaders = [fwdSession]string{"Authorization", "X-Request-Id", "X-Correlation-Id", "Traceparent", "Tracestate"}
+
+// clientHeaders holds a request's forwarded header values by slot, found in one pass over
+// the received headers (the first occurrence of a name counts; empty values are not
+// forwarded). The values alias the request: valid until its handler returns.
+type clientHeaders [numForward][]byte
+
+// forwardNames are a Server's forwarded header names by slot, canonical; an unconfigured
+// affinity header is empty.
+type forwardNames [numForward][]byte
+
+func newForwardNames(sessionHeader, routingHeader string) forwardNames {
+	var n forwardNames
+	for i, name := range forwardHeaders {
+		n[i] = []byte(name)
+	}
+	if sessionHeader != "" {
+		n[fwdSession] = fasthttp.AppendNormalizedHeaderKey(nil, sessionHeader)
+	}
+	if routingHeader != "" {
+		n[fwdRouting] = fasthttp.AppendNormalizedHeaderKey(nil, routingHeader)
+	}
+	return n
+}
+
+// scan fills ch from h in one pass. Received names are already canonical (the server
+// normalizes them), so no name is normalized per request.
+func (n *forwardNames) scan(h *fasthttp.RequestHeader, ch *clientHeaders) {
+	for k, v := range h.All() {
+		if len(v) == 0 {
+			continue
+		}
+		for i := range n {
+			if ch[i] == nil && len(n[i]) == len(k) && string(n[i]) == string(k) {
+				ch[i] = v
+			}
+		}
+	}
+}
+
+// string returns the value in slot i as a string, or "" (no allocation) when it is absent.
+func (ch *clientHeaders) string(i int) string {
+	if len(ch[i]) == 0 {
+		return ""
+	}
+	return string(ch[i])
+}
 
 // Response headers set by the router.
 const (
@@ -154,6 +212,8 @@ func (s *Server) serveInference(ctx *fasthttp.RequestCtx, kind routeKind, ex *ex
 		return s.fail(ctx, o, paramError(CodeModelNotFound, "model", "the model `"+string(f.model)+"` does not exist"))
 	}
 	o.mm = mr.metrics
+	var hdr clientHeaders
+	s.fwd.scan(&ctx.Request.Header, &hdr)
 	var (
 		input int64
 		ids   []uint32
@@ -173,8 +233,8 @@ func (s *Server) serveInference(ctx *fasthttp.RequestCtx, kind routeKind, ex *ex
 		InputTokens:  input,
 		ExpectedPeak: peak,
 		TokenIDs:     ids,
-		SessionKey:   headerString(ctx, s.sessionHeader),
-		RoutingKey:   headerString(ctx, s.routingHeader),
+		SessionKey:   hdr.string(fwdSession),
+		RoutingKey:   hdr.string(fwdRouting),
 		Now:          start,
 	}
 	if mr.prefix && len(ids) > 0 {
@@ -189,7 +249,7 @@ func (s *Server) serveInference(ctx *fasthttp.RequestCtx, kind routeKind, ex *ex
 		return s.fail(ctx, o, selectionError(err))
 	}
 	s.metrics.selected(mr.metrics, &pick)
-	d := dispatch{s: s, ctx: ctx, kind: kind, body: body, facts: f, pick: &pick, start: start, mm: mr.metrics}
+	d := dispatch{s: s, ctx: ctx, kind: kind, body: body, facts: f, pick: pick, hdr: hdr, start: start, mm: mr.metrics}
 	if pick.IsPD() {
 		return d.pd(ex, o)
 	}
@@ -203,18 +263,6 @@ func (s *Server) maxBody() int64 {
 	return 32 << 20
 }
 
-// headerString copies a header's value, or returns "" (no allocation) when it is absent.
-func headerString(ctx *fasthttp.RequestCtx, name string) string {
-	if name == "" {
-		return ""
-	}
-	v := ctx.Request.Header.Peek(name)
-	if len(v) == 0 {
-		return ""
-	}
-	return string(v)
-}
-
 // dispatch is one selected request's forwarding, on the handler goroutine.
 type dispatch struct {
 	s     *Server
@@ -222,51 +270,54 @@ type dispatch struct {
 	kind  routeKind
 	body  []byte
 	facts *requestFacts
-	pick  *engine.BucketPick
+	// pick is held by value: a pointer would make every request's pick escape to the heap.
+	pick  engine.BucketPick
+	hdr   clientHeaders
 	start time.Time
 	mm    *modelMetrics
 	dl    time.Time
+}
+
+// timeout is the request's end-to-end timeout.
+func (d *dispatch) timeout() time.Duration {
+	if t := d.s.cfg.Server.RequestTimeout; t > 0 {
+		return t
+	}
+	return 600 * time.Second
 }
 
 // deadline is the request's end-to-end deadline, on the wall clock (network deadlines are
 // real time even when the Server's clock is a fake).
 func (d *dispatch) deadline() time.Time {
 	if d.dl.IsZero() {
-		t := d.s.cfg.Server.RequestTimeout
-		if t <= 0 {
-			t = 600 * time.Second
-		}
-		d.dl = time.Now().Add(t)
+		d.dl = time.Now().Add(d.timeout())
 	}
 	return d.dl
 }
 
-// buildUpstream fills req to send body to st on the request's route with the allow-listed
-// headers.
+// buildUpstream fills req to send a copy of body to st on the request's route with the
+// forwarded headers.
 func (d *dispatch) buildUpstream(req *fasthttp.Request, st *workerState, body []byte) {
+	d.upstreamHeaders(req, st)
+	req.SetBody(body)
+}
+
+// upstreamHeaders fills req's request line and headers to st on the request's route: the
+// forwarded client headers, set under their canonical names without normalizing them again.
+func (d *dispatch) upstreamHeaders(req *fasthttp.Request, st *workerState) {
 	req.Header.SetMethod(fasthttp.MethodPost)
 	req.SetRequestURI(routePaths[d.kind])
 	req.Header.SetHost(st.hostPort)
 	req.Header.SetContentType("application/json")
-	h := &d.ctx.Request.Header
-	for _, name := range forwardHeaders {
-		if v := h.Peek(name); len(v) > 0 {
-			req.Header.SetBytesV(name, v)
-		}
-	}
-	for _, name := range [2]string{d.s.sessionHeader, d.s.routingHeader} {
-		if name == "" {
+	// The router's own key authenticates the client to the router, not to the engine.
+	dropAuth := d.s.cfg.Server.APIKey != ""
+	for i, v := range &d.hdr {
+		name := d.s.fwd[i]
+		if len(v) == 0 || dropAuth && string(name) == fasthttp.HeaderAuthorization {
 			continue
 		}
-		if v := h.Peek(name); len(v) > 0 {
-			req.Header.SetBytesV(name, v)
-		}
+		req.Header.SetCanonical(name, v)
 	}
-	if d.s.cfg.Server.APIKey != "" {
-		// The router's own key authenticates the client to the router, not to the engine.
-		req.Header.Del(fasthttp.HeaderAuthorization)
-	}
-	req.SetBody(body)
 }
 
 // upstreamError maps a transport failure before any byte reached the client.
@@ -302,24 +353,32 @@ func skipResponseHeader(k []byte) bool {
 	return false
 }
 
-// copyResponseHeaders copies resp's end-to-end headers to the client response.
+// copyResponseHeaders copies resp's end-to-end headers to the client response. The engine
+// client gives response header names in canonical form, so they are set as they are.
 func copyResponseHeaders(dst *fasthttp.ResponseHeader, resp *fasthttp.Response) {
 	for k, v := range resp.Header.All() {
 		if !skipResponseHeader(k) {
-			dst.SetBytesKV(k, v)
+			dst.SetCanonical(k, v)
 		}
 	}
 }
 
+// Canonical names of the router's response headers.
+var (
+	keyWorker        = []byte(headerWorker)
+	keyPrefillWorker = []byte(headerPrefillWorker)
+	keyBucket        = []byte(headerBucket)
+)
+
 func (d *dispatch) routerHeaders() {
 	h := &d.ctx.Response.Header
-	h.Set(headerBucket, d.pick.BucketID)
+	h.SetCanonical(keyBucket, []byte(d.pick.BucketID))
 	if d.pick.IsPD() {
-		h.Set(headerWorker, d.pick.Decode.Worker.ID)
-		h.Set(headerPrefillWorker, d.pick.Prefill.Worker.ID)
+		h.SetCanonical(keyWorker, []byte(d.pick.Decode.Worker.ID))
+		h.SetCanonical(keyPrefillWorker, []byte(d.pick.Prefill.Worker.ID))
 		return
 	}
-	h.Set(headerWorker, d.pick.Plain.Worker.ID)
+	h.SetCanonical(keyWorker, []byte(d.pick.Plain.Worker.ID))
 }
 
 // isEventStream reports whether resp is Server-Sent Events.
@@ -337,12 +396,22 @@ func (d *dispatch) plain(o outcome) outcome {
 	if st == nil {
 		return s.fail(d.ctx, o, newAPIError(CodeUpstream, "engine "+w.ID+" was removed before dispatch"))
 	}
-	guard := s.tracker.Acquire(w.Counters, s.now())
+	// The request's start time stamps the guard: one clock read less per request.
+	guard := s.tracker.Acquire(w.Counters, d.start)
 	req := fasthttp.AcquireRequest()
 	resp := fasthttp.AcquireResponse()
-	d.buildUpstream(req, st, d.body)
+	d.upstreamHeaders(req, st)
+	// The body outlives the upstream call (it is the client request's or the exchange's),
+	// so it is sent without a copy.
+	req.SetBodyRaw(d.body)
 	resp.StreamBody = d.facts.stream
-	err := st.client.DoDeadline(req, resp, d.deadline())
+	var err error
+	if d.facts.stream {
+		// A stream's relay enforces the same absolute deadline.
+		err = st.client.DoDeadline(req, resp, d.deadline())
+	} else {
+		err = st.client.DoTimeout(req, resp, d.timeout())
+	}
 	fasthttp.ReleaseRequest(req)
 	if err != nil {
 		fasthttp.ReleaseResponse(resp)

@@ -113,7 +113,8 @@ type Server struct {
 	dec      decoders
 	exPool   sync.Pool // *exchange
 
-	sessionHeader, routingHeader string
+	// fwd are the forwarded client header names (allow-list and affinity headers).
+	fwd forwardNames
 
 	draining atomic.Bool
 	// hardStop is closed when the drain timeout passes: streams end at once.
@@ -160,17 +161,16 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		opts.IdleTimeout = DefaultIdleTimeout
 	}
 	s := &Server{
-		cfg:           cfg,
-		opts:          opts,
-		logger:        opts.Logger,
-		now:           opts.Now,
-		tracker:       opts.Tracker,
-		set:           opts.Metrics,
-		hardStop:      make(chan struct{}),
-		serving:       make(chan struct{}),
-		conns:         make(map[net.Conn]struct{}),
-		sessionHeader: cfg.Affinity.SessionHeader,
-		routingHeader: cfg.Affinity.RoutingKeyHeader,
+		cfg:      cfg,
+		opts:     opts,
+		logger:   opts.Logger,
+		now:      opts.Now,
+		tracker:  opts.Tracker,
+		set:      opts.Metrics,
+		hardStop: make(chan struct{}),
+		serving:  make(chan struct{}),
+		conns:    make(map[net.Conn]struct{}),
+		fwd:      newForwardNames(cfg.Affinity.SessionHeader, cfg.Affinity.RoutingKeyHeader),
 	}
 	s.exPool.New = func() any { return new(exchange) }
 

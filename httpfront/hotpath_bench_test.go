@@ -1,0 +1,130 @@
+package httpfront
+
+import (
+	"context"
+	"net"
+	"testing"
+
+	"github.com/valyala/fasthttp"
+
+	"switchyard/config"
+)
+
+const benchClientHeaders = "POST /v1/chat/completions HTTP/1.1\r\nHost: router:8080\r\nUser-Agent: bench\r\n" +
+	"Content-Type: application/json\r\nContent-Length: 2\r\nAccept: */*\r\nX-Request-Id: 7f3a\r\n" +
+	"Traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\nX-Session-Id: s-42\r\n\r\n"
+
+// BenchmarkForwardHeaders is the per-request header work of a plain dispatch: one pass over
+// the client's headers, then the upstream request line and forwarded headers.
+func BenchmarkForwardHeaders(b *testing.B) {
+	cfg := config.Default()
+	s := &Server{cfg: cfg, fwd: newForwardNames(cfg.Affinity.SessionHeader, cfg.Affinity.RoutingKeyHeader)}
+	h := parseRequestHeader(b, benchClientHeaders)
+	st := &workerState{hostPort: "engine:30000"}
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	b.ReportAllocs()
+	for b.Loop() {
+		var hdr clientHeaders
+		s.fwd.scan(h, &hdr)
+		d := dispatch{s: s, kind: routeChat, hdr: hdr}
+		req.Reset()
+		d.upstreamHeaders(req, st)
+	}
+}
+
+// BenchmarkForwardHeadersPeekBaseline is the same work done by looking each forwarded name up
+// (fasthttp normalizes the name on every Peek and Set): the baseline.
+func BenchmarkForwardHeadersPeekBaseline(b *testing.B) {
+	cfg := config.Default()
+	names := []string{"Authorization", "X-Request-Id", "X-Correlation-Id", "Traceparent", "Tracestate",
+		cfg.Affinity.SessionHeader, cfg.Affinity.RoutingKeyHeader}
+	h := parseRequestHeader(b, benchClientHeaders)
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	b.ReportAllocs()
+	for b.Loop() {
+		_, _ = h.Peek(names[5]), h.Peek(names[6]) // the session and routing keys
+		req.Reset()
+		req.Header.SetMethod(fasthttp.MethodPost)
+		req.SetRequestURI(routePaths[routeChat])
+		req.Header.SetHost("engine:30000")
+		req.Header.SetContentType("application/json")
+		for _, name := range names {
+			if v := h.Peek(name); len(v) > 0 {
+				req.Header.SetBytesV(name, v)
+			}
+		}
+	}
+}
+
+// BenchmarkServePlainChat is a small non-streaming chat request through a Server to a
+// minimal engine on loopback, from parallel keep-alive clients: the whole request path,
+// client and engine included (allocs/op counts all three).
+func BenchmarkServePlainChat(b *testing.B) {
+	answer := []byte(`{"id":"c1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`)
+	eln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	engine := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/json")
+		ctx.SetBody(answer)
+	}}
+	engineDone := make(chan struct{})
+	go func() {
+		defer close(engineDone)
+		_ = engine.Serve(eln)
+	}()
+	defer func() {
+		_ = engine.Shutdown()
+		<-engineDone
+	}()
+
+	cfg := config.Default()
+	cfg.Server.Port = 0
+	cfg.Workers = []config.Worker{plainWorker("A", "http://"+eln.Addr().String(), "llama")}
+	cfg.Models = map[string]config.Model{"llama": {Buckets: []config.Bucket{plainBucket("all", nil, nil, "A")}}}
+	if err := cfg.Validate(); err != nil {
+		b.Fatal(err)
+	}
+	s, err := New(cfg, Options{SkipStartupChecks: true, NoTelemetry: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	runDone := make(chan error, 1)
+	go func() { runDone <- s.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-runDone; err != nil {
+			b.Errorf("Run: %v", err)
+		}
+	}()
+	<-s.serving
+
+	client := &fasthttp.HostClient{Addr: s.Addr().String(), MaxConns: 64}
+	defer client.CloseIdleConnections()
+	body := []byte(`{"model":"llama","messages":[{"role":"user","content":"hi"}],"max_tokens":1}`)
+	uri := "http://" + client.Addr + "/v1/chat/completions"
+	b.SetParallelism(8)
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		req := fasthttp.AcquireRequest()
+		resp := fasthttp.AcquireResponse()
+		defer fasthttp.ReleaseRequest(req)
+		defer fasthttp.ReleaseResponse(resp)
+		for pb.Next() {
+			req.Reset()
+			req.SetRequestURI(uri)
+			req.Header.SetMethod(fasthttp.MethodPost)
+			req.Header.SetContentType("application/json")
+			req.SetBodyRaw(body)
+			if err := client.Do(req, resp); err != nil || resp.StatusCode() != 200 {
+				b.Errorf("request: %v, status %d", err, resp.StatusCode())
+				return
+			}
+		}
+	})
+}
