@@ -1,6 +1,7 @@
 package httpfront
 
 import (
+	"maps"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -39,6 +40,9 @@ var durationBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.
 var statusSlots = [...]string{"200", "400", "401", "403", "404", "405", "409", "413", "415", "429", "499", "500", "502", "503", "504", "2xx", "3xx", "4xx", "5xx"}
 
 func statusSlot(code int) int {
+	if code == 200 {
+		return 0 // statusSlots[0], the common case
+	}
 	l := statusLabel(code)
 	for i, s := range statusSlots {
 		if s == l {
@@ -82,20 +86,31 @@ func (m *routeModelMetrics) response(code int) *metrics.Counter {
 type groupMetrics struct {
 	set  *metrics.Set
 	base string
-	mu   sync.RWMutex
-	by   map[string]*metrics.Counter
+	// by maps a reason to its counter. It is copied on write (under mu), so that the
+	// per-request lookup takes no lock: a read lock's shared counter would bounce between
+	// cores on every selection.
+	by atomic.Pointer[map[string]*metrics.Counter]
+	mu sync.Mutex
+}
+
+func newGroupMetrics(set *metrics.Set, base string) *groupMetrics {
+	g := &groupMetrics{set: set, base: base}
+	g.by.Store(&map[string]*metrics.Counter{})
+	return g
 }
 
 func (g *groupMetrics) selected(reason string) {
-	g.mu.RLock()
-	c := g.by[reason]
-	g.mu.RUnlock()
+	c := (*g.by.Load())[reason]
 	if c == nil {
 		// Slow path: first selection for this reason.
 		g.mu.Lock()
-		if c = g.by[reason]; c == nil {
+		by := *g.by.Load()
+		if c = by[reason]; c == nil {
 			c = g.set.GetOrCreateCounter(metricSelections + "{" + g.base + `,reason="` + escapeLabel(reason) + `"}`)
-			g.by[reason] = c
+			next := make(map[string]*metrics.Counter, len(by)+1)
+			maps.Copy(next, by)
+			next[reason] = c
+			g.by.Store(&next)
 		}
 		g.mu.Unlock()
 	}
@@ -194,12 +209,8 @@ func (m *serverMetrics) newModel(name string, r *engine.BucketResolver) *modelMe
 			if g.Policy() != nil {
 				policy = g.Policy().Name()
 			}
-			gs[g.Stage()] = &groupMetrics{
-				set: m.set,
-				base: `model="` + model + `",bucket="` + escapeLabel(b.ID) + `",group="` + g.Stage().String() +
-					`",policy="` + escapeLabel(policy) + `"`,
-				by: make(map[string]*metrics.Counter),
-			}
+			gs[g.Stage()] = newGroupMetrics(m.set, `model="`+model+`",bucket="`+escapeLabel(b.ID)+`",group="`+
+				g.Stage().String()+`",policy="`+escapeLabel(policy)+`"`)
 		}
 		mm.groups[b.ID] = &gs
 	}

@@ -488,15 +488,19 @@ func (s *Server) runJanitor(ctx context.Context) {
 	}
 }
 
+// trackConn records the open connections for closeConns. The active and idle transitions,
+// two per request, take no lock.
 func (s *Server) trackConn(c net.Conn, state fasthttp.ConnState) {
-	s.connMu.Lock()
 	switch state {
 	case fasthttp.StateNew:
+		s.connMu.Lock()
 		s.conns[c] = struct{}{}
+		s.connMu.Unlock()
 	case fasthttp.StateClosed, fasthttp.StateHijacked:
+		s.connMu.Lock()
 		delete(s.conns, c)
+		s.connMu.Unlock()
 	}
-	s.connMu.Unlock()
 }
 
 func (s *Server) closeConns() {
