@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"testing"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -55,6 +56,46 @@ func BenchmarkForwardHeadersPeekBaseline(b *testing.B) {
 				req.Header.SetBytesV(name, v)
 			}
 		}
+	}
+}
+
+// BenchmarkReadDeadline moves a keep-alive connection's read deadline the way fasthttp does
+// per request (idle timeout, then read timeout), on a plain TCP connection and on a
+// lazyDeadlineConn.
+func BenchmarkReadDeadline(b *testing.B) {
+	for _, lazy := range []bool{false, true} {
+		name := "conn"
+		if lazy {
+			name = "lazy"
+		}
+		b.Run(name, func(b *testing.B) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer ln.Close()
+			go func() {
+				if c, err := ln.Accept(); err == nil {
+					defer c.Close()
+					_, _ = c.Read(make([]byte, 1)) // until the client closes
+				}
+			}()
+			raw, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				b.Fatal(err)
+			}
+			var c net.Conn = raw
+			if lazy {
+				c = &lazyDeadlineConn{Conn: raw}
+			}
+			defer c.Close()
+			b.ReportAllocs()
+			for b.Loop() {
+				now := time.Now()
+				_ = c.SetReadDeadline(now.Add(DefaultIdleTimeout))
+				_ = c.SetReadDeadline(now.Add(DefaultReadTimeout))
+			}
+		})
 	}
 }
 

@@ -2,8 +2,13 @@ package httpfront
 
 import (
 	"bufio"
+	"errors"
+	"io"
+	"net"
+	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -84,6 +89,169 @@ func TestForwardedHeaders(t *testing.T) {
 			}
 			if got := len(req.Header.PeekAll("X-Request-Id")); got > 1 {
 				t.Errorf("X-Request-Id forwarded %d times", got)
+			}
+		})
+	}
+}
+
+// tcpPair returns both ends of a loopback TCP connection, closed at the end of the test.
+func tcpPair(t *testing.T) (net.Conn, net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		accepted <- c
+	}()
+	a, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := <-accepted
+	if b == nil {
+		t.Fatal("accept failed")
+	}
+	t.Cleanup(func() {
+		_ = a.Close()
+		_ = b.Close()
+	})
+	return a, b
+}
+
+func TestLazyDeadlineConnRead(t *testing.T) {
+	past, soon, later := time.Now().Add(-2*time.Second), time.Now().Add(-time.Second), time.Now().Add(time.Hour)
+	tests := []struct {
+		name      string
+		deadlines []time.Time // set in order
+		wantArmed time.Time   // armed after the sets
+		timeout   bool        // the read times out (no data is sent)
+	}{
+		{"a later deadline waits and the read carries on", []time.Time{past, later}, past, false},
+		{"a cleared deadline waits and the read carries on", []time.Time{past, {}}, past, false},
+		{"the deadline last set times out", []time.Time{later, past}, past, true},
+		{"a later deadline that has passed too times out", []time.Time{past, soon}, past, true},
+		{"no deadline", nil, time.Time{}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a, b := tcpPair(t)
+			c := &lazyDeadlineConn{Conn: a}
+			for _, d := range tt.deadlines {
+				if err := c.SetReadDeadline(d); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !c.r.armed.Equal(tt.wantArmed) {
+				t.Fatalf("armed %v, want %v", c.r.armed, tt.wantArmed)
+			}
+			if !tt.timeout {
+				if _, err := b.Write([]byte("x")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			buf := make([]byte, 1)
+			n, err := c.Read(buf)
+			if tt.timeout {
+				if n != 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+					t.Fatalf("Read = %d, %v; want a timeout", n, err)
+				}
+				return
+			}
+			if n != 1 || err != nil {
+				t.Fatalf("Read = %d, %v; want 1 byte", n, err)
+			}
+			if want := tt.deadlines; len(want) > 0 && !c.r.armed.Equal(want[len(want)-1]) {
+				t.Errorf("armed %v after the read, want the deadline last set", c.r.armed)
+			}
+		})
+	}
+}
+
+func TestLazyDeadlineConnWrite(t *testing.T) {
+	a, b := tcpPair(t)
+	c := &lazyDeadlineConn{Conn: a}
+	if err := c.SetWriteDeadline(time.Now().Add(-time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetWriteDeadline(time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.Write([]byte("hello")); n != 5 || err != nil {
+		t.Fatalf("Write = %d, %v; want 5 bytes", n, err)
+	}
+	buf := make([]byte, 5)
+	if _, err := io.ReadFull(b, buf); err != nil || string(buf) != "hello" {
+		t.Fatalf("peer read %q, %v", buf, err)
+	}
+	if err := c.SetDeadline(time.Now().Add(-time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write([]byte("late")); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("Write after an earlier deadline: %v, want a timeout", err)
+	}
+}
+
+// rawHealth writes a GET /health on c and reads one response.
+func rawHealth(t *testing.T, c net.Conn, br *bufio.Reader) {
+	t.Helper()
+	if _, err := c.Write([]byte("GET /health HTTP/1.1\r\nHost: r\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	var resp fasthttp.Response
+	if err := resp.Read(br); err != nil || resp.StatusCode() != 200 {
+		t.Fatalf("health: %v, status %d", err, resp.StatusCode())
+	}
+}
+
+// TestServerTimeoutsWithLazyDeadlines checks that the server's idle and read timeouts still
+// close connections on time although their deadlines are moved lazily.
+func TestServerTimeoutsWithLazyDeadlines(t *testing.T) {
+	tests := []struct {
+		name          string
+		read, idle    time.Duration
+		partial       string // sent after one request; the server must close the connection
+		before, after time.Duration
+	}{
+		{"idle keep-alive connection", 10 * time.Second, 200 * time.Millisecond, "", 150 * time.Millisecond, 5 * time.Second},
+		{"stalled request headers", 200 * time.Millisecond, 10 * time.Second, "GET /health HTTP/1.1\r\nHo",
+			150 * time.Millisecond, 5 * time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newFakeEngine(t, "A", "llama")
+			cfg := baseConfig()
+			cfg.Workers = []config.Worker{plainWorker("A", e.url, "llama")}
+			cfg.Models = map[string]config.Model{"llama": {Buckets: []config.Bucket{plainBucket("all", nil, nil, "A")}}}
+			ts := startServer(t, cfg, Options{ReadTimeout: tt.read, IdleTimeout: tt.idle, SkipStartupChecks: true, NoTelemetry: true})
+			c, err := net.Dial("tcp", ts.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			br := bufio.NewReader(c)
+			for range 3 {
+				rawHealth(t, c, br) // keep-alive requests move the deadlines forward
+			}
+			start := time.Now()
+			if tt.partial != "" {
+				if _, err := c.Write([]byte(tt.partial)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Bounded wait for the server to close the connection (or answer and close).
+			if err := c.SetReadDeadline(time.Now().Add(tt.after)); err != nil {
+				t.Fatal(err)
+			}
+			_, err = io.Copy(io.Discard, br)
+			if err != nil {
+				t.Fatalf("connection not closed by the server within %v: %v", tt.after, err)
+			}
+			if took := time.Since(start); took < tt.before {
+				t.Errorf("closed after %v, before the timeout", took)
 			}
 		})
 	}
