@@ -399,6 +399,52 @@ func runCacheScenario(t *testing.T, env *cacheEnv) {
 			t.Fatalf("restart clears grew by %v, want at least 1", d)
 		}
 	})
+
+	t.Run("a killed and restarted engine process leaves no stale ownership", func(t *testing.T) {
+		p := cachePrefix("foxtrot")
+		chatEngine(t, a, p, "question one")
+		probe := promptIDs(t, cacheMessages(p, "question two"))
+		env.waitHeld(t, aID, probe, "the index learns what A cached", func(n int64) bool { return n >= cacheMinMatched })
+		// The process goes away with its sockets, and a new one takes its ports: the
+		// subscription loses its connection, reconnects, and sees a sequence from 0.
+		// What the new process publishes before the subscription is back is lost (a ZMQ
+		// subscriber receives nothing before it is connected), so probe until a batch lands.
+		warmSubscription(t, env, restartEngine(t, a), aID)
+		if n := env.held(aID, probe); n != 0 {
+			t.Fatalf("after the process restart the index says A holds %d tokens of the old prefix", n)
+		}
+	})
+}
+
+// restartEngine closes e and starts a new engine with its configuration on its ports (HTTP,
+// KV events, replay), as a restarted engine process comes back; it is closed when the test
+// ends.
+func restartEngine(t *testing.T, e *mockengine.Engine) *mockengine.Engine {
+	t.Helper()
+	cfg := e.Config()
+	port := func(endpoint string) int {
+		_, p, err := net.SplitHostPort(strings.TrimPrefix(endpoint, "tcp://"))
+		if err != nil {
+			t.Fatalf("endpoint %q: %v", endpoint, err)
+		}
+		n, err := strconv.Atoi(p)
+		if err != nil {
+			t.Fatalf("endpoint %q: %v", endpoint, err)
+		}
+		return n
+	}
+	cfg.Port = e.Port()
+	cfg.KVEvents.PortBase = port(e.KVEventsEndpoint(0))
+	cfg.KVEvents.ReplayPortBase = port(e.ReplayEndpoint(0))
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	n, err := mockengine.Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Close() })
+	return n
 }
 
 // warmSubscription waits until the index receives e's KV events: a ZMQ subscriber misses
