@@ -95,7 +95,7 @@ func newFlagSet(stderr io.Writer) (*flag.FlagSet, *commandFlags) {
 	fs.BoolVar(&f.hang, "fault-hang", false, "hold every inference request before its first token")
 	fs.DurationVar(&f.unhealthyAfter, "fault-unhealthy-after", 0, "answer 503 on /health and /health_generate after this long (0: off)")
 	fs.DurationVar(&f.stopEventsAfter, "fault-stop-events-after", 0, "stop publishing KV events and load gauges after this long (0: off)")
-	fs.DurationVar(&f.restartEvery, "fault-restart-every", 0, "restart (fail requests, clear the cache, reset counters and sequence numbers) at this interval (0: off)")
+	fs.DurationVar(&f.restartEvery, "fault-restart-every", 0, "restart (fail requests, drop every ZMQ peer connection, clear the cache, reset counters and sequence numbers) at this interval (0: off)")
 	fs.DurationVar(&f.restartDowntime, "fault-restart-downtime", 0, "answer 503 for this long after each restart")
 	fs.Usage = func() {
 		out := fs.Output()

@@ -45,7 +45,8 @@
 //   - Fault injection (Faults): fail the first N requests, a failure rate, a fixed status,
 //     added latency, a connection dropped after N tokens, a hang before the first token,
 //     unhealthy health checks (now or after a delay), withheld events, and restarts (every
-//     request fails, the cache empties, counters and sequence numbers start from zero). Set
+//     request fails, every ZMQ peer connection drops, the cache empties, counters and
+//     sequence numbers start from zero). Set
 //     at start, with Engine.SetFaults and Engine.Restart, or over HTTP with GET/PUT
 //     /mock/faults and POST /mock/restart.
 //

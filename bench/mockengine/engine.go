@@ -464,9 +464,13 @@ func (e *Engine) runTimedFaults(ctx context.Context, f Faults) {
 }
 
 // Restart simulates an engine restart: every queued and running request fails (streams
-// are cut), the cache is emptied, the counters and event sequence numbers start again from
-// zero, and AllBlocksCleared is published. With Faults.RestartDowntime the engine answers
-// 503 for that long.
+// are cut), every peer connection of the KV-event PUB, replay ROUTER and load-gauge PUB
+// sockets is closed (the sockets keep listening, so subscribers reconnect as they would to
+// a restarted process), the cache is emptied, the counters and event sequence numbers start
+// again from zero, and AllBlocksCleared is published as sequence 0. The connections are
+// dropped before the new run publishes anything, so no connection carries batches of both
+// runs; what is published before a subscriber is back is only in the replay buffer. With
+// Faults.RestartDowntime the engine answers 503 for that long.
 func (e *Engine) Restart() {
 	now := e.clock.Now()
 	if d := e.faults.Load().RestartDowntime; d > 0 {

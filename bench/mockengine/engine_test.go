@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -89,6 +90,21 @@ func TestCloseStopsEverything(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A Restart drops the connections of a ZMQ subscriber and a replay peer: their
+	// goroutines must end too.
+	old := dialSub(t, p.KVEventsEndpoint(1), "")
+	poll(t, "the subscription", func() bool { return p.ranks[1].kvpub.sock.Subscribers() == 1 })
+	_, rport, err := net.SplitHostPort(strings.TrimPrefix(p.ReplayEndpoint(0), "tcp://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp, err := strconv.Atoi(rport)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dialRaw(t, rp, "DEALER", "ROUTER")
+	p.Restart()
+	old.dropped(t, "subscriber at the restart")
 	// A raw subscriber stays connected through Close; a hung stream is cut by it.
 	sub, err := net.Dial("tcp", strings.TrimPrefix(p.KVEventsEndpoint(1), "tcp://"))
 	if err != nil {

@@ -1,10 +1,13 @@
 package mockengine
 
 import (
+	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"switchyard/kv"
 	"switchyard/load"
 )
 
@@ -295,4 +298,64 @@ func TestFaultRestartCutsStreams(t *testing.T) {
 	if r := do(t, c, "GET", e.URL()+"/health", nil); r.status != 200 {
 		t.Fatalf("/health after the downtime: %d", r.status)
 	}
+}
+
+// TestFaultRestartDropsConnections checks that Restart closes every connection of the
+// KV-event, replay and load sockets before the new run publishes, as a restarted process
+// does, and that a subscriber which connects again sees the new run from sequence 0.
+func TestFaultRestartDropsConnections(t *testing.T) {
+	e := startEngine(t, Config{ZeroCost: true, KVEvents: KVEvents{Replay: true}, LoadPublish: LoadPublish{Interval: 10 * time.Millisecond}})
+	c := newClient(t)
+	sub := dialSub(t, e.KVEventsEndpoint(0), "")
+	if seq := syncKV(t, c, e, sub, ""); seq == 0 {
+		t.Fatal("synced on sequence 0: the restart's sequence 0 would not be told apart")
+	}
+	loads := dialSub(t, e.LoadEndpoint(0), "load")
+	loads.next(t)
+	_, port, err := net.SplitHostPort(strings.TrimPrefix(e.ReplayEndpoint(0), "tcp://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	replayPeer := dialRaw(t, n, "DEALER", "ROUTER")
+
+	e.Restart()
+	// The old subscription ends without a message of the new run: AllBlocksCleared went out
+	// after its connection was closed.
+	sub.dropped(t, "KV-event subscriber")
+	if _, _, err := readZMTPFrame(replayPeer.br); err == nil {
+		t.Fatal("the replay connection still delivers frames after the restart")
+	}
+	deadline := time.After(testDeadline)
+	for done := false; !done; {
+		select { // gauges sent before the restart may still be queued
+		case <-loads.msgs:
+		case err := <-loads.done:
+			if err == nil {
+				t.Fatal("load subscriber: receiving ended without an error")
+			}
+			done = true
+		case <-deadline:
+			t.Fatal("the load connection was not dropped within the deadline")
+		}
+	}
+
+	// The sockets still listen: a new subscription receives the new run's batches, and the
+	// replay buffer holds its AllBlocksCleared as sequence 0.
+	again := dialSub(t, e.KVEventsEndpoint(0), "")
+	poll(t, "the new subscription", func() bool { return e.ranks[0].kvpub.sock.Subscribers() == 1 })
+	generate(t, e, ids(1, 40), 0, nil)
+	if seq, b := kvBatch(t, again.next(t), ""); seq != 1 || b.Events[0].Kind != kv.EventBlockStored {
+		t.Fatalf("first live batch after reconnecting: seq %d, events %+v; want seq 1, BlockStored", seq, b.Events)
+	}
+	batches := replay(t, e.ReplayEndpoint(0), 0, true)
+	if len(batches) != 2 || batches[0].seq != 0 || len(batches[0].b.Events) != 1 ||
+		batches[0].b.Events[0].Kind != kv.EventAllBlocksCleared || batches[1].seq != 1 {
+		t.Fatalf("replay from 0 after the restart returned %+v, want AllBlocksCleared as seq 0, then seq 1", batches)
+	}
+	loadsAgain := dialSub(t, e.LoadEndpoint(0), "load")
+	loadsAgain.next(t)
 }

@@ -188,10 +188,12 @@ func path(t *testing.T, v any, keys ...any) any {
 }
 
 // zsub is a ZMQ SUB socket (go-zeromq/zmq4, an independent ZMTP implementation) whose
-// messages arrive on a channel.
+// messages arrive on a channel; the error that ends its receiving (a dropped connection)
+// arrives on done.
 type zsub struct {
 	sock zmq4.Socket
 	msgs chan zmq4.Msg
+	done chan error
 }
 
 func dialSub(t *testing.T, endpoint, topic string) *zsub {
@@ -205,13 +207,14 @@ func dialSub(t *testing.T, endpoint, topic string) *zsub {
 	if err := sock.SetOption(zmq4.OptionSubscribe, topic); err != nil {
 		t.Fatal(err)
 	}
-	z := &zsub{sock: sock, msgs: make(chan zmq4.Msg, 4096)}
+	z := &zsub{sock: sock, msgs: make(chan zmq4.Msg, 4096), done: make(chan error, 1)}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		for {
 			m, err := sock.Recv()
 			if err != nil {
+				z.done <- err
 				return
 			}
 			select {
@@ -239,6 +242,22 @@ func (z *zsub) next(t *testing.T) zmq4.Msg {
 		t.Fatal("no ZMQ message within the deadline")
 	}
 	return zmq4.Msg{}
+}
+
+// dropped waits for the connection to end, failing the test if a message arrives first or
+// nothing happens within testDeadline.
+func (z *zsub) dropped(t *testing.T, what string) {
+	t.Helper()
+	select {
+	case err := <-z.done:
+		if err == nil {
+			t.Fatalf("%s: receiving ended without an error", what)
+		}
+	case m := <-z.msgs:
+		t.Fatalf("%s: got a message on a connection that should have been dropped: %q", what, m.Frames)
+	case <-time.After(testDeadline):
+		t.Fatalf("%s: the connection was not dropped within the deadline", what)
+	}
 }
 
 // kvBatch decodes a KV-event message: topic, 8-byte seq, payload.

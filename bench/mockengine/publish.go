@@ -63,6 +63,17 @@ func (p *eventPublisher) publish(b *kv.EventBatch) {
 	}
 }
 
+// dropPeers disconnects every subscriber and replay peer, as a restarted engine's sockets
+// do; both sockets keep listening.
+func (p *eventPublisher) dropPeers() {
+	if p.sock != nil {
+		p.sock.DropPeers()
+	}
+	if p.replay != nil {
+		p.replay.DropPeers()
+	}
+}
+
 // reset restarts the sequence at 0 and forgets retained batches, as a restarted engine does.
 func (p *eventPublisher) reset() {
 	p.mu.Lock()

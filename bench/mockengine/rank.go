@@ -532,12 +532,21 @@ func (r *rank) flush(now time.Time) bool {
 	return true
 }
 
-// restart fails every queued and running sequence, empties the cache, resets the counters
-// and the event sequence, and publishes AllBlocksCleared as a fresh engine does.
+// restart fails every queued and running sequence, drops every connection of the rank's
+// ZMQ sockets, empties the cache, resets the counters and the event sequence, and publishes
+// AllBlocksCleared as a fresh engine does. The drop comes first, under the mutex that
+// serializes publishing, so that no connection from before the restart carries a batch of
+// the new run.
 func (r *rank) restart(now time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.epoch++
+	if r.kvpub != nil {
+		r.kvpub.dropPeers()
+	}
+	if r.loadpub != nil {
+		r.loadpub.DropPeers()
+	}
 	for _, list := range [][]*seq{r.waiting, r.running} {
 		for _, s := range list {
 			if s.state != stDone {

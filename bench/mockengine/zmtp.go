@@ -263,6 +263,17 @@ func (l *zmtpListener) serve(handle func(net.Conn)) {
 	}()
 }
 
+// dropConns closes every peer connection and keeps listening, as a restarted process's
+// sockets do: each peer sees its connection end and dials again. The peers' goroutines
+// exit on their own (the listener's WaitGroup still tracks them).
+func (l *zmtpListener) dropConns() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for c := range l.conns {
+		c.Close()
+	}
+}
+
 func (l *zmtpListener) close() error {
 	l.mu.Lock()
 	l.done = true
@@ -307,6 +318,16 @@ func (p *zmtpPub) Port() int { return p.l.ln.Addr().(*net.TCPAddr).Port }
 
 // Close stops accepting, disconnects every subscriber and waits for their goroutines.
 func (p *zmtpPub) Close() error { return p.l.close() }
+
+// DropPeers disconnects every subscriber and keeps listening: what is sent after it reaches
+// only peers that connect again. The dropped peers leave the fan-out at once, so Send and
+// Subscribers no longer see them while their goroutines wind down.
+func (p *zmtpPub) DropPeers() {
+	p.mu.Lock() // before l.mu: no handshake that ends after the drop registers meanwhile
+	defer p.mu.Unlock()
+	p.l.dropConns()
+	clear(p.peers)
+}
 
 // Subscribers returns the number of connected peers that hold at least one subscription.
 func (p *zmtpPub) Subscribers() int {
@@ -472,6 +493,9 @@ func (r *zmtpRouter) Port() int { return r.l.ln.Addr().(*net.TCPAddr).Port }
 
 // Close stops accepting, disconnects every peer and waits for their goroutines.
 func (r *zmtpRouter) Close() error { return r.l.close() }
+
+// DropPeers disconnects every peer and keeps listening.
+func (r *zmtpRouter) DropPeers() { r.l.dropConns() }
 
 func (r *zmtpRouter) handle(c net.Conn) {
 	br, bw := bufio.NewReader(c), bufio.NewWriter(c)
