@@ -4,9 +4,12 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
+	"log"
+	"math"
 	"net"
 	"net/http"
 	"strconv"
@@ -14,6 +17,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/go-zeromq/zmq4"
 
 	"switchyard/bench/mockengine"
 	"switchyard/config"
@@ -130,6 +135,8 @@ type cacheEnv struct {
 	// kvMetrics is the /metrics URL of the process holding the index (its switchyard_kv_*).
 	kvMetrics string
 	engines   map[string]*mockengine.Engine
+	// warmups counts warmSubscription calls; checks run one at a time.
+	warmups int
 }
 
 // router returns the i-th router, cycling: with two routers, consecutive requests of a
@@ -373,8 +380,9 @@ func runCacheScenario(t *testing.T, env *cacheEnv) {
 		chatEngine(t, a, p, "question one")
 		probe := promptIDs(t, cacheMessages(p, "question two"))
 		env.waitHeld(t, aID, probe, "the index learns what A cached", func(n int64) bool { return n >= cacheMinMatched })
-		// The publisher stops mid-run, then the engine restarts: its cache empties and its
-		// sequence starts again from 0, and the AllBlocksCleared it publishes is withheld.
+		// The publisher stops mid-run, then the engine restarts: its cache empties, its
+		// sequence starts again from 0, the subscription's connection drops, and the
+		// AllBlocksCleared it publishes is withheld.
 		if err := a.SetFaults(mockengine.Faults{StopEvents: true}); err != nil {
 			t.Fatal(err)
 		}
@@ -382,11 +390,9 @@ func runCacheScenario(t *testing.T, env *cacheEnv) {
 		if err := a.SetFaults(mockengine.Faults{}); err != nil {
 			t.Fatal(err)
 		}
-		// The first batch after the restart has a sequence number below the last one seen.
-		after := cacheFiller("first after the restart")
-		chatEngine(t, a, after, "go on")
-		env.waitHeld(t, aID, promptIDs(t, cacheMessages(after, "go on")), "the index applies A's first batch after the restart",
-			func(n int64) bool { return n > 0 })
+		// The first batch the subscription receives once it is back has a sequence number
+		// below the last one seen.
+		warmSubscription(t, env, a, aID)
 		if n := env.held(aID, probe); n != 0 {
 			t.Fatalf("after the restart the index says A holds %d tokens of the old prefix", n)
 		}
@@ -397,6 +403,40 @@ func runCacheScenario(t *testing.T, env *cacheEnv) {
 		}
 		if d := metricValue(t, env.kvMetrics, seriesClearRst) - restarts; d < 1 {
 			t.Fatalf("restart clears grew by %v, want at least 1", d)
+		}
+	})
+
+	t.Run("a restarted engine that published past the last sequence seen leaves no stale ownership", func(t *testing.T) {
+		clears := metricValue(t, env.kvMetrics, seriesClearRst) + metricValue(t, env.kvMetrics, seriesClearGap)
+		replays := metricValue(t, env.kvMetrics, seriesReplayed)
+		p := cachePrefix("golf")
+		chatEngine(t, a, p, "question one")
+		probe := promptIDs(t, cacheMessages(p, "question two"))
+		env.waitHeld(t, aID, probe, "the index learns what A cached", func(n int64) bool { return n >= cacheMinMatched })
+		last := replayedSeq(t, a)
+		// Silenced, A restarts and publishes more batches than it had before: its new
+		// sequence passes the last one the index saw, and its replay buffer holds batches
+		// of the new run under the numbers the index would ask for. Only the dropped
+		// connection tells the subscription that these are not the batches it missed.
+		if err := a.SetFaults(mockengine.Faults{StopEvents: true}); err != nil {
+			t.Fatal(err)
+		}
+		a.Restart()
+		for i := 0; replayedSeq(t, a) <= last+1; i++ {
+			chatEngine(t, a, cacheFiller(fmt.Sprintf("golf filler %d", i)), "go on")
+		}
+		if err := a.SetFaults(mockengine.Faults{}); err != nil {
+			t.Fatal(err)
+		}
+		warmSubscription(t, env, a, aID)
+		if n := env.held(aID, probe); n != 0 {
+			t.Fatalf("after the restart the index says A holds %d tokens of the old prefix", n)
+		}
+		if d := metricValue(t, env.kvMetrics, seriesClearRst) + metricValue(t, env.kvMetrics, seriesClearGap) - clears; d < 1 {
+			t.Fatalf("restart and gap clears grew by %v, want at least 1", d)
+		}
+		if d := metricValue(t, env.kvMetrics, seriesReplayed) - replays; d != 0 {
+			t.Fatalf("replays grew by %v: the index repaired from the new run's buffer", d)
 		}
 	})
 
@@ -447,14 +487,55 @@ func restartEngine(t *testing.T, e *mockengine.Engine) *mockengine.Engine {
 	return n
 }
 
+// replayedSeq asks e's replay socket for every retained batch of rank 0 and returns the
+// newest sequence number: the last one e published.
+func replayedSeq(t *testing.T, e *mockengine.Engine) uint64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), cacheWait)
+	defer cancel()
+	sock := zmq4.NewDealer(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithLogger(log.New(io.Discard, "", 0)))
+	defer sock.Close()
+	if err := sock.Dial(e.ReplayEndpoint(0)); err != nil {
+		t.Fatal(err)
+	}
+	if err := sock.Send(zmq4.NewMsgFrom([]byte{}, binary.BigEndian.AppendUint64(nil, 0))); err != nil {
+		t.Fatal(err)
+	}
+	last, found := uint64(0), false
+	for {
+		msg, err := sock.Recv()
+		if err != nil {
+			t.Fatalf("replay from %s: %v", e.ReplayEndpoint(0), err)
+		}
+		f := msg.Frames
+		if len(f) > 0 && len(f[0]) == 0 {
+			f = f[1:]
+		}
+		if len(f) < 1 || len(f[0]) != 8 {
+			t.Fatalf("malformed replay message %q", msg.Frames)
+		}
+		seq := binary.BigEndian.Uint64(f[0])
+		if seq == math.MaxUint64 {
+			if !found {
+				t.Fatal("the replay buffer is empty")
+			}
+			return last
+		}
+		last, found = seq, true
+	}
+}
+
 // warmSubscription waits until the index receives e's KV events: a ZMQ subscriber misses
 // what is published before its subscription reaches the publisher, so it sends distinct
-// small requests straight to the engine until one's blocks show up in the index.
+// small requests straight to the engine until one's blocks show up in the index. Each call's
+// prompts start with its own number, so that a warm-up of an earlier call, still in the
+// index, shares no block with them and cannot end the wait.
 func warmSubscription(t *testing.T, env *cacheEnv, e *mockengine.Engine, id string) {
 	t.Helper()
+	env.warmups++
 	deadline := time.Now().Add(cacheWait)
 	for i := 0; ; i++ {
-		msgs := cacheMessages(fmt.Sprintf("warm-up %d of %s: the subscription must carry this prompt's blocks to the index.", i, id), "ok")
+		msgs := cacheMessages(fmt.Sprintf("%d.%d: warm-up of %s, the subscription must carry this prompt's blocks to the index.", env.warmups, i, id), "ok")
 		chatEngineMsgs(t, e, msgs)
 		ids := promptIDs(t, msgs)
 		poll := time.Now().Add(200 * time.Millisecond)
