@@ -14,7 +14,7 @@ import (
 
 // mayBeSkipped are the policies whose router wiring may still be missing; every other row
 // must be measured.
-var mayBeSkipped = map[string]bool{config.PolicyCacheAware: true, config.PolicySessionAware: true}
+var mayBeSkipped = map[string]bool{config.PolicySessionAware: true}
 
 // checkRow asserts that a measured row is complete: every request answered, every figure
 // present, every request on a known engine, the hit rate within the oracle.
