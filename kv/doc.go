@@ -37,7 +37,8 @@
 //     publishers in both topologies of INTEROP (connect to each engine's PUB per DP rank,
 //     discovered from /server_info or configured; or bind a SUB that vLLM-style engines
 //     dial, identifying them by topic), with per-publisher sequence tracking, replay of a gap
-//     within a connection, reconnect with backoff, and clearing on restart or removal.
+//     within a connection, reconnect with backoff, and clearing on restart, reconnection or
+//     removal.
 //   - CacheSource, the contract of a prefix source: the local Index, or RemoteSource, the
 //     client of `switchyard indexer` (IndexerHandler serves an Index over HTTP, protocol in
 //     wire.go). PrefixMemo memoizes one request's lookups, one per source.

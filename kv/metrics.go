@@ -57,10 +57,11 @@ const (
 	clearDropped                      // a shard refused a batch
 	clearRemoved                      // worker removed
 	clearRekey                        // hashes turned out not reproducible: re-keyed from scratch
+	clearReconnect                    // the connection was lost: what was published meanwhile is unknown
 	numClearReasons
 )
 
-var clearReasonNames = [numClearReasons]string{"all_blocks_cleared", "restart", "gap", "dropped", "removed", "rekey"}
+var clearReasonNames = [numClearReasons]string{"all_blocks_cleared", "restart", "gap", "dropped", "removed", "rekey", "reconnect"}
 
 // NewMetrics creates the handles on set; a nil set gets a private one (metrics kept but not
 // exported).
@@ -135,6 +136,7 @@ type IngestCounts struct {
 	HashMismatches                                uint64
 	ClearsAllBlocks, ClearsRestart, ClearsGap     uint64
 	ClearsDropped, ClearsRemoved, ClearsRekey     uint64
+	ClearsReconnect                               uint64
 }
 
 // Ingest returns the ingest counters.
@@ -147,5 +149,6 @@ func (m *Metrics) Ingest() IngestCounts {
 		ClearsAllBlocks: m.clears[clearAllBlocks].Get(), ClearsRestart: m.clears[clearRestart].Get(),
 		ClearsGap: m.clears[clearGap].Get(), ClearsDropped: m.clears[clearDropped].Get(),
 		ClearsRemoved: m.clears[clearRemoved].Get(), ClearsRekey: m.clears[clearRekey].Get(),
+		ClearsReconnect: m.clears[clearReconnect].Get(),
 	}
 }

@@ -34,8 +34,6 @@ type rankSub struct {
 
 	lastConnErr string
 	lastBad     string
-	// reconnected is set from a new connection's start until its first message.
-	reconnected bool
 }
 
 func newRankSub(m *Manager, worker string, pub Publisher, rekey bool) *rankSub {
@@ -112,7 +110,13 @@ func (s *rankSub) session(ctx context.Context) (delivered bool, err error) {
 	defer s.connected.Store(false)
 	// Duplicates of a replay can only arrive on the connection that carried them.
 	s.seq.dedupe = false
-	s.reconnected = s.seq.known
+	if s.seq.known {
+		// A reconnection: batches published while disconnected are lost, and the publisher
+		// may have restarted and counted past our last seq, so even a seamless-looking next
+		// seq proves nothing. A stale index is worse than an empty one: start over.
+		s.clear(clearReconnect)
+		s.seq.reset()
+	}
 	if s.lastConnErr != "" {
 		s.log.Info("KV-event subscription connected", slog.String("endpoint", s.pub.Endpoint))
 		s.lastConnErr = ""
@@ -136,7 +140,6 @@ func (s *rankSub) handle(ctx context.Context, frames [][]byte) bool {
 	}
 	seq := binary.BigEndian.Uint64(frames[1])
 	s.received.Add(1)
-	defer func() { s.reconnected = false }()
 	switch s.seq.observe(seq) {
 	case seqDuplicate:
 		return true
@@ -145,12 +148,9 @@ func (s *rankSub) handle(ctx context.Context, frames [][]byte) bool {
 		s.seq.reset()
 	case seqGap:
 		s.m.x.metrics.gaps.Inc()
-		if !s.reconnected {
-			// Within one connection a replay can fill the gap. Across a reconnection it
-			// cannot be trusted: a restarted engine may have counted past our last seq,
-			// and its replay socket would answer from its new history.
-			s.repair(ctx, seq)
-		}
+		// Within one connection a replay can fill the gap (a reconnection starts over, see
+		// run, so a gap is never repaired from a restarted publisher's new history).
+		s.repair(ctx, seq)
 		switch s.seq.observe(seq) {
 		case seqDuplicate:
 			return true
