@@ -264,7 +264,9 @@ type KV struct {
 	BindEndpoint string `koanf:"bind_endpoint" json:"bind_endpoint"`
 	// BlockSize is the block size, in tokens, when an engine does not advertise one. Default 16.
 	BlockSize int `koanf:"block_size" json:"block_size"`
-	// Shards is the number of prefix-index shard actors. Default 8.
+	// Shards is the number of prefix-index shard actors; 0 means one per core
+	// (GOMAXPROCS), which measured fastest: more shards than cores only add hand-offs.
+	// Default 0.
 	Shards int `koanf:"shards" json:"shards"`
 	// MaxBlocks bounds the resident blocks of the index; LRU beyond. Default 4,000,000.
 	MaxBlocks int `koanf:"max_blocks" json:"max_blocks"`

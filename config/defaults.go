@@ -33,7 +33,7 @@ func Default() *Config {
 		KV: KV{
 			Enabled:          true,
 			BlockSize:        16,
-			Shards:           8,
+			Shards:           0, // one per core
 			MaxBlocks:        4_000_000,
 			ReconnectBackoff: 500 * time.Millisecond,
 		},

@@ -34,7 +34,7 @@ func TestDefault(t *testing.T) {
 		{"kv.enabled", d.KV.Enabled, true},
 		{"kv.bind_endpoint", d.KV.BindEndpoint, ""},
 		{"kv.block_size", d.KV.BlockSize, 16},
-		{"kv.shards", d.KV.Shards, 8},
+		{"kv.shards", d.KV.Shards, 0},
 		{"kv.max_blocks", d.KV.MaxBlocks, 4_000_000},
 		{"kv.reconnect_backoff", d.KV.ReconnectBackoff, 500 * time.Millisecond},
 		{"affinity.session_header", d.Affinity.SessionHeader, "x-session-id"},

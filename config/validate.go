@@ -346,7 +346,7 @@ func (c *Config) validateLoad(p *problems) {
 func (c *Config) validateKV(p *problems) {
 	k := c.KV
 	atLeast(p, "kv.block_size", int64(k.BlockSize), 1)
-	atLeast(p, "kv.shards", int64(k.Shards), 1)
+	atLeast(p, "kv.shards", int64(k.Shards), 0) // 0: one per core
 	atLeast(p, "kv.max_blocks", int64(k.MaxBlocks), 1)
 	positive(p, "kv.reconnect_backoff", k.ReconnectBackoff)
 	if k.BindEndpoint != "" {

@@ -3,6 +3,7 @@ package kv
 import (
 	"context"
 	"errors"
+	"runtime"
 	"slices"
 	"testing"
 )
@@ -87,6 +88,23 @@ func compareStrings(a, b string) int {
 		return 1
 	}
 	return 0
+}
+
+func TestIndexDefaultShardsOnePerCore(t *testing.T) {
+	for _, shards := range []int{0, -1} {
+		x, err := NewIndex(IndexConfig{Shards: shards})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := x.Shards(), runtime.GOMAXPROCS(0); got != want {
+			t.Errorf("Shards %d: %d shards, want GOMAXPROCS = %d", shards, got, want)
+		}
+		_ = x.Close()
+	}
+	x := newTestIndex(t, 3, 1024)
+	if got := x.Shards(); got != 3 {
+		t.Errorf("Shards 3: %d shards", got)
+	}
 }
 
 func TestIndexLongestPrefixPerWorker(t *testing.T) {
