@@ -125,7 +125,8 @@ func reportPercentiles(b *testing.B, d []time.Duration) {
 // BenchmarkLookup100kTokens: one lookup of a 100,000-token prompt over 100 engines, with
 // 1,000,000 other blocks resident. Every engine holds the first 2,048 tokens (a shared
 // system prompt), four hold all of it, ten hold 10%…100% of it. "full" hashes the prompt
-// and matches; "match" matches precomputed hashes; "hash" only hashes (the floor of full).
+// and matches (a full hit: the worst case); "miss" looks up a prompt nobody holds; "match"
+// matches precomputed hashes; "hash" only hashes (the floor of full).
 func BenchmarkLookup100kTokens(b *testing.B) {
 	const engines, resident, promptLen = 100, 1_000_000, 100_000
 	for _, h := range benchHosts() {
@@ -173,6 +174,26 @@ func BenchmarkLookup100kTokens(b *testing.B) {
 					d = append(d, time.Since(t))
 				}
 				check(b, &l)
+				reportPercentiles(b, d)
+			})
+			b.Run(fmt.Sprintf("%s/bs=%d/miss", h.name, bs), func(b *testing.B) {
+				// A prompt nobody holds: hashing and matching stop after the first wave.
+				setup(b)
+				cold := randomTokens(rand.New(rand.NewPCG(8, 8)), promptLen)
+				var l kv.Lookup
+				var d []time.Duration
+				ctx := context.Background()
+				b.ReportAllocs()
+				for b.Loop() {
+					t := time.Now()
+					if err := x.Lookup(ctx, "m", cold, &l); err != nil {
+						b.Fatal(err)
+					}
+					d = append(d, time.Since(t))
+				}
+				if len(l.Matches) != 0 {
+					b.Fatalf("a cold prompt matched %d engines", len(l.Matches))
+				}
 				reportPercentiles(b, d)
 			})
 			b.Run(fmt.Sprintf("%s/bs=%d/match", h.name, bs), func(b *testing.B) {
