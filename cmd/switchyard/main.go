@@ -79,6 +79,6 @@ var errReported = errors.New("reported")
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "usage: switchyard <command> [flags]\n\ncommands:")
 	for _, c := range commands() {
-		fmt.Fprintf(w, "  %-11s %s\n", c.name, c.usage)
+		fmt.Fprintf(w, "  %-14s %s\n", c.name, c.usage)
 	}
 }
