@@ -16,6 +16,19 @@ func (d *Digest) Hash() int64 { return int64(binary.BigEndian.Uint64(d[:8])) }
 // stackBlockTokens is the largest block HashBlock hashes from a stack buffer.
 const stackBlockTokens = 64
 
+// blockBufLen is the buffer one block of n tokens is hashed in: parent digest, tokens and
+// SHA-256 padding (0x80, zeros, 64-bit length) rounded up to whole 64-byte blocks.
+func blockBufLen(n int) int { return (sha256.Size + 4*n + 9 + 63) &^ 63 }
+
+// stackBufLen is blockBufLen(stackBlockTokens).
+const stackBufLen = (sha256.Size + 4*stackBlockTokens + 9 + 63) &^ 63
+
+// fastHash selects the SHA-extension path (haveSHANI); tests turn it off to compare.
+var fastHash = haveSHANI
+
+// sha256IV is SHA-256's initial hash value (FIPS 180-4, 5.3.3).
+var sha256IV = [8]uint32{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19}
+
 // HashBlock returns the digest of one block of tokens that follows the block whose digest is
 // parent, or starts the sequence when parent is nil:
 //
@@ -24,23 +37,38 @@ const stackBlockTokens = 64
 // This is SGLang's block hashing; the wire hash is Digest.Hash.
 func HashBlock(parent *Digest, tokens []uint32) Digest {
 	if len(tokens) <= stackBlockTokens {
-		var buf [sha256.Size + 4*stackBlockTokens]byte
+		var buf [stackBufLen]byte
 		return hashBlockInto(buf[:], parent, tokens)
 	}
-	return hashBlockInto(make([]byte, sha256.Size+4*len(tokens)), parent, tokens)
+	return hashBlockInto(make([]byte, blockBufLen(len(tokens))), parent, tokens)
 }
 
-// hashBlockInto hashes one block using buf, which holds at least 32 + 4*len(tokens) bytes.
+// hashBlockInto hashes one block using buf, which holds at least blockBufLen(len(tokens))
+// bytes.
+//
+// With the SHA extensions it pads the message itself and runs the compression function
+// directly: a 16-token block with its parent is two compressions, and crypto/sha256's
+// per-call work (state setup, buffering, padding writes) would cost about as much again.
 func hashBlockInto(buf []byte, parent *Digest, tokens []uint32) Digest {
 	n := 0
 	if parent != nil {
 		n = copy(buf, parent[:])
 	}
-	for _, t := range tokens {
-		binary.LittleEndian.PutUint32(buf[n:], t)
-		n += 4
+	n += putTokensLE(buf[n:], tokens)
+	if !fastHash {
+		return sha256.Sum256(buf[:n])
 	}
-	return sha256.Sum256(buf[:n])
+	total := (n + 9 + 63) &^ 63
+	buf[n] = 0x80
+	clear(buf[n+1 : total-8])
+	binary.BigEndian.PutUint64(buf[total-8:total], uint64(n)*8)
+	h := sha256IV
+	compress(&h, buf[:total])
+	var d Digest
+	for i, v := range h {
+		binary.BigEndian.PutUint32(d[4*i:], v)
+	}
+	return d
 }
 
 // AppendBlockHashes appends the wire hashes of tokens' blocks to dst. tokens is cut into
@@ -67,19 +95,66 @@ func AppendChainHashes(dst []int64, parent *Digest, tokens []uint32, blockSize i
 	if blockSize < 1 || len(tokens) == 0 {
 		return dst, last
 	}
-	var stack [sha256.Size + 4*stackBlockTokens]byte
+	var stack [stackBufLen]byte
 	buf := stack[:]
 	if blockSize > stackBlockTokens {
-		buf = make([]byte, sha256.Size+4*blockSize)
+		buf = make([]byte, blockBufLen(blockSize))
 	}
 	dst = growInt64(dst, (len(tokens)+blockSize-1)/blockSize)
 	prev := parent
-	for i := 0; i < len(tokens); i += blockSize {
+	i := 0
+	if fastHash {
+		if prev == nil {
+			last = hashBlockInto(buf, nil, tokens[:min(blockSize, len(tokens))])
+			dst = append(dst, last.Hash())
+			prev = &last
+			i = blockSize
+		}
+		var whole int
+		dst, last, whole = appendChainedBlocks(dst, buf, prev, tokens[i:], blockSize)
+		i += whole * blockSize
+		prev = &last
+	}
+	for ; i < len(tokens); i += blockSize {
 		last = hashBlockInto(buf, prev, tokens[i:min(i+blockSize, len(tokens))])
 		dst = append(dst, last.Hash())
 		prev = &last
 	}
 	return dst, last
+}
+
+// appendChainedBlocks hashes the whole blocks of tokens that follow parent with the SHA
+// extensions and appends their wire hashes to dst (which has room for them). It returns the
+// last block's digest (parent's when there is none) and the number of blocks hashed.
+//
+// Every message has the same layout (parent digest, blockSize tokens, padding): the padding is
+// written once, and the chaining state goes from one message into the next as words, without
+// a round trip through a Digest.
+func appendChainedBlocks(dst []int64, buf []byte, parent *Digest, tokens []uint32, blockSize int) ([]int64, Digest, int) {
+	blocks := len(tokens) / blockSize
+	if blocks == 0 {
+		return dst, *parent, 0
+	}
+	n := sha256.Size + 4*blockSize
+	total := (n + 9 + 63) &^ 63
+	msg := buf[:total]
+	msg[n] = 0x80
+	clear(msg[n+1 : total-8])
+	binary.BigEndian.PutUint64(msg[total-8:], uint64(n)*8)
+	copy(msg, parent[:])
+	var h [8]uint32
+	for b := range blocks {
+		putTokensLE(msg[sha256.Size:], tokens[b*blockSize:(b+1)*blockSize])
+		h = sha256IV
+		compress(&h, msg)
+		dst = append(dst, int64(uint64(h[0])<<32|uint64(h[1])))
+		for j, v := range h {
+			binary.BigEndian.PutUint32(msg[4*j:], v)
+		}
+	}
+	var d Digest
+	copy(d[:], msg[:sha256.Size])
+	return dst, d, blocks
 }
 
 // growInt64 makes room for n more elements in dst.

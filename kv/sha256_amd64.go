@@ -1,0 +1,44 @@
+//go:build amd64 && !purego
+
+package kv
+
+import "unsafe"
+
+// putTokensLE writes tokens to buf as 4-byte little-endian integers and returns the bytes
+// written. amd64 is little-endian: the tokens' memory already has that layout.
+func putTokensLE(buf []byte, tokens []uint32) int {
+	if len(tokens) == 0 {
+		return 0
+	}
+	return copy(buf[:4*len(tokens)], unsafe.Slice((*byte)(unsafe.Pointer(&tokens[0])), 4*len(tokens)))
+}
+
+// blockSHANI runs the SHA-256 compression function over n 64-byte blocks at p, updating h,
+// with the x86 SHA extensions. It needs SHA, SSSE3 and SSE4.1 (haveSHANI).
+//
+//go:noescape
+func blockSHANI(h *[8]uint32, p *byte, n int)
+
+// cpuid executes CPUID for leaf and sub-leaf.
+func cpuid(leaf, sub uint32) (a, b, c, d uint32)
+
+// haveSHANI reports whether this CPU has the instructions blockSHANI uses.
+var haveSHANI = detectSHANI()
+
+func detectSHANI() bool {
+	maxLeaf, _, _, _ := cpuid(0, 0)
+	if maxLeaf < 7 {
+		return false
+	}
+	_, _, c1, _ := cpuid(1, 0)
+	_, b7, _, _ := cpuid(7, 0)
+	const (
+		ssse3  = 1 << 9  // leaf 1, ECX
+		sse41  = 1 << 19 // leaf 1, ECX
+		shaExt = 1 << 29 // leaf 7, EBX
+	)
+	return c1&ssse3 != 0 && c1&sse41 != 0 && b7&shaExt != 0
+}
+
+// compress runs blockSHANI over msg, whose length is a multiple of 64.
+func compress(h *[8]uint32, msg []byte) { blockSHANI(h, &msg[0], len(msg)/64) }
