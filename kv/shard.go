@@ -153,6 +153,9 @@ type Shard struct {
 	sweepTarget uint64
 	sweepPos    uint32 // 0: not sweeping
 
+	// touched keeps Match's read-ahead loads from being optimised away.
+	touched int64
+
 	blocks, spilledA, runCapA, slotsA atomic.Int64
 	stored, removed, stale, evicted   atomic.Uint64
 	pruned, queries, probes           atomic.Uint64
@@ -218,6 +221,11 @@ func (s *Shard) Apply(b *ShardBatch) {
 	s.publish()
 }
 
+// matchGroup is how many blocks Match looks up together: it first touches the table slot,
+// then the owner run of each block of a group, so that their cache misses overlap instead of
+// following one another.
+const matchGroup = 16
+
 // Match answers q (see ShardQuery).
 func (s *Shard) Match(q *ShardQuery) {
 	s.maintain()
@@ -230,32 +238,90 @@ func (s *Shard) Match(q *ShardQuery) {
 		clear(q.Sets)
 	}
 	bits := q.Bits
-	for i, h := range q.Hash {
-		idx, ok := s.tab.find(h)
-		if !ok {
-			continue
+	var found [matchGroup]uint32 // slot of each block of the group, or noSlot
+	for base := 0; base < len(q.Hash); base += matchGroup {
+		group := q.Hash[base:min(base+matchGroup, len(q.Hash))]
+		// Read ahead: every block's home slot, then every found block's owner run.
+		var touch int64
+		for _, h := range group {
+			touch += s.tab.slots[s.tab.home(h)].hash
 		}
-		e := &s.tab.slots[idx]
-		e.age = ageMatched
-		set := q.Sets[i*w : i*w+w]
-		if o := e.owner; int(o) < len(bits) && bits[o] != 0 && s.owners.Valid(o, e.epoch) {
-			b := bits[o] - 1
-			set[b>>6] |= 1 << (b & 63)
+		for j, h := range group {
+			idx, ok := s.tab.find(h)
+			if !ok {
+				found[j] = noSlot
+				continue
+			}
+			found[j] = idx
+			if set := s.tab.slots[idx].set; set != 0 {
+				touch += int64(s.arena[s.sets[set].off].owner)
+			}
 		}
-		if e.set == 0 {
-			continue
-		}
-		rs := s.sets[e.set]
-		for _, sl := range s.arena[rs.off : rs.off+uint32(rs.n)] {
-			if o := sl.owner; int(o) < len(bits) && bits[o] != 0 && s.owners.Valid(o, sl.epoch) {
-				b := bits[o] - 1
-				set[b>>6] |= 1 << (b & 63)
+		s.touched = touch
+		for j := range group {
+			if found[j] == noSlot {
+				continue
+			}
+			e := &s.tab.slots[found[j]]
+			e.age = ageMatched
+			set := q.Sets[(base+j)*w : (base+j)*w+w]
+			var run []slot
+			if e.set != 0 {
+				rs := s.sets[e.set]
+				run = s.arena[rs.off : rs.off+uint32(rs.n)]
+			}
+			if w <= 2 {
+				lo, hi := s.ownerBits2(bits, e.firstSlot(), run)
+				set[0] = lo
+				if w == 2 {
+					set[1] = hi
+				}
+			} else {
+				s.ownerBits(bits, e.firstSlot(), run, set)
 			}
 		}
 	}
 	s.queries.Add(1)
 	s.probes.Add(uint64(len(q.Hash)))
 }
+
+// ownerBits sets in set the bits of the asked owners among first and run that are valid.
+func (s *Shard) ownerBits(bits []uint16, first slot, run []slot, set []uint64) {
+	if o := first.owner; int(o) < len(bits) && bits[o] != 0 && s.owners.Valid(o, first.epoch) {
+		b := bits[o] - 1
+		set[b>>6] |= 1 << (b & 63)
+	}
+	for _, sl := range run {
+		if o := sl.owner; int(o) < len(bits) && bits[o] != 0 && s.owners.Valid(o, sl.epoch) {
+			b := bits[o] - 1
+			set[b>>6] |= 1 << (b & 63)
+		}
+	}
+}
+
+// ownerBits2 is ownerBits for a query of at most two words (128 owners), returned as the
+// low and high word (0 for a one-word query). It accumulates in
+// registers: a block every engine holds sets a bit per owner, and a read-modify-write of
+// memory per owner would chain on store forwarding.
+func (s *Shard) ownerBits2(bits []uint16, first slot, run []slot) (lo, hi uint64) {
+	add := func(sl slot) {
+		if o := sl.owner; int(o) < len(bits) && bits[o] != 0 && s.owners.Valid(o, sl.epoch) {
+			b := bits[o] - 1
+			bit := uint64(1) << (b & 63)
+			high := -uint64(b >> 6) // all ones for an owner of the second word
+			lo |= bit &^ high
+			hi |= bit & high
+		}
+	}
+	add(first)
+	for _, sl := range run {
+		add(sl)
+	}
+	return lo, hi
+}
+
+// noSlot marks a block Match did not find.
+const noSlot = ^uint32(0)
 
 // Prune runs a sweep for stale owners to completion if one is due.
 func (s *Shard) Prune() {
