@@ -84,10 +84,7 @@ type IndexShards struct {
 	onMessage func(msg any)
 }
 
-var (
-	_ kv.ShardHost    = (*IndexShards)(nil)
-	_ kv.PendingMatch = (*matchCall)(nil)
-)
+var _ kv.ShardHost = (*IndexShards)(nil)
 
 // NewIndexShards spawns one actor per shard.
 func NewIndexShards(shards []*kv.Shard, opts IndexOptions) (*IndexShards, error) {
@@ -186,9 +183,9 @@ func (s *IndexShards) Match(ctx context.Context, qs []*kv.ShardQuery) error {
 	return s.StartMatch(qs).Wait(ctx)
 }
 
-// StartMatch sends one MatchPrefix per non-nil query and returns at once; the index hashes
-// the prompt's next wave while the shard actors answer.
-func (s *IndexShards) StartMatch(qs []*kv.ShardQuery) kv.PendingMatch {
+// StartMatch sends one MatchPrefix per non-nil query and returns at once; Wait collects the
+// answers.
+func (s *IndexShards) StartMatch(qs []*kv.ShardQuery) PendingMatch {
 	if s.closed.Load() {
 		return failedMatch{s.closedErr}
 	}
@@ -205,7 +202,14 @@ func (s *IndexShards) StartMatch(qs []*kv.ShardQuery) kv.PendingMatch {
 	return c
 }
 
-// Wait implements kv.PendingMatch: it collects every shard's answer, or gives up when ctx
+// PendingMatch is a match in flight.
+type PendingMatch interface {
+	// Wait returns once every query was answered, or with an error when ctx ends first or
+	// a shard could not take its query (then the queries must not be reused).
+	Wait(ctx context.Context) error
+}
+
+// Wait implements PendingMatch: it collects every shard's answer, or gives up when ctx
 // ends (the call is then abandoned: never pooled again, so a late answer lands in a call
 // nobody reuses).
 func (c *matchCall) Wait(ctx context.Context) error {

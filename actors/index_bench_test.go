@@ -43,7 +43,7 @@ func newBenchIndex(b *testing.B, h benchHost, maxBlocks int) *kv.Index {
 }
 
 // registerEngines registers n one-rank engines e000… of model "m" with block size bs.
-func registerEngines(b *testing.B, x *kv.Index, n, bs int) []kv.OwnerID {
+func registerEngines(b testing.TB, x *kv.Index, n, bs int) []kv.OwnerID {
 	b.Helper()
 	ids := make([]kv.OwnerID, n)
 	for i := range ids {
@@ -58,7 +58,7 @@ func registerEngines(b *testing.B, x *kv.Index, n, bs int) []kv.OwnerID {
 
 // fillResident stores n random blocks, spread round-robin over owners, and waits until the
 // shards applied them.
-func fillResident(b *testing.B, x *kv.Index, owners []kv.OwnerID, n, bs int) {
+func fillResident(b testing.TB, x *kv.Index, owners []kv.OwnerID, n, bs int) {
 	b.Helper()
 	rng := rand.New(rand.NewPCG(1, uint64(n)))
 	w := x.NewWriter()
@@ -79,7 +79,7 @@ func fillResident(b *testing.B, x *kv.Index, owners []kv.OwnerID, n, bs int) {
 
 // drain waits until every shard applied what was sent before: a lookup touching every
 // shard queues behind the earlier batches. The engines use block size bs.
-func drain(b *testing.B, x *kv.Index, bs int) {
+func drain(b testing.TB, x *kv.Index, bs int) {
 	b.Helper()
 	hashes := make([]int64, 0, 256)
 	for i := range 256 {
@@ -93,7 +93,7 @@ func drain(b *testing.B, x *kv.Index, bs int) {
 	}
 }
 
-func holdTokens(b *testing.B, x *kv.Index, o kv.OwnerID, tokens []uint32, bs int) {
+func holdTokens(b testing.TB, x *kv.Index, o kv.OwnerID, tokens []uint32, bs int) {
 	b.Helper()
 	w := x.NewWriter()
 	for _, h := range kv.AppendBlockHashes(nil, tokens, bs) {

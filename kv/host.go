@@ -26,20 +26,6 @@ type ShardHost interface {
 	Prune(i int) error
 }
 
-// PendingMatch is a match in flight on a pipelined host.
-type PendingMatch interface {
-	// Wait returns once every query was answered, or with an error when ctx ends first or
-	// a shard could not take its query (then the queries must not be reused).
-	Wait(ctx context.Context) error
-}
-
-// pipelinedHost is a ShardHost whose shards answer on their own goroutines: StartMatch
-// sends the queries and returns at once, so that the index hashes the prompt's next wave
-// while the shards look up the current one.
-type pipelinedHost interface {
-	StartMatch(qs []*ShardQuery) PendingMatch
-}
-
 // LockedShards hosts shards behind one mutex each: every call runs on the caller's
 // goroutine. It is the host of the standalone indexer and of tests, and the baseline the
 // actor host is measured against. Safe for concurrent use.

@@ -19,12 +19,18 @@ const (
 )
 
 // Lookup waves: the first wave asks the shards about this many leading blocks, each next wave
-// about waveGrowth times more, and a lookup stops after the first wave in which no owner still
-// holds the whole prefix. A cold prompt costs one small wave; a fully cached one a few.
+// about waveGrowth times more up to maxWave, and a lookup stops after the first wave in which
+// no owner still holds the whole prefix. A cold prompt costs one small wave. Past the first
+// wave the next one is hashed while the shards answer, so a long cached prompt streams: the
+// cap keeps the last wave, which nothing overlaps, short.
 const (
 	firstWave  = 64
-	waveGrowth = 4
+	waveGrowth = 2
+	maxWave    = 1024
 )
+
+// nextWave is the size of the wave after one of size blocks.
+func nextWave(size int) int { return min(size*waveGrowth, maxWave) }
 
 // maxBatchOps bounds one shard message of an IndexWriter.
 const maxBatchOps = 4096
@@ -322,6 +328,7 @@ type lookupScratch struct {
 	blockSize int
 	hashed    int
 	last      Digest
+	stream    *stream // reused by the streamed lookups of this scratch
 }
 
 // hashUpTo hashes the prompt's blocks up to block hi (exclusive).
@@ -474,63 +481,70 @@ func (x *Index) matchGroup(ctx context.Context, sc *lookupScratch, owners []Owne
 
 // matchWaves asks the shards about the prompt's n blocks in growing waves, following the
 // set of owners that hold every block so far, and stops at the first block nobody left
-// holds. Blocks are hashed a wave ahead: on a pipelined host, while the shards answer.
+// holds. A prompt still held after its first wave with at least streamMinBlocks to go is
+// streamed (see matchStream).
 func (x *Index) matchWaves(ctx context.Context, sc *lookupScratch, w, n int) error {
-	pipe, _ := x.host.(pipelinedHost)
 	size := firstWave
-	for lo := 0; lo < n; lo, size = lo+size, size*waveGrowth {
+	for lo := 0; lo < n; lo, size = lo+size, nextWave(size) {
+		if lo > 0 && sc.tokens != nil && n-lo >= streamMinBlocks {
+			return x.matchStream(ctx, sc, w, lo, n)
+		}
 		hi := min(n, lo+size)
-		sc.hashUpTo(hi) // already done when the previous wave hashed ahead
-		for i := range sc.qs {
-			sc.qs[i].reset()
-			sc.qs[i].Bits, sc.qs[i].Words = sc.bits, w
-			sc.qp[i] = nil
-			sc.cursor[i] = 0
-		}
-		for p := lo; p < hi; p++ {
-			h := sc.hashes[p]
-			i := x.shardOf(h)
-			q := &sc.qs[i]
-			q.Hash = append(q.Hash, h)
-			sc.qp[i] = q
-		}
-		if pipe != nil {
-			pending := pipe.StartMatch(sc.qp)
-			if lo > 0 {
-				// Past the first wave the prompt is likely cached further: hash the next
-				// wave while the shards work. (Most cold prompts end in the first wave.)
-				sc.hashUpTo(min(n, hi+size*waveGrowth))
-			}
-			if err := pending.Wait(ctx); err != nil {
-				return err
-			}
-		} else if err := x.host.Match(ctx, sc.qp); err != nil {
+		sc.hashUpTo(hi)
+		if alive, err := x.matchWave(ctx, sc, w, lo, hi); err != nil || !alive {
 			return err
 		}
-		for p := lo; p < hi; p++ {
-			i := x.shardOf(sc.hashes[p])
-			c := sc.cursor[i]
-			sc.cursor[i] = c + 1
-			set := sc.qs[i].Sets[c*w : c*w+w]
-			var any uint64
-			for k := range w {
-				a := sc.alive[k]
-				na := a & set[k]
-				for d := a &^ na; d != 0; d &= d - 1 {
-					sc.count[k*64+bits.TrailingZeros64(d)] = uint32(p)
-				}
-				sc.alive[k] = na
-				any |= na
+	}
+	sc.holdAll(n)
+	return nil
+}
+
+// matchWave asks the shards about blocks [lo, hi), which are hashed, and folds the answers
+// into sc.alive and sc.count. It reports whether some owner still holds every block so far.
+func (x *Index) matchWave(ctx context.Context, sc *lookupScratch, w, lo, hi int) (bool, error) {
+	for i := range sc.qs {
+		sc.qs[i].reset()
+		sc.qs[i].Bits, sc.qs[i].Words = sc.bits, w
+		sc.qp[i] = nil
+		sc.cursor[i] = 0
+	}
+	for p := lo; p < hi; p++ {
+		h := sc.hashes[p]
+		i := x.shardOf(h)
+		q := &sc.qs[i]
+		q.Hash = append(q.Hash, h)
+		sc.qp[i] = q
+	}
+	if err := x.host.Match(ctx, sc.qp); err != nil {
+		return false, err
+	}
+	for p := lo; p < hi; p++ {
+		i := x.shardOf(sc.hashes[p])
+		c := sc.cursor[i]
+		sc.cursor[i] = c + 1
+		set := sc.qs[i].Sets[c*w : c*w+w]
+		var any uint64
+		for k := range w {
+			a := sc.alive[k]
+			na := a & set[k]
+			for d := a &^ na; d != 0; d &= d - 1 {
+				sc.count[k*64+bits.TrailingZeros64(d)] = uint32(p)
 			}
-			if any == 0 {
-				return nil // nobody holds the prefix through block p
-			}
+			sc.alive[k] = na
+			any |= na
+		}
+		if any == 0 {
+			return false, nil // nobody holds the prefix through block p
 		}
 	}
+	return true, nil
+}
+
+// holdAll records that the owners still alive hold all n blocks.
+func (sc *lookupScratch) holdAll(n int) {
 	for k, a := range sc.alive {
 		for ; a != 0; a &= a - 1 {
 			sc.count[k*64+bits.TrailingZeros64(a)] = uint32(n)
 		}
 	}
-	return nil
 }
