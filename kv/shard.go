@@ -201,7 +201,15 @@ func (st ShardStats) MemoryBytes() int64 {
 func (s *Shard) Apply(b *ShardBatch) {
 	s.maintain()
 	var stored, removed, stale uint64
+	var touch int64
 	for i := range b.Ops {
+		if i%matchGroup == 0 {
+			// Read ahead: the home slots of the next group of blocks, so that their cache
+			// misses overlap (see Match).
+			for j := i; j < min(i+matchGroup, len(b.Ops)); j++ {
+				touch += s.tab.slots[s.tab.home(b.Ops[j].Hash)].hash
+			}
+		}
 		op := &b.Ops[i]
 		if op.Owner == 0 || !s.owners.Valid(op.Owner, op.Epoch) {
 			stale++
@@ -215,6 +223,7 @@ func (s *Shard) Apply(b *ShardBatch) {
 			stored++
 		}
 	}
+	s.touched = touch
 	s.stored.Add(stored)
 	s.removed.Add(removed)
 	s.stale.Add(stale)
