@@ -19,18 +19,16 @@ const (
 )
 
 // Lookup waves: the first wave asks the shards about this many leading blocks, each next wave
-// about waveGrowth times more up to maxWave, and a lookup stops after the first wave in which
-// no owner still holds the whole prefix. A cold prompt costs one small wave. Past the first
-// wave the next one is hashed while the shards answer, so a long cached prompt streams: the
-// cap keeps the last wave, which nothing overlaps, short.
+// about waveGrowth times more, and a lookup stops after the first wave in which no owner still
+// holds the whole prefix. A cold prompt costs one small wave; a long cached one is streamed
+// after the first (see matchStream).
 const (
 	firstWave  = 64
-	waveGrowth = 2
-	maxWave    = 1024
+	waveGrowth = 4
 )
 
 // nextWave is the size of the wave after one of size blocks.
-func nextWave(size int) int { return min(size*waveGrowth, maxWave) }
+func nextWave(size int) int { return size * waveGrowth }
 
 // maxBatchOps bounds one shard message of an IndexWriter.
 const maxBatchOps = 4096
