@@ -133,12 +133,21 @@ func TestTelemetryPollsHTTPAndPublishes(t *testing.T) {
 	if err := tel.AddWorker(WorkerSource{ID: "W1", URL: srv.URL}); !errors.Is(err, ErrWorkerTracked) {
 		t.Fatalf("second AddWorker error = %v, want ErrWorkerTracked", err)
 	}
-	// The poller delivers a round before it starts the next: after the second request the
-	// first round's reports are queued ahead of Flush.
-	srv.awaitHits(t, 2)
-	snap, err := tel.Flush()
-	if err != nil {
-		t.Fatal(err)
+	// The poller delivers a round before it starts the next: after a request the previous
+	// round's result is queued ahead of Flush. A round can still fail (each request has the
+	// 5 ms interval as its timeout, which a loaded machine misses): wait for the next
+	// request until one has delivered reports, for at most 100 rounds.
+	srv.awaitHits(t, 1)
+	var snap *load.Snapshot
+	var err error
+	for round := 0; ; round++ {
+		srv.awaitHits(t, 1)
+		if snap, err = tel.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		if o := snap.Observe("W1", clk.Now()); o.Known() || round == 100 {
+			break
+		}
 	}
 	if table.Load() != snap {
 		t.Error("Flush did not publish its snapshot into the table")
@@ -147,8 +156,8 @@ func TestTelemetryPollsHTTPAndPublishes(t *testing.T) {
 	if !obs.Native() || obs.Running != 7 || obs.Waiting != 3 || obs.MaxTotalTokens != 1500 || !obs.CapturedAt.Equal(telT0) {
 		t.Fatalf("observation = %+v, want the sum of both ranks (running 7, waiting 3, capacity 1500) captured at %v", obs, telT0)
 	}
-	if st := tel.Stats(); st.Reports == 0 || st.Failures != 0 {
-		t.Errorf("stats = %+v, want reports and no failures", st)
+	if st := tel.Stats(); st.Reports == 0 { // a round may have timed out (see above)
+		t.Errorf("stats = %+v, want reports", st)
 	}
 	// Freshness is judged at read time: past the window the worker is unknown.
 	if o := snap.Observe("W1", telT0.Add(6*time.Second)); o.Known() {
