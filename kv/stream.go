@@ -20,14 +20,16 @@ import (
 // matches the rest itself, so a lookup never waits for a wake-up.
 const (
 	// streamMinBlocks is how many blocks must remain after the first wave for a lookup to
-	// stream (1,024 blocks: about 80 µs of hashing in 16-token blocks).
+	// stream (1,024 blocks: about 75 µs of hashing in 16-token blocks).
 	streamMinBlocks = 1024
 	// streamChunk is how many blocks the lookup goroutine hashes between progress reports.
 	streamChunk = 64
 	// streamWave is the least the helper asks the shards about at once (unless the hashing
 	// is over), and streamMaxWave the most: the helper keeps close behind the hashing, so
-	// the wave left after it is short.
-	streamWave    = 256
+	// the wave left after it is short. Each wave may wake the helper; when the system runs
+	// it on the hashing core, fewer wake-ups cost less (512 against 256: p99 of a 100k-token
+	// lookup 895-909 µs against 949-989, p50 the same).
+	streamWave    = 512
 	streamMaxWave = 1024
 )
 
