@@ -135,6 +135,21 @@ func appendChainedBlocks(dst []int64, buf []byte, parent *Digest, tokens []uint3
 	if blocks == 0 {
 		return dst, *parent, 0
 	}
+	if blockSize == 16 {
+		// The most common page size: the whole chain in assembly, the state in registers.
+		var h [8]uint32
+		for j := range h {
+			h[j] = binary.BigEndian.Uint32(parent[4*j:])
+		}
+		start := len(dst)
+		dst = dst[:start+blocks]
+		chain16(&h, tokens, dst[start:])
+		var d Digest
+		for j, v := range h {
+			binary.BigEndian.PutUint32(d[4*j:], v)
+		}
+		return dst, d, blocks
+	}
 	n := sha256.Size + 4*blockSize
 	total := (n + 9 + 63) &^ 63
 	msg := buf[:total]

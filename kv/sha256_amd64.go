@@ -13,11 +13,27 @@ func putTokensLE(buf []byte, tokens []uint32) int {
 	return copy(buf[:4*len(tokens)], unsafe.Slice((*byte)(unsafe.Pointer(&tokens[0])), 4*len(tokens)))
 }
 
+//go:generate go run ./internal/shagen/gen sha256_amd64.s
+
 // blockSHANI runs the SHA-256 compression function over n 64-byte blocks at p, updating h,
 // with the x86 SHA extensions. It needs SHA, SSSE3 and SSE4.1 (haveSHANI).
 //
 //go:noescape
 func blockSHANI(h *[8]uint32, p *byte, n int)
+
+// chain16SHANI hashes n chained blocks of 16 tokens at tokens: h holds the parent's state
+// words (its digest read as big-endian words) and ends with the last block's; each block's
+// wire hash goes to dst[i].
+//
+//go:noescape
+func chain16SHANI(h *[8]uint32, tokens *uint32, n int, dst *int64)
+
+// chain16 is chain16SHANI over slices: len(tokens) = 16*len(dst).
+func chain16(h *[8]uint32, tokens []uint32, dst []int64) {
+	if len(dst) > 0 {
+		chain16SHANI(h, &tokens[:16*len(dst)][0], len(dst), &dst[0])
+	}
+}
 
 // cpuid executes CPUID for leaf and sub-leaf.
 func cpuid(leaf, sub uint32) (a, b, c, d uint32)

@@ -17,3 +17,5 @@ func putTokensLE(buf []byte, tokens []uint32) int {
 const haveSHANI = false
 
 func compress(*[8]uint32, []byte) { panic("kv: no SHA extensions on this platform") }
+
+func chain16(*[8]uint32, []uint32, []int64) { panic("kv: no SHA extensions on this platform") }

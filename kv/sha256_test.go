@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -83,6 +84,29 @@ func TestChainHashesSamePaths(t *testing.T) {
 			if slow[i] != fast[i] {
 				t.Fatalf("block size %d: hash %d differs: %d vs %d", bs, i, slow[i], fast[i])
 			}
+		}
+	}
+}
+
+// TestChain16ContinuesFromAParent checks the 16-token assembly chain from a parent digest
+// for lengths around block boundaries.
+func TestChain16ContinuesFromAParent(t *testing.T) {
+	if !haveSHANI {
+		t.Skip("this CPU has no SHA extensions")
+	}
+	rng := rand.New(rand.NewPCG(13, 13))
+	parent := HashBlock(nil, []uint32{1, 2, 3})
+	for _, n := range []int{0, 1, 15, 16, 17, 31, 32, 33, 160, 161, 1000} {
+		tokens := make([]uint32, n)
+		for i := range tokens {
+			tokens[i] = rng.Uint32()
+		}
+		var slow, fast []int64
+		var slowLast, fastLast Digest
+		withFastHash(t, false, func() { slow, slowLast = AppendChainHashes(nil, &parent, tokens, 16) })
+		withFastHash(t, true, func() { fast, fastLast = AppendChainHashes(nil, &parent, tokens, 16) })
+		if !slices.Equal(slow, fast) || slowLast != fastLast {
+			t.Fatalf("%d tokens: hashes %v / %v, last %x / %x", n, slow, fast, slowLast, fastLast)
 		}
 	}
 }
