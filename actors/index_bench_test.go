@@ -10,31 +10,41 @@ import (
 	"testing"
 	"time"
 
+	"switchyard/config"
 	"switchyard/kv"
 )
 
 // The prefix-index benchmarks of issue 7, run on both shard hosts: "locked" (kv.LockedShards,
 // shards behind mutexes on the caller's goroutine: the baseline) and "actors" (index shard
 // actors, as the router runs them: one per core by default; "actors-8shards" for comparison).
+// These hash every lookup's prompt from scratch; "actors+hashcache" has the router's default
+// hash cache (kv.hash_cache_chunks), so a prompt looked up again is not hashed again.
 
 type benchHost struct {
 	name   string
 	shards int
 	host   func([]*kv.Shard) (kv.ShardHost, error)
+	// hashCache is kv.hash_cache_chunks (0: off).
+	hashCache int
 }
 
 func benchHosts() []benchHost {
 	locked := func(s []*kv.Shard) (kv.ShardHost, error) { return kv.NewLockedShards(s), nil }
 	return []benchHost{
-		{"locked", 8, locked},
-		{"actors", 0, IndexHost(IndexOptions{})}, // the default: one shard per core
-		{"actors-8shards", 8, IndexHost(IndexOptions{})},
+		{"locked", 8, locked, 0},
+		{"actors", 0, IndexHost(IndexOptions{}), 0}, // the default: one shard per core
+		{"actors-8shards", 8, IndexHost(IndexOptions{}), 0},
 	}
+}
+
+// routerHost is the actor host with the router's default hash cache.
+func routerHost() benchHost {
+	return benchHost{"actors+hashcache", 0, IndexHost(IndexOptions{}), config.Default().KV.HashCacheChunks}
 }
 
 func newBenchIndex(b *testing.B, h benchHost, maxBlocks int) *kv.Index {
 	b.Helper()
-	x, err := kv.NewIndex(kv.IndexConfig{Shards: h.shards, MaxBlocks: maxBlocks, Host: h.host})
+	x, err := kv.NewIndex(kv.IndexConfig{Shards: h.shards, MaxBlocks: maxBlocks, Host: h.host, HashCacheChunks: h.hashCache})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -126,10 +136,11 @@ func reportPercentiles(b *testing.B, d []time.Duration) {
 // 1,000,000 other blocks resident. Every engine holds the first 2,048 tokens (a shared
 // system prompt), four hold all of it, ten hold 10%…100% of it. "full" hashes the prompt
 // and matches (a full hit: the worst case); "miss" looks up a prompt nobody holds; "match"
-// matches precomputed hashes; "hash" only hashes (the floor of full).
+// matches precomputed hashes; "hash" only hashes (the floor of full). On "actors+hashcache"
+// the repeated prompt's hashes come from the hash cache after the first lookup.
 func BenchmarkLookup100kTokens(b *testing.B) {
 	const engines, resident, promptLen = 100, 1_000_000, 100_000
-	for _, h := range benchHosts() {
+	for _, h := range append(benchHosts(), routerHost()) {
 		for _, bs := range []int{16, 64} {
 			var x *kv.Index
 			var prompt []uint32
@@ -286,7 +297,7 @@ func newIngestWorkload(b *testing.B, worker string, seed uint64) *ingestWorkload
 // their sum (ops/s = events + lookups; block-ops+lookups/s).
 func BenchmarkIngestAndLookup(b *testing.B) {
 	for _, resident := range []int{100_000, 1_000_000, 10_000_000} {
-		for _, h := range benchHosts() {
+		for _, h := range append(benchHosts(), routerHost()) {
 			b.Run(fmt.Sprintf("%s/resident=%d", h.name, resident), func(b *testing.B) {
 				benchIngestAndLookup(b, h, resident)
 			})

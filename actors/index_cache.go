@@ -105,7 +105,7 @@ func NewCacheState(cfg *config.Config, opts CacheOptions) (*CacheState, error) {
 	}
 	io := IndexOptionsFrom(cfg)
 	io.Logger, io.Metrics = opts.Logger, opts.Metrics
-	x, err := kv.NewIndex(kv.IndexConfig{Shards: cfg.KV.Shards, MaxBlocks: cfg.KV.MaxBlocks,
+	x, err := kv.NewIndex(kv.IndexConfig{Shards: cfg.KV.Shards, MaxBlocks: cfg.KV.MaxBlocks, HashCacheChunks: cfg.KV.HashCacheChunks,
 		LookupTimeout: cfg.CacheAware.QueryTimeout, Host: IndexHost(io), Metrics: km})
 	if err != nil {
 		return nil, fmt.Errorf("cannot build the cache state: %w", err)

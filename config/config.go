@@ -272,6 +272,9 @@ type KV struct {
 	MaxBlocks int `koanf:"max_blocks" json:"max_blocks"`
 	// ReconnectBackoff is the first reconnect delay, doubled up to 30s. Default 500ms.
 	ReconnectBackoff time.Duration `koanf:"reconnect_backoff" json:"reconnect_backoff"`
+	// HashCacheChunks is how many prompt chunks (64 blocks, about 560 bytes each) keep their
+	// block hashes for later lookups; 0 turns the cache off. Default 16384 (about 9 MiB).
+	HashCacheChunks int `koanf:"hash_cache_chunks" json:"hash_cache_chunks"`
 }
 
 // Affinity configures session and routing-key bindings.

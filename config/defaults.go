@@ -36,6 +36,7 @@ func Default() *Config {
 			Shards:           0, // one per core
 			MaxBlocks:        4_000_000,
 			ReconnectBackoff: 500 * time.Millisecond,
+			HashCacheChunks:  16384,
 		},
 		Affinity: Affinity{
 			SessionHeader:    "x-session-id",

@@ -349,6 +349,7 @@ func (c *Config) validateKV(p *problems) {
 	atLeast(p, "kv.shards", int64(k.Shards), 0) // 0: one per core
 	atLeast(p, "kv.max_blocks", int64(k.MaxBlocks), 1)
 	positive(p, "kv.reconnect_backoff", k.ReconnectBackoff)
+	atLeast(p, "kv.hash_cache_chunks", int64(k.HashCacheChunks), 0) // 0: off
 	if k.BindEndpoint != "" {
 		if msg := checkZMQEndpoint(k.BindEndpoint); msg != "" {
 			p.add("kv.bind_endpoint", ErrInvalid, msg)

@@ -289,17 +289,19 @@ func TestValidate(t *testing.T) {
 		}, want: []string{"load.poll_interval: must be shorter than load.freshness (5s), or polled reports go stale between polls; got 5s"}},
 		{name: "load sources", mutate: func(c *Config) { c.Load.Source = LoadSourceZMQ }},
 		{name: "kv", mutate: func(c *Config) {
-			c.KV = KV{BindEndpoint: "tcp://:5557", Shards: -1}
+			c.KV = KV{BindEndpoint: "tcp://:5557", Shards: -1, HashCacheChunks: -1}
 		}, want: []string{
 			"kv.block_size: must be at least 1, got 0",
 			"kv.shards: must be at least 0, got -1",
 			"kv.max_blocks: must be at least 1, got 0",
 			"kv.reconnect_backoff: must be a positive duration, got 0s",
+			"kv.hash_cache_chunks: must be at least 0, got -1",
 			`kv.bind_endpoint: endpoint "tcp://:5557" must be tcp://HOST:PORT`,
 		}},
 		{name: "kv bind endpoint ok", mutate: func(c *Config) { c.KV.BindEndpoint = "tcp://127.0.0.1:5557" }},
 		{name: "kv shards zero is one per core", mutate: func(c *Config) { c.KV.Shards = 0 }},
 		{name: "kv shards explicit", mutate: func(c *Config) { c.KV.Shards = 8 }},
+		{name: "kv hash cache off", mutate: func(c *Config) { c.KV.HashCacheChunks = 0 }},
 		{name: "affinity", mutate: func(c *Config) {
 			c.Affinity = Affinity{SessionHeader: "", RoutingKeyHeader: "x routing"}
 		}, want: []string{

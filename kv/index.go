@@ -48,6 +48,11 @@ type IndexConfig struct {
 	Host func(shards []*Shard) (ShardHost, error)
 	// Metrics receives the index's metrics. Default: a private set.
 	Metrics *Metrics
+	// HashCacheChunks is the number of prompt chunks (64 blocks each, about 560 bytes) whose
+	// block hashes lookups remember, so that a prompt sharing a prefix with a recent one is
+	// not hashed again. 0 (the default here; the router's kv.hash_cache_chunks is 16384)
+	// turns the cache off.
+	HashCacheChunks int
 }
 
 // Index is the prefix index: block hash → owners ((worker, DP rank) pairs) per storage tier,
@@ -65,6 +70,7 @@ type Index struct {
 	n       uint64
 	timeout time.Duration
 	metrics *Metrics
+	hcache  *hashCache // nil: none
 
 	scratch sync.Pool // *lookupScratch
 	batches sync.Pool // *ShardBatch
@@ -92,6 +98,7 @@ func NewIndex(cfg IndexConfig) (*Index, error) {
 		timeout: cfg.LookupTimeout,
 		metrics: cfg.Metrics,
 	}
+	x.hcache = newHashCache(cfg.HashCacheChunks, cfg.Metrics)
 	per := (cfg.MaxBlocks + cfg.Shards - 1) / cfg.Shards
 	x.shards = make([]*Shard, cfg.Shards)
 	for i := range x.shards {
@@ -326,21 +333,55 @@ type lookupScratch struct {
 	blockSize int
 	hashed    int
 	last      Digest
-	stream    *stream // reused by the streamed lookups of this scratch
+	// The hash cache (nil: none) and the key of the chunks hashed so far; keyed is false
+	// once a partial chunk was hashed.
+	cache  *hashCache
+	key    chunkKey
+	keyed  bool
+	stream *stream // reused by the streamed lookups of this scratch
 }
 
-// hashUpTo hashes the prompt's blocks up to block hi (exclusive).
-func (sc *lookupScratch) hashUpTo(hi int) {
-	if hi <= sc.hashed || sc.tokens == nil {
-		return
+// hashUpTo hashes the prompt's blocks up to block hi (exclusive) into sc.hashes.
+func (sc *lookupScratch) hashUpTo(hi int) { sc.hashes = sc.hashInto(sc.hashes, hi) }
+
+// hashInto appends the hashes of blocks [sc.hashed, hi) to dst and advances the chain. Whole
+// chunks go through the index's hash cache, if any.
+func (sc *lookupScratch) hashInto(dst []int64, hi int) []int64 {
+	if sc.tokens == nil {
+		return dst
 	}
-	var parent *Digest
-	if sc.hashed > 0 {
-		parent = &sc.last
+	bs := sc.blockSize
+	for sc.hashed < hi {
+		from := sc.hashed
+		var parent *Digest
+		if from > 0 {
+			parent = &sc.last
+		}
+		end := min(hi, (from/chunkBlocks+1)*chunkBlocks)
+		toks := sc.tokens[from*bs : min(end*bs, len(sc.tokens))]
+		if c := sc.cache; c != nil && sc.keyed && from%chunkBlocks == 0 && len(toks) == chunkBlocks*bs {
+			k := c.key(sc.key, bs, toks)
+			if e := c.get(k); e != nil {
+				dst = append(dst, e.hashes[:]...)
+				sc.last = e.last
+			} else {
+				dst, sc.last = AppendChainHashes(dst, parent, toks, bs)
+				c.put(k, dst[len(dst)-chunkBlocks:], sc.last)
+			}
+			sc.key = k
+		} else {
+			dst, sc.last = AppendChainHashes(dst, parent, toks, bs)
+			sc.keyed = false // keys chain over whole chunks only
+		}
+		sc.hashed = end
 	}
-	toks := sc.tokens[sc.hashed*sc.blockSize : min(hi*sc.blockSize, len(sc.tokens))]
-	sc.hashes, sc.last = AppendChainHashes(sc.hashes, parent, toks, sc.blockSize)
-	sc.hashed = hi
+	return dst
+}
+
+// startChain points sc at the prompt tokens, hashed in blocks of blockSize from the start.
+func (sc *lookupScratch) startChain(tokens []uint32, blockSize int, cache *hashCache) {
+	sc.hashes, sc.tokens, sc.blockSize, sc.hashed = sc.hashes[:0], tokens, blockSize, 0
+	sc.cache, sc.key, sc.keyed = cache, chunkKey{}, true
 }
 
 func (x *Index) getScratch(maxID OwnerID) *lookupScratch {
@@ -386,7 +427,7 @@ func (x *Index) lookup(ctx context.Context, model string, tokens []uint32, dst *
 	}
 	sc := x.getScratch(snap.maxID)
 	for _, g := range groups {
-		sc.hashes, sc.tokens, sc.blockSize, sc.hashed = sc.hashes[:0], tokens, g.blockSize, 0
+		sc.startChain(tokens, g.blockSize, x.hcache)
 		if err := x.matchGroup(ctx, sc, g.owners, (len(tokens)+g.blockSize-1)/g.blockSize); err != nil {
 			// A shard may still read or write the queries: drop the scratch instead of pooling it.
 			dst.Reset()
@@ -399,7 +440,7 @@ func (x *Index) lookup(ctx context.Context, model string, tokens []uint32, dst *
 			}
 		}
 	}
-	sc.tokens = nil // do not retain the prompt
+	sc.tokens, sc.cache = nil, nil // do not retain the prompt
 	x.scratch.Put(sc)
 	dst.normalize()
 	return nil

@@ -29,6 +29,9 @@ type Metrics struct {
 	reconnects       *metrics.Counter
 	hashMismatches   *metrics.Counter
 	clears           [numClearReasons]*metrics.Counter
+
+	// Lookup hashing: prompt chunks found in the hash cache, and not.
+	hashCacheHits, hashCacheMisses *metrics.Counter
 }
 
 type lookupMetrics struct {
@@ -90,6 +93,8 @@ func NewMetrics(set *metrics.Set) *Metrics {
 	m.replayFailures = set.GetOrCreateCounter(`switchyard_kv_replays_total{result="failed"}`)
 	m.reconnects = set.GetOrCreateCounter(`switchyard_kv_reconnects_total`)
 	m.hashMismatches = set.GetOrCreateCounter(`switchyard_kv_hash_mismatches_total`)
+	m.hashCacheHits = set.GetOrCreateCounter(`switchyard_kv_hash_cache_chunks_total{result="hit"}`)
+	m.hashCacheMisses = set.GetOrCreateCounter(`switchyard_kv_hash_cache_chunks_total{result="miss"}`)
 	for r := range numClearReasons {
 		m.clears[r] = set.GetOrCreateCounter(`switchyard_kv_owner_clears_total{reason="` + clearReasonNames[r] + `"}`)
 	}
@@ -111,6 +116,12 @@ func (m *Metrics) observeLookup(k sourceKind, start time.Time, err error) {
 	default:
 		lm.unavailable.Inc()
 	}
+}
+
+// HashCacheChunks returns how many prompt chunks lookups found in the hash cache, and how many
+// they looked for in vain.
+func (m *Metrics) HashCacheChunks() (hits, misses uint64) {
+	return m.hashCacheHits.Get(), m.hashCacheMisses.Get()
 }
 
 // LookupCounts are the lookups a source kind answered, by outcome.

@@ -83,13 +83,7 @@ func (x *Index) matchStream(ctx context.Context, sc *lookupScratch, w, lo, n int
 
 	for from := sc.hashed; from < n && !st.stop.Load(); from += streamChunk {
 		to := min(n, from+streamChunk)
-		var parent *Digest
-		if from > 0 {
-			parent = &sc.last
-		}
-		toks := sc.tokens[from*sc.blockSize : min(to*sc.blockSize, len(sc.tokens))]
-		_, sc.last = AppendChainHashes(hashes[from:from], parent, toks, sc.blockSize)
-		sc.hashed = to
+		sc.hashInto(hashes[from:from], to) // within capacity: in place
 		st.hashed.Store(int64(to))
 		if testChunkHashed != nil {
 			testChunkHashed(st, to)

@@ -52,7 +52,7 @@ func runIndexer(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: logLevel(cfg.Log.Level)}))
 	set := metrics.NewSet()
-	idx, err := kv.NewIndex(kv.IndexConfig{Shards: cfg.KV.Shards, MaxBlocks: cfg.KV.MaxBlocks, Metrics: kv.NewMetrics(set)})
+	idx, err := kv.NewIndex(kv.IndexConfig{Shards: cfg.KV.Shards, MaxBlocks: cfg.KV.MaxBlocks, HashCacheChunks: cfg.KV.HashCacheChunks, Metrics: kv.NewMetrics(set)})
 	if err != nil {
 		return err
 	}
