@@ -363,6 +363,45 @@ func post(t *testing.T, url, body string, headers ...string) response {
 	return do(t, req)
 }
 
+// postRaw posts body over a plain TCP connection and reads the answer even when the server
+// answers (and closes) before the body is all written, as it does for a body over the size
+// limit: an http.Client may then report the broken pipe instead of the answer.
+func postRaw(t *testing.T, rawURL, body string, headers ...string) response {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, rawURL, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	conn, err := net.DialTimeout("tcp", req.URL.Host, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	wrote := make(chan struct{})
+	go func() {
+		defer close(wrote)
+		_ = req.Write(conn) // may fail once the server has answered and closed
+	}()
+	resp, err := http.ReadResponse(bufio.NewReader(conn), req)
+	if err != nil {
+		conn.Close()
+		<-wrote
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	conn.Close()
+	<-wrote
+	if err != nil {
+		t.Fatal(err)
+	}
+	return response{status: resp.StatusCode, header: resp.Header, body: b}
+}
+
 func do(t *testing.T, req *http.Request) response {
 	t.Helper()
 	resp, err := testClient.Do(req)
