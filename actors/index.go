@@ -180,14 +180,8 @@ func (h *indexShardHost) drain(dst []*kv.ShardBatch) []*kv.ShardBatch {
 // Match implements kv.ShardHost: one MatchPrefix per non-nil query, answered on one reply
 // channel; it waits for every answer or until ctx is done.
 func (s *IndexShards) Match(ctx context.Context, qs []*kv.ShardQuery) error {
-	return s.StartMatch(qs).Wait(ctx)
-}
-
-// StartMatch sends one MatchPrefix per non-nil query and returns at once; Wait collects the
-// answers.
-func (s *IndexShards) StartMatch(qs []*kv.ShardQuery) PendingMatch {
 	if s.closed.Load() {
-		return failedMatch{s.closedErr}
+		return s.closedErr
 	}
 	c := s.calls.Get().(*matchCall)
 	c.owner = s
@@ -199,20 +193,12 @@ func (s *IndexShards) StartMatch(qs []*kv.ShardQuery) PendingMatch {
 		c.sent++
 		s.root.Send(s.shards[i].pid, &c.msgs[len(c.msgs)-1])
 	}
-	return c
+	return c.wait(ctx)
 }
 
-// PendingMatch is a match in flight.
-type PendingMatch interface {
-	// Wait returns once every query was answered, or with an error when ctx ends first or
-	// a shard could not take its query (then the queries must not be reused).
-	Wait(ctx context.Context) error
-}
-
-// Wait implements PendingMatch: it collects every shard's answer, or gives up when ctx
-// ends (the call is then abandoned: never pooled again, so a late answer lands in a call
-// nobody reuses).
-func (c *matchCall) Wait(ctx context.Context) error {
+// wait collects every shard's answer, or gives up when ctx ends (the call is then
+// abandoned: never pooled again, so a late answer lands in a call nobody reuses).
+func (c *matchCall) wait(ctx context.Context) error {
 	var firstErr error
 	for got := 0; got < c.sent; got++ {
 		// Fast path: the answer is already there.
@@ -240,11 +226,6 @@ func (c *matchCall) Wait(ctx context.Context) error {
 	s.calls.Put(c)
 	return firstErr
 }
-
-// failedMatch is a match that could not start.
-type failedMatch struct{ err error }
-
-func (f failedMatch) Wait(context.Context) error { return f.err }
 
 // Prune implements kv.ShardHost: shard i reclaims the records of cleared owners now.
 func (s *IndexShards) Prune(i int) error {
