@@ -18,10 +18,11 @@ const chunkBlocks = firstWave
 // up to the chunk, and the block size; finding a chunk costs two passes of maphash over its
 // tokens, several times cheaper than its SHA-256 chain.
 //
-// The cache is direct-mapped: an entry goes to the slot its key selects, replacing what was
-// there; entries are immutable and published with atomic pointers, so lookups on any
-// goroutine share it without locks. A collision of 128-bit keys would route on a wrong
-// prefix, never corrupt the index.
+// Each key has two candidate slots (one per half of the key): a lookup reads both, an insert
+// takes an empty one or else replaces one chosen by the key, so two hot prefixes whose keys
+// meet in one slot need not evict each other. Entries are immutable and published with
+// atomic pointers, so lookups on any goroutine share the cache without locks. A collision of
+// 128-bit keys would route on a wrong prefix, never corrupt the index.
 type hashCache struct {
 	seeds [2]maphash.Seed
 	slots []atomic.Pointer[chunkEntry]
@@ -67,10 +68,18 @@ func (c *hashCache) key(prev chunkKey, blockSize int, tokens []uint32) chunkKey 
 	return k
 }
 
+// candidates returns the two slots k may live in.
+func (c *hashCache) candidates(k chunkKey) (*atomic.Pointer[chunkEntry], *atomic.Pointer[chunkEntry]) {
+	return &c.slots[k[0]&c.mask], &c.slots[k[1]&c.mask]
+}
+
 func (c *hashCache) get(k chunkKey) *chunkEntry {
-	if e := c.slots[k[0]&c.mask].Load(); e != nil && e.key == k {
-		c.m.hashCacheHits.Inc()
-		return e
+	a, b := c.candidates(k)
+	for _, s := range [2]*atomic.Pointer[chunkEntry]{a, b} {
+		if e := s.Load(); e != nil && e.key == k {
+			c.m.hashCacheHits.Inc()
+			return e
+		}
 	}
 	c.m.hashCacheMisses.Inc()
 	return nil
@@ -79,5 +88,15 @@ func (c *hashCache) get(k chunkKey) *chunkEntry {
 func (c *hashCache) put(k chunkKey, hashes []int64, last Digest) {
 	e := &chunkEntry{key: k, last: last}
 	copy(e.hashes[:], hashes)
-	c.slots[k[0]&c.mask].Store(e)
+	a, b := c.candidates(k)
+	switch {
+	case a.Load() == nil:
+		a.Store(e)
+	case b.Load() == nil:
+		b.Store(e)
+	case k[0]>>63 == 0:
+		a.Store(e)
+	default:
+		b.Store(e)
+	}
 }

@@ -13,13 +13,16 @@ func chainWith(sc *lookupScratch, cache *hashCache, tokens []uint32, bs int) []i
 }
 
 // resident counts the whole chunks of tokens (block size bs) whose entries the cache holds:
-// the hits a lookup of tokens gets. Keys are random per cache, so two chunks may share a slot.
+// the hits a lookup of tokens gets. Keys are random per cache, so chunks may share slots.
 func resident(c *hashCache, tokens []uint32, bs int) uint64 {
 	var k chunkKey
 	var n uint64
 	for from := 0; (from+chunkBlocks)*bs <= len(tokens); from += chunkBlocks {
 		k = c.key(k, bs, tokens[from*bs:(from+chunkBlocks)*bs])
-		if e := c.slots[k[0]&c.mask].Load(); e != nil && e.key == k {
+		a, b := c.candidates(k)
+		if e := a.Load(); e != nil && e.key == k {
+			n++
+		} else if e := b.Load(); e != nil && e.key == k {
 			n++
 		}
 	}
@@ -93,5 +96,26 @@ func TestIndexWithHashCacheMatchesWithout(t *testing.T) {
 			t.Fatalf("%d chunks: %d hits", chunks, hits)
 		}
 		_ = x.Close()
+	}
+}
+
+// TestHashCacheTwoChoices checks that two keys meeting in one slot both stay: the second
+// takes its other slot.
+func TestHashCacheTwoChoices(t *testing.T) {
+	c := newHashCache(16, NewMetrics(nil))
+	k1, k2 := chunkKey{5, 9}, chunkKey{5 + 16, 12} // the same first slot (5), other second slots
+	c.put(k1, nil, Digest{1})
+	c.put(k2, nil, Digest{2})
+	if e := c.get(k1); e == nil || e.last != (Digest{1}) {
+		t.Fatalf("k1: %v", e)
+	}
+	if e := c.get(k2); e == nil || e.last != (Digest{2}) {
+		t.Fatalf("k2: %v", e)
+	}
+	// With both of k3's slots taken, it replaces one of them, and is found.
+	k3 := chunkKey{5, 12} // slot 5 holds k1, slot 12 k2
+	c.put(k3, nil, Digest{3})
+	if e := c.get(k3); e == nil || e.last != (Digest{3}) {
+		t.Fatalf("k3: %v", e)
 	}
 }
