@@ -58,17 +58,9 @@ func hashBlockInto(buf []byte, parent *Digest, tokens []uint32) Digest {
 	if !fastHash {
 		return sha256.Sum256(buf[:n])
 	}
-	total := (n + 9 + 63) &^ 63
-	buf[n] = 0x80
-	clear(buf[n+1 : total-8])
-	binary.BigEndian.PutUint64(buf[total-8:total], uint64(n)*8)
 	h := sha256IV
-	compress(&h, buf[:total])
-	var d Digest
-	for i, v := range h {
-		binary.BigEndian.PutUint32(d[4*i:], v)
-	}
-	return d
+	compress(&h, pad(buf, n))
+	return digestOf(&h)
 }
 
 // AppendBlockHashes appends the wire hashes of tokens' blocks to dst. tokens is cut into
@@ -144,18 +136,9 @@ func appendChainedBlocks(dst []int64, buf []byte, parent *Digest, tokens []uint3
 		start := len(dst)
 		dst = dst[:start+blocks]
 		chain16(&h, tokens, dst[start:])
-		var d Digest
-		for j, v := range h {
-			binary.BigEndian.PutUint32(d[4*j:], v)
-		}
-		return dst, d, blocks
+		return dst, digestOf(&h), blocks
 	}
-	n := sha256.Size + 4*blockSize
-	total := (n + 9 + 63) &^ 63
-	msg := buf[:total]
-	msg[n] = 0x80
-	clear(msg[n+1 : total-8])
-	binary.BigEndian.PutUint64(msg[total-8:], uint64(n)*8)
+	msg := pad(buf, sha256.Size+4*blockSize)
 	copy(msg, parent[:])
 	var h [8]uint32
 	for b := range blocks {
@@ -170,6 +153,25 @@ func appendChainedBlocks(dst []int64, buf []byte, parent *Digest, tokens []uint3
 	var d Digest
 	copy(d[:], msg[:sha256.Size])
 	return dst, d, blocks
+}
+
+// pad writes SHA-256's padding after the n message bytes in buf (0x80, zeros, the length in
+// bits) and returns the padded message: whole 64-byte blocks.
+func pad(buf []byte, n int) []byte {
+	total := (n + 9 + 63) &^ 63
+	buf[n] = 0x80
+	clear(buf[n+1 : total-8])
+	binary.BigEndian.PutUint64(buf[total-8:total], uint64(n)*8)
+	return buf[:total]
+}
+
+// digestOf is the digest of state h: its words, big-endian.
+func digestOf(h *[8]uint32) Digest {
+	var d Digest
+	for i, v := range h {
+		binary.BigEndian.PutUint32(d[4*i:], v)
+	}
+	return d
 }
 
 // growInt64 makes room for n more elements in dst.
