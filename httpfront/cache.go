@@ -7,8 +7,8 @@ import (
 
 	"switchyard/actors"
 	"switchyard/config"
-	"switchyard/httpfront/tokenizer"
 	"switchyard/kv"
+	"switchyard/tokenizer"
 )
 
 // Cache-aware wiring: the cache state (prefix index and KV-event subscriptions, or the

@@ -9,8 +9,8 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 
 	"switchyard/config"
-	"switchyard/httpfront/tokenizer"
 	"switchyard/kv"
+	"switchyard/tokenizer"
 )
 
 // cacheConfig is two plain engines behind one bucket whose group runs cache_aware, with no

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"switchyard/httpfront/tokenizer"
+	"switchyard/tokenizer"
 )
 
 func TestParseRequest(t *testing.T) {

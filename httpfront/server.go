@@ -20,8 +20,8 @@ import (
 	"switchyard/actors"
 	"switchyard/config"
 	"switchyard/engine"
-	"switchyard/httpfront/tokenizer"
 	"switchyard/load"
+	"switchyard/tokenizer"
 )
 
 // Defaults of Options.

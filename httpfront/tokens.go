@@ -10,8 +10,8 @@ import (
 	"strings"
 
 	"switchyard/config"
-	"switchyard/httpfront/tokenizer"
-	"switchyard/httpfront/tokenizer/hf"
+	"switchyard/tokenizer"
+	"switchyard/tokenizer/hf"
 )
 
 // estimateTokens is the body-size estimate of a prompt's length used when no tokenizer is

@@ -4,7 +4,7 @@ import (
 	"encoding/json"
 	"testing"
 
-	"switchyard/httpfront/tokenizer"
+	"switchyard/tokenizer"
 )
 
 // FuzzPrepareTokens checks, for every accepted chat or /generate request, that the messages

@@ -18,8 +18,8 @@ import (
 
 	"switchyard/config"
 	"switchyard/engine"
-	"switchyard/httpfront/tokenizer"
-	"switchyard/httpfront/tokenizer/hf"
+	"switchyard/tokenizer"
+	"switchyard/tokenizer/hf"
 )
 
 // The tokenizer tests use the real Qwen3 tokenizer files that make testdata-tokenizers

@@ -11,7 +11,7 @@ import (
 	"switchyard/bench/mockengine"
 	"switchyard/config"
 	"switchyard/httpfront"
-	"switchyard/httpfront/tokenizer"
+	"switchyard/tokenizer"
 )
 
 // cluster is a set of in-process mock engines.

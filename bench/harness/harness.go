@@ -14,7 +14,7 @@ import (
 	"switchyard/bench/loadgen"
 	"switchyard/bench/report"
 	"switchyard/bench/workload"
-	"switchyard/httpfront/tokenizer"
+	"switchyard/tokenizer"
 )
 
 // Run runs the scenarios of opts and returns their report. On error it returns the

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"switchyard/bench/workload"
-	"switchyard/httpfront/tokenizer"
+	"switchyard/tokenizer"
 )
 
 // stepClock advances by one millisecond on every reading.

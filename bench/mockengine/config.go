@@ -6,8 +6,8 @@ import (
 	"log/slog"
 	"time"
 
-	"switchyard/httpfront/tokenizer"
 	"switchyard/kv"
+	"switchyard/tokenizer"
 )
 
 // Role is the engine's serving role.

@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"switchyard/httpfront/tokenizer"
 	"switchyard/load"
+	"switchyard/tokenizer"
 )
 
 func TestBadInput(t *testing.T) {

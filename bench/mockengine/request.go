@@ -9,7 +9,7 @@ import (
 	"strconv"
 	"strings"
 
-	"switchyard/httpfront/tokenizer"
+	"switchyard/tokenizer"
 )
 
 // apiKind is the inference route a request came in on.

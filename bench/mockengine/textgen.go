@@ -1,6 +1,6 @@
 package mockengine
 
-import "switchyard/httpfront/tokenizer"
+import "switchyard/tokenizer"
 
 // outputWords are the words the engine generates. Each is one token of the built-in
 // tokenizer with and without a leading space, and decodes back to itself, so a client that

@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"strings"
 
-	"switchyard/httpfront/tokenizer"
-	"switchyard/httpfront/tokenizer/hf"
+	"switchyard/tokenizer"
+	"switchyard/tokenizer/hf"
 )
 
 // chatJSONTokenizer is a tokenizer that renders the OpenAI messages of a request as sent,

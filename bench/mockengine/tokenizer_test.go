@@ -12,7 +12,7 @@ import (
 	"sync"
 	"testing"
 
-	"switchyard/httpfront/tokenizer/hf"
+	"switchyard/tokenizer/hf"
 )
 
 // The tests below use the real Qwen3 tokenizer files that make testdata-tokenizers fetches

@@ -5,7 +5,7 @@ import (
 	"math"
 	"strconv"
 
-	"switchyard/httpfront/tokenizer"
+	"switchyard/tokenizer"
 )
 
 // SharedPrefixConfig shapes the shared-prefix workload: groups of prompts that share a

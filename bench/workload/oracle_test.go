@@ -5,7 +5,7 @@ import (
 	"math"
 	"testing"
 
-	"switchyard/httpfront/tokenizer"
+	"switchyard/tokenizer"
 )
 
 // ids is a fake Templater whose prompt is the message content's bytes, one token each, so

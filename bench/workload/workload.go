@@ -7,7 +7,7 @@ import (
 	"slices"
 	"strings"
 
-	"switchyard/httpfront/tokenizer"
+	"switchyard/tokenizer"
 )
 
 // Workload names, as written on the command line.

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"switchyard/httpfront/tokenizer"
+	"switchyard/tokenizer"
 )
 
 func TestTextHasExactTokenCount(t *testing.T) {

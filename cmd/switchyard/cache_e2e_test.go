@@ -23,9 +23,9 @@ import (
 	"switchyard/bench/mockengine"
 	"switchyard/config"
 	"switchyard/httpfront"
-	"switchyard/httpfront/tokenizer"
 	"switchyard/kv"
 	"switchyard/load"
+	"switchyard/tokenizer"
 )
 
 // End-to-end tests of cache_aware: the real router (httpfront.New and Run) in front of

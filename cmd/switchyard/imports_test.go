@@ -13,12 +13,13 @@ import (
 // (ARCHITECTURE.md: cmd → httpfront → actors → engine → {kv, load, config}).
 var allowed = map[string][]string{
 	"config":    {},
+	"tokenizer": {},
 	"load":      {},
 	"kv":        {"load"},
 	"engine":    {"config", "load", "kv"},
 	"actors":    {"engine", "kv", "load", "config"},
-	"httpfront": {"actors", "engine", "kv", "load", "config", "httpfront"},
-	"bench":     {"actors", "engine", "kv", "load", "config", "httpfront", "bench"},
+	"httpfront": {"actors", "engine", "kv", "load", "config", "httpfront", "tokenizer"},
+	"bench":     {"actors", "engine", "kv", "load", "config", "httpfront", "bench", "tokenizer"},
 }
 
 // TestImportDirection fails when a package imports against the architecture's one-way flow,

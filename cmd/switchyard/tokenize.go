@@ -10,7 +10,7 @@ import (
 	"os"
 
 	"switchyard/httpfront"
-	"switchyard/httpfront/tokenizer/hf"
+	"switchyard/tokenizer/hf"
 )
 
 // maxTokenizeInput bounds what tokenize reads from stdin, as the router bounds request bodies.

@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-const tinyTokenizer = "../../httpfront/tokenizer/hf/testdata/tiny"
+const tinyTokenizer = "../../tokenizer/hf/testdata/tiny"
 
 func TestTokenize(t *testing.T) {
 	tests := []struct {

@@ -12,8 +12,8 @@ import (
 
 	"switchyard/bench/mockengine"
 	"switchyard/config"
-	"switchyard/httpfront/tokenizer"
-	"switchyard/httpfront/tokenizer/hf"
+	"switchyard/tokenizer"
+	"switchyard/tokenizer/hf"
 )
 
 // qwenTokenizerDir returns the Qwen3 tokenizer files that make testdata-tokenizers fetches

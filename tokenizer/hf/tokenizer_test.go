@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/text/unicode/norm"
 
-	"switchyard/httpfront/tokenizer"
+	"switchyard/tokenizer"
 )
 
 // tinyDir holds a small byte-level BPE tokenizer with the Qwen2 pre-tokenizer, the NFC

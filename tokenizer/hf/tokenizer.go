@@ -13,7 +13,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"switchyard/httpfront/tokenizer"
+	"switchyard/tokenizer"
 )
 
 // Tokenizer is a Hugging Face tokenizer (tokenizer.json with its tokenizer_config.json)

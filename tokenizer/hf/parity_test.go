@@ -28,7 +28,7 @@ func npmDir(t testing.TB) string {
 	t.Helper()
 	dir := os.Getenv(npmDirEnv)
 	if dir == "" {
-		root, err := filepath.Abs("../../..")
+		root, err := filepath.Abs("../..")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"testing"
 
-	"switchyard/httpfront/tokenizer"
+	"switchyard/tokenizer"
 )
 
 // goldenChat is one line of chat.jsonl.gz: a conversation rendered by Jinja2 configured as
