@@ -69,7 +69,7 @@ type Server struct {
 	// AdminAPIKey, when set, is the bearer key required on the admin API. Default: none.
 	AdminAPIKey string `koanf:"admin_api_key" json:"admin_api_key"`
 	// MaxBodyBytes caps a request body, also after decompression. Default 32 MiB.
-	MaxBodyBytes int64 `koanf:"max_body_bytes" json:"max_body_bytes"`
+	MaxBodyBytes int64 `koanf:"max_body_bytes" json:"max_body_bytes" unit:"bytes"`
 	// RequestTimeout bounds one request end to end. Default 600s.
 	RequestTimeout time.Duration `koanf:"request_timeout" json:"request_timeout"`
 	// StreamIdleTimeout bounds the gap between two chunks of a stream. Default 60s.
@@ -82,20 +82,24 @@ type Server struct {
 type Worker struct {
 	// ID is the stable, unique worker ID. Required.
 	ID string `koanf:"id" json:"id"`
-	// URL is the engine's base URL, e.g. "http://127.0.0.1:30001". Required.
+	// URL is the engine's base URL, http or https with a host, e.g. "http://127.0.0.1:30001".
+	// Required.
 	URL string `koanf:"url" json:"url"`
-	// Model is the served model name. Required.
+	// Model is the served model name; a model's workers are all plain or all
+	// prefill/decode. Required.
 	Model string `koanf:"model" json:"model"`
 	// Role is plain, prefill or decode. Default plain.
 	Role Role `koanf:"role" json:"role"`
-	// BootstrapPort is a prefill engine's PD bootstrap port. Default: none (null on the wire).
+	// BootstrapPort is a prefill engine's PD bootstrap port, 1..65535. Default: none (null
+	// on the wire).
 	BootstrapPort *int `koanf:"bootstrap_port" json:"bootstrap_port"`
-	// DPSize is the engine's data-parallel size. Default 1 (or introspected).
-	DPSize int `koanf:"dp_size" json:"dp_size"`
-	// KVEvents, when set, is the engine's KV-event publisher endpoint
-	// ("tcp://host:port"), overriding introspection. Default: introspected.
+	// DPSize is the engine's data-parallel size, at least 1. Default 1 (or introspected).
+	DPSize int `koanf:"dp_size" json:"dp_size" unit:"ranks"`
+	// KVEvents, when set, is the engine's KV-event publisher endpoint (tcp://HOST:PORT or
+	// ipc://PATH), overriding introspection. Default: introspected.
 	KVEvents string `koanf:"kv_events" json:"kv_events"`
-	// LoadPublish, when set, is the engine's ZMQ load-gauge endpoint. Default: introspected.
+	// LoadPublish, when set, is the engine's ZMQ load-gauge endpoint (tcp://HOST:PORT or
+	// ipc://PATH). Default: introspected.
 	LoadPublish string `koanf:"load_publish" json:"load_publish"`
 }
 
@@ -121,8 +125,8 @@ type Tokenizer struct {
 	Path string `koanf:"path" json:"path"`
 	// CacheBytes bounds the tokenizer's prefix cache, which spares re-encoding the history
 	// a multi-turn conversation resends, in bytes of text plus token IDs; 0 disables it.
-	// Requires path. Default (absent): 64 MiB.
-	CacheBytes *int64 `koanf:"cache_bytes" json:"cache_bytes"`
+	// Requires path. Default 64 MiB (when absent).
+	CacheBytes *int64 `koanf:"cache_bytes" json:"cache_bytes" unit:"bytes"`
 	// ForwardInputIDs makes the router send a /generate request that carries text to the
 	// engine with the token IDs it computed (input_ids) in place of the text, so the engine
 	// cannot tokenize differently. It applies to /generate only: the OpenAI routes
@@ -151,23 +155,26 @@ type Bucket struct {
 	Rank int `koanf:"rank" json:"rank"`
 	// Limits is the inclusive input-token range.
 	Limits Limits `koanf:"limits" json:"limits"`
-	// MaxContextTokens caps input plus requested output. Default: unbounded.
-	MaxContextTokens *int64 `koanf:"max_context_tokens" json:"max_context_tokens"`
-	// Groups holds exactly one of Plain or PD.
+	// MaxContextTokens caps input plus requested output, in tokens; positive and at least
+	// limits.min. Default: unbounded.
+	MaxContextTokens *int64 `koanf:"max_context_tokens" json:"max_context_tokens" unit:"tokens"`
+	// Groups holds exactly one of plain or pd.
 	Groups Groups `koanf:"groups" json:"groups"`
 }
 
 // Limits is an inclusive input-token range.
 type Limits struct {
-	// Min is the smallest input length, in tokens. Default 0.
-	Min int64 `koanf:"min" json:"min"`
-	// Max is the largest input length, in tokens. Default: unbounded.
-	Max *int64 `koanf:"max" json:"max"`
+	// Min is the smallest input length, in tokens, at least 0. Default 0.
+	Min int64 `koanf:"min" json:"min" unit:"tokens"`
+	// Max is the largest input length, in tokens; positive and at least min. Default:
+	// unbounded.
+	Max *int64 `koanf:"max" json:"max" unit:"tokens"`
 }
 
 // Groups is either a plain group or a prefill/decode pair: exactly one is set.
 type Groups struct {
-	// Plain is the bucket's plain engine group. Default: none.
+	// Plain is the bucket's plain engine group; a bucket has exactly one of plain or pd.
+	// Default: none.
 	Plain *Group `koanf:"plain" json:"plain"`
 	// PD is the bucket's prefill/decode pair of groups. Default: none.
 	PD *PDGroups `koanf:"pd" json:"pd"`
@@ -183,17 +190,19 @@ type PDGroups struct {
 
 // Group is an engine group: its membership and its policy.
 type Group struct {
-	// WorkerIDs lists members by worker ID. Absent (nil) means every healthy engine of the
-	// model and role; an empty list means none.
+	// WorkerIDs lists members by worker ID, each a known worker of the group's model and
+	// role; an empty list means none. Default: absent, every healthy engine of the model
+	// and role.
 	WorkerIDs *[]string `koanf:"worker_ids" json:"worker_ids"`
-	// Policy is the group's policy. Default: the model's stage default, else
-	// the configuration's DefaultPolicy (see Config.EffectivePolicy).
+	// Policy is the group's policy. Default: the model's default for the group's stage
+	// (models.<name>.policies), else default_policy (see Config.EffectivePolicy).
 	Policy *Policy `koanf:"policy" json:"policy"`
 }
 
 // Policy names a policy type with its admission caps and policy settings.
 type Policy struct {
-	// Type is one of the Policy* names. Required.
+	// Type is the policy: round_robin, random, power_of_two, load_based, session_aware,
+	// sticky or cache_aware. Required.
 	Type string `koanf:"type" json:"type"`
 	// Admission holds the per-engine caps. Default: every cap unset (admit all).
 	Admission Admission `koanf:"admission" json:"admission"`
@@ -206,16 +215,16 @@ type Policy struct {
 // admits while the engine's metric is below it. A set cap must be at least 1.
 type Admission struct {
 	// MaxRunningRequests caps reported running requests. Default: unset.
-	MaxRunningRequests *int64 `koanf:"max_running_requests" json:"max_running_requests"`
+	MaxRunningRequests *int64 `koanf:"max_running_requests" json:"max_running_requests" unit:"requests"`
 	// MaxWaitingRequests caps reported waiting requests. Default: unset.
-	MaxWaitingRequests *int64 `koanf:"max_waiting_requests" json:"max_waiting_requests"`
+	MaxWaitingRequests *int64 `koanf:"max_waiting_requests" json:"max_waiting_requests" unit:"requests"`
 	// MaxKVTokens caps reported used KV tokens, in tokens. Default: unset.
-	MaxKVTokens *int64 `koanf:"max_kv_tokens" json:"max_kv_tokens"`
+	MaxKVTokens *int64 `koanf:"max_kv_tokens" json:"max_kv_tokens" unit:"tokens"`
 	// MaxPendingPrefillTokens caps reported waiting uncached tokens, in tokens. Default: unset.
-	MaxPendingPrefillTokens *int64 `koanf:"max_pending_prefill_tokens" json:"max_pending_prefill_tokens"`
-	// MaxInflightRequests caps router-local in-flight requests. Default: unset; the
+	MaxPendingPrefillTokens *int64 `koanf:"max_pending_prefill_tokens" json:"max_pending_prefill_tokens" unit:"tokens"`
+	// MaxInflightRequests caps router-local in-flight requests. Default: unset. The
 	// --max-in-flight flag sets it on every policy.
-	MaxInflightRequests *int64 `koanf:"max_inflight_requests" json:"max_inflight_requests"`
+	MaxInflightRequests *int64 `koanf:"max_inflight_requests" json:"max_inflight_requests" unit:"requests"`
 }
 
 // Actors sizes the actor system.
@@ -228,16 +237,16 @@ type Actors struct {
 
 // Mailbox sizes, in messages. A full mailbox rejects at once.
 type Mailbox struct {
-	// Bucket is each bucket actor's mailbox size. Default 1024.
-	Bucket int `koanf:"bucket" json:"bucket"`
-	// Group is each group actor's mailbox size. Default 1024.
-	Group int `koanf:"group" json:"group"`
-	// Telemetry is each telemetry actor's mailbox size. Default 256.
-	Telemetry int `koanf:"telemetry" json:"telemetry"`
-	// IndexShard is each prefix-index shard actor's mailbox size. Default 4096.
-	IndexShard int `koanf:"index_shard" json:"index_shard"`
-	// Affinity is each affinity scope actor's mailbox size. Default 1024.
-	Affinity int `koanf:"affinity" json:"affinity"`
+	// Bucket is each bucket actor's mailbox size, at least 1. Default 1024.
+	Bucket int `koanf:"bucket" json:"bucket" unit:"messages"`
+	// Group is each group actor's mailbox size, at least 1. Default 1024.
+	Group int `koanf:"group" json:"group" unit:"messages"`
+	// Telemetry is each telemetry actor's mailbox size, at least 1. Default 256.
+	Telemetry int `koanf:"telemetry" json:"telemetry" unit:"messages"`
+	// IndexShard is each prefix-index shard actor's mailbox size, at least 1. Default 4096.
+	IndexShard int `koanf:"index_shard" json:"index_shard" unit:"messages"`
+	// Affinity is each affinity scope actor's mailbox size, at least 1. Default 1024.
+	Affinity int `koanf:"affinity" json:"affinity" unit:"messages"`
 }
 
 // LoadSettings configures engine-reported load ingestion (the "load" section). It is not
@@ -245,7 +254,8 @@ type Mailbox struct {
 type LoadSettings struct {
 	// Freshness is how long a rank's report stays usable. Default 5s.
 	Freshness time.Duration `koanf:"freshness" json:"freshness"`
-	// PollInterval is the HTTP poll period of /v1/loads (or /get_load). Default 1s.
+	// PollInterval is the HTTP poll period of /v1/loads (or /get_load), shorter than
+	// freshness. Default 1s.
 	PollInterval time.Duration `koanf:"poll_interval" json:"poll_interval"`
 	// Source is "http", "zmq" or "auto" (ZMQ gauge when advertised, else HTTP). Default auto.
 	Source string `koanf:"source" json:"source"`
@@ -260,21 +270,21 @@ type KV struct {
 	// index. Default true.
 	Enabled bool `koanf:"enabled" json:"enabled"`
 	// BindEndpoint, when set, is a SUB endpoint the router binds for engines that connect
-	// to it (e.g. "tcp://127.0.0.1:5557"). Default: none.
+	// to it, tcp://HOST:PORT (e.g. "tcp://127.0.0.1:5557"). Default: none.
 	BindEndpoint string `koanf:"bind_endpoint" json:"bind_endpoint"`
 	// BlockSize is the block size, in tokens, when an engine does not advertise one. Default 16.
-	BlockSize int `koanf:"block_size" json:"block_size"`
+	BlockSize int `koanf:"block_size" json:"block_size" unit:"tokens"`
 	// Shards is the number of prefix-index shard actors; 0 means one per core
 	// (GOMAXPROCS), which measured fastest: more shards than cores only add hand-offs.
 	// Default 0.
-	Shards int `koanf:"shards" json:"shards"`
+	Shards int `koanf:"shards" json:"shards" unit:"actors"`
 	// MaxBlocks bounds the resident blocks of the index; LRU beyond. Default 4,000,000.
-	MaxBlocks int `koanf:"max_blocks" json:"max_blocks"`
+	MaxBlocks int `koanf:"max_blocks" json:"max_blocks" unit:"blocks"`
 	// ReconnectBackoff is the first reconnect delay, doubled up to 30s. Default 500ms.
 	ReconnectBackoff time.Duration `koanf:"reconnect_backoff" json:"reconnect_backoff"`
 	// HashCacheChunks is how many prompt chunks (64 blocks, about 560 bytes each) keep their
 	// block hashes for later lookups; 0 turns the cache off. Default 16384 (about 9 MiB).
-	HashCacheChunks int `koanf:"hash_cache_chunks" json:"hash_cache_chunks"`
+	HashCacheChunks int `koanf:"hash_cache_chunks" json:"hash_cache_chunks" unit:"chunks of 64 blocks"`
 }
 
 // Affinity configures session and routing-key bindings.
@@ -288,43 +298,47 @@ type Affinity struct {
 	// SweepInterval is the expiry sweep period. Default 60s.
 	SweepInterval time.Duration `koanf:"sweep_interval" json:"sweep_interval"`
 	// MaxBindings bounds the bindings per scope; LRU beyond. Default 100,000.
-	MaxBindings int `koanf:"max_bindings" json:"max_bindings"`
+	MaxBindings int `koanf:"max_bindings" json:"max_bindings" unit:"bindings per scope"`
 }
 
 // CacheAware tunes the cache_aware policy.
 type CacheAware struct {
 	// Source is "local" (the router's own index) or "remote" (an indexer). Default local.
 	Source string `koanf:"source" json:"source"`
-	// RemoteURL is the indexer's base URL when Source is remote. Default: none.
+	// RemoteURL is the indexer's base URL: required when source is remote, rejected when
+	// it is local. Default: none.
 	RemoteURL string `koanf:"remote_url" json:"remote_url"`
 	// QueryTimeout bounds one remote lookup. Default 100ms.
 	QueryTimeout time.Duration `koanf:"query_timeout" json:"query_timeout"`
 	// MaxInflightQueries bounds concurrent remote lookups. Default 32.
-	MaxInflightQueries int `koanf:"max_inflight_queries" json:"max_inflight_queries"`
+	MaxInflightQueries int `koanf:"max_inflight_queries" json:"max_inflight_queries" unit:"queries"`
 	// MinMatchedTokens is the minimum prefix hit, in tokens, to prefer a holder. Default 1024.
-	MinMatchedTokens int `koanf:"min_matched_tokens" json:"min_matched_tokens"`
-	// MinMatchRatio is the optional minimum matched/input ratio; 0 disables. Default 0.
-	MinMatchRatio float64 `koanf:"min_match_ratio" json:"min_match_ratio"`
-	// MinCandidates is the lower bound of the candidate set. Default 8.
-	MinCandidates int `koanf:"min_candidates" json:"min_candidates"`
-	// CandidateRatio sizes the candidate set as a fraction of the group. Default 0.05.
-	CandidateRatio float64 `koanf:"candidate_ratio" json:"candidate_ratio"`
-	// MaxCandidates is the upper bound of the candidate set. Default 32.
-	MaxCandidates int `koanf:"max_candidates" json:"max_candidates"`
+	MinMatchedTokens int `koanf:"min_matched_tokens" json:"min_matched_tokens" unit:"tokens"`
+	// MinMatchRatio is the optional minimum matched/input ratio, in [0, 1]; 0 disables.
+	// Default 0.
+	MinMatchRatio float64 `koanf:"min_match_ratio" json:"min_match_ratio" unit:"matched / input tokens"`
+	// MinCandidates is the lower bound of the candidate set, at least 1. Default 8.
+	MinCandidates int `koanf:"min_candidates" json:"min_candidates" unit:"engines"`
+	// CandidateRatio sizes the candidate set as a fraction of the group, in (0, 1].
+	// Default 0.05.
+	CandidateRatio float64 `koanf:"candidate_ratio" json:"candidate_ratio" unit:"fraction of the group"`
+	// MaxCandidates is the upper bound of the candidate set, at least min_candidates.
+	// Default 32.
+	MaxCandidates int `koanf:"max_candidates" json:"max_candidates" unit:"engines"`
 	// WorkerQueueLimit is the soft queue gate: waiting requests beyond which a holder is
 	// avoided when another is available. Default 8.
-	WorkerQueueLimit int `koanf:"worker_queue_limit" json:"worker_queue_limit"`
+	WorkerQueueLimit int `koanf:"worker_queue_limit" json:"worker_queue_limit" unit:"waiting requests"`
 	// SaturationFloor is the fraction of candidates that must be past the soft gate before
-	// the best holder is pinned anyway. Default 1.0 (all).
-	SaturationFloor float64 `koanf:"saturation_floor" json:"saturation_floor"`
+	// the best holder is pinned anyway, in [0, 1]. Default 1.0 (all).
+	SaturationFloor float64 `koanf:"saturation_floor" json:"saturation_floor" unit:"fraction of the group"`
 	// SwitchMargin is the uncached-token advantage, in tokens, a holder needs over the
 	// best-matching holder to be chosen instead. Default 256.
-	SwitchMargin int `koanf:"switch_margin" json:"switch_margin"`
+	SwitchMargin int `koanf:"switch_margin" json:"switch_margin" unit:"tokens"`
 	// PressureGuard is the waiting-request gap beyond which a less-loaded holder wins
 	// despite more uncached work. Default 4.
-	PressureGuard int `koanf:"pressure_guard" json:"pressure_guard"`
+	PressureGuard int `koanf:"pressure_guard" json:"pressure_guard" unit:"waiting requests"`
 	// MinLoadChoices is k of the power-of-k fallback on a miss; at least 2. Default 2.
-	MinLoadChoices int `koanf:"min_load_choices" json:"min_load_choices"`
+	MinLoadChoices int `koanf:"min_load_choices" json:"min_load_choices" unit:"engines"`
 }
 
 // Health configures active health checks and circuit breakers.
@@ -333,12 +347,13 @@ type Health struct {
 	Interval time.Duration `koanf:"interval" json:"interval"`
 	// Timeout bounds one health check. Default 2s.
 	Timeout time.Duration `koanf:"timeout" json:"timeout"`
-	// FailureThreshold consecutive failures mark a worker unhealthy. Default 3.
-	FailureThreshold int `koanf:"failure_threshold" json:"failure_threshold"`
-	// SuccessThreshold consecutive successes mark it healthy again. Default 2.
-	SuccessThreshold int `koanf:"success_threshold" json:"success_threshold"`
-	// BreakerFailures consecutive dispatch failures open a worker's breaker. Default 5.
-	BreakerFailures int `koanf:"breaker_failures" json:"breaker_failures"`
+	// FailureThreshold consecutive failures mark a worker unhealthy; at least 1. Default 3.
+	FailureThreshold int `koanf:"failure_threshold" json:"failure_threshold" unit:"health checks"`
+	// SuccessThreshold consecutive successes mark it healthy again; at least 1. Default 2.
+	SuccessThreshold int `koanf:"success_threshold" json:"success_threshold" unit:"health checks"`
+	// BreakerFailures consecutive dispatch failures open a worker's breaker; at least 1.
+	// Default 5.
+	BreakerFailures int `koanf:"breaker_failures" json:"breaker_failures" unit:"dispatch failures"`
 	// BreakerCooldown is the open time before a half-open probe. Default 30s.
 	BreakerCooldown time.Duration `koanf:"breaker_cooldown" json:"breaker_cooldown"`
 }

@@ -197,6 +197,10 @@ func fieldIndex(t reflect.Type) map[string]int {
 	return out
 }
 
+// FieldKey returns the configuration key of a field of Config or of one of its sections
+// (its koanf tag), or "" for a field outside the schema.
+func FieldKey(f reflect.StructField) string { return tagName(f) }
+
 // tagName is a field's koanf key, or "" for fields outside the schema.
 func tagName(f reflect.StructField) string {
 	if !f.IsExported() {

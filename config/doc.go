@@ -30,6 +30,15 @@
 // every problem at once, joined with errors.Join; errors.Is matches ErrUnknownKey,
 // ErrType, ErrInvalid and ErrDropped, errors.As a *FieldError.
 //
+// # Reference
+//
+// docs/config-reference.md is generated from this package by config/internal/docgen
+// (`make docs`; `make docs-check` and a test fail when it is stale): keys and types from
+// Config's koanf tags, meanings and defaults from the field comments, units from `unit`
+// tags, flags from FlagKeys. Every field comment states its default ("Default 5s.",
+// "Default: none." or "Required."); where Default holds the key, the generator checks that
+// the stated default is the value.
+//
 // # Concurrency and ownership
 //
 // A Config is a plain value with no internal synchronization: build it once, validate

@@ -131,6 +131,49 @@ func keyFlagSpecs() []keyFlagSpec {
 	}
 }
 
+// FlagKey is a command-line flag and one configuration key it sets.
+type FlagKey struct {
+	// Flag is the flag's name, without dashes.
+	Flag string
+	// Key is the key's dotted path; "<name>" stands for every model name and "[]" for
+	// every element of a list.
+	Key string
+}
+
+// FlagKeys returns every flag that sets configuration keys, once per key it sets, in flag
+// order: the key flags (--host, --port, ...) and the flags that act on the decoded
+// configuration (--policy, --prefill-policy, --decode-policy, --max-in-flight). --set,
+// which sets any scalar key, and the quick-start flags --worker-urls and --model are not
+// listed. The configuration reference is generated from it.
+func FlagKeys() []FlagKey {
+	var out []FlagKey
+	for _, s := range keyFlagSpecs() {
+		out = append(out, FlagKey{Flag: s.name, Key: s.key})
+	}
+	out = append(out,
+		FlagKey{Flag: "policy", Key: "default_policy.type"},
+		FlagKey{Flag: "prefill-policy", Key: "models.<name>.policies.prefill.type"},
+		FlagKey{Flag: "decode-policy", Key: "models.<name>.policies.decode.type"},
+	)
+	for _, p := range policyPaths() {
+		out = append(out, FlagKey{Flag: "max-in-flight", Key: p + ".admission.max_inflight_requests"})
+	}
+	return out
+}
+
+// policyPaths are the key paths of every policy attachment, as forEachPolicy visits them.
+func policyPaths() []string {
+	return []string{
+		"default_policy",
+		"models.<name>.policies.plain",
+		"models.<name>.policies.prefill",
+		"models.<name>.policies.decode",
+		"models.<name>.buckets[].groups.plain.policy",
+		"models.<name>.buckets[].groups.pd.prefill.policy",
+		"models.<name>.buckets[].groups.pd.decode.policy",
+	}
+}
+
 // droppedFlag returns the replacement text of a dropped flag name (without dashes).
 func droppedFlag(name string) (string, bool) {
 	switch {
