@@ -5,7 +5,7 @@ BIN     ?= bin/switchyard
 BENCH   ?= .
 BENCHTIME ?= 1s
 
-.PHONY: help build test test-short bench lint fmt check demo clean
+.PHONY: help build test test-short bench lint fmt check demo clean docs docs-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-28s %s\n", $$1, $$2}'
@@ -13,7 +13,7 @@ help: ## list the targets
 build: ## build bin/switchyard
 	$(GO) build -o $(BIN) ./cmd/switchyard
 
-test: testdata-tokenizers ## run every test with the race detector
+test: testdata-tokenizers docs-check ## run every test with the race detector (after docs-check)
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 
 test-short: testdata-tokenizers ## run the tests without the race detector
@@ -32,6 +32,12 @@ fmt: ## format the code
 	gofmt -w $$(find . -name '*.go' -not -path './.cache/*')
 
 check: fmt lint test ## fmt, vet, lint and the tests with -race
+
+docs: ## regenerate docs/config-reference.md from the configuration schema (config/*.go)
+	$(GO) run ./config/internal/docgen -o docs/config-reference.md
+
+docs-check: ## fail when docs/config-reference.md differs from the configuration schema
+	$(GO) run ./config/internal/docgen -check docs/config-reference.md
 
 demo: build ## run the router on its example configuration and show its picks
 	./$(BIN) demo
