@@ -282,13 +282,14 @@ func bucketID(b *engine.Bucket) string {
 
 // Select resolves req's compatible buckets and runs the bucket loop (engine.SelectEngines)
 // with PickEngines as the attempt: the first complete selection wins; missing candidates and
-// admission rejections move on to the next bucket.
+// admission rejections move on to the next bucket. A retried request (req.RetryAfter)
+// resumes at the bucket of its failed attempt, without the engines that failed.
 func (s *Selector) Select(resolver *engine.BucketResolver, req *engine.BucketRequest) (engine.BucketPick, error) {
 	bp := s.bufs.Get().(*[]*engine.Bucket)
 	buckets, err := resolver.Resolve((*bp)[:0], req.InputTokens, req.ExpectedPeak)
 	if err == nil {
 		var pick engine.BucketPick
-		pick, err = engine.SelectEngines(buckets, func(b *engine.Bucket) (engine.BucketPick, error) {
+		pick, err = engine.SelectEngines(buckets, req, func(b *engine.Bucket) (engine.BucketPick, error) {
 			return s.PickEngines(b, req)
 		})
 		if err == nil {

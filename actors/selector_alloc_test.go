@@ -21,6 +21,13 @@ func TestSelectorAllocations(t *testing.T) {
 	s := newTestSelector(t, workerSet(t, ws, ps, ds), config.Actors{}, nil, plain, pd)
 	res := engine.NewBucketResolver(testModel, []*engine.Bucket{plain})
 	req := request(100)
+	// A retried request: one engine of each group failed for it.
+	retried := request(100)
+	retried.RetryAfter(&engine.BucketPick{BucketID: "plain", Plain: engine.Pick{Worker: ws[0]}}, engine.StagePlain)
+	retried.RetryAfter(&engine.BucketPick{BucketID: "pd", Prefill: engine.Pick{Worker: ps[0]}, Decode: engine.Pick{Worker: ds[0]}}, engine.StagePrefill)
+	retried.RetryAfter(&engine.BucketPick{BucketID: "pd", Prefill: engine.Pick{Worker: ps[0]}, Decode: engine.Pick{Worker: ds[0]}}, engine.StageDecode)
+	retriedPlain := request(100)
+	retriedPlain.RetryAfter(&engine.BucketPick{BucketID: "plain", Plain: engine.Pick{Worker: ws[0]}}, engine.StagePlain)
 
 	tests := []struct {
 		name string
@@ -29,6 +36,8 @@ func TestSelectorAllocations(t *testing.T) {
 		{"plain PickEngines", func() (engine.BucketPick, error) { return s.PickEngines(plain, req) }},
 		{"PD PickEngines", func() (engine.BucketPick, error) { return s.PickEngines(pd, req) }},
 		{"plain Select", func() (engine.BucketPick, error) { return s.Select(res, req) }},
+		{"retried PD PickEngines", func() (engine.BucketPick, error) { return s.PickEngines(pd, retried) }},
+		{"retried plain Select", func() (engine.BucketPick, error) { return s.Select(res, retriedPlain) }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

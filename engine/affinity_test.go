@@ -360,7 +360,7 @@ func TestAffinityPDDecodeFailureKeepsPrefillBinding(t *testing.T) {
 			req.Now = t0
 			kind.withKey(req, "sess-1")
 			var tried []string
-			pick, err := SelectEngines([]*Bucket{short, long}, func(b *Bucket) (BucketPick, error) {
+			pick, err := SelectEngines([]*Bucket{short, long}, req, func(b *Bucket) (BucketPick, error) {
 				tried = append(tried, b.ID)
 				return b.PickEngines(set.Load(), req)
 			})

@@ -4,6 +4,14 @@
 // each), per-engine admission, the pressure comparisons, the bucket loop (SelectEngines), and
 // the factory that builds resolvers from configuration.
 //
+// The retry rule lives here too: a request whose dispatch failed records it
+// (BucketRequest.RetryAfter), and its next selection resumes the bucket loop at the bucket of
+// the failed attempt, whose groups leave the failed engines out of their candidates
+// (BucketRequest.Retry, a fixed-size exclusion set); then the later compatible buckets are
+// tried, never the earlier ones. Every attempt is one complete selection from one bucket, so
+// a prefill/decode pair never mixes buckets, and affinity bindings that point at a failed
+// engine are rebound by their policy's own rule for an engine that is not a candidate.
+//
 // Everything here is synchronous and deterministic for a given state and seed; nothing does
 // I/O. Anything that waits on the network (tokenization, remote prefix lookups) is resolved by
 // the caller before a pick and carried in the BucketRequest.

@@ -19,6 +19,8 @@ type EngineGroup struct {
 	candidates []*Worker
 	inSet      map[*Worker]struct{}
 	req        PickRequest
+	// kept is the scratch of a retried request's candidates without its excluded engines.
+	kept []*Worker
 }
 
 // NewEngineGroup returns a group of model and stage using policy. memberIDs nil means every
@@ -70,7 +72,10 @@ func (g *EngineGroup) refresh(reg *Registry) {
 	}
 }
 
-// Pick selects one engine for req from the group's candidates in reg.
+// Pick selects one engine for req from the group's candidates in reg. The engines that
+// failed for a retried request (req.Retry.Excluded) are not candidates: the policy never sees
+// them, so an affinity binding that points at one is rebound by its policy's rules, and a
+// group whose every candidate failed answers NoCandidates (the bucket loop moves on).
 func (g *EngineGroup) Pick(reg *Registry, bucketID string, req *BucketRequest) (Pick, error) {
 	if g.policy == nil {
 		return Pick{}, pickErr(OutcomeInvalidConfiguration, g.stage, bucketID, "group has no policy")
@@ -83,13 +88,21 @@ func (g *EngineGroup) Pick(reg *Registry, bucketID string, req *BucketRequest) (
 	if len(c) == 0 {
 		return Pick{}, pickErr(OutcomeNoCandidates, g.stage, bucketID, "no eligible engine in group")
 	}
+	ex := &req.Retry.Excluded
+	if ex.Len() > 0 {
+		// Slow path: a retried request.
+		c = g.without(c, ex)
+		if len(c) == 0 {
+			return Pick{}, pickErr(OutcomeNoCandidates, g.stage, bucketID, "every eligible engine of the group failed for this request")
+		}
+	}
 	g.req = PickRequest{BucketRequest: req, Stage: g.stage, BucketID: bucketID}
 	p, err := g.policy.Pick(c, &g.req)
 	g.req.BucketRequest = nil // do not retain the request
 	if err != nil {
 		return Pick{}, err
 	}
-	if _, ok := g.inSet[p.Worker]; !ok || p.Worker == nil {
+	if _, ok := g.inSet[p.Worker]; !ok || p.Worker == nil || ex.Has(p.Worker) {
 		id := "<nil>"
 		if p.Worker != nil {
 			id = p.Worker.ID
@@ -98,4 +111,16 @@ func (g *EngineGroup) Pick(reg *Registry, bucketID string, req *BucketRequest) (
 			fmt.Sprintf("policy %s returned %s, not one of its %d candidates", g.policy.Name(), id, len(c)))
 	}
 	return p, nil
+}
+
+// without returns c less the excluded engines, in c's order, in the group's scratch (valid
+// until the next pick).
+func (g *EngineGroup) without(c []*Worker, ex *Exclusions) []*Worker {
+	g.kept = g.kept[:0]
+	for _, w := range c {
+		if !ex.Has(w) {
+			g.kept = append(g.kept, w)
+		}
+	}
+	return g.kept
 }

@@ -59,6 +59,9 @@ type BucketRequest struct {
 	Prefix PrefixMatcher
 	// Now is the request's observation time: freshness and expiry are judged against it.
 	Now time.Time
+	// Retry is zero on a first attempt; RetryAfter fills it when a dispatch failed, and the
+	// next selection follows the retry rule (same bucket first, failed engines excluded).
+	Retry Retry
 }
 
 // HasPeak reports whether the expected peak is known.

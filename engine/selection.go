@@ -11,9 +11,19 @@ type Attempt func(b *Bucket) (BucketPick, error)
 // the loop and is returned as is. Exhaustion returns NoAdmissibleEngine carrying every
 // admission rejection accumulated, or, when there was none, the last stage-specific failure.
 // An empty bucket list is NoMatchingBucket.
-func SelectEngines(buckets []*Bucket, attempt Attempt) (BucketPick, error) {
+//
+// A retried request (req.Retry set by RetryAfter) resumes at the bucket its failed attempt
+// was picked from, so the same bucket is asked first and then only the later compatible
+// ones; its groups leave out the engines that failed (EngineGroup.Pick). Every attempt is
+// still one complete selection from one bucket, so a prefill/decode pair never mixes
+// buckets. req may be nil (a first attempt).
+func SelectEngines(buckets []*Bucket, req *BucketRequest, attempt Attempt) (BucketPick, error) {
 	if len(buckets) == 0 {
 		return BucketPick{}, &PickError{Outcome: OutcomeNoMatchingBucket, Detail: "no bucket supports the requested length"}
+	}
+	buckets, perr := resume(buckets, req)
+	if perr != nil {
+		return BucketPick{}, perr
 	}
 	var (
 		rejections []Rejection

@@ -63,7 +63,7 @@ func (f *pdFixture) selectFor(t *testing.T, input, peak int64) (BucketPick, []st
 	}
 	var tried []string
 	req := breq("llama", input, peak)
-	p, err := SelectEngines(bs, func(b *Bucket) (BucketPick, error) {
+	p, err := SelectEngines(bs, req, func(b *Bucket) (BucketPick, error) {
 		tried = append(tried, b.ID)
 		return b.PickEngines(f.set.Load(), req)
 	})
@@ -163,7 +163,7 @@ func TestSelectEngines(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var tried []string
-			p, err := SelectEngines(tt.buckets, func(b *Bucket) (BucketPick, error) {
+			p, err := SelectEngines(tt.buckets, nil, func(b *Bucket) (BucketPick, error) {
 				tried = append(tried, b.ID)
 				if e := tt.results[b.ID]; e != nil {
 					return BucketPick{}, e
