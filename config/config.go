@@ -44,6 +44,8 @@ type Config struct {
 	CacheAware CacheAware `koanf:"cache_aware" json:"cache_aware"`
 	// Health configures active health checks and circuit breakers.
 	Health Health `koanf:"health" json:"health"`
+	// Retry configures dispatch retries (same bucket first, failed engines excluded).
+	Retry Retry `koanf:"retry" json:"retry"`
 	// DefaultPolicy is the policy of every group that sets no policy and whose model sets
 	// no default for the group's stage. Default round_robin with default admission (no caps).
 	// The --policy flag sets its type.
@@ -76,6 +78,17 @@ type Server struct {
 	StreamIdleTimeout time.Duration `koanf:"stream_idle_timeout" json:"stream_idle_timeout"`
 	// DrainTimeout bounds graceful shutdown. Default 30s.
 	DrainTimeout time.Duration `koanf:"drain_timeout" json:"drain_timeout"`
+	// MaxConcurrentRequests caps the inference requests served at once, router wide
+	// (streams count until they end); 0 means no limit. Default 0.
+	MaxConcurrentRequests int `koanf:"max_concurrent_requests" json:"max_concurrent_requests"`
+	// QueueSize is how many requests over a concurrency limit wait for a slot, first come
+	// first served; a full queue answers 429, and 0 answers 429 at once. Default 100.
+	QueueSize int `koanf:"queue_size" json:"queue_size"`
+	// QueueTimeout is the longest a request waits in the queue before it is answered 408.
+	// Default 60s.
+	QueueTimeout time.Duration `koanf:"queue_timeout" json:"queue_timeout"`
+	// RateLimit limits the inference request rate, router wide and per API key.
+	RateLimit RateLimit `koanf:"rate_limit" json:"rate_limit"`
 }
 
 // Worker is one engine known from configuration.
@@ -111,6 +124,15 @@ type Model struct {
 	Buckets []Bucket `koanf:"buckets" json:"buckets"`
 	// Tokenizer configures exact token counting for this model. Default: body-size estimate.
 	Tokenizer Tokenizer `koanf:"tokenizer" json:"tokenizer"`
+	// MaxConcurrentRequests caps this model's inference requests served at once, on top of
+	// server.max_concurrent_requests; 0 means no per-model limit. Default 0.
+	MaxConcurrentRequests int `koanf:"max_concurrent_requests" json:"max_concurrent_requests"`
+	// QueueSize is how many of this model's requests over its limit wait. Default (absent):
+	// server.queue_size.
+	QueueSize *int `koanf:"queue_size" json:"queue_size"`
+	// QueueTimeout is the longest one of this model's requests waits for its slot. Default
+	// 0: server.queue_timeout.
+	QueueTimeout time.Duration `koanf:"queue_timeout" json:"queue_timeout"`
 }
 
 // ModelPath returns the configuration path of model name, as FieldError paths spell it:

@@ -13,6 +13,9 @@ func Default() *Config {
 			RequestTimeout:    600 * time.Second,
 			StreamIdleTimeout: 60 * time.Second,
 			DrainTimeout:      30 * time.Second,
+			QueueSize:         100,
+			QueueTimeout:      60 * time.Second,
+			RateLimit:         RateLimit{PerKey: KeyRateLimit{MaxKeys: 10_000}},
 		},
 		Actors: Actors{
 			Mailbox: Mailbox{
@@ -68,6 +71,7 @@ func Default() *Config {
 			BreakerFailures:  5,
 			BreakerCooldown:  30 * time.Second,
 		},
+		Retry:         defaultRetry(),
 		DefaultPolicy: Policy{Type: PolicyRoundRobin},
 		Log:           Log{Level: LogLevelInfo},
 	}

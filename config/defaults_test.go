@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
@@ -19,6 +20,24 @@ func TestDefault(t *testing.T) {
 		{"server.request_timeout", d.Server.RequestTimeout, 600 * time.Second},
 		{"server.stream_idle_timeout", d.Server.StreamIdleTimeout, 60 * time.Second},
 		{"server.drain_timeout", d.Server.DrainTimeout, 30 * time.Second},
+		{"server.max_concurrent_requests", d.Server.MaxConcurrentRequests, 0},
+		{"server.queue_size", d.Server.QueueSize, 100},
+		{"server.queue_timeout", d.Server.QueueTimeout, 60 * time.Second},
+		{"server.rate_limit.requests_per_second", d.Server.RateLimit.RequestsPerSecond, 0.0},
+		{"server.rate_limit.burst", d.Server.RateLimit.Burst, 0},
+		{"server.rate_limit.per_key.requests_per_second", d.Server.RateLimit.PerKey.RequestsPerSecond, 0.0},
+		{"server.rate_limit.per_key.burst", d.Server.RateLimit.PerKey.Burst, 0},
+		{"server.rate_limit.per_key.max_keys", d.Server.RateLimit.PerKey.MaxKeys, 10_000},
+		{"retry.enabled", d.Retry.Enabled, true},
+		{"retry.max_retries", d.Retry.MaxRetries, 2},
+		{"retry.initial_backoff", d.Retry.InitialBackoff, 50 * time.Millisecond},
+		{"retry.max_backoff", d.Retry.MaxBackoff, time.Second},
+		{"retry.backoff_multiplier", d.Retry.BackoffMultiplier, 2.0},
+		{"retry.jitter", d.Retry.Jitter, 0.2},
+		{"retry.retryable_statuses", fmt.Sprint(d.Retry.RetryableStatuses), "[502 503 504]"},
+		{"retry.budget.ratio", d.Retry.Budget.Ratio, 0.2},
+		{"retry.budget.min_retries_per_second", d.Retry.Budget.MinRetriesPerSecond, 5.0},
+		{"retry.budget.window", d.Retry.Budget.Window, 10 * time.Second},
 		{"workers", len(d.Workers), 0},
 		{"models", len(d.Models), 0},
 		{"actors.mailbox.bucket", d.Actors.Mailbox.Bucket, 1024},
@@ -83,7 +102,8 @@ func TestDefaultIsFresh(t *testing.T) {
 	a := Default()
 	a.Server.Port = 1
 	a.DefaultPolicy.Type = PolicyRandom
-	if b := Default(); b.Server.Port != 8080 || b.DefaultPolicy.Type != PolicyRoundRobin {
+	a.Retry.RetryableStatuses[0] = 500
+	if b := Default(); b.Server.Port != 8080 || b.DefaultPolicy.Type != PolicyRoundRobin || b.Retry.RetryableStatuses[0] != 502 {
 		t.Errorf("Default() shares state between calls: %+v", b.Server)
 	}
 }

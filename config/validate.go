@@ -40,6 +40,7 @@ func (c *Config) Validate() error {
 	c.validateAffinity(&p)
 	c.validateCacheAware(&p)
 	c.validateHealth(&p)
+	c.validateRetry(&p)
 	if !slices.Contains([]string{LogLevelDebug, LogLevelInfo, LogLevelWarn, LogLevelError}, c.Log.Level) {
 		p.add("log.level", ErrInvalid, fmt.Sprintf("unknown level %q (debug, info, warn or error)", c.Log.Level))
 	}
@@ -67,6 +68,7 @@ func (c *Config) validateServer(p *problems) {
 	positive(p, "server.request_timeout", s.RequestTimeout)
 	positive(p, "server.stream_idle_timeout", s.StreamIdleTimeout)
 	positive(p, "server.drain_timeout", s.DrainTimeout)
+	c.validateFlow(p)
 }
 
 // validateWorkers checks the workers and returns the index of each worker ID (first
@@ -152,6 +154,7 @@ func (c *Config) validateModel(p *problems, name string, workers map[string]int)
 		p.add(path+".buckets", ErrInvalid, "at least one bucket is required")
 	}
 	validateTokenizer(p, path+".tokenizer", m.Tokenizer)
+	validateModelFlow(p, path, m)
 	ids := make(map[string]int, len(m.Buckets))
 	for i := range m.Buckets {
 		b := &m.Buckets[i]

@@ -359,6 +359,67 @@ func TestValidate(t *testing.T) {
 			"health.breaker_failures: must be at least 1, got 0",
 			"health.breaker_cooldown: must be a positive duration, got 0s",
 		}},
+		{name: "valid concurrency limits, queues, rate limits and retries", mutate: func(c *Config) {
+			c.Server.MaxConcurrentRequests = 2
+			c.Server.QueueSize = 0
+			c.Server.RateLimit = RateLimit{RequestsPerSecond: 0.5, PerKey: KeyRateLimit{RequestsPerSecond: 100, Burst: 5, MaxKeys: 1}}
+			m := c.Models["qwen"]
+			m.MaxConcurrentRequests = 1
+			m.QueueSize = ptr(0)
+			m.QueueTimeout = time.Second
+			c.Models["qwen"] = m
+			c.Retry = Retry{MaxRetries: MaxRetries, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond,
+				BackoffMultiplier: 1, Jitter: 1, RetryableStatuses: []int{408, 429, 500, 599},
+				Budget: RetryBudget{Window: 100 * time.Millisecond}}
+		}},
+		{name: "concurrency limits, queues and rate limits", mutate: func(c *Config) {
+			c.Server.MaxConcurrentRequests = -1
+			c.Server.QueueSize = -1
+			c.Server.QueueTimeout = 0
+			c.Server.RateLimit = RateLimit{RequestsPerSecond: -1, Burst: -1, PerKey: KeyRateLimit{RequestsPerSecond: -0.5, Burst: -2, MaxKeys: 0}}
+			m := c.Models["qwen"]
+			m.MaxConcurrentRequests = -3
+			m.QueueSize = ptr(-1)
+			m.QueueTimeout = -time.Second
+			c.Models["qwen"] = m
+		}, want: []string{
+			"server.max_concurrent_requests: must be at least 0, got -1",
+			"server.queue_size: must be at least 0, got -1",
+			"server.queue_timeout: must be a positive duration, got 0s",
+			"server.rate_limit.requests_per_second: must be at least 0, got -1",
+			"server.rate_limit.burst: must be at least 0, got -1",
+			"server.rate_limit.per_key.requests_per_second: must be at least 0, got -0.5",
+			"server.rate_limit.per_key.burst: must be at least 0, got -2",
+			"server.rate_limit.per_key.max_keys: must be at least 1, got 0",
+			"models.qwen.max_concurrent_requests: must be at least 0, got -3",
+			"models.qwen.queue_size: must be at least 0, got -1",
+			"models.qwen.queue_timeout: must not be negative (0 takes server.queue_timeout), got -1s",
+		}},
+		{name: "retry", mutate: func(c *Config) {
+			c.Retry = Retry{Enabled: true, MaxRetries: 9, InitialBackoff: time.Second, MaxBackoff: time.Millisecond,
+				BackoffMultiplier: 0.5, Jitter: 1.5, RetryableStatuses: []int{502, 404, 200, 600},
+				Budget: RetryBudget{Ratio: 2, MinRetriesPerSecond: -1, Window: 10 * time.Millisecond}}
+		}, want: []string{
+			"retry.max_retries: must be in 0..8, got 9",
+			"retry.max_backoff: must be at least retry.initial_backoff (1s), got 1ms",
+			"retry.backoff_multiplier: must be at least 1, got 0.5",
+			"retry.jitter: must be in 0..1, got 1.5",
+			"retry.retryable_statuses[1]: must be 408, 429 or 500..599, got 404",
+			"retry.retryable_statuses[2]: must be 408, 429 or 500..599, got 200",
+			"retry.retryable_statuses[3]: must be 408, 429 or 500..599, got 600",
+			"retry.budget.ratio: must be in 0..1, got 2",
+			"retry.budget.min_retries_per_second: must be at least 0, got -1",
+			"retry.budget.window: must be at least 100ms, got 10ms",
+		}},
+		{name: "retry durations", mutate: func(c *Config) {
+			c.Retry.MaxRetries = -1
+			c.Retry.InitialBackoff = 0
+			c.Retry.MaxBackoff = -time.Second
+		}, want: []string{
+			"retry.max_retries: must be in 0..8, got -1",
+			"retry.initial_backoff: must be a positive duration, got 0s",
+			"retry.max_backoff: must be a positive duration, got -1s",
+		}},
 		{name: "log level", mutate: func(c *Config) { c.Log.Level = "trace" },
 			want: []string{`log.level: unknown level "trace" (debug, info, warn or error)`}},
 		{name: "empty default policy type means round_robin", mutate: func(c *Config) { c.DefaultPolicy = Policy{} }},

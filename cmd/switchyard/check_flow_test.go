@@ -1,0 +1,73 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestCheckFlowAndRetryKeys: `switchyard check` accepts the concurrency limits, queues, rate
+// limits and retries, and names the field of each bad value.
+func TestCheckFlowAndRetryKeys(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, doc string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(doc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	good := write("good.yaml", `
+server:
+  max_concurrent_requests: 32
+  queue_size: 16
+  queue_timeout: 5s
+  rate_limit: {requests_per_second: 50, burst: 100, per_key: {requests_per_second: 5, max_keys: 1000}}
+workers:
+  - {id: W1, url: "http://127.0.0.1:1", model: m}
+models:
+  m:
+    max_concurrent_requests: 8
+    queue_timeout: 2s
+    buckets: [{id: a, groups: {plain: {}}}]
+retry:
+  max_retries: 3
+  retryable_statuses: [500, 502, 503, 504]
+  budget: {ratio: 0.1, window: 30s}
+`)
+	if code, out, errOut := runCmd(t, "check", "--config", good); code != 0 || !strings.Contains(out, "configuration ok") {
+		t.Fatalf("good config: exit %d\n%s%s", code, out, errOut)
+	}
+	bad := write("bad.yaml", `
+server:
+  queue_size: -1
+  rate_limit: {per_key: {max_keys: 0}}
+workers:
+  - {id: W1, url: "http://127.0.0.1:1", model: m}
+models:
+  m:
+    queue_timeout: -1s
+    buckets: [{id: a, groups: {plain: {}}}]
+retry:
+  max_retries: 9
+  jitter: 2
+  retryable_statuses: [404]
+`)
+	code, _, errOut := runCmd(t, "check", "--config", bad)
+	if code != 1 {
+		t.Fatalf("bad config: exit %d, want 1", code)
+	}
+	for _, want := range []string{
+		"server.queue_size: must be at least 0, got -1",
+		"server.rate_limit.per_key.max_keys: must be at least 1, got 0",
+		"models.m.queue_timeout: must not be negative",
+		"retry.max_retries: must be in 0..8, got 9",
+		"retry.jitter: must be in 0..1, got 2",
+		"retry.retryable_statuses[0]: must be 408, 429 or 500..599, got 404",
+	} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("check output lacks %q:\n%s", want, errOut)
+		}
+	}
+}
