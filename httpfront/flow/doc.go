@@ -1,0 +1,41 @@
+// Package flow is the admission of requests to the router, ahead of engine selection: the
+// token-bucket rate limits (router wide and per API key) and the concurrency limits with
+// their bounded queues (router wide and per model). httpfront asks it at the entry of every
+// inference route; a request it refuses never reaches a bucket.
+//
+// # What it owns
+//
+//   - Limiter: one concurrency limit and its queue. Under the limit a request takes a slot at
+//     once; over it, it waits in arrival order for a slot, until its deadline (ErrQueueTimeout,
+//     HTTP 408), until its client leaves (ErrClientGone: it is taken out of the queue), or
+//     until the router stops (ErrStopped). A full queue refuses at once (ErrQueueFull, 429).
+//     A slot is held until Release, which hands it straight to the head of the queue.
+//   - TokenBucket: one rate limit (GCRA: the bucket is one atomic timestamp). KeyLimiter: one
+//     TokenBucket per key in a bounded, sharded table that forgets the least recently used
+//     keys (CLOCK), and first the keys whose bucket has refilled, whose forgetting loses
+//     nothing.
+//   - Gate: the limits of one router built from its configuration, their metrics, and the
+//     Ticket a request holds for its slots.
+//
+// # Concurrency model
+//
+// Everything is safe for concurrent use. The fast path (under every limit, nobody queued)
+// takes no lock: one compare-and-swap per limit and per rate bucket. A Limiter's mutex guards
+// only its queue and is taken only when the limit is reached (to queue, or by a Release that
+// finds someone waiting). A per-key lookup takes its shard's read lock (a write lock for a
+// key not seen before). Waiting for a slot is a select on the grant, a timer, and the
+// caller's cancel channels; the caller supplies those (httpfront watches the client's
+// connection), so this package knows nothing of HTTP.
+//
+// Issue 24's priorities and tenant fair sharing fit behind the queue type a Limiter keeps
+// (push, pop, remove under the Limiter's lock): priorities as one FIFO per level with pop
+// taking the highest non-empty level, fair sharing as per-tenant FIFOs served in weighted
+// round robin within a level. Nothing else changes: the fast path never looks at the queue
+// when nobody waits.
+//
+// # What a caller must release
+//
+// A successful Acquire (Limiter) or Admit (Gate) holds slots until Release; release exactly
+// once, when the request has finished (for a stream, when the relay ends). Nothing else needs
+// releasing: a Gate has no goroutines.
+package flow
