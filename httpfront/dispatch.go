@@ -10,6 +10,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"switchyard/engine"
+	"switchyard/httpfront/flow"
 	"switchyard/kv"
 )
 
@@ -136,6 +137,8 @@ type outcome struct {
 	async bool
 	// keep: the exchange must not be reused (an actor may still read it).
 	keep bool
+	// ticket holds the request's concurrency slots; a stream relay releases it (async).
+	ticket flow.Ticket
 }
 
 // inference serves one inference route.
@@ -147,6 +150,7 @@ func (s *Server) inference(ctx *fasthttp.RequestCtx, kind routeKind) {
 	rm := o.mm.routes[kind]
 	rm.requests.Inc()
 	if !o.async {
+		o.ticket.Release()
 		rm.response(o.status).Inc()
 		rm.duration.Update(since(start, s.now()))
 		s.metrics.inflight.Add(-1)
@@ -172,6 +176,9 @@ func (s *Server) serveInference(ctx *fasthttp.RequestCtx, kind routeKind, ex *ex
 		return s.fail(ctx, o, errShuttingDown)
 	}
 	if e := checkKey(ctx, s.cfg.Server.APIKey); e != nil {
+		return s.fail(ctx, o, e)
+	}
+	if e := s.limitRate(ctx); e != nil {
 		return s.fail(ctx, o, e)
 	}
 	body := ctx.PostBody()
@@ -212,6 +219,19 @@ func (s *Server) serveInference(ctx *fasthttp.RequestCtx, kind routeKind, ex *ex
 		return s.fail(ctx, o, paramError(CodeModelNotFound, "model", "the model `"+string(f.model)+"` does not exist"))
 	}
 	o.mm = mr.metrics
+	if s.gate != nil {
+		tk, e := s.admit(ctx, mr.name)
+		if e != nil {
+			return s.fail(ctx, o, e)
+		}
+		o.ticket = tk
+		defer func() {
+			if r := recover(); r != nil {
+				tk.Release() // a panicking request gives its slots back
+				panic(r)
+			}
+		}()
+	}
 	var hdr clientHeaders
 	s.fwd.scan(&ctx.Request.Header, &hdr)
 	var (
@@ -249,7 +269,7 @@ func (s *Server) serveInference(ctx *fasthttp.RequestCtx, kind routeKind, ex *ex
 		return s.fail(ctx, o, selectionError(err))
 	}
 	s.metrics.selected(mr.metrics, &pick)
-	d := dispatch{s: s, ctx: ctx, kind: kind, body: body, facts: f, pick: pick, hdr: hdr, start: start, mm: mr.metrics}
+	d := dispatch{s: s, ctx: ctx, kind: kind, body: body, facts: f, pick: pick, hdr: hdr, start: start, mm: mr.metrics, ticket: o.ticket}
 	if pick.IsPD() {
 		return d.pd(ex, o)
 	}
@@ -276,6 +296,8 @@ type dispatch struct {
 	start time.Time
 	mm    *modelMetrics
 	dl    time.Time
+	// ticket is the request's concurrency slots, handed to a stream's relay.
+	ticket flow.Ticket
 }
 
 // timeout is the request's end-to-end timeout.

@@ -14,6 +14,16 @@
 // and forwards the body with the allow-listed headers. A forwarding failure never restarts the
 // bucket loop.
 //
+// Admission comes first (sub-package flow): after the API-key check, the rate limits
+// (router-wide and per API key: 429 rate_limited with Retry-After); once the model is known,
+// the concurrency limits (the model's, then the router's), whose queues hold requests over a
+// limit in arrival order (429 queue_full when full, 408 queue_timeout, and a request whose
+// client closes its connection while it waits is taken out: the connection is watched only
+// while the request waits). The request holds its slots until it ends; a stream's relay
+// releases them when the stream ends. The rules of dispatch retries (which failures, backoff,
+// the budget) are the sub-package retry, and the retry rule of selection is engine's
+// (BucketRequest.RetryAfter).
+//
 // # Tokenizers
 //
 // New loads the Hugging Face tokenizer of every model with models.<name>.tokenizer.path

@@ -43,6 +43,10 @@ const (
 	CodeWorkerExists        = "worker_exists"
 	CodeInvalidWorker       = "invalid_worker"
 	CodeIntrospection       = "introspection_failed"
+	CodeRateLimited         = "rate_limited"
+	CodeQueueFull           = "queue_full"
+	CodeQueueTimeout        = "queue_timeout"
+	CodeClientClosed        = "client_closed_request"
 )
 
 // errorClass is the status and OpenAI error type of a code.
@@ -70,6 +74,10 @@ var errorTable = map[string]errorClass{
 	CodeRequestTooLarge:     {fasthttp.StatusRequestEntityTooLarge, "invalid_request_error"},
 	CodeUnsupportedEncoding: {fasthttp.StatusUnsupportedMediaType, "invalid_request_error"},
 	CodeOverloaded:          {fasthttp.StatusTooManyRequests, "overloaded_error"},
+	CodeRateLimited:         {fasthttp.StatusTooManyRequests, "rate_limit_error"},
+	CodeQueueFull:           {fasthttp.StatusTooManyRequests, "overloaded_error"},
+	CodeQueueTimeout:        {fasthttp.StatusRequestTimeout, "timeout_error"},
+	CodeClientClosed:        {499, "invalid_request_error"},
 	CodeInvalidSignal:       {fasthttp.StatusInternalServerError, "internal_error"},
 	CodeInvalidConfig:       {fasthttp.StatusInternalServerError, "internal_error"},
 	CodeOutsideCandidates:   {fasthttp.StatusInternalServerError, "internal_error"},
@@ -93,6 +101,8 @@ type apiError struct {
 	// stage and rejections describe a selection failure (503).
 	stage      string
 	rejections []engine.Rejection
+	// retryAfter, when positive, is sent as the Retry-After header, in seconds.
+	retryAfter int
 }
 
 func (e *apiError) Error() string { return e.code + ": " + e.message }
@@ -171,6 +181,9 @@ func writeError(ctx *fasthttp.RequestCtx, e *apiError) {
 	ctx.Response.Reset()
 	ctx.SetStatusCode(e.status())
 	ctx.SetContentType("application/json")
+	if e.retryAfter > 0 {
+		ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, strconv.Itoa(e.retryAfter))
+	}
 	buf := getBuf()
 	*buf = appendErrorJSON((*buf)[:0], e)
 	ctx.SetBody(*buf)
@@ -257,7 +270,7 @@ func selectionError(err error) *apiError {
 
 var statusLabels = func() map[int]string {
 	m := make(map[int]string)
-	for _, c := range []int{200, 400, 401, 403, 404, 405, 409, 413, 415, 429, 499, 500, 502, 503, 504} {
+	for _, c := range []int{200, 400, 401, 403, 404, 405, 408, 409, 413, 415, 429, 499, 500, 502, 503, 504} {
 		m[c] = strconv.Itoa(c)
 	}
 	return m

@@ -47,6 +47,7 @@ type fakeEngine struct {
 	chunks   int           // stream chunks after the first
 	gate     chan struct{} // when set, a stream waits here after its first chunk
 	hold     chan struct{} // when set, a non-stream answer waits here
+	entered  chan struct{} // when set, receives as a held non-stream request starts waiting
 	streamed chan struct{} // receives after a stream's first chunk was flushed
 	gone     chan struct{} // receives when a stream write fails (client side closed)
 	silent   bool          // a gated stream sends nothing while it waits
@@ -214,6 +215,9 @@ func (e *fakeEngine) handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	if e.hold != nil {
+		if e.entered != nil {
+			e.entered <- struct{}{}
+		}
 		<-e.hold
 	}
 	ctx.SetContentType("application/json")

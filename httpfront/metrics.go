@@ -37,7 +37,7 @@ const (
 var durationBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
 
 // statusSlots are the response status labels; a status not listed counts in its class.
-var statusSlots = [...]string{"200", "400", "401", "403", "404", "405", "409", "413", "415", "429", "499", "500", "502", "503", "504", "2xx", "3xx", "4xx", "5xx"}
+var statusSlots = [...]string{"200", "400", "401", "403", "404", "405", "408", "409", "413", "415", "429", "499", "500", "502", "503", "504", "2xx", "3xx", "4xx", "5xx"}
 
 func statusSlot(code int) int {
 	if code == 200 {

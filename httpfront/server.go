@@ -20,6 +20,7 @@ import (
 	"switchyard/actors"
 	"switchyard/config"
 	"switchyard/engine"
+	"switchyard/httpfront/flow"
 	"switchyard/load"
 	"switchyard/tokenizer"
 )
@@ -70,6 +71,9 @@ type Options struct {
 	// SkipStartupChecks skips the health check and introspection of configured workers
 	// before serving: they start healthy with their configured facts.
 	SkipStartupChecks bool
+	// Flow is the admission of inference requests (rate limits, concurrency limits and
+	// queues). Default: built from the configuration (nil when it sets no limit).
+	Flow *flow.Gate
 }
 
 // selector runs the bucket loop for one request (actors.Selector).
@@ -116,6 +120,8 @@ type Server struct {
 
 	// fwd are the forwarded client header names (allow-list and affinity headers).
 	fwd forwardNames
+	// gate admits inference requests (rate limits, concurrency limits, queues); nil: all.
+	gate *flow.Gate
 
 	draining atomic.Bool
 	// hardStop is closed when the drain timeout passes: streams end at once.
@@ -208,6 +214,7 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		return nil, fmt.Errorf("cannot create server: %w", err)
 	}
 	s.metrics = newServerMetrics(s.set, resolvers)
+	s.gate = newGate(cfg, opts)
 	s.models = make(map[string]*modelRoute, len(resolvers))
 	names := make([]string, 0, len(resolvers))
 	for name, r := range resolvers {

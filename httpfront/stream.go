@@ -9,6 +9,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"switchyard/engine"
+	"switchyard/httpfront/flow"
 	"switchyard/load"
 )
 
@@ -52,6 +53,8 @@ type relay struct {
 	// transform rewrites one complete SSE event (PD logprob merge); nil relays bytes as they
 	// arrive.
 	transform func(dst, event []byte) []byte
+	// ticket is the request's concurrency slots, held until the stream ends.
+	ticket flow.Ticket
 }
 
 func (s *Server) newRelay(d *dispatch, mm *modelMetrics, resp *fasthttp.Response, st *workerState, guard *load.Guard,
@@ -69,6 +72,7 @@ func (s *Server) newRelay(d *dispatch, mm *modelMetrics, resp *fasthttp.Response
 		worker:    st.worker.Load(),
 		guard:     guard,
 		transform: transform,
+		ticket:    d.ticket,
 	}
 }
 
@@ -218,6 +222,7 @@ func (r *relay) finish(end relayEnd) {
 	s := r.s
 	fasthttp.ReleaseResponse(r.resp)
 	r.guard.Release()
+	r.ticket.Release()
 	status := fasthttp.StatusOK
 	switch end {
 	case endEOF:

@@ -1,0 +1,123 @@
+package httpfront
+
+import (
+	"errors"
+	"math"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"switchyard/config"
+	"switchyard/httpfront/flow"
+)
+
+// newGate returns the admission gate (rate limits, concurrency limits and queues) of cfg,
+// or opts.Flow when set; nil when nothing is limited.
+func newGate(cfg *config.Config, opts Options) *flow.Gate {
+	if opts.Flow != nil {
+		return opts.Flow
+	}
+	return flow.NewGate(cfg, flow.Options{Metrics: opts.Metrics, EscapeLabel: escapeLabel})
+}
+
+// limitRate checks the request against the rate limits: the router's, and its API key's
+// (the Authorization bearer token; requests without one share a bucket).
+func (s *Server) limitRate(ctx *fasthttp.RequestCtx) *apiError {
+	if s.gate == nil {
+		return nil
+	}
+	after, err := s.gate.Allow(apiKey(&ctx.Request.Header), s.now())
+	if err == nil {
+		return nil
+	}
+	// Slow path: refused.
+	msg := "rate limit exceeded"
+	var le *flow.LimitError
+	if errors.As(err, &le) && le.Scope == flow.ScopeKey {
+		msg = "rate limit of this API key exceeded"
+	}
+	secs := retryAfterSeconds(after)
+	return &apiError{code: CodeRateLimited, message: msg + "; retry after " + strconv.Itoa(secs) + "s", retryAfter: secs}
+}
+
+// retryAfterSeconds is a wait as Retry-After's whole seconds: rounded up, at least 1.
+func retryAfterSeconds(d time.Duration) int {
+	return int(max(1, min(math.Ceil(d.Seconds()), 1<<31-1)))
+}
+
+// apiKey is the request's API key: the Authorization bearer token, the whole header when it
+// is not a bearer token, or nil. It aliases the request.
+func apiKey(h *fasthttp.RequestHeader) []byte {
+	v := h.Peek(fasthttp.HeaderAuthorization)
+	const prefix = "Bearer "
+	if len(v) > len(prefix) && equalFoldASCII(v[:len(prefix)], prefix) {
+		return v[len(prefix):]
+	}
+	return v
+}
+
+// admit takes the request's concurrency slots (its model's, then the router's), waiting in
+// their queues when a limit is reached. The wait counts from the request's arrival; it ends
+// early when the client leaves (the connection is watched only while the request waits) or
+// when the drain timeout has passed.
+func (s *Server) admit(ctx *fasthttp.RequestCtx, model string) (flow.Ticket, *apiError) {
+	if s.gate == nil {
+		return flow.Ticket{}, nil
+	}
+	t, err := s.gate.Admit(model, ctx.Time(), flow.Cancel{Client: (*clientWatch)(ctx), Stop: s.hardStop})
+	if err == nil {
+		return t, nil
+	}
+	// Slow path: refused.
+	whose := "the router's"
+	var le *flow.LimitError
+	if errors.As(err, &le) && le.Scope != flow.ScopeRouter {
+		whose = "model " + model + "'s"
+	}
+	switch {
+	case errors.Is(err, flow.ErrQueueFull):
+		return t, newAPIError(CodeQueueFull, "too many requests: "+whose+" concurrency limit is reached and its queue is full")
+	case errors.Is(err, flow.ErrQueueTimeout):
+		return t, newAPIError(CodeQueueTimeout, "the request waited in "+whose+" queue until its timeout")
+	case errors.Is(err, flow.ErrClientGone):
+		return t, errClientGone
+	}
+	return t, errShuttingDown
+}
+
+// clientWatch watches a request's client connection while the request waits in a queue
+// (flow.Watcher).
+type clientWatch fasthttp.RequestCtx
+
+var _ flow.Watcher = (*clientWatch)(nil)
+
+// Watch implements flow.Watcher: a goroutine waits, through the runtime's poller, until the
+// connection is readable and peeks at it without consuming anything: an orderly close or a
+// reset means the client has left; bytes mean it is still there (a pipelined request) and
+// end the watch. stop wakes the goroutine with a read deadline in the past, waits for it,
+// and clears that deadline again (the server sets its own before it next reads). Where the
+// connection cannot be watched, the wait is bounded by the queue timeout alone.
+func (w *clientWatch) Watch() (<-chan struct{}, func()) {
+	ctx := (*fasthttp.RequestCtx)(w)
+	gone := make(chan struct{})
+	done := make(chan struct{})
+	if !watchConn(ctx.Conn(), gone, done) {
+		return nil, func() {}
+	}
+	return gone, func() {
+		past := time.Unix(1, 0)
+		if ctx.SetReadDeadline(past) != nil {
+			_ = ctx.Conn().SetReadDeadline(past) // a closed connection has woken it already
+		}
+		<-done
+		_ = ctx.SetReadDeadline(time.Time{})
+	}
+}
+
+// NetConn returns the connection c wraps.
+func (c *lazyDeadlineConn) NetConn() net.Conn { return c.Conn }
+
+// errClientGone answers (to nobody) a request whose client left while it waited.
+var errClientGone = newAPIError(CodeClientClosed, "the client closed the connection while the request waited")
