@@ -151,7 +151,10 @@ type benchTarget struct {
 // zero-cost mock engines directly, through the router (round_robin over the same engines)
 // and through a bare fasthttp proxy (the reference): requests/s and p50/p99 latency of each
 // under load (32 concurrent clients), the share of the direct throughput the router and
-// the bare proxy keep, and the latency the router adds at p50 one request at a time.
+// the bare proxy keep, and the latency the router adds at p50 one request at a time. A
+// fourth target, "limits", is the router with every admission limit (concurrency limits,
+// queues, rate limits) configured but never reached: limits_%_of_router is what the idle
+// machinery costs.
 //
 // Client, engines and proxies share the process and its cores, and every target is measured
 // the same way: the same client and request, a warm-up per target, then several short phases
@@ -186,6 +189,16 @@ func BenchmarkRouterVsDirect(b *testing.B) {
 	}
 	cfg.Models = map[string]config.Model{"bench": {Buckets: []config.Bucket{{ID: "all", Groups: config.Groups{Plain: &config.Group{}}}}}}
 	_, routerURL := startRouter(b, cfg)
+	// The same router with every admission limit configured but never reached: the
+	// router-wide and per-model concurrency limits with their queues, and the router-wide
+	// and per-key rate limits.
+	limited := *cfg
+	limited.Server.MaxConcurrentRequests = 4096
+	limited.Server.RateLimit = config.RateLimit{RequestsPerSecond: 1e9, Burst: 1 << 30,
+		PerKey: config.KeyRateLimit{RequestsPerSecond: 1e9, Burst: 1 << 30, MaxKeys: 10_000}}
+	limited.Models = map[string]config.Model{"bench": {MaxConcurrentRequests: 4096,
+		Buckets: cfg.Models["bench"].Buckets}}
+	_, limitsURL := startRouter(b, &limited)
 	engines := []string{e1.URL(), e2.URL()}
 	bareURL := startBareProxy(b, engines)
 
@@ -195,7 +208,9 @@ func BenchmarkRouterVsDirect(b *testing.B) {
 			{name: "direct", urls: engines},
 			{name: "router", urls: []string{routerURL}},
 			{name: "bare", urls: []string{bareURL}},
+			{name: "limits", urls: []string{limitsURL}},
 		}
+		serial := []*benchTarget{targets[0], targets[1], targets[3]}
 		for _, t := range targets {
 			runLoad(b, t.urls, conc, d/5) // warm-up: connections, pools, heap
 		}
@@ -205,8 +220,8 @@ func BenchmarkRouterVsDirect(b *testing.B) {
 				t.load.add(runLoad(b, t.urls, conc, d/time.Duration(rounds)))
 			}
 			// Latency without queueing: one request at a time.
-			for i := range 2 {
-				t := targets[(r+i)%2]
+			for i := range serial {
+				t := serial[(r+i)%len(serial)]
 				t.one.add(runLoad(b, t.urls, 1, d/time.Duration(2*rounds)))
 			}
 		}
@@ -217,7 +232,7 @@ func BenchmarkRouterVsDirect(b *testing.B) {
 			slices.Sort(t.load.lat)
 			slices.Sort(t.one.lat)
 		}
-		direct, router, bare := targets[0], targets[1], targets[2]
+		direct, router, bare, limits := targets[0], targets[1], targets[2], targets[3]
 		µs := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
 		b.ReportMetric(direct.load.rps(), "direct_req/s")
 		b.ReportMetric(router.load.rps(), "router_req/s")
@@ -236,5 +251,10 @@ func BenchmarkRouterVsDirect(b *testing.B) {
 		b.ReportMetric(µs(router.one.quantile(0.5)), "serial_router_p50_µs")
 		b.ReportMetric(µs(router.one.quantile(0.99)), "serial_router_p99_µs")
 		b.ReportMetric(µs(router.one.quantile(0.5)-direct.one.quantile(0.5)), "serial_added_p50_µs")
+		b.ReportMetric(limits.load.rps(), "limits_req/s")
+		b.ReportMetric(limits.load.rps()/router.load.rps()*100, "limits_%_of_router")
+		b.ReportMetric(µs(limits.load.quantile(0.5)), "limits_p50_µs")
+		b.ReportMetric(µs(limits.one.quantile(0.5)), "serial_limits_p50_µs")
+		b.ReportMetric(µs(limits.one.quantile(0.5)-router.one.quantile(0.5)), "serial_limits_added_p50_µs")
 	}
 }
