@@ -44,7 +44,9 @@ type Config struct {
 	CacheAware CacheAware `koanf:"cache_aware" json:"cache_aware"`
 	// Health configures active health checks and circuit breakers.
 	Health Health `koanf:"health" json:"health"`
-	// Retry configures dispatch retries (same bucket first, failed engines excluded).
+	// Retry configures dispatch retries (same bucket first, failed engines excluded). The
+	// settings are checked at start-up; the dispatch attempt loop that applies them is not
+	// wired yet, so no request is retried today.
 	Retry Retry `koanf:"retry" json:"retry"`
 	// DefaultPolicy is the policy of every group that sets no policy and whose model sets
 	// no default for the group's stage. Default round_robin with default admission (no caps).
@@ -80,10 +82,10 @@ type Server struct {
 	DrainTimeout time.Duration `koanf:"drain_timeout" json:"drain_timeout"`
 	// MaxConcurrentRequests caps the inference requests served at once, router wide
 	// (streams count until they end); 0 means no limit. Default 0.
-	MaxConcurrentRequests int `koanf:"max_concurrent_requests" json:"max_concurrent_requests"`
+	MaxConcurrentRequests int `koanf:"max_concurrent_requests" json:"max_concurrent_requests" unit:"requests"`
 	// QueueSize is how many requests over a concurrency limit wait for a slot, first come
 	// first served; a full queue answers 429, and 0 answers 429 at once. Default 100.
-	QueueSize int `koanf:"queue_size" json:"queue_size"`
+	QueueSize int `koanf:"queue_size" json:"queue_size" unit:"requests"`
 	// QueueTimeout is the longest a request waits in the queue before it is answered 408.
 	// Default 60s.
 	QueueTimeout time.Duration `koanf:"queue_timeout" json:"queue_timeout"`
@@ -126,12 +128,12 @@ type Model struct {
 	Tokenizer Tokenizer `koanf:"tokenizer" json:"tokenizer"`
 	// MaxConcurrentRequests caps this model's inference requests served at once, on top of
 	// server.max_concurrent_requests; 0 means no per-model limit. Default 0.
-	MaxConcurrentRequests int `koanf:"max_concurrent_requests" json:"max_concurrent_requests"`
-	// QueueSize is how many of this model's requests over its limit wait. Default (absent):
-	// server.queue_size.
-	QueueSize *int `koanf:"queue_size" json:"queue_size"`
-	// QueueTimeout is the longest one of this model's requests waits for its slot. Default
-	// 0: server.queue_timeout.
+	MaxConcurrentRequests int `koanf:"max_concurrent_requests" json:"max_concurrent_requests" unit:"requests"`
+	// QueueSize is how many of this model's requests over its limit wait. Default
+	// server.queue_size (when absent).
+	QueueSize *int `koanf:"queue_size" json:"queue_size" unit:"requests"`
+	// QueueTimeout is the longest one of this model's requests waits for its slot; 0 takes
+	// server.queue_timeout. Default 0.
 	QueueTimeout time.Duration `koanf:"queue_timeout" json:"queue_timeout"`
 }
 

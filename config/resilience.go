@@ -18,7 +18,7 @@ type Retry struct {
 	Enabled bool `koanf:"enabled" json:"enabled"`
 	// MaxRetries is how many times one request is retried after its first attempt, 0..8.
 	// Default 2.
-	MaxRetries int `koanf:"max_retries" json:"max_retries"`
+	MaxRetries int `koanf:"max_retries" json:"max_retries" unit:"retries"`
 	// InitialBackoff is the wait before the first retry. Default 50ms.
 	InitialBackoff time.Duration `koanf:"initial_backoff" json:"initial_backoff"`
 	// MaxBackoff caps the wait before any retry, jitter included; at least initial_backoff.
@@ -28,11 +28,11 @@ type Retry struct {
 	// Default 2.
 	BackoffMultiplier float64 `koanf:"backoff_multiplier" json:"backoff_multiplier"`
 	// Jitter spreads each wait uniformly over ± this fraction of it, 0..1. Default 0.2.
-	Jitter float64 `koanf:"jitter" json:"jitter"`
+	Jitter float64 `koanf:"jitter" json:"jitter" unit:"fraction of the wait"`
 	// RetryableStatuses are the engine answers retried like a transport failure (connect
 	// refused, reset, timeout before the first byte, which always are): 408, 429 or
-	// 500..599. Default [502, 503, 504]; add 500 to retry internal errors.
-	RetryableStatuses []int `koanf:"retryable_statuses" json:"retryable_statuses"`
+	// 500..599; add 500 to retry internal errors. Default [502, 503, 504].
+	RetryableStatuses []int `koanf:"retryable_statuses" json:"retryable_statuses" unit:"HTTP statuses"`
 	// Budget bounds the retries of all requests together.
 	Budget RetryBudget `koanf:"budget" json:"budget"`
 }
@@ -42,10 +42,10 @@ type Retry struct {
 // min_retries_per_second × window.
 type RetryBudget struct {
 	// Ratio is the share of the window's requests that may be retried, 0..1. Default 0.2.
-	Ratio float64 `koanf:"ratio" json:"ratio"`
+	Ratio float64 `koanf:"ratio" json:"ratio" unit:"fraction of requests"`
 	// MinRetriesPerSecond is the retry rate allowed whatever the traffic, so that a quiet
 	// router still retries; at least 0. Default 5.
-	MinRetriesPerSecond float64 `koanf:"min_retries_per_second" json:"min_retries_per_second"`
+	MinRetriesPerSecond float64 `koanf:"min_retries_per_second" json:"min_retries_per_second" unit:"retries per second"`
 	// Window is the sliding window the budget counts over, at least 100ms. Default 10s.
 	Window time.Duration `koanf:"window" json:"window"`
 }
@@ -55,10 +55,10 @@ type RetryBudget struct {
 type RateLimit struct {
 	// RequestsPerSecond is the router-wide sustained rate; 0 turns the router-wide limit
 	// off. Default 0.
-	RequestsPerSecond float64 `koanf:"requests_per_second" json:"requests_per_second"`
+	RequestsPerSecond float64 `koanf:"requests_per_second" json:"requests_per_second" unit:"requests per second"`
 	// Burst is how many requests may arrive at once; 0 means requests_per_second rounded
 	// up (at least 1). Default 0.
-	Burst int `koanf:"burst" json:"burst"`
+	Burst int `koanf:"burst" json:"burst" unit:"requests"`
 	// PerKey limits each API key (the Authorization bearer token) on its own.
 	PerKey KeyRateLimit `koanf:"per_key" json:"per_key"`
 }
@@ -66,13 +66,13 @@ type RateLimit struct {
 // KeyRateLimit is the per-API-key token bucket. Requests without a key share one bucket.
 type KeyRateLimit struct {
 	// RequestsPerSecond is each key's sustained rate; 0 turns per-key limits off. Default 0.
-	RequestsPerSecond float64 `koanf:"requests_per_second" json:"requests_per_second"`
+	RequestsPerSecond float64 `koanf:"requests_per_second" json:"requests_per_second" unit:"requests per second"`
 	// Burst is how many requests of one key may arrive at once; 0 means
 	// requests_per_second rounded up (at least 1). Default 0.
-	Burst int `koanf:"burst" json:"burst"`
+	Burst int `koanf:"burst" json:"burst" unit:"requests"`
 	// MaxKeys bounds the keys tracked at once; beyond it the least recently used key is
 	// forgotten (it starts again with a full burst). At least 1. Default 10000.
-	MaxKeys int `koanf:"max_keys" json:"max_keys"`
+	MaxKeys int `koanf:"max_keys" json:"max_keys" unit:"keys"`
 }
 
 // defaultRetry returns the retry defaults.

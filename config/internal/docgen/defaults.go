@@ -10,7 +10,8 @@ import (
 
 // checkDefault reports whether the default a comment states (the text after "Default")
 // is v, the value config.Default holds. "none" and "unset" state a zero value; a number
-// may carry thousands separators and a KiB, MiB or GiB suffix; a string may be quoted.
+// may carry thousands separators and a KiB, MiB or GiB suffix; a string may be quoted; a
+// list is written in brackets.
 func checkDefault(stated string, v reflect.Value) error {
 	word, rest, _ := strings.Cut(stated, " ")
 	word = strings.TrimRight(word, ",;:")
@@ -22,6 +23,27 @@ func checkDefault(stated string, v reflect.Value) error {
 	}
 	mismatch := func() error {
 		return fmt.Errorf("the comment says the default is %q, config.Default holds %v", stated, v.Interface())
+	}
+	if v.Kind() == reflect.Slice {
+		// A list is stated in brackets: "[502, 503, 504]".
+		inner, ok := strings.CutPrefix(stated, "[")
+		inner, _, closed := strings.Cut(inner, "]")
+		if !ok || !closed {
+			return fmt.Errorf("cannot read the default %q as a list (write \"Default [1, 2].\")", stated)
+		}
+		var items []string
+		if strings.TrimSpace(inner) != "" {
+			items = strings.Split(inner, ",")
+		}
+		if len(items) != v.Len() {
+			return mismatch()
+		}
+		for i, item := range items {
+			if checkDefault(strings.TrimSpace(item), v.Index(i)) != nil {
+				return mismatch()
+			}
+		}
+		return nil
 	}
 	if v.Type() == durationType {
 		d, err := time.ParseDuration(word)

@@ -140,6 +140,11 @@ func TestCheckDefault(t *testing.T) {
 		{"true", true, false},
 		{"false", true, true},
 		{"one per core", 0, true},
+		{"[502, 503, 504]; add 500", []int{502, 503, 504}, false},
+		{"[502, 503]", []int{502, 503, 504}, true},
+		{"[502, 504, 503]", []int{502, 503, 504}, true},
+		{"[]", []int{}, false},
+		{"502, 503", []int{502, 503}, true},
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprintf("%s/%v", tt.stated, tt.v), func(t *testing.T) {
