@@ -5,12 +5,12 @@
 // request (Budget: retries over a sliding window may number at most a ratio of the window's
 // requests plus a minimum allowance), which stops retry storms when the whole fleet fails.
 //
-// The attempt loop that uses them lives in httpfront's dispatch: a dispatch that failed
-// before any response byte reached the client is classified (Failure), checked against the
-// policy and the budget, excluded from the request (engine.BucketRequest.RetryAfter, which
-// makes the next pick run in the same bucket first without the failed engines), and retried
-// after the backoff. Where selection happens and which bucket comes next is the engine's rule,
-// not this package's.
+// The attempt loop that will use them belongs to httpfront's dispatch and is not wired yet:
+// a dispatch that failed before any response byte reached the client is to be classified
+// (Failure), checked against the policy and the budget, excluded from the request
+// (engine.BucketRequest.RetryAfter, which makes the next pick run in the same bucket first
+// without the failed engines), and retried after the backoff. Where selection happens and
+// which bucket comes next is the engine's rule, not this package's.
 //
 // # Concurrency
 //
