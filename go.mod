@@ -15,6 +15,8 @@ require (
 	github.com/knadh/koanf/providers/file v1.2.1
 	github.com/knadh/koanf/v2 v2.4.1
 	github.com/molecule-man/go-brrr v1.3.1
+	github.com/prometheus/client_model v0.5.0
+	github.com/prometheus/common v0.44.0
 	github.com/valyala/fasthttp v1.78.0
 	github.com/vmihailenco/msgpack/v5 v5.4.1
 	golang.org/x/text v0.43.0
@@ -40,8 +42,6 @@ require (
 	github.com/mitchellh/reflectwalk v1.0.2 // indirect
 	github.com/orcaman/concurrent-map v1.0.0 // indirect
 	github.com/prometheus/client_golang v1.17.0 // indirect
-	github.com/prometheus/client_model v0.5.0 // indirect
-	github.com/prometheus/common v0.44.0 // indirect
 	github.com/prometheus/procfs v0.11.1 // indirect
 	github.com/twmb/murmur3 v1.1.8 // indirect
 	github.com/valyala/bytebufferpool v1.0.0 // indirect

@@ -1,11 +1,14 @@
 package load
 
 import (
+	"bytes"
 	"fmt"
 	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/common/expfmt"
 )
 
 // benchAggregator registers n workers of dpSize ranks, each with a fresh report.
@@ -182,6 +185,42 @@ func BenchmarkDecode(b *testing.B) {
 		buf := make([]byte, 0, 64)
 		for b.Loop() {
 			buf = AppendGauge(buf[:0], r, true)
+		}
+	})
+}
+
+// BenchmarkDecodePrometheus reads a vLLM /metrics page of 343 series (process, HTTP and
+// vLLM metrics, one engine). Baselines beside it: the native /v1/loads body of one rank
+// (DecodeLoads, what an SGLang poll costs) and the same page fully parsed by expfmt with no
+// line filter (what the decoder saves by dropping the lines it does not read).
+func BenchmarkDecodePrometheus(b *testing.B) {
+	page := readTestdata(b, "vllm_metrics.txt")
+	b.Run("vllm_page", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetBytes(int64(len(page)))
+		for b.Loop() {
+			if _, _, err := DecodePrometheus(page, "", recvAt); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("baseline_expfmt_whole_page", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetBytes(int64(len(page)))
+		for b.Loop() {
+			var p expfmt.TextParser
+			if _, err := p.TextToMetricFamilies(bytes.NewReader(page)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	body := []byte(`{"timestamp":1772366409.5,"version":"0.5","loads":[` + nativeRank0 + `]}`)
+	b.Run("baseline_v1_loads", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := DecodeLoads(body, recvAt); err != nil {
+				b.Fatal(err)
+			}
 		}
 	})
 }
