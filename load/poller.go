@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -31,11 +32,67 @@ const (
 	MaxLoadBodyBytes = 4 << 20
 )
 
-// Load routes of an engine.
+// Load routes of an engine (the Prometheus page's path is configurable, DefaultMetricsPath).
 const (
 	PathLoads   = "/v1/loads"
 	PathGetLoad = "/get_load"
 )
+
+// ErrNoLoadRoute is wrapped by the poll error of an engine that answered 404 on every load
+// route it was probed for.
+var ErrNoLoadRoute = errors.New("engine exposes no load route")
+
+// PollMode says which routes a Poller reads.
+type PollMode uint8
+
+// Poll modes.
+const (
+	// PollAuto detects the route once: /v1/loads, then /get_load, then the Prometheus page;
+	// the first that answers is kept (see Poller).
+	PollAuto PollMode = iota
+	// PollNative reads /v1/loads, falling back to /get_load (SGLang).
+	PollNative
+	// PollPrometheus scrapes the Prometheus page only (vLLM, or any engine by
+	// load.source: prometheus).
+	PollPrometheus
+)
+
+// Source names the route a Poller currently reads, as GET /workers and the metrics show it.
+type Source uint8
+
+// Sources. SourceNone: not detected yet, or nothing answered.
+const (
+	SourceNone Source = iota
+	SourceLoads
+	SourceGetLoad
+	SourcePrometheus
+	SourceGauge // the ZMQ load gauge (GaugeSubscriber), named here so that one list serves
+	numSources
+)
+
+// Sources returns every Source, in order.
+func Sources() []Source {
+	out := make([]Source, numSources)
+	for i := range out {
+		out[i] = Source(i)
+	}
+	return out
+}
+
+// String is the source's name: "none", "v1_loads", "get_load", "prometheus" or "zmq".
+func (s Source) String() string {
+	switch s {
+	case SourceLoads:
+		return "v1_loads"
+	case SourceGetLoad:
+		return "get_load"
+	case SourcePrometheus:
+		return "prometheus"
+	case SourceGauge:
+		return "zmq"
+	}
+	return "none"
+}
 
 // PollerConfig configures a Poller.
 type PollerConfig struct {
@@ -48,10 +105,21 @@ type PollerConfig struct {
 	// Timeout bounds one request. Default: the smaller of Interval and DefaultPollTimeout.
 	Timeout time.Duration
 	// ReprobeEvery is how many /get_load polls pass before /v1/loads is tried again after
-	// it answered 404. Default DefaultReprobeEvery (60).
+	// it answered 404, and how many polls an engine that answered 404 on every route is
+	// left alone before it is probed again. Default DefaultReprobeEvery (60).
 	ReprobeEvery int
+	// Mode selects the routes. Default PollAuto.
+	Mode PollMode
+	// MetricsPath is the Prometheus page's path. Default DefaultMetricsPath ("/metrics").
+	MetricsPath string
+	// Model is the served model name whose series a Prometheus page is read for when it
+	// serves several models. Default "" (a page of one model only).
+	Model string
+	// MaxBodyBytes bounds a response body of a client created here. Default
+	// MaxLoadBodyBytes (4 MiB).
+	MaxBodyBytes int
 	// Client is the HTTP client, shareable between pollers. Default: a client limiting
-	// bodies to MaxLoadBodyBytes.
+	// bodies to MaxBodyBytes.
 	Client *fasthttp.Client
 	// Logger receives failure-change logs. Default: discard.
 	Logger *slog.Logger
@@ -62,21 +130,36 @@ type PollerConfig struct {
 	Deliver func(workerID string, reps []RankReport, err error)
 }
 
-// Poller polls one engine's load over HTTP: GET <url>/v1/loads, falling back to
-// GET <url>/get_load while /v1/loads answers 404. Run owns its state; a Poller is not safe
-// for concurrent use.
+// Poller polls one engine's load over HTTP. Native mode reads GET <url>/v1/loads, falling
+// back to GET <url>/get_load while /v1/loads answers 404; Prometheus mode scrapes the
+// metrics page. Auto mode detects once: /v1/loads, /get_load, then the metrics page, and
+// keeps the first that answers (re-probing /v1/loads every ReprobeEvery legacy polls, as
+// native mode does); a metrics page that later answers 404 starts detection again. An
+// engine that answers 404 on every route is left alone for ReprobeEvery polls (each
+// reported as an ErrNoLoadRoute error without a request) before it is probed again, so an
+// engine without load routes costs one probe a minute, not three a second.
+//
+// Run owns the poll state; a Poller is not safe for concurrent use, except Source, Info and
+// Malformed, which any goroutine may call.
 type Poller struct {
-	cfg       PollerConfig
-	ownClient bool // cfg.Client was created here; Run closes its idle connections
-	loadsURL  string
-	legacyURL string
+	cfg        PollerConfig
+	ownClient  bool // cfg.Client was created here; Run closes its idle connections
+	loadsURL   string
+	legacyURL  string
+	metricsURL string
 	// legacy is set after /v1/loads answered 404; polls since then count toward a re-probe.
 	legacy       bool
 	legacyPolls  int
 	legacyLogged bool
+	// idle counts down the polls left alone after every route answered 404.
+	idle int
 	// lastErr is the message of the latest logged failure ("" while healthy).
 	lastErr  string
 	failures int
+
+	source    atomic.Uint32 // Source of the latest successful poll
+	info      atomic.Pointer[PrometheusInfo]
+	malformed atomic.Uint64
 }
 
 // NewPoller validates cfg and returns a Poller.
@@ -100,11 +183,23 @@ func NewPoller(cfg PollerConfig) (*Poller, error) {
 	if cfg.ReprobeEvery <= 0 {
 		cfg.ReprobeEvery = DefaultReprobeEvery
 	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = MaxLoadBodyBytes
+	}
+	switch {
+	case cfg.MetricsPath == "":
+		cfg.MetricsPath = DefaultMetricsPath
+	case cfg.MetricsPath[0] != '/':
+		return nil, fmt.Errorf("cannot create load poller for %s: %w: metrics path %q does not start with /", cfg.WorkerID, ErrInvalidConfig, cfg.MetricsPath)
+	}
+	if cfg.Mode > PollPrometheus {
+		return nil, fmt.Errorf("cannot create load poller for %s: %w: unknown mode %d", cfg.WorkerID, ErrInvalidConfig, cfg.Mode)
+	}
 	ownClient := cfg.Client == nil
 	if ownClient {
 		cfg.Client = &fasthttp.Client{
 			Name:                "switchyard-load",
-			MaxResponseBodySize: MaxLoadBodyBytes,
+			MaxResponseBodySize: cfg.MaxBodyBytes,
 			MaxConnsPerHost:     4,
 		}
 	}
@@ -115,11 +210,24 @@ func NewPoller(cfg PollerConfig) (*Poller, error) {
 		cfg.Now = time.Now
 	}
 	base := strings.TrimRight(cfg.URL, "/")
-	return &Poller{cfg: cfg, ownClient: ownClient, loadsURL: base + PathLoads, legacyURL: base + PathGetLoad}, nil
+	return &Poller{cfg: cfg, ownClient: ownClient, loadsURL: base + PathLoads, legacyURL: base + PathGetLoad,
+		metricsURL: base + cfg.MetricsPath}, nil
 }
 
 // Legacy reports whether the poller currently uses /get_load.
 func (p *Poller) Legacy() bool { return p.legacy }
+
+// Source is the route of the latest successful poll (SourceNone before one). Safe for
+// concurrent use.
+func (p *Poller) Source() Source { return Source(p.source.Load()) }
+
+// Info is what the latest Prometheus page said beyond load (nil before one). Safe for
+// concurrent use.
+func (p *Poller) Info() *PrometheusInfo { return p.info.Load() }
+
+// Malformed counts the answers that did not decode (a 200 with a body of the wrong shape).
+// Safe for concurrent use.
+func (p *Poller) Malformed() uint64 { return p.malformed.Load() }
 
 // Run polls at once and then every interval, delivering each result, until ctx is done;
 // it then closes the idle connections of a client it created and returns nil. A panic in
@@ -171,9 +279,32 @@ func (p *Poller) noteResult(err error) {
 	}
 }
 
-// Poll performs one poll round: /v1/loads (or /get_load after a 404), with the fallback
-// applied within the round. It is what Run calls; do not call it concurrently with Run.
+// Poll performs one poll round (see Poller for the routes and their detection). It is what
+// Run calls; do not call it concurrently with Run.
 func (p *Poller) Poll(ctx context.Context) ([]RankReport, error) {
+	reps, src, err := p.poll(ctx)
+	if err == nil {
+		p.source.Store(uint32(src))
+	} else if errors.Is(err, ErrMalformed) {
+		p.malformed.Add(1)
+	}
+	return reps, err
+}
+
+func (p *Poller) poll(ctx context.Context) ([]RankReport, Source, error) {
+	if p.cfg.Mode == PollPrometheus || (p.cfg.Mode == PollAuto && p.Source() == SourcePrometheus) {
+		reps, status, err := p.scrape(ctx)
+		if status == fasthttp.StatusNotFound && p.cfg.Mode == PollAuto {
+			// The engine behind the URL changed: detect its routes again next round.
+			p.source.Store(uint32(SourceNone))
+			p.cfg.Logger.Info("engine's metrics page is gone; detecting its load route again", slog.String("worker", p.cfg.WorkerID))
+		}
+		return reps, SourcePrometheus, err
+	}
+	if p.idle > 0 {
+		p.idle--
+		return nil, SourceNone, fmt.Errorf("cannot poll %s: %w (probed again in %d polls)", p.cfg.URL, ErrNoLoadRoute, p.idle+1)
+	}
 	if p.legacy {
 		p.legacyPolls++
 		if p.legacyPolls > p.cfg.ReprobeEvery {
@@ -183,7 +314,7 @@ func (p *Poller) Poll(ctx context.Context) ([]RankReport, error) {
 	if !p.legacy {
 		reps, status, err := p.get(ctx, p.loadsURL, DecodeLoads)
 		if status != fasthttp.StatusNotFound {
-			return reps, err
+			return reps, SourceLoads, err
 		}
 		if !p.legacyLogged {
 			p.legacyLogged = true
@@ -192,11 +323,41 @@ func (p *Poller) Poll(ctx context.Context) ([]RankReport, error) {
 		p.legacy, p.legacyPolls = true, 0
 	}
 	reps, status, err := p.get(ctx, p.legacyURL, DecodeGetLoad)
-	if status == fasthttp.StatusNotFound {
-		// Neither route: try the native one first next time.
-		p.legacy = false
+	if status != fasthttp.StatusNotFound {
+		return reps, SourceGetLoad, err
 	}
-	return reps, err
+	// Neither native route.
+	p.legacy, p.legacyLogged = false, false
+	if p.cfg.Mode == PollAuto {
+		reps, status, err = p.scrape(ctx)
+		switch {
+		case err == nil:
+			p.cfg.Logger.Info("engine has no /v1/loads or /get_load; scraping its metrics page",
+				slog.String("worker", p.cfg.WorkerID), slog.String("url", p.metricsURL))
+			return reps, SourcePrometheus, nil
+		case status != fasthttp.StatusNotFound && !errors.Is(err, ErrMalformed):
+			return nil, SourceNone, err // unreachable or failing: try every route next round
+		}
+	}
+	p.idle = p.cfg.ReprobeEvery
+	p.cfg.Logger.Warn("engine exposes no load route; its load stays unknown", slog.String("worker", p.cfg.WorkerID),
+		slog.Int("next_probe_in_polls", p.idle), slog.Any("error", err))
+	return nil, SourceNone, fmt.Errorf("%w (%w)", err, ErrNoLoadRoute)
+}
+
+// scrape fetches and decodes the Prometheus page.
+func (p *Poller) scrape(ctx context.Context) ([]RankReport, int, error) {
+	var info PrometheusInfo
+	reps, status, err := p.get(ctx, p.metricsURL, func(body []byte, at time.Time) ([]RankReport, error) {
+		var err error
+		var reps []RankReport
+		reps, info, err = DecodePrometheus(body, p.cfg.Model, at)
+		return reps, err
+	})
+	if err == nil {
+		p.info.Store(&info)
+	}
+	return reps, status, err
 }
 
 // get fetches one load route and decodes a 200 body with decode.
@@ -210,7 +371,11 @@ func (p *Poller) get(ctx context.Context, u string, decode func([]byte, time.Tim
 	defer fasthttp.ReleaseResponse(resp)
 	req.SetRequestURI(u)
 	req.Header.SetMethod(fasthttp.MethodGet)
-	req.Header.Set(fasthttp.HeaderAccept, "application/json")
+	if u == p.metricsURL {
+		req.Header.Set(fasthttp.HeaderAccept, "text/plain;version=0.0.4")
+	} else {
+		req.Header.Set(fasthttp.HeaderAccept, "application/json")
+	}
 	deadline := time.Now().Add(p.cfg.Timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d

@@ -20,6 +20,9 @@ type fakeEngine struct {
 	loadsBody  string // body for /v1/loads
 	getLoad    int
 	getLoadBdy string
+	metrics    int    // status for the metrics page (404 unless set)
+	metricsBdy string // body of the metrics page
+	metricsAt  string // path of the metrics page; default DefaultMetricsPath
 	hits       map[string]int
 	block      chan struct{} // when non-nil, handlers wait on it
 }
@@ -39,6 +42,8 @@ func newFakeEngine(t *testing.T) (*fakeEngine, *httptest.Server) {
 			status, body = fe.loads, fe.loadsBody
 		case PathGetLoad:
 			status, body = fe.getLoad, fe.getLoadBdy
+		case cmpOr(fe.metricsAt, DefaultMetricsPath):
+			status, body = cmpOr(fe.metrics, http.StatusNotFound), fe.metricsBdy
 		}
 		fe.mu.Unlock()
 		if block != nil {
@@ -289,13 +294,138 @@ func TestNewPollerValidates(t *testing.T) {
 		{WorkerID: "w", URL: "http://127.0.0.1:1"},
 		{WorkerID: "w", URL: "127.0.0.1:1", Deliver: deliver},
 		{WorkerID: "w", URL: "ftp://127.0.0.1:1", Deliver: deliver},
+		{WorkerID: "w", URL: "http://127.0.0.1:1", Deliver: deliver, MetricsPath: "metrics"},
+		{WorkerID: "w", URL: "http://127.0.0.1:1", Deliver: deliver, Mode: PollPrometheus + 1},
 	} {
 		if _, err := NewPoller(cfg); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("NewPoller(%+v) = %v, want ErrInvalidConfig", cfg, err)
 		}
 	}
 	p, err := NewPoller(PollerConfig{WorkerID: "w", URL: "http://127.0.0.1:1", Deliver: deliver})
-	if err != nil || p.cfg.Interval != DefaultPollInterval || p.cfg.Timeout != DefaultPollInterval || p.cfg.ReprobeEvery != DefaultReprobeEvery {
+	if err != nil || p.cfg.Interval != DefaultPollInterval || p.cfg.Timeout != DefaultPollInterval || p.cfg.ReprobeEvery != DefaultReprobeEvery ||
+		p.cfg.MetricsPath != DefaultMetricsPath || p.cfg.MaxBodyBytes != MaxLoadBodyBytes || p.metricsURL != "http://127.0.0.1:1/metrics" {
 		t.Fatalf("defaults: %+v, %v", p.cfg, err)
 	}
+}
+
+func cmpOr[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}
+
+// vllmOnly makes fe answer like a vLLM server: 404 on the SGLang load routes, a /metrics page.
+func vllmOnly(t *testing.T) func(fe *fakeEngine) {
+	page := string(readTestdata(t, "vllm_metrics.txt"))
+	return func(fe *fakeEngine) {
+		fe.loads, fe.getLoad, fe.metrics, fe.metricsBdy = http.StatusNotFound, http.StatusNotFound, http.StatusOK, page
+	}
+}
+
+// TestPollerDetectsPrometheusOnce is issue 14's first complaint: in front of an engine that
+// serves only the vLLM API the poller asked /v1/loads and /get_load every second forever.
+// Now they are probed once, and the metrics page is read from then on.
+func TestPollerDetectsPrometheusOnce(t *testing.T) {
+	fe, srv := newFakeEngine(t)
+	fe.set(vllmOnly(t))
+	p := newTestPoller(t, srv.URL, nil)
+	for i := range 5 {
+		reps, err := p.Poll(t.Context())
+		if err != nil {
+			t.Fatalf("poll %d: %v", i, err)
+		}
+		if len(reps) != 1 || !reps[0].Has(HasNative) || reps[0].Running != 3 || reps[0].Waiting != 2 {
+			t.Fatalf("poll %d: reports %+v", i, reps)
+		}
+	}
+	if l, g, m := fe.hitCount(PathLoads), fe.hitCount(PathGetLoad), fe.hitCount(DefaultMetricsPath); l != 1 || g != 1 || m != 5 {
+		t.Fatalf("hits /v1/loads %d, /get_load %d, /metrics %d; want 1, 1, 5", l, g, m)
+	}
+	if p.Source() != SourcePrometheus || p.Info() == nil || p.Info().Flavor != FlavorVLLM || p.Info().Model != "Qwen/Qwen3-8B" {
+		t.Fatalf("source %v info %+v", p.Source(), p.Info())
+	}
+}
+
+// TestPollerLeavesRoutelessEngineAlone: an engine with no load route at all is probed once
+// every ReprobeEvery polls, not every poll.
+func TestPollerLeavesRoutelessEngineAlone(t *testing.T) {
+	fe, srv := newFakeEngine(t)
+	fe.set(func(fe *fakeEngine) { fe.loads, fe.getLoad = http.StatusNotFound, http.StatusNotFound })
+	p := newTestPoller(t, srv.URL, func(c *PollerConfig) { c.ReprobeEvery = 3 })
+	for i := range 8 {
+		if _, err := p.Poll(t.Context()); !errors.Is(err, ErrNoLoadRoute) {
+			t.Fatalf("poll %d: err %v, want ErrNoLoadRoute", i, err)
+		}
+	}
+	// Probes at polls 0 and 4 (three quiet polls after each), so two of each route.
+	for _, path := range []string{PathLoads, PathGetLoad, DefaultMetricsPath} {
+		if got := fe.hitCount(path); got != 2 {
+			t.Errorf("%s hit %d times in 8 polls, want 2", path, got)
+		}
+	}
+	if p.Source() != SourceNone {
+		t.Fatalf("source %v", p.Source())
+	}
+	// The engine gains a metrics page: found at the next probe.
+	fe.set(vllmOnly(t))
+	var err error
+	for range 4 {
+		if _, err = p.Poll(t.Context()); err == nil {
+			break
+		}
+	}
+	if err != nil || p.Source() != SourcePrometheus {
+		t.Fatalf("after the page appeared: err %v source %v", err, p.Source())
+	}
+}
+
+// TestPollerRedetectsWhenPageGoes: an engine replaced by one with native routes is found.
+func TestPollerRedetectsWhenPageGoes(t *testing.T) {
+	fe, srv := newFakeEngine(t)
+	fe.set(vllmOnly(t))
+	p := newTestPoller(t, srv.URL, nil)
+	if _, err := p.Poll(t.Context()); err != nil || p.Source() != SourcePrometheus {
+		t.Fatalf("err %v source %v", err, p.Source())
+	}
+	fe.set(func(fe *fakeEngine) { fe.loads, fe.metrics = http.StatusOK, http.StatusNotFound })
+	if _, err := p.Poll(t.Context()); !errors.Is(err, ErrStatus) || p.Source() != SourceNone {
+		t.Fatalf("page gone: err %v source %v", err, p.Source())
+	}
+	if reps, err := p.Poll(t.Context()); err != nil || p.Source() != SourceLoads || !reps[0].Has(HasNative) {
+		t.Fatalf("re-detection: reps %+v err %v source %v", reps, err, p.Source())
+	}
+}
+
+func TestPollerModes(t *testing.T) {
+	t.Run("prometheus mode reads only its path and counts malformed pages", func(t *testing.T) {
+		fe, srv := newFakeEngine(t)
+		fe.set(func(fe *fakeEngine) {
+			fe.metrics, fe.metricsAt, fe.metricsBdy = http.StatusOK, "/custom/metrics", "vllm:num_requests_running{engine=\"0\" 1\n"
+		})
+		p := newTestPoller(t, srv.URL, func(c *PollerConfig) { c.Mode, c.MetricsPath = PollPrometheus, "/custom/metrics" })
+		if _, err := p.Poll(t.Context()); !errors.Is(err, ErrMalformed) || p.Malformed() != 1 {
+			t.Fatalf("err %v malformed %d", err, p.Malformed())
+		}
+		fe.set(func(fe *fakeEngine) { fe.metricsBdy = string(readTestdata(t, "sglang_metrics.txt")) })
+		reps, err := p.Poll(t.Context())
+		if err != nil || reps[0].Running != 12 || p.Info().Flavor != FlavorSGLang || p.Source() != SourcePrometheus {
+			t.Fatalf("reps %+v err %v info %+v", reps, err, p.Info())
+		}
+		if fe.hitCount(PathLoads)+fe.hitCount(PathGetLoad) != 0 {
+			t.Fatal("prometheus mode polled a native route")
+		}
+	})
+	t.Run("native mode never scrapes", func(t *testing.T) {
+		fe, srv := newFakeEngine(t)
+		fe.set(vllmOnly(t))
+		p := newTestPoller(t, srv.URL, func(c *PollerConfig) { c.Mode = PollNative })
+		if _, err := p.Poll(t.Context()); !errors.Is(err, ErrNoLoadRoute) {
+			t.Fatalf("err %v", err)
+		}
+		if fe.hitCount(DefaultMetricsPath) != 0 {
+			t.Fatal("native mode scraped /metrics")
+		}
+	})
 }
