@@ -116,6 +116,16 @@ type Worker struct {
 	// LoadPublish, when set, is the engine's ZMQ load-gauge endpoint (tcp://HOST:PORT or
 	// ipc://PATH). Default: introspected.
 	LoadPublish string `koanf:"load_publish" json:"load_publish"`
+	// Flavor is the engine's kind: auto, sglang or vllm. vllm means the engine has no
+	// introspection (/server_info) and no native load route: the router asks it for
+	// neither, takes model, role and DP size from this entry, and reads its load from the
+	// Prometheus page at MetricsPath. sglang reads load from /v1/loads or /get_load (or the
+	// ZMQ gauge). auto introspects and detects the load route once. Default auto ("" means
+	// auto).
+	Flavor string `koanf:"flavor" json:"flavor"`
+	// MetricsPath is the path of the engine's Prometheus text page. Default "/metrics"
+	// ("" means the default).
+	MetricsPath string `koanf:"metrics_path" json:"metrics_path"`
 }
 
 // Model is one model's routing: default policies per stage and its buckets.
@@ -278,11 +288,20 @@ type Mailbox struct {
 type LoadSettings struct {
 	// Freshness is how long a rank's report stays usable. Default 5s.
 	Freshness time.Duration `koanf:"freshness" json:"freshness"`
-	// PollInterval is the HTTP poll period of /v1/loads (or /get_load), shorter than
-	// freshness. Default 1s.
+	// PollInterval is the HTTP poll period of /v1/loads (or /get_load, or the Prometheus
+	// page), shorter than freshness. Default 1s.
 	PollInterval time.Duration `koanf:"poll_interval" json:"poll_interval"`
-	// Source is "http", "zmq" or "auto" (ZMQ gauge when advertised, else HTTP). Default auto.
+	// Source is "http" (/v1/loads, else /get_load), "prometheus" (every worker's metrics
+	// page), "zmq" (the load gauge) or "auto": the ZMQ gauge when advertised, else HTTP,
+	// detecting once per engine whether it has /v1/loads, /get_load or only a Prometheus
+	// page; a vllm-flavoured worker is always scraped. Default auto.
 	Source string `koanf:"source" json:"source"`
+	// ScrapeTimeout bounds one HTTP load request (poll or scrape); the poll interval bounds
+	// it too. Default 2s.
+	ScrapeTimeout time.Duration `koanf:"scrape_timeout" json:"scrape_timeout"`
+	// ScrapeMaxBytes bounds one HTTP load response body, 4096..1073741824; a larger answer
+	// is a failed poll. Default 4194304 (4 MiB).
+	ScrapeMaxBytes int `koanf:"scrape_max_bytes" json:"scrape_max_bytes" unit:"bytes"`
 	// GuardMaxAge is the age after which the janitor releases a leaked in-flight guard.
 	// Default 1h.
 	GuardMaxAge time.Duration `koanf:"guard_max_age" json:"guard_max_age"`

@@ -30,8 +30,10 @@ func Default() *Config {
 		Load: LoadSettings{
 			Freshness:    5 * time.Second,
 			PollInterval: time.Second,
-			Source:       LoadSourceAuto,
-			GuardMaxAge:  time.Hour,
+			Source:         LoadSourceAuto,
+			GuardMaxAge:    time.Hour,
+			ScrapeTimeout:  2 * time.Second,
+			ScrapeMaxBytes: 4 << 20,
 		},
 		KV: KV{
 			Enabled:          true,
@@ -78,16 +80,27 @@ func Default() *Config {
 }
 
 // defaultWorker is the starting value of every worker decoded from a file: role plain,
-// DP size 1.
+// DP size 1, flavor auto, metrics path /metrics.
 func defaultWorker() Worker {
-	return Worker{Role: RolePlain, DPSize: 1}
+	return Worker{Role: RolePlain, DPSize: 1, Flavor: FlavorAuto, MetricsPath: DefaultMetricsPath}
 }
+
+// Engine flavours (workers[].flavor) and the default metrics path.
+const (
+	FlavorAuto   = "auto"
+	FlavorSGLang = "sglang"
+	FlavorVLLM   = "vllm"
+
+	DefaultMetricsPath = "/metrics"
+)
 
 // Load sources, cache sources, sticky fallbacks and log levels, as written in configuration.
 const (
 	LoadSourceHTTP = "http"
 	LoadSourceZMQ  = "zmq"
 	LoadSourceAuto = "auto"
+	// LoadSourcePrometheus scrapes every worker's Prometheus page.
+	LoadSourcePrometheus = "prometheus"
 
 	CacheSourceLocal  = "local"
 	CacheSourceRemote = "remote"

@@ -113,6 +113,21 @@ func (c *Config) validateWorkers(p *problems) map[string]int {
 				p.add(path+".load_publish", ErrInvalid, msg)
 			}
 		}
+		switch w.Flavor {
+		case "", FlavorAuto, FlavorSGLang:
+		case FlavorVLLM:
+			if w.LoadPublish != "" {
+				p.add(path+".load_publish", ErrInvalid, "a vllm worker publishes no ZMQ load gauge; its load is read from metrics_path")
+			}
+			if c.Load.Source == LoadSourceZMQ {
+				p.add(path+".flavor", ErrInvalid, "vllm engines publish no ZMQ load gauge, but load.source is zmq (use auto or prometheus)")
+			}
+		default:
+			p.add(path+".flavor", ErrInvalid, fmt.Sprintf("unknown flavor %q (auto, sglang or vllm)", w.Flavor))
+		}
+		if w.MetricsPath != "" && (w.MetricsPath[0] != '/' || strings.ContainsAny(w.MetricsPath, " ?#\t\r\n")) {
+			p.add(path+".metrics_path", ErrInvalid, fmt.Sprintf("must be an absolute path such as /metrics, got %q", w.MetricsPath))
+		}
 		k := firsts[w.Model]
 		if k == nil {
 			k = &kinds{plain: -1, pd: -1}
@@ -339,10 +354,14 @@ func (c *Config) validateLoad(p *problems) {
 		p.add("load.poll_interval", ErrInvalid, fmt.Sprintf(
 			"must be shorter than load.freshness (%s), or polled reports go stale between polls; got %s", l.Freshness, l.PollInterval))
 	}
+	positive(p, "load.scrape_timeout", l.ScrapeTimeout)
+	if l.ScrapeMaxBytes < 4096 || l.ScrapeMaxBytes > 1<<30 {
+		p.add("load.scrape_max_bytes", ErrInvalid, fmt.Sprintf("must be in 4096..1073741824 bytes, got %d", l.ScrapeMaxBytes))
+	}
 	switch l.Source {
-	case LoadSourceHTTP, LoadSourceZMQ, LoadSourceAuto:
+	case LoadSourceHTTP, LoadSourceZMQ, LoadSourceAuto, LoadSourcePrometheus:
 	default:
-		p.add("load.source", ErrInvalid, fmt.Sprintf("unknown source %q (http, zmq or auto)", l.Source))
+		p.add("load.source", ErrInvalid, fmt.Sprintf("unknown source %q (http, prometheus, zmq or auto)", l.Source))
 	}
 }
 

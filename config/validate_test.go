@@ -282,7 +282,28 @@ func TestValidate(t *testing.T) {
 			"load.freshness: must be a positive duration, got 0s",
 			"load.poll_interval: must be a positive duration, got 0s",
 			"load.guard_max_age: must be a positive duration, got 0s",
-			`load.source: unknown source "grpc" (http, zmq or auto)`,
+			"load.scrape_timeout: must be a positive duration, got 0s",
+			"load.scrape_max_bytes: must be in 4096..1073741824 bytes, got 0",
+			`load.source: unknown source "grpc" (http, prometheus, zmq or auto)`,
+		}},
+		{name: "load source prometheus", mutate: func(c *Config) { c.Load.Source = LoadSourcePrometheus }},
+		{name: "worker flavors and metrics paths", mutate: func(c *Config) {
+			c.Workers[0].Flavor = FlavorVLLM
+			c.Workers[0].MetricsPath = "/vllm/metrics"
+			c.Workers[1].Flavor = FlavorSGLang
+			c.Workers[3].Flavor = ""
+			c.Workers[4].Flavor = "tgi"
+			c.Workers[4].MetricsPath = "metrics"
+		}, want: []string{
+			`workers[4].flavor: unknown flavor "tgi" (auto, sglang or vllm)`,
+			`workers[4].metrics_path: must be an absolute path such as /metrics, got "metrics"`,
+		}},
+		{name: "vllm workers have no load gauge", mutate: func(c *Config) {
+			c.Load.Source = LoadSourceZMQ
+			c.Workers[2].Flavor = FlavorVLLM
+		}, want: []string{
+			"workers[2].load_publish: a vllm worker publishes no ZMQ load gauge; its load is read from metrics_path",
+			"workers[2].flavor: vllm engines publish no ZMQ load gauge, but load.source is zmq (use auto or prometheus)",
 		}},
 		{name: "load poll interval not below freshness", mutate: func(c *Config) {
 			c.Load.PollInterval = 5 * time.Second
