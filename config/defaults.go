@@ -28,8 +28,8 @@ func Default() *Config {
 			PickTimeout: time.Second,
 		},
 		Load: LoadSettings{
-			Freshness:    5 * time.Second,
-			PollInterval: time.Second,
+			Freshness:      5 * time.Second,
+			PollInterval:   time.Second,
 			Source:         LoadSourceAuto,
 			GuardMaxAge:    time.Hour,
 			ScrapeTimeout:  2 * time.Second,
