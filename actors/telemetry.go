@@ -146,6 +146,24 @@ type WorkerSource struct {
 	// GaugeEndpoints are further load gauge publishers of the same engine (one per DP rank
 	// when the engine publishes each rank on its own port); each gets a subscriber.
 	GaugeEndpoints []string
+	// Flavor is the worker's configured flavour (config.Flavor*): vllm is always scraped
+	// at MetricsPath, sglang never is; "" or auto detects. Default auto.
+	Flavor string
+	// MetricsPath is the engine's Prometheus page. Default "/metrics".
+	MetricsPath string
+	// Model is the served model whose series a page of several models is read for.
+	Model string
+}
+
+// LoadStatus says where a worker's load comes from.
+type LoadStatus struct {
+	// Source is the transport's current route (load.SourceNone before the first report).
+	Source load.Source
+	// Flavor is the engine kind the metrics page revealed (load.FlavorVLLM or
+	// load.FlavorSGLang); "" when the load does not come from a metrics page.
+	Flavor string
+	// Malformed counts answers or messages that did not decode.
+	Malformed uint64
 }
 
 // gauges returns every gauge endpoint of src, without duplicates.
@@ -199,6 +217,8 @@ type Telemetry struct {
 type feed struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	poller *load.Poller            // HTTP transport, or nil
+	gauges []*load.GaugeSubscriber // ZMQ transports
 }
 
 // telemetryHost is what the telemetry actor's incarnations share: the aggregator and the
@@ -241,7 +261,7 @@ func NewTelemetry(table *load.Table, opts TelemetryOptions) (*Telemetry, error) 
 	switch opts.Load.Source {
 	case "":
 		opts.Load.Source = config.LoadSourceAuto
-	case config.LoadSourceAuto, config.LoadSourceHTTP, config.LoadSourceZMQ:
+	case config.LoadSourceAuto, config.LoadSourceHTTP, config.LoadSourceZMQ, config.LoadSourcePrometheus:
 	default:
 		return nil, fmt.Errorf("cannot create telemetry: unknown load source %q", opts.Load.Source)
 	}
@@ -333,7 +353,8 @@ func (t *Telemetry) AddWorker(src WorkerSource) error {
 	if t.feeds[src.ID] != nil {
 		return fmt.Errorf("cannot add worker %q to telemetry: %w", src.ID, ErrWorkerTracked)
 	}
-	runs, err := t.transports(src)
+	f := &feed{}
+	runs, err := t.transports(src, f)
 	if err != nil {
 		return fmt.Errorf("cannot add worker %q to telemetry: %w", src.ID, err)
 	}
@@ -343,7 +364,7 @@ func (t *Telemetry) AddWorker(src WorkerSource) error {
 		return fmt.Errorf("cannot add worker %q to telemetry: %w", src.ID, r.Err)
 	}
 	ctx, cancel := context.WithCancel(t.ctx)
-	f := &feed{cancel: cancel}
+	f.cancel = cancel
 	t.feeds[src.ID] = f
 	for _, run := range runs {
 		f.wg.Add(1)
@@ -362,12 +383,14 @@ func (t *Telemetry) AddWorker(src WorkerSource) error {
 	return nil
 }
 
-// transports builds src's load transports and returns their Run functions: one gauge
-// subscriber per gauge endpoint, or one HTTP poller.
-func (t *Telemetry) transports(src WorkerSource) ([]func(context.Context) error, error) {
+// transports builds src's load transports into f and returns their Run functions: one
+// gauge subscriber per gauge endpoint, or one HTTP poller (native routes, the Prometheus
+// page, or detection of which the engine has; see PollMode).
+func (t *Telemetry) transports(src WorkerSource, f *feed) ([]func(context.Context) error, error) {
 	gauges := src.gauges()
-	useGauge := t.opts.Load.Source == config.LoadSourceZMQ ||
-		(t.opts.Load.Source == config.LoadSourceAuto && len(gauges) > 0)
+	vllm := src.Flavor == config.FlavorVLLM
+	source := t.opts.Load.Source
+	useGauge := source == config.LoadSourceZMQ || (source == config.LoadSourceAuto && len(gauges) > 0 && !vllm)
 	if useGauge {
 		if len(gauges) == 0 {
 			return nil, ErrNoGaugeEndpoint
@@ -386,17 +409,34 @@ func (t *Telemetry) transports(src WorkerSource) ([]func(context.Context) error,
 			if err != nil {
 				return nil, err
 			}
+			f.gauges = append(f.gauges, s)
 			runs = append(runs, s.Run)
 		}
 		return runs, nil
 	}
+	mode := load.PollAuto
+	switch {
+	case vllm || source == config.LoadSourcePrometheus:
+		mode = load.PollPrometheus
+	case src.Flavor == config.FlavorSGLang:
+		mode = load.PollNative
+	}
+	timeout := t.opts.Load.ScrapeTimeout
+	if iv := t.opts.Load.PollInterval; iv > 0 && (timeout <= 0 || iv < timeout) {
+		timeout = iv
+	}
 	p, err := load.NewPoller(load.PollerConfig{
-		WorkerID: src.ID,
-		URL:      src.URL,
-		Interval: t.opts.Load.PollInterval,
-		Client:   t.opts.Client,
-		Logger:   t.logger,
-		Now:      t.now,
+		WorkerID:     src.ID,
+		URL:          src.URL,
+		Interval:     t.opts.Load.PollInterval,
+		Timeout:      timeout,
+		Mode:         mode,
+		MetricsPath:  src.MetricsPath,
+		Model:        src.Model,
+		MaxBodyBytes: t.opts.Load.ScrapeMaxBytes,
+		Client:       t.opts.Client,
+		Logger:       t.logger,
+		Now:          t.now,
 		Deliver: func(id string, reps []load.RankReport, err error) {
 			t.sys.Root.Send(t.pid, &LoadReported{WorkerID: id, Reports: reps, Err: err})
 		},
@@ -404,7 +444,32 @@ func (t *Telemetry) transports(src WorkerSource) ([]func(context.Context) error,
 	if err != nil {
 		return nil, err
 	}
+	f.poller = p
 	return []func(context.Context) error{p.Run}, nil
+}
+
+// Status says where worker id's load comes from; false for a worker not tracked.
+func (t *Telemetry) Status(id string) (LoadStatus, bool) {
+	t.mu.Lock()
+	f := t.feeds[id]
+	t.mu.Unlock()
+	if f == nil {
+		return LoadStatus{}, false
+	}
+	var st LoadStatus
+	if f.poller != nil {
+		st.Source, st.Malformed = f.poller.Source(), f.poller.Malformed()
+		if st.Source == load.SourcePrometheus {
+			if info := f.poller.Info(); info != nil {
+				st.Flavor = info.Flavor
+			}
+		}
+	}
+	for _, g := range f.gauges {
+		st.Source = load.SourceGauge
+		st.Malformed += g.Malformed()
+	}
+	return st, true
 }
 
 // RemoveWorker stops the worker's transport, waits for it, and removes the worker and its

@@ -368,3 +368,89 @@ func TestTelemetrySubscribesToEveryGaugeEndpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// vllmServer is a loopback engine that speaks only what vLLM serves for load: a Prometheus
+// page at /metrics (two DP engines), 404 elsewhere; every /metrics request is signalled on
+// hits, every other request counted in others.
+type vllmServer struct {
+	*httptest.Server
+	hits   chan struct{}
+	others atomic.Int64
+}
+
+func newVLLMServer(t *testing.T) *vllmServer {
+	t.Helper()
+	page := "# HELP vllm:num_requests_running Number of requests in model execution batches.\n" +
+		"# TYPE vllm:num_requests_running gauge\n" +
+		`vllm:num_requests_running{model_name="m",engine="0"} 3.0` + "\n" +
+		`vllm:num_requests_running{model_name="m",engine="1"} 1.0` + "\n" +
+		`vllm:num_requests_waiting{model_name="m",engine="0"} 2.0` + "\n" +
+		`vllm:num_requests_waiting{model_name="m",engine="1"} 0.0` + "\n" +
+		`vllm:kv_cache_usage_perc{model_name="m",engine="0"} 0.5` + "\n" +
+		`vllm:kv_cache_usage_perc{model_name="m",engine="1"} 0.25` + "\n" +
+		`vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="100"} 1.0` + "\n" +
+		`vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="100"} 1.0` + "\n"
+	s := &vllmServer{hits: make(chan struct{}, 1024)}
+	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/metrics" {
+			s.others.Add(1)
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		_, _ = w.Write([]byte(page))
+		select {
+		case s.hits <- struct{}{}:
+		default:
+		}
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+// TestTelemetryScrapesVLLM: a worker whose engine has only a Prometheus page gets its load
+// from it, in auto mode after one probe of each native route, with flavor vllm at once.
+func TestTelemetryScrapesVLLM(t *testing.T) {
+	for _, flavor := range []string{"", config.FlavorVLLM} {
+		t.Run("flavor "+flavor, func(t *testing.T) {
+			clk := &fakeClock{t: telT0}
+			srv := newVLLMServer(t)
+			tel, _ := newTestTelemetry(t, clk, TelemetryOptions{
+				Load: config.LoadSettings{Source: config.LoadSourceAuto, PollInterval: 5 * time.Millisecond, Freshness: 5 * time.Second},
+			})
+			if err := tel.AddWorker(WorkerSource{ID: "V1", URL: srv.URL, DPSize: 2, Flavor: flavor, Model: "m"}); err != nil {
+				t.Fatal(err)
+			}
+			var obs load.Observation
+			for round := 0; round < 100 && !obs.Known(); round++ {
+				select {
+				case <-srv.hits:
+				case <-time.After(10 * time.Second):
+					t.Fatal("the metrics page was not scraped")
+				}
+				snap, err := tel.Flush()
+				if err != nil {
+					t.Fatal(err)
+				}
+				obs = snap.Observe("V1", clk.Now())
+			}
+			if !obs.Native() || obs.Running != 4 || obs.Waiting != 2 || obs.MaxTotalTokens != 3200 || obs.UsedTokens != 1200 {
+				t.Fatalf("observation %+v, want both engines summed (running 4, waiting 2, capacity 3200, used 1200)", obs)
+			}
+			st, ok := tel.Status("V1")
+			if !ok || st.Source != load.SourcePrometheus || st.Flavor != load.FlavorVLLM {
+				t.Fatalf("status %+v %v", st, ok)
+			}
+			if err := tel.RemoveWorker("V1"); err != nil {
+				t.Fatal(err)
+			}
+			want := int64(2) // auto: /v1/loads and /get_load, once
+			if flavor == config.FlavorVLLM {
+				want = 0
+			}
+			if got := srv.others.Load(); got != want {
+				t.Fatalf("%d requests to routes other than /metrics, want %d", got, want)
+			}
+		})
+	}
+}
