@@ -134,7 +134,8 @@ type PollerConfig struct {
 // back to GET <url>/get_load while /v1/loads answers 404; Prometheus mode scrapes the
 // metrics page. Auto mode detects once: /v1/loads, /get_load, then the metrics page, and
 // keeps the first that answers (re-probing /v1/loads every ReprobeEvery legacy polls, as
-// native mode does); a metrics page that later answers 404 starts detection again. An
+// native mode does); once both native routes answered 404 only the metrics page is read,
+// and a metrics page that answers 404 starts detection again. An
 // engine that answers 404 on every route is left alone for ReprobeEvery polls (each
 // reported as an ErrNoLoadRoute error without a request) before it is probed again, so an
 // engine without load routes costs one probe a minute, not three a second.
@@ -153,6 +154,9 @@ type Poller struct {
 	legacyLogged bool
 	// idle counts down the polls left alone after every route answered 404.
 	idle int
+	// scraping is set in auto mode once both native routes answered 404: the metrics page
+	// is read from then on, until it answers 404.
+	scraping bool
 	// lastErr is the message of the latest logged failure ("" while healthy).
 	lastErr  string
 	failures int
@@ -292,18 +296,16 @@ func (p *Poller) Poll(ctx context.Context) ([]RankReport, error) {
 }
 
 func (p *Poller) poll(ctx context.Context) ([]RankReport, Source, error) {
-	if p.cfg.Mode == PollPrometheus || (p.cfg.Mode == PollAuto && p.Source() == SourcePrometheus) {
-		reps, status, err := p.scrape(ctx)
-		if status == fasthttp.StatusNotFound && p.cfg.Mode == PollAuto {
-			// The engine behind the URL changed: detect its routes again next round.
-			p.source.Store(uint32(SourceNone))
-			p.cfg.Logger.Info("engine's metrics page is gone; detecting its load route again", slog.String("worker", p.cfg.WorkerID))
-		}
+	if p.cfg.Mode == PollPrometheus {
+		reps, _, err := p.scrape(ctx)
 		return reps, SourcePrometheus, err
 	}
 	if p.idle > 0 {
 		p.idle--
 		return nil, SourceNone, fmt.Errorf("cannot poll %s: %w (probed again in %d polls)", p.cfg.URL, ErrNoLoadRoute, p.idle+1)
+	}
+	if p.cfg.Mode == PollAuto && (p.scraping || p.Source() == SourcePrometheus) {
+		return p.autoScrape(ctx)
 	}
 	if p.legacy {
 		p.legacyPolls++
@@ -329,20 +331,44 @@ func (p *Poller) poll(ctx context.Context) ([]RankReport, Source, error) {
 	// Neither native route.
 	p.legacy, p.legacyLogged = false, false
 	if p.cfg.Mode == PollAuto {
-		reps, status, err = p.scrape(ctx)
-		switch {
-		case err == nil:
-			p.cfg.Logger.Info("engine has no /v1/loads or /get_load; scraping its metrics page",
-				slog.String("worker", p.cfg.WorkerID), slog.String("url", p.metricsURL))
-			return reps, SourcePrometheus, nil
-		case status != fasthttp.StatusNotFound && !errors.Is(err, ErrMalformed):
-			return nil, SourceNone, err // unreachable or failing: try every route next round
-		}
+		p.scraping = true
+		p.cfg.Logger.Info("engine has no /v1/loads or /get_load; scraping its metrics page",
+			slog.String("worker", p.cfg.WorkerID), slog.String("url", p.metricsURL))
+		return p.autoScrape(ctx)
 	}
+	return nil, SourceNone, p.noRoute(err)
+}
+
+// autoScrape scrapes the metrics page of an engine detected (or being detected) to have no
+// native load route. A page that answers 404 after it was read starts detection again next
+// round; one that answers 404, or what does not decode, before it was ever read means no
+// load route: detection starts again after the idle polls. A failed request (timeout,
+// refused connection, 5xx) keeps the page for the next round.
+func (p *Poller) autoScrape(ctx context.Context) ([]RankReport, Source, error) {
+	reps, status, err := p.scrape(ctx)
+	detected := p.Source() == SourcePrometheus
+	switch {
+	case err == nil:
+		return reps, SourcePrometheus, nil
+	case status == fasthttp.StatusNotFound && detected:
+		// The engine behind the URL changed: detect its routes again next round.
+		p.scraping = false
+		p.source.Store(uint32(SourceNone))
+		p.cfg.Logger.Info("engine's metrics page is gone; detecting its load route again", slog.String("worker", p.cfg.WorkerID))
+		return nil, SourceNone, err
+	case status == fasthttp.StatusNotFound, errors.Is(err, ErrMalformed) && !detected:
+		p.scraping = false
+		return nil, SourceNone, p.noRoute(err)
+	}
+	return nil, SourcePrometheus, err
+}
+
+// noRoute leaves an engine without a load route alone for ReprobeEvery polls.
+func (p *Poller) noRoute(err error) error {
 	p.idle = p.cfg.ReprobeEvery
 	p.cfg.Logger.Warn("engine exposes no load route; its load stays unknown", slog.String("worker", p.cfg.WorkerID),
 		slog.Int("next_probe_in_polls", p.idle), slog.Any("error", err))
-	return nil, SourceNone, fmt.Errorf("%w (%w)", err, ErrNoLoadRoute)
+	return fmt.Errorf("%w (%w)", err, ErrNoLoadRoute)
 }
 
 // scrape fetches and decodes the Prometheus page.

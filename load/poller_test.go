@@ -429,3 +429,24 @@ func TestPollerModes(t *testing.T) {
 		}
 	})
 }
+
+// TestPollerKeepsPageAfterFailedScrape: a scrape that fails (5xx, timeout) during detection
+// does not send the next round back to the native routes that already answered 404.
+func TestPollerKeepsPageAfterFailedScrape(t *testing.T) {
+	fe, srv := newFakeEngine(t)
+	fe.set(vllmOnly(t))
+	fe.set(func(fe *fakeEngine) { fe.metrics = http.StatusServiceUnavailable })
+	p := newTestPoller(t, srv.URL, nil)
+	for i := range 3 {
+		if _, err := p.Poll(t.Context()); !errors.Is(err, ErrStatus) || errors.Is(err, ErrNoLoadRoute) {
+			t.Fatalf("poll %d: err %v, want a 503 status error", i, err)
+		}
+	}
+	fe.set(func(fe *fakeEngine) { fe.metrics = http.StatusOK })
+	if _, err := p.Poll(t.Context()); err != nil || p.Source() != SourcePrometheus {
+		t.Fatalf("err %v source %v", err, p.Source())
+	}
+	if l, g, m := fe.hitCount(PathLoads), fe.hitCount(PathGetLoad), fe.hitCount(DefaultMetricsPath); l != 1 || g != 1 || m != 4 {
+		t.Fatalf("hits /v1/loads %d, /get_load %d, /metrics %d; want 1, 1, 4", l, g, m)
+	}
+}
