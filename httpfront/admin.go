@@ -2,6 +2,7 @@ package httpfront
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,6 +10,9 @@ import (
 	"strconv"
 
 	"github.com/valyala/fasthttp"
+
+	"switchyard/config"
+	"switchyard/load"
 )
 
 // admin serves the worker admin API: GET /workers, POST /workers, DELETE /workers/{id}.
@@ -59,6 +63,26 @@ type workerView struct {
 	BootstrapPort *int   `json:"bootstrap_port"`
 	DPSize        int    `json:"dp_size"`
 	Introspected  bool   `json:"introspected"`
+	// Flavor is the configured flavour (auto, sglang, vllm).
+	Flavor string `json:"flavor"`
+	// Load says where the worker's load comes from and what the router sees of it.
+	Load *loadView `json:"load,omitempty"`
+}
+
+// loadView is a worker's load as GET /workers shows it: the source, and the engine-reported
+// figures (absent while unknown: stale, rank-incomplete or never reported).
+type loadView struct {
+	// Source is v1_loads, get_load, prometheus, zmq or none.
+	Source string `json:"source"`
+	// Flavor is the engine kind its metrics page revealed (vllm, sglang); omitted otherwise.
+	Flavor string `json:"flavor,omitempty"`
+	// Malformed counts load answers that did not decode.
+	Malformed uint64 `json:"malformed"`
+	Known     bool   `json:"known"`
+	Running   *int64 `json:"running,omitempty"`
+	Waiting   *int64 `json:"waiting,omitempty"`
+	KVTokens  *int64 `json:"kv_used_tokens,omitempty"`
+	KVTotal   *int64 `json:"kv_capacity_tokens,omitempty"`
 }
 
 func (st *workerState) view() workerView {
@@ -75,6 +99,7 @@ func (st *workerState) view() workerView {
 		Dispatched:   w.Counters.Dispatched(),
 		DPSize:       w.DPSize,
 		Introspected: st.info.Load() != nil,
+		Flavor:       cmp.Or(st.spec.Flavor, config.FlavorAuto),
 	}
 	if w.BootstrapPort > 0 {
 		p := w.BootstrapPort
@@ -86,8 +111,16 @@ func (st *workerState) view() workerView {
 func (s *Server) listWorkers(ctx *fasthttp.RequestCtx) {
 	states := s.workers.all()
 	views := make([]workerView, 0, len(states))
+	ls, _ := s.workers.tele.(loadStatuser)
+	snap, now := s.loads.Load(), s.now()
 	for _, st := range states {
-		views = append(views, st.view())
+		v := st.view()
+		if ls != nil {
+			if status, ok := ls.LoadStatus(st.id); ok {
+				v.Load = newLoadView(status, snap.Observe(st.id, now))
+			}
+		}
+		views = append(views, v)
 	}
 	writeJSON(ctx, fasthttp.StatusOK, map[string]any{"workers": views})
 }
@@ -130,4 +163,19 @@ func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
 	ctx.SetStatusCode(status)
 	ctx.SetContentType("application/json")
 	ctx.SetBody(b)
+}
+
+func newLoadView(st LoadStatus, o load.Observation) *loadView {
+	v := &loadView{Source: st.Source.String(), Flavor: st.Flavor, Malformed: st.Malformed, Known: o.Known()}
+	opt := func(f load.Field, x int64) *int64 {
+		if !o.Has(f) {
+			return nil
+		}
+		return &x
+	}
+	v.Running = opt(load.HasRunning, o.Running)
+	v.Waiting = opt(load.HasWaiting, o.Waiting)
+	v.KVTokens = opt(load.HasUsedTokens, o.UsedTokens)
+	v.KVTotal = opt(load.HasCapacity, o.MaxTotalTokens)
+	return v
 }

@@ -122,7 +122,7 @@ func (e *fakeEngine) handle(ctx *fasthttp.RequestCtx) {
 			ctx.SetStatusCode(int(s))
 		}
 		return
-	case "/v1/loads", "/get_load":
+	case "/v1/loads", "/get_load", "/metrics":
 		ctx.SetStatusCode(404) // no load reports: every metric stays unknown
 		return
 	case "/server_info", "/get_server_info":

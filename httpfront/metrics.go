@@ -10,6 +10,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 
 	"switchyard/engine"
+	"switchyard/load"
 )
 
 // Metric names. Every handle is created once — at start-up, when a worker is added, or the
@@ -31,6 +32,7 @@ const (
 	metricDisconnects       = "switchyard_client_disconnects_total"
 	metricInflight          = "switchyard_inflight_requests"
 	metricStaleGuards       = "switchyard_stale_guards_released_total"
+	metricWorkerLoadSource  = "switchyard_worker_load_source"
 )
 
 // durationBuckets are the classic `le` upper bounds, in seconds, of the latency histograms.
@@ -306,6 +308,22 @@ func (m *serverMetrics) workerGauges(id string, inflight, healthy, breaker func(
 	m.set.GetOrCreateGauge(names[0], inflight)
 	m.set.GetOrCreateGauge(names[1], healthy)
 	m.set.GetOrCreateGauge(names[2], breaker)
+	return func() {
+		for _, n := range names {
+			m.set.UnregisterMetric(n)
+		}
+	}
+}
+
+// loadSourceGauges registers one gauge per load source for worker id, 1 for the source its
+// load currently comes from and 0 for the others; the returned func unregisters them.
+func (m *serverMetrics) loadSourceGauges(id string, current func() load.Source) func() {
+	var names []string
+	for _, src := range load.Sources() {
+		n := metricWorkerLoadSource + `{worker="` + escapeLabel(id) + `",source="` + src.String() + `"}`
+		names = append(names, n)
+		m.set.GetOrCreateGauge(n, func() float64 { return b2f(current() == src) })
+	}
 	return func() {
 		for _, n := range names {
 			m.set.UnregisterMetric(n)

@@ -110,6 +110,7 @@ type Server struct {
 	workers  *workerManager
 	wset     *engine.WorkerSet
 	tracker  *load.Tracker
+	loads    *load.Table
 	set      *metrics.Set
 	metrics  *serverMetrics
 	models   map[string]*modelRoute
@@ -173,6 +174,7 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		logger:   opts.Logger,
 		now:      opts.Now,
 		tracker:  opts.Tracker,
+		loads:    opts.Loads,
 		set:      opts.Metrics,
 		hardStop: make(chan struct{}),
 		serving:  make(chan struct{}),
@@ -272,7 +274,8 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 	s.workers = newWorkerManager(ws, s.tracker, cfg.Health, opts.Telemetry, s.metrics, opts.Logger, opts.Now)
 	for _, wc := range cfg.Workers {
 		spec := WorkerSpec{ID: wc.ID, URL: wc.URL, Model: wc.Model, Role: string(wc.Role),
-			BootstrapPort: wc.BootstrapPort, DPSize: wc.DPSize, LoadPublish: wc.LoadPublish, KVEvents: wc.KVEvents}
+			BootstrapPort: wc.BootstrapPort, DPSize: wc.DPSize, LoadPublish: wc.LoadPublish, KVEvents: wc.KVEvents,
+			Flavor: wc.Flavor, MetricsPath: wc.MetricsPath}
 		if _, err := s.workers.add(context.Background(), spec, false); err != nil {
 			s.closeSel()
 			s.workers.stop()
@@ -660,7 +663,8 @@ type actorTelemetry struct{ t *actors.Telemetry }
 var _ Telemetry = actorTelemetry{}
 
 func (a actorTelemetry) StartWorker(src TelemetrySource) error {
-	ws := actors.WorkerSource{ID: src.WorkerID, URL: src.URL, DPSize: src.DPSize, Counters: src.Counters}
+	ws := actors.WorkerSource{ID: src.WorkerID, URL: src.URL, DPSize: src.DPSize, Counters: src.Counters,
+		Flavor: src.Flavor, MetricsPath: src.MetricsPath, Model: src.Model}
 	if len(src.GaugeEndpoints) > 0 {
 		ws.GaugeEndpoint = src.GaugeEndpoints[0]
 		ws.GaugeEndpoints = src.GaugeEndpoints[1:]
@@ -669,6 +673,14 @@ func (a actorTelemetry) StartWorker(src TelemetrySource) error {
 }
 
 func (a actorTelemetry) StopWorker(id string) { _ = a.t.RemoveWorker(id) }
+
+// LoadStatus implements loadStatuser.
+func (a actorTelemetry) LoadStatus(id string) (LoadStatus, bool) {
+	st, ok := a.t.Status(id)
+	return LoadStatus{Source: st.Source, Flavor: st.Flavor, Malformed: st.Malformed}, ok
+}
+
+var _ loadStatuser = actorTelemetry{}
 
 // lazyDeadlineListener hands out lazyDeadlineConns.
 type lazyDeadlineListener struct{ net.Listener }

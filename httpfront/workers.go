@@ -42,6 +42,27 @@ type TelemetrySource struct {
 	// GaugeEndpoints are the engine's ZMQ load-gauge endpoints, one per DP rank, when it
 	// advertises them (or the configuration names one); nil otherwise.
 	GaugeEndpoints []string
+	// Flavor is the worker's configured flavour (auto, sglang, vllm; "" is auto).
+	Flavor string
+	// MetricsPath is the engine's Prometheus page ("" is /metrics).
+	MetricsPath string
+	// Model is the served model name.
+	Model string
+}
+
+// LoadStatus says where a worker's load comes from, for GET /workers and the metrics.
+type LoadStatus struct {
+	// Source is the transport's current route (load.SourceNone before the first report).
+	Source load.Source
+	// Flavor is the engine kind its metrics page revealed ("vllm", "sglang"), or "".
+	Flavor string
+	// Malformed counts load answers that did not decode.
+	Malformed uint64
+}
+
+// loadStatuser is implemented by a Telemetry that can say where a worker's load comes from.
+type loadStatuser interface {
+	LoadStatus(id string) (LoadStatus, bool)
 }
 
 // Sentinel errors of the worker admin operations.
@@ -64,7 +85,15 @@ type WorkerSpec struct {
 	// KVEvents is the engine's KV-event publisher endpoint ("tcp://host:port") for
 	// cache_aware; empty: the one /server_info advertises.
 	KVEvents string `json:"kv_events"`
+	// Flavor is auto, sglang or vllm ("" is auto). A vllm worker is never introspected (it
+	// has no /server_info): its model must be given.
+	Flavor string `json:"flavor"`
+	// MetricsPath is the engine's Prometheus page; "" is /metrics.
+	MetricsPath string `json:"metrics_path"`
 }
+
+// introspects reports whether the worker's engine has /server_info to ask.
+func (s *WorkerSpec) introspects() bool { return s.Flavor != config.FlavorVLLM }
 
 // workerState is the router's view of one worker: its engine.Worker, HTTP client, health
 // check counters, breaker and introspection result.
@@ -84,10 +113,11 @@ type workerState struct {
 	healthOK   atomic.Bool
 	succ, fail int
 
-	mu      sync.Mutex // serializes eligibility updates
-	cancel  context.CancelFunc
-	done    chan struct{}
-	ungauge func()
+	mu       sync.Mutex // serializes eligibility updates
+	cancel   context.CancelFunc
+	done     chan struct{}
+	ungauge  func()
+	unsource func()
 }
 
 // workerManager owns the worker lifecycle: registry membership, introspection, active health
@@ -253,9 +283,17 @@ func (m *workerManager) add(ctx context.Context, spec WorkerSpec, introspectNow 
 	if m.state(spec.ID) != nil {
 		return nil, fmt.Errorf("cannot add worker %q: %w", spec.ID, ErrWorkerExists)
 	}
+	switch spec.Flavor {
+	case "", config.FlavorAuto, config.FlavorSGLang, config.FlavorVLLM:
+	default:
+		return nil, fmt.Errorf("cannot add worker %q: %w: unknown flavor %q (auto, sglang or vllm)", spec.ID, ErrInvalidWorker, spec.Flavor)
+	}
+	if spec.MetricsPath != "" && spec.MetricsPath[0] != '/' {
+		return nil, fmt.Errorf("cannot add worker %q: %w: metrics_path %q is not an absolute path", spec.ID, ErrInvalidWorker, spec.MetricsPath)
+	}
 	var info *ServerInfo
 	healthy := true
-	if introspectNow {
+	if introspectNow && spec.introspects() {
 		i, err := introspect(ctx, m.probe, trimSlash(spec.URL), m.health.Timeout)
 		if err != nil {
 			if spec.Model == "" {
@@ -302,6 +340,12 @@ func (m *workerManager) add(ctx context.Context, spec WorkerSpec, introspectNow 
 		func() float64 { return b2f(st.worker.Load().Healthy()) },
 		func() float64 { return float64(st.breaker.State()) })
 	m.startTelemetry(st)
+	if ls, ok := m.tele.(loadStatuser); ok {
+		st.unsource = m.metrics.loadSourceGauges(st.id, func() load.Source {
+			s, _ := ls.LoadStatus(st.id)
+			return s.Source
+		})
+	}
 	if m.started {
 		m.startHealth(st)
 	}
@@ -329,7 +373,8 @@ func (m *workerManager) startTelemetry(st *workerState) {
 		return
 	}
 	w := st.worker.Load()
-	src := TelemetrySource{WorkerID: w.ID, URL: w.URL, DPSize: w.DPSize, Counters: w.Counters}
+	src := TelemetrySource{WorkerID: w.ID, URL: w.URL, DPSize: w.DPSize, Counters: w.Counters,
+		Flavor: st.spec.Flavor, MetricsPath: st.spec.MetricsPath, Model: w.Model}
 	if st.spec.LoadPublish != "" {
 		src.GaugeEndpoints = []string{st.spec.LoadPublish}
 	} else if info := st.info.Load(); info != nil {
@@ -366,6 +411,9 @@ func (m *workerManager) stopWorker(st *workerState) {
 	}
 	if m.tele != nil {
 		m.tele.StopWorker(st.id)
+	}
+	if st.unsource != nil {
+		st.unsource()
 	}
 	if st.ungauge != nil {
 		st.ungauge()
@@ -469,6 +517,9 @@ func (m *workerManager) observeHealth(ctx context.Context, st *workerState, ok b
 // reintrospect fetches the server info of a worker added without it and, when it changes
 // what dispatch needs (bootstrap port, DP size), republishes the worker.
 func (m *workerManager) reintrospect(ctx context.Context, st *workerState) {
+	if !st.spec.introspects() {
+		return
+	}
 	info, err := introspect(ctx, m.probe, trimSlash(st.url), m.health.Timeout)
 	if err != nil {
 		return
