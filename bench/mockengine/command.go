@@ -24,7 +24,7 @@ const (
 
 // commandFlags are the flags of `switchyard mockengine`.
 type commandFlags struct {
-	host, workerID, model, role                    string
+	host, workerID, model, role, flavor            string
 	port, count, bootstrapPort                     int
 	pageSize, cacheTokens, contextLength           int
 	maxRunning, maxPrefillTokens, dpSize           int
@@ -61,6 +61,7 @@ func newFlagSet(stderr io.Writer) (*flag.FlagSet, *commandFlags) {
 	fs.StringVar(&f.model, "model", "switchyard-mock", "served model name")
 	fs.StringVar(&f.tokenizer, "tokenizer", "", "Hugging Face tokenizer (directory with tokenizer.json and tokenizer_config.json, or the tokenizer.json file) used to tokenize prompts and apply the chat template, as the router does with the same models.<name>.tokenizer.path; empty: the built-in Simple tokenizer")
 	fs.StringVar(&f.role, "role", "plain", "serving role: plain, prefill or decode")
+	fs.StringVar(&f.flavor, "flavor", string(FlavorSGLang), "HTTP API imitated: sglang (OpenAI routes, /generate, /server_info, /get_load, /v1/loads, load gauge, /metrics with sglang: names) or vllm (OpenAI routes, /tokenize, /metrics with vllm: names; no /server_info, no /get_load, no load gauge)")
 	fs.IntVar(&f.bootstrapPort, "bootstrap-port", DefaultBootstrapPort, "prefill engines: bootstrap server port of the first engine, +i for engine i; decode engines: the port used when a request's bootstrap_port is null")
 	fs.IntVar(&f.pageSize, "page-size", 16, "KV page (block) size in tokens")
 	fs.IntVar(&f.cacheTokens, "cache-tokens", 131072, "KV cache capacity per DP rank, in tokens")
@@ -100,7 +101,7 @@ func newFlagSet(stderr io.Writer) (*flag.FlagSet, *commandFlags) {
 	fs.Usage = func() {
 		out := fs.Output()
 		fmt.Fprintf(out, "Usage: switchyard mockengine [flags]\n\n"+
-			"Runs one or more simulated SGLang engines: the OpenAI and native HTTP APIs, a paged prefix\n"+
+			"Runs one or more simulated SGLang (or, with --flavor vllm, vLLM) engines: the OpenAI and native HTTP APIs, a paged prefix\n"+
 			"cache with LRU eviction, a scheduler with time-scaled prefill and decode costs, load reports,\n"+
 			"KV events and load gauges over ZMQ, PD roles with a bootstrap handshake, and fault injection.\n"+
 			"Runs until interrupted.\n\nFlags:\n")
@@ -152,7 +153,7 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) error
 // describe is the engine's one-line summary printed by Command.
 func (e *Engine) describe() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "mockengine %s listening on %s role=%s model=%s dp_size=%d", e.workerID, e.url, e.cfg.Role, e.cfg.Model, e.cfg.DPSize)
+	fmt.Fprintf(&b, "mockengine %s listening on %s flavor=%s role=%s model=%s dp_size=%d", e.workerID, e.url, e.cfg.Flavor, e.cfg.Role, e.cfg.Model, e.cfg.DPSize)
 	if p := e.BootstrapPort(); p != 0 {
 		fmt.Fprintf(&b, " bootstrap_port=%d", p)
 	}
@@ -186,7 +187,7 @@ func (f *commandFlags) config(stderr io.Writer) (Config, error) {
 		bad("count", "%d must be at least 1", f.count)
 	}
 	cfg := Config{
-		Host: f.host, Port: f.port, WorkerID: f.workerID, Model: f.model, Role: Role(f.role),
+		Host: f.host, Port: f.port, WorkerID: f.workerID, Model: f.model, Role: Role(f.role), Flavor: Flavor(f.flavor),
 		PageSize: f.pageSize, CacheTokens: f.cacheTokens, ContextLength: f.contextLength,
 		MaxRunning: f.maxRunning, MaxPrefillTokens: f.maxPrefillTokens, DPSize: f.dpSize,
 		Speedup: f.speedup, ZeroCost: f.zeroCost, DefaultMaxTokens: f.defaultMaxTokens,
@@ -227,7 +228,7 @@ func (f *commandFlags) config(stderr io.Writer) (Config, error) {
 	if load, off, err = endpointPort(f.loadPublish, f.port, loadPortOffset); err != nil {
 		bad("load-publish", "%v", err)
 	}
-	cfg.LoadPublish.Disabled = off
+	cfg.LoadPublish.Disabled = off || cfg.Flavor == FlavorVLLM // vLLM has no load gauge
 	cfg.LoadPublish.PortBase = load
 	if replay, off, err = endpointPort(f.kvReplay, f.port, replayPortOffset); err != nil {
 		bad("kv-replay", "%v", err)

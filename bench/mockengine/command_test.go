@@ -117,6 +117,12 @@ func TestCommandFlags(t *testing.T) {
 				t.Errorf("costs %+v", *cfg.Costs)
 			}
 		}},
+		{name: "vllm flavor has no load gauge", args: []string{"--flavor", "vllm", "--port", "30000"}, check: func(t *testing.T, cfg Config) {
+			if cfg.Flavor != FlavorVLLM || !cfg.LoadPublish.Disabled || cfg.KVEvents.PortBase != 31000 {
+				t.Errorf("flavor %q load %+v kv %+v", cfg.Flavor, cfg.LoadPublish, cfg.KVEvents)
+			}
+		}},
+		{name: "unknown flavor", args: []string{"--flavor", "tgi"}, wantErr: `unknown flavor "tgi"`},
 		{name: "overlap", args: []string{"--port", "30000", "--count", "1500"}, wantErr: "overlap"},
 		{name: "port space", args: []string{"--port", "65000"}, wantErr: "exceed 65535"},
 		{name: "every problem at once", args: []string{"--role", "router", "--kv-events-shape", "tuple", "--page-size", "-1", "--fault-fail-rate", "2"},

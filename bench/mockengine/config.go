@@ -20,6 +20,21 @@ const (
 	RoleDecode  Role = "decode"
 )
 
+// Flavor is the server the engine imitates on its HTTP side.
+type Flavor string
+
+// Flavours.
+const (
+	// FlavorSGLang serves SGLang's API: the OpenAI routes, /generate, /server_info,
+	// /get_load, /v1/loads, the ZMQ load gauge, and /metrics with sglang: names.
+	FlavorSGLang Flavor = "sglang"
+	// FlavorVLLM serves what a vLLM OpenAI server serves and nothing SGLang-specific: the
+	// OpenAI routes, /v1/models, /health, /tokenize, /detokenize, /version,
+	// /reset_prefix_cache and /metrics with vllm: names (per DP rank, labelled engine); no
+	// /server_info, no /get_load, no /v1/loads, no /generate, no load gauge.
+	FlavorVLLM Flavor = "vllm"
+)
+
 // DefaultBootstrapPort is the engine default for a prefill engine's bootstrap server, used
 // by a decode engine when a request's bootstrap_port is null.
 const DefaultBootstrapPort = 8998
@@ -36,6 +51,8 @@ type Config struct {
 	Model string
 	// Role is plain, prefill or decode. Default plain.
 	Role Role
+	// Flavor is the HTTP API imitated: FlavorSGLang or FlavorVLLM. Default sglang.
+	Flavor Flavor
 	// BootstrapPort is a prefill engine's bootstrap server port. Default 0: chosen by the OS.
 	BootstrapPort int
 	// DefaultBootstrapPort is what a decode engine contacts when a request's bootstrap_port
@@ -204,6 +221,12 @@ func (c Config) withDefaults() Config {
 	if c.Role == "" {
 		c.Role = RolePlain
 	}
+	if c.Flavor == "" {
+		c.Flavor = FlavorSGLang
+	}
+	if c.Flavor == FlavorVLLM {
+		c.LoadPublish.Disabled = true // vLLM has no load gauge
+	}
 	if c.DefaultBootstrapPort == 0 {
 		c.DefaultBootstrapPort = DefaultBootstrapPort
 	}
@@ -287,6 +310,11 @@ func (c Config) Validate() error {
 	case RolePlain, RolePrefill, RoleDecode:
 	default:
 		bad("role", "unknown role %q (want plain, prefill or decode)", c.Role)
+	}
+	switch c.Flavor {
+	case FlavorSGLang, FlavorVLLM:
+	default:
+		bad("flavor", "unknown flavor %q (want sglang or vllm)", c.Flavor)
 	}
 	positive := func(field string, v int) {
 		if v < 1 {

@@ -1,5 +1,5 @@
-// Package mockengine is a simulated SGLang engine for tests and benchmarks: it speaks the
-// wire formats of INTEROP.md and behaves like an engine under load, so the router's tests,
+// Package mockengine is a simulated SGLang (or vLLM) engine for tests and benchmarks: it
+// speaks the wire formats of INTEROP.md and behaves like an engine under load, so the router's tests,
 // the benchmark harness and the demo can run without GPUs. `switchyard mockengine` runs it
 // as a command (Command); tests start engines in-process (Start, StartMany).
 //
@@ -10,10 +10,18 @@
 //     "data: [DONE]" or as one JSON body, with OpenAI usage (prompt_tokens,
 //     completion_tokens, prompt_tokens_details.cached_tokens); GET /health,
 //     /health_generate, /server_info, /get_server_info, /v1/models, /get_load and /v1/loads
-//     (encoded by package load); POST /flush_cache and /abort_request. Every response carries
+//     (encoded by package load), /metrics (Prometheus text, sglang: names); POST /flush_cache
+//     and /abort_request. Every response carries
 //     X-Worker-Id. Malformed JSON and invalid sampling parameters get a 400 with an
 //     OpenAI-style error body, unknown routes a 404, a wrong method a 405; a handler panic
 //     becomes a 500 and is logged.
+//   - The vLLM flavour (Config.Flavor, --flavor vllm) serves what a vLLM OpenAI server serves
+//     and nothing SGLang-specific: the OpenAI routes, /v1/models, /health, POST /tokenize and
+//     /detokenize, /version, POST /reset_prefix_cache, and /metrics with vLLM's names
+//     (num_requests_running and _waiting, kv_cache_usage_perc, cache_config_info,
+//     prefix-cache and token counters), labelled model_name and engine (the DP rank); no
+//     /server_info, /get_load, /v1/loads, /generate or load gauge. The simulation, KV events
+//     and faults are the same for both flavours.
 //   - The simulation, per data-parallel rank: prompts are tokenized with the project's
 //     tokenizer: the built-in Simple tokenizer by default (the router's too), or the Hugging
 //     Face tokenizer of --tokenizer (Config.TokenizerPath), whose chat template renders chat

@@ -31,6 +31,10 @@ func (e *Engine) handle(ctx *fasthttp.RequestCtx) {
 		e.writeError(ctx, fasthttp.StatusServiceUnavailable, "the engine is restarting")
 		return
 	}
+	if e.cfg.Flavor == FlavorVLLM {
+		e.handleVLLM(ctx, path)
+		return
+	}
 	switch path {
 	case "/v1/chat/completions":
 		e.serveInference(ctx, apiChat)
@@ -62,6 +66,10 @@ func (e *Engine) handle(ctx *fasthttp.RequestCtx) {
 		if e.method(ctx, "GET") {
 			e.serveLoads(ctx)
 		}
+	case "/metrics":
+		if e.method(ctx, "GET") {
+			e.serveMetrics(ctx)
+		}
 	case "/flush_cache":
 		if e.method(ctx, "POST", "GET") {
 			e.serveFlush(ctx)
@@ -70,6 +78,14 @@ func (e *Engine) handle(ctx *fasthttp.RequestCtx) {
 		if e.method(ctx, "POST") {
 			e.serveAbort(ctx)
 		}
+	default:
+		e.serveMock(ctx, path)
+	}
+}
+
+// serveMock serves the mock controls, shared by both flavours, and 404 for the rest.
+func (e *Engine) serveMock(ctx *fasthttp.RequestCtx, path string) {
+	switch path {
 	case "/mock/faults":
 		if e.method(ctx, "GET", "PUT", "POST") {
 			e.serveFaults(ctx)
@@ -208,7 +224,7 @@ func (e *Engine) serveModels(ctx *fasthttp.RequestCtx) {
 	e.writeJSON(ctx, fasthttp.StatusOK, struct {
 		Object string  `json:"object"`
 		Data   []model `json:"data"`
-	}{"list", []model{{ID: e.cfg.Model, Object: "model", Created: e.started.Unix(), OwnedBy: "sglang", Root: e.cfg.Model, MaxModelLen: e.cfg.ContextLength}}})
+	}{"list", []model{{ID: e.cfg.Model, Object: "model", Created: e.started.Unix(), OwnedBy: string(e.cfg.Flavor), Root: e.cfg.Model, MaxModelLen: e.cfg.ContextLength}}})
 }
 
 // reports returns every rank's load report.

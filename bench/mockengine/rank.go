@@ -603,7 +603,8 @@ func (r *rank) report(now time.Time) (load.RankReport, rankExtra) {
 		TotalPrefillBusyUs:    r.stats.prefillBusy.Microseconds(),
 		At:                    now,
 	}
-	x := rankExtra{genThroughput: r.stats.tpLast, transfers: r.transfers.Load(), queued: int64(len(r.waiting))}
+	x := rankExtra{genThroughput: r.stats.tpLast, transfers: r.transfers.Load(), queued: int64(len(r.waiting)),
+		promptTokens: r.stats.promptTokens, cachedTokens: r.stats.cachedTokens, genTokens: r.stats.genTokens}
 	if r.stats.promptTokens > 0 {
 		x.cacheHitRate = float64(r.stats.cachedTokens) / float64(r.stats.promptTokens)
 	}
@@ -618,4 +619,6 @@ type rankExtra struct {
 	utilization   float64
 	transfers     int64
 	queued        int64
+	// Cumulative since start (or restart): prompt tokens, their cached part, output tokens.
+	promptTokens, cachedTokens, genTokens int64
 }
