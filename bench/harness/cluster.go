@@ -25,11 +25,15 @@ type clusterSpec struct {
 	zeroCost               bool
 }
 
+// gaugeInterval is the engines' load-gauge period and the router's HTTP load poll period.
+const gaugeInterval = 250 * time.Millisecond
+
 // engineConfig is the engines' common configuration.
 func (o *Options) engineConfig(zeroCost bool) mockengine.Config {
 	costs := *o.Costs
 	return mockengine.Config{
 		Host:        "127.0.0.1",
+		Flavor:      o.flavor,
 		Model:       o.Model,
 		PageSize:    o.PageSize,
 		CacheTokens: o.EngineCache,
@@ -40,7 +44,7 @@ func (o *Options) engineConfig(zeroCost bool) mockengine.Config {
 		Seed:        o.Seed,
 		Logger:      o.Logger,
 		// The harness subscribes nothing itself; the router does when a policy needs events.
-		LoadPublish: mockengine.LoadPublish{Interval: 250 * time.Millisecond},
+		LoadPublish: mockengine.LoadPublish{Interval: gaugeInterval},
 	}
 }
 
@@ -54,6 +58,9 @@ func (o *Options) startCluster(ctx context.Context, spec clusterSpec) (*cluster,
 			cfg.Role = role
 			cfg.WorkerID = prefix + strconv.Itoa(i)
 			cfg.Seed = o.Seed + uint64(len(c.all())+i)
+			if role == mockengine.RolePlain && len(o.EngineSpeeds) == n {
+				cfg.Speedup = o.Speedup * o.EngineSpeeds[i]
+			}
 			e, err := mockengine.Start(ctx, cfg)
 			if err != nil {
 				for _, s := range out {
@@ -112,12 +119,17 @@ func urls(es []*mockengine.Engine) []string {
 	return out
 }
 
-// workers returns the router's worker list for the cluster.
+// workers returns the router's worker list for the cluster. vLLM-flavoured engines are
+// declared as such, with their KV-event endpoint: they have no /server_info to tell it.
 func (c *cluster) workers(model string) []config.Worker {
 	var out []config.Worker
 	add := func(es []*mockengine.Engine, role config.Role) {
 		for _, e := range es {
 			w := config.Worker{ID: e.WorkerID(), URL: e.URL(), Model: model, Role: role, DPSize: 1}
+			if e.Config().Flavor == mockengine.FlavorVLLM {
+				w.Flavor = config.FlavorVLLM
+				w.KVEvents = e.KVEventsEndpoint(0)
+			}
 			if role == config.RolePrefill {
 				p := e.BootstrapPort()
 				w.BootstrapPort = &p
@@ -140,6 +152,10 @@ func (o *Options) routerConfig(c *cluster) *config.Config {
 	cfg.Server.DrainTimeout = 5 * time.Second
 	cfg.Server.RequestTimeout = o.RequestTimeout
 	cfg.Workers = c.workers(o.Model)
+	cfg.KV.BlockSize = o.PageSize // what vLLM-flavoured engines cannot advertise
+	// HTTP load polls (and scrapes) at the load gauge's cadence, so that both flavours' load
+	// is as fresh in the engines' simulated time.
+	cfg.Load.PollInterval = gaugeInterval
 	return cfg
 }
 

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"switchyard/bench/loadgen"
+	"switchyard/bench/mockengine"
 	"switchyard/bench/report"
 	"switchyard/bench/workload"
 	"switchyard/tokenizer"
@@ -33,24 +34,32 @@ func Run(ctx context.Context, opts Options) (*report.Report, error) {
 			LoadAverage: loadAverage()},
 		Settings: opts.settings(),
 	}
-	for _, name := range opts.Scenarios {
-		var scs []*report.Scenario
-		var err error
-		switch name {
-		case report.ScenarioOverhead:
-			scs, err = h.overhead(ctx)
-		case report.ScenarioRouting:
-			scs, err = h.routing(ctx)
-		case report.ScenarioPD:
-			scs, err = h.pd(ctx)
-		case report.ScenarioBuckets:
-			scs, err = h.buckets(ctx)
-		case report.ScenarioMailbox:
-			scs, err = h.mailbox(ctx)
-		}
-		rep.Scenarios = append(rep.Scenarios, scs...)
-		if err != nil {
-			return rep, fmt.Errorf("cannot run scenario %s: %w", name, err)
+	for _, flavor := range opts.Flavors {
+		h.opts.flavor = mockengine.Flavor(flavor)
+		for _, name := range opts.Scenarios {
+			var scs []*report.Scenario
+			var err error
+			switch name {
+			case report.ScenarioOverhead:
+				scs, err = h.overhead(ctx)
+			case report.ScenarioRouting:
+				scs, err = h.routing(ctx)
+			case report.ScenarioPD:
+				scs, err = h.pd(ctx)
+			case report.ScenarioBuckets:
+				scs, err = h.buckets(ctx)
+			case report.ScenarioMailbox:
+				scs, err = h.mailbox(ctx)
+			}
+			if len(opts.Flavors) > 1 || h.opts.flavor != mockengine.FlavorSGLang {
+				for _, sc := range scs {
+					sc.Flavor = flavor
+				}
+			}
+			rep.Scenarios = append(rep.Scenarios, scs...)
+			if err != nil {
+				return rep, fmt.Errorf("cannot run scenario %s (%s): %w", name, flavor, err)
+			}
 		}
 	}
 	return rep, nil
@@ -78,27 +87,29 @@ type harness struct {
 
 // settings is the JSON form of the options in a report.
 type settings struct {
-	Scenarios       []string `json:"scenarios"`
-	Target          string   `json:"target,omitempty"`
-	Model           string   `json:"model"`
-	Engines         int      `json:"engines"`
-	Prefill         int      `json:"prefill_engines"`
-	Decode          int      `json:"decode_engines"`
-	Speedup         float64  `json:"speedup"`
-	EngineCache     int      `json:"engine_cache_tokens"`
-	MaxRunning      int      `json:"max_running"`
-	PageSize        int      `json:"page_size"`
-	DurationS       float64  `json:"duration_s"`
-	Requests        int      `json:"requests,omitempty"`
-	Concurrency     int      `json:"concurrency,omitempty"`
-	Rate            float64  `json:"rate,omitempty"`
-	Stream          bool     `json:"stream"`
-	Seed            uint64   `json:"seed"`
-	Policies        []string `json:"policies"`
-	PDPolicies      []string `json:"pd_policies"`
-	Workloads       []string `json:"workloads"`
-	MailboxSizes    []int    `json:"mailbox_sizes"`
-	MailboxRequests int      `json:"mailbox_requests"`
+	Scenarios       []string  `json:"scenarios"`
+	Target          string    `json:"target,omitempty"`
+	Model           string    `json:"model"`
+	Engines         int       `json:"engines"`
+	Prefill         int       `json:"prefill_engines"`
+	Decode          int       `json:"decode_engines"`
+	Speedup         float64   `json:"speedup"`
+	EngineCache     int       `json:"engine_cache_tokens"`
+	MaxRunning      int       `json:"max_running"`
+	PageSize        int       `json:"page_size"`
+	DurationS       float64   `json:"duration_s"`
+	Requests        int       `json:"requests,omitempty"`
+	Concurrency     int       `json:"concurrency,omitempty"`
+	Rate            float64   `json:"rate,omitempty"`
+	Stream          bool      `json:"stream"`
+	Seed            uint64    `json:"seed"`
+	Policies        []string  `json:"policies"`
+	PDPolicies      []string  `json:"pd_policies"`
+	Workloads       []string  `json:"workloads"`
+	MailboxSizes    []int     `json:"mailbox_sizes"`
+	MailboxRequests int       `json:"mailbox_requests"`
+	EngineSpeeds    []float64 `json:"engine_speeds,omitempty"`
+	Flavors         []string  `json:"flavors"`
 	Costs           struct {
 		PrefillOverheadMs  float64 `json:"prefill_overhead_ms"`
 		PrefillPerTokenUs  float64 `json:"prefill_per_token_us"`
@@ -120,7 +131,7 @@ func (o Options) settings() settings {
 		Speedup: o.Speedup, EngineCache: o.EngineCache, MaxRunning: o.MaxRunning, PageSize: o.PageSize,
 		DurationS: o.Duration.Seconds(), Requests: o.Requests, Concurrency: o.Concurrency, Rate: o.Rate, Stream: !o.NoStream,
 		Seed: o.Seed, Policies: names(o.Policies), PDPolicies: names(o.PDPolicies), Workloads: o.Workloads,
-		MailboxSizes: o.MailboxSizes, MailboxRequests: o.MailboxRequests,
+		MailboxSizes: o.MailboxSizes, MailboxRequests: o.MailboxRequests, EngineSpeeds: o.EngineSpeeds, Flavors: o.Flavors,
 	}
 	s.Costs.PrefillOverheadMs = float64(o.Costs.PrefillOverhead) / float64(time.Millisecond)
 	s.Costs.PrefillPerTokenUs = float64(o.Costs.PrefillPerToken) / float64(time.Microsecond)

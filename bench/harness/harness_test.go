@@ -254,3 +254,46 @@ func TestRunRejectsBadOptions(t *testing.T) {
 		t.Fatal("no error")
 	}
 }
+
+// TestHeterogeneousFlavorsEndToEnd runs the routing scenario on a fleet with one engine five
+// times slower, on both flavours: two scenarios tagged with their flavour, the slow engine's
+// share in the table, round_robin's share exactly a quarter, load_based's smaller. The
+// engines run two requests at a time, so queues form and their length (from /v1/loads or
+// the gauge on SGLang, from /metrics on vLLM) steers load_based.
+func TestHeterogeneousFlavorsEndToEnd(t *testing.T) {
+	opts := Options{
+		Scenarios: []string{report.ScenarioRouting},
+		Workloads: []string{workload.NameZeroReuse},
+		Workload:  workload.Config{ZeroReuse: workload.ZeroReuseConfig{Requests: 64, PromptLen: 256, OutputLen: 32}},
+		Policies:  mustPolicies("round_robin,load_based"),
+		Flavors:   []string{"sglang", "vllm"},
+		Engines:   4, EngineSpeeds: []float64{1, 1, 1, 0.2}, MaxRunning: 2,
+		Speedup: 4, Concurrency: 16, Duration: 45 * time.Second, Seed: 1,
+	}
+	rep, err := Run(t.Context(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Scenarios) != 2 {
+		t.Fatalf("%d scenarios, want one per flavour", len(rep.Scenarios))
+	}
+	for i, flavor := range []string{"sglang", "vllm"} {
+		sc := rep.Scenarios[i]
+		if sc.Flavor != flavor || !strings.HasSuffix(sc.Title(), "["+flavor+"]") || len(sc.SlowWorkers) != 1 || sc.SlowWorkers[0] != "e3" ||
+			!strings.Contains(sc.Deployment, "e3 0.2×") || !strings.Contains(sc.Deployment, flavor+" engines") {
+			t.Fatalf("scenario %d: flavor %q title %q slow %v deployment %q", i, sc.Flavor, sc.Title(), sc.SlowWorkers, sc.Deployment)
+		}
+		for j := range sc.Rows {
+			checkRow(t, &sc.Rows[j], 64, 4, true)
+		}
+		rr, lb := sc.SlowShare(&sc.Rows[0]), sc.SlowShare(&sc.Rows[1])
+		if rr != 0.25 || !(lb < rr) {
+			t.Errorf("%s: slow engine's share %.3f under round_robin (want 0.25), %.3f under load_based (want less)", flavor, rr, lb)
+		}
+		var b bytes.Buffer
+		if err := report.WriteTable(&b, sc); err != nil || !strings.Contains(b.String(), "SLOW") || !strings.Contains(b.String(), "25.0%") {
+			t.Errorf("%s table: %v\n%s", flavor, err, b.String())
+		}
+	}
+	checkRendered(t, rep)
+}

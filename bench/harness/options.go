@@ -141,6 +141,14 @@ type Options struct {
 	PageSize int
 	// Costs is the engines' cost model. Default mockengine.DefaultCosts().
 	Costs *mockengine.Costs
+	// EngineSpeeds are the plain engines' relative speeds, one per engine: engine i runs
+	// its simulation at Speedup × EngineSpeeds[i], so 0.2 is an engine five times slower
+	// (a heterogeneous fleet). Default: all 1.
+	EngineSpeeds []float64
+	// Flavors are the engine flavours each scenario runs on, in order: "sglang" (the mock's
+	// SGLang API, load from /v1/loads) and "vllm" (the vLLM API, load from /metrics, workers
+	// declared flavor vllm with their KV-event endpoint). Default: sglang.
+	Flavors []string
 
 	// Duration bounds each measured row, in wall time. Default 20s.
 	Duration time.Duration
@@ -182,6 +190,9 @@ type Options struct {
 	Logger *slog.Logger
 	// Now is the clock of the report's start time. Default time.Now.
 	Now func() time.Time
+
+	// flavor is the flavour of the scenario being run (one of Flavors).
+	flavor mockengine.Flavor
 }
 
 func (o Options) withDefaults() Options {
@@ -215,6 +226,12 @@ func (o Options) withDefaults() Options {
 	if o.Costs == nil {
 		c := mockengine.DefaultCosts()
 		o.Costs = &c
+	}
+	if len(o.Flavors) == 0 {
+		o.Flavors = []string{string(mockengine.FlavorSGLang)}
+	}
+	if o.flavor == "" {
+		o.flavor = mockengine.Flavor(o.Flavors[0])
 	}
 	if o.Duration == 0 {
 		o.Duration = DefaultDuration
@@ -288,6 +305,27 @@ func (o Options) Validate() error {
 	}
 	if o.MaxRunning < 1 {
 		bad("max_running", "%d must be at least 1", o.MaxRunning)
+	}
+	if len(o.EngineSpeeds) > 0 && len(o.EngineSpeeds) != o.Engines {
+		bad("engine_speeds", "%d speeds for %d engines: give one per engine", len(o.EngineSpeeds), o.Engines)
+	}
+	for _, v := range o.EngineSpeeds {
+		if !(v > 0 && v <= 100) {
+			bad("engine_speeds", "%v is outside (0, 100]", v)
+		}
+	}
+	for i, f := range o.Flavors {
+		switch mockengine.Flavor(f) {
+		case mockengine.FlavorSGLang, mockengine.FlavorVLLM:
+		default:
+			bad("flavors", "unknown flavor %q (want sglang or vllm)", f)
+		}
+		if slices.Contains(o.Flavors[:i], f) {
+			bad("flavors", "%q listed twice", f)
+		}
+	}
+	if o.Target != "" && len(o.Flavors) > 1 {
+		bad("flavors", "--target measures one running router: give one flavor at most")
 	}
 	if o.Duration < 0 {
 		bad("duration", "%v is negative", o.Duration)

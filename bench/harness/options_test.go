@@ -70,6 +70,9 @@ func TestOptionsValidate(t *testing.T) {
 			[]string{`unknown scenario "nope"`, "engines", "speedup", "duration", "rate", `unknown workload "x"`, "mailbox_sizes"}},
 		{"target with engines of its own", Options{Target: "http://127.0.0.1:1", Scenarios: []string{"overhead"}}, []string{"cannot run against --target"}},
 		{"target not a URL", Options{Target: "127.0.0.1:1"}, []string{"not an http(s) URL"}},
+		{"heterogeneous vllm fleet", Options{Flavors: []string{"vllm", "sglang"}, Engines: 2, EngineSpeeds: []float64{1, 0.2}}, nil},
+		{"bad speeds and flavors", Options{Flavors: []string{"tgi", "vllm", "vllm"}, Engines: 3, EngineSpeeds: []float64{1, 0}},
+			[]string{"2 speeds for 3 engines", "0 is outside (0, 100]", `unknown flavor "tgi"`, `"vllm" listed twice`}},
 		{"buckets need an engine per class", Options{Scenarios: []string{"buckets"}, Engines: 2}, []string{"one engine per length class"}},
 		{"cache too small for the long mix", Options{Scenarios: []string{"buckets"}, EngineCache: 8192}, []string{"cannot hold the long-context mix"}},
 	}

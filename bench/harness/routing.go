@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"switchyard/bench/report"
@@ -50,6 +51,7 @@ func (h *harness) routing(ctx context.Context) ([]*report.Scenario, error) {
 			sc.Rows = append(sc.Rows, row)
 		} else {
 			sc.Deployment = h.plainDeployment(o.Engines) + "; router: one bucket, the policy under test; " + h.arrivals()
+			sc.SlowWorkers = o.slowEngines()
 			pr := policyRun{
 				scenario: report.ScenarioRouting, wl: wl, spec: clusterSpec{plain: o.Engines}, oracles: orc,
 				model: func(c *cluster, p config.Policy) config.Model {
@@ -114,7 +116,26 @@ func (h *harness) pd(ctx context.Context) ([]*report.Scenario, error) {
 
 func (h *harness) plainDeployment(n int) string {
 	o := &h.opts
-	return fmt.Sprintf("%d plain engines (cache %d tokens, max running %d), speedup %g", n, o.EngineCache, o.MaxRunning, o.Speedup)
+	d := fmt.Sprintf("%d plain %s engines (cache %d tokens, max running %d), speedup %g", n, o.flavor, o.EngineCache, o.MaxRunning, o.Speedup)
+	if len(o.EngineSpeeds) > 0 {
+		speeds := make([]string, len(o.EngineSpeeds))
+		for i, v := range o.EngineSpeeds {
+			speeds[i] = fmt.Sprintf("e%d %g×", i, v)
+		}
+		d += ", engine speeds " + strings.Join(speeds, " ")
+	}
+	return d
+}
+
+// slowEngines are the IDs of the plain engines slower than the fastest (e0, e1, ...).
+func (o *Options) slowEngines() []string {
+	var out []string
+	for i, v := range o.EngineSpeeds {
+		if v < slices.Max(o.EngineSpeeds) {
+			out = append(out, "e"+strconv.Itoa(i))
+		}
+	}
+	return out
 }
 
 func routingNotes(sc *report.Scenario, wl *workload.Workload) []string {

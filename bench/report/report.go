@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
 	"switchyard/bench/workload"
@@ -70,22 +71,53 @@ type Scenario struct {
 	Overhead *Overhead `json:"overhead,omitempty"`
 	// Notes explain figures a reader could misread.
 	Notes []string `json:"notes,omitempty"`
+	// Flavor is the engines' flavour ("vllm", "sglang") when the run compares flavours or
+	// uses a non-default one; "" otherwise.
+	Flavor string `json:"flavor,omitempty"`
+	// SlowWorkers are the engines slower than the rest of a heterogeneous fleet; the table
+	// then shows the share of requests they served (SLOW).
+	SlowWorkers []string `json:"slow_workers,omitempty"`
 }
 
-// Title is the scenario's heading, e.g. "routing: shared_prefix".
+// Title is the scenario's heading, e.g. "routing: shared_prefix" or
+// "routing: shared_prefix [vllm]".
 func (s *Scenario) Title() string {
-	if s.Workload == "" {
-		return s.Name
+	t := s.Name
+	if s.Workload != "" {
+		t += ": " + s.Workload
 	}
-	return s.Name + ": " + s.Workload
+	if s.Flavor != "" {
+		t += " [" + s.Flavor + "]"
+	}
+	return t
 }
 
-// FileStem is the scenario's file name without extension, e.g. "routing-shared_prefix".
+// FileStem is the scenario's file name without extension, e.g. "routing-shared_prefix" or
+// "routing-shared_prefix-vllm".
 func (s *Scenario) FileStem() string {
-	if s.Workload == "" {
-		return s.Name
+	t := s.Name
+	if s.Workload != "" {
+		t += "-" + s.Workload
 	}
-	return s.Name + "-" + s.Workload
+	if s.Flavor != "" {
+		t += "-" + s.Flavor
+	}
+	return t
+}
+
+// SlowShare is the share of a row's successful requests the scenario's SlowWorkers served,
+// or -1 when the scenario has none or the row no summary.
+func (s *Scenario) SlowShare(r *Row) float64 {
+	if len(s.SlowWorkers) == 0 || r.Summary == nil || r.Summary.OK == 0 {
+		return -1
+	}
+	n := 0
+	for _, w := range r.Summary.Workers {
+		if slices.Contains(s.SlowWorkers, w.Worker) {
+			n += w.Requests
+		}
+	}
+	return float64(n) / float64(r.Summary.OK)
 }
 
 // Row is one policy, variant or mailbox size of a scenario.

@@ -93,7 +93,12 @@ func num(v float64) string {
 func pct(v float64) string { return fmt.Sprintf("%.1f%%", 100*v) }
 
 func policyTable(tw io.Writer, s *Scenario) {
-	fmt.Fprintln(tw, "POLICY\tREQS\tERR\tREQ/S\tOUT TOK/S\tTTFT p50\tp90\tp99\tITL p50\tE2E p90\tHIT\tvs ORACLE\tSPREAD req\tprefill\t")
+	slow := len(s.SlowWorkers) > 0
+	head := "POLICY\tREQS\tERR\tREQ/S\tOUT TOK/S\tTTFT p50\tp90\tp99\tITL p50\tE2E p90\tHIT\tvs ORACLE\tSPREAD req\tprefill\t"
+	if slow {
+		head += "SLOW\t"
+	}
+	fmt.Fprintln(tw, head)
 	for i := range s.Rows {
 		r := &s.Rows[i]
 		if r.Skipped != "" {
@@ -109,9 +114,13 @@ func policyTable(tw io.Writer, s *Scenario) {
 		if r.Truncated {
 			name += "*"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.2f\t%.2f\t\n", name, m.Requests, m.ErrorCount(),
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.2f\t%.2f\t", name, m.Requests, m.ErrorCount(),
 			num(m.RequestsPerS), num(m.OutputTokensPerS), num(m.TTFT.P50), num(m.TTFT.P90), num(m.TTFT.P99),
 			num(m.ITL.P50), num(m.E2E.P90), pct(m.HitRate), vs, m.SpreadRequests, m.SpreadPrefill)
+		if slow {
+			fmt.Fprintf(tw, "%s\t", pct(max(s.SlowShare(r), 0)))
+		}
+		fmt.Fprintln(tw)
 	}
 	if o := s.Oracle; o != nil {
 		fmt.Fprintf(tw, "oracle\t%d\t\t\t\t\t\t\t\t\t%s\t100.0%%\t\t\t\n", o.Requests, pct(o.HitRate))

@@ -21,6 +21,7 @@ import (
 // benchFlags are the flags of switchyard bench.
 type benchFlags struct {
 	scenario, policies, pdPolicies, workloads, mailboxSizes, longClasses string
+	flavors, engineSpeeds                                                string
 	jsonPath, chartDir                                                   string
 	quiet, verbose, noStream                                             bool
 	opts                                                                 harness.Options
@@ -41,6 +42,8 @@ func newBenchFlagSet(stderr io.Writer) (*flag.FlagSet, *benchFlags) {
 	fs.Float64Var(&o.Speedup, "speedup", harness.DefaultSpeedup, "engine simulation speedup: simulated time runs this many times faster than wall time; routing, pd and buckets report simulated time")
 	fs.IntVar(&o.EngineCache, "engine-cache", harness.DefaultEngineCache, "KV cache capacity of each engine, in tokens")
 	fs.IntVar(&o.MaxRunning, "max-running", 64, "max_running_requests of each engine")
+	fs.StringVar(&f.flavors, "flavor", "sglang", "engine flavours, comma-separated, each running every scenario: sglang (SGLang API, load from /v1/loads) or vllm (vLLM API, load scraped from /metrics, workers declared flavor vllm)")
+	fs.StringVar(&f.engineSpeeds, "engine-speeds", "", "relative speed of each plain engine, comma-separated, one per engine (e.g. 1,1,1,0.2: the last five times slower); empty: all 1")
 
 	fs.DurationVar(&o.Duration, "duration", harness.DefaultDuration, "wall-time bound of each measured row (each policy, variant or mailbox size)")
 	fs.IntVar(&o.Requests, "requests", 0, "request bound of each row; 0: the whole workload (routing, pd, buckets), none (overhead), --mailbox-requests (mailbox)")
@@ -159,6 +162,15 @@ func (f *benchFlags) options(stderr io.Writer) (harness.Options, error) {
 			continue
 		}
 		o.Workload.LongContext.Classes = append(o.Workload.LongContext.Classes, c)
+	}
+	o.Flavors = splitList(f.flavors)
+	for _, v := range splitList(f.engineSpeeds) {
+		x, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%w: --engine-speeds: %q is not a number", errBenchFlags, v))
+			continue
+		}
+		o.EngineSpeeds = append(o.EngineSpeeds, x)
 	}
 	o.NoStream = f.noStream
 	if !f.quiet {
