@@ -63,9 +63,33 @@ models:
 		t.Errorf("want every problem on its own line, got %d lines:\n%s", n, errOut)
 	}
 
-	code, out, errOut := runCmd(t, "check", "--config", "../../config/testdata/example.yaml")
-	if code != 0 || !strings.Contains(out, "configuration ok") {
-		t.Fatalf("example config: exit %d\n%s%s", code, out, errOut)
+	for _, example := range []string{"example.yaml", "vllm_fleet.yaml"} {
+		code, out, errOut := runCmd(t, "check", "--config", "../../config/testdata/"+example)
+		if code != 0 || !strings.Contains(out, "configuration ok") {
+			t.Fatalf("%s: exit %d\n%s%s", example, code, out, errOut)
+		}
+	}
+
+	badVLLM := filepath.Join(dir, "bad_vllm.yaml")
+	if err := os.WriteFile(badVLLM, []byte(`
+load: {source: zmq, scrape_max_bytes: 10}
+workers:
+  - {id: V1, url: "http://127.0.0.1:1", model: m, flavor: vllm, load_publish: "tcp://127.0.0.1:2"}
+  - {id: V2, url: "http://127.0.0.1:2", model: m, flavor: tgi, metrics_path: metrics}
+models:
+  m: {buckets: [{id: a, groups: {plain: {policy: {type: load_based}}}}]}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut = runCmd(t, "check", "--config", badVLLM)
+	if code != 1 {
+		t.Fatalf("bad vLLM config: exit %d, want 1", code)
+	}
+	for _, want := range []string{"workers[0].load_publish", "workers[0].flavor", `workers[1].flavor: unknown flavor "tgi"`,
+		"workers[1].metrics_path", "load.scrape_max_bytes"} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("check output lacks %q:\n%s", want, errOut)
+		}
 	}
 }
 
