@@ -3,6 +3,8 @@ package load
 import (
 	"bytes"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -223,4 +225,39 @@ func BenchmarkDecodePrometheus(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkPollPrometheus is one whole scrape over loopback HTTP (request, a 36 KB vLLM
+// page, decode), beside a /v1/loads poll of one rank as the baseline. The engine side runs
+// in the same process, so the figure is an upper bound of the router's share.
+func BenchmarkPollPrometheus(b *testing.B) {
+	page := readTestdata(b, "vllm_metrics.txt")
+	loads := []byte(`{"timestamp":null,"version":"0.5","loads":[` + nativeRank0 + `]}`)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == DefaultMetricsPath {
+			_, _ = w.Write(page)
+			return
+		}
+		_, _ = w.Write(loads)
+	}))
+	b.Cleanup(srv.Close)
+	for _, bc := range []struct {
+		name string
+		mode PollMode
+	}{{"prometheus", PollPrometheus}, {"baseline_v1_loads", PollNative}} {
+		b.Run(bc.name, func(b *testing.B) {
+			p, err := NewPoller(PollerConfig{WorkerID: "w", URL: srv.URL, Mode: bc.mode, Timeout: 5 * time.Second,
+				Deliver: func(string, []RankReport, error) {}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(p.cfg.Client.CloseIdleConnections)
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := p.Poll(b.Context()); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }
