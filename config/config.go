@@ -116,15 +116,14 @@ type Worker struct {
 	// LoadPublish, when set, is the engine's ZMQ load-gauge endpoint (tcp://HOST:PORT or
 	// ipc://PATH). Default: introspected.
 	LoadPublish string `koanf:"load_publish" json:"load_publish"`
-	// Flavor is the engine's kind: auto, sglang or vllm. vllm means the engine has no
-	// introspection (/server_info) and no native load route: the router asks it for
-	// neither, takes model, role and DP size from this entry, and reads its load from the
-	// Prometheus page at MetricsPath. sglang reads load from /v1/loads or /get_load (or the
-	// ZMQ gauge). auto introspects and detects the load route once. Default auto ("" means
-	// auto).
+	// Flavor is the engine's kind: auto, sglang or vllm (empty is auto). vllm means the
+	// engine has no introspection (/server_info) and no native load route: the router asks
+	// it for neither, takes model, role and DP size from this entry, and reads its load from
+	// the Prometheus page at metrics_path. sglang reads load from /v1/loads or /get_load (or
+	// the ZMQ gauge). auto introspects and detects the load route once. Default auto.
 	Flavor string `koanf:"flavor" json:"flavor"`
-	// MetricsPath is the path of the engine's Prometheus text page. Default "/metrics"
-	// ("" means the default).
+	// MetricsPath is the path of the engine's Prometheus text page (empty is the default).
+	// Default "/metrics".
 	MetricsPath string `koanf:"metrics_path" json:"metrics_path"`
 }
 
