@@ -51,7 +51,7 @@ func Run(ctx context.Context, opts Options) (*report.Report, error) {
 			case report.ScenarioMailbox:
 				scs, err = h.mailbox(ctx)
 			}
-			if len(opts.Flavors) > 1 || h.opts.flavor != mockengine.FlavorSGLang {
+			if h.opts.showFlavor() {
 				for _, sc := range scs {
 					sc.Flavor = flavor
 				}

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"switchyard/bench/mockengine"
 	"switchyard/bench/report"
 	"switchyard/bench/workload"
 	"switchyard/config"
@@ -127,6 +128,20 @@ func (h *harness) plainDeployment(n int) string {
 	return d
 }
 
+// showFlavor reports whether scenarios and progress lines name their flavour: when the run
+// compares flavours or uses a non-default one.
+func (o *Options) showFlavor() bool {
+	return len(o.Flavors) > 1 || o.flavor != mockengine.FlavorSGLang
+}
+
+// flavorPrefix labels progress lines with the flavour when showFlavor.
+func (o *Options) flavorPrefix() string {
+	if o.showFlavor() {
+		return "[" + string(o.flavor) + "] "
+	}
+	return ""
+}
+
 // slowEngines are the IDs of the plain engines slower than the fastest (e0, e1, ...).
 func (o *Options) slowEngines() []string {
 	var out []string
@@ -185,7 +200,7 @@ func (h *harness) policyRow(ctx context.Context, pr policyRun, spec PolicySpec) 
 	}
 	defer func() { err = errors.Join(err, r.close()) }()
 	m, err := h.measure(ctx, load{
-		label: pr.scenario + " " + pr.wl.Name + " " + spec.Name, urls: []string{r.url}, reqs: pr.wl.Requests,
+		label: o.flavorPrefix() + pr.scenario + " " + pr.wl.Name + " " + spec.Name, urls: []string{r.url}, reqs: pr.wl.Requests,
 		stream: !o.NoStream, simulated: true, concurrency: h.concurrency(DefaultConcurrency),
 		maxRequests: o.Requests, duration: o.Duration,
 	})
