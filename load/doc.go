@@ -3,14 +3,16 @@
 // # What it owns
 //
 //   - Decoding of the engines' load reports, all outside input: the native HTTP
-//     GET /v1/loads body (DecodeLoads), the legacy GET /get_load body (DecodeGetLoad) and
-//     the msgpack ZMQ load gauge in its 6- and 11-element forms (DecodeGauge). Each returns
+//     GET /v1/loads body (DecodeLoads), the legacy GET /get_load body (DecodeGetLoad), the
+//     msgpack ZMQ load gauge in its 6- and 11-element forms (DecodeGauge) and a Prometheus
+//     text page with vLLM's or SGLang's metric names (DecodePrometheus, prometheus.go). Each returns
 //     RankReports, one per data-parallel (DP) rank, and never panics; errors wrap
 //     ErrMalformed. The matching encoders (LoadsBody, GetLoadRank, AppendGauge) let the mock
 //     engine emit exactly what the decoders read.
-//   - Transports: Poller (HTTP polling with fasthttp, falling back from /v1/loads to
-//     /get_load on 404) and GaugeSubscriber (ZMQ SUB with go-zeromq/zmq4, topic "load",
-//     reconnect with backoff).
+//   - Transports: Poller (HTTP polling with fasthttp: /v1/loads falling back to /get_load on
+//     404, the metrics page, or detection of which an engine has, once; Source says which)
+//     and GaugeSubscriber (ZMQ SUB with go-zeromq/zmq4, topic "load", reconnect with
+//     backoff).
 //   - Aggregation: Aggregator keeps the latest report per DP rank, derives the prefill
 //     throughput and estimated prefill queue from the cumulative counters, and builds an
 //     immutable Snapshot per worker: the sum over a complete set of fresh ranks, or unknown.
