@@ -13,9 +13,11 @@
 //     the load table as immutable snapshots on every pick, so health and load changes are
 //     seen by the next pick.
 //   - Telemetry: one telemetry actor owning a load.Aggregator. Transports (load.Poller for
-//     HTTP, load.GaugeSubscriber for the ZMQ load gauge) send it LoadReported events; it
-//     rebuilds the load.Table snapshot at most once per publish interval when something
-//     changed, and at least once per refresh interval.
+//     HTTP: native routes, the Prometheus page, or detection, chosen per worker by its
+//     flavour and load.source; load.GaugeSubscriber for the ZMQ load gauge) send it
+//     LoadReported events; it rebuilds the load.Table snapshot at most once per publish
+//     interval when something changed, and at least once per refresh interval.
+//     Telemetry.Status says which source each worker's load comes from.
 //   - The bounded mailbox every actor here uses, and the per-kind Counters of mailbox
 //     rejections and recovered panics.
 //

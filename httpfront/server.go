@@ -45,7 +45,8 @@ type Options struct {
 	// body-size estimate. Default: none (the configuration decides).
 	Tokenizer func(model string) tokenizer.Tokenizer
 	// Telemetry ingests the workers' load reports into Loads. Default: an actors.Telemetry
-	// (HTTP polling of /v1/loads or /get_load, or the ZMQ load gauge per load.source).
+	// (HTTP polling of /v1/loads or /get_load, scraping of /metrics, or the ZMQ load gauge,
+	// per load.source and each worker's flavor).
 	Telemetry Telemetry
 	// NoTelemetry disables the default Telemetry: every reported metric stays unknown and
 	// policies fall back to router-local in-flight counts.
