@@ -11,6 +11,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"switchyard/actors"
 	"switchyard/config"
 	"switchyard/load"
 )
@@ -165,7 +166,7 @@ func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
 	ctx.SetBody(b)
 }
 
-func newLoadView(st LoadStatus, o load.Observation) *loadView {
+func newLoadView(st actors.LoadStatus, o load.Observation) *loadView {
 	v := &loadView{Source: st.Source.String(), Flavor: st.Flavor, Malformed: st.Malformed, Known: o.Known()}
 	opt := func(f load.Field, x int64) *int64 {
 		if !o.Has(f) {

@@ -676,10 +676,7 @@ func (a actorTelemetry) StartWorker(src TelemetrySource) error {
 func (a actorTelemetry) StopWorker(id string) { _ = a.t.RemoveWorker(id) }
 
 // LoadStatus implements loadStatuser.
-func (a actorTelemetry) LoadStatus(id string) (LoadStatus, bool) {
-	st, ok := a.t.Status(id)
-	return LoadStatus{Source: st.Source, Flavor: st.Flavor, Malformed: st.Malformed}, ok
-}
+func (a actorTelemetry) LoadStatus(id string) (actors.LoadStatus, bool) { return a.t.Status(id) }
 
 var _ loadStatuser = actorTelemetry{}
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"switchyard/actors"
 	"switchyard/config"
 	"switchyard/engine"
 	"switchyard/load"
@@ -50,19 +51,10 @@ type TelemetrySource struct {
 	Model string
 }
 
-// LoadStatus says where a worker's load comes from, for GET /workers and the metrics.
-type LoadStatus struct {
-	// Source is the transport's current route (load.SourceNone before the first report).
-	Source load.Source
-	// Flavor is the engine kind its metrics page revealed ("vllm", "sglang"), or "".
-	Flavor string
-	// Malformed counts load answers that did not decode.
-	Malformed uint64
-}
-
-// loadStatuser is implemented by a Telemetry that can say where a worker's load comes from.
+// loadStatuser is implemented by a Telemetry that can say where a worker's load comes from,
+// for GET /workers and the metrics.
 type loadStatuser interface {
-	LoadStatus(id string) (LoadStatus, bool)
+	LoadStatus(id string) (actors.LoadStatus, bool)
 }
 
 // Sentinel errors of the worker admin operations.

@@ -31,8 +31,8 @@ func (e *Engine) handle(ctx *fasthttp.RequestCtx) {
 		e.writeError(ctx, fasthttp.StatusServiceUnavailable, "the engine is restarting")
 		return
 	}
-	if e.cfg.Flavor == FlavorVLLM {
-		e.handleVLLM(ctx, path)
+	if !e.serves(path) {
+		e.writeError(ctx, fasthttp.StatusNotFound, fmt.Sprintf("route %s %s not found", ctx.Method(), path))
 		return
 	}
 	switch path {
@@ -70,6 +70,26 @@ func (e *Engine) handle(ctx *fasthttp.RequestCtx) {
 		if e.method(ctx, "GET") {
 			e.serveMetrics(ctx)
 		}
+	case "/tokenize":
+		if e.method(ctx, "POST") {
+			e.serveTokenize(ctx)
+		}
+	case "/detokenize":
+		if e.method(ctx, "POST") {
+			e.serveDetokenize(ctx)
+		}
+	case "/version":
+		if e.method(ctx, "GET") {
+			e.writeJSON(ctx, fasthttp.StatusOK, map[string]string{"version": "switchyard-mock"})
+		}
+	case "/reset_prefix_cache":
+		if e.method(ctx, "POST") {
+			if !e.FlushCache() {
+				e.writeError(ctx, fasthttp.StatusBadRequest, "Cache not reset because there are pending requests.")
+				return
+			}
+			ctx.SetStatusCode(fasthttp.StatusOK)
+		}
 	case "/flush_cache":
 		if e.method(ctx, "POST", "GET") {
 			e.serveFlush(ctx)
@@ -78,14 +98,6 @@ func (e *Engine) handle(ctx *fasthttp.RequestCtx) {
 		if e.method(ctx, "POST") {
 			e.serveAbort(ctx)
 		}
-	default:
-		e.serveMock(ctx, path)
-	}
-}
-
-// serveMock serves the mock controls, shared by both flavours, and 404 for the rest.
-func (e *Engine) serveMock(ctx *fasthttp.RequestCtx, path string) {
-	switch path {
 	case "/mock/faults":
 		if e.method(ctx, "GET", "PUT", "POST") {
 			e.serveFaults(ctx)
@@ -101,6 +113,20 @@ func (e *Engine) serveMock(ctx *fasthttp.RequestCtx, path string) {
 }
 
 func isMockControl(path string) bool { return len(path) > 6 && path[:6] == "/mock/" }
+
+// serves reports whether the engine's flavour has path: vLLM lacks SGLang's native routes,
+// SGLang the vLLM-only ones; both have the OpenAI routes, /health, /v1/models, /metrics and
+// the mock controls.
+func (e *Engine) serves(path string) bool {
+	switch path {
+	case "/generate", "/health_generate", "/server_info", "/get_server_info", "/get_load", "/v1/loads",
+		"/flush_cache", "/abort_request":
+		return e.cfg.Flavor == FlavorSGLang
+	case "/tokenize", "/detokenize", "/version", "/reset_prefix_cache":
+		return e.cfg.Flavor == FlavorVLLM
+	}
+	return true
+}
 
 // method checks the request method, answering 405 otherwise.
 func (e *Engine) method(ctx *fasthttp.RequestCtx, allowed ...string) bool {

@@ -7,52 +7,6 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// handleVLLM routes the vLLM flavour's requests: the OpenAI routes and what a vLLM OpenAI
-// server adds (/tokenize, /detokenize, /version, /reset_prefix_cache, /metrics); SGLang's
-// routes answer 404 as on vLLM.
-func (e *Engine) handleVLLM(ctx *fasthttp.RequestCtx, path string) {
-	switch path {
-	case "/v1/chat/completions":
-		e.serveInference(ctx, apiChat)
-	case "/v1/completions":
-		e.serveInference(ctx, apiCompletions)
-	case "/health":
-		if e.method(ctx, "GET") {
-			e.serveHealth(ctx)
-		}
-	case "/v1/models":
-		if e.method(ctx, "GET") {
-			e.serveModels(ctx)
-		}
-	case "/metrics":
-		if e.method(ctx, "GET") {
-			e.serveMetrics(ctx)
-		}
-	case "/tokenize":
-		if e.method(ctx, "POST") {
-			e.serveTokenize(ctx)
-		}
-	case "/detokenize":
-		if e.method(ctx, "POST") {
-			e.serveDetokenize(ctx)
-		}
-	case "/version":
-		if e.method(ctx, "GET") {
-			e.writeJSON(ctx, fasthttp.StatusOK, map[string]string{"version": "switchyard-mock"})
-		}
-	case "/reset_prefix_cache":
-		if e.method(ctx, "POST") {
-			if !e.FlushCache() {
-				e.writeError(ctx, fasthttp.StatusBadRequest, "Cache not reset because there are pending requests.")
-				return
-			}
-			ctx.SetStatusCode(fasthttp.StatusOK)
-		}
-	default:
-		e.serveMock(ctx, path)
-	}
-}
-
 // serveTokenize answers POST /tokenize as vLLM does: {"model", "prompt"} or
 // {"model", "messages"} (rendered with the chat template) gives
 // {"count", "max_model_len", "tokens"}.
