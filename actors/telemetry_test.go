@@ -416,7 +416,7 @@ func TestTelemetryScrapesVLLM(t *testing.T) {
 			clk := &fakeClock{t: telT0}
 			srv := newVLLMServer(t)
 			tel, _ := newTestTelemetry(t, clk, TelemetryOptions{
-				Load: config.LoadSettings{Source: config.LoadSourceAuto, PollInterval: 5 * time.Millisecond, Freshness: 5 * time.Second},
+				Load: config.LoadSettings{Source: config.LoadSourceAuto, PollInterval: 25 * time.Millisecond, Freshness: 5 * time.Second},
 			})
 			if err := tel.AddWorker(WorkerSource{ID: "V1", URL: srv.URL, DPSize: 2, Flavor: flavor, Model: "m"}); err != nil {
 				t.Fatal(err)

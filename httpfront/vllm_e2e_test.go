@@ -105,7 +105,8 @@ func vllmFleet(t *testing.T, p config.Policy) (*testServer, *vllmFake, *vllmFake
 	a := newVLLMFake(t, "A", 30, 20)
 	b := newVLLMFake(t, "B", 1, 0)
 	cfg := baseConfig()
-	cfg.Load.PollInterval = 20 * time.Millisecond
+	// Each scrape's timeout is the poll interval: long enough for a loaded, race-enabled run.
+	cfg.Load.PollInterval = 250 * time.Millisecond
 	const model = "Qwen/Qwen3-8B"
 	cfg.Workers = []config.Worker{plainWorker("A", a.srv.URL, model), plainWorker("B", b.srv.URL, model)}
 	cfg.Workers[1].Flavor = config.FlavorVLLM
@@ -120,8 +121,8 @@ func vllmFleet(t *testing.T, p config.Policy) (*testServer, *vllmFake, *vllmFake
 		if views["A"].Load != nil && views["A"].Load.Known && views["B"].Load != nil && views["B"].Load.Known {
 			break
 		}
-		if round == 200 {
-			t.Fatalf("load still unknown after %d scrapes: %+v", round, views)
+		if round == 100 {
+			t.Fatalf("load still unknown after %d scrapes: A %+v, B %+v", round, views["A"].Load, views["B"].Load)
 		}
 	}
 	return ts, a, b
