@@ -208,14 +208,20 @@ func TestPDAndBucketsEndToEnd(t *testing.T) {
 // TestOverheadAndMailboxEndToEnd runs the throughput scenarios briefly.
 func TestOverheadAndMailboxEndToEnd(t *testing.T) {
 	opts := Options{
-		Scenarios:       []string{report.ScenarioOverhead, report.ScenarioMailbox},
-		Engines:         2,
-		Duration:        time.Second,
-		MailboxSizes:    []int{1, 1024},
-		MailboxRequests: 400,
-		Concurrency:     16,
+		Scenarios:   []string{report.ScenarioOverhead},
+		Engines:     2,
+		Duration:    time.Second,
+		Concurrency: 16,
 	}
 	rep, err := Run(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The mailbox rows are bursts of a fixed size; their duration is only a safety bound,
+	// generous so that a loaded machine still sends the whole burst.
+	opts.Scenarios, opts.Duration = []string{report.ScenarioMailbox}, time.Minute
+	opts.MailboxSizes, opts.MailboxRequests = []int{1, 1024}, 400
+	mrep, err := Run(context.Background(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,7 +238,7 @@ func TestOverheadAndMailboxEndToEnd(t *testing.T) {
 	if ov.Overhead.Share <= 0 {
 		t.Errorf("overhead figures %+v", ov.Overhead)
 	}
-	mb := rep.Scenarios[1]
+	mb := mrep.Scenarios[0]
 	if mb.Name != report.ScenarioMailbox || len(mb.Rows) != 2 || mb.Rows[0].Mailbox != 1 || mb.Rows[1].Mailbox != 1024 {
 		t.Fatalf("mailbox scenario %+v", mb)
 	}
@@ -247,6 +253,7 @@ func TestOverheadAndMailboxEndToEnd(t *testing.T) {
 		t.Errorf("mailbox 1024 refused %d requests", n)
 	}
 	checkRendered(t, rep)
+	checkRendered(t, mrep)
 }
 
 func TestRunRejectsBadOptions(t *testing.T) {
