@@ -251,7 +251,7 @@ func BenchmarkPollPrometheus(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			b.Cleanup(p.cfg.Client.CloseIdleConnections)
+			b.Cleanup(p.own.CloseIdleConnections)
 			b.ReportAllocs()
 			for b.Loop() {
 				if _, err := p.Poll(b.Context()); err != nil {

@@ -115,12 +115,11 @@ type PollerConfig struct {
 	// Model is the served model name whose series a Prometheus page is read for when it
 	// serves several models. Default "" (a page of one model only).
 	Model string
-	// MaxBodyBytes bounds a response body of a client created here. Default
-	// MaxLoadBodyBytes (4 MiB).
+	// MaxBodyBytes bounds a response body. Default MaxLoadBodyBytes (4 MiB).
 	MaxBodyBytes int
-	// Client is the HTTP client, shareable between pollers. Default: a client limiting
-	// bodies to MaxBodyBytes.
-	Client *fasthttp.Client
+	// Client sends the requests; it may be shared between pollers (the router passes each
+	// worker's own client). Default: a new fasthttp.Client.
+	Client Doer
 	// Logger receives failure-change logs. Default: discard.
 	Logger *slog.Logger
 	// Now is the clock for receipt times. Default time.Now.
@@ -143,8 +142,9 @@ type PollerConfig struct {
 // Run owns the poll state; a Poller is not safe for concurrent use, except Source, Info and
 // Malformed, which any goroutine may call.
 type Poller struct {
-	cfg        PollerConfig
-	ownClient  bool // cfg.Client was created here; Run closes its idle connections
+	cfg PollerConfig
+	// own is cfg.Client when it was created here; Run closes its idle connections.
+	own        *fasthttp.Client
 	loadsURL   string
 	legacyURL  string
 	metricsURL string
@@ -199,13 +199,10 @@ func NewPoller(cfg PollerConfig) (*Poller, error) {
 	if cfg.Mode > PollPrometheus {
 		return nil, fmt.Errorf("cannot create load poller for %s: %w: unknown mode %d", cfg.WorkerID, ErrInvalidConfig, cfg.Mode)
 	}
-	ownClient := cfg.Client == nil
-	if ownClient {
-		cfg.Client = &fasthttp.Client{
-			Name:                "switchyard-load",
-			MaxResponseBodySize: cfg.MaxBodyBytes,
-			MaxConnsPerHost:     4,
-		}
+	var own *fasthttp.Client
+	if cfg.Client == nil {
+		own = &fasthttp.Client{Name: "switchyard-load", MaxConnsPerHost: 4}
+		cfg.Client = own
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -214,7 +211,7 @@ func NewPoller(cfg PollerConfig) (*Poller, error) {
 		cfg.Now = time.Now
 	}
 	base := strings.TrimRight(cfg.URL, "/")
-	return &Poller{cfg: cfg, ownClient: ownClient, loadsURL: base + PathLoads, legacyURL: base + PathGetLoad,
+	return &Poller{cfg: cfg, own: own, loadsURL: base + PathLoads, legacyURL: base + PathGetLoad,
 		metricsURL: base + cfg.MetricsPath}, nil
 }
 
@@ -239,8 +236,8 @@ func (p *Poller) Malformed() uint64 { return p.malformed.Load() }
 func (p *Poller) Run(ctx context.Context) error {
 	t := time.NewTicker(p.cfg.Interval)
 	defer t.Stop()
-	if p.ownClient {
-		defer p.cfg.Client.CloseIdleConnections()
+	if p.own != nil {
+		defer p.own.CloseIdleConnections()
 	}
 	for {
 		p.round(ctx)
@@ -388,34 +385,24 @@ func (p *Poller) scrape(ctx context.Context) ([]RankReport, int, error) {
 
 // get fetches one load route and decodes a 200 body with decode.
 func (p *Poller) get(ctx context.Context, u string, decode func([]byte, time.Time) ([]RankReport, error)) ([]RankReport, int, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, 0, fmt.Errorf("cannot poll %s: %w", u, err)
-	}
-	req := fasthttp.AcquireRequest()
-	resp := fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI(u)
-	req.Header.SetMethod(fasthttp.MethodGet)
+	accept := "application/json"
 	if u == p.metricsURL {
-		req.Header.Set(fasthttp.HeaderAccept, "text/plain;version=0.0.4")
-	} else {
-		req.Header.Set(fasthttp.HeaderAccept, "application/json")
+		accept = "text/plain;version=0.0.4"
 	}
-	deadline := time.Now().Add(p.cfg.Timeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
-	}
-	if err := p.cfg.Client.DoDeadline(req, resp, deadline); err != nil {
-		return nil, 0, fmt.Errorf("cannot poll %s: %w", u, err)
-	}
-	status := resp.StatusCode()
-	if status != fasthttp.StatusOK {
-		return nil, status, fmt.Errorf("cannot poll %s: %w %d", u, ErrStatus, status)
-	}
-	reps, err := decode(resp.Body(), p.cfg.Now())
-	if err != nil {
-		return nil, status, fmt.Errorf("cannot poll %s: %w", u, err)
-	}
-	return reps, status, nil
+	var (
+		reps   []RankReport
+		status int
+	)
+	err := Fetch(ctx, p.cfg.Client, u, accept, p.cfg.Timeout, p.cfg.MaxBodyBytes, func(code int, body []byte) error {
+		status = code
+		if code != fasthttp.StatusOK {
+			return fmt.Errorf("cannot poll %s: %w %d", u, ErrStatus, code)
+		}
+		var err error
+		if reps, err = decode(body, p.cfg.Now()); err != nil {
+			return fmt.Errorf("cannot poll %s: %w", u, err)
+		}
+		return nil
+	})
+	return reps, status, err
 }
