@@ -48,6 +48,8 @@ type Config struct {
 	// settings are checked at start-up; the dispatch attempt loop that applies them is not
 	// wired yet, so no request is retried today.
 	Retry Retry `koanf:"retry" json:"retry"`
+	// Upstream configures the router's connections to engines.
+	Upstream Upstream `koanf:"upstream" json:"upstream"`
 	// DefaultPolicy is the policy of every group that sets no policy and whose model sets
 	// no default for the group's stage. Default round_robin with default admission (no caps).
 	// The --policy flag sets its type.
@@ -393,9 +395,49 @@ type Health struct {
 	FailureThreshold int `koanf:"failure_threshold" json:"failure_threshold" unit:"health checks"`
 	// SuccessThreshold consecutive successes mark it healthy again; at least 1. Default 2.
 	SuccessThreshold int `koanf:"success_threshold" json:"success_threshold" unit:"health checks"`
-	// BreakerFailures consecutive dispatch failures open a worker's breaker; at least 1.
-	// Default 5.
+	// BreakerEnabled turns the per-worker circuit breakers on (sgl-router's
+	// --disable-circuit-breaker is false here). Default true.
+	BreakerEnabled bool `koanf:"breaker_enabled" json:"breaker_enabled"`
+	// BreakerFailures consecutive dispatch failures the engine is answerable for
+	// (connection failures, timeouts, 502, 503, 504, a stream the engine broke) open a
+	// worker's breaker (sgl-router's --cb-failure-threshold); at least 1. Default 5.
 	BreakerFailures int `koanf:"breaker_failures" json:"breaker_failures" unit:"dispatch failures"`
-	// BreakerCooldown is the open time before a half-open probe. Default 30s.
+	// BreakerErrorRate is the share of failed dispatches — the failures above plus other
+	// 5xx answers, such as a 500 to a request the engine cannot serve — over breaker_window
+	// that opens a worker's breaker, once breaker_min_requests dispatches were counted in
+	// it; in (0, 1]. 4xx answers never count as failed. Default 0.5.
+	BreakerErrorRate float64 `koanf:"breaker_error_rate" json:"breaker_error_rate" unit:"fraction of dispatches"`
+	// BreakerMinRequests is the least number of dispatches in breaker_window before
+	// breaker_error_rate is applied; at least 1. Default 20.
+	BreakerMinRequests int `koanf:"breaker_min_requests" json:"breaker_min_requests" unit:"dispatches"`
+	// BreakerWindow is the sliding window of breaker_error_rate (sgl-router's
+	// --cb-window-duration-secs). Default 60s.
+	BreakerWindow time.Duration `koanf:"breaker_window" json:"breaker_window"`
+	// BreakerCooldown is how long an open breaker stays open; it then turns half-open and
+	// lets one probe request at a time through (sgl-router's --cb-timeout-duration-secs).
+	// Default 30s.
 	BreakerCooldown time.Duration `koanf:"breaker_cooldown" json:"breaker_cooldown"`
+	// BreakerSuccesses consecutive successful probes close a half-open breaker
+	// (sgl-router's --cb-success-threshold); at least 1. Default 1.
+	BreakerSuccesses int `koanf:"breaker_successes" json:"breaker_successes" unit:"probes"`
+}
+
+// Upstream configures the router's connections to engines.
+type Upstream struct {
+	// MaxIdleConnDuration closes a keep-alive connection to an engine idle this long. Keep
+	// it below the engines' own keep-alive timeout: uvicorn, which serves SGLang and vLLM,
+	// closes an idle connection after 5s. Default 3s.
+	MaxIdleConnDuration time.Duration `koanf:"max_idle_conn_duration" json:"max_idle_conn_duration"`
+	// ConnectTimeout bounds opening one connection to an engine (TCP, and the TLS handshake
+	// of an https worker). Default 10s.
+	ConnectTimeout time.Duration `koanf:"connect_timeout" json:"connect_timeout"`
+	// ResponseHeaderTimeout bounds the wait for an engine's response headers once a request
+	// is sent; 0 leaves only server.request_timeout. An engine answers a streaming request's
+	// headers as soon as it takes the request, but a non-streaming one's only when the whole
+	// completion is done: this also bounds non-streaming generation time. Default 60s.
+	ResponseHeaderTimeout time.Duration `koanf:"response_header_timeout" json:"response_header_timeout"`
+	// MaxConnsPerWorker caps the router's open connections to one engine; a request that
+	// finds them all busy fails at once with 503 upstream_connection_limit, which is not
+	// charged to the engine; at least 1. Default 4096.
+	MaxConnsPerWorker int `koanf:"max_conns_per_worker" json:"max_conns_per_worker" unit:"connections"`
 }

@@ -41,6 +41,7 @@ func (c *Config) Validate() error {
 	c.validateCacheAware(&p)
 	c.validateHealth(&p)
 	c.validateRetry(&p)
+	c.validateUpstream(&p)
 	if !slices.Contains([]string{LogLevelDebug, LogLevelInfo, LogLevelWarn, LogLevelError}, c.Log.Level) {
 		p.add("log.level", ErrInvalid, fmt.Sprintf("unknown level %q (debug, info, warn or error)", c.Log.Level))
 	}
@@ -440,7 +441,23 @@ func (c *Config) validateHealth(p *problems) {
 	atLeast(p, "health.failure_threshold", int64(h.FailureThreshold), 1)
 	atLeast(p, "health.success_threshold", int64(h.SuccessThreshold), 1)
 	atLeast(p, "health.breaker_failures", int64(h.BreakerFailures), 1)
+	if !(h.BreakerErrorRate > 0 && h.BreakerErrorRate <= 1) {
+		p.add("health.breaker_error_rate", ErrInvalid, fmt.Sprintf("must be in (0, 1], got %v", h.BreakerErrorRate))
+	}
+	atLeast(p, "health.breaker_min_requests", int64(h.BreakerMinRequests), 1)
+	positive(p, "health.breaker_window", h.BreakerWindow)
 	positive(p, "health.breaker_cooldown", h.BreakerCooldown)
+	atLeast(p, "health.breaker_successes", int64(h.BreakerSuccesses), 1)
+}
+
+func (c *Config) validateUpstream(p *problems) {
+	u := c.Upstream
+	positive(p, "upstream.max_idle_conn_duration", u.MaxIdleConnDuration)
+	positive(p, "upstream.connect_timeout", u.ConnectTimeout)
+	if u.ResponseHeaderTimeout < 0 {
+		p.add("upstream.response_header_timeout", ErrInvalid, "must not be negative (0 disables it), got "+u.ResponseHeaderTimeout.String())
+	}
+	atLeast(p, "upstream.max_conns_per_worker", int64(u.MaxConnsPerWorker), 1)
 }
 
 // checkHTTPURL returns why s is not an http(s) URL with a host, or "".

@@ -378,7 +378,11 @@ func TestValidate(t *testing.T) {
 			"health.failure_threshold: must be at least 1, got 0",
 			"health.success_threshold: must be at least 1, got 0",
 			"health.breaker_failures: must be at least 1, got 0",
+			"health.breaker_error_rate: must be in (0, 1], got 0",
+			"health.breaker_min_requests: must be at least 1, got 0",
+			"health.breaker_window: must be a positive duration, got 0s",
 			"health.breaker_cooldown: must be a positive duration, got 0s",
+			"health.breaker_successes: must be at least 1, got 0",
 		}},
 		{name: "valid concurrency limits, queues, rate limits and retries", mutate: func(c *Config) {
 			c.Server.MaxConcurrentRequests = 2
@@ -441,6 +445,16 @@ func TestValidate(t *testing.T) {
 			"retry.initial_backoff: must be a positive duration, got 0s",
 			"retry.max_backoff: must be a positive duration, got -1s",
 		}},
+		{name: "breaker error rate above one", mutate: func(c *Config) { c.Health.BreakerErrorRate = 1.5 },
+			want: []string{"health.breaker_error_rate: must be in (0, 1], got 1.5"}},
+		{name: "breaker disabled keeps the rest checked", mutate: func(c *Config) { c.Health.BreakerEnabled = false }},
+		{name: "upstream", mutate: func(c *Config) { c.Upstream = Upstream{ResponseHeaderTimeout: -time.Second} }, want: []string{
+			"upstream.max_idle_conn_duration: must be a positive duration, got 0s",
+			"upstream.connect_timeout: must be a positive duration, got 0s",
+			"upstream.response_header_timeout: must not be negative (0 disables it), got -1s",
+			"upstream.max_conns_per_worker: must be at least 1, got 0",
+		}},
+		{name: "upstream header timeout off", mutate: func(c *Config) { c.Upstream.ResponseHeaderTimeout = 0 }},
 		{name: "log level", mutate: func(c *Config) { c.Log.Level = "trace" },
 			want: []string{`log.level: unknown level "trace" (debug, info, warn or error)`}},
 		{name: "empty default policy type means round_robin", mutate: func(c *Config) { c.DefaultPolicy = Policy{} }},
