@@ -29,6 +29,10 @@ type Worker struct {
 	DPSize int
 	// Counters is the worker's router-local accounting (in-flight, dispatches). Never nil.
 	Counters *load.Counters
+	// Handle is the worker lifecycle's state of this worker (httpfront/fleet sets it before
+	// publishing the worker), so that dispatch reaches the engine's client and breaker from
+	// a pick without a lookup. Nil for workers built elsewhere; engine never reads it.
+	Handle any
 
 	healthy atomic.Bool
 }
