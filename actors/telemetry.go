@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
-	"github.com/valyala/fasthttp"
 
 	"switchyard/config"
 	"switchyard/engine"
@@ -122,8 +121,9 @@ type TelemetryOptions struct {
 	// Ticks, when set, replaces the publish ticker (tests drive it); Telemetry does not own
 	// or close it.
 	Ticks <-chan time.Time
-	// Client is the HTTP client shared by the pollers. Default: the load package's.
-	Client *fasthttp.Client
+	// Client sends the polls of workers whose WorkerSource names no client of its own.
+	// Default: the load package's.
+	Client load.Doer
 	// Logger receives telemetry and Proto.Actor logs. Default: discarded.
 	Logger *slog.Logger
 	// Counters, when set, receives the telemetry actor's failure counts (KindTelemetry), so
@@ -153,6 +153,9 @@ type WorkerSource struct {
 	MetricsPath string
 	// Model is the served model whose series a page of several models is read for.
 	Model string
+	// Client, when set, sends this worker's polls (the worker lifecycle's client of the
+	// engine, with its connection and TLS settings). Default: TelemetryOptions.Client.
+	Client load.Doer
 }
 
 // LoadStatus says where a worker's load comes from.
@@ -425,6 +428,10 @@ func (t *Telemetry) transports(src WorkerSource, f *feed) ([]func(context.Contex
 	if iv := t.opts.Load.PollInterval; iv > 0 && (timeout <= 0 || iv < timeout) {
 		timeout = iv
 	}
+	client := src.Client
+	if client == nil {
+		client = t.opts.Client
+	}
 	p, err := load.NewPoller(load.PollerConfig{
 		WorkerID:     src.ID,
 		URL:          src.URL,
@@ -434,7 +441,7 @@ func (t *Telemetry) transports(src WorkerSource, f *feed) ([]func(context.Contex
 		MetricsPath:  src.MetricsPath,
 		Model:        src.Model,
 		MaxBodyBytes: t.opts.Load.ScrapeMaxBytes,
-		Client:       t.opts.Client,
+		Client:       client,
 		Logger:       t.logger,
 		Now:          t.now,
 		Deliver: func(id string, reps []load.RankReport, err error) {
