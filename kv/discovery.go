@@ -24,6 +24,14 @@ const maxDPSize = 4096
 // another publisher, or no introspection route at all, as with vLLM-style engines).
 var ErrNoKVEvents = errors.New("engine advertises no ZMQ KV-event publisher")
 
+// Discoverer finds the KV-event publishers an engine advertises. The router's worker
+// lifecycle (httpfront/fleet) implements it on its one introspection of the engine; an
+// engine that advertises none answers an error wrapping ErrNoKVEvents, any other error is
+// transient and worth retrying.
+type Discoverer interface {
+	DiscoverKV(ctx context.Context, workerURL string) (Discovery, error)
+}
+
 // Publisher is one DP rank's KV-event publisher.
 type Publisher struct {
 	// Rank is the DP rank.
@@ -114,7 +122,7 @@ func ParseServerInfo(body []byte, workerURL string) (Discovery, error) {
 		return Discovery{}, fmt.Errorf("cannot parse kv_events.endpoint_port_base: %w: %w", ErrMalformed, err)
 	}
 	if port == 0 && k.Endpoint != "" {
-		if host, port, err = splitEndpoint(k.Endpoint); err != nil {
+		if host, port, err = SplitEndpoint(k.Endpoint); err != nil {
 			return Discovery{}, fmt.Errorf("cannot parse kv_events.endpoint: %w: %w", ErrMalformed, err)
 		}
 	}
@@ -127,19 +135,18 @@ func ParseServerInfo(body []byte, workerURL string) (Discovery, error) {
 	}
 	replayHost := host
 	if replayPort == 0 && k.ReplayEndpoint != nil && *k.ReplayEndpoint != "" {
-		if replayHost, replayPort, err = splitEndpoint(*k.ReplayEndpoint); err != nil {
+		if replayHost, replayPort, err = SplitEndpoint(*k.ReplayEndpoint); err != nil {
 			return Discovery{}, fmt.Errorf("cannot parse kv_events.replay_endpoint: %w: %w", ErrMalformed, err)
 		}
 	}
-	wh := hostOf(workerURL)
-	host, replayHost = resolveWildcard(host, wh), resolveWildcard(replayHost, wh)
+	host, replayHost = EndpointHost(host, workerURL), EndpointHost(replayHost, workerURL)
 	if port+d.DPSize-1 > 65535 || replayPort < 0 || replayPort+d.DPSize-1 > 65535 {
 		return Discovery{}, fmt.Errorf("cannot parse kv_events: %w: ports out of range", ErrMalformed)
 	}
 	for r := range d.DPSize {
-		p := Publisher{Rank: r, Endpoint: tcpEndpoint(host, port+r), Topic: k.Topic}
+		p := Publisher{Rank: r, Endpoint: TCPEndpoint(host, port+r), Topic: k.Topic}
 		if replayPort > 0 {
-			p.Replay = tcpEndpoint(replayHost, replayPort+r)
+			p.Replay = TCPEndpoint(replayHost, replayPort+r)
 		}
 		d.Publishers = append(d.Publishers, p)
 	}
@@ -150,14 +157,14 @@ func ParseServerInfo(body []byte, workerURL string) (Discovery, error) {
 // "tcp://host:port" (rank r on port+r) and an optional rank-0 replay endpoint. A wildcard
 // host means workerURL's host.
 func PublishersFor(endpoint, replay, topic, workerURL string, dpSize int) ([]Publisher, error) {
-	host, port, err := splitEndpoint(endpoint)
+	host, port, err := SplitEndpoint(endpoint)
 	if err != nil {
 		return nil, fmt.Errorf("cannot use KV-event endpoint %q: %w", endpoint, err)
 	}
 	var rhost string
 	var rport int
 	if replay != "" {
-		if rhost, rport, err = splitEndpoint(replay); err != nil {
+		if rhost, rport, err = SplitEndpoint(replay); err != nil {
 			return nil, fmt.Errorf("cannot use KV-event replay endpoint %q: %w", replay, err)
 		}
 	}
@@ -165,13 +172,12 @@ func PublishersFor(endpoint, replay, topic, workerURL string, dpSize int) ([]Pub
 	if port+dpSize-1 > 65535 || rport+dpSize-1 > 65535 {
 		return nil, fmt.Errorf("cannot use KV-event endpoint %q: ports of %d ranks out of range", endpoint, dpSize)
 	}
-	wh := hostOf(workerURL)
-	host, rhost = resolveWildcard(host, wh), resolveWildcard(rhost, wh)
+	host, rhost = EndpointHost(host, workerURL), EndpointHost(rhost, workerURL)
 	out := make([]Publisher, dpSize)
 	for r := range out {
-		out[r] = Publisher{Rank: r, Endpoint: tcpEndpoint(host, port+r), Topic: topic}
+		out[r] = Publisher{Rank: r, Endpoint: TCPEndpoint(host, port+r), Topic: topic}
 		if rport > 0 {
-			out[r].Replay = tcpEndpoint(rhost, rport+r)
+			out[r].Replay = TCPEndpoint(rhost, rport+r)
 		}
 	}
 	return out, nil
@@ -249,8 +255,8 @@ func lenientInt(raw json.RawMessage) (int, error) {
 	return int(v), nil
 }
 
-// splitEndpoint splits "tcp://host:port" (host may be a wildcard).
-func splitEndpoint(ep string) (string, int, error) {
+// SplitEndpoint splits a ZMQ endpoint "tcp://host:port" (the host may be a wildcard).
+func SplitEndpoint(ep string) (string, int, error) {
 	rest, ok := strings.CutPrefix(ep, "tcp://")
 	if !ok {
 		return "", 0, fmt.Errorf("endpoint %q is not tcp://HOST:PORT", ep)
@@ -266,18 +272,23 @@ func splitEndpoint(ep string) (string, int, error) {
 	return host, port, nil
 }
 
-func resolveWildcard(host, workerHost string) string {
+// EndpointHost is the host to dial for an engine's ZMQ endpoint host (advertised in
+// /server_info or configured): a wildcard ("", "*", "0.0.0.0", "::") means the host of
+// workerURL (or 127.0.0.1 when it has none); brackets are dropped. The router resolves every
+// engine endpoint, KV events and load gauge alike, with this one function.
+func EndpointHost(host, workerURL string) string {
 	switch host {
 	case "", "*", "0.0.0.0", "::", "[::]":
-		if workerHost != "" {
-			return workerHost
+		if h := hostOf(workerURL); h != "" {
+			return h
 		}
 		return "127.0.0.1"
 	}
 	return strings.Trim(host, "[]")
 }
 
-func tcpEndpoint(host string, port int) string {
+// TCPEndpoint returns the ZMQ endpoint "tcp://host:port".
+func TCPEndpoint(host string, port int) string {
 	return "tcp://" + net.JoinHostPort(host, strconv.Itoa(port))
 }
 

@@ -555,7 +555,7 @@ func FuzzParseServerInfo(f *testing.F) {
 			t.Fatalf("%d publishers for dp %d", len(d.Publishers), d.DPSize)
 		}
 		for _, p := range d.Publishers {
-			if _, _, err := splitEndpoint(p.Endpoint); err != nil {
+			if _, _, err := SplitEndpoint(p.Endpoint); err != nil {
 				t.Fatalf("bad endpoint %q: %v", p.Endpoint, err)
 			}
 		}
