@@ -1,0 +1,355 @@
+package fleet
+
+import (
+	"sync/atomic"
+	"time"
+
+	"switchyard/config"
+)
+
+// BreakerState is a circuit breaker's state; its numeric value is exported as the
+// switchyard_worker_breaker_state gauge.
+type BreakerState int
+
+// Breaker states.
+const (
+	BreakerClosed   BreakerState = 0
+	BreakerOpen     BreakerState = 1
+	BreakerHalfOpen BreakerState = 2
+)
+
+func (s BreakerState) String() string {
+	switch s {
+	case BreakerOpen:
+		return "open"
+	case BreakerHalfOpen:
+		return "half_open"
+	}
+	return "closed"
+}
+
+// Outcome is what one dispatch says about its engine.
+type Outcome uint8
+
+const (
+	// OutcomeSuccess: the engine answered 1xx-3xx, or completed its stream.
+	OutcomeSuccess Outcome = iota
+	// OutcomeNeutral says nothing about the engine: a 4xx answer (the request's fault), a
+	// client that left, the request's own deadline, a failure of the router's own (no free
+	// connection, no file descriptor).
+	OutcomeNeutral
+	// OutcomeError is a 5xx answer other than 502, 503 and 504, such as a 500 to a parameter
+	// the engine cannot serve: it may be specific to the request, so it counts only in the
+	// error rate of the breaker's window.
+	OutcomeError
+	// OutcomeFailure is a failure the engine is answerable for whatever the request: no
+	// connection, a timeout, 502, 503 or 504, a stream the engine broke or left silent. It
+	// counts as consecutive and in the error rate.
+	OutcomeFailure
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case OutcomeNeutral:
+		return "neutral"
+	case OutcomeError:
+		return "error"
+	case OutcomeFailure:
+		return "failure"
+	}
+	return "success"
+}
+
+// OutcomeOfStatus classifies an engine's answer status.
+func OutcomeOfStatus(status int) Outcome {
+	switch {
+	case status < 400:
+		return OutcomeSuccess
+	case status < 500:
+		return OutcomeNeutral
+	case status == 502, status == 503, status == 504:
+		return OutcomeFailure
+	}
+	return OutcomeError
+}
+
+// BreakerSettings are a breaker's thresholds (health.breaker_*).
+type BreakerSettings struct {
+	// Enabled turns the breaker on; a disabled breaker is always closed.
+	Enabled bool
+	// Failures consecutive OutcomeFailure open it.
+	Failures int
+	// ErrorRate is the share of OutcomeError and OutcomeFailure over Window that opens it,
+	// once MinRequests dispatches were counted in Window.
+	ErrorRate   float64
+	MinRequests int
+	Window      time.Duration
+	// Cooldown is the open time before it turns half-open.
+	Cooldown time.Duration
+	// Successes consecutive successful probes close a half-open breaker.
+	Successes int
+}
+
+// BreakerSettingsFrom reads the breaker keys of the health section.
+func BreakerSettingsFrom(h config.Health) BreakerSettings {
+	return BreakerSettings{
+		Enabled: h.BreakerEnabled, Failures: h.BreakerFailures, ErrorRate: h.BreakerErrorRate,
+		MinRequests: h.BreakerMinRequests, Window: h.BreakerWindow, Cooldown: h.BreakerCooldown,
+		Successes: h.BreakerSuccesses,
+	}
+}
+
+// The breaker's state word: the state, the half-open probe in flight, the consecutive
+// failures (closed) and the consecutive probe successes (half-open).
+const (
+	wState    = 0x3
+	wProbing  = 1 << 2
+	failShift = 8
+	failMask  = 0xffff << failShift
+	succShift = 24
+	succMask  = 0xff << succShift
+)
+
+// windowSlots divides the error-rate window; a slot packs its epoch (32 bits), the
+// dispatches counted (16 bits) and the errors among them (16 bits).
+const windowSlots = 10
+
+// Breaker is one worker's circuit breaker over dispatch outcomes (POLICY_DESIGN section 8
+// keeps breakers outside the policies). Closed, it opens on Failures consecutive
+// OutcomeFailure, or when the share of OutcomeError and OutcomeFailure over the window
+// reaches ErrorRate with at least MinRequests dispatches counted; OutcomeNeutral never
+// counts. Open, it refuses every dispatch until Cooldown has passed; the owner then calls
+// Expire, which makes it half-open. Half-open, it admits exactly one probe at a time: a
+// successful probe (Successes in a row) closes it, a failed one (OutcomeError included)
+// opens it again, a neutral one frees the probe slot for the next dispatch.
+//
+// The breaker is on the path of every request: its state is one atomic word and the window
+// a ring of atomic slots, changed with compare-and-swap; no lock. Times are passed in, so
+// that tests drive it with any clock.
+type Breaker struct {
+	set      BreakerSettings
+	word     atomic.Uint64
+	openedAt atomic.Int64 // unix nanoseconds of the latest opening
+	slotDur  int64        // nanoseconds per window slot
+	slots    [windowSlots]atomic.Uint64
+}
+
+// NewBreaker returns a closed breaker; settings below their minimum are raised to it.
+func NewBreaker(s BreakerSettings) *Breaker {
+	s.Failures = max(s.Failures, 1)
+	s.Successes = max(s.Successes, 1)
+	s.MinRequests = max(s.MinRequests, 1)
+	if s.ErrorRate <= 0 || s.ErrorRate > 1 {
+		s.ErrorRate = 1
+	}
+	if s.Window <= 0 {
+		s.Window = time.Minute
+	}
+	b := &Breaker{set: s, slotDur: max(int64(s.Window)/windowSlots, 1)}
+	return b
+}
+
+// Transition is a breaker state change a caller acts upon (republish the worker's
+// eligibility, schedule the cool-down).
+type Transition uint8
+
+// Transitions.
+const (
+	NoChange Transition = iota
+	// Opened: the breaker opened (from closed or half-open); schedule Expire after Cooldown.
+	Opened
+	// HalfOpened: the cool-down ended; the worker may take one probe.
+	HalfOpened
+	// Closed: a probe closed the breaker.
+	Closed
+	// ProbeTaken: the half-open probe slot was taken; the worker takes no other dispatch.
+	ProbeTaken
+	// ProbeFreed: the probe ended without a verdict (or with a success short of
+	// Successes); the slot is free again.
+	ProbeFreed
+)
+
+// State returns the current state.
+func (b *Breaker) State() BreakerState { return BreakerState(b.word.Load() & wState) }
+
+// Cooldown returns the open time before half-open.
+func (b *Breaker) Cooldown() time.Duration { return b.set.Cooldown }
+
+// Eligible reports whether the breaker lets picks choose its worker: closed, or half-open
+// with the probe slot free.
+func (b *Breaker) Eligible() bool {
+	w := b.word.Load()
+	switch BreakerState(w & wState) {
+	case BreakerClosed:
+		return true
+	case BreakerHalfOpen:
+		return w&wProbing == 0
+	}
+	return false
+}
+
+// Admit is called before a dispatch. Closed (the fast path: one atomic load) it admits.
+// Half-open it admits the dispatch as the probe when the probe slot is free (probe true,
+// Transition ProbeTaken). Otherwise it refuses: the caller picks another engine.
+func (b *Breaker) Admit() (probe bool, t Transition, ok bool) {
+	for {
+		w := b.word.Load()
+		switch BreakerState(w & wState) {
+		case BreakerClosed:
+			return false, NoChange, true
+		case BreakerOpen:
+			return false, NoChange, false
+		}
+		if w&wProbing != 0 {
+			return false, NoChange, false
+		}
+		if b.word.CompareAndSwap(w, w|wProbing) {
+			return true, ProbeTaken, true
+		}
+	}
+}
+
+// Record counts a dispatch outcome at now. probe says whether Admit admitted the dispatch
+// as the half-open probe. Outcomes of dispatches admitted before the breaker opened are
+// ignored while it is open or half-open.
+func (b *Breaker) Record(o Outcome, probe bool, now time.Time) Transition {
+	if !b.set.Enabled {
+		return NoChange
+	}
+	if probe {
+		return b.recordProbe(o, now)
+	}
+	if o == OutcomeNeutral {
+		return NoChange
+	}
+	w := b.word.Load()
+	if BreakerState(w&wState) != BreakerClosed {
+		return NoChange
+	}
+	errs := b.count(o != OutcomeSuccess, now)
+	for {
+		w = b.word.Load()
+		if BreakerState(w&wState) != BreakerClosed {
+			return NoChange
+		}
+		fails := (w & failMask) >> failShift
+		next := w
+		switch o {
+		case OutcomeSuccess:
+			if fails == 0 {
+				return NoChange // the common case: nothing to write
+			}
+			next = w &^ failMask
+		case OutcomeFailure:
+			if fails < 0xffff {
+				fails++
+			}
+			next = w&^failMask | fails<<failShift
+		}
+		open := o == OutcomeFailure && int(fails) >= b.set.Failures || o != OutcomeSuccess && errs
+		if open {
+			next = uint64(BreakerOpen)
+		}
+		if next == w {
+			return NoChange
+		}
+		if open {
+			b.openedAt.Store(now.UnixNano())
+		}
+		if b.word.CompareAndSwap(w, next) {
+			if open {
+				b.clearWindow()
+				return Opened
+			}
+			return NoChange
+		}
+	}
+}
+
+func (b *Breaker) recordProbe(o Outcome, now time.Time) Transition {
+	for {
+		w := b.word.Load()
+		if BreakerState(w&wState) != BreakerHalfOpen || w&wProbing == 0 {
+			return NoChange // the breaker was reset meanwhile
+		}
+		var next uint64
+		var t Transition
+		switch o {
+		case OutcomeSuccess:
+			succ := (w&succMask)>>succShift + 1
+			if int(succ) >= b.set.Successes {
+				next, t = uint64(BreakerClosed), Closed
+			} else {
+				next, t = uint64(BreakerHalfOpen)|succ<<succShift, ProbeFreed
+			}
+		case OutcomeNeutral:
+			next, t = w&^wProbing, ProbeFreed
+		default:
+			next, t = uint64(BreakerOpen), Opened
+			b.openedAt.Store(now.UnixNano())
+		}
+		if b.word.CompareAndSwap(w, next) {
+			if t == Closed {
+				b.clearWindow()
+			}
+			return t
+		}
+	}
+}
+
+// Expire turns an open breaker whose cool-down has passed at now half-open.
+func (b *Breaker) Expire(now time.Time) Transition {
+	for {
+		w := b.word.Load()
+		if BreakerState(w&wState) != BreakerOpen || now.UnixNano()-b.openedAt.Load() < int64(b.set.Cooldown) {
+			return NoChange
+		}
+		if b.word.CompareAndSwap(w, uint64(BreakerHalfOpen)) {
+			return HalfOpened
+		}
+	}
+}
+
+// OpenedAt returns when the breaker last opened.
+func (b *Breaker) OpenedAt() time.Time { return time.Unix(0, b.openedAt.Load()) }
+
+// count adds one dispatch (an error when failed) to the window at now and reports whether
+// the window's error rate now opens the breaker.
+func (b *Breaker) count(failed bool, now time.Time) bool {
+	epoch := uint64(now.UnixNano()/b.slotDur) & 0xffffffff
+	slot := &b.slots[epoch%windowSlots]
+	for {
+		v := slot.Load()
+		total, errs := uint64(0), uint64(0)
+		if v>>32 == epoch {
+			total, errs = (v>>16)&0xffff, v&0xffff
+		}
+		if total < 0xffff {
+			total++
+			if failed {
+				errs++
+			}
+		}
+		if slot.CompareAndSwap(v, epoch<<32|total<<16|errs) {
+			break
+		}
+	}
+	if !failed {
+		return false
+	}
+	var total, errs uint64
+	for i := range b.slots {
+		v := b.slots[i].Load()
+		if e := v >> 32; e <= epoch && epoch-e < windowSlots {
+			total += (v >> 16) & 0xffff
+			errs += v & 0xffff
+		}
+	}
+	return int(total) >= b.set.MinRequests && float64(errs) >= b.set.ErrorRate*float64(total)
+}
+
+func (b *Breaker) clearWindow() {
+	for i := range b.slots {
+		b.slots[i].Store(0)
+	}
+}
