@@ -34,7 +34,7 @@ type CacheOptions struct {
 //	if memo := cs.Prepare(ctx, model, tokens); memo != nil {  // per request, before the picks
 //		breq.Prefix = memo                              // engine.BucketRequest
 //	}
-//	cs.AddWorker(w) / cs.RemoveWorker(id)               // worker lifecycle (admin API)
+//	cs.AddWorker(spec) / cs.RemoveWorker(id)            // worker lifecycle (httpfront/fleet)
 //	cs.Close()
 //
 // Safe for concurrent use.
@@ -134,7 +134,8 @@ func NewCacheState(cfg *config.Config, opts CacheOptions) (*CacheState, error) {
 }
 
 // WorkerSpecFrom is the KV subscription of a configured worker: its kv_events endpoint when
-// set, else discovery through /server_info (and the bound SUB for engines that dial it).
+// set, else the publishers the worker lifecycle names once it has introspected the engine
+// (and the bound SUB for engines that dial it).
 func WorkerSpecFrom(w config.Worker) kv.WorkerSpec {
 	return kv.WorkerSpec{ID: w.ID, URL: w.URL, Model: w.Model, DPSize: w.DPSize, KVEvents: w.KVEvents}
 }
@@ -187,13 +188,14 @@ func (c *CacheState) Run(ctx context.Context) error {
 	return c.manager.Run(ctx)
 }
 
-// AddWorker starts following a worker added at run time (admin API); a no-op without local
-// subscriptions or when no cache_aware group of the worker's model reads its blocks.
-func (c *CacheState) AddWorker(w config.Worker) error {
-	if c.manager == nil || !c.prepare[w.Model] {
+// AddWorker starts (or changes) following a worker's KV events: a worker added at run time,
+// or one whose publishers its introspection found. A no-op without local subscriptions or
+// when no cache_aware group of the worker's model reads its blocks.
+func (c *CacheState) AddWorker(spec kv.WorkerSpec) error {
+	if c.manager == nil || !c.prepare[spec.Model] {
 		return nil
 	}
-	return c.manager.AddWorker(WorkerSpecFrom(w))
+	return c.manager.AddWorker(spec)
 }
 
 // RemoveWorker stops following a removed worker and drops its entries.

@@ -5,8 +5,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net"
-	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"sync"
 	"testing"
@@ -258,16 +256,12 @@ func tokenRun(base, n int) []uint32 {
 // (bucket and group actors, index shard actors, real ZMQ publishers): a warmed engine wins a
 // long shared prefix; past the soft gate the request goes elsewhere; eviction returns it to
 // the fallback; a restarted publisher leaves no stale ownership; a gap is repaired by
-// replay. Engine A is discovered through /server_info (with its replay socket); B and C are
-// configured by endpoint.
+// replay. Engine A's publisher (with its replay socket) is named once the cache state runs,
+// as the worker lifecycle does after introspecting the engine; B and C are configured by
+// endpoint.
 func TestCacheAwareSelectionOverZMQ(t *testing.T) {
 	pubPort, replayPort := freeTCPPort(t), freeTCPPort(t)
 	a := startEnginePub(t, "tcp://127.0.0.1:"+strconv.Itoa(pubPort), "tcp://127.0.0.1:"+strconv.Itoa(replayPort))
-	info := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, `{"model_path":"m","page_size":16,"dp_size":1,"kv_events":{"publisher":"zmq","endpoint_host":"*",`+
-			`"endpoint_port_base":%d,"block_size":16,"dp_size":1,"replay_endpoint_port_base":%d}}`, pubPort, replayPort)
-	}))
-	defer info.Close()
 	b := startEnginePub(t, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0")
 	c := startEnginePub(t, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0")
 
@@ -275,7 +269,7 @@ func TestCacheAwareSelectionOverZMQ(t *testing.T) {
 	cfg.KV.ReconnectBackoff = 10 * time.Millisecond
 	cfg.CacheAware.MinLoadChoices = 3 // exact minimum over the three engines
 	cfg.Workers = []config.Worker{
-		{ID: "A", URL: info.URL, Model: "m", Role: config.RolePlain, DPSize: 1},
+		{ID: "A", URL: "http://127.0.0.1:3", Model: "m", Role: config.RolePlain, DPSize: 1},
 		{ID: "B", URL: "http://127.0.0.1:1", Model: "m", Role: config.RolePlain, DPSize: 1, KVEvents: "tcp://" + b.pub.Addr().String()},
 		{ID: "C", URL: "http://127.0.0.1:2", Model: "m", Role: config.RolePlain, DPSize: 1, KVEvents: "tcp://" + c.pub.Addr().String()},
 	}
@@ -285,6 +279,10 @@ func TestCacheAwareSelectionOverZMQ(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := startCacheHarness(t, cfg)
+	if err := h.cs.AddWorker(kv.WorkerSpec{ID: "A", URL: "http://127.0.0.1:3", Model: "m", DPSize: 1, BlockSize: 16,
+		Publishers: []kv.Publisher{{Endpoint: "tcp://127.0.0.1:" + strconv.Itoa(pubPort), Replay: "tcp://127.0.0.1:" + strconv.Itoa(replayPort)}}}); err != nil {
+		t.Fatal(err)
+	}
 	h.warmUp(t, a, "A")
 	h.warmUp(t, b, "B")
 	h.warmUp(t, c, "C")

@@ -2,7 +2,6 @@ package httpfront
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,7 +11,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"switchyard/actors"
-	"switchyard/config"
+	"switchyard/httpfront/fleet"
 	"switchyard/load"
 )
 
@@ -31,11 +30,10 @@ func (s *Server) admin(ctx *fasthttp.RequestCtx) {
 		s.addWorker(ctx)
 	case len(path) > len("/workers/") && path[:len("/workers/")] == "/workers/" && ctx.IsDelete():
 		id := path[len("/workers/"):]
-		if err := s.workers.remove(id); err != nil {
+		if err := s.workers.Remove(id); err != nil {
 			writeError(ctx, newAPIError(CodeWorkerNotFound, "no worker "+strconv.Quote(id)))
 			return
 		}
-		s.unfollowKV(id)
 		if n, err := s.affinity.InvalidateWorker(id); err != nil {
 			s.logger.Warn("cannot invalidate the removed worker's affinity bindings", slog.String("worker", id), slog.Any("error", err))
 		} else if n > 0 {
@@ -50,22 +48,9 @@ func (s *Server) admin(ctx *fasthttp.RequestCtx) {
 	}
 }
 
-// workerView is one worker as GET /workers shows it.
+// workerView is one worker as GET /workers shows it: its lifecycle view and its load.
 type workerView struct {
-	ID            string `json:"id"`
-	URL           string `json:"url"`
-	Model         string `json:"model"`
-	Role          string `json:"role"`
-	Healthy       bool   `json:"healthy"`
-	Eligible      bool   `json:"eligible"`
-	Breaker       string `json:"breaker"`
-	InFlight      int64  `json:"in_flight"`
-	Dispatched    uint64 `json:"dispatched"`
-	BootstrapPort *int   `json:"bootstrap_port"`
-	DPSize        int    `json:"dp_size"`
-	Introspected  bool   `json:"introspected"`
-	// Flavor is the configured flavour (auto, sglang, vllm).
-	Flavor string `json:"flavor"`
+	fleet.View
 	// Load says where the worker's load comes from and what the router sees of it.
 	Load *loadView `json:"load,omitempty"`
 }
@@ -86,42 +71,22 @@ type loadView struct {
 	KVTotal   *int64 `json:"kv_capacity_tokens,omitempty"`
 }
 
-func (st *workerState) view() workerView {
-	w := st.worker.Load()
-	v := workerView{
-		ID:           w.ID,
-		URL:          w.URL,
-		Model:        w.Model,
-		Role:         w.Stage.String(),
-		Healthy:      st.healthOK.Load(),
-		Eligible:     w.Healthy(),
-		Breaker:      st.breaker.State().String(),
-		InFlight:     w.Counters.InFlight(),
-		Dispatched:   w.Counters.Dispatched(),
-		DPSize:       w.DPSize,
-		Introspected: st.info.Load() != nil,
-		Flavor:       cmp.Or(st.spec.Flavor, config.FlavorAuto),
-	}
-	if w.BootstrapPort > 0 {
-		p := w.BootstrapPort
-		v.BootstrapPort = &p
+// view returns m's admin view, with its load when the telemetry can tell it.
+func (s *Server) view(m *fleet.Member) workerView {
+	v := workerView{View: m.View()}
+	if ls, ok := s.tele.(loadStatuser); ok {
+		if status, ok := ls.LoadStatus(m.ID()); ok {
+			v.Load = newLoadView(status, s.loads.Load().Observe(m.ID(), s.now()))
+		}
 	}
 	return v
 }
 
 func (s *Server) listWorkers(ctx *fasthttp.RequestCtx) {
-	states := s.workers.all()
-	views := make([]workerView, 0, len(states))
-	ls, _ := s.workers.tele.(loadStatuser)
-	snap, now := s.loads.Load(), s.now()
-	for _, st := range states {
-		v := st.view()
-		if ls != nil {
-			if status, ok := ls.LoadStatus(st.id); ok {
-				v.Load = newLoadView(status, snap.Observe(st.id, now))
-			}
-		}
-		views = append(views, v)
+	members := s.workers.Members()
+	views := make([]workerView, 0, len(members))
+	for _, m := range members {
+		views = append(views, s.view(m))
 	}
 	writeJSON(ctx, fasthttp.StatusOK, map[string]any{"workers": views})
 }
@@ -136,7 +101,7 @@ func (s *Server) addWorker(ctx *fasthttp.RequestCtx) {
 	}
 	// The request goroutine waits for introspection (bounded by the health timeout); the
 	// admin API is not on the hot path.
-	st, err := s.workers.add(context.Background(), spec, true)
+	m, err := s.workers.Add(context.Background(), spec, true)
 	switch {
 	case errors.Is(err, ErrWorkerExists):
 		writeError(ctx, newAPIError(CodeWorkerExists, err.Error()))
@@ -151,8 +116,7 @@ func (s *Server) addWorker(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, newAPIError(CodeInternal, err.Error()))
 		return
 	}
-	s.followKV(st)
-	writeJSON(ctx, fasthttp.StatusCreated, st.view())
+	writeJSON(ctx, fasthttp.StatusCreated, s.view(m))
 }
 
 func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {

@@ -62,27 +62,6 @@ func (s *Server) preparePrefix(ex *exchange, model string, ids []uint32) *kv.Pre
 	return &ex.memo
 }
 
-// followKV starts following the KV events of a worker the admin API added: the spec's
-// kv_events endpoint when given, else the publishers its /server_info advertises.
-func (s *Server) followKV(st *workerState) {
-	if s.cache == nil {
-		return
-	}
-	w := st.worker.Load()
-	err := s.cache.AddWorker(config.Worker{ID: w.ID, URL: w.URL, Model: w.Model, DPSize: w.DPSize, KVEvents: st.spec.KVEvents})
-	if err != nil {
-		s.logger.Warn("cannot follow the worker's KV events: cache_aware sees it hold nothing",
-			slog.String("worker", w.ID), slog.Any("error", err))
-	}
-}
-
-// unfollowKV stops following a removed worker's KV events and drops its index entries.
-func (s *Server) unfollowKV(id string) {
-	if s.cache != nil {
-		s.cache.RemoveWorker(id)
-	}
-}
-
 // Cache returns the router's cache state (prefix source, and with a local source the index
 // and its KV-event subscriptions), or nil when no group runs cache_aware.
 func (s *Server) Cache() *actors.CacheState { return s.cache }

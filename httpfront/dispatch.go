@@ -3,13 +3,13 @@ package httpfront
 import (
 	"errors"
 	"io"
-	"net"
 	"strings"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
 	"switchyard/engine"
+	"switchyard/httpfront/fleet"
 	"switchyard/httpfront/flow"
 	"switchyard/kv"
 )
@@ -260,20 +260,70 @@ func (s *Server) serveInference(ctx *fasthttp.RequestCtx, kind routeKind, ex *ex
 	if mr.prefix && len(ids) > 0 {
 		ex.breq.Prefix = s.preparePrefix(ex, mr.name, ids)
 	}
-	pick, err := s.sel.Select(mr.resolver, &ex.breq)
-	if err != nil {
-		s.metrics.selectionFailed(err)
-		if engine.OutcomeOf(err) == engine.OutcomeTimeout {
-			o.keep = true
+	var (
+		pick engine.BucketPick
+		adm  picked
+	)
+	for round := 1; ; round++ {
+		var err error
+		if pick, err = s.sel.Select(mr.resolver, &ex.breq); err != nil {
+			s.metrics.selectionFailed(err)
+			if engine.OutcomeOf(err) == engine.OutcomeTimeout {
+				o.keep = true
+			}
+			return s.fail(ctx, o, selectionError(err))
 		}
-		return s.fail(ctx, o, selectionError(err))
+		var ok bool
+		if adm, ok = admitPicked(&pick); ok {
+			break
+		}
+		// Slow path: a picked engine refused the dispatch (its half-open breaker's probe is
+		// taken, or it was removed) and was withdrawn from picks: select again.
+		if round == maxAdmitRounds {
+			return s.fail(ctx, o, newAPIError(CodeNoAvailableEngine, "every engine selected for the request refused it"))
+		}
 	}
 	s.metrics.selected(mr.metrics, &pick)
-	d := dispatch{s: s, ctx: ctx, kind: kind, body: body, facts: f, pick: pick, hdr: hdr, start: start, mm: mr.metrics, ticket: o.ticket}
+	d := dispatch{s: s, ctx: ctx, kind: kind, body: body, facts: f, pick: pick, adm: adm, hdr: hdr, start: start, mm: mr.metrics, ticket: o.ticket}
 	if pick.IsPD() {
 		return d.pd(ex, o)
 	}
 	return d.plain(o)
+}
+
+// maxAdmitRounds bounds the selections of one request whose selected engines refuse the
+// dispatch (Member.Admit); each refusal withdraws the engine before the next selection.
+const maxAdmitRounds = 4
+
+// picked is a selection's engines once they admitted the dispatch: their lifecycle state and
+// dispatch tickets.
+type picked struct {
+	plain, prefill, decode    *fleet.Member
+	tPlain, tPrefill, tDecode fleet.Ticket
+}
+
+// admitPicked asks the picked engines to take the dispatch (fleet.Member.Admit). false:
+// one refused, and any ticket already taken was given back.
+func admitPicked(p *engine.BucketPick) (a picked, ok bool) {
+	if !p.IsPD() {
+		if a.plain = fleet.MemberOf(p.Plain.Worker); a.plain == nil {
+			return a, false
+		}
+		a.tPlain, ok = a.plain.Admit()
+		return a, ok
+	}
+	a.prefill, a.decode = fleet.MemberOf(p.Prefill.Worker), fleet.MemberOf(p.Decode.Worker)
+	if a.prefill == nil || a.decode == nil {
+		return a, false
+	}
+	if a.tPrefill, ok = a.prefill.Admit(); !ok {
+		return a, false
+	}
+	if a.tDecode, ok = a.decode.Admit(); !ok {
+		a.tPrefill.Done(fleet.OutcomeNeutral)
+		return a, false
+	}
+	return a, true
 }
 
 func (s *Server) maxBody() int64 {
@@ -292,6 +342,7 @@ type dispatch struct {
 	facts *requestFacts
 	// pick is held by value: a pointer would make every request's pick escape to the heap.
 	pick  engine.BucketPick
+	adm   picked
 	hdr   clientHeaders
 	start time.Time
 	mm    *modelMetrics
@@ -317,19 +368,20 @@ func (d *dispatch) deadline() time.Time {
 	return d.dl
 }
 
-// buildUpstream fills req to send a copy of body to st on the request's route with the
-// forwarded headers.
-func (d *dispatch) buildUpstream(req *fasthttp.Request, st *workerState, body []byte) {
-	d.upstreamHeaders(req, st)
+// buildUpstream fills req to send a copy of body to the engine at hostPort on the request's
+// route with the forwarded headers.
+func (d *dispatch) buildUpstream(req *fasthttp.Request, hostPort string, body []byte) {
+	d.upstreamHeaders(req, hostPort)
 	req.SetBody(body)
 }
 
-// upstreamHeaders fills req's request line and headers to st on the request's route: the
-// forwarded client headers, set under their canonical names without normalizing them again.
-func (d *dispatch) upstreamHeaders(req *fasthttp.Request, st *workerState) {
+// upstreamHeaders fills req's request line and headers to the engine at hostPort on the
+// request's route: the forwarded client headers, set under their canonical names without
+// normalizing them again.
+func (d *dispatch) upstreamHeaders(req *fasthttp.Request, hostPort string) {
 	req.Header.SetMethod(fasthttp.MethodPost)
 	req.SetRequestURI(routePaths[d.kind])
-	req.Header.SetHost(st.hostPort)
+	req.Header.SetHost(hostPort)
 	req.Header.SetContentType("application/json")
 	// The router's own key authenticates the client to the router, not to the engine.
 	dropAuth := d.s.cfg.Server.APIKey != ""
@@ -340,22 +392,6 @@ func (d *dispatch) upstreamHeaders(req *fasthttp.Request, st *workerState) {
 		}
 		req.Header.SetCanonical(name, v)
 	}
-}
-
-// upstreamError maps a transport failure before any byte reached the client.
-func upstreamError(w *engine.Worker, err error) (*apiError, string) {
-	if isTimeout(err) {
-		return newAPIError(CodeUpstreamTimeout, "engine "+w.ID+" did not answer in time"), upstreamTimeout
-	}
-	return newAPIError(CodeUpstream, "engine "+w.ID+" failed: "+err.Error()), upstreamTransport
-}
-
-func isTimeout(err error) bool {
-	if errors.Is(err, fasthttp.ErrTimeout) || errors.Is(err, fasthttp.ErrDialTimeout) {
-		return true
-	}
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // skipResponseHeader reports the upstream response headers not copied to the client.
@@ -410,50 +446,39 @@ func isEventStream(resp *fasthttp.Response) bool {
 }
 
 // plain forwards to the plain engine: buffered for a non-streaming request, relayed for a
-// stream. Guards are released on every path.
+// stream. Guards are released and the ticket ended on every path.
 func (d *dispatch) plain(o outcome) outcome {
 	s := d.s
 	w := d.pick.Plain.Worker
-	st := s.workers.state(w.ID)
-	if st == nil {
-		return s.fail(d.ctx, o, newAPIError(CodeUpstream, "engine "+w.ID+" was removed before dispatch"))
-	}
+	m, ticket := d.adm.plain, d.adm.tPlain
 	// The request's start time stamps the guard: one clock read less per request.
 	guard := s.tracker.Acquire(w.Counters, d.start)
 	req := fasthttp.AcquireRequest()
 	resp := fasthttp.AcquireResponse()
-	d.upstreamHeaders(req, st)
+	d.upstreamHeaders(req, m.Upstream().HostPort())
 	// The body outlives the upstream call (it is the client request's or the exchange's),
 	// so it is sent without a copy.
 	req.SetBodyRaw(d.body)
 	resp.StreamBody = d.facts.stream
-	var err error
-	if d.facts.stream {
-		// A stream's relay enforces the same absolute deadline.
-		err = st.client.DoDeadline(req, resp, d.deadline())
-	} else {
-		err = st.client.DoTimeout(req, resp, d.timeout())
-	}
+	// A stream's relay enforces the same absolute deadline.
+	err := m.Upstream().Do(req, resp, d.deadline())
 	fasthttp.ReleaseRequest(req)
 	if err != nil {
 		fasthttp.ReleaseResponse(resp)
 		guard.Release()
-		e, kind := upstreamError(w, err)
-		s.metrics.upstreamError(w.ID, kind)
-		s.workers.dispatched(st, true)
+		e, verdict := s.upstreamFailure(w, err)
+		ticket.Done(verdict)
 		return s.fail(d.ctx, o, e)
 	}
 	status := resp.StatusCode()
-	if status >= 500 {
-		s.metrics.upstreamError(w.ID, upstreamStatus)
-	}
+	verdict := s.statusOutcome(w, status)
 	if d.facts.stream && status == fasthttp.StatusOK && isEventStream(resp) {
 		d.ctx.SetStatusCode(status)
 		copyResponseHeaders(&d.ctx.Response.Header, resp)
 		d.routerHeaders()
 		d.ctx.Response.Header.Set("Cache-Control", "no-cache")
 		d.ctx.Response.Header.Set("X-Accel-Buffering", "no")
-		r := s.newRelay(d, o.mm, resp, st, guard, nil)
+		r := s.newRelay(d, o.mm, resp, w, ticket, guard, nil)
 		d.ctx.SetBodyStreamWriter(r.run)
 		o.async = true
 		o.status = status
@@ -474,7 +499,7 @@ func (d *dispatch) plain(o outcome) outcome {
 	}
 	fasthttp.ReleaseResponse(resp)
 	guard.Release()
-	s.workers.dispatched(st, status >= 500)
+	ticket.Done(verdict)
 	o.status = status
 	return o
 }

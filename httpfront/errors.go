@@ -47,6 +47,8 @@ const (
 	CodeQueueFull           = "queue_full"
 	CodeQueueTimeout        = "queue_timeout"
 	CodeClientClosed        = "client_closed_request"
+	CodeConnectionLimit     = "upstream_connection_limit"
+	CodeRouterResources     = "router_out_of_resources"
 )
 
 // errorClass is the status and OpenAI error type of a code.
@@ -87,6 +89,8 @@ var errorTable = map[string]errorClass{
 	CodeIntrospection:       {fasthttp.StatusBadGateway, "upstream_error"},
 	CodeNoAvailableEngine:   {fasthttp.StatusServiceUnavailable, "service_unavailable_error"},
 	CodeShuttingDown:        {fasthttp.StatusServiceUnavailable, "service_unavailable_error"},
+	CodeConnectionLimit:     {fasthttp.StatusServiceUnavailable, "service_unavailable_error"},
+	CodeRouterResources:     {fasthttp.StatusServiceUnavailable, "service_unavailable_error"},
 	CodeUpstreamTimeout:     {fasthttp.StatusGatewayTimeout, "timeout_error"},
 	CodeSelectionTimeout:    {fasthttp.StatusGatewayTimeout, "timeout_error"},
 	CodeStreamIdleTimeout:   {fasthttp.StatusGatewayTimeout, "timeout_error"},

@@ -99,18 +99,3 @@ func skipWS2(b []byte) int {
 	}
 	return i
 }
-
-// FuzzDecodeServerInfo checks that introspection decoding never panics.
-func FuzzDecodeServerInfo(f *testing.F) {
-	f.Add([]byte(`{"model_path":"m","disaggregation_mode":"prefill","disaggregation_bootstrap_port":8998,"dp_size":2,"kv_events":{"endpoint_host":"*","load_endpoint_port_base":1}}`))
-	f.Add([]byte(`{"served_model_name":"x","dp_size":"4"}`))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		info, err := decodeServerInfo(b)
-		if err == nil {
-			_ = info.GaugeEndpoints("http://127.0.0.1:1")
-			if info.DPSize < 0 || info.BootstrapPort < 0 {
-				t.Fatalf("%+v", info)
-			}
-		}
-	})
-}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,6 +20,7 @@ import (
 
 	"switchyard/config"
 	"switchyard/engine"
+	"switchyard/httpfront/fleet"
 )
 
 // fakeEngine is a hand-written SGLang-like engine on a loopback port: chat, completions and
@@ -451,11 +453,21 @@ func waitFor(t *testing.T, ch <-chan struct{}, what string) {
 	}
 }
 
-// fakeClock is a manually advanced clock.
+// fakeClock is a manually advanced clock (fleet.Clock): Advance runs the timers that fall
+// due, in order, on the caller's goroutine.
 type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
+	mu     sync.Mutex
+	now    time.Time
+	timers []*fakeTimer
 }
+
+type fakeTimer struct {
+	at      time.Time
+	f       func()
+	stopped bool
+}
+
+var _ fleet.Clock = (*fakeClock)(nil)
 
 func newFakeClock() *fakeClock { return &fakeClock{now: time.Unix(1_700_000_000, 0)} }
 
@@ -465,10 +477,41 @@ func (c *fakeClock) Now() time.Time {
 	return c.now
 }
 
+func (c *fakeClock) AfterFunc(d time.Duration, f func()) func() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t := &fakeTimer{at: c.now.Add(d), f: f}
+	c.timers = append(c.timers, t)
+	return func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		was := !t.stopped
+		t.stopped = true
+		return was
+	}
+}
+
 func (c *fakeClock) Advance(d time.Duration) {
 	c.mu.Lock()
 	c.now = c.now.Add(d)
+	var due []*fakeTimer
+	rest := c.timers[:0]
+	for _, t := range c.timers {
+		switch {
+		case t.stopped:
+		case !t.at.After(c.now):
+			t.stopped = true
+			due = append(due, t)
+		default:
+			rest = append(rest, t)
+		}
+	}
+	c.timers = rest
 	c.mu.Unlock()
+	slices.SortFunc(due, func(a, b *fakeTimer) int { return a.at.Compare(b.at) })
+	for _, t := range due {
+		t.f()
+	}
 }
 
 // stubSelector answers every selection with a fixed error.

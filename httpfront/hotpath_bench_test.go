@@ -21,7 +21,6 @@ func BenchmarkForwardHeaders(b *testing.B) {
 	cfg := config.Default()
 	s := &Server{cfg: cfg, fwd: newForwardNames(cfg.Affinity.SessionHeader, cfg.Affinity.RoutingKeyHeader)}
 	h := parseRequestHeader(b, benchClientHeaders)
-	st := &workerState{hostPort: "engine:30000"}
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req)
 	b.ReportAllocs()
@@ -30,7 +29,7 @@ func BenchmarkForwardHeaders(b *testing.B) {
 		s.fwd.scan(h, &hdr)
 		d := dispatch{s: s, kind: routeChat, hdr: hdr}
 		req.Reset()
-		d.upstreamHeaders(req, st)
+		d.upstreamHeaders(req, "engine:30000")
 	}
 }
 

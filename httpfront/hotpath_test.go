@@ -78,7 +78,7 @@ func TestForwardedHeaders(t *testing.T) {
 			d := dispatch{s: s, kind: routeChat, hdr: hdr}
 			req := fasthttp.AcquireRequest()
 			defer fasthttp.ReleaseRequest(req)
-			d.upstreamHeaders(req, &workerState{hostPort: "engine:30000"})
+			d.upstreamHeaders(req, "engine:30000")
 			for k, v := range tt.want {
 				if got := string(req.Header.Peek(k)); got != v {
 					t.Errorf("upstream %s = %q, want %q", k, got, v)

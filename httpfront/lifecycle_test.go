@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"switchyard/config"
+	"switchyard/httpfront/fleet"
 )
 
 // fakeTelemetry records StartWorker and StopWorker calls.
@@ -54,15 +55,15 @@ func twoWorkerServer(t *testing.T, mutate func(*config.Config), opts Options) (*
 
 func TestUnhealthyEngineLeavesAndReturns(t *testing.T) {
 	ts, a, b := twoWorkerServer(t, nil, Options{})
-	st := ts.workers.state("A")
+	st := ts.workers.Member("A")
 	ctx := context.Background()
 
 	a.health.Store(503)
-	ts.workers.checkOnce(ctx, st)
+	ts.workers.CheckOnce(ctx, st)
 	if !ts.Workers().Worker("A").Healthy() {
 		t.Fatal("one failure is below the threshold of 2")
 	}
-	ts.workers.checkOnce(ctx, st)
+	ts.workers.CheckOnce(ctx, st)
 	if ts.Workers().Worker("A").Healthy() {
 		t.Fatal("A still healthy after 2 failed checks")
 	}
@@ -80,11 +81,11 @@ func TestUnhealthyEngineLeavesAndReturns(t *testing.T) {
 	}
 
 	a.health.Store(0)
-	ts.workers.checkOnce(ctx, st)
+	ts.workers.CheckOnce(ctx, st)
 	if ts.Workers().Worker("A").Healthy() {
 		t.Fatal("one success is below the threshold of 2")
 	}
-	ts.workers.checkOnce(ctx, st)
+	ts.workers.CheckOnce(ctx, st)
 	if !ts.Workers().Worker("A").Healthy() {
 		t.Fatal("A not back after 2 good checks")
 	}
@@ -106,8 +107,8 @@ func TestReadinessNeedsEveryModel(t *testing.T) {
 	a.health.Store(503)
 	b.health.Store(503)
 	for range 2 {
-		ts.workers.checkOnce(context.Background(), ts.workers.state("A"))
-		ts.workers.checkOnce(context.Background(), ts.workers.state("B"))
+		ts.workers.CheckOnce(context.Background(), ts.workers.Member("A"))
+		ts.workers.CheckOnce(context.Background(), ts.workers.Member("B"))
 	}
 	r := get(t, ts.url+"/readiness")
 	if r.status != 503 || !contains(r.body, "llama/plain") {
@@ -126,14 +127,14 @@ func TestBreakerOpensAndHalfOpenProbeCloses(t *testing.T) {
 	ts, a, _ := twoWorkerServer(t, func(c *config.Config) {
 		c.Health.BreakerFailures = 2
 		c.Health.BreakerCooldown = 30 * time.Second
-	}, Options{Now: clock.Now})
-	st := ts.workers.state("A")
-	a.fail.Store(500)
-	for i := 0; i < 8 && st.breaker.State() != BreakerOpen; i++ {
+	}, Options{Clock: clock})
+	m := ts.workers.Member("A")
+	a.fail.Store(502)
+	for i := 0; i < 8 && m.Breaker().State() != fleet.BreakerOpen; i++ {
 		post(t, ts.url+"/v1/chat/completions", chatBody("llama", "hi", ""))
 	}
-	if st.breaker.State() != BreakerOpen || ts.Workers().Worker("A").Healthy() {
-		t.Fatalf("breaker %v, eligible %v", st.breaker.State(), ts.Workers().Worker("A").Healthy())
+	if m.Breaker().State() != fleet.BreakerOpen || ts.Workers().Worker("A").Healthy() {
+		t.Fatalf("breaker %v, eligible %v", m.Breaker().State(), ts.Workers().Worker("A").Healthy())
 	}
 	hits := a.hits.Load()
 	for range 4 {
@@ -141,50 +142,21 @@ func TestBreakerOpensAndHalfOpenProbeCloses(t *testing.T) {
 			t.Fatalf("open breaker still routed to %q", r.header.Get(headerWorker))
 		}
 	}
-	ts.workers.checkOnce(context.Background(), st)
-	if st.breaker.State() != BreakerOpen {
+	ts.workers.CheckOnce(context.Background(), m)
+	if m.Breaker().State() != fleet.BreakerOpen {
 		t.Fatal("breaker left open state before the cool-down")
 	}
-	clock.Advance(31 * time.Second)
 	a.fail.Store(0)
-	ts.workers.checkOnce(context.Background(), st)
-	if st.breaker.State() != BreakerHalfOpen || !ts.Workers().Worker("A").Healthy() {
-		t.Fatalf("after cool-down: breaker %v", st.breaker.State())
+	// The cool-down's end alone turns the breaker half-open: no health round is needed.
+	clock.Advance(30 * time.Second)
+	if m.Breaker().State() != fleet.BreakerHalfOpen || !ts.Workers().Worker("A").Healthy() {
+		t.Fatalf("after cool-down: breaker %v", m.Breaker().State())
 	}
-	for i := 0; i < 4 && st.breaker.State() != BreakerClosed; i++ {
+	for i := 0; i < 4 && m.Breaker().State() != fleet.BreakerClosed; i++ {
 		post(t, ts.url+"/v1/chat/completions", chatBody("llama", "hi", ""))
 	}
-	if st.breaker.State() != BreakerClosed || a.hits.Load() <= hits {
-		t.Fatalf("probe did not close the breaker: %v", st.breaker.State())
-	}
-}
-
-func TestBreakerUnit(t *testing.T) {
-	now := time.Unix(0, 0)
-	b := newBreaker(3, time.Minute)
-	for i := 0; i < 2; i++ {
-		if b.failure(now) {
-			t.Fatal("opened below threshold")
-		}
-	}
-	b.success()
-	b.failure(now)
-	b.failure(now)
-	if !b.failure(now) || b.State() != BreakerOpen {
-		t.Fatal("did not open at 3 consecutive failures")
-	}
-	if b.probe(now.Add(59 * time.Second)) {
-		t.Fatal("half-open before the cool-down")
-	}
-	if !b.probe(now.Add(time.Minute)) || b.State() != BreakerHalfOpen {
-		t.Fatal("not half-open after the cool-down")
-	}
-	if !b.failure(now.Add(time.Minute)) || b.State() != BreakerOpen {
-		t.Fatal("a failed probe must reopen")
-	}
-	b.probe(now.Add(3 * time.Minute))
-	if !b.success() || b.State() != BreakerClosed {
-		t.Fatal("a good probe must close")
+	if m.Breaker().State() != fleet.BreakerClosed || a.hits.Load() <= hits {
+		t.Fatalf("probe did not close the breaker: %v", m.Breaker().State())
 	}
 }
 
@@ -206,7 +178,7 @@ func TestAdminWorkersAPI(t *testing.T) {
 	if r.status != 201 {
 		t.Fatalf("add: %d %s", r.status, r.body)
 	}
-	var v workerView
+	var v fleet.View
 	_ = json.Unmarshal(r.body, &v)
 	if v.Model != "llama" || v.Role != "plain" || !v.Introspected {
 		t.Fatalf("introspected view %+v", v)

@@ -2,7 +2,6 @@ package httpfront
 
 import (
 	"maps"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -10,7 +9,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 
 	"switchyard/engine"
-	"switchyard/load"
+	"switchyard/httpfront/fleet"
 )
 
 // Metric names. Every handle is created once — at start-up, when a worker is added, or the
@@ -23,16 +22,12 @@ const (
 	metricSelections        = "switchyard_selections_total"
 	metricSelectionFailures = "switchyard_selection_failures_total"
 	metricAdmission         = "switchyard_admission_rejections_total"
-	metricWorkerInflight    = "switchyard_worker_inflight_requests"
-	metricWorkerHealthy     = "switchyard_worker_healthy"
-	metricWorkerBreaker     = "switchyard_worker_breaker_state"
 	metricMailboxRejections = "switchyard_actor_mailbox_rejections_total"
 	metricActorPanics       = "switchyard_actor_panics_total"
 	metricUpstreamErrors    = "switchyard_upstream_errors_total"
 	metricDisconnects       = "switchyard_client_disconnects_total"
 	metricInflight          = "switchyard_inflight_requests"
 	metricStaleGuards       = "switchyard_stale_guards_released_total"
-	metricWorkerLoadSource  = "switchyard_worker_load_source"
 )
 
 // durationBuckets are the classic `le` upper bounds, in seconds, of the latency histograms.
@@ -52,15 +47,6 @@ func statusSlot(code int) int {
 		}
 	}
 	return len(statusSlots) - 1
-}
-
-// escapeLabel escapes a Prometheus label value.
-func escapeLabel(v string) string {
-	if !strings.ContainsAny(v, "\\\"\n") {
-		return v
-	}
-	r := strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)
-	return r.Replace(v)
 }
 
 // routeModelMetrics are one (route, model) pair's handles.
@@ -108,7 +94,7 @@ func (g *groupMetrics) selected(reason string) {
 		g.mu.Lock()
 		by := *g.by.Load()
 		if c = by[reason]; c == nil {
-			c = g.set.GetOrCreateCounter(metricSelections + "{" + g.base + `,reason="` + escapeLabel(reason) + `"}`)
+			c = g.set.GetOrCreateCounter(metricSelections + "{" + g.base + `,reason="` + fleet.EscapeLabel(reason) + `"}`)
 			next := make(map[string]*metrics.Counter, len(by)+1)
 			maps.Copy(next, by)
 			next[reason] = c
@@ -187,7 +173,7 @@ func newServerMetrics(set *metrics.Set, resolvers map[string]*engine.BucketResol
 
 func (m *serverMetrics) newModel(name string, r *engine.BucketResolver) *modelMetrics {
 	mm := &modelMetrics{groups: make(map[string]*[3]*groupMetrics)}
-	model := escapeLabel(name)
+	model := fleet.EscapeLabel(name)
 	for k := routeKind(0); k < numRoutes; k++ {
 		base := `route="` + k.String() + `",model="` + model + `"`
 		mm.routes[k] = &routeModelMetrics{
@@ -211,8 +197,8 @@ func (m *serverMetrics) newModel(name string, r *engine.BucketResolver) *modelMe
 			if g.Policy() != nil {
 				policy = g.Policy().Name()
 			}
-			gs[g.Stage()] = newGroupMetrics(m.set, `model="`+model+`",bucket="`+escapeLabel(b.ID)+`",group="`+
-				g.Stage().String()+`",policy="`+escapeLabel(policy)+`"`)
+			gs[g.Stage()] = newGroupMetrics(m.set, `model="`+model+`",bucket="`+fleet.EscapeLabel(b.ID)+`",group="`+
+				g.Stage().String()+`",policy="`+fleet.EscapeLabel(policy)+`"`)
 		}
 		mm.groups[b.ID] = &gs
 	}
@@ -269,7 +255,7 @@ func (m *serverMetrics) admissionRejected(limit string) {
 	if c == nil {
 		m.admMu.Lock()
 		if c = m.admission[limit]; c == nil {
-			c = m.set.GetOrCreateCounter(metricAdmission + `{limit="` + escapeLabel(limit) + `"}`)
+			c = m.set.GetOrCreateCounter(metricAdmission + `{limit="` + fleet.EscapeLabel(limit) + `"}`)
 			m.admission[limit] = c
 		}
 		m.admMu.Unlock()
@@ -293,42 +279,12 @@ func (m *serverMetrics) upstreamError(worker, kind string) {
 	if c == nil {
 		m.upMu.Lock()
 		if c = m.upstream[k]; c == nil {
-			c = m.set.GetOrCreateCounter(metricUpstreamErrors + `{worker="` + escapeLabel(worker) + `",kind="` + kind + `"}`)
+			c = m.set.GetOrCreateCounter(metricUpstreamErrors + `{worker="` + fleet.EscapeLabel(worker) + `",kind="` + kind + `"}`)
 			m.upstream[k] = c
 		}
 		m.upMu.Unlock()
 	}
 	c.Inc()
-}
-
-// workerGauges registers the per-worker gauges; the returned func unregisters them.
-func (m *serverMetrics) workerGauges(id string, inflight, healthy, breaker func() float64) func() {
-	l := `{worker="` + escapeLabel(id) + `"}`
-	names := []string{metricWorkerInflight + l, metricWorkerHealthy + l, metricWorkerBreaker + l}
-	m.set.GetOrCreateGauge(names[0], inflight)
-	m.set.GetOrCreateGauge(names[1], healthy)
-	m.set.GetOrCreateGauge(names[2], breaker)
-	return func() {
-		for _, n := range names {
-			m.set.UnregisterMetric(n)
-		}
-	}
-}
-
-// loadSourceGauges registers one gauge per load source for worker id, 1 for the source its
-// load currently comes from and 0 for the others; the returned func unregisters them.
-func (m *serverMetrics) loadSourceGauges(id string, current func() load.Source) func() {
-	var names []string
-	for _, src := range load.Sources() {
-		n := metricWorkerLoadSource + `{worker="` + escapeLabel(id) + `",source="` + src.String() + `"}`
-		names = append(names, n)
-		m.set.GetOrCreateGauge(n, func() float64 { return b2f(current() == src) })
-	}
-	return func() {
-		for _, n := range names {
-			m.set.UnregisterMetric(n)
-		}
-	}
 }
 
 // since returns seconds elapsed from start to now.

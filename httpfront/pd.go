@@ -10,6 +10,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"switchyard/engine"
+	"switchyard/httpfront/fleet"
 	"switchyard/load"
 )
 
@@ -19,6 +20,8 @@ type prefillResult struct {
 	// body is kept when the client needs it: a 4xx answer, or the input logprobs.
 	body []byte
 	err  error
+	// api, when set, is the client's error for a failure of the router's own.
+	api *apiError
 }
 
 // injectBootstrap appends body with the PD bootstrap fields added (INTEROP "Prefill/decode
@@ -75,28 +78,26 @@ func injectBootstrap(dst, body []byte, host string, port int, batch int) []byte 
 func (d *dispatch) pd(ex *exchange, o outcome) outcome {
 	s := d.s
 	pw, dw := d.pick.Prefill.Worker, d.pick.Decode.Worker
-	pst, dst := s.workers.state(pw.ID), s.workers.state(dw.ID)
-	if pst == nil || dst == nil {
-		return s.fail(d.ctx, o, newAPIError(CodeUpstream, "a selected engine was removed before dispatch"))
-	}
-	ex.pd = injectBootstrap(ex.pd[:0], d.body, pst.bootstrapHost, pw.BootstrapPort, d.facts.batch)
+	pm, dm := d.adm.prefill, d.adm.decode
+	tDecode := d.adm.tDecode
+	ex.pd = injectBootstrap(ex.pd[:0], d.body, pm.BootstrapHost(), pw.BootstrapPort, d.facts.batch)
 	now := s.now()
 	gp := s.tracker.Acquire(pw.Counters, now)
 	gd := s.tracker.Acquire(dw.Counters, now)
 	deadline := d.deadline()
 
 	preq := fasthttp.AcquireRequest()
-	d.buildUpstream(preq, pst, ex.pd)
+	d.buildUpstream(preq, pm.Upstream().HostPort(), ex.pd)
 	done := make(chan prefillResult, 1)
 	keepBody := d.facts.returnLogprob
 	s.bg.Add(1)
-	go s.runPrefill(pst, pw, preq, gp, deadline, keepBody, done)
+	go s.runPrefill(pm, pw, d.adm.tPrefill, preq, gp, deadline, keepBody, done)
 
 	dreq := fasthttp.AcquireRequest()
 	dresp := fasthttp.AcquireResponse()
-	d.buildUpstream(dreq, dst, ex.pd)
+	d.buildUpstream(dreq, dm.Upstream().HostPort(), ex.pd)
 	dresp.StreamBody = d.facts.stream
-	derr := dst.client.DoDeadline(dreq, dresp, deadline)
+	derr := dm.Upstream().Do(dreq, dresp, deadline)
 	fasthttp.ReleaseRequest(dreq)
 
 	pr := <-done
@@ -109,7 +110,12 @@ func (d *dispatch) pd(ex *exchange, o outcome) outcome {
 	}
 	switch {
 	case pr.err != nil || pr.status >= 500:
+		// The decode engine waited for a prefill that failed: nothing to charge it with.
 		release()
+		tDecode.Done(fleet.OutcomeNeutral)
+		if pr.api != nil {
+			return s.fail(d.ctx, o, pr.api)
+		}
 		msg := "prefill engine " + pw.ID + " failed"
 		if pr.err != nil {
 			msg += ": " + pr.err.Error()
@@ -119,6 +125,7 @@ func (d *dispatch) pd(ex *exchange, o outcome) outcome {
 		return s.fail(d.ctx, o, newAPIError(CodePrefillFailed, msg))
 	case pr.status >= 400:
 		release()
+		tDecode.Done(fleet.OutcomeNeutral)
 		d.ctx.SetStatusCode(pr.status)
 		d.ctx.SetContentType("application/json")
 		d.routerHeaders()
@@ -128,15 +135,12 @@ func (d *dispatch) pd(ex *exchange, o outcome) outcome {
 	}
 	if derr != nil {
 		release()
-		e, kind := upstreamError(dw, derr)
-		s.metrics.upstreamError(dw.ID, kind)
-		s.workers.dispatched(dst, true)
+		e, verdict := s.upstreamFailure(dw, derr)
+		tDecode.Done(verdict)
 		return s.fail(d.ctx, o, e)
 	}
 	status := dresp.StatusCode()
-	if status >= 500 {
-		s.metrics.upstreamError(dw.ID, upstreamStatus)
-	}
+	verdict := s.statusOutcome(dw, status)
 	var pLogprobs [][]byte
 	if keepBody {
 		pLogprobs = inputLogprobs(pr.body)
@@ -151,7 +155,7 @@ func (d *dispatch) pd(ex *exchange, o outcome) outcome {
 		if len(pLogprobs) > 0 {
 			transform = func(dst, ev []byte) []byte { return mergeEventLogprobs(dst, ev, pLogprobs) }
 		}
-		r := s.newRelay(d, o.mm, dresp, dst, gd, transform)
+		r := s.newRelay(d, o.mm, dresp, dw, tDecode, gd, transform)
 		d.ctx.SetBodyStreamWriter(r.run)
 		o.async = true
 		o.status = status
@@ -175,44 +179,46 @@ func (d *dispatch) pd(ex *exchange, o outcome) outcome {
 		d.ctx.SetBody(body)
 	}
 	release()
-	s.workers.dispatched(dst, status >= 500)
+	tDecode.Done(verdict)
 	o.status = status
 	return o
 }
 
-// runPrefill sends the prefill request and reports how it ended. It owns req and guard and
-// runs to completion (bounded by the request deadline) whatever the client does.
-func (s *Server) runPrefill(st *workerState, w *engine.Worker, req *fasthttp.Request, guard *load.Guard,
+// runPrefill sends the prefill request and reports how it ended. It owns req, guard and
+// ticket and runs to completion (bounded by the request deadline) whatever the client does.
+func (s *Server) runPrefill(m *fleet.Member, w *engine.Worker, ticket fleet.Ticket, req *fasthttp.Request, guard *load.Guard,
 	deadline time.Time, keepBody bool, done chan<- prefillResult) {
 	defer s.bg.Done()
 	var res prefillResult
+	verdict := fleet.OutcomeNeutral
 	defer func() {
 		if r := recover(); r != nil {
 			s.logger.Error("prefill dispatch panicked", slog.String("worker", w.ID), slog.Any("panic", r))
 			res = prefillResult{err: errPanicked}
+			verdict = fleet.OutcomeNeutral
 		}
 		guard.Release()
+		ticket.Done(verdict)
 		done <- res
 	}()
 	resp := fasthttp.AcquireResponse()
-	err := st.client.DoDeadline(req, resp, deadline)
+	err := m.Upstream().Do(req, resp, deadline)
 	fasthttp.ReleaseRequest(req)
 	if err != nil {
-		_, kind := upstreamError(w, err)
-		s.metrics.upstreamError(w.ID, kind)
-		s.workers.dispatched(st, true)
+		var e *apiError
+		e, verdict = s.upstreamFailure(w, err)
 		fasthttp.ReleaseResponse(resp)
 		res = prefillResult{err: err}
+		if verdict == fleet.OutcomeNeutral {
+			res.api = e // the router's own failure keeps its own code
+		}
 		return
 	}
 	res.status = resp.StatusCode()
-	if res.status >= 500 {
-		s.metrics.upstreamError(w.ID, upstreamStatus)
-	}
+	verdict = s.statusOutcome(w, res.status)
 	if keepBody || (res.status >= 400 && res.status < 500) {
 		res.body = append([]byte(nil), resp.Body()...)
 	}
-	s.workers.dispatched(st, res.status >= 500)
 	fasthttp.ReleaseResponse(resp)
 }
 

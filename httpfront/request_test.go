@@ -3,7 +3,6 @@ package httpfront
 import (
 	"encoding/json"
 	"math"
-	"strings"
 	"testing"
 
 	"switchyard/tokenizer"
@@ -193,27 +192,6 @@ func TestMergeLogprobs(t *testing.T) {
 	}
 	if string(mergeLogprobs(nil, []byte("not json"), p)) != "not json" {
 		t.Fatal("unreadable body must pass unchanged")
-	}
-}
-
-func TestDecodeServerInfo(t *testing.T) {
-	info, err := decodeServerInfo([]byte(`{"model_path":"/m/llama","served_model_name":null,"disaggregation_mode":"prefill",
-		"disaggregation_bootstrap_port":"8998","dp_size":2,"page_size":16,
-		"kv_events":{"publisher":"zmq","endpoint_host":"*","endpoint_port_base":5557,"load_endpoint_port_base":5600,"block_size":16,"dp_size":2}}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if info.Model() != "/m/llama" || info.Mode != "prefill" || info.BootstrapPort != 8998 || info.DPSize != 2 {
-		t.Fatalf("%+v", info)
-	}
-	eps := info.GaugeEndpoints("http://10.1.2.3:30000")
-	if strings.Join(eps, ",") != "tcp://10.1.2.3:5600,tcp://10.1.2.3:5601" {
-		t.Fatalf("gauge endpoints %v", eps)
-	}
-	for _, bad := range []string{`[]`, `{"disaggregation_mode":"weird"}`, `{"dp_size":-1}`, `{"disaggregation_bootstrap_port":"x"}`} {
-		if _, err := decodeServerInfo([]byte(bad)); err == nil {
-			t.Errorf("%s: no error", bad)
-		}
 	}
 }
 

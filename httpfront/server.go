@@ -20,6 +20,7 @@ import (
 	"switchyard/actors"
 	"switchyard/config"
 	"switchyard/engine"
+	"switchyard/httpfront/fleet"
 	"switchyard/httpfront/flow"
 	"switchyard/load"
 	"switchyard/tokenizer"
@@ -38,8 +39,13 @@ const (
 type Options struct {
 	// Logger receives the server's logs. Default: discard.
 	Logger *slog.Logger
-	// Now is the clock for request timing, breakers and guards. Default time.Now.
+	// Now is the clock for request timing and guards. Default: Clock's, else time.Now.
 	Now func() time.Time
+	// Clock is the breakers' time: their cool-down timers run on it. Default: the wall
+	// clock.
+	Clock fleet.Clock
+	// Dial opens the TCP connections to engines. Default: net.Dialer with TCP keep-alive.
+	Dial fleet.DialFunc
 	// Tokenizer returns the tokenizer of a model, or nil to use the Hugging Face tokenizer
 	// that models.<name>.tokenizer.path names (loaded by New), or, without one, the
 	// body-size estimate. Default: none (the configuration decides).
@@ -107,8 +113,10 @@ type Server struct {
 	// affinity holds the session and routing-key bindings of session_aware and sticky.
 	affinity *actors.AffinityStore
 	// cache is cache_aware's prefix source and KV-event subscriptions; nil without one.
-	cache    *actors.CacheState
-	workers  *workerManager
+	cache   *actors.CacheState
+	workers *fleet.Fleet
+	// tele is the workers' load ingestion (nil with Options.NoTelemetry).
+	tele     Telemetry
 	wset     *engine.WorkerSet
 	tracker  *load.Tracker
 	loads    *load.Table
@@ -148,8 +156,11 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	if opts.Clock == nil {
+		opts.Clock = fleet.SystemClock{}
+	}
 	if opts.Now == nil {
-		opts.Now = time.Now
+		opts.Now = opts.Clock.Now
 	}
 	if opts.Loads == nil {
 		opts.Loads = load.NewTable()
@@ -272,14 +283,20 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		opts.Telemetry = actorTelemetry{tel}
 		s.closeTele = tel.Close
 	}
-	s.workers = newWorkerManager(ws, s.tracker, cfg.Health, opts.Telemetry, s.metrics, opts.Logger, opts.Now)
+	fo := fleet.Options{Health: cfg.Health, Upstream: cfg.Upstream, Tracker: s.tracker, Telemetry: opts.Telemetry,
+		Metrics: s.set, Logger: opts.Logger, Clock: opts.Clock, Dial: opts.Dial}
+	if s.cache != nil {
+		fo.KV = s.cache
+	}
+	s.tele = opts.Telemetry
+	s.workers = fleet.New(ws, fo)
 	for _, wc := range cfg.Workers {
 		spec := WorkerSpec{ID: wc.ID, URL: wc.URL, Model: wc.Model, Role: string(wc.Role),
 			BootstrapPort: wc.BootstrapPort, DPSize: wc.DPSize, LoadPublish: wc.LoadPublish, KVEvents: wc.KVEvents,
 			Flavor: wc.Flavor, MetricsPath: wc.MetricsPath}
-		if _, err := s.workers.add(context.Background(), spec, false); err != nil {
+		if _, err := s.workers.Add(context.Background(), spec, false); err != nil {
 			s.closeSel()
-			s.workers.stop()
+			s.workers.Stop()
 			s.closeTele()
 			return nil, fmt.Errorf("cannot create server: %w", err)
 		}
@@ -310,7 +327,7 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		ln, err := net.Listen("tcp", net.JoinHostPort(cfg.Server.Host, strconv.Itoa(cfg.Server.Port)))
 		if err != nil {
 			s.closeSel()
-			s.workers.stop()
+			s.workers.Stop()
 			s.closeTele()
 			return nil, fmt.Errorf("cannot create server: %w", err)
 		}
@@ -373,9 +390,9 @@ func (s *Server) run(ctx context.Context) error {
 	life, stopLife := context.WithCancel(context.Background())
 	defer stopLife()
 	if !s.opts.SkipStartupChecks {
-		s.startupChecks(ctx)
+		s.workers.StartupCheck(ctx)
 	}
-	s.workers.start(life)
+	s.workers.Start(life)
 	var janitor sync.WaitGroup
 	janitor.Add(1)
 	go func() {
@@ -447,38 +464,15 @@ func (s *Server) run(ctx context.Context) error {
 	cancel()
 	close(s.hardStop)
 	s.closeConns()
-	s.workers.upstream.closeAll()
+	s.workers.CloseConnections()
 	<-bgDone
 	stopLife()
 	janitor.Wait()
-	s.workers.stop()
+	s.workers.Stop()
 	s.closeTele()
 	s.closeSel()
 	s.logger.Info("stopped")
 	return runErr
-}
-
-// startupChecks introspects and health-checks every configured worker concurrently, bounded
-// by the health timeout, and records the verdicts.
-func (s *Server) startupChecks(ctx context.Context) {
-	var wg sync.WaitGroup
-	for _, st := range s.workers.all() {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.workers.reintrospect(ctx, st)
-			ok := s.workers.healthCheck(ctx, st)
-			st.healthOK.Store(ok)
-			if ok {
-				st.succ = 1
-			} else {
-				st.fail = 1
-				s.logger.Warn("worker failed its start-up health check", slog.String("worker", st.id), slog.String("url", st.url))
-			}
-			s.workers.refresh(st)
-		}()
-	}
-	wg.Wait()
 }
 
 func (s *Server) runJanitor(ctx context.Context) {
@@ -665,7 +659,7 @@ var _ Telemetry = actorTelemetry{}
 
 func (a actorTelemetry) StartWorker(src TelemetrySource) error {
 	ws := actors.WorkerSource{ID: src.WorkerID, URL: src.URL, DPSize: src.DPSize, Counters: src.Counters,
-		Flavor: src.Flavor, MetricsPath: src.MetricsPath, Model: src.Model}
+		Flavor: src.Flavor, MetricsPath: src.MetricsPath, Model: src.Model, Client: src.Client}
 	if len(src.GaugeEndpoints) > 0 {
 		ws.GaugeEndpoint = src.GaugeEndpoints[0]
 		ws.GaugeEndpoints = src.GaugeEndpoints[1:]

@@ -9,6 +9,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"switchyard/engine"
+	"switchyard/httpfront/fleet"
 	"switchyard/httpfront/flow"
 	"switchyard/load"
 )
@@ -47,9 +48,11 @@ type relay struct {
 	deadline time.Time
 	resp     *fasthttp.Response
 	body     io.Reader
-	st       *workerState
 	worker   *engine.Worker
-	guard    *load.Guard
+	// engine is the dispatch's ticket of the engine's lifecycle: the stream's end is
+	// charged to the engine's breaker through it.
+	engine fleet.Ticket
+	guard  *load.Guard
 	// transform rewrites one complete SSE event (PD logprob merge); nil relays bytes as they
 	// arrive.
 	transform func(dst, event []byte) []byte
@@ -57,8 +60,8 @@ type relay struct {
 	ticket flow.Ticket
 }
 
-func (s *Server) newRelay(d *dispatch, mm *modelMetrics, resp *fasthttp.Response, st *workerState, guard *load.Guard,
-	transform func(dst, event []byte) []byte) *relay {
+func (s *Server) newRelay(d *dispatch, mm *modelMetrics, resp *fasthttp.Response, w *engine.Worker, et fleet.Ticket,
+	guard *load.Guard, transform func(dst, event []byte) []byte) *relay {
 	s.bg.Add(1)
 	return &relay{
 		s:         s,
@@ -68,8 +71,8 @@ func (s *Server) newRelay(d *dispatch, mm *modelMetrics, resp *fasthttp.Response
 		deadline:  d.deadline(),
 		resp:      resp,
 		body:      resp.BodyStream(),
-		st:        st,
-		worker:    st.worker.Load(),
+		worker:    w,
+		engine:    et,
 		guard:     guard,
 		transform: transform,
 		ticket:    d.ticket,
@@ -224,17 +227,20 @@ func (r *relay) finish(end relayEnd) {
 	r.guard.Release()
 	r.ticket.Release()
 	status := fasthttp.StatusOK
+	// The stream's end says something of the engine only when it completed, broke or went
+	// silent; the request's own deadline, the client leaving and shutdown do not.
+	verdict := fleet.OutcomeNeutral
 	switch end {
 	case endEOF:
-		s.workers.dispatched(r.st, false)
+		verdict = fleet.OutcomeSuccess
 	case endUpstream:
 		status = fasthttp.StatusBadGateway
 		s.metrics.upstreamError(r.worker.ID, upstreamTransport)
-		s.workers.dispatched(r.st, true)
+		verdict = fleet.OutcomeFailure
 	case endIdle:
 		status = fasthttp.StatusGatewayTimeout
 		s.metrics.upstreamError(r.worker.ID, upstreamIdle)
-		s.workers.dispatched(r.st, true)
+		verdict = fleet.OutcomeFailure
 	case endTimeout:
 		status = fasthttp.StatusGatewayTimeout
 		s.metrics.upstreamError(r.worker.ID, upstreamTimeout)
@@ -244,6 +250,7 @@ func (r *relay) finish(end relayEnd) {
 	case endShutdown:
 		status = fasthttp.StatusServiceUnavailable
 	}
+	r.engine.Done(verdict)
 	rm := r.mm.routes[r.kind]
 	rm.response(status).Inc()
 	rm.duration.Update(since(r.start, s.now()))

@@ -404,7 +404,7 @@ func TestTokenizerLoadErrors(t *testing.T) {
 			s, err := New(cfg, Options{NoTelemetry: true})
 			if err == nil {
 				s.closeSel()
-				s.workers.stop()
+				s.workers.Stop()
 				_ = s.ln.Close()
 				t.Fatal("New accepted a tokenizer that cannot be loaded")
 			}

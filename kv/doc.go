@@ -40,10 +40,11 @@
 //     (vLLM-style engines), mapping engine hashes to router hashes for later removes.
 //     Ingestor applies raw payloads; Manager runs the subscriptions to the engines' ZMQ
 //     publishers in both topologies of INTEROP (connect to each engine's PUB per DP rank,
-//     discovered from /server_info or configured; or bind a SUB that vLLM-style engines
-//     dial, identifying them by topic), with per-publisher sequence tracking, replay of a gap
-//     within a connection, reconnect with backoff, and clearing on restart, reconnection or
-//     removal.
+//     configured, named by the router's worker lifecycle, or found by a Discoverer; or bind
+//     a SUB that vLLM-style engines dial, identifying them by topic), with per-publisher
+//     sequence tracking, replay of a gap within a connection, reconnect with backoff, and
+//     clearing on restart, reconnection or removal. kv neither fetches nor decodes
+//     /server_info: httpfront/fleet owns the one introspection of an engine.
 //   - CacheSource, the contract of a prefix source: the local Index, or RemoteSource, the
 //     client of `switchyard indexer` (IndexerHandler serves an Index over HTTP, protocol in
 //     wire.go). PrefixMemo memoizes one request's lookups, one per source.

@@ -14,17 +14,15 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
-	"github.com/valyala/fasthttp"
 )
 
 // Manager defaults.
 const (
-	DefaultBlockSize        = 16
-	DefaultMinBackoff       = 500 * time.Millisecond
-	DefaultMaxBackoff       = 30 * time.Second
-	DefaultDialTimeout      = 2 * time.Second
-	DefaultReplayTimeout    = 2 * time.Second
-	DefaultDiscoveryTimeout = 2 * time.Second
+	DefaultBlockSize     = 16
+	DefaultMinBackoff    = 500 * time.Millisecond
+	DefaultMaxBackoff    = 30 * time.Second
+	DefaultDialTimeout   = 2 * time.Second
+	DefaultReplayTimeout = 2 * time.Second
 )
 
 // maxBoundRecvErrors is how many receive errors in a row make the bound SUB socket reopen.
@@ -47,10 +45,11 @@ type ManagerConfig struct {
 	DialTimeout time.Duration
 	// ReplayTimeout bounds one replay. Default DefaultReplayTimeout (2 s).
 	ReplayTimeout time.Duration
-	// DiscoveryTimeout bounds one /server_info request. Default DefaultDiscoveryTimeout (2 s).
-	DiscoveryTimeout time.Duration
-	// Client makes the discovery requests. Default: a new fasthttp.Client.
-	Client *fasthttp.Client
+	// Discover finds the publishers of a worker added with neither Publishers nor KVEvents
+	// (retried with backoff while it fails). Default: none; such a worker is fed only by the
+	// bound SUB until AddWorker names its publishers (the router's worker lifecycle does
+	// once it has introspected the engine).
+	Discover Discoverer
 	// Logger receives connection and malformed-input logs (on change). Default: discard.
 	Logger *slog.Logger
 	// OnApplied, when set, is called on the subscription's goroutine after each batch is
@@ -63,7 +62,7 @@ type ManagerConfig struct {
 type WorkerSpec struct {
 	// ID is the worker ID. Required.
 	ID string
-	// URL is the engine's base URL: discovery asks it, and the bound SUB maps a topic's
+	// URL is the engine's base URL: the Discoverer asks it, and the bound SUB maps a topic's
 	// host:port to it.
 	URL string
 	// Model is the served model. Required.
@@ -74,7 +73,7 @@ type WorkerSpec struct {
 	// manager's default. Events carrying a block size override it.
 	BlockSize int
 	// KVEvents is the configured rank-0 publisher endpoint ("tcp://host:port"; rank r on
-	// port+r). Empty: discover it from /server_info.
+	// port+r). Empty: the Publishers, else the Discoverer's.
 	KVEvents string
 	// Replay is the configured rank-0 replay endpoint. Default: none (or discovered).
 	Replay string
@@ -82,7 +81,7 @@ type WorkerSpec struct {
 	Topic string
 	// Publishers, when set, are used as they are (no discovery).
 	Publishers []Publisher
-	// NoDiscovery skips /server_info: the engine only dials the bound SUB.
+	// NoDiscovery skips the Discoverer: the engine only dials the bound SUB.
 	NoDiscovery bool
 	// Rekey forces keying blocks by router hashes recomputed from token IDs. Default: the
 	// engine's hashes are used once a first block proves them to be the router's, and
@@ -141,12 +140,6 @@ func NewManager(cfg ManagerConfig) (*Manager, error) {
 	}
 	if cfg.ReplayTimeout <= 0 {
 		cfg.ReplayTimeout = DefaultReplayTimeout
-	}
-	if cfg.DiscoveryTimeout <= 0 {
-		cfg.DiscoveryTimeout = DefaultDiscoveryTimeout
-	}
-	if cfg.Client == nil {
-		cfg.Client = &fasthttp.Client{Name: "switchyard-kv", MaxResponseBodySize: maxServerInfoBody}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -301,8 +294,8 @@ func (m *Manager) runWorker(ctx context.Context, ws *workerSub) {
 	wg.Wait()
 }
 
-// publishers returns the worker's publishers: given, configured, or discovered (retrying
-// transient failures with backoff). false: there are none to dial (the engine may dial the
+// publishers returns the worker's publishers: given, configured, or found by the
+// Discoverer (retrying transient failures with backoff). false: there are none to dial (the engine may dial the
 // bound SUB instead) or ctx ended.
 func (m *Manager) publishers(ctx context.Context, ws *workerSub) ([]Publisher, bool) {
 	spec := ws.spec
@@ -323,12 +316,15 @@ func (m *Manager) publishers(ctx context.Context, ws *workerSub) ([]Publisher, b
 	case spec.NoDiscovery || spec.URL == "":
 		setState("bound")
 		return nil, false
+	case m.cfg.Discover == nil:
+		setState("awaiting discovery")
+		return nil, false
 	}
 	backoff := m.cfg.MinBackoff
 	var lastErr string
 	for {
 		setState("discovering")
-		d, err := Discover(ctx, m.cfg.Client, spec.URL, m.cfg.DiscoveryTimeout)
+		d, err := m.cfg.Discover.DiscoverKV(ctx, spec.URL)
 		if err == nil {
 			if d.DPSize > spec.DPSize || d.BlockSize > 0 {
 				bs := d.BlockSize

@@ -3,14 +3,12 @@ package kv
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"net"
-	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -171,17 +169,22 @@ type harness struct {
 
 func startManager(t *testing.T, bind string, specs ...WorkerSpec) *harness {
 	t.Helper()
+	return startManagerWith(t, ManagerConfig{BindEndpoint: bind}, specs...)
+}
+
+// startManagerWith starts a Manager configured by cfg plus the harness's index, short
+// backoffs and OnApplied hook.
+func startManagerWith(t *testing.T, cfg ManagerConfig, specs ...WorkerSpec) *harness {
+	t.Helper()
 	h := &harness{x: newTestIndex(t, 4, 1<<20), applied: make(chan applied, 4096)}
-	m, err := NewManager(ManagerConfig{
-		Index: h.x, BindEndpoint: bind, MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond,
-		ReplayTimeout: 5 * time.Second,
-		OnApplied: func(w string, r int, seq uint64) {
-			select {
-			case h.applied <- applied{w, r, seq}:
-			default:
-			}
-		},
-	})
+	cfg.Index, cfg.MinBackoff, cfg.MaxBackoff, cfg.ReplayTimeout = h.x, 10*time.Millisecond, 50*time.Millisecond, 5*time.Second
+	cfg.OnApplied = func(w string, r int, seq uint64) {
+		select {
+		case h.applied <- applied{w, r, seq}:
+		default:
+		}
+	}
+	m, err := NewManager(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -450,21 +453,27 @@ func TestBoundSubRekeysVLLMStyleEvents(t *testing.T) {
 	}
 }
 
+// fakeDiscoverer answers every worker with the same publishers, once it has failed fails times.
+type fakeDiscoverer struct {
+	pubs  []Publisher
+	fails atomic.Int32
+	asked atomic.Int32
+}
+
+func (f *fakeDiscoverer) DiscoverKV(_ context.Context, workerURL string) (Discovery, error) {
+	f.asked.Add(1)
+	if f.fails.Add(-1) >= 0 {
+		return Discovery{}, fmt.Errorf("engine %s not up yet", workerURL)
+	}
+	return Discovery{Publishers: f.pubs, BlockSize: 16, DPSize: len(f.pubs)}, nil
+}
+
 func TestDiscoverySubscribes(t *testing.T) {
 	p := newTestPublisher(t, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0")
-	_, pport, _ := net.SplitHostPort(p.pub.Addr().String())
 	_, rport, _ := net.SplitHostPort(p.router.Addr().String())
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/server_info" {
-			http.NotFound(w, r)
-			return
-		}
-		fmt.Fprintf(w, `{"model_path":"m","page_size":16,"dp_size":1,"kv_events":{"publisher":"zmq",`+
-			`"endpoint_host":"*","endpoint_port_base":%s,"topic":"","block_size":16,"dp_size":1,`+
-			`"replay_endpoint_port_base":"%s"}}`, pport, rport)
-	}))
-	defer srv.Close()
-	h := startManager(t, "", WorkerSpec{ID: "a", URL: srv.URL, Model: "m"})
+	d := &fakeDiscoverer{pubs: []Publisher{{Rank: 0, Endpoint: "tcp://" + p.pub.Addr().String(), Replay: "tcp://" + p.router.Addr().String()}}}
+	d.fails.Store(2) // transient failures are retried with backoff
+	h := startManagerWith(t, ManagerConfig{Discover: d}, WorkerSpec{ID: "a", URL: "http://127.0.0.1:1", Model: "m"})
 	h.warmUp(t, p, "a")
 	prompt := seqTokens(0, 48)
 	h.waitApplied(t, "a", p.send(storedBatch(prompt)))
@@ -475,55 +484,36 @@ func TestDiscoverySubscribes(t *testing.T) {
 	if st[0].State != "discovered" || !strings.HasSuffix(st[0].Publishers[0].Replay, ":"+rport) {
 		t.Fatalf("status %+v", st)
 	}
+	if n := d.asked.Load(); n != 3 {
+		t.Fatalf("discoverer asked %d times, want 3 (two failures, one success)", n)
+	}
 }
 
-func TestParseServerInfo(t *testing.T) {
-	tests := []struct {
-		name    string
-		body    string
-		url     string
-		want    []Publisher
-		bs, dp  int
-		wantErr error
-	}{
-		{name: "wildcard host, two ranks, replay",
-			body: `{"page_size":16,"dp_size":2,"kv_events":{"publisher":"zmq","endpoint_host":"*","endpoint_port_base":5557,"topic":"kv","block_size":32,"dp_size":2,"replay_endpoint_port_base":6000}}`,
-			url:  "http://10.0.0.7:30000",
-			want: []Publisher{{0, "tcp://10.0.0.7:5557", "tcp://10.0.0.7:6000", "kv"}, {1, "tcp://10.0.0.7:5558", "tcp://10.0.0.7:6001", "kv"}},
-			bs:   32, dp: 2},
-		{name: "numbers as strings, explicit host",
-			body: `{"page_size":"64","kv_events":{"endpoint_host":"engine-1","endpoint_port_base":"7000"}}`,
-			url:  "http://127.0.0.1:1",
-			want: []Publisher{{0, "tcp://engine-1:7000", "", ""}}, bs: 64, dp: 1},
-		{name: "endpoint form and replay endpoint",
-			body: `{"kv_events":{"endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5560","block_size":16}}`,
-			url:  "http://[::1]:8000",
-			want: []Publisher{{0, "tcp://[::1]:5557", "tcp://[::1]:5560", ""}}, bs: 16, dp: 1},
-		{name: "no kv_events", body: `{"page_size":16}`, wantErr: ErrNoKVEvents},
-		{name: "null kv_events", body: `{"kv_events":null}`, wantErr: ErrNoKVEvents},
-		{name: "another publisher", body: `{"kv_events":{"publisher":"null"}}`, wantErr: ErrNoKVEvents},
-		{name: "no port", body: `{"kv_events":{"publisher":"zmq"}}`, wantErr: ErrNoKVEvents},
-		{name: "not JSON", body: `{`, wantErr: ErrMalformed},
-		{name: "negative port", body: `{"kv_events":{"endpoint_port_base":-5}}`, wantErr: ErrMalformed},
-		{name: "ports past the range", body: `{"dp_size":8,"kv_events":{"endpoint_port_base":65530}}`, wantErr: ErrMalformed},
+func TestNoDiscovererAwaitsPublishers(t *testing.T) {
+	pa := newTestPublisher(t, "tcp://127.0.0.1:0", "")
+	h := startManager(t, "", WorkerSpec{ID: "a", Model: "m", Publishers: []Publisher{{Endpoint: "tcp://" + pa.pub.Addr().String()}}})
+	h.warmUp(t, pa, "a") // the manager runs: workers added now start at once
+	if err := h.m.AddWorker(WorkerSpec{ID: "b", URL: "http://127.0.0.1:1", Model: "m"}); err != nil {
+		t.Fatal(err)
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			d, err := ParseServerInfo([]byte(tt.body), tt.url)
-			if tt.wantErr != nil {
-				if !errors.Is(err, tt.wantErr) {
-					t.Fatalf("err = %v, want %v", err, tt.wantErr)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if fmt.Sprint(d.Publishers) != fmt.Sprint(tt.want) || d.BlockSize != tt.bs || d.DPSize != tt.dp {
-				t.Fatalf("got %+v, want %v bs %d dp %d", d, tt.want, tt.bs, tt.dp)
-			}
-		})
+	h.m.mu.Lock()
+	done := h.m.workers["b"].done
+	h.m.mu.Unlock()
+	select {
+	case <-done: // nothing to dial: the worker's goroutine is over
+	case <-time.After(waitFor):
+		t.Fatal("worker without publishers kept running")
 	}
+	if st := h.m.Status(); len(st) != 2 || st[1].State != "awaiting discovery" {
+		t.Fatalf("status %+v", st)
+	}
+	pb := newTestPublisher(t, "tcp://127.0.0.1:0", "")
+	// The worker lifecycle names the publishers once it has introspected the engine.
+	if err := h.m.AddWorker(WorkerSpec{ID: "b", URL: "http://127.0.0.1:1", Model: "m",
+		Publishers: []Publisher{{Endpoint: "tcp://" + pb.pub.Addr().String()}}}); err != nil {
+		t.Fatal(err)
+	}
+	h.warmUp(t, pb, "b")
 }
 
 func TestPublishersFor(t *testing.T) {
@@ -540,24 +530,4 @@ func TestPublishersFor(t *testing.T) {
 			t.Errorf("%q accepted", bad)
 		}
 	}
-}
-
-func FuzzParseServerInfo(f *testing.F) {
-	f.Add([]byte(`{"page_size":16,"dp_size":2,"kv_events":{"publisher":"zmq","endpoint_host":"*","endpoint_port_base":5557,"block_size":16,"dp_size":2,"replay_endpoint_port_base":6000}}`), "http://127.0.0.1:30000")
-	f.Add([]byte(`{"kv_events":{"endpoint":"tcp://*:5557","replay_endpoint":null}}`), "http://localhost")
-	f.Add([]byte(`{"kv_events":"zmq"}`), "")
-	f.Fuzz(func(t *testing.T, body []byte, url string) {
-		d, err := ParseServerInfo(body, url)
-		if err != nil {
-			return
-		}
-		if len(d.Publishers) != d.DPSize || d.DPSize < 1 || d.DPSize > maxDPSize {
-			t.Fatalf("%d publishers for dp %d", len(d.Publishers), d.DPSize)
-		}
-		for _, p := range d.Publishers {
-			if _, _, err := SplitEndpoint(p.Endpoint); err != nil {
-				t.Fatalf("bad endpoint %q: %v", p.Endpoint, err)
-			}
-		}
-	})
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"switchyard/config"
+	"switchyard/httpfront/fleet"
 	"switchyard/kv"
 )
 
@@ -57,9 +58,14 @@ func runIndexer(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	defer idx.Close()
+	// Engines named without a kv_events endpoint are introspected, as the router does.
+	client := &fasthttp.Client{Name: "switchyard-indexer", NoDefaultUserAgentHeader: true, MaxConnsPerHost: 4,
+		MaxIdleConnDuration: cfg.Upstream.MaxIdleConnDuration, ReadTimeout: cfg.Health.Timeout}
+	defer client.CloseIdleConnections()
 	mgr, err := kv.NewManager(kv.ManagerConfig{
 		Index: idx, BindEndpoint: cfg.KV.BindEndpoint, DefaultBlockSize: cfg.KV.BlockSize,
 		MinBackoff: cfg.KV.ReconnectBackoff, Logger: logger.With(slog.String("component", "kv")),
+		Discover: &fleet.KVDiscoverer{Client: client, Timeout: cfg.Health.Timeout},
 	})
 	if err != nil {
 		return err

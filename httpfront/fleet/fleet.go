@@ -37,6 +37,7 @@ const (
 	MetricWorkerBreaker  = "switchyard_worker_breaker_state"
 	MetricStaleRetries   = "switchyard_upstream_stale_connection_retries_total"
 	MetricRouterErrors   = "switchyard_router_errors_total"
+	MetricLoadSource     = "switchyard_worker_load_source"
 )
 
 // Telemetry starts and stops the load ingestion of one worker (HTTP polling of /v1/loads or
@@ -64,6 +65,18 @@ type TelemetrySource struct {
 	GaugeEndpoints []string
 	// Client sends the worker's load polls: the worker's own probe client.
 	Client load.Doer
+	// Flavor is the worker's configured flavour (auto, sglang, vllm; "" is auto).
+	Flavor string
+	// MetricsPath is the engine's Prometheus page ("" is /metrics).
+	MetricsPath string
+	// Model is the served model name.
+	Model string
+}
+
+// LoadSourcer is a Telemetry that can say where a worker's load currently comes from; the
+// lifecycle then exports switchyard_worker_load_source for each worker.
+type LoadSourcer interface {
+	LoadSource(id string) (load.Source, bool)
 }
 
 // KVFollower follows the KV events of workers for cache_aware (actors.CacheState): the
@@ -188,6 +201,14 @@ func (f *Fleet) Add(ctx context.Context, spec Spec, introspect bool) (*Member, e
 	if spec.ID == "" {
 		spec.ID = hostPort
 	}
+	switch spec.Flavor {
+	case "", config.FlavorAuto, config.FlavorSGLang, config.FlavorVLLM:
+	default:
+		return nil, fmt.Errorf("cannot add worker %q: %w: unknown flavor %q (auto, sglang or vllm)", spec.ID, ErrInvalidWorker, spec.Flavor)
+	}
+	if spec.MetricsPath != "" && spec.MetricsPath[0] != '/' {
+		return nil, fmt.Errorf("cannot add worker %q: %w: metrics_path %q is not an absolute path", spec.ID, ErrInvalidWorker, spec.MetricsPath)
+	}
 	if f.Member(spec.ID) != nil {
 		return nil, fmt.Errorf("cannot add worker %q: %w", spec.ID, ErrWorkerExists)
 	}
@@ -212,7 +233,13 @@ func (f *Fleet) Add(ctx context.Context, spec Spec, introspect bool) (*Member, e
 	}()
 	healthy := true
 	var info *Info
-	if introspect {
+	if !spec.introspects() {
+		m.noInfo.Store(true) // vLLM: the configuration's facts are all there is
+		if introspect {
+			healthy, _ = f.healthCheck(ctx, m)
+		}
+	}
+	if introspect && spec.introspects() {
 		i, err := Introspect(ctx, m.up.Probe(), spec.URL, f.health.Timeout)
 		switch {
 		case err == nil:
@@ -461,6 +488,9 @@ func (f *Fleet) observeHealth(ctx context.Context, m *Member, ok bool) {
 // dispatch needs changed (model, role, bootstrap port, DP size), the telemetry when the
 // DP size or the load gauges changed, the KV subscriptions when the publishers changed.
 func (f *Fleet) reintrospect(ctx context.Context, m *Member) {
+	if !m.spec.introspects() {
+		return
+	}
 	info, err := Introspect(ctx, m.up.Probe(), m.url, f.health.Timeout)
 	if errors.Is(err, ErrNoIntrospection) {
 		m.noInfo.Store(true) // vLLM: the configuration's facts are all there is
@@ -555,7 +585,8 @@ func (f *Fleet) followTelemetryLocked(m *Member) {
 		return
 	}
 	w := m.worker.Load()
-	src := TelemetrySource{WorkerID: w.ID, URL: w.URL, DPSize: w.DPSize, Counters: w.Counters, Client: m.up.Probe()}
+	src := TelemetrySource{WorkerID: w.ID, URL: w.URL, DPSize: w.DPSize, Counters: w.Counters, Client: m.up.Probe(),
+		Flavor: m.spec.Flavor, MetricsPath: m.spec.MetricsPath, Model: w.Model}
 	switch info := m.info.Load(); {
 	case m.spec.LoadPublish != "":
 		h, p, err := kv.SplitEndpoint(m.spec.LoadPublish)
@@ -568,7 +599,8 @@ func (f *Fleet) followTelemetryLocked(m *Member) {
 		src.GaugeEndpoints = info.GaugeEndpoints(w.URL)
 	}
 	if m.tele != nil {
-		if m.tele.DPSize == src.DPSize && m.tele.Counters == src.Counters && slices.Equal(m.tele.GaugeEndpoints, src.GaugeEndpoints) {
+		if m.tele.DPSize == src.DPSize && m.tele.Counters == src.Counters && m.tele.Model == src.Model &&
+			slices.Equal(m.tele.GaugeEndpoints, src.GaugeEndpoints) {
 			return
 		}
 		f.opts.Telemetry.StopWorker(m.id)
@@ -663,6 +695,16 @@ func (f *Fleet) workerGauges(m *Member) func() {
 	f.metrics.GetOrCreateGauge(names[0], func() float64 { return float64(m.worker.Load().Counters.InFlight()) })
 	f.metrics.GetOrCreateGauge(names[1], func() float64 { return b2f(m.worker.Load().Healthy()) })
 	f.metrics.GetOrCreateGauge(names[2], func() float64 { return float64(m.breaker.State()) })
+	if ls, ok := f.opts.Telemetry.(LoadSourcer); ok {
+		for _, src := range load.Sources() {
+			n := MetricLoadSource + `{worker="` + EscapeLabel(m.id) + `",source="` + src.String() + `"}`
+			names = append(names, n)
+			f.metrics.GetOrCreateGauge(n, func() float64 {
+				cur, _ := ls.LoadSource(m.id)
+				return b2f(cur == src)
+			})
+		}
+	}
 	return func() {
 		for _, n := range names {
 			f.metrics.UnregisterMetric(n)

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"cmp"
 	"context"
 	"net"
 	"net/url"
@@ -8,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"switchyard/config"
 	"switchyard/engine"
 	"switchyard/kv"
 )
@@ -26,7 +28,15 @@ type Spec struct {
 	// KVEvents is the engine's KV-event publisher endpoint ("tcp://host:port") for
 	// cache_aware; empty: the one introspection finds.
 	KVEvents string `json:"kv_events"`
+	// Flavor is auto, sglang or vllm ("" is auto). A vllm worker is never introspected (it
+	// has no /server_info): its model must be given.
+	Flavor string `json:"flavor"`
+	// MetricsPath is the engine's Prometheus page; "" is /metrics.
+	MetricsPath string `json:"metrics_path"`
 }
+
+// introspects reports whether the worker's engine has /server_info to ask.
+func (s *Spec) introspects() bool { return s.Flavor != config.FlavorVLLM }
 
 // Member is one worker's lifecycle state: its registry entry (engine.Worker, whose Handle
 // points back here, so that dispatch reaches it from a pick without a lookup), its upstream
@@ -152,6 +162,8 @@ type View struct {
 	BootstrapPort *int   `json:"bootstrap_port"`
 	DPSize        int    `json:"dp_size"`
 	Introspected  bool   `json:"introspected"`
+	// Flavor is the configured flavour (auto, sglang, vllm).
+	Flavor string `json:"flavor"`
 }
 
 // View returns the worker's admin view.
@@ -169,6 +181,7 @@ func (m *Member) View() View {
 		Dispatched:   w.Counters.Dispatched(),
 		DPSize:       w.DPSize,
 		Introspected: m.info.Load() != nil,
+		Flavor:       cmp.Or(m.spec.Flavor, config.FlavorAuto),
 	}
 	if w.BootstrapPort > 0 {
 		p := w.BootstrapPort
