@@ -1,7 +1,9 @@
 // Package httpfront is Switchyard's HTTP front end (fasthttp): the routes, request
 // preparation, the bucket loop through the actors, the HTTP error mapping, plain and
-// prefill/decode dispatch with SSE streaming, the worker admin API and lifecycle (introspection,
-// health checks, circuit breakers, telemetry), /metrics, health and graceful shutdown.
+// prefill/decode dispatch with SSE streaming, the worker admin API, /metrics, health and
+// graceful shutdown. The worker lifecycle (introspection, health checks, circuit breakers,
+// the upstream clients, telemetry and KV subscriptions of every worker) is its sub-package
+// httpfront/fleet.
 //
 // # Request flow
 //
@@ -10,9 +12,13 @@
 // with a strict allocation-free JSON scanner (OpenAI-style 400 errors), counts input tokens
 // (tokenizer, token IDs already in the body, or the body-size estimate), computes the expected
 // peak (overflow-checked), and asks actors.Selector for a complete selection, one actor round
-// trip per bucket attempt. It then acquires in-flight guards for the engines it dispatches to
-// and forwards the body with the allow-listed headers. A forwarding failure never restarts the
-// bucket loop.
+// trip per bucket attempt. The picked engines admit the dispatch (fleet.Member.Admit, reached
+// from the pick's engine.Worker without a lookup); one that refuses — its half-open breaker
+// already probing — is withdrawn and the selection runs again. The handler then acquires
+// in-flight guards for the engines it dispatches to and forwards the body with the
+// allow-listed headers through each engine's fleet.Upstream, and charges each engine's
+// breaker with what the answer says of it. A forwarding failure never restarts the bucket
+// loop.
 //
 // Admission comes first (sub-package flow): after the API-key check, the rate limits
 // (router-wide and per API key: 429 rate_limited with Retry-After); once the model is known,
@@ -42,10 +48,11 @@
 //
 // When some group runs cache_aware, New builds the cache state (actors.CacheState): with
 // cache_aware.source local, a prefix index on index shard actors fed by the KV events of
-// every worker of such a model (publishers given as workers[].kv_events or discovered through
-// /server_info, plus kv.bind_endpoint); with remote, the client of a `switchyard indexer`.
-// Run follows the engines' events until the drain is over; workers added or removed through
-// the admin API are followed or forgotten (a POST /workers body may name "kv_events"). A
+// every worker of such a model (publishers given as workers[].kv_events or named by the
+// fleet from its one introspection of the engine, plus kv.bind_endpoint); with remote, the
+// client of a `switchyard indexer`. Run follows the engines' events until the drain is over;
+// the fleet tells the cache state of workers added or removed through the admin API (a POST
+// /workers body may name "kv_events") and of publishers it learns later. A
 // request of such a model makes its one prefix lookup in the handler goroutine, after
 // tokenizing and before the bucket loop, into a memo pooled with its exchange
 // (BucketRequest.Prefix); a remote lookup's I/O happens only there, bounded by
@@ -61,9 +68,10 @@
 // to another goroutine. A stream is relayed by fasthttp's stream-writer goroutine plus one
 // reader goroutine per stream; both own only copies (the upstream response, the guard). A PD
 // request's prefill runs on its own goroutine, tracked by the Server, and completes even when
-// the client leaves. Health loops run one goroutine per worker, owned by the worker manager.
-// Read-mostly state (worker states, the registry) is published as immutable snapshots behind
-// atomic pointers; metric handles are created once and kept.
+// the client leaves. Health loops run one goroutine per worker, owned by the fleet.
+// Read-mostly state (the registry) is published as immutable snapshots behind atomic
+// pointers; breakers and in-flight counts are atomics; metric handles are created once and
+// kept.
 //
 // # What a caller must release
 //
