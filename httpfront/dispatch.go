@@ -274,7 +274,7 @@ func (s *Server) serveInference(ctx *fasthttp.RequestCtx, kind routeKind, ex *ex
 			return s.fail(ctx, o, selectionError(err))
 		}
 		var ok bool
-		if adm, ok = admitPicked(&pick); ok {
+		if adm, ok = admitPicked(&pick, start); ok {
 			break
 		}
 		// Slow path: a picked engine refused the dispatch (its half-open breaker's probe is
@@ -302,24 +302,25 @@ type picked struct {
 	tPlain, tPrefill, tDecode fleet.Ticket
 }
 
-// admitPicked asks the picked engines to take the dispatch (fleet.Member.Admit). false:
-// one refused, and any ticket already taken was given back.
-func admitPicked(p *engine.BucketPick) (a picked, ok bool) {
+// admitPicked asks the picked engines to take the dispatch of a request that started at
+// start (fleet.Member.Admit). false: one refused, and any ticket already taken was given
+// back.
+func admitPicked(p *engine.BucketPick, start time.Time) (a picked, ok bool) {
 	if !p.IsPD() {
 		if a.plain = fleet.MemberOf(p.Plain.Worker); a.plain == nil {
 			return a, false
 		}
-		a.tPlain, ok = a.plain.Admit()
+		a.tPlain, ok = a.plain.Admit(start)
 		return a, ok
 	}
 	a.prefill, a.decode = fleet.MemberOf(p.Prefill.Worker), fleet.MemberOf(p.Decode.Worker)
 	if a.prefill == nil || a.decode == nil {
 		return a, false
 	}
-	if a.tPrefill, ok = a.prefill.Admit(); !ok {
+	if a.tPrefill, ok = a.prefill.Admit(start); !ok {
 		return a, false
 	}
-	if a.tDecode, ok = a.decode.Admit(); !ok {
+	if a.tDecode, ok = a.decode.Admit(start); !ok {
 		a.tPrefill.Done(fleet.OutcomeNeutral)
 		return a, false
 	}

@@ -110,9 +110,13 @@ const (
 	succMask  = 0xff << succShift
 )
 
-// windowSlots divides the error-rate window; a slot packs its epoch (32 bits), the
-// dispatches counted (16 bits) and the errors among them (16 bits).
-const windowSlots = 10
+// The error-rate window is a ring of ringSlots slots of 2^slotShift nanoseconds each, the
+// least power of two with at most 15 slots covering the window (a shift, not a division,
+// finds a dispatch's slot); the window spans b.span slots. A slot holds its epoch (its index
+// in time) with the errors recorded in it, packed in one word, and the worker's dispatch
+// count when the slot began: the window's volume is the dispatches since its oldest slot
+// began, read from the count the router keeps anyway, so that a success writes nothing.
+const ringSlots = 16
 
 // Breaker is one worker's circuit breaker over dispatch outcomes (POLICY_DESIGN section 8
 // keeps breakers outside the policies). Closed, it opens on Failures consecutive
@@ -124,18 +128,39 @@ const windowSlots = 10
 // opens it again, a neutral one frees the probe slot for the next dispatch.
 //
 // The breaker is on the path of every request: its state is one atomic word and the window
-// a ring of atomic slots, changed with compare-and-swap; no lock. Times are passed in, so
-// that tests drive it with any clock.
+// a ring of atomic slots, changed with compare-and-swap; no lock. The window buckets each
+// outcome by its dispatch's start time, which the request already read, so that counting
+// reads no clock; the clock is read only to time an opening.
 type Breaker struct {
 	set      BreakerSettings
-	word     atomic.Uint64
-	openedAt atomic.Int64 // unix nanoseconds of the latest opening
-	slotDur  int64        // nanoseconds per window slot
-	slots    [windowSlots]atomic.Uint64
+	now      func() time.Time
+	volume   func() uint64 // the worker's dispatches so far
+	shift    uint          // log2 of a slot's nanoseconds
+	span     uint64        // slots the window spans, at most ringSlots-1
+	openedAt atomic.Int64  // unix nanoseconds of the latest opening
+	// word is read by every Admit; the window's slots, written by every Record, live on
+	// other cache lines, so that counting does not evict it from the readers' caches.
+	_     [cacheLine]byte
+	word  atomic.Uint64
+	_     [cacheLine - 8]byte
+	slots [ringSlots]paddedSlot
 }
 
-// NewBreaker returns a closed breaker; settings below their minimum are raised to it.
-func NewBreaker(s BreakerSettings) *Breaker {
+// cacheLine is the size the breaker's hot fields are kept apart by.
+const cacheLine = 64
+
+// paddedSlot is one window slot on a cache line of its own: epoch<<32 | errors, and the
+// dispatch count when the epoch began.
+type paddedSlot struct {
+	word atomic.Uint64
+	base atomic.Uint64
+	_    [cacheLine - 16]byte
+}
+
+// NewBreaker returns a closed breaker timing its openings with now and reading the worker's
+// dispatch count (load.Counters.Dispatched) with volume; settings below their minimum are
+// raised to it.
+func NewBreaker(s BreakerSettings, now func() time.Time, volume func() uint64) *Breaker {
 	s.Failures = max(s.Failures, 1)
 	s.Successes = max(s.Successes, 1)
 	s.MinRequests = max(s.MinRequests, 1)
@@ -145,7 +170,10 @@ func NewBreaker(s BreakerSettings) *Breaker {
 	if s.Window <= 0 {
 		s.Window = time.Minute
 	}
-	b := &Breaker{set: s, slotDur: max(int64(s.Window)/windowSlots, 1)}
+	b := &Breaker{set: s, now: now, volume: volume}
+	for b.shift = 10; int64(1)<<b.shift*(ringSlots-1) < int64(s.Window); b.shift++ {
+	}
+	b.span = uint64((int64(s.Window) + int64(1)<<b.shift - 1) >> b.shift)
 	return b
 }
 
@@ -209,15 +237,15 @@ func (b *Breaker) Admit() (probe bool, t Transition, ok bool) {
 	}
 }
 
-// Record counts a dispatch outcome at now. probe says whether Admit admitted the dispatch
-// as the half-open probe. Outcomes of dispatches admitted before the breaker opened are
-// ignored while it is open or half-open.
-func (b *Breaker) Record(o Outcome, probe bool, now time.Time) Transition {
+// Record counts the outcome of a dispatch that started at start. probe says whether Admit
+// admitted the dispatch as the half-open probe. Outcomes of dispatches admitted before the
+// breaker opened are ignored while it is open or half-open.
+func (b *Breaker) Record(o Outcome, probe bool, start time.Time) Transition {
 	if !b.set.Enabled {
 		return NoChange
 	}
 	if probe {
-		return b.recordProbe(o, now)
+		return b.recordProbe(o)
 	}
 	if o == OutcomeNeutral {
 		return NoChange
@@ -226,7 +254,7 @@ func (b *Breaker) Record(o Outcome, probe bool, now time.Time) Transition {
 	if BreakerState(w&wState) != BreakerClosed {
 		return NoChange
 	}
-	errs := b.count(o != OutcomeSuccess, now)
+	errs := b.count(o != OutcomeSuccess, start)
 	for {
 		w = b.word.Load()
 		if BreakerState(w&wState) != BreakerClosed {
@@ -254,7 +282,7 @@ func (b *Breaker) Record(o Outcome, probe bool, now time.Time) Transition {
 			return NoChange
 		}
 		if open {
-			b.openedAt.Store(now.UnixNano())
+			b.openedAt.Store(b.now().UnixNano())
 		}
 		if b.word.CompareAndSwap(w, next) {
 			if open {
@@ -266,7 +294,7 @@ func (b *Breaker) Record(o Outcome, probe bool, now time.Time) Transition {
 	}
 }
 
-func (b *Breaker) recordProbe(o Outcome, now time.Time) Transition {
+func (b *Breaker) recordProbe(o Outcome) Transition {
 	for {
 		w := b.word.Load()
 		if BreakerState(w&wState) != BreakerHalfOpen || w&wProbing == 0 {
@@ -286,7 +314,7 @@ func (b *Breaker) recordProbe(o Outcome, now time.Time) Transition {
 			next, t = w&^wProbing, ProbeFreed
 		default:
 			next, t = uint64(BreakerOpen), Opened
-			b.openedAt.Store(now.UnixNano())
+			b.openedAt.Store(b.now().UnixNano())
 		}
 		if b.word.CompareAndSwap(w, next) {
 			if t == Closed {
@@ -313,43 +341,57 @@ func (b *Breaker) Expire(now time.Time) Transition {
 // OpenedAt returns when the breaker last opened.
 func (b *Breaker) OpenedAt() time.Time { return time.Unix(0, b.openedAt.Load()) }
 
-// count adds one dispatch (an error when failed) to the window at now and reports whether
-// the window's error rate now opens the breaker.
-func (b *Breaker) count(failed bool, now time.Time) bool {
-	epoch := uint64(now.UnixNano()/b.slotDur) & 0xffffffff
-	slot := &b.slots[epoch%windowSlots]
+// count records one dispatch that started at start in the window (an error when failed) and
+// reports whether the window's error rate now opens the breaker. A success only reads, but
+// for the first one of a window slot, which starts the slot.
+func (b *Breaker) count(failed bool, start time.Time) bool {
+	epoch := uint64(start.UnixNano()>>b.shift) & 0xffffffff
+	slot := &b.slots[epoch%ringSlots]
 	for {
-		v := slot.Load()
-		total, errs := uint64(0), uint64(0)
+		v := slot.word.Load()
 		if v>>32 == epoch {
-			total, errs = (v>>16)&0xffff, v&0xffff
-		}
-		if total < 0xffff {
-			total++
-			if failed {
-				errs++
+			if !failed {
+				return false
 			}
+			if slot.word.CompareAndSwap(v, v+1) {
+				break
+			}
+			continue
 		}
-		if slot.CompareAndSwap(v, epoch<<32|total<<16|errs) {
+		if v>>32 > epoch && v>>32-epoch < ringSlots {
+			return false // a dispatch so old that its slot already serves a newer epoch
+		}
+		// Slow path: the first outcome of a new slot starts it.
+		next := epoch << 32
+		if failed {
+			next++
+		}
+		if slot.word.CompareAndSwap(v, next) {
+			slot.base.Store(b.volume())
+			if !failed {
+				return false
+			}
 			break
 		}
 	}
-	if !failed {
-		return false
-	}
-	var total, errs uint64
+	var errs, base uint64
+	oldest := epoch + 1
 	for i := range b.slots {
-		v := b.slots[i].Load()
-		if e := v >> 32; e <= epoch && epoch-e < windowSlots {
-			total += (v >> 16) & 0xffff
-			errs += v & 0xffff
+		v := b.slots[i].word.Load()
+		if e := v >> 32; e <= epoch && epoch-e < b.span {
+			errs += v & 0xffffffff
+			if e < oldest {
+				oldest, base = e, b.slots[i].base.Load()
+			}
 		}
 	}
-	return int(total) >= b.set.MinRequests && float64(errs) >= b.set.ErrorRate*float64(total)
+	vol := b.volume()
+	total := max(vol-min(base, vol), errs)
+	return total >= uint64(b.set.MinRequests) && float64(errs) >= b.set.ErrorRate*float64(total)
 }
 
 func (b *Breaker) clearWindow() {
 	for i := range b.slots {
-		b.slots[i].Store(0)
+		b.slots[i].word.Store(0)
 	}
 }

@@ -9,6 +9,35 @@ import (
 
 var t0 = time.Unix(1_700_000_000, 0)
 
+// nowAt is a clock whose time the test sets.
+type nowAt struct{ t time.Time }
+
+func (n *nowAt) now() time.Time { return n.t }
+
+// testBreaker is a Breaker with the worker's dispatch count it reads the volume from.
+type testBreaker struct {
+	*Breaker
+	dispatched atomic.Uint64
+}
+
+// Record counts a dispatch, as the router's in-flight guard does, then records its outcome.
+func (b *testBreaker) Record(o Outcome, probe bool, start time.Time) Transition {
+	b.dispatched.Add(1)
+	return b.Breaker.Record(o, probe, start)
+}
+
+// newTestBreaker returns a breaker of testSettings (changed by mutate) on a clock at t0.
+func newTestBreaker(mutate func(*BreakerSettings)) (*testBreaker, *nowAt) {
+	s := testSettings()
+	if mutate != nil {
+		mutate(&s)
+	}
+	clk := &nowAt{t0}
+	b := &testBreaker{}
+	b.Breaker = NewBreaker(s, clk.now, b.dispatched.Load)
+	return b, clk
+}
+
 func testSettings() BreakerSettings {
 	return BreakerSettings{Enabled: true, Failures: 3, ErrorRate: 0.5, MinRequests: 10, Window: 10 * time.Second,
 		Cooldown: 30 * time.Second, Successes: 1}
@@ -25,7 +54,7 @@ func TestOutcomeOfStatus(t *testing.T) {
 }
 
 func TestBreakerConsecutiveFailures(t *testing.T) {
-	b := NewBreaker(testSettings())
+	b, _ := newTestBreaker(nil)
 	for range 2 {
 		if tr := b.Record(OutcomeFailure, false, t0); tr != NoChange {
 			t.Fatalf("opened below the threshold: %v", tr)
@@ -53,7 +82,7 @@ func TestBreakerConsecutiveFailures(t *testing.T) {
 
 func TestBreakerErrorRate(t *testing.T) {
 	t.Run("request errors alone below the volume", func(t *testing.T) {
-		b := NewBreaker(testSettings())
+		b, _ := newTestBreaker(nil)
 		for range 9 {
 			b.Record(OutcomeError, false, t0)
 		}
@@ -65,7 +94,7 @@ func TestBreakerErrorRate(t *testing.T) {
 		}
 	})
 	t.Run("errors among successes under the rate", func(t *testing.T) {
-		b := NewBreaker(testSettings())
+		b, _ := newTestBreaker(nil)
 		for i := range 100 {
 			o := OutcomeSuccess
 			if i%3 == 0 {
@@ -78,7 +107,7 @@ func TestBreakerErrorRate(t *testing.T) {
 		}
 	})
 	t.Run("4xx never count", func(t *testing.T) {
-		b := NewBreaker(testSettings())
+		b, _ := newTestBreaker(nil)
 		b.Record(OutcomeSuccess, false, t0)
 		for range 1000 {
 			b.Record(OutcomeNeutral, false, t0)
@@ -91,7 +120,7 @@ func TestBreakerErrorRate(t *testing.T) {
 		}
 	})
 	t.Run("old errors leave the window", func(t *testing.T) {
-		b := NewBreaker(testSettings())
+		b, _ := newTestBreaker(nil)
 		for range 9 {
 			b.Record(OutcomeError, false, t0)
 		}
@@ -109,7 +138,7 @@ func TestBreakerErrorRate(t *testing.T) {
 }
 
 func TestBreakerHalfOpenOneProbe(t *testing.T) {
-	b := NewBreaker(testSettings())
+	b, clk := newTestBreaker(nil)
 	for range 3 {
 		b.Record(OutcomeFailure, false, t0)
 	}
@@ -131,7 +160,8 @@ func TestBreakerHalfOpenOneProbe(t *testing.T) {
 		t.Fatalf("neutral probe: %v", tr)
 	}
 	probe, _, _ = b.Admit()
-	if tr := b.Record(OutcomeError, probe, t0.Add(40*time.Second)); tr != Opened || b.State() != BreakerOpen {
+	clk.t = t0.Add(40 * time.Second)
+	if tr := b.Record(OutcomeError, probe, t0.Add(35*time.Second)); tr != Opened || b.State() != BreakerOpen {
 		t.Fatalf("a failed probe must reopen: %v", tr)
 	}
 	if b.Expire(t0.Add(60*time.Second)) != NoChange || b.Expire(t0.Add(70*time.Second)) != HalfOpened {
@@ -148,9 +178,7 @@ func TestBreakerHalfOpenOneProbe(t *testing.T) {
 }
 
 func TestBreakerSuccessesToClose(t *testing.T) {
-	s := testSettings()
-	s.Successes = 2
-	b := NewBreaker(s)
+	b, _ := newTestBreaker(func(s *BreakerSettings) { s.Successes = 2 })
 	for range 3 {
 		b.Record(OutcomeFailure, false, t0)
 	}
@@ -166,9 +194,7 @@ func TestBreakerSuccessesToClose(t *testing.T) {
 }
 
 func TestBreakerDisabled(t *testing.T) {
-	s := testSettings()
-	s.Enabled = false
-	b := NewBreaker(s)
+	b, _ := newTestBreaker(func(s *BreakerSettings) { s.Enabled = false })
 	for range 100 {
 		b.Record(OutcomeFailure, false, t0)
 	}
@@ -180,7 +206,7 @@ func TestBreakerDisabled(t *testing.T) {
 // TestBreakerConcurrentProbe: however many dispatches race for a half-open breaker, one is
 // the probe.
 func TestBreakerConcurrentProbe(t *testing.T) {
-	b := NewBreaker(testSettings())
+	b, _ := newTestBreaker(nil)
 	for range 3 {
 		b.Record(OutcomeFailure, false, t0)
 	}

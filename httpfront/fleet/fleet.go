@@ -218,7 +218,7 @@ func (f *Fleet) Add(ctx context.Context, spec Spec, introspect bool) (*Member, e
 		url:           spec.URL,
 		bootstrapHost: urlHost(spec.URL),
 		spec:          spec,
-		breaker:       NewBreaker(f.breaker),
+		breaker:       NewBreaker(f.breaker, f.clock.Now, f.opts.Tracker.Counters(spec.ID).Dispatched),
 	}
 	staleName := MetricStaleRetries + `{worker="` + EscapeLabel(spec.ID) + `"}`
 	m.up = newUpstream(f.t, hostPort, urlHost(spec.URL), isTLS, f.metrics.GetOrCreateCounter(staleName))

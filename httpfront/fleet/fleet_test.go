@@ -315,7 +315,7 @@ func TestBreakerThroughTheRegistry(t *testing.T) {
 	}
 	eligible := func() bool { return ws.Load().Worker("A").Healthy() }
 	for range 2 {
-		tk, ok := m.Admit()
+		tk, ok := m.Admit(t0)
 		if !ok {
 			t.Fatal("a closed breaker refused")
 		}
@@ -332,14 +332,14 @@ func TestBreakerThroughTheRegistry(t *testing.T) {
 	if m.Breaker().State() != BreakerHalfOpen || !eligible() {
 		t.Fatal("the cool-down's end did not make the worker eligible for its probe")
 	}
-	probe, ok := m.Admit()
+	probe, ok := m.Admit(t0)
 	if !ok || !probe.Probe() {
 		t.Fatal("the first dispatch is not the probe")
 	}
 	if eligible() {
 		t.Fatal("the worker stays eligible while its probe is in flight")
 	}
-	if _, ok := m.Admit(); ok {
+	if _, ok := m.Admit(t0); ok {
 		t.Fatal("a second dispatch went through during the probe")
 	}
 	probe.Done(OutcomeSuccess)
@@ -348,7 +348,7 @@ func TestBreakerThroughTheRegistry(t *testing.T) {
 	}
 	// Open again, then removed: its cool-down timer is stopped.
 	for range 2 {
-		tk, _ := m.Admit()
+		tk, _ := m.Admit(t0)
 		tk.Done(OutcomeFailure)
 	}
 	if clock.pending() != 1 {
@@ -360,7 +360,7 @@ func TestBreakerThroughTheRegistry(t *testing.T) {
 	if clock.pending() != 0 {
 		t.Fatal("the removed worker's cool-down timer still runs")
 	}
-	if _, ok := m.Admit(); ok {
+	if _, ok := m.Admit(t0); ok {
 		t.Fatal("a removed worker admitted a dispatch")
 	}
 }

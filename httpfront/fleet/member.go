@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"switchyard/config"
 	"switchyard/engine"
@@ -112,14 +113,15 @@ func (m *Member) eligible() bool { return m.healthOK.Load() && m.breaker.Eligibl
 type Ticket struct {
 	m     *Member
 	probe bool
+	start time.Time
 }
 
-// Admit is called when a request is about to be sent to the worker. It refuses when the
-// worker was removed, its breaker is open, or its breaker is half-open with the probe
-// already in flight; the worker is then withdrawn from picks before Admit returns, so the
-// caller's next selection chooses another engine. The fast path (a closed breaker) is two
-// atomic loads.
-func (m *Member) Admit() (Ticket, bool) {
+// Admit is called when a request that started at start is about to be sent to the worker.
+// It refuses when the worker was removed, its breaker is open, or its breaker is half-open
+// with the probe already in flight; the worker is then withdrawn from picks before Admit
+// returns, so the caller's next selection chooses another engine. The fast path (a closed
+// breaker) is two atomic loads.
+func (m *Member) Admit(start time.Time) (Ticket, bool) {
 	if m.removed.Load() {
 		return Ticket{}, false
 	}
@@ -131,7 +133,7 @@ func (m *Member) Admit() (Ticket, bool) {
 	if t != NoChange {
 		m.f.transition(m, t)
 	}
-	return Ticket{m: m, probe: probe}, true
+	return Ticket{m: m, probe: probe, start: start}, true
 }
 
 // Done records the dispatch's outcome on the worker's breaker. Call it once per admitted
@@ -140,7 +142,7 @@ func (t Ticket) Done(o Outcome) {
 	if t.m == nil {
 		return
 	}
-	if tr := t.m.breaker.Record(o, t.probe, t.m.f.clock.Now()); tr != NoChange {
+	if tr := t.m.breaker.Record(o, t.probe, t.start); tr != NoChange {
 		t.m.f.transition(t.m, tr)
 	}
 }

@@ -168,6 +168,8 @@ func (u *Upstream) Probe() load.Doer { return probeDoer{u} }
 
 type probeDoer struct{ u *Upstream }
 
+var _ load.Doer = probeDoer{}
+
 func (p probeDoer) DoDeadline(req *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) error {
 	return p.u.do(p.u.probe, req, resp, deadline)
 }
@@ -275,6 +277,7 @@ type connSet struct {
 
 func (s *connSet) track(c net.Conn, headerTimeout time.Duration) *upConn {
 	uc := &upConn{Conn: c, set: s, ttfb: headerTimeout}
+	uc.addr = &connAddr{Addr: c.LocalAddr(), c: uc}
 	s.mu.Lock()
 	if s.conns == nil {
 		s.conns = make(map[*upConn]struct{})
@@ -309,6 +312,7 @@ type upConn struct {
 	net.Conn
 	set  *connSet
 	ttfb time.Duration
+	addr *connAddr // made once: fasthttp asks for it on every request
 
 	requests       int   // requests begun on this connection
 	inRequest      bool  // a request is being written: nothing read since its first write
@@ -391,7 +395,7 @@ func (c *upConn) Close() error {
 // LocalAddr returns the connection's local address, which also carries the connection: it is
 // how Upstream.do finds, through fasthttp.Response.LocalAddr, the connection a failed
 // request used.
-func (c *upConn) LocalAddr() net.Addr { return connAddr{Addr: c.Conn.LocalAddr(), c: c} }
+func (c *upConn) LocalAddr() net.Addr { return c.addr }
 
 type connAddr struct {
 	net.Addr
@@ -400,7 +404,7 @@ type connAddr struct {
 
 // connOf returns the connection resp was (or was to be) read from, or nil.
 func connOf(resp *fasthttp.Response) *upConn {
-	if a, ok := resp.LocalAddr().(connAddr); ok {
+	if a, ok := resp.LocalAddr().(*connAddr); ok {
 		return a.c
 	}
 	return nil

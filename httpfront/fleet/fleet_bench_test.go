@@ -1,0 +1,128 @@
+package fleet
+
+import (
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/valyala/fasthttp"
+
+	"switchyard/config"
+	"switchyard/engine"
+)
+
+// BenchmarkDispatchAccounting is a dispatch's lifecycle work on a closed breaker: the Member
+// from the pick's worker, Admit, and Done with a success, from parallel goroutines on one
+// engine (the contended case).
+func BenchmarkDispatchAccounting(b *testing.B) {
+	w := engine.NewWorker("A", "http://a", "m", engine.StagePlain, nil)
+	m := &Member{f: &Fleet{clock: SystemClock{}}, breaker: NewBreaker(testSettings(), time.Now, w.Counters.Dispatched)}
+	w.Handle = m
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			t, ok := MemberOf(w).Admit(t0)
+			if !ok {
+				b.Fatal("refused")
+			}
+			t.Done(OutcomeSuccess)
+		}
+	})
+}
+
+// mutexBreaker is the baseline: a breaker behind a mutex, reached by a map lookup by worker
+// ID, as dispatch did it before the lifecycle moved to atomics.
+type mutexBreaker struct {
+	mu       sync.Mutex
+	state    BreakerState
+	failures int
+}
+
+func BenchmarkDispatchAccountingMutexBaseline(b *testing.B) {
+	states := map[string]*mutexBreaker{"A": {}}
+	w := engine.NewWorker("A", "http://a", "m", engine.StagePlain, nil)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			st := states[w.ID]
+			st.mu.Lock()
+			open := st.state == BreakerOpen
+			st.mu.Unlock()
+			if open {
+				b.Fatal("open")
+			}
+			st.mu.Lock()
+			st.failures = 0
+			st.mu.Unlock()
+		}
+	})
+}
+
+// loopbackEngine is a minimal fasthttp engine on loopback answering a small JSON body.
+func loopbackEngine(b *testing.B) string {
+	b.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"id":"c1","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}]}`)
+	}}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(ln)
+	}()
+	b.Cleanup(func() {
+		_ = srv.Shutdown()
+		<-done
+	})
+	return ln.Addr().String()
+}
+
+func benchRoundTrips(b *testing.B, addr string, do func(req *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) error) {
+	b.ReportAllocs()
+	b.SetParallelism(4)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		req := fasthttp.AcquireRequest()
+		resp := fasthttp.AcquireResponse()
+		defer fasthttp.ReleaseRequest(req)
+		defer fasthttp.ReleaseResponse(resp)
+		body := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
+		for pb.Next() {
+			req.Reset()
+			req.Header.SetMethod(fasthttp.MethodPost)
+			req.SetRequestURI("/v1/chat/completions")
+			req.Header.SetHost(addr)
+			req.SetBodyRaw(body)
+			if err := do(req, resp, time.Now().Add(10*time.Second)); err != nil || resp.StatusCode() != 200 {
+				b.Errorf("%v %d", err, resp.StatusCode())
+				return
+			}
+		}
+	})
+}
+
+// BenchmarkUpstreamRoundTrip is one small request through a worker's Upstream (tracked
+// connections, the header deadline, the stale-connection check) to a loopback engine.
+func BenchmarkUpstreamRoundTrip(b *testing.B) {
+	addr := loopbackEngine(b)
+	set := config.Default().Upstream
+	tr := &transport{set: set, dial: defaultDial}
+	u := newUpstream(tr, addr, "", false, metrics.NewSet().NewCounter(MetricStaleRetries))
+	defer u.CloseIdle()
+	benchRoundTrips(b, addr, u.Do)
+}
+
+// BenchmarkUpstreamRoundTripBareBaseline is the same request through a bare fasthttp
+// HostClient: the baseline.
+func BenchmarkUpstreamRoundTripBareBaseline(b *testing.B) {
+	addr := loopbackEngine(b)
+	hc := &fasthttp.HostClient{Addr: addr, MaxConns: 4096, ReadBufferSize: 16 << 10, WriteBufferSize: 16 << 10}
+	defer hc.CloseIdleConnections()
+	benchRoundTrips(b, addr, hc.DoDeadline)
+}
