@@ -273,13 +273,15 @@ func (s *Server) serveInference(ctx *fasthttp.RequestCtx, kind routeKind, ex *ex
 			}
 			return s.fail(ctx, o, selectionError(err))
 		}
-		var ok bool
-		if adm, ok = admitPicked(&pick, start); ok {
+		a, refused := admitPicked(&pick, start)
+		if refused == nil {
+			adm = a
 			break
 		}
 		// Slow path: a picked engine refused the dispatch (its half-open breaker's probe is
-		// taken, or it was removed) and was withdrawn from picks: select again.
-		if round == maxAdmitRounds {
+		// taken, or it was removed). It is withdrawn from picks, and left out of this
+		// request's next selection.
+		if round == maxAdmitRounds || !ex.breq.Retry.Excluded.Add(refused) {
 			return s.fail(ctx, o, newAPIError(CodeNoAvailableEngine, "every engine selected for the request refused it"))
 		}
 	}
@@ -292,7 +294,7 @@ func (s *Server) serveInference(ctx *fasthttp.RequestCtx, kind routeKind, ex *ex
 }
 
 // maxAdmitRounds bounds the selections of one request whose selected engines refuse the
-// dispatch (Member.Admit); each refusal withdraws the engine before the next selection.
+// dispatch (Member.Admit); the next selection leaves each refusing engine out.
 const maxAdmitRounds = 4
 
 // picked is a selection's engines once they admitted the dispatch: their lifecycle state and
@@ -303,28 +305,34 @@ type picked struct {
 }
 
 // admitPicked asks the picked engines to take the dispatch of a request that started at
-// start (fleet.Member.Admit). false: one refused, and any ticket already taken was given
-// back.
-func admitPicked(p *engine.BucketPick, start time.Time) (a picked, ok bool) {
+// start (fleet.Member.Admit). refused is the engine that did not, nil when all did; any
+// ticket already taken was then given back.
+func admitPicked(p *engine.BucketPick, start time.Time) (a picked, refused *engine.Worker) {
+	var ok bool
 	if !p.IsPD() {
 		if a.plain = fleet.MemberOf(p.Plain.Worker); a.plain == nil {
-			return a, false
+			return a, p.Plain.Worker
 		}
-		a.tPlain, ok = a.plain.Admit(start)
-		return a, ok
+		if a.tPlain, ok = a.plain.Admit(start); !ok {
+			return a, p.Plain.Worker
+		}
+		return a, nil
 	}
 	a.prefill, a.decode = fleet.MemberOf(p.Prefill.Worker), fleet.MemberOf(p.Decode.Worker)
-	if a.prefill == nil || a.decode == nil {
-		return a, false
+	if a.prefill == nil {
+		return a, p.Prefill.Worker
+	}
+	if a.decode == nil {
+		return a, p.Decode.Worker
 	}
 	if a.tPrefill, ok = a.prefill.Admit(start); !ok {
-		return a, false
+		return a, p.Prefill.Worker
 	}
 	if a.tDecode, ok = a.decode.Admit(start); !ok {
 		a.tPrefill.Done(fleet.OutcomeNeutral)
-		return a, false
+		return a, p.Decode.Worker
 	}
-	return a, true
+	return a, nil
 }
 
 func (s *Server) maxBody() int64 {
