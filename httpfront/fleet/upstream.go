@@ -171,6 +171,10 @@ type probeDoer struct{ u *Upstream }
 var _ load.Doer = probeDoer{}
 
 func (p probeDoer) DoDeadline(req *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) error {
+	if p.u.tls != nil && string(req.URI().Scheme()) == "https" {
+		// The dial makes the TLS connection; the client must see the plain scheme it serves.
+		req.URI().SetScheme("http")
+	}
 	return p.u.do(p.u.probe, req, resp, deadline)
 }
 

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -26,6 +27,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"switchyard/config"
+	"switchyard/load"
 )
 
 // keepAliveServer is an engine written with net/http (not the router's client library): it
@@ -405,7 +407,18 @@ func TestHTTPSWorker(t *testing.T) {
 	if srv.accepted.Load() != 1 {
 		t.Fatalf("%d TLS connections for two requests", srv.accepted.Load())
 	}
-	if srv.closeIdle() != 1 {
+	// The worker's probes (health, introspection, load polls) name the https URL.
+	err := load.Fetch(context.Background(), u.Probe(), "https://"+srv.addr+"/health", "*/*", 5*time.Second, 1<<10,
+		func(status int, _ []byte) error {
+			if status != 200 {
+				return fmt.Errorf("status %d", status)
+			}
+			return nil
+		})
+	if err != nil {
+		t.Fatalf("https probe: %v", err)
+	}
+	if srv.closeIdle() == 0 {
 		t.Fatal("no idle TLS connection")
 	}
 	if st, _, err := post(u, false, 5*time.Second); err != nil || st != 200 || u.stale.Get() != 1 {
