@@ -391,6 +391,9 @@ type Health struct {
 	Interval time.Duration `koanf:"interval" json:"interval"`
 	// Timeout bounds one health check. Default 2s.
 	Timeout time.Duration `koanf:"timeout" json:"timeout"`
+	// Endpoint is the route a health check asks with GET, answered 200 by a healthy engine
+	// (sgl-router's --health-check-endpoint); it starts with "/". Default "/health".
+	Endpoint string `koanf:"endpoint" json:"endpoint"`
 	// FailureThreshold consecutive failures mark a worker unhealthy; at least 1. Default 3.
 	FailureThreshold int `koanf:"failure_threshold" json:"failure_threshold" unit:"health checks"`
 	// SuccessThreshold consecutive successes mark it healthy again; at least 1. Default 2.

@@ -68,6 +68,7 @@ func Default() *Config {
 		Health: Health{
 			Interval:           5 * time.Second,
 			Timeout:            2 * time.Second,
+			Endpoint:           "/health",
 			FailureThreshold:   3,
 			SuccessThreshold:   2,
 			BreakerEnabled:     true,

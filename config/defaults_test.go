@@ -78,6 +78,7 @@ func TestDefault(t *testing.T) {
 		{"cache_aware.min_load_choices", d.CacheAware.MinLoadChoices, 2},
 		{"health.interval", d.Health.Interval, 5 * time.Second},
 		{"health.timeout", d.Health.Timeout, 2 * time.Second},
+		{"health.endpoint", d.Health.Endpoint, "/health"},
 		{"health.failure_threshold", d.Health.FailureThreshold, 3},
 		{"health.success_threshold", d.Health.SuccessThreshold, 2},
 		{"health.breaker_enabled", d.Health.BreakerEnabled, true},

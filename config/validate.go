@@ -438,6 +438,9 @@ func (c *Config) validateHealth(p *problems) {
 	h := c.Health
 	positive(p, "health.interval", h.Interval)
 	positive(p, "health.timeout", h.Timeout)
+	if !strings.HasPrefix(h.Endpoint, "/") || strings.ContainsAny(h.Endpoint, " ?#") {
+		p.add("health.endpoint", ErrInvalid, fmt.Sprintf("must be a path starting with /, got %q", h.Endpoint))
+	}
 	atLeast(p, "health.failure_threshold", int64(h.FailureThreshold), 1)
 	atLeast(p, "health.success_threshold", int64(h.SuccessThreshold), 1)
 	atLeast(p, "health.breaker_failures", int64(h.BreakerFailures), 1)

@@ -375,6 +375,7 @@ func TestValidate(t *testing.T) {
 		{name: "health", mutate: func(c *Config) { c.Health = Health{} }, want: []string{
 			"health.interval: must be a positive duration, got 0s",
 			"health.timeout: must be a positive duration, got 0s",
+			`health.endpoint: must be a path starting with /, got ""`,
 			"health.failure_threshold: must be at least 1, got 0",
 			"health.success_threshold: must be at least 1, got 0",
 			"health.breaker_failures: must be at least 1, got 0",
@@ -448,6 +449,9 @@ func TestValidate(t *testing.T) {
 		{name: "breaker error rate above one", mutate: func(c *Config) { c.Health.BreakerErrorRate = 1.5 },
 			want: []string{"health.breaker_error_rate: must be in (0, 1], got 1.5"}},
 		{name: "breaker disabled keeps the rest checked", mutate: func(c *Config) { c.Health.BreakerEnabled = false }},
+		{name: "health endpoint", mutate: func(c *Config) { c.Health.Endpoint = "health_generate" },
+			want: []string{`health.endpoint: must be a path starting with /, got "health_generate"`}},
+		{name: "deep health endpoint", mutate: func(c *Config) { c.Health.Endpoint = "/health_generate" }},
 		{name: "upstream", mutate: func(c *Config) { c.Upstream = Upstream{ResponseHeaderTimeout: -time.Second} }, want: []string{
 			"upstream.max_idle_conn_duration: must be a positive duration, got 0s",
 			"upstream.connect_timeout: must be a positive duration, got 0s",

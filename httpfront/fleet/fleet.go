@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -445,14 +446,15 @@ func (f *Fleet) introspectIfNeeded(ctx context.Context, m *Member) {
 	}
 }
 
-// healthCheck asks the engine's /health. verdict is false when the check failed for a
+// healthCheck asks the engine's health.endpoint (/health). verdict is false when the check failed for a
 // reason of the router's own (no connection slot, no file descriptor): that says nothing of
 // the engine.
 func (f *Fleet) healthCheck(ctx context.Context, m *Member) (ok, verdict bool) {
-	err := load.Fetch(ctx, m.up.Probe(), strings.TrimRight(m.url, "/")+PathHealth, "*/*", f.health.Timeout, maxInfoBody,
+	path := cmp.Or(f.health.Endpoint, PathHealth)
+	err := load.Fetch(ctx, m.up.Probe(), strings.TrimRight(m.url, "/")+path, "*/*", f.health.Timeout, maxInfoBody,
 		func(status int, _ []byte) error {
 			if status != fasthttp.StatusOK {
-				return &errStatus{PathHealth, status}
+				return &errStatus{path, status}
 			}
 			return nil
 		})

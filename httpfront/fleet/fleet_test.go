@@ -398,3 +398,25 @@ func TestHealthChecksOfTheRouterOwnFailures(t *testing.T) {
 		t.Fatal("an engine refusing connections stayed healthy")
 	}
 }
+
+// TestHealthEndpoint: health checks ask health.endpoint.
+func TestHealthEndpoint(t *testing.T) {
+	e := newTestEngine(t, "") // answers /health only
+	ws, err := engine.NewWorkerSet(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.Default()
+	cfg.Health.Endpoint = "/health_generate"
+	cfg.Health.FailureThreshold = 1
+	f := New(ws, Options{Health: cfg.Health, Upstream: cfg.Upstream})
+	t.Cleanup(f.Stop)
+	m, err := f.Add(context.Background(), Spec{URL: e.url, ID: "A", Model: "m"}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.CheckOnce(context.Background(), m)
+	if ws.Load().Worker("A").Healthy() {
+		t.Fatal("a check of /health_generate, which the engine does not serve, passed")
+	}
+}

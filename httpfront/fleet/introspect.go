@@ -17,7 +17,7 @@ import (
 const (
 	PathServerInfo    = "/server_info"
 	PathGetServerInfo = "/get_server_info"
-	PathHealth        = "/health"
+	PathHealth        = "/health" // health.endpoint's default
 )
 
 // maxInfoBody bounds an introspection or health answer.
