@@ -164,6 +164,8 @@ type testEngine struct {
 	url    string
 	health atomic.Int32
 	info   atomic.Pointer[string]
+	// asked counts introspection requests.
+	asked atomic.Int32
 }
 
 func newTestEngine(t *testing.T, info string) *testEngine {
@@ -177,6 +179,7 @@ func newTestEngine(t *testing.T, info string) *testEngine {
 				w.WriteHeader(int(s))
 			}
 		case PathServerInfo:
+			e.asked.Add(1)
 			if body := *e.info.Load(); body != "" {
 				fmt.Fprint(w, body)
 				return
@@ -418,5 +421,40 @@ func TestHealthEndpoint(t *testing.T) {
 	f.CheckOnce(context.Background(), m)
 	if ws.Load().Worker("A").Healthy() {
 		t.Fatal("a check of /health_generate, which the engine does not serve, passed")
+	}
+}
+
+// TestVLLMFlavorIsNeverIntrospected: a worker declared flavor vllm is asked nothing it does
+// not serve, and serves once a health check passes.
+func TestVLLMFlavorIsNeverIntrospected(t *testing.T) {
+	e := newTestEngine(t, prefillInfo)
+	rec := newRecorder()
+	f, ws := testFleet(t, nil, rec, nil)
+	if _, err := f.Add(context.Background(), Spec{URL: e.url, ID: "V", Flavor: "vllm"}, true); !errors.Is(err, ErrInvalidWorker) {
+		t.Fatalf("a vllm worker without a model: %v", err)
+	}
+	if _, err := f.Add(context.Background(), Spec{URL: e.url, ID: "V", Model: "m", Flavor: "vllm", MetricsPath: "/prom"}, true); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	f.StartupCheck(ctx)
+	f.Start(ctx)
+	f.CheckOnce(ctx, f.Member("V"))
+	if n := e.asked.Load(); n != 0 {
+		t.Fatalf("a vllm worker was introspected %d times", n)
+	}
+	if w := ws.Load().Worker("V"); !w.Healthy() || w.Model != "m" {
+		t.Fatalf("%+v", w)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.started) != 1 || rec.started[0].Flavor != "vllm" || rec.started[0].MetricsPath != "/prom" || rec.started[0].Model != "m" {
+		t.Fatalf("telemetry %+v", rec.started)
+	}
+	for _, bad := range []Spec{{URL: e.url, ID: "X", Model: "m", Flavor: "tgi"}, {URL: e.url, ID: "Y", Model: "m", MetricsPath: "metrics"}} {
+		if _, err := f.Add(context.Background(), bad, true); !errors.Is(err, ErrInvalidWorker) {
+			t.Errorf("%+v: %v", bad, err)
+		}
 	}
 }
