@@ -9,6 +9,12 @@
 //	mockengine  simulated SGLang engines for tests and benchmarks
 //	indexer     the prefix index as a network service shared by several routers
 //	tokenize    the token IDs the router computes for stdin
+//	version     the version, commit and Go version the binary was built with
+//
+// Release builds stamp the version and commit through the linker (-ldflags "-X main.version=…
+// -X main.commit=…", make release); a binary built without them reports what the Go toolchain
+// recorded (module version, vcs.revision). `switchyard version` prints the stamp and serve
+// exports it as switchyard_build_info.
 //
 // main stays thin: each subcommand parses its flags, loads and validates its configuration,
 // builds its component and runs it until the signal context is cancelled.

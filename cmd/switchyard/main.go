@@ -40,6 +40,7 @@ func commands() []command {
 		{"mockengine", "run simulated SGLang engines: switchyard mockengine [--count N] (see --help)", mockengine.Command},
 		{"indexer", "serve the prefix index to several routers: switchyard indexer [--listen HOST:PORT] --config FILE", runIndexer},
 		{"tokenize", "print the token IDs of stdin: switchyard tokenize --tokenizer PATH [--chat]", runTokenize},
+		{"version", "print the version, commit, Go version and platform of this binary", runVersion},
 	}
 }
 
@@ -48,6 +49,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help"):
 		usage(stdout)
 		return 0
+	case len(args) > 0 && args[0] == "--version":
+		args = []string{"version"}
 	case len(args) == 0 || strings.HasPrefix(args[0], "-"):
 		args = append([]string{"serve"}, args...) // serve is the default command
 	}

@@ -14,6 +14,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/VictoriaMetrics/metrics"
+
 	"switchyard/bench/mockengine"
 	"switchyard/config"
 	"switchyard/httpfront"
@@ -38,7 +40,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return errReported
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: logLevel(cfg.Log.Level)}))
-	srv, err := httpfront.New(cfg, httpfront.Options{Logger: logger})
+	set := metrics.NewSet()
+	currentStamp().registerBuildInfo(set)
+	srv, err := httpfront.New(cfg, httpfront.Options{Logger: logger, Metrics: set})
 	if err != nil {
 		return err
 	}
