@@ -3,6 +3,7 @@ package kv
 import (
 	"fmt"
 	"log/slog"
+	"time"
 )
 
 // maxRekeyBlocks bounds the engine-hash → router-digest map of one re-keyed owner; past it,
@@ -158,6 +159,7 @@ func (a *applier) apply(b *EventBatch, defaultRank int) error {
 		}
 	}
 	a.w.Flush()
+	a.m.observeLag(b.TS, time.Now())
 	return nil
 }
 

@@ -2,6 +2,7 @@ package kv
 
 import (
 	"errors"
+	"math"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
@@ -32,7 +33,14 @@ type Metrics struct {
 
 	// Lookup hashing: prompt chunks found in the hash cache, and not.
 	hashCacheHits, hashCacheMisses *metrics.Counter
+
+	// eventLag is the age of each applied batch: receipt after apply minus the engine's
+	// batch timestamp (a classic histogram).
+	eventLag *metrics.PrometheusHistogram
 }
+
+// eventLagBuckets are the `le` upper bounds, in seconds, of switchyard_kv_event_lag_seconds.
+var eventLagBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300}
 
 type lookupMetrics struct {
 	ok, unavailable, rejected *metrics.Counter
@@ -98,7 +106,19 @@ func NewMetrics(set *metrics.Set) *Metrics {
 	for r := range numClearReasons {
 		m.clears[r] = set.GetOrCreateCounter(`switchyard_kv_owner_clears_total{reason="` + clearReasonNames[r] + `"}`)
 	}
+	m.eventLag = set.GetOrCreatePrometheusHistogramExt(`switchyard_kv_event_lag_seconds`, eventLagBuckets)
 	return m
+}
+
+// observeLag records how old a batch stamped ts (unix seconds, the engine's clock) is at now.
+// A batch without a timestamp is not counted; an engine clock ahead of the router's counts
+// as no lag.
+func (m *Metrics) observeLag(ts float64, now time.Time) {
+	if !(ts > 0) || math.IsInf(ts, 1) {
+		return
+	}
+	lag := float64(now.UnixNano())/1e9 - ts
+	m.eventLag.Update(max(lag, 0))
 }
 
 // Set returns the set the handles live on.
