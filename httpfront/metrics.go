@@ -22,6 +22,7 @@ const (
 	metricSelections        = "switchyard_selections_total"
 	metricSelectionFailures = "switchyard_selection_failures_total"
 	metricAdmission         = "switchyard_admission_rejections_total"
+	metricHealthyWorkers    = "switchyard_healthy_workers"
 	metricMailboxRejections = "switchyard_actor_mailbox_rejections_total"
 	metricActorPanics       = "switchyard_actor_panics_total"
 	metricUpstreamErrors    = "switchyard_upstream_errors_total"
@@ -285,6 +286,12 @@ func (m *serverMetrics) upstreamError(worker, kind string) {
 		m.upMu.Unlock()
 	}
 	c.Inc()
+}
+
+// healthyWorkers registers the gauge of a model's healthy workers in one role its buckets
+// need (what /readiness checks); count reads the current registry at scrape time.
+func (m *serverMetrics) healthyWorkers(model string, stage engine.Stage, count func() float64) {
+	m.set.NewGauge(metricHealthyWorkers+`{model="`+fleet.EscapeLabel(model)+`",role="`+stage.String()+`"}`, count)
 }
 
 // since returns seconds elapsed from start to now.

@@ -246,6 +246,9 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 			mr.stages = append(mr.stages, st)
 		}
 		slices.Sort(mr.stages)
+		for _, st := range mr.stages {
+			s.metrics.healthyWorkers(name, st, func() float64 { return float64(len(s.wset.Load().Healthy(name, st))) })
+		}
 		s.models[name] = mr
 		names = append(names, name)
 	}
