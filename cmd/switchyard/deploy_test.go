@@ -1,0 +1,304 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"switchyard/bench/mockengine"
+)
+
+// The operator artefacts under deploy/ are checked against a running router: `switchyard
+// serve` (runServe, as deployed) with a configuration file, in front of mock engines on
+// loopback, after a short bounded load that takes every path whose metrics they read.
+
+// deployDir is deploy/ of this checkout.
+func deployDir(t *testing.T) string {
+	t.Helper()
+	dir, err := filepath.Abs("../../deploy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// observedRouter is a running router after the load, and what it exported.
+type observedRouter struct {
+	base    string
+	scrape  string     // GET /metrics after the load
+	exposed exposition // scrape, parsed
+}
+
+// observeRouter starts the engines and `switchyard serve`, sends the load and scrapes
+// /metrics. Everything is stopped at the end of the test.
+//
+// The deployment, each model taking some paths:
+//   - llama: two plain engines, session_aware (sessions and new placements);
+//   - llama-pd: a prefill and a decode engine (PD dispatch, streaming and not);
+//   - switchyard-mock: two engines publishing KV events, cache_aware (the index, its event
+//     lag, a miss then a cache hit);
+//   - llama-capped: one engine held by a fault, admission max_inflight_requests 1 (an
+//     admission rejection, a client that leaves);
+//   - llama-flaky: one engine that answers 500 then fails its health checks (upstream
+//     errors, an open breaker, no healthy engine);
+//   - an unknown model and a malformed body (4xx).
+func observeRouter(t *testing.T) *observedRouter {
+	t.Helper()
+	start := func(cfg mockengine.Config) *mockengine.Engine {
+		t.Helper()
+		if cfg.KVEvents == (mockengine.KVEvents{}) {
+			cfg.KVEvents.Disabled = true
+		}
+		cfg.LoadPublish.Disabled = true
+		e, err := mockengine.Start(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = e.Close() })
+		return e
+	}
+	m1 := start(mockengine.Config{WorkerID: "m1", Model: "llama", ZeroCost: true})
+	m2 := start(mockengine.Config{WorkerID: "m2", Model: "llama", ZeroCost: true})
+	p1 := start(mockengine.Config{WorkerID: "p1", Model: "llama-pd", Role: mockengine.RolePrefill, Speedup: 50})
+	d1 := start(mockengine.Config{WorkerID: "d1", Model: "llama-pd", Role: mockengine.RoleDecode, Speedup: 50})
+	costs := mockengine.Costs{PrefillOverhead: time.Millisecond, PrefillPerToken: time.Microsecond, DecodeStep: time.Millisecond}
+	c1 := start(mockengine.Config{WorkerID: "c1", Model: cacheModel, Costs: &costs, KVEvents: mockengine.KVEvents{Replay: true}})
+	c2 := start(mockengine.Config{WorkerID: "c2", Model: cacheModel, Costs: &costs, KVEvents: mockengine.KVEvents{Replay: true}})
+	h1 := start(mockengine.Config{WorkerID: "h1", Model: "llama-capped", Costs: &costs})
+	f1 := start(mockengine.Config{WorkerID: "f1", Model: "llama-flaky", ZeroCost: true})
+
+	conf := fmt.Sprintf(`
+server: {host: 127.0.0.1, port: 0, drain_timeout: 5s}
+health: {interval: 100ms, timeout: 100ms, failure_threshold: 1, success_threshold: 1, breaker_failures: 2, breaker_cooldown: 10m}
+load: {poll_interval: 50ms}
+kv: {reconnect_backoff: 20ms}
+cache_aware: {min_matched_tokens: 128}
+workers:
+  - {id: m1, url: %q, model: llama}
+  - {id: m2, url: %q, model: llama}
+  - {id: p1, url: %q, model: llama-pd, role: prefill}
+  - {id: d1, url: %q, model: llama-pd, role: decode}
+  - {id: c1, url: %q, model: %s}
+  - {id: c2, url: %q, model: %s}
+  - {id: h1, url: %q, model: llama-capped}
+  - {id: f1, url: %q, model: llama-flaky}
+models:
+  llama:
+    buckets: [{id: all, groups: {plain: {policy: {type: session_aware}}}}]
+  llama-pd:
+    buckets: [{id: pd, groups: {pd: {prefill: {policy: {type: round_robin}}, decode: {policy: {type: power_of_two}}}}}]
+  %s:
+    buckets: [{id: all, groups: {plain: {policy: {type: cache_aware}}}}]
+  llama-capped:
+    buckets: [{id: all, groups: {plain: {policy: {type: round_robin, admission: {max_inflight_requests: 1}}}}}]
+  llama-flaky:
+    buckets: [{id: all, groups: {plain: {policy: {type: round_robin}}}}]
+`, m1.URL(), m2.URL(), p1.URL(), d1.URL(), c1.URL(), cacheModel, c2.URL(), cacheModel, h1.URL(), f1.URL(), cacheModel)
+	path := filepath.Join(t.TempDir(), "switchyard.yaml")
+	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	out := &lineWriter{lines: make(chan string, 16)}
+	done := make(chan error, 1)
+	go func() { done <- runServe(ctx, []string{"--config", path}, out, io.Discard) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("runServe: %v", err)
+		}
+	})
+	var base string
+	select {
+	case line := <-out.lines:
+		base = strings.TrimPrefix(line, "switchyard serving on ")
+	case err := <-done:
+		t.Fatalf("runServe: %v", err)
+	case <-time.After(cacheWait):
+		t.Fatal("no serving line")
+	}
+	waitReady(t, base)
+	r := &observedRouter{base: base}
+
+	send := func(model, body string, header map[string]string, want int) {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range header {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Fatalf("%s: status %d, want %d: %s", model, resp.StatusCode, want, b)
+		}
+	}
+	chat := func(model string, stream bool) string {
+		return fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"Tell me about switchyards."}],"max_tokens":4,"stream":%t}`, model, stream)
+	}
+
+	// Plain, with and without a session, streaming and not; PD.
+	for i := range 6 {
+		send("llama", chat("llama", i%2 == 1), map[string]string{"X-Session-Id": fmt.Sprint("s", i%3)}, 200)
+	}
+	for i := range 4 {
+		send("llama-pd", chat("llama-pd", i%2 == 1), nil, 200)
+	}
+
+	// cache_aware: a miss that the engine caches, then a hit once the index learned it.
+	prefix := cachePrefix("deploy")
+	if _, err := postChat(context.Background(), base, cacheMessages(prefix, "first"), 1); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the index learns the cached prefix", func() (bool, string) {
+		n := metricValue(t, base+"/metrics", "switchyard_kv_index_blocks")
+		return n > 0, fmt.Sprintf("%v blocks", n)
+	})
+	if _, err := postChat(context.Background(), base, cacheMessages(prefix, "second"), 1); err != nil {
+		t.Fatal(err)
+	}
+	if n := metricValue(t, base+"/metrics", `switchyard_cache_aware_decisions_total{outcome="cache_candidate"}`); n < 1 {
+		t.Fatalf("no cache hit after the index learned the prefix (%v)", n)
+	}
+
+	// Admission: one request held on h1 takes the only slot; the next is rejected; the held
+	// client leaves before its answer.
+	if err := h1.SetFaults(mockengine.Faults{Hang: true}); err != nil {
+		t.Fatal(err)
+	}
+	held, leave := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		req, _ := http.NewRequestWithContext(held, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(chat("llama-capped", false)))
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	waitFor(t, "h1 holds a request", func() (bool, string) {
+		n := metricValue(t, base+"/metrics", `switchyard_worker_inflight_requests{worker="h1"}`)
+		return n == 1, fmt.Sprintf("in flight %v", n)
+	})
+	send("llama-capped", chat("llama-capped", false), nil, http.StatusServiceUnavailable)
+	leave()
+	wg.Wait()
+	// The router notices the client left when the engine answers.
+	if err := h1.SetFaults(mockengine.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the held request ends", func() (bool, string) {
+		n := metricValue(t, base+"/metrics", `switchyard_worker_inflight_requests{worker="h1"}`)
+		return n == 0, fmt.Sprintf("in flight %v", n)
+	})
+
+	// Client errors.
+	send("none", chat("no-such-model", false), nil, http.StatusNotFound)
+	send("bad", `{"model":`, nil, http.StatusBadRequest)
+
+	// An engine that fails: its answers pass through, its breaker opens, then its health
+	// checks fail and the model has no healthy engine.
+	if err := f1.SetFaults(mockengine.Faults{Status: 500}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		send("llama-flaky", chat("llama-flaky", false), nil, http.StatusInternalServerError)
+	}
+	if n := metricValue(t, base+"/metrics", `switchyard_worker_breaker_state{worker="f1"}`); n != 1 {
+		t.Fatalf("f1 breaker state %v after 2 failures, want 1 (open)", n)
+	}
+	if err := f1.SetFaults(mockengine.Faults{Status: 500, Unhealthy: true}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "llama-flaky has no healthy engine", func() (bool, string) {
+		n := metricValue(t, base+"/metrics", `switchyard_healthy_workers{model="llama-flaky",role="plain"}`)
+		return n == 0, fmt.Sprintf("%v healthy", n)
+	})
+
+	status, body, err := httpGet(base + "/metrics")
+	if err != nil || status != http.StatusOK {
+		t.Fatalf("GET /metrics: %d %v", status, err)
+	}
+	r.scrape = string(body)
+	r.exposed, err = parseExposition(r.scrape)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// TestDeployArtifactsMatchARunningRouter: every metric and label the dashboard's queries and
+// variables, and the alert rules, refer to is exported by a running router (a renamed metric
+// or label fails here, not on an operator's screen), and the paths the Kubernetes manifests
+// probe and scrape are served.
+func TestDeployArtifactsMatchARunningRouter(t *testing.T) {
+	r := observeRouter(t)
+	dir := deployDir(t)
+
+	t.Run("dashboard", func(t *testing.T) {
+		d := loadDashboard(t, filepath.Join(dir, "grafana", "switchyard.json"))
+		if len(d.exprs) < 20 {
+			t.Fatalf("only %d queries in the dashboard", len(d.exprs))
+		}
+		for _, e := range d.exprs {
+			for _, p := range checkQuery(r.exposed, e.expr) {
+				t.Errorf("panel %q: %s", e.where, p)
+			}
+		}
+		for _, v := range d.variables {
+			for _, p := range checkQuery(r.exposed, v.expr) {
+				t.Errorf("variable %s: %s", v.where, p)
+			}
+			if !r.exposed[v.selector][v.label] && !slices.Contains(targetLabels, v.label) {
+				t.Errorf("variable %s: %s has no label %s", v.where, v.selector, v.label)
+			}
+		}
+	})
+	t.Run("alerts", func(t *testing.T) {
+		for _, rule := range loadAlertRules(t, filepath.Join(dir, "prometheus", "alerts.yaml")) {
+			for _, p := range checkQuery(r.exposed, rule.Expr) {
+				t.Errorf("alert %s: %s", rule.Alert, p)
+			}
+			// An annotation can only name the labels the alert's series carry.
+			out := alertOutputLabels(r.exposed, rule.Expr)
+			for name, text := range rule.Annotations {
+				for _, m := range templateLabel.FindAllStringSubmatch(text, -1) {
+					if !out[m[1]] {
+						t.Errorf("alert %s: annotation %s names $labels.%s, which its series do not carry", rule.Alert, name, m[1])
+					}
+				}
+			}
+		}
+	})
+	t.Run("kubernetes probes and scrape", func(t *testing.T) {
+		m := loadManifests(t, filepath.Join(dir, "kubernetes"))
+		c := m.container(t)
+		paths := map[string][]int{
+			c.LivenessProbe.HTTPGet.Path: {http.StatusOK},
+			c.StartupProbe.HTTPGet.Path:  {http.StatusOK},
+			// llama-flaky has no healthy engine: not ready, but served.
+			c.ReadinessProbe.HTTPGet.Path:                                         {http.StatusServiceUnavailable},
+			m.deployment.Spec.Template.Metadata.Annotations["prometheus.io/path"]: {http.StatusOK},
+		}
+		for path, want := range paths {
+			status, body, err := httpGet(r.base + path)
+			if err != nil || !slices.Contains(want, status) {
+				t.Errorf("GET %s: %d %v %s, want %v", path, status, err, body, want)
+			}
+		}
+	})
+}
