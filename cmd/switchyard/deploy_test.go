@@ -77,7 +77,7 @@ func observeRouter(t *testing.T) *observedRouter {
 
 	conf := fmt.Sprintf(`
 server: {host: 127.0.0.1, port: 0, drain_timeout: 5s}
-health: {interval: 100ms, timeout: 100ms, failure_threshold: 1, success_threshold: 1, breaker_failures: 2, breaker_cooldown: 10m}
+health: {interval: 100ms, timeout: 5s, failure_threshold: 1, success_threshold: 1, breaker_failures: 2, breaker_cooldown: 10m}
 load: {poll_interval: 50ms}
 kv: {reconnect_backoff: 20ms}
 cache_aware: {min_matched_tokens: 128}
