@@ -126,7 +126,7 @@ var Switchyard = Dashboard{
 				Description: "Engines refused by an admission cap, by the cap; the request moves on to the next bucket.",
 				Queries:     []Query{{Expr: sumRate("limit", "switchyard_admission_rejections_total", inst), Legend: "{{limit}}"}}},
 			{Title: "Mailbox rejections", Unit: "ops", Stack: true,
-				Description: "Messages refused by a full actor mailbox (a selection refused this way answers 429 overloaded): raise actors.mailbox.* if this is not a burst you want to shed.",
+				Description: "Messages refused by a full actor mailbox. A bucket, group or affinity refusal answers the request 429 overloaded (raise actors.mailbox.* if this is not a burst you want to shed); telemetry drops a load report; a KV index shard drops events.",
 				Queries: []Query{
 					{Expr: sumRate("kind", "switchyard_actor_mailbox_rejections_total", inst), Legend: "{{kind}}"},
 					{Expr: sumRate("", "switchyard_affinity_mailbox_rejections_total", inst), Legend: "affinity"},
