@@ -52,28 +52,14 @@ type observedRouter struct {
 //   - an unknown model and a malformed body (4xx).
 func observeRouter(t *testing.T) *observedRouter {
 	t.Helper()
-	start := func(cfg mockengine.Config) *mockengine.Engine {
-		t.Helper()
-		if cfg.KVEvents == (mockengine.KVEvents{}) {
-			cfg.KVEvents.Disabled = true
-		}
-		cfg.LoadPublish.Disabled = true
-		e, err := mockengine.Start(context.Background(), cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = e.Close() })
-		return e
-	}
-	m1 := start(mockengine.Config{WorkerID: "m1", Model: "llama", ZeroCost: true})
-	m2 := start(mockengine.Config{WorkerID: "m2", Model: "llama", ZeroCost: true})
-	p1 := start(mockengine.Config{WorkerID: "p1", Model: "llama-pd", Role: mockengine.RolePrefill, Speedup: 50})
-	d1 := start(mockengine.Config{WorkerID: "d1", Model: "llama-pd", Role: mockengine.RoleDecode, Speedup: 50})
-	costs := mockengine.Costs{PrefillOverhead: time.Millisecond, PrefillPerToken: time.Microsecond, DecodeStep: time.Millisecond}
-	c1 := start(mockengine.Config{WorkerID: "c1", Model: cacheModel, Costs: &costs, KVEvents: mockengine.KVEvents{Replay: true}})
-	c2 := start(mockengine.Config{WorkerID: "c2", Model: cacheModel, Costs: &costs, KVEvents: mockengine.KVEvents{Replay: true}})
-	h1 := start(mockengine.Config{WorkerID: "h1", Model: "llama-capped", Costs: &costs})
-	f1 := start(mockengine.Config{WorkerID: "f1", Model: "llama-flaky", ZeroCost: true})
+	m1 := startMock(t, mockengine.Config{WorkerID: "m1", Model: "llama", ZeroCost: true})
+	m2 := startMock(t, mockengine.Config{WorkerID: "m2", Model: "llama", ZeroCost: true})
+	p1 := startMock(t, mockengine.Config{WorkerID: "p1", Model: "llama-pd", Role: mockengine.RolePrefill, Speedup: 50})
+	d1 := startMock(t, mockengine.Config{WorkerID: "d1", Model: "llama-pd", Role: mockengine.RoleDecode, Speedup: 50})
+	cache := startCacheEngines(t, 2) // KV events with a replay socket, model cacheModel
+	c1, c2 := cache[0], cache[1]
+	h1 := startMock(t, mockengine.Config{WorkerID: "h1", Model: "llama-capped", Speedup: 50})
+	f1 := startMock(t, mockengine.Config{WorkerID: "f1", Model: "llama-flaky", ZeroCost: true})
 
 	conf := fmt.Sprintf(`
 server: {host: 127.0.0.1, port: 0, drain_timeout: 5s}
@@ -86,8 +72,8 @@ workers:
   - {id: m2, url: %q, model: llama}
   - {id: p1, url: %q, model: llama-pd, role: prefill}
   - {id: d1, url: %q, model: llama-pd, role: decode}
-  - {id: c1, url: %q, model: %s}
-  - {id: c2, url: %q, model: %s}
+  - {id: %s, url: %q, model: %s}
+  - {id: %s, url: %q, model: %s}
   - {id: h1, url: %q, model: llama-capped}
   - {id: f1, url: %q, model: llama-flaky}
 models:
@@ -101,7 +87,7 @@ models:
     buckets: [{id: all, groups: {plain: {policy: {type: round_robin, admission: {max_inflight_requests: 1}}}}}]
   llama-flaky:
     buckets: [{id: all, groups: {plain: {policy: {type: round_robin}}}}]
-`, m1.URL(), m2.URL(), p1.URL(), d1.URL(), c1.URL(), cacheModel, c2.URL(), cacheModel, h1.URL(), f1.URL(), cacheModel)
+`, m1.URL(), m2.URL(), p1.URL(), d1.URL(), c1.WorkerID(), c1.URL(), cacheModel, c2.WorkerID(), c2.URL(), cacheModel, h1.URL(), f1.URL(), cacheModel)
 	path := filepath.Join(t.TempDir(), "switchyard.yaml")
 	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
