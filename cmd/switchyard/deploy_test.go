@@ -33,8 +33,7 @@ func deployDir(t *testing.T) string {
 // observedRouter is a running router after the load, and what it exported.
 type observedRouter struct {
 	base    string
-	scrape  string     // GET /metrics after the load
-	exposed exposition // scrape, parsed
+	exposed exposition // GET /metrics after the load, parsed
 }
 
 // observeRouter starts the engines and `switchyard serve`, sends the load and scrapes
@@ -219,8 +218,7 @@ models:
 	if err != nil || status != http.StatusOK {
 		t.Fatalf("GET /metrics: %d %v", status, err)
 	}
-	r.scrape = string(body)
-	r.exposed, err = parseExposition(r.scrape)
+	r.exposed, err = parseExposition(string(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,17 +271,20 @@ func TestDeployArtifactsMatchARunningRouter(t *testing.T) {
 	t.Run("kubernetes probes and scrape", func(t *testing.T) {
 		m := loadManifests(t, filepath.Join(dir, "kubernetes"))
 		c := m.container(t)
-		paths := map[string][]int{
-			c.LivenessProbe.HTTPGet.Path: {http.StatusOK},
-			c.StartupProbe.HTTPGet.Path:  {http.StatusOK},
+		probes := []struct {
+			what, path string
+			want       int
+		}{
+			{"liveness probe", c.LivenessProbe.HTTPGet.Path, http.StatusOK},
+			{"startup probe", c.StartupProbe.HTTPGet.Path, http.StatusOK},
 			// llama-flaky has no healthy engine: not ready, but served.
-			c.ReadinessProbe.HTTPGet.Path:                                         {http.StatusServiceUnavailable},
-			m.deployment.Spec.Template.Metadata.Annotations["prometheus.io/path"]: {http.StatusOK},
+			{"readiness probe", c.ReadinessProbe.HTTPGet.Path, http.StatusServiceUnavailable},
+			{"scrape", m.deployment.Spec.Template.Metadata.Annotations["prometheus.io/path"], http.StatusOK},
 		}
-		for path, want := range paths {
-			status, body, err := httpGet(r.base + path)
-			if err != nil || !slices.Contains(want, status) {
-				t.Errorf("GET %s: %d %v %s, want %v", path, status, err, body, want)
+		for _, p := range probes {
+			status, body, err := httpGet(r.base + p.path)
+			if err != nil || status != p.want {
+				t.Errorf("%s: GET %s: %d %v %s, want %d", p.what, p.path, status, err, body, p.want)
 			}
 		}
 	})
