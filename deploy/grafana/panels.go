@@ -43,8 +43,8 @@ func quantiles(histogram, matchers, by, legend string) []Query {
 
 func ptr(f float64) *float64 { return &f }
 
-// Switchyard is the dashboard. Metrics that are not exported yet (retries, a request queue)
-// get their panels when the router exports them.
+// Switchyard is the dashboard. Metrics that are not exported yet (retries) get their panels
+// when the router exports them.
 var Switchyard = Dashboard{
 	UID:   "switchyard",
 	Title: "Switchyard",
@@ -108,6 +108,26 @@ var Switchyard = Dashboard{
 			{Title: "Request duration p99 by model", Unit: "s", Width: 12,
 				Description: "p99 request duration of each model.",
 				Queries:     quantiles("switchyard_request_duration_seconds", instModel, "model", " {{model}}")[2:]},
+		}},
+		{Title: "Admission: concurrency limits, queues, rate limits", Panels: []Panel{
+			{Title: "Requests under a concurrency limit", Unit: "short",
+				Description: "Slots held under each concurrency limit (server.max_concurrent_requests, models.<name>.max_concurrent_requests). Empty without limits.",
+				Queries:     []Query{{Expr: "sum by (scope, model) (switchyard_concurrent_requests{" + inst + "})", Legend: "{{scope}} {{model}}"}}},
+			{Title: "Queue depth", Unit: "short",
+				Description: "Requests waiting for a slot in each limit's queue.",
+				Queries:     []Query{{Expr: "sum by (scope, model) (switchyard_queue_depth{" + inst + "})", Legend: "{{scope}} {{model}}"}}},
+			{Title: "Queue wait p99", Unit: "s",
+				Description: "p99 time spent in each queue by the requests that waited (served, timed out or left).",
+				Queries:     quantiles("switchyard_queue_wait_seconds", inst, "scope, model", " {{scope}} {{model}}")[2:]},
+			{Title: "Queue rejections", Unit: "ops", Stack: true,
+				Description: "Requests a queue refused or ended: queue_full (429), queue_timeout (408), client_gone, shutting_down.",
+				Queries:     []Query{{Expr: sumRate("scope, model, reason", "switchyard_queue_rejections_total", inst), Legend: "{{scope}} {{model}} {{reason}}"}}},
+			{Title: "Rate limited", Unit: "ops",
+				Description: "Requests refused 429 rate_limited by the router's and the per-key token buckets, and the API keys tracked.",
+				Queries: []Query{
+					{Expr: sumRate("scope", "switchyard_rate_limited_total", inst), Legend: "refused {{scope}}"},
+					{Expr: "sum(switchyard_rate_limit_keys{" + inst + "})", Legend: "keys tracked"},
+				}},
 		}},
 		{Title: "Selection", Panels: []Panel{
 			{Title: "Selections by policy", Unit: "ops", Stack: true,
