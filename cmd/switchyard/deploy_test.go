@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -9,7 +10,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -48,6 +48,8 @@ type observedRouter struct {
 //     admission rejection, a client that leaves);
 //   - llama-flaky: one engine that answers 500 then fails its health checks (upstream
 //     errors, an open breaker, no healthy engine);
+//   - llama-queued: one engine held by a fault behind a concurrency limit of 1 and a queue
+//     of 1 (a wait in the queue, a full queue), under router-wide limits;
 //   - an unknown model and a malformed body (4xx).
 func observeRouter(t *testing.T) *observedRouter {
 	t.Helper()
@@ -59,9 +61,15 @@ func observeRouter(t *testing.T) *observedRouter {
 	c1, c2 := cache[0], cache[1]
 	h1 := startMock(t, mockengine.Config{WorkerID: "h1", Model: "llama-capped", Speedup: 50})
 	f1 := startMock(t, mockengine.Config{WorkerID: "f1", Model: "llama-flaky", ZeroCost: true})
+	q1 := startMock(t, mockengine.Config{WorkerID: "q1", Model: "llama-queued", Speedup: 50})
 
 	conf := fmt.Sprintf(`
-server: {host: 127.0.0.1, port: 0, drain_timeout: 5s}
+server:
+  host: 127.0.0.1
+  port: 0
+  drain_timeout: 5s
+  max_concurrent_requests: 1000
+  rate_limit: {requests_per_second: 1000, burst: 1000, per_key: {requests_per_second: 1000, burst: 1000}}
 health: {interval: 100ms, timeout: 5s, failure_threshold: 1, success_threshold: 1, breaker_failures: 2, breaker_cooldown: 10m}
 load: {poll_interval: 50ms}
 kv: {reconnect_backoff: 20ms}
@@ -75,6 +83,7 @@ workers:
   - {id: %s, url: %q, model: %s}
   - {id: h1, url: %q, model: llama-capped}
   - {id: f1, url: %q, model: llama-flaky}
+  - {id: q1, url: %q, model: llama-queued}
 models:
   llama:
     buckets: [{id: all, groups: {plain: {policy: {type: session_aware}}}}]
@@ -86,7 +95,11 @@ models:
     buckets: [{id: all, groups: {plain: {policy: {type: round_robin, admission: {max_inflight_requests: 1}}}}}]
   llama-flaky:
     buckets: [{id: all, groups: {plain: {policy: {type: round_robin}}}}]
-`, m1.URL(), m2.URL(), p1.URL(), d1.URL(), c1.WorkerID(), c1.URL(), cacheModel, c2.WorkerID(), c2.URL(), cacheModel, h1.URL(), f1.URL(), cacheModel)
+  llama-queued:
+    max_concurrent_requests: 1
+    queue_size: 1
+    buckets: [{id: all, groups: {plain: {policy: {type: round_robin}}}}]
+`, m1.URL(), m2.URL(), p1.URL(), d1.URL(), c1.WorkerID(), c1.URL(), cacheModel, c2.WorkerID(), c2.URL(), cacheModel, h1.URL(), f1.URL(), q1.URL(), cacheModel)
 	path := filepath.Join(t.TempDir(), "switchyard.yaml")
 	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
@@ -113,23 +126,30 @@ models:
 	waitReady(t, base)
 	r := &observedRouter{base: base}
 
-	send := func(model, body string, header map[string]string, want int) {
-		t.Helper()
-		req, err := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
+	// post sends a chat completion; it may run on any goroutine.
+	post := func(ctx context.Context, model, body string, header map[string]string, want int) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
 		for k, v := range header {
 			req.Header.Set(k, v)
 		}
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode != want {
-			t.Fatalf("%s: status %d, want %d: %s", model, resp.StatusCode, want, b)
+			return fmt.Errorf("%s: status %d, want %d: %s", model, resp.StatusCode, want, b)
+		}
+		return nil
+	}
+	send := func(model, body string, header map[string]string, want int) {
+		t.Helper()
+		if err := post(context.Background(), model, body, header, want); err != nil {
+			t.Fatal(err)
 		}
 	}
 	chat := func(model string, stream bool) string {
@@ -166,22 +186,17 @@ models:
 		t.Fatal(err)
 	}
 	held, leave := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		req, _ := http.NewRequestWithContext(held, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(chat("llama-capped", false)))
-		if resp, err := http.DefaultClient.Do(req); err == nil {
-			resp.Body.Close()
-		}
-	}()
+	left := make(chan error, 1)
+	go func() { left <- post(held, "llama-capped", chat("llama-capped", false), nil, http.StatusOK) }()
 	waitFor(t, "h1 holds a request", func() (bool, string) {
 		n := metricValue(t, base+"/metrics", `switchyard_worker_inflight_requests{worker="h1"}`)
 		return n == 1, fmt.Sprintf("in flight %v", n)
 	})
 	send("llama-capped", chat("llama-capped", false), nil, http.StatusServiceUnavailable)
 	leave()
-	wg.Wait()
+	if err := <-left; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the held request ended with %v, want the client's cancellation", err)
+	}
 	// The router notices the client left when the engine answers.
 	if err := h1.SetFaults(mockengine.Faults{}); err != nil {
 		t.Fatal(err)
@@ -190,6 +205,35 @@ models:
 		n := metricValue(t, base+"/metrics", `switchyard_worker_inflight_requests{worker="h1"}`)
 		return n == 0, fmt.Sprintf("in flight %v", n)
 	})
+
+	// Concurrency limit: one request held on q1 takes llama-queued's only slot, the next
+	// waits in its queue of one, the third finds the queue full; then both are served.
+	if err := q1.SetFaults(mockengine.Faults{Hang: true}); err != nil {
+		t.Fatal(err)
+	}
+	const queued = `{scope="model",model="llama-queued"}`
+	served := make(chan error, 2)
+	for i, series := range []string{"switchyard_concurrent_requests" + queued, "switchyard_queue_depth" + queued} {
+		go func() {
+			served <- post(context.Background(), "llama-queued", chat("llama-queued", false), nil, http.StatusOK)
+		}()
+		waitFor(t, fmt.Sprintf("request %d is held", i+1), func() (bool, string) {
+			n := metricValue(t, base+"/metrics", series)
+			return n == 1, fmt.Sprintf("%s %v", series, n)
+		})
+	}
+	send("llama-queued", chat("llama-queued", false), nil, http.StatusTooManyRequests)
+	if err := q1.SetFaults(mockengine.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := <-served; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := metricValue(t, base+"/metrics", "switchyard_queue_wait_seconds_count"+queued); n != 1 {
+		t.Fatalf("queue waits counted: %v, want 1", n)
+	}
 
 	// Client errors.
 	send("none", chat("no-such-model", false), nil, http.StatusNotFound)
