@@ -10,6 +10,8 @@ BENCHTIME ?= 1s
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 COMMIT    ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 LDFLAGS   := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+# A static, stamped build; set GOOS and GOARCH before it.
+STATIC    := CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)'
 DIST      ?= dist
 PLATFORMS ?= linux/amd64 linux/arm64 darwin/arm64
 SHA256SUM ?= $(shell command -v sha256sum >/dev/null 2>&1 && echo sha256sum || echo shasum -a 256)
@@ -59,22 +61,23 @@ release: ## static binaries for PLATFORMS in dist/, version-stamped, with SHA256
 	@set -e; for p in $(PLATFORMS); do \
 	  os=$${p%/*}; arch=$${p#*/}; out=$(DIST)/switchyard-$(VERSION)-$$os-$$arch; \
 	  echo "build $$out"; \
-	  CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $$out ./cmd/switchyard; \
+	  GOOS=$$os GOARCH=$$arch $(STATIC) -o $$out ./cmd/switchyard; \
 	done
 	cd $(DIST) && $(SHA256SUM) switchyard-* > SHA256SUMS && cat SHA256SUMS
 
 dashboard: ## regenerate deploy/grafana/switchyard.json from deploy/grafana/panels.go
 	$(GO) generate ./deploy/grafana
 
-# The image holds the static linux binary of `make release` for the host's architecture (no
-# compiler image, no registry access): podman, buildah or docker, whichever is installed.
+# The image holds the static linux binary make release builds, for the host's architecture
+# (no compiler image, no registry access): podman, buildah or docker, whichever is installed.
 IMAGE      ?= switchyard:$(VERSION)
 IMAGE_ARCH ?= $(shell $(GO) env GOARCH)
 CONTAINER  ?= $(shell for t in podman buildah docker; do command -v $$t >/dev/null 2>&1 && { echo $$t; break; }; done)
 
 image: ## container image FROM scratch with the release binary (IMAGE=switchyard:VERSION); never pushed
 	@[ -n "$(CONTAINER)" ] || { echo "image: no podman, buildah or docker found"; exit 1; }
-	$(MAKE) release PLATFORMS=linux/$(IMAGE_ARCH)
+	@mkdir -p $(DIST)
+	GOOS=linux GOARCH=$(IMAGE_ARCH) $(STATIC) -o $(DIST)/switchyard-$(VERSION)-linux-$(IMAGE_ARCH) ./cmd/switchyard
 	$(CONTAINER) build --build-arg BINARY=$(DIST)/switchyard-$(VERSION)-linux-$(IMAGE_ARCH) \
 	  --platform linux/$(IMAGE_ARCH) -t $(IMAGE) -f Dockerfile .
 
