@@ -46,7 +46,7 @@ type observedRouter struct {
 //     lag, a miss then a cache hit);
 //   - llama-capped: one engine held by a fault, admission max_inflight_requests 1 (an
 //     admission rejection, a client that leaves);
-//   - llama-flaky: one engine that answers 500 then fails its health checks (upstream
+//   - llama-flaky: one engine that answers 502 then fails its health checks (upstream
 //     errors, an open breaker, no healthy engine);
 //   - llama-queued: one engine held by a fault behind a concurrency limit of 1 and a queue
 //     of 1 (a wait in the queue, a full queue), under router-wide limits;
@@ -241,16 +241,16 @@ models:
 
 	// An engine that fails: its answers pass through, its breaker opens, then its health
 	// checks fail and the model has no healthy engine.
-	if err := f1.SetFaults(mockengine.Faults{Status: 500}); err != nil {
+	if err := f1.SetFaults(mockengine.Faults{Status: 502}); err != nil {
 		t.Fatal(err)
 	}
 	for range 2 {
-		send("llama-flaky", chat("llama-flaky", false), nil, http.StatusInternalServerError)
+		send("llama-flaky", chat("llama-flaky", false), nil, http.StatusBadGateway)
 	}
 	if n := metricValue(t, base+"/metrics", `switchyard_worker_breaker_state{worker="f1"}`); n != 1 {
 		t.Fatalf("f1 breaker state %v after 2 failures, want 1 (open)", n)
 	}
-	if err := f1.SetFaults(mockengine.Faults{Status: 500, Unhealthy: true}); err != nil {
+	if err := f1.SetFaults(mockengine.Faults{Status: 502, Unhealthy: true}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "llama-flaky has no healthy engine", func() (bool, string) {
