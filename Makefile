@@ -24,7 +24,25 @@ help: ## list the targets
 build: ## build bin/switchyard (version-stamped)
 	$(GO) build -ldflags '-X main.version=$(VERSION) -X main.commit=$(COMMIT)' -o $(BIN) ./cmd/switchyard
 
-test: testdata-tokenizers docs-check ## run every test with the race detector (after docs-check)
+# Programs some tests run for real (command → Debian package). `make testdeps` installs the
+# missing ones with apt-get where it can (root, Debian); a test whose program is missing fails
+# under CI=true and says loudly what it skipped otherwise.
+TEST_PROGRAMS ?= promtool:prometheus
+
+.PHONY: testdeps
+testdeps: ## install the programs some tests run (Debian packages, where possible)
+	@missing=""; for pair in $(TEST_PROGRAMS); do cmd=$${pair%%:*}; pkg=$${pair#*:}; \
+	  command -v $$cmd >/dev/null 2>&1 || missing="$$missing $$pkg"; done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  echo "testdeps: installing$$missing"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q --no-install-recommends $$missing >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends $$missing >/dev/null; } || \
+	  echo "testdeps: could not install$$missing"; \
+	else echo "testdeps: missing$$missing (install them: their tests fail under CI=true, skip otherwise)"; fi
+
+test: testdeps testdata-tokenizers docs-check ## run every test with the race detector (after docs-check)
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 
 test-short: testdata-tokenizers ## run the tests without the race detector
