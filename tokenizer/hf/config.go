@@ -12,6 +12,8 @@ import (
 	"unicode/utf8"
 
 	"golang.org/x/text/unicode/norm"
+
+	"switchyard/tokenizer/jinja"
 )
 
 // Errors of Load and New.
@@ -23,6 +25,9 @@ var (
 	ErrInvalid = errors.New("invalid tokenizer file")
 	// ErrNoChatTemplate is returned by the chat methods of a tokenizer without a chat template.
 	ErrNoChatTemplate = errors.New("tokenizer has no chat template")
+	// ErrTemplate is wrapped when a chat template cannot be compiled or refuses to render a
+	// conversation (it is jinja.ErrTemplate).
+	ErrTemplate = jinja.ErrTemplate
 )
 
 // fileJSON is the part of tokenizer.json Switchyard reads.

@@ -1,6 +1,8 @@
 package hf
 
 import (
+	"switchyard/tokenizer"
+
 	"slices"
 	"testing"
 	"unicode/utf8"
@@ -59,7 +61,7 @@ func FuzzFastSplit(f *testing.F) {
 		pairs = append(pairs, pair{&fastSplit{cls: cls, maxDigits: p.digits}, &regexSplit{m: m, behavior: splitIsolated}})
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		s = validUTF8(s)
+		s = tokenizer.ValidUTF8(s)
 		for _, p := range pairs {
 			if got, want := p.fast.appendPieces(nil, s), p.ref.appendPieces(nil, s); !slices.Equal(got, want) {
 				t.Fatalf("%q:\nfast   %q\nregexp %q", s, got, want)
@@ -79,20 +81,5 @@ func FuzzRenderChatJSON(f *testing.F) {
 		if err == nil {
 			tk.Encode(s)
 		}
-	})
-}
-
-func FuzzJinja(f *testing.F) {
-	for _, s := range []string{"{{ x }}", "{% for m in messages %}{{ m.role }}{% endfor %}", "{% set ns = namespace(a=1) %}{{ ns.a }}",
-		"{%- if a -%}{{ 'x' ~ 1 }}{% else %}{{ [1, 2][::-1] }}{% endif %}", "{{ {'a': 1}|tojson(indent=2) }}", "{% macro m(x) %}{{ x }}{% endmacro %}{{ m(1) }}",
-		"{% raw %}{{{% endraw %}", "{{ '%s' % 1 }}{{ 'a'.split() }}"} {
-		f.Add(s)
-	}
-	ctx, err := decodeJSONValue([]byte(`{"messages":[{"role":"user","content":"hi"}],"a":true,"x":"v"}`))
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Fuzz(func(t *testing.T, src string) {
-		renderString(src, ctx.(*dict)) // must not panic or hang; errors are fine
 	})
 }

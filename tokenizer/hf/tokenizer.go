@@ -295,7 +295,7 @@ func (t *Tokenizer) IsSpecial(id uint32) bool { return int(id) < len(t.special) 
 
 // Encode returns the token IDs of text with the special tokens of the post-processor, as
 // transformers' tokenizer(text)["input_ids"] does. Added tokens in text (such as
-// "<|im_start|>") are recognized. Ill-formed UTF-8 is first replaced as validUTF8 describes.
+// "<|im_start|>") are recognized. Ill-formed UTF-8 is first replaced as tokenizer.ValidUTF8 describes.
 func (t *Tokenizer) Encode(text string) []uint32 {
 	return t.AppendEncode(make([]uint32, 0, len(text)/3+len(t.prefix)+len(t.suffix)+1), text)
 }
@@ -321,7 +321,7 @@ func (t *Tokenizer) Count(text string) int {
 
 // AppendEncodePlain appends the IDs of EncodePlain(text) to dst.
 func (t *Tokenizer) AppendEncodePlain(dst []uint32, text string) []uint32 {
-	text = validUTF8(text)
+	text = tokenizer.ValidUTF8(text)
 	var buf [32]addedSplit
 	for _, sp := range t.added.appendSplits(buf[:0], text) {
 		if sp.token >= 0 {
@@ -451,7 +451,7 @@ func (t *Tokenizer) AppendDecode(dst []byte, ids []uint32, skipSpecial bool) []b
 	if utf8.Valid(dst[start:]) {
 		return dst
 	}
-	fixed := appendValidUTF8Bytes(nil, dst[start:])
+	fixed := tokenizer.AppendValidUTF8Bytes(nil, dst[start:])
 	return append(dst[:start], fixed...)
 }
 

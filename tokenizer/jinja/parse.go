@@ -1,4 +1,4 @@
-package hf
+package jinja
 
 import (
 	"errors"
@@ -9,15 +9,7 @@ import (
 	"unicode/utf8"
 )
 
-// This file and jinja_eval.go implement the subset of Jinja that chat templates use, with
-// the environment transformers builds for apply_chat_template: trim_blocks, lstrip_blocks,
-// the loop controls (break, continue), no autoescaping, default (lenient) undefined values,
-// an immutable sandbox (no method mutates a value), the globals raise_exception, strftime_now
-// and namespace, and transformers' tojson filter. Statements: if/elif/else, for (with else,
-// a filter condition and tuple targets), set (also as a block, and on namespace attributes),
-// macro, raw, generation (transformers' tag, rendered as its body), break, continue.
-
-// ErrTemplate is wrapped by every error of compiling or rendering a chat template.
+// ErrTemplate is wrapped by every error of compiling or rendering a template.
 var ErrTemplate = errors.New("chat template error")
 
 // ---- lexer --------------------------------------------------------------------------------

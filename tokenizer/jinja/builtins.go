@@ -1,4 +1,4 @@
-package hf
+package jinja
 
 import (
 	"fmt"
@@ -36,9 +36,9 @@ func (r *renderer) global(name string) any {
 		})
 	case "namespace":
 		return pyFunc(func(args []any, kwargs map[string]any) (any, error) {
-			ns := &namespace{attrs: newDict(len(kwargs))}
+			ns := &namespace{attrs: NewDict(len(kwargs))}
 			for _, a := range args {
-				if d, ok := a.(*dict); ok {
+				if d, ok := a.(*Dict); ok {
 					for _, k := range d.keys {
 						ns.attrs.set(k, d.m[k])
 					}
@@ -51,9 +51,9 @@ func (r *renderer) global(name string) any {
 		})
 	case "dict":
 		return pyFunc(func(args []any, kwargs map[string]any) (any, error) {
-			d := newDict(len(kwargs))
+			d := NewDict(len(kwargs))
 			for _, a := range args {
-				if src, ok := a.(*dict); ok {
+				if src, ok := a.(*Dict); ok {
 					for _, k := range src.keys {
 						d.set(k, src.m[k])
 					}
@@ -122,7 +122,7 @@ func (r *renderer) method(obj any, name string) any {
 	switch o := obj.(type) {
 	case string:
 		return r.stringMethod(o, name)
-	case *dict:
+	case *Dict:
 		switch name {
 		case "items":
 			return pyFunc(func([]any, map[string]any) (any, error) {
@@ -529,7 +529,7 @@ func (r *renderer) filter(name string, obj any, args []any, kwargs map[string]an
 			return int64(len(o)), nil
 		case tuple:
 			return int64(len(o)), nil
-		case *dict:
+		case *Dict:
 			return int64(len(o.keys)), nil
 		case undefinedVal:
 			return int64(0), nil
@@ -671,7 +671,7 @@ func (r *renderer) filter(name string, obj any, args []any, kwargs map[string]an
 		}
 		return math.RoundToEven(f*p) / p, nil
 	case "items":
-		d, ok := obj.(*dict)
+		d, ok := obj.(*Dict)
 		if !ok {
 			if _, undef := obj.(undefinedVal); undef {
 				return []any{}, nil
@@ -684,7 +684,7 @@ func (r *renderer) filter(name string, obj any, args []any, kwargs map[string]an
 		}
 		return out, nil
 	case "dictsort":
-		d, ok := obj.(*dict)
+		d, ok := obj.(*Dict)
 		if !ok {
 			return nil, r.errorf("dictsort: %s is not a mapping", typeName(obj))
 		}
@@ -933,11 +933,11 @@ func (r *renderer) test(name string, obj any, args []any) (bool, error) {
 		b, ok := obj.(bool)
 		return ok && !b, nil
 	case "mapping":
-		_, ok := obj.(*dict)
+		_, ok := obj.(*Dict)
 		return ok, nil
 	case "sequence", "iterable":
 		switch obj.(type) {
-		case []any, tuple, string, *dict:
+		case []any, tuple, string, *Dict:
 			return true, nil
 		}
 		return false, nil
@@ -1089,7 +1089,7 @@ func (r *renderer) writeJSON(b *strings.Builder, v any, st jsonStyle, level int)
 		}
 		newline(level)
 		b.WriteByte(']')
-	case *dict:
+	case *Dict:
 		if len(v.keys) == 0 {
 			b.WriteString("{}")
 			return nil

@@ -1,4 +1,4 @@
-package hf
+package jinja
 
 import (
 	"errors"
@@ -18,7 +18,7 @@ import (
 //	bool, int64, float64, string
 //	[]any          list
 //	tuple          tuple
-//	*dict          dict with insertion order (string keys)
+//	*Dict          dict with insertion order (string keys)
 //	*namespace     the result of namespace()
 //	*loopInfo      the loop variable
 //	pyFunc         a built-in function or bound method
@@ -29,24 +29,22 @@ type (
 	pyFunc       func(args []any, kwargs map[string]any) (any, error)
 )
 
-// dict is a Python dict with string keys, in insertion order.
-type dict struct {
+// Dict is a Python dict with string keys, in insertion order.
+type Dict struct {
 	keys []string
 	m    map[string]any
 }
 
-func newDict(n int) *dict { return &dict{keys: make([]string, 0, n), m: make(map[string]any, n)} }
+func (d *Dict) get(k string) (any, bool) { v, ok := d.m[k]; return v, ok }
 
-func (d *dict) get(k string) (any, bool) { v, ok := d.m[k]; return v, ok }
-
-func (d *dict) set(k string, v any) {
+func (d *Dict) set(k string, v any) {
 	if _, ok := d.m[k]; !ok {
 		d.keys = append(d.keys, k)
 	}
 	d.m[k] = v
 }
 
-type namespace struct{ attrs *dict }
+type namespace struct{ attrs *Dict }
 
 type loopInfo struct {
 	index0, length int
@@ -278,7 +276,7 @@ func (r *renderer) iterate(v any) ([]any, error) {
 		return v, nil
 	case tuple:
 		return v, nil
-	case *dict:
+	case *Dict:
 		out := make([]any, len(v.keys))
 		for i, k := range v.keys {
 			out[i] = k
@@ -329,7 +327,7 @@ func (r *renderer) eval(e expr, sc *scope) (any, error) {
 		}
 		return out, nil
 	case *dictExpr:
-		d := newDict(len(e.keys))
+		d := NewDict(len(e.keys))
 		for i := range e.keys {
 			k, err := r.eval(e.keys[i], sc)
 			if err != nil {
@@ -822,7 +820,7 @@ func (r *renderer) contains(container, item any) (bool, error) {
 			}
 		}
 		return false, nil
-	case *dict:
+	case *Dict:
 		s, ok := item.(string)
 		if !ok {
 			return false, nil
@@ -925,7 +923,7 @@ func sliceIndices(n int, start, stop *int64, step int64) (int, int) {
 
 func (r *renderer) getItem(obj, key any) (any, error) {
 	switch o := obj.(type) {
-	case *dict:
+	case *Dict:
 		if k, ok := key.(string); ok {
 			if v, ok := o.m[k]; ok {
 				return v, nil
@@ -999,7 +997,7 @@ func (r *renderer) getAttr(obj any, name string) (any, error) {
 	if m := r.method(obj, name); m != nil {
 		return m, nil
 	}
-	if d, ok := obj.(*dict); ok {
+	if d, ok := obj.(*Dict); ok {
 		if v, ok := d.m[name]; ok {
 			return v, nil
 		}
@@ -1160,7 +1158,7 @@ func truthy(v any) bool {
 		return len(v) > 0
 	case tuple:
 		return len(v) > 0
-	case *dict:
+	case *Dict:
 		return len(v.keys) > 0
 	}
 	return true
@@ -1193,8 +1191,8 @@ func pyEqual(a, b any) bool {
 	case tuple:
 		bl, ok := b.(tuple)
 		return ok && listEqual(a, bl)
-	case *dict:
-		bd, ok := b.(*dict)
+	case *Dict:
+		bd, ok := b.(*Dict)
 		if !ok || len(a.keys) != len(bd.keys) {
 			return false
 		}
@@ -1238,7 +1236,7 @@ func typeName(v any) string {
 		return "list"
 	case tuple:
 		return "tuple"
-	case *dict:
+	case *Dict:
 		return "dict"
 	case *namespace:
 		return "Namespace"
@@ -1308,7 +1306,7 @@ func writeRepr(b *strings.Builder, v any) {
 			b.WriteByte(',')
 		}
 		b.WriteByte(')')
-	case *dict:
+	case *Dict:
 		b.WriteByte('{')
 		for i, k := range v.keys {
 			if i > 0 {

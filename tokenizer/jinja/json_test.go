@@ -1,4 +1,4 @@
-package hf
+package jinja
 
 import (
 	"errors"
@@ -29,10 +29,10 @@ func TestDecodeJSONValue(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			v, err := decodeJSONValue([]byte(tt.in))
+			v, err := DecodeJSON([]byte(tt.in))
 			if tt.wantErr {
-				if !errors.Is(err, ErrInvalidMessages) {
-					t.Fatalf("decode(%q) = %v, %v; want an ErrInvalidMessages", tt.in, v, err)
+				if !errors.Is(err, ErrInvalidJSON) {
+					t.Fatalf("decode(%q) = %v, %v; want an ErrInvalidJSON", tt.in, v, err)
 				}
 				return
 			}

@@ -1,4 +1,4 @@
-package hf
+package jinja
 
 import (
 	"encoding/json"
@@ -9,8 +9,8 @@ import (
 	"time"
 )
 
-// jinjaCases is testdata/golden/jinja.json: small templates rendered by Jinja2 as
-// transformers configures it (testdata/gen_chat.py), with the context they render in.
+// jinjaCases is testdata/jinja.json: small templates rendered by Jinja2 as transformers
+// configures it (tokenizer/hf/testdata/gen_chat.py), with the context they render in.
 type jinjaCases struct {
 	Context json.RawMessage `json:"context"`
 	Cases   []struct {
@@ -24,7 +24,7 @@ type jinjaCases struct {
 var fixedNow = func() time.Time { return time.Date(2025, 7, 26, 14, 30, 5, 0, time.UTC) }
 
 func TestJinjaParity(t *testing.T) {
-	raw, err := os.ReadFile(filepath.Join("testdata", "golden", "jinja.json"))
+	raw, err := os.ReadFile(filepath.Join("testdata", "jinja.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,11 +34,11 @@ func TestJinjaParity(t *testing.T) {
 	}
 	for _, c := range cases.Cases {
 		t.Run(c.Template, func(t *testing.T) {
-			ctx, err := decodeJSONValue(cases.Context)
+			ctx, err := DecodeJSON(cases.Context)
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := renderString(c.Template, ctx.(*dict))
+			got, err := renderString(c.Template, ctx.(*Dict))
 			switch {
 			case c.Output == nil && err == nil:
 				t.Fatalf("rendered %q, want the error %s", got, c.Error)
@@ -56,20 +56,12 @@ func TestJinjaParity(t *testing.T) {
 }
 
 // renderString compiles and renders one template with ctx as its variables.
-func renderString(src string, ctx *dict) (string, error) {
-	body, err := parseTemplate(src)
+func renderString(src string, ctx *Dict) (string, error) {
+	tmpl, err := Compile(src, Options{Now: fixedNow})
 	if err != nil {
 		return "", err
 	}
-	root := newScope(nil)
-	for _, k := range ctx.keys {
-		root.vars[k] = ctx.m[k]
-	}
-	r := &renderer{now: fixedNow}
-	if err := r.execBody(body, newScope(root)); err != nil {
-		return "", err
-	}
-	return r.out.String(), nil
+	return tmpl.Render(ctx, 0)
 }
 
 func TestJinjaCompileErrors(t *testing.T) {

@@ -1,21 +1,21 @@
-package hf
+package tokenizer
 
 import "unicode/utf8"
 
-// validUTF8 returns s with every ill-formed UTF-8 sequence replaced by U+FFFD, one
+// ValidUTF8 returns s with every ill-formed UTF-8 sequence replaced by U+FFFD, one
 // replacement per maximal subpart (Unicode §3.9, the policy of the WHATWG decoder, Rust's
-// String::from_utf8_lossy and Python's "replace" handler). The reference tokenizer only
-// sees text decoded this way, so Switchyard decodes invalid input the same way.
-// Fast path: valid input is returned as is, without allocating.
-func validUTF8(s string) string {
+// String::from_utf8_lossy and Python's "replace" handler). The reference tokenizers and
+// Python's json module only see text decoded this way, so Switchyard decodes invalid input
+// the same way. Fast path: valid input is returned as is, without allocating.
+func ValidUTF8(s string) string {
 	if utf8.ValidString(s) {
 		return s
 	}
-	return string(appendValidUTF8(make([]byte, 0, len(s)+8), s))
+	return string(AppendValidUTF8(make([]byte, 0, len(s)+8), s))
 }
 
-// appendValidUTF8 appends s to dst with the replacement of validUTF8.
-func appendValidUTF8(dst []byte, s string) []byte {
+// AppendValidUTF8 appends s to dst with the replacement of ValidUTF8.
+func AppendValidUTF8(dst []byte, s string) []byte {
 	for i := 0; i < len(s); {
 		c := s[i]
 		if c < utf8.RuneSelf {
@@ -35,8 +35,8 @@ func appendValidUTF8(dst []byte, s string) []byte {
 	return dst
 }
 
-// appendValidUTF8Bytes is appendValidUTF8 for a byte slice.
-func appendValidUTF8Bytes(dst, b []byte) []byte {
+// AppendValidUTF8Bytes is AppendValidUTF8 for a byte slice.
+func AppendValidUTF8Bytes(dst, b []byte) []byte {
 	for i := 0; i < len(b); {
 		c := b[i]
 		if c < utf8.RuneSelf {
