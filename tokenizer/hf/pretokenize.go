@@ -6,6 +6,7 @@ import (
 	"sync"
 	"unicode"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/dlclark/regexp2/v2"
 )
@@ -14,8 +15,9 @@ import (
 // pieces are bytes of the byte-level alphabet: Switchyard keeps the vocabulary in raw bytes,
 // so the byte-to-character mapping of the ByteLevel pre-tokenizer is implicit.
 type preTokenizer interface {
-	// appendPieces appends the pieces of s, in order, to dst.
-	appendPieces(dst []string, s string) []string
+	// appendPieces appends the pieces of s, in order, to dst. first reports that s starts
+	// the text (the Metaspace pre-tokenizer's prepend_scheme "first").
+	appendPieces(dst []string, s string, first bool) []string
 }
 
 var (
@@ -23,6 +25,10 @@ var (
 	_ preTokenizer = (*regexSplit)(nil)
 	_ preTokenizer = (*byteLevelSplit)(nil)
 	_ preTokenizer = (*sequenceSplit)(nil)
+	_ preTokenizer = (*metaspaceSplit)(nil)
+	_ preTokenizer = (*charSplit)(nil)
+	_ preTokenizer = (*bertSplit)(nil)
+	_ preTokenizer = (*wordSplit)(nil)
 )
 
 // Character classes of the Split patterns: \p{L}, \p{N}, \s (Unicode White_Space) and the rest.
@@ -93,7 +99,7 @@ type fastSplit struct {
 	maxDigits int
 }
 
-func (f *fastSplit) appendPieces(dst []string, s string) []string {
+func (f *fastSplit) appendPieces(dst []string, s string, _ bool) []string {
 	for i := 0; i < len(s); {
 		end := f.next(s, i)
 		dst = append(dst, s[i:end])
@@ -302,15 +308,9 @@ type regexSplit struct {
 	invert   bool
 }
 
-func (p *regexSplit) appendPieces(dst []string, s string) []string {
+func (p *regexSplit) appendPieces(dst []string, s string, _ bool) []string {
 	var buf [64][2]int
 	matches := p.m.appendMatches(buf[:0], s)
-	// Cut s into spans, marking which are matches, then fold them as the tokenizers
-	// library does for each behavior.
-	type span struct {
-		start, end int
-		match      bool
-	}
 	spans := make([]span, 0, 2*len(matches)+1)
 	prev := 0
 	for _, m := range matches {
@@ -323,18 +323,32 @@ func (p *regexSplit) appendPieces(dst []string, s string) []string {
 	if prev < len(s) {
 		spans = append(spans, span{prev, len(s), p.invert})
 	}
+	return foldSpans(dst, s, spans, p.behavior)
+}
+
+// span is a part of a text: a match of a split pattern or the text between two.
+type span struct {
+	start, end int
+	match      bool
+}
+
+// foldSpans appends the pieces of s that spans, which cover s in order, make with a Split
+// behavior, as the tokenizers library folds them. It may modify spans.
+func foldSpans(dst []string, s string, spans []span, behavior splitBehavior) []string {
 	var out []span
 	prevMatch := false
-	switch p.behavior {
+	switch behavior {
 	case splitIsolated:
 		out = spans
 	case splitRemoved:
+		out = spans[:0]
 		for _, sp := range spans {
 			if !sp.match {
 				out = append(out, sp)
 			}
 		}
 	case splitMergedWithPrevious:
+		out = spans[:0]
 		for _, sp := range spans {
 			if sp.match && !prevMatch && len(out) > 0 {
 				out[len(out)-1].end = sp.end
@@ -357,6 +371,7 @@ func (p *regexSplit) appendPieces(dst []string, s string) []string {
 			out[i], out[j] = out[j], out[i]
 		}
 	case splitContiguous:
+		out = spans[:0]
 		for _, sp := range spans {
 			if sp.match == prevMatch && len(out) > 0 {
 				out[len(out)-1].end = sp.end
@@ -385,14 +400,14 @@ type byteLevelSplit struct {
 	split          preTokenizer // nil without use_regex
 }
 
-func (p *byteLevelSplit) appendPieces(dst []string, s string) []string {
+func (p *byteLevelSplit) appendPieces(dst []string, s string, first bool) []string {
 	if p.addPrefixSpace && !strings.HasPrefix(s, " ") {
 		s = " " + s
 	}
 	if p.split == nil {
 		return append(dst, s)
 	}
-	return p.split.appendPieces(dst, s)
+	return p.split.appendPieces(dst, s, first)
 }
 
 // sequenceSplit applies its pre-tokenizers in turn, each to every piece of the previous one.
@@ -400,15 +415,187 @@ type sequenceSplit struct {
 	steps []preTokenizer
 }
 
-func (p *sequenceSplit) appendPieces(dst []string, s string) []string {
+func (p *sequenceSplit) appendPieces(dst []string, s string, first bool) []string {
 	cur := []string{s}
 	var next []string
 	for _, step := range p.steps {
 		next = next[:0]
-		for _, piece := range cur {
-			next = step.appendPieces(next, piece)
+		for i, piece := range cur {
+			// A piece still starts the text when it is the first and begins where s does.
+			next = step.appendPieces(next, piece, first && i == 0 && sameStart(piece, s))
 		}
 		cur, next = next, cur
 	}
 	return append(dst, cur...)
 }
+
+// sameStart reports whether a and b start at the same byte of memory (a piece cut from the
+// start of b, not a copy).
+func sameStart(a, b string) bool {
+	return len(a) > 0 && len(b) > 0 && unsafe.StringData(a) == unsafe.StringData(b)
+}
+
+// prependScheme is when the Metaspace pre-tokenizer writes a ▁ before a piece.
+type prependScheme uint8
+
+const (
+	prependAlways prependScheme = iota
+	prependFirst                // only before the start of the text
+	prependNever
+)
+
+// metaspaceSplit is the Metaspace pre-tokenizer: spaces become the replacement character
+// (▁), which is also written before the text unless it starts with one (prepend_scheme), and,
+// with split, every replacement character starts a new piece.
+type metaspaceSplit struct {
+	rep     string
+	prepend prependScheme
+	split   bool
+}
+
+func (p *metaspaceSplit) appendPieces(dst []string, s string, first bool) []string {
+	if s == "" {
+		return dst
+	}
+	s = strings.ReplaceAll(s, " ", p.rep)
+	if (p.prepend == prependAlways || (p.prepend == prependFirst && first)) && !strings.HasPrefix(s, p.rep) {
+		s = p.rep + s
+	}
+	if !p.split {
+		return append(dst, s)
+	}
+	start := 0
+	for i := 1; i < len(s); {
+		k := strings.Index(s[i:], p.rep)
+		if k < 0 {
+			break
+		}
+		dst = append(dst, s[start:i+k])
+		start, i = i+k, i+k+len(p.rep)
+	}
+	return append(dst, s[start:])
+}
+
+// charSplit splits at every character for which match is true, with a Split behavior: the
+// WhitespaceSplit, Punctuation and Digits pre-tokenizers.
+type charSplit struct {
+	match    func(r rune) bool
+	behavior splitBehavior
+}
+
+func (p *charSplit) appendPieces(dst []string, s string, _ bool) []string {
+	return splitChars(dst, s, p.match, p.behavior)
+}
+
+// splitChars splits s at every character for which match is true, each such character a
+// match of its own, and folds the parts with behavior.
+func splitChars(dst []string, s string, match func(r rune) bool, behavior splitBehavior) []string {
+	var buf [64]span
+	spans := buf[:0]
+	prev := 0
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		if match(r) {
+			if i > prev {
+				spans = append(spans, span{prev, i, false})
+			}
+			spans = append(spans, span{i, i + n, true})
+			prev = i + n
+		}
+		i += n
+	}
+	if prev < len(s) {
+		spans = append(spans, span{prev, len(s), false})
+	}
+	return foldSpans(dst, s, spans, behavior)
+}
+
+// bertSplit is the BertPreTokenizer: pieces are cut at whitespace, which is dropped, and
+// every punctuation character is a piece of its own.
+type bertSplit struct{}
+
+func (bertSplit) appendPieces(dst []string, s string, _ bool) []string {
+	start := 0
+	for i := 0; i < len(s); {
+		r, n := rune(s[i]), 1
+		if r >= utf8.RuneSelf {
+			r, n = utf8.DecodeRuneInString(s[i:])
+		}
+		switch {
+		case isRustWhitespace(r):
+			if i > start {
+				dst = append(dst, s[start:i])
+			}
+			start = i + n
+		case isBertPunct(r):
+			if i > start {
+				dst = append(dst, s[start:i])
+			}
+			dst = append(dst, s[i:i+n])
+			start = i + n
+		}
+		i += n
+	}
+	if start < len(s) {
+		dst = append(dst, s[start:])
+	}
+	return dst
+}
+
+// isRustWhitespace is Unicode's White_Space property (Rust's char::is_whitespace).
+func isRustWhitespace(r rune) bool {
+	if r < utf8.RuneSelf {
+		return r == ' ' || (r >= '\t' && r <= '\r')
+	}
+	return unicode.Is(unicode.White_Space, r)
+}
+
+// isBertPunct is ASCII punctuation (symbols included) or a Unicode punctuation character
+// of Unicode 8.0, whose categories the reference uses.
+func isBertPunct(r rune) bool {
+	if r < utf8.RuneSelf {
+		return (r >= '!' && r <= '/') || (r >= ':' && r <= '@') || (r >= '[' && r <= '`') || (r >= '{' && r <= '~')
+	}
+	return unicode.IsPunct(r) && !unicode.Is(assignedAfterUnicode8, r)
+}
+
+// wordSplit is the Whitespace pre-tokenizer: the matches of \w+|[^\w\s]+, whitespace
+// dropped.
+type wordSplit struct{}
+
+func (wordSplit) appendPieces(dst []string, s string, _ bool) []string {
+	const none, word, other = 0, 1, 2
+	start, kind := 0, none
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		k := other
+		switch {
+		case isRegexWord(r):
+			k = word
+		case isRegexSpace(r):
+			k = none
+		}
+		if k != kind {
+			if kind != none && i > start {
+				dst = append(dst, s[start:i])
+			}
+			start, kind = i, k
+		}
+		i += n
+	}
+	if kind != none && start < len(s) {
+		dst = append(dst, s[start:])
+	}
+	return dst
+}
+
+// isRegexWord is \w of Rust's regex crate: Alphabetic, M, Nd, Pc and Join_Control.
+func isRegexWord(r rune) bool {
+	if r < utf8.RuneSelf {
+		return r == '_' || (r >= '0' && r <= '9') || asciiLetter(byte(r))
+	}
+	return unicode.IsLetter(r) || unicode.In(r, unicode.Nl, unicode.Other_Alphabetic, unicode.M, unicode.Nd, unicode.Pc, unicode.Join_Control)
+}
+
+// isRegexSpace is \s of Rust's regex crate: White_Space.
+func isRegexSpace(r rune) bool { return isRustWhitespace(r) }

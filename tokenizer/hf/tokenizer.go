@@ -23,19 +23,22 @@ type Tokenizer struct {
 	added     *addedMatcher // tokens matched in raw text
 	addedNorm *addedMatcher // tokens matched after normalization, or nil
 	norm      normalizer    // or nil
-	pre       preTokenizer
-	fast      *fastSplit // pre when it is a bare fastSplit, for the hot loop
-	model     *bpe
+	pre       preTokenizer  // or nil: the segment is one piece
+	fast      *fastSplit    // pre when it is a bare fastSplit, for the hot loop
+	byteLevel bool          // a byte-level BPE: raw text is chunked (see chunkEnd)
+	model     wordModel
+	bpe       *bpe        // model when it is a byte-level BPE, for the hot loop
 	chunks    *chunkCache // or nil
 	chunkCut  bool        // chunks may end inside a segment (see chunkEnd)
 	prefix    []uint32    // post-processor IDs before the text
 	suffix    []uint32    // post-processor IDs after the text
 
 	decoder   decoderKind
-	pieces    []byte   // decoding bytes of every ID, back to back
-	pieceEnd  []uint32 // pieces[pieceEnd[id-1]:pieceEnd[id]] decodes id; see piece
-	present   []bool   // the ID exists
-	special   []bool   // the ID is a special added token
+	steps     []decodeStep // decodeChain's steps
+	pieces    []byte       // decoding bytes of every ID, back to back
+	pieceEnd  []uint32     // pieces[pieceEnd[id-1]:pieceEnd[id]] decodes id; see piece
+	present   []bool       // the ID exists
+	special   []bool       // the ID is a special added token
 	tokenIDs  map[string]uint32
 	tokenText []string // token strings as tokenizer.json spells them, by ID
 
@@ -142,26 +145,30 @@ func newTokenizer(tokJSON, cfgJSON []byte, chatTemplateFile string, opts Options
 	if err != nil {
 		return nil, err
 	}
-	if !spec.byteLevel {
-		return nil, fmt.Errorf("pre_tokenizer: %w: only byte-level BPE tokenizers (a ByteLevel pre-tokenizer) are supported", ErrUnsupported)
-	}
 	t.pre = spec.pre
 	t.fast, _ = spec.pre.(*fastSplit)
-	if t.decoder, err = buildDecoder(f.Decoder, "decoder"); err != nil {
+	_, toByte := byteLevelAlphabet()
+	if t.decoder, t.steps, err = buildDecoder(f.Decoder, "decoder", toByte); err != nil {
 		return nil, err
 	}
 	if t.prefix, t.suffix, err = buildPostProcessor(f.PostProcessor, "post_processor"); err != nil {
 		return nil, err
 	}
-	_, toByte := byteLevelAlphabet()
-	if t.model, err = buildBPE(&f.Model, toByte); err != nil {
+	isBPE := f.Model.Type == "" || f.Model.Type == "BPE"
+	bm, err := buildModel(&f.Model, isBPE && spec.byteLevel, toByte)
+	if err != nil {
 		return nil, err
 	}
-	t.model.cache = newWordCache(1 << 15)
+	t.model = bm.model
+	if isBPE && spec.byteLevel {
+		t.byteLevel, t.bpe = true, bm.bpe
+	} else if spec.byteLevel {
+		return nil, fmt.Errorf("pre_tokenizer: %w: a ByteLevel pre-tokenizer with a %s model", ErrUnsupported, f.Model.Type)
+	}
 
 	// Added tokens take the ID of the same token in the model's vocabulary, else the next
 	// free ID after the vocabulary, whatever ID the file gives: the tokenizers library's rule.
-	nextID := uint32(len(f.Model.Vocab))
+	nextID := uint32(bm.size)
 	var raw, normed []addedToken
 	seen := make(map[string]bool, len(f.AddedTokens))
 	for i := range f.AddedTokens {
@@ -174,7 +181,7 @@ func newTokenizer(tokJSON, cfgJSON []byte, chatTemplateFile string, opts Options
 			continue
 		}
 		seen[a.Content] = true
-		id, inVocab := f.Model.Vocab[a.Content]
+		id, inVocab := bm.vocab[a.Content]
 		if !inVocab {
 			id = nextID
 			nextID++
@@ -197,7 +204,7 @@ func newTokenizer(tokJSON, cfgJSON []byte, chatTemplateFile string, opts Options
 	if len(normed) > 0 {
 		t.addedNorm = newAddedMatcher(normed)
 	}
-	t.buildDecoding(&f, toByte)
+	t.buildDecoding(&f, bm, toByte)
 
 	if opts.CacheBytes >= 0 {
 		limit := opts.CacheBytes
@@ -205,7 +212,7 @@ func newTokenizer(tokJSON, cfgJSON []byte, chatTemplateFile string, opts Options
 			limit = DefaultCacheBytes
 		}
 		t.chunks = newChunkCache(limit)
-		t.chunkCut = spec.chunkSafe && chunkSafe(t.norm) && t.addedNorm == nil
+		t.chunkCut = t.byteLevel && spec.chunkSafe && chunkSafe(t.norm) && t.addedNorm == nil
 	}
 	t.scratch.New = func() any { s := make([]string, 0, 256); return &s }
 
@@ -230,10 +237,13 @@ func newTokenizer(tokJSON, cfgJSON []byte, chatTemplateFile string, opts Options
 
 // buildDecoding lays out the decoding bytes of every ID. Added tokens take precedence over
 // the model's vocabulary, as in the tokenizers library.
-func (t *Tokenizer) buildDecoding(f *fileJSON, toByte map[rune]byte) {
+func (t *Tokenizer) buildDecoding(f *fileJSON, bm *builtModel, toByte map[rune]byte) {
 	maxID := uint32(0)
-	for _, id := range f.Model.Vocab {
+	for _, id := range bm.vocab {
 		maxID = max(maxID, id)
+	}
+	if len(bm.text) > 0 {
+		maxID = max(maxID, uint32(len(bm.text)-1))
 	}
 	for _, a := range f.AddedTokens {
 		maxID = max(maxID, a.ID)
@@ -242,21 +252,33 @@ func (t *Tokenizer) buildDecoding(f *fileJSON, toByte map[rune]byte) {
 	t.tokenText = make([]string, n)
 	t.present = make([]bool, n)
 	t.special = make([]bool, n)
-	t.tokenIDs = make(map[string]uint32, len(f.Model.Vocab)+len(f.AddedTokens))
-	for tok, id := range f.Model.Vocab {
+	t.tokenIDs = make(map[string]uint32, len(bm.vocab)+len(f.AddedTokens))
+	for tok, id := range bm.vocab {
 		t.tokenText[id], t.present[id] = tok, true
 		t.tokenIDs[tok] = id
 	}
+	for id, tok := range bm.text { // a list vocabulary: every ID, duplicates included
+		t.tokenText[id], t.present[id] = tok, true
+	}
+	specials := map[string]bool{}
 	for _, a := range f.AddedTokens {
-		t.tokenText[a.ID], t.present[a.ID], t.special[a.ID] = a.Content, true, a.Special
+		t.tokenText[a.ID], t.present[a.ID] = a.Content, true
 		t.tokenIDs[a.Content] = a.ID
+		if a.Special {
+			specials[a.Content] = true
+		}
+	}
+	// A token is special when its text is a special added token's, whatever its ID.
+	for id, tok := range t.tokenText {
+		t.special[id] = t.present[id] && specials[tok]
+	}
+	if t.decoder != decodeByteLevel {
+		return
 	}
 	t.pieceEnd = make([]uint32, n)
 	for id, tok := range t.tokenText {
-		if t.decoder == decodeByteLevel {
-			if raw, ok := fromByteLevel(tok, toByte); ok {
-				tok = raw // a character outside the alphabet leaves the token as it is
-			}
+		if raw, ok := fromByteLevel(tok, toByte); ok {
+			tok = raw // a character outside the alphabet leaves the token as it is
 		}
 		t.pieces = append(t.pieces, tok...)
 		t.pieceEnd[id] = uint32(len(t.pieces))
@@ -328,7 +350,11 @@ func (t *Tokenizer) AppendEncodePlain(dst []uint32, text string) []uint32 {
 			dst = append(dst, t.added.tokens[sp.token].id)
 			continue
 		}
-		dst = t.appendSegment(dst, text[sp.start:sp.end])
+		if t.byteLevel {
+			dst = t.appendSegment(dst, text[sp.start:sp.end])
+		} else {
+			dst = t.appendNormalized(dst, text[sp.start:sp.end], sp.start == 0)
+		}
 	}
 	return dst
 }
@@ -388,8 +414,8 @@ func chunkEnd(seg string) int {
 
 func asciiLetter(c byte) bool { return (c|0x20) >= 'a' && (c|0x20) <= 'z' }
 
-// appendChunk encodes one chunk: normalization, normalized added tokens, pre-tokenization
-// and the model.
+// appendChunk encodes one chunk of a byte-level BPE's segment: normalization, normalized
+// added tokens, pre-tokenization and the model.
 func (t *Tokenizer) appendChunk(dst []uint32, s string) []uint32 {
 	if t.norm != nil {
 		s = t.norm.normalize(s)
@@ -412,19 +438,80 @@ func (t *Tokenizer) appendPieces(dst []uint32, s string) []uint32 {
 	if f := t.fast; f != nil { // fast path: no piece list
 		for i := 0; i < len(s); {
 			end := f.next(s, i)
-			dst = t.model.appendWord(dst, s[i:end])
+			dst = t.bpe.appendWord(dst, s[i:end])
 			i = end
 		}
 		return dst
 	}
 	bufp := t.scratch.Get().(*[]string)
-	pieces := t.pre.appendPieces((*bufp)[:0], s)
+	pieces := t.pre.appendPieces((*bufp)[:0], s, false)
 	for _, p := range pieces {
 		dst = t.model.appendWord(dst, p)
 	}
 	clear(pieces)
 	*bufp = pieces[:0]
 	t.scratch.Put(bufp)
+	return dst
+}
+
+// appendNormalized encodes a segment of any tokenizer but a byte-level BPE: the whole segment
+// is normalized, cut at normalized added tokens and pre-tokenized, then each piece is encoded
+// chunk by chunk (see wordModel.cutEnd) through the chunk cache, keyed by normalized text.
+// first reports that the segment starts the text.
+func (t *Tokenizer) appendNormalized(dst []uint32, seg string, first bool) []uint32 {
+	s := seg
+	if t.norm != nil {
+		s = t.norm.normalize(s)
+	}
+	if t.addedNorm == nil {
+		return t.appendPiecesOf(dst, s, first)
+	}
+	var buf [16]addedSplit
+	for _, sp := range t.addedNorm.appendSplits(buf[:0], s) {
+		if sp.token >= 0 {
+			dst = append(dst, t.addedNorm.tokens[sp.token].id)
+			continue
+		}
+		dst = t.appendPiecesOf(dst, s[sp.start:sp.end], first && sp.start == 0)
+	}
+	return dst
+}
+
+func (t *Tokenizer) appendPiecesOf(dst []uint32, s string, first bool) []uint32 {
+	if t.pre == nil {
+		return t.appendPiece(dst, s)
+	}
+	bufp := t.scratch.Get().(*[]string)
+	pieces := t.pre.appendPieces((*bufp)[:0], s, first)
+	for _, p := range pieces {
+		dst = t.appendPiece(dst, p)
+	}
+	clear(pieces)
+	*bufp = pieces[:0]
+	t.scratch.Put(bufp)
+	return dst
+}
+
+// appendPiece encodes one piece, chunk by chunk.
+func (t *Tokenizer) appendPiece(dst []uint32, w string) []uint32 {
+	if t.chunks == nil || len(w) < minCachedChunk {
+		return t.model.appendWord(dst, w)
+	}
+	for len(w) > 0 {
+		chunk := w[:t.model.cutEnd(w)]
+		w = w[len(chunk):]
+		if len(chunk) < minCachedChunk {
+			dst = t.model.appendWord(dst, chunk)
+			continue
+		}
+		if ids, ok := t.chunks.get(chunk); ok { // fast path: a chunk seen before
+			dst = append(dst, ids...)
+			continue
+		}
+		start := len(dst)
+		dst = t.model.appendWord(dst, chunk)
+		t.chunks.put(chunk, dst[start:])
+	}
 	return dst
 }
 
@@ -437,16 +524,35 @@ func (t *Tokenizer) Decode(ids []uint32) string {
 // AppendDecode appends the text of ids to dst, leaving out special tokens when skipSpecial.
 func (t *Tokenizer) AppendDecode(dst []byte, ids []uint32, skipSpecial bool) []byte {
 	start := len(dst)
-	first := true
-	for _, id := range ids {
-		if int(id) >= len(t.present) || !t.present[id] || (skipSpecial && t.special[id]) {
-			continue
+	if t.decoder == decodeChain {
+		tokens := make([]string, 0, len(ids))
+		for _, id := range ids {
+			if int(id) < len(t.present) && t.present[id] && !(skipSpecial && t.special[id]) {
+				tokens = append(tokens, t.tokenText[id])
+			}
 		}
-		if t.decoder == decodeJoinSpace && !first {
-			dst = append(dst, ' ')
+		for _, st := range t.steps {
+			tokens = st.apply(tokens)
 		}
-		first = false
-		dst = append(dst, t.piece(id)...)
+		for _, tok := range tokens {
+			dst = append(dst, tok...)
+		}
+	} else {
+		first := true
+		for _, id := range ids {
+			if int(id) >= len(t.present) || !t.present[id] || (skipSpecial && t.special[id]) {
+				continue
+			}
+			if t.decoder == decodeJoinSpace {
+				if !first {
+					dst = append(dst, ' ')
+				}
+				dst = append(dst, t.tokenText[id]...)
+			} else {
+				dst = append(dst, t.piece(id)...)
+			}
+			first = false
+		}
 	}
 	if utf8.Valid(dst[start:]) {
 		return dst

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -21,12 +22,12 @@ import (
 // numbers, whitespace runs, special-token strings), one text per line.
 func mixedText(b testing.TB, size int) string {
 	b.Helper()
-	golden := readGolden[goldenText](b, "qwen3.encode.jsonl.gz")
+	texts := readCorpus(b)
 	var sb strings.Builder
 	for sb.Len() < size {
-		for _, g := range golden {
-			if g.T != nil && utf8.ValidString(*g.T) {
-				sb.WriteString(*g.T)
+		for _, s := range texts {
+			if utf8.ValidString(s) {
+				sb.WriteString(s)
 				sb.WriteByte('\n')
 			}
 			if sb.Len() >= size {
@@ -153,7 +154,7 @@ func benchReference(b *testing.B, model, text string) {
 func benchModel(b *testing.B, model string, cacheBytes int64) *Tokenizer {
 	b.Helper()
 	dir := modelDir(b, model)
-	tk, err := Load(dir, Options{CacheBytes: cacheBytes})
+	tk, err := Load(dir, Options{CacheBytes: cacheBytes, Now: fixedNow})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -164,7 +165,7 @@ func benchModel(b *testing.B, model string, cacheBytes int64) *Tokenizer {
 // on, as the reference's BPE cache is).
 func BenchmarkEncode1MB(b *testing.B) {
 	text := mixedText(b, 1<<20)
-	for _, model := range []string{"qwen3", "llama3"} {
+	for _, model := range append(slices.Clone(realModels), derivedModels...) {
 		b.Run(model+"/switchyard", func(b *testing.B) {
 			tk := benchModel(b, model, -1)
 			dst := tk.AppendEncodePlain(nil, text)

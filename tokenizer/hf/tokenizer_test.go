@@ -126,35 +126,86 @@ func edited(t *testing.T, old, new string) []byte {
 	return []byte(strings.Replace(s, old, new, 1))
 }
 
+// jsonEdit returns the tiny tokenizer.json with edit applied to its decoded form.
+func jsonEdit(t *testing.T, edit func(j map[string]any)) []byte {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(tinyDir, TokenizerFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var j map[string]any
+	if err := json.Unmarshal(raw, &j); err != nil {
+		t.Fatal(err)
+	}
+	edit(j)
+	out, err := json.Marshal(j)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
 func TestLoadErrors(t *testing.T) {
+	component := func(typ string) map[string]any { return map[string]any{"type": typ} }
 	tests := []struct {
-		name    string
-		json    func(t *testing.T) []byte
-		config  string
-		wantErr error
+		name     string
+		json     func(t *testing.T) []byte
+		config   string
+		wantErr  error
+		wantText string // the message names the component
 	}{
-		{"not JSON", func(*testing.T) []byte { return []byte("{") }, "", ErrInvalid},
-		{"model type", func(t *testing.T) []byte { return edited(t, `"type": "BPE"`, `"type": "WordPiece"`) }, "", ErrUnsupported},
-		{"normalizer", func(t *testing.T) []byte { return edited(t, `"type": "NFC"`, `"type": "BertNormalizer"`) }, "", ErrUnsupported},
-		{"merge of unknown tokens", func(t *testing.T) []byte { return edited(t, `"Ġ t"`, `"Ġ zz"`) }, "", ErrInvalid},
-		{"byte fallback", func(t *testing.T) []byte { return edited(t, `"byte_fallback": false`, `"byte_fallback": true`) }, "", ErrUnsupported},
-		{"no byte level", func(t *testing.T) []byte {
-			raw := edited(t, `"version"`, `"version"`)
-			var j map[string]any
-			if err := json.Unmarshal(raw, &j); err != nil {
-				t.Fatal(err)
-			}
-			j["pre_tokenizer"] = map[string]any{"type": "Split", "pattern": map[string]any{"String": " "}, "behavior": "Isolated"}
-			out, err := json.Marshal(j)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return out
-		}, "", ErrUnsupported},
-		{"bad split pattern", func(t *testing.T) []byte { return edited(t, `"Regex": "(?i:`, `"Regex": "((?i:`) }, "", ErrInvalid},
-		{"chat template syntax", func(t *testing.T) []byte { return edited(t, `"version"`, `"version"`) }, `{"chat_template": "{% if x %}"}`, ErrTemplate},
+		{"not JSON", func(*testing.T) []byte { return []byte("{") }, "", ErrInvalid, "tokenizer.json"},
+		{"model type", func(t *testing.T) []byte { return edited(t, `"type": "BPE"`, `"type": "WordLevel"`) }, "", ErrUnsupported, `model "WordLevel"`},
+		{"normalizer", func(t *testing.T) []byte { return edited(t, `"type": "NFC"`, `"type": "Precompiled"`) }, "", ErrUnsupported, `normalizer "Precompiled"`},
+		{"pre-tokenizer", func(t *testing.T) []byte {
+			return jsonEdit(t, func(j map[string]any) { j["pre_tokenizer"] = component("UnicodeScripts") })
+		}, "", ErrUnsupported, `pre-tokenizer "UnicodeScripts"`},
+		{"decoder", func(t *testing.T) []byte {
+			return jsonEdit(t, func(j map[string]any) { j["decoder"] = component("CTC") })
+		}, "", ErrUnsupported, `decoder "CTC"`},
+		{"decoder in a sequence", func(t *testing.T) []byte {
+			return jsonEdit(t, func(j map[string]any) {
+				j["decoder"] = map[string]any{"type": "Sequence", "decoders": []any{component("Fuse"), component("BPEDecoder")}}
+			})
+		}, "", ErrUnsupported, `decoder.decoders[1]: decoder "BPEDecoder"`},
+		{"post-processor", func(t *testing.T) []byte {
+			return jsonEdit(t, func(j map[string]any) { j["post_processor"] = component("Mystery") })
+		}, "", ErrUnsupported, `post-processor "Mystery"`},
+		{"merge of unknown tokens", func(t *testing.T) []byte { return edited(t, `"Ġ t"`, `"Ġ zz"`) }, "", ErrInvalid, "model.merges"},
+		{"byte fallback with byte-level", func(t *testing.T) []byte { return edited(t, `"byte_fallback": false`, `"byte_fallback": true`) }, "", ErrUnsupported, "model.byte_fallback"},
+		{"byte-level pre-tokenizer with WordPiece", func(t *testing.T) []byte {
+			return jsonEdit(t, func(j map[string]any) {
+				j["model"] = map[string]any{"type": "WordPiece", "unk_token": "a", "vocab": map[string]any{"a": 0}}
+			})
+		}, "", ErrUnsupported, "WordPiece"},
+		{"WordPiece without its unknown token", func(t *testing.T) []byte {
+			return jsonEdit(t, func(j map[string]any) {
+				j["pre_tokenizer"] = component("BertPreTokenizer")
+				j["model"] = map[string]any{"type": "WordPiece", "vocab": map[string]any{"a": 0}}
+			})
+		}, "", ErrInvalid, "model.unk_token"},
+		{"Unigram unk_id outside the vocabulary", func(t *testing.T) []byte {
+			return jsonEdit(t, func(j map[string]any) {
+				j["pre_tokenizer"] = component("Metaspace")
+				j["model"] = map[string]any{"type": "Unigram", "unk_id": 5, "vocab": []any{[]any{"a", -1.0}}}
+			})
+		}, "", ErrInvalid, "model.unk_id"},
+		{"Unigram vocabulary not pairs", func(t *testing.T) []byte {
+			return jsonEdit(t, func(j map[string]any) {
+				j["pre_tokenizer"] = component("Metaspace")
+				j["model"] = map[string]any{"type": "Unigram", "vocab": map[string]any{"a": 1}}
+			})
+		}, "", ErrInvalid, "model.vocab"},
+		{"Metaspace prepend scheme", func(t *testing.T) []byte {
+			return jsonEdit(t, func(j map[string]any) {
+				j["pre_tokenizer"] = map[string]any{"type": "Metaspace", "replacement": "▁", "prepend_scheme": "sometimes"}
+			})
+		}, "", ErrUnsupported, "prepend_scheme"},
+		{"dropout", func(t *testing.T) []byte { return edited(t, `"dropout": null`, `"dropout": 0.1`) }, "", ErrUnsupported, "model.dropout"},
+		{"bad split pattern", func(t *testing.T) []byte { return edited(t, `"Regex": "(?i:`, `"Regex": "((?i:`) }, "", ErrInvalid, "pattern"},
+		{"chat template syntax", func(t *testing.T) []byte { return edited(t, `"version"`, `"version"`) }, `{"chat_template": "{% if x %}"}`, ErrTemplate, "chat_template"},
 		{"chat template list without default", func(t *testing.T) []byte { return edited(t, `"version"`, `"version"`) },
-			`{"chat_template": [{"name": "tool_use", "template": "x"}]}`, ErrInvalid},
+			`{"chat_template": [{"name": "tool_use", "template": "x"}]}`, ErrInvalid, "default"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -168,6 +219,9 @@ func TestLoadErrors(t *testing.T) {
 			}
 			if !errors.Is(err, tt.wantErr) {
 				t.Fatalf("New: %v, want %v", err, tt.wantErr)
+			}
+			if !strings.Contains(err.Error(), tt.wantText) {
+				t.Fatalf("New: %v, want a message naming %s", err, tt.wantText)
 			}
 		})
 	}
@@ -241,7 +295,7 @@ func TestFastSplitMatchesRegexp(t *testing.T) {
 			rng := rand.New(rand.NewPCG(1, 2))
 			for i := range 3000 {
 				s := tokenizer.ValidUTF8(randomText(rng, 1+rng.IntN(40)))
-				got, want := fast.appendPieces(nil, s), ref.appendPieces(nil, s)
+				got, want := fast.appendPieces(nil, s, false), ref.appendPieces(nil, s, false)
 				if !slices.Equal(got, want) {
 					t.Fatalf("text %d %q:\nfast   %q\nregexp %q", i, s, got, want)
 				}

