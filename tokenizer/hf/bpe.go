@@ -45,6 +45,20 @@ func (m *bpe) appendWord(dst []uint32, w string) []uint32 {
 		}
 		return dst
 	}
+	if !m.cutMeta || len(w) <= maxCachedWord {
+		return m.appendSubword(dst, w)
+	}
+	// A long SentencePiece-style piece: its words merge apart (see cutEnd).
+	for len(w) > 0 {
+		end := m.nextCut(w, 1)
+		dst = m.appendSubword(dst, w[:end])
+		w = w[end:]
+	}
+	return dst
+}
+
+// appendSubword appends the IDs of w, merged as one word, through the word cache.
+func (m *bpe) appendSubword(dst []uint32, w string) []uint32 {
 	if w == "" {
 		return dst
 	}
@@ -65,17 +79,28 @@ func (m *bpe) appendWord(dst []uint32, w string) []uint32 {
 const metaspaceRune = '\u2581'
 
 // cutEnd returns the end of the first chunk of a long piece: the first ▁ at least minChunk
-// bytes in that follows an ASCII letter or digit, when no token spans such a place (cutMeta,
-// checked when the model is built), so the chunks merge as the whole piece would; else
-// len(w).
+// bytes in that follows an ASCII letter or digit, when no merge can join across such a place
+// (cutMeta, see buildBPE), so the chunks merge as the whole piece would; else len(w).
 func (m *bpe) cutEnd(w string) int {
 	if !m.cutMeta {
 		return len(w)
 	}
-	for p := minChunk; p+3 <= len(w); p++ {
-		if w[p] == 0xE2 && w[p+1] == 0x96 && w[p+2] == 0x81 && asciiAlnum(w[p-1]) {
+	return m.nextCut(w, minChunk)
+}
+
+// nextCut returns the first place at least from bytes into w where a ▁ follows an ASCII
+// letter or digit, or len(w).
+func (m *bpe) nextCut(w string, from int) int {
+	for p := max(from, 1); p+3 <= len(w); {
+		k := strings.IndexByte(w[p:], 0xE2)
+		if k < 0 || p+k+3 > len(w) {
+			break
+		}
+		p += k
+		if w[p+1] == 0x96 && w[p+2] == 0x81 && asciiAlnum(w[p-1]) {
 			return p
 		}
+		p++
 	}
 	return len(w)
 }

@@ -209,7 +209,8 @@ func buildNormalizer(raw json.RawMessage, what string) (normalizer, error) {
 type preTokenizerSpec struct {
 	pre       preTokenizer
 	byteLevel bool // a ByteLevel step maps every byte to the model's alphabet
-	chunkSafe bool // the first split is a fastSplit, so chunking at line and word starts is exact
+	chunkSafe bool // chunking at line and word starts is exact (see chunkEnd)
+	slashLine bool // but not at a line that starts with '/': a match may end there (o200k)
 }
 
 func buildPreTokenizer(raw json.RawMessage, what string, cls classifier) (preTokenizerSpec, error) {
@@ -225,6 +226,14 @@ func buildPreTokenizer(raw json.RawMessage, what string, cls classifier) (preTok
 				return preTokenizerSpec{pre: &fastSplit{cls: cls, maxDigits: 1}, chunkSafe: true}, nil
 			case patternLlama3:
 				return preTokenizerSpec{pre: &fastSplit{cls: cls, maxDigits: 3}, chunkSafe: true}, nil
+			case patternO200k:
+				return preTokenizerSpec{pre: &o200kSplit{k: newKinds()}, chunkSafe: true, slashLine: true}, nil
+			case patternDigits3:
+				return preTokenizerSpec{pre: &runSplit{k: newKinds(), in: isNumberKind, max: 3}, chunkSafe: true}, nil
+			case patternCJKKana:
+				return preTokenizerSpec{pre: &runSplit{k: newKinds(), in: isCJKOrKana}, chunkSafe: true}, nil
+			case patternDeepSeek:
+				return preTokenizerSpec{pre: &deepSeekSplit{k: newKinds()}, chunkSafe: true}, nil
 			}
 		}
 		m, err := buildMatcher(c.Pattern, what+".pattern")
@@ -272,7 +281,7 @@ func buildPreTokenizer(raw json.RawMessage, what string, cls classifier) (preTok
 		return preTokenizerSpec{pre: p, byteLevel: true}, nil
 	case "Sequence":
 		seq := &sequenceSplit{}
-		spec := preTokenizerSpec{}
+		spec := preTokenizerSpec{chunkSafe: true}
 		for i, r := range c.Pretokenizers {
 			s, err := buildPreTokenizer(r, fmt.Sprintf("%s.pretokenizers[%d]", what, i), cls)
 			if err != nil {
@@ -281,17 +290,19 @@ func buildPreTokenizer(raw json.RawMessage, what string, cls classifier) (preTok
 			if s.pre == nil {
 				continue
 			}
-			if len(seq.steps) == 0 {
-				spec.chunkSafe = s.chunkSafe
+			if bl, ok := s.pre.(*byteLevelSplit); ok && !bl.addPrefixSpace && bl.split == nil {
+				s.chunkSafe = true // a plain byte mapping
 			}
+			spec.chunkSafe = spec.chunkSafe && s.chunkSafe
+			spec.slashLine = spec.slashLine || s.slashLine
 			spec.byteLevel = spec.byteLevel || s.byteLevel
 			seq.steps = append(seq.steps, s.pre)
 		}
-		// Fast path: a fastSplit followed by a plain byte mapping is the fastSplit alone.
+		// Fast path: a scanner followed by a plain byte mapping is the scanner alone.
 		if len(seq.steps) == 2 {
 			if bl, ok := seq.steps[1].(*byteLevelSplit); ok && !bl.addPrefixSpace && bl.split == nil {
-				if fs, ok := seq.steps[0].(*fastSplit); ok {
-					spec.pre = fs
+				if sc, ok := seq.steps[0].(scanner); ok {
+					spec.pre = sc
 					return spec, nil
 				}
 			}
@@ -648,7 +659,8 @@ func buildBPE(m *modelJSON, vocab map[string]uint32, byteLevel bool, toByte map[
 			if by, ok := byteToken(tok); ok && strings.ToUpper(tok[3:5]) == tok[3:5] {
 				b.byteID[by] = int64(id)
 			}
-			// A token that holds a ▁ after an ASCII letter or digit forbids cutting there.
+			// A token that holds a ▁ after an ASCII letter or digit forbids cutting there: no
+			// merge can otherwise join the two sides (see bpe.cutEnd).
 			for k := strings.Index(tok, string(metaspaceRune)); k > 0; {
 				if asciiAlnum(tok[k-1]) {
 					b.cutMeta = false
@@ -663,6 +675,13 @@ func buildBPE(m *modelJSON, vocab map[string]uint32, byteLevel bool, toByte map[
 		if m.UnkToken != nil {
 			if id, ok := vocab[*m.UnkToken]; ok {
 				b.unk = int64(id)
+			}
+		}
+		// Cutting before a ▁ that follows an ASCII letter or digit also needs both sides to
+		// be tokens of their own (no unknown run, no byte fallback, can span the place).
+		for _, c := range "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz" + string(metaspaceRune) {
+			if _, ok := b.charToken(c); !ok {
+				b.cutMeta = false
 			}
 		}
 	}

@@ -83,3 +83,42 @@ func FuzzRenderChatJSON(f *testing.F) {
 		}
 	})
 }
+
+// FuzzScanners proves the hand-written scanners of gpt-oss's and DeepSeek V3's patterns equal
+// to the backtracking engine on them.
+func FuzzScanners(f *testing.F) {
+	for _, s := range []string{"", "HELLO world's ABCdef aBC", "x'S 'LL ÀÉ ǅa ʰa a\u0301b \u0301", "a!!\n/b //\r\n c", "123456 ٣٤ ²",
+		"\u00a0\u2003x \u0085 \n\n  y", "中文かなカナ漢字abc", "#include <x> $y .Z", "\ue000a \U000e0001b"} {
+		f.Add(s)
+	}
+	type pair struct {
+		name string
+		fast preTokenizer
+		ref  *regexSplit
+	}
+	var pairs []pair
+	for _, p := range []struct {
+		name    string
+		pattern string
+		fast    preTokenizer
+	}{
+		{"o200k", patternO200k, &o200kSplit{k: newKinds()}},
+		{"digits", patternDigits3, &runSplit{k: newKinds(), in: isNumberKind, max: 3}},
+		{"cjk", patternCJKKana, &runSplit{k: newKinds(), in: isCJKOrKana}},
+		{"deepseek", patternDeepSeek, &deepSeekSplit{k: newKinds()}},
+	} {
+		m, err := newRegexMatcher(p.pattern)
+		if err != nil {
+			f.Fatal(err)
+		}
+		pairs = append(pairs, pair{p.name, p.fast, &regexSplit{m: m, behavior: splitIsolated}})
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		s = tokenizer.ValidUTF8(s)
+		for _, p := range pairs {
+			if got, want := p.fast.appendPieces(nil, s, false), p.ref.appendPieces(nil, s, false); !slices.Equal(got, want) {
+				t.Fatalf("%s %q:\nfast   %q\nregexp %q", p.name, s, got, want)
+			}
+		}
+	})
+}

@@ -24,12 +24,13 @@ type Tokenizer struct {
 	addedNorm *addedMatcher // tokens matched after normalization, or nil
 	norm      normalizer    // or nil
 	pre       preTokenizer  // or nil: the segment is one piece
-	fast      *fastSplit    // pre when it is a bare fastSplit, for the hot loop
+	fast      scanner       // pre when it is a bare scanner, for the hot loop
 	byteLevel bool          // a byte-level BPE: raw text is chunked (see chunkEnd)
 	model     wordModel
 	bpe       *bpe        // model when it is a byte-level BPE, for the hot loop
 	chunks    *chunkCache // or nil
 	chunkCut  bool        // chunks may end inside a segment (see chunkEnd)
+	slashLine bool        // chunkEnd does not cut before a line that starts with '/'
 	prefix    []uint32    // post-processor IDs before the text
 	suffix    []uint32    // post-processor IDs after the text
 
@@ -146,7 +147,7 @@ func newTokenizer(tokJSON, cfgJSON []byte, chatTemplateFile string, opts Options
 		return nil, err
 	}
 	t.pre = spec.pre
-	t.fast, _ = spec.pre.(*fastSplit)
+	t.fast, _ = spec.pre.(scanner)
 	_, toByte := byteLevelAlphabet()
 	if t.decoder, t.steps, err = buildDecoder(f.Decoder, "decoder", toByte); err != nil {
 		return nil, err
@@ -213,6 +214,7 @@ func newTokenizer(tokJSON, cfgJSON []byte, chatTemplateFile string, opts Options
 		}
 		t.chunks = newChunkCache(limit)
 		t.chunkCut = t.byteLevel && spec.chunkSafe && chunkSafe(t.norm) && t.addedNorm == nil
+		t.slashLine = spec.slashLine
 	}
 	t.scratch.New = func() any { s := make([]string, 0, 256); return &s }
 
@@ -379,7 +381,7 @@ func (t *Tokenizer) appendSegment(dst []uint32, seg string) []uint32 {
 	for len(seg) > 0 {
 		end := len(seg)
 		if t.chunkCut {
-			end = chunkEnd(seg)
+			end = chunkEnd(seg, t.slashLine)
 		}
 		chunk := seg[:end]
 		seg = seg[end:]
@@ -398,12 +400,13 @@ func (t *Tokenizer) appendSegment(dst []uint32, seg string) []uint32 {
 	return dst
 }
 
-// chunkEnd returns the end of the first chunk of seg.
-func chunkEnd(seg string) int {
+// chunkEnd returns the end of the first chunk of seg; with slashLine, a line that starts with
+// '/' is no cut point.
+func chunkEnd(seg string, slashLine bool) int {
 	for p := minChunk; p < len(seg)-1; p++ {
 		c := seg[p]
 		switch {
-		case seg[p-1] == '\n' && c > ' ' && c < utf8.RuneSelf:
+		case seg[p-1] == '\n' && c > ' ' && c < utf8.RuneSelf && !(slashLine && c == '/'):
 			return p
 		case c == ' ' && asciiLetter(seg[p-1]) && asciiLetter(seg[p+1]):
 			return p

