@@ -168,7 +168,21 @@ type Tokenizer struct {
 	// (/v1/chat/completions, /v1/completions) are forwarded as received. Requires path.
 	// Default false.
 	ForwardInputIDs bool `koanf:"forward_input_ids" json:"forward_input_ids"`
+	// OnError says how a request is answered when the tokenizer cannot count it exactly
+	// (the chat template refuses or fails to render the conversation, or the tokenizer has
+	// no chat template): "estimate" routes it by the body-size estimate, "reject" answers it
+	// with an error. Either way the failure is counted in
+	// switchyard_tokenizer_errors_total{model,stage} and logged once per cause. Requires
+	// path. Default (empty): reject for a model that some group routes with cache_aware,
+	// where an estimate has no token IDs and silently defeats the cache; estimate otherwise.
+	OnError string `koanf:"on_error" json:"on_error"`
 }
+
+// Values of Tokenizer.OnError.
+const (
+	TokenizerOnErrorEstimate = "estimate"
+	TokenizerOnErrorReject   = "reject"
+)
 
 // StagePolicies are a model's default policies per stage. A nil entry defaults to
 // the configuration's DefaultPolicy (round_robin with default admission unless set).

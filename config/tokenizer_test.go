@@ -24,6 +24,12 @@ func TestValidateTokenizer(t *testing.T) {
 			want: []string{"models.qwen.tokenizer.cache_bytes: requires models.qwen.tokenizer.path"}},
 		{name: "forward without path", tk: Tokenizer{ForwardInputIDs: true},
 			want: []string{"models.qwen.tokenizer.forward_input_ids: requires models.qwen.tokenizer.path: without a tokenizer there are no input_ids to forward"}},
+		{name: "on_error estimate", tk: Tokenizer{Path: "/models/qwen", OnError: TokenizerOnErrorEstimate}},
+		{name: "on_error reject", tk: Tokenizer{Path: "/models/qwen", OnError: TokenizerOnErrorReject}},
+		{name: "on_error unknown", tk: Tokenizer{Path: "/models/qwen", OnError: "ignore"},
+			want: []string{`models.qwen.tokenizer.on_error: unknown value "ignore" (estimate or reject)`}},
+		{name: "on_error without path", tk: Tokenizer{OnError: TokenizerOnErrorReject},
+			want: []string{"models.qwen.tokenizer.on_error: requires models.qwen.tokenizer.path"}},
 		{name: "both without path", tk: Tokenizer{CacheBytes: ptr[int64](-3), ForwardInputIDs: true},
 			want: []string{
 				"models.qwen.tokenizer.cache_bytes: must be at least 0 (0 disables the prefix cache), got -3",

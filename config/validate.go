@@ -203,6 +203,15 @@ func validateTokenizer(p *problems, path string, t Tokenizer) {
 	if t.ForwardInputIDs && t.Path == "" {
 		p.add(path+".forward_input_ids", ErrInvalid, "requires "+path+".path: without a tokenizer there are no input_ids to forward")
 	}
+	switch t.OnError {
+	case "":
+	case TokenizerOnErrorEstimate, TokenizerOnErrorReject:
+		if t.Path == "" {
+			p.add(path+".on_error", ErrInvalid, "requires "+path+".path")
+		}
+	default:
+		p.add(path+".on_error", ErrInvalid, fmt.Sprintf("unknown value %q (%s or %s)", t.OnError, TokenizerOnErrorEstimate, TokenizerOnErrorReject))
+	}
 }
 
 func validateLimits(p *problems, bpath string, b *Bucket) {

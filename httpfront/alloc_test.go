@@ -24,7 +24,7 @@ func TestParseRequestAllocations(t *testing.T) {
 			if e := parseRequest(b.kind, body, &f); e != nil {
 				t.Fatal(e)
 			}
-			_, _ = f.inputTokens(nil, body, nil)
+			_, _, _ = f.inputTokens(nil, body, nil)
 		})
 		if allocs != 0 {
 			t.Errorf("%s: %.1f allocations per parse, want 0", b.kind, allocs)

@@ -242,7 +242,10 @@ func (s *Server) serveInference(ctx *fasthttp.RequestCtx, kind routeKind, ex *ex
 		ex.fwd, input, ids = f.forwardInputIDs(mr.tok, body, ex.fwd[:0], &ex.text)
 		body = ex.fwd
 	} else {
-		input, ids = f.inputTokens(mr.tok, body, &ex.text)
+		var e *apiError
+		if input, ids, e = f.inputTokens(mr.tok, body, &ex.text); e != nil {
+			return s.fail(ctx, o, e)
+		}
 	}
 	peak, e := expectedPeak(input, f.maxTokens)
 	if e != nil {

@@ -49,6 +49,8 @@ const (
 	CodeClientClosed        = "client_closed_request"
 	CodeConnectionLimit     = "upstream_connection_limit"
 	CodeRouterResources     = "router_out_of_resources"
+	CodeChatTemplate        = "chat_template_error"
+	CodeTokenizer           = "tokenizer_error"
 )
 
 // errorClass is the status and OpenAI error type of a code.
@@ -66,6 +68,7 @@ var errorTable = map[string]errorClass{
 	CodeNoMatchingBucket:    {fasthttp.StatusBadRequest, "invalid_request_error"},
 	CodeInvalidWorker:       {fasthttp.StatusBadRequest, "invalid_request_error"},
 	CodeInvalidEncoding:     {fasthttp.StatusBadRequest, "invalid_request_error"},
+	CodeChatTemplate:        {fasthttp.StatusBadRequest, "invalid_request_error"},
 	CodeMissingAPIKey:       {fasthttp.StatusUnauthorized, "authentication_error"},
 	CodeInvalidAPIKey:       {fasthttp.StatusForbidden, "permission_error"},
 	CodeModelNotFound:       {fasthttp.StatusNotFound, "invalid_request_error"},
@@ -84,6 +87,7 @@ var errorTable = map[string]errorClass{
 	CodeInvalidConfig:       {fasthttp.StatusInternalServerError, "internal_error"},
 	CodeOutsideCandidates:   {fasthttp.StatusInternalServerError, "internal_error"},
 	CodeInternal:            {fasthttp.StatusInternalServerError, "internal_error"},
+	CodeTokenizer:           {fasthttp.StatusInternalServerError, "internal_error"},
 	CodeUpstream:            {fasthttp.StatusBadGateway, "upstream_error"},
 	CodePrefillFailed:       {fasthttp.StatusBadGateway, "upstream_error"},
 	CodeIntrospection:       {fasthttp.StatusBadGateway, "upstream_error"},

@@ -46,7 +46,7 @@ func FuzzParseRequest(f *testing.F) {
 		if k != routeGenerate && len(facts.model) == 0 {
 			t.Fatal("accepted a request without a model")
 		}
-		n, _ := facts.inputTokens(nil, body, nil)
+		n, _, _ := facts.inputTokens(nil, body, nil)
 		if n < 0 {
 			t.Fatalf("negative input %d", n)
 		}

@@ -29,6 +29,7 @@ const (
 	metricDisconnects       = "switchyard_client_disconnects_total"
 	metricInflight          = "switchyard_inflight_requests"
 	metricStaleGuards       = "switchyard_stale_guards_released_total"
+	metricTokenizerErrors   = "switchyard_tokenizer_errors_total"
 )
 
 // durationBuckets are the classic `le` upper bounds, in seconds, of the latency histograms.
@@ -204,6 +205,15 @@ func (m *serverMetrics) newModel(name string, r *engine.BucketResolver) *modelMe
 		mm.groups[b.ID] = &gs
 	}
 	return mm
+}
+
+// tokenizerErrors creates the tokenizer failure counters of a model, one per stage.
+func (m *serverMetrics) tokenizerErrors(model string) [numTokenizerStages]*metrics.Counter {
+	var cs [numTokenizerStages]*metrics.Counter
+	for st := range numTokenizerStages {
+		cs[st] = m.set.NewCounter(metricTokenizerErrors + `{model="` + fleet.EscapeLabel(model) + `",stage="` + st.String() + `"}`)
+	}
+	return cs
 }
 
 // model returns the handles of a configured model, or of "unknown".

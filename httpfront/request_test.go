@@ -104,12 +104,12 @@ func TestInputTokensAndPeak(t *testing.T) {
 	if e := parseRequest(routeChat, body, &f); e != nil {
 		t.Fatal(e)
 	}
-	est, ids := f.inputTokens(nil, body, nil)
+	est, ids, _ := f.inputTokens(nil, body, nil)
 	if est != estimateTokens(len(body)) || ids != nil {
 		t.Fatalf("estimate %d ids %v", est, ids)
 	}
 	var text []byte
-	n, ids := f.inputTokens(newPromptTokenizer(tk, false), body, &text)
+	n, ids, _ := f.inputTokens(newPromptTokenizer(tk, false), body, &text)
 	want, _ := tk.ApplyChatTemplate([]tokenizer.Message{{Role: "user", Content: "hello there, general"}})
 	if n != int64(len(tk.Encode(want))) || len(ids) != int(n) {
 		t.Fatalf("tokenized %d, want %d", n, len(tk.Encode(want)))
@@ -118,7 +118,7 @@ func TestInputTokensAndPeak(t *testing.T) {
 	if e := parseRequest(routeGenerate, gen, &f); e != nil {
 		t.Fatal(e)
 	}
-	if n, ids := f.inputTokens(newPromptTokenizer(tk, false), gen, &text); n != 3 || len(ids) != 3 || ids[2] != 3 {
+	if n, ids, _ := f.inputTokens(newPromptTokenizer(tk, false), gen, &text); n != 3 || len(ids) != 3 || ids[2] != 3 {
 		t.Fatalf("input_ids counted %d %v", n, ids)
 	}
 	if p, e := expectedPeak(100, -1); p != -1 || e != nil {

@@ -234,6 +234,11 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 	for name, r := range resolvers {
 		mr := &modelRoute{name: name, resolver: r, tok: toks[name], metrics: s.metrics.models[name],
 			prefix: s.cache != nil && s.cache.NeedsPrefix(name)}
+		if mr.tok != nil {
+			onError := cfg.Models[name].Tokenizer.OnError
+			reject := onError == config.TokenizerOnErrorReject || (onError == "" && mr.prefix)
+			mr.tok.failures = newTokenizerFailures(name, reject, s.metrics.tokenizerErrors(name), opts.Logger)
+		}
 		need := map[engine.Stage]bool{}
 		for _, b := range r.Buckets() {
 			for _, g := range b.Groups() {

@@ -2,12 +2,16 @@ package httpfront
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+
+	"github.com/VictoriaMetrics/metrics"
 
 	"switchyard/config"
 	"switchyard/tokenizer"
@@ -44,8 +48,105 @@ type promptTokenizer struct {
 	tk   tokenizer.Tokenizer
 	app  appendEncoder   // tk's Append form, or nil
 	chat chatJSONEncoder // tk's chat-JSON form when it has a chat template, or nil
+	// hfNoChat: tk is a Hugging Face tokenizer without a chat template, which cannot count a
+	// chat request.
+	hfNoChat bool
 	// forward: /generate requests carrying text are forwarded with input_ids instead.
 	forward bool
+	// failures counts, logs and decides the answer to the requests the tokenizer cannot
+	// count exactly; set by New once the model's metrics exist (nil in unit tests: estimate).
+	failures *tokenizerFailures
+}
+
+// tokenizerStage is where a tokenizer failed, the stage label of
+// switchyard_tokenizer_errors_total.
+type tokenizerStage uint8
+
+const (
+	stageChatTemplate   tokenizerStage = iota // the chat template refused or failed to render
+	stageNoChatTemplate                       // a chat request for a tokenizer without one
+	numTokenizerStages
+)
+
+func (s tokenizerStage) String() string {
+	switch s {
+	case stageChatTemplate:
+		return "chat_template"
+	case stageNoChatTemplate:
+		return "no_chat_template"
+	}
+	return "unknown"
+}
+
+// maxLoggedCauses bounds the distinct causes of tokenizer failures logged per model; the
+// counter goes on counting every failure.
+const maxLoggedCauses = 64
+
+// tokenizerFailures handles the requests a model's tokenizer cannot count exactly: each is
+// counted, its cause (stage and error text) is logged the first time it occurs, and the
+// request is rejected or routed by the body-size estimate, as tokenizer.on_error says.
+type tokenizerFailures struct {
+	model    string
+	reject   bool
+	counters [numTokenizerStages]*metrics.Counter
+	logger   *slog.Logger
+
+	mu     sync.Mutex // error path only
+	causes map[string]struct{}
+}
+
+func newTokenizerFailures(model string, reject bool, counters [numTokenizerStages]*metrics.Counter, logger *slog.Logger) *tokenizerFailures {
+	return &tokenizerFailures{model: model, reject: reject, counters: counters, logger: logger, causes: map[string]struct{}{}}
+}
+
+// fail records a failure and returns the error to answer, or nil to use the estimate.
+// Slow path: only failing requests come here.
+func (tf *tokenizerFailures) fail(stage tokenizerStage, err error) *apiError {
+	if tf == nil {
+		return nil
+	}
+	tf.counters[stage].Inc()
+	msg := err.Error()
+	cause := stage.String() + ": " + msg[:min(len(msg), 256)]
+	tf.mu.Lock()
+	_, seen := tf.causes[cause]
+	logIt, last := !seen && len(tf.causes) < maxLoggedCauses, false
+	if logIt {
+		tf.causes[cause] = struct{}{}
+		last = len(tf.causes) == maxLoggedCauses
+	}
+	tf.mu.Unlock()
+	if logIt {
+		answer := "estimate"
+		if tf.reject {
+			answer = "reject"
+		}
+		tf.logger.Warn("tokenizer cannot count a request exactly (logged once per cause; see switchyard_tokenizer_errors_total)",
+			slog.String("model", tf.model), slog.String("stage", stage.String()), slog.String("answer", answer),
+			slog.String("error", msg))
+		if last {
+			tf.logger.Warn("tokenizer failures: further causes are counted but not logged",
+				slog.String("model", tf.model), slog.Int("causes", maxLoggedCauses))
+		}
+	}
+	if !tf.reject {
+		return nil
+	}
+	switch {
+	case stage == stageNoChatTemplate:
+		return newAPIError(CodeTokenizer, "the tokenizer of model `"+tf.model+"` has no chat template, so the router cannot count this chat request")
+	case errors.Is(err, hf.ErrRaised):
+		return paramError(CodeChatTemplate, "messages", "the chat template of model `"+tf.model+"` refuses these messages: "+templateMessage(msg))
+	}
+	return newAPIError(CodeTokenizer, "the router cannot render the chat template of model `"+tf.model+"` for this request: "+msg)
+}
+
+// templateMessage returns the message a template raised, without the error's prefixes.
+func templateMessage(msg string) string {
+	if _, after, ok := strings.Cut(msg, hf.ErrRaised.Error()+": "); ok {
+		return after
+	}
+	return msg
 }
 
 // newPromptTokenizer wraps tk; it returns nil for a nil tk.
@@ -55,8 +156,12 @@ func newPromptTokenizer(tk tokenizer.Tokenizer, forward bool) *promptTokenizer {
 	}
 	pt := &promptTokenizer{tk: tk, forward: forward}
 	pt.app, _ = tk.(appendEncoder)
-	if c, ok := tk.(chatJSONEncoder); ok && c.HasChatTemplate() {
-		pt.chat = c
+	if c, ok := tk.(chatJSONEncoder); ok {
+		if c.HasChatTemplate() {
+			pt.chat = c
+		} else {
+			pt.hfNoChat = true
+		}
 	}
 	return pt
 }
@@ -127,7 +232,7 @@ func loadTokenizers(cfg *config.Config, opts Options) (map[string]*promptTokeniz
 		opts.Logger.Info("model tokenizer ready", slog.String("model", name), slog.String("path", path),
 			slog.Bool("chat_template", pt.chat != nil), slog.Bool("forward_input_ids", pt.forward))
 		if _, isHF := tk.(*hf.Tokenizer); isHF && pt.chat == nil {
-			opts.Logger.Warn("tokenizer has no chat template: chat requests are counted by the body-size estimate",
+			opts.Logger.Warn("tokenizer has no chat template: chat requests are counted as failures and answered as tokenizer.on_error says",
 				slog.String("model", name), slog.String("path", path))
 		}
 	}
@@ -138,26 +243,36 @@ func loadTokenizers(cfg *config.Config, opts Options) (map[string]*promptTokeniz
 // prompt, its token IDs (in f.tokenIDs, reused across requests). A body that is already
 // tokenized (input_ids, a token-array prompt) is counted as is; otherwise pt encodes the
 // prompt: a chat request through the model's chat template applied to the messages as sent,
-// a text prompt with the post-processor's special tokens, as the engine does. Without pt, or
-// when the chat template refuses the conversation, the body-size estimate applies. For a
-// batch, the longest item counts. text is scratch for unescaping a prompt.
-func (f *requestFacts) inputTokens(pt *promptTokenizer, body []byte, text *[]byte) (int64, []uint32) {
+// a text prompt with the post-processor's special tokens, as the engine does. Without pt the
+// body-size estimate applies. When the chat template refuses or fails to render the
+// conversation, or a Hugging Face tokenizer has no chat template, the failure is counted and
+// logged and the answer is the estimate or, with tokenizer.on_error reject, the returned
+// error. For a batch, the longest item counts. text is scratch for unescaping a prompt.
+func (f *requestFacts) inputTokens(pt *promptTokenizer, body []byte, text *[]byte) (int64, []uint32, *apiError) {
 	if f.tokenCount >= 0 {
 		if f.batch == 0 {
-			return f.tokenCount, f.tokenIDs
+			return f.tokenCount, f.tokenIDs, nil
 		}
-		return f.tokenCount, nil
+		return f.tokenCount, nil, nil
 	}
 	if pt == nil {
-		return estimateTokens(len(body)), nil
+		return estimateTokens(len(body)), nil, nil
 	}
 	switch {
 	case f.kind == routeChat && pt.chat != nil:
 		ids, err := f.encodeChatJSON(pt.chat, text)
 		if err != nil {
-			return estimateTokens(len(body)), nil
+			if e := pt.failures.fail(stageChatTemplate, err); e != nil {
+				return 0, nil, e
+			}
+			return estimateTokens(len(body)), nil, nil
 		}
-		return int64(len(ids)), ids
+		return int64(len(ids)), ids, nil
+	case f.kind == routeChat && pt.hfNoChat:
+		if e := pt.failures.fail(stageNoChatTemplate, hf.ErrNoChatTemplate); e != nil {
+			return 0, nil, e
+		}
+		return estimateTokens(len(body)), nil, nil
 	case f.kind == routeChat:
 		// A tokenizer without a chat-JSON form (tokenizer.Simple): role and text content.
 		msgs := make([]tokenizer.Message, 0, len(f.messages))
@@ -181,17 +296,17 @@ func (f *requestFacts) inputTokens(pt *promptTokenizer, body []byte, text *[]byt
 			prompt = b.String()
 		}
 		f.tokenIDs = pt.appendEncode(f.tokenIDs[:0], prompt)
-		return int64(len(f.tokenIDs)), f.tokenIDs
+		return int64(len(f.tokenIDs)), f.tokenIDs, nil
 	case len(f.prompts) == 1 && f.batch == 0:
 		f.tokenIDs = pt.appendEncode(f.tokenIDs[:0], promptText(f.prompts[0].raw, text))
-		return int64(len(f.tokenIDs)), f.tokenIDs
+		return int64(len(f.tokenIDs)), f.tokenIDs, nil
 	}
 	longest := int64(0)
 	for _, p := range f.prompts {
 		f.tokenIDs = pt.appendEncode(f.tokenIDs[:0], promptText(p.raw, text))
 		longest = max(longest, int64(len(f.tokenIDs)))
 	}
-	return longest, nil
+	return longest, nil, nil
 }
 
 // chatFields are the members of a chat request that its chat template reads, aliasing the

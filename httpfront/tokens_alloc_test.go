@@ -41,7 +41,7 @@ func TestTokenizedPreparationAllocations(t *testing.T) {
 					fwd, _, _ = f.forwardInputIDs(pt, body, fwd[:0], &text)
 					return
 				}
-				if n, _ := f.inputTokens(pt, body, &text); n <= 0 {
+				if n, _, _ := f.inputTokens(pt, body, &text); n <= 0 {
 					t.Fatalf("counted %d tokens", n)
 				}
 			}

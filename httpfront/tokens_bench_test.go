@@ -64,7 +64,7 @@ func BenchmarkPrepareRequest(b *testing.B) {
 				if e := parseRequest(c.kind, c.body, &f); e != nil {
 					b.Fatal(e)
 				}
-				input, _ := f.inputTokens(pt, c.body, &text)
+				input, _, _ := f.inputTokens(pt, c.body, &text)
 				if _, e := expectedPeak(input, f.maxTokens); e != nil {
 					b.Fatal(e)
 				}

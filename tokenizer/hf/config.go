@@ -30,6 +30,9 @@ var (
 	// ErrTemplate is wrapped when a chat template cannot be compiled or refuses to render a
 	// conversation (it is jinja.ErrTemplate).
 	ErrTemplate = jinja.ErrTemplate
+	// ErrRaised is wrapped, beside ErrTemplate, when the chat template itself refuses the
+	// conversation (raise_exception); it is jinja.ErrRaised.
+	ErrRaised = jinja.ErrRaised
 )
 
 // fileJSON is the part of tokenizer.json Switchyard reads.

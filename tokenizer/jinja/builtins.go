@@ -25,7 +25,7 @@ func (r *renderer) global(name string) any {
 			if len(args) > 0 {
 				msg = str(args[0])
 			}
-			return nil, fmt.Errorf("%w: raise_exception: %s", ErrTemplate, msg)
+			return nil, fmt.Errorf("%w: %w: %s", ErrTemplate, ErrRaised, msg)
 		})
 	case "strftime_now":
 		return pyFunc(func(args []any, _ map[string]any) (any, error) {

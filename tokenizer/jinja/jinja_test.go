@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -45,6 +46,9 @@ func TestJinjaParity(t *testing.T) {
 			case c.Output == nil:
 				if !errors.Is(err, ErrTemplate) {
 					t.Fatalf("error %v does not wrap ErrTemplate", err)
+				}
+				if raised := strings.Contains(c.Template, "raise_exception"); errors.Is(err, ErrRaised) != raised {
+					t.Fatalf("error %v: wraps ErrRaised %v, want %v", err, errors.Is(err, ErrRaised), raised)
 				}
 			case err != nil:
 				t.Fatal(err)

@@ -9,8 +9,14 @@ import (
 	"unicode/utf8"
 )
 
-// ErrTemplate is wrapped by every error of compiling or rendering a template.
-var ErrTemplate = errors.New("chat template error")
+// Errors of Compile and Render.
+var (
+	// ErrTemplate is wrapped by every error of compiling or rendering a template.
+	ErrTemplate = errors.New("chat template error")
+	// ErrRaised is wrapped, beside ErrTemplate, by the error of a template that called
+	// raise_exception: the template itself refuses its input.
+	ErrRaised = errors.New("template raised")
+)
 
 // ---- lexer --------------------------------------------------------------------------------
 
