@@ -229,7 +229,7 @@ func (m *bpe) mergeLong(syms []uint32) int {
 		prev[i], next[i], alive[i] = int32(i-1), int32(i+1), true
 	}
 	next[n-1] = -1
-	var h pairHeap
+	h := make(pairHeap, 0, n)
 	for i := 0; i+1 < n; i++ {
 		if r, _ := m.merges.get(syms[i], syms[i+1]); r != noRank {
 			h.push(uint64(r)<<32 | uint64(i))
@@ -271,43 +271,55 @@ func (m *bpe) mergeLong(syms []uint32) int {
 	return k
 }
 
-// pairHeap is a binary min-heap of rank<<32 | position.
+// pairHeap is a 4-ary min-heap of rank<<32 | position: half the depth of a binary heap,
+// and its sifts move a hole instead of swapping.
 type pairHeap []uint64
 
 func (h *pairHeap) push(v uint64) {
 	*h = append(*h, v)
 	s := *h
-	for i := len(s) - 1; i > 0; {
-		p := (i - 1) / 2
-		if s[p] <= s[i] {
+	i := len(s) - 1
+	for i > 0 {
+		p := (i - 1) / 4
+		if s[p] <= v {
 			break
 		}
-		s[p], s[i] = s[i], s[p]
+		s[i] = s[p]
 		i = p
 	}
+	s[i] = v
 }
 
 func (h *pairHeap) pop() uint64 {
 	s := *h
 	top := s[0]
 	last := len(s) - 1
-	s[0] = s[last]
+	v := s[last]
 	s = s[:last]
-	for i := 0; ; {
-		l, r, small := 2*i+1, 2*i+2, i
-		if l < len(s) && s[l] < s[small] {
-			small = l
-		}
-		if r < len(s) && s[r] < s[small] {
-			small = r
-		}
-		if small == i {
+	*h = s
+	if last == 0 {
+		return top
+	}
+	i := 0
+	for {
+		c := 4*i + 1
+		if c >= last {
 			break
 		}
-		s[i], s[small] = s[small], s[i]
-		i = small
+		// The smallest of up to four children.
+		m := c
+		for k := c + 1; k < c+4 && k < last; k++ {
+			if s[k] < s[m] {
+				m = k
+			}
+		}
+		if s[m] >= v {
+			break
+		}
+		s[i] = s[m]
+		i = m
 	}
-	*h = s
+	s[i] = v
 	return top
 }
 

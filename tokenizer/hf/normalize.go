@@ -121,6 +121,12 @@ type replaceNormalizer struct {
 }
 
 func (n *replaceNormalizer) normalize(s string) string {
+	if lit, ok := n.m.(*literalMatcher); ok { // fast path: a fixed string
+		if lit.lit == "" {
+			return s
+		}
+		return strings.ReplaceAll(s, lit.lit, n.content)
+	}
 	matches := n.m.appendMatches(nil, s)
 	if len(matches) == 0 {
 		return s

@@ -311,6 +311,14 @@ type regexSplit struct {
 func (p *regexSplit) appendPieces(dst []string, s string, _ bool) []string {
 	var buf [64][2]int
 	matches := p.m.appendMatches(buf[:0], s)
+	if len(matches) == 0 { // fast path: one piece, whatever the behavior
+		if p.invert || s == "" {
+			if p.behavior == splitRemoved || s == "" {
+				return dst
+			}
+		}
+		return append(dst, s)
+	}
 	spans := make([]span, 0, 2*len(matches)+1)
 	prev := 0
 	for _, m := range matches {

@@ -10,7 +10,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 	"unicode/utf8"
 )
 
@@ -120,9 +122,9 @@ func startReference(b *testing.B, model, text string) *reference {
 	return r
 }
 
-// run encodes the text n times in the reference and returns the elapsed nanoseconds and the
-// token count.
-func (r *reference) run(b *testing.B, n int) (float64, int) {
+// run encodes the text n times in the reference and returns the elapsed nanoseconds, the
+// token count and the CPU nanoseconds the reference's process spent.
+func (r *reference) run(b *testing.B, n int) (float64, int, float64) {
 	if _, err := fmt.Fprintf(r.in, "%d\n", n); err != nil {
 		b.Fatal(err)
 	}
@@ -131,24 +133,46 @@ func (r *reference) run(b *testing.B, n int) (float64, int) {
 		b.Fatal(err)
 	}
 	f := strings.Fields(line)
-	ns, err1 := strconv.ParseFloat(f[0], 64)
-	ids, err2 := strconv.Atoi(f[1])
-	if err1 != nil || err2 != nil {
+	if len(f) != 3 {
 		b.Fatalf("reference said %q", line)
 	}
-	return ns, ids
+	ns, err1 := strconv.ParseFloat(f[0], 64)
+	ids, err2 := strconv.Atoi(f[1])
+	cpu, err3 := strconv.ParseFloat(f[2], 64)
+	if err1 != nil || err2 != nil || err3 != nil {
+		b.Fatalf("reference said %q", line)
+	}
+	return ns, ids, cpu
 }
 
-// benchReference reports the reference's time per encoding of text as ns/op and MB/s.
+// benchReference reports the reference's time per encoding of text as ns/op and MB/s, and
+// its CPU time as cpu-ns/op.
 func benchReference(b *testing.B, model, text string) {
 	r := startReference(b, model, text)
 	b.ResetTimer()
-	ns, ids := r.run(b, b.N)
+	ns, ids, cpu := r.run(b, b.N)
 	b.StopTimer()
 	perOp := ns / float64(b.N)
 	b.ReportMetric(perOp, "ns/op")
 	b.ReportMetric(float64(len(text))/perOp*1e3, "MB/s")
+	b.ReportMetric(cpu/float64(b.N), "cpu-ns/op")
 	b.ReportMetric(float64(ids), "tokens")
+}
+
+// cpuTime returns the CPU time the process has spent, user and system.
+func cpuTime(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// reportCPU reports the CPU time per operation since start as cpu-ns/op: on a shared
+// machine, the figure to compare with the reference's (GOMAXPROCS=1, as make
+// bench-tokenizer runs).
+func reportCPU(b *testing.B, start time.Duration) {
+	b.ReportMetric(float64(cpuTime(b)-start)/float64(b.N), "cpu-ns/op")
 }
 
 func benchModel(b *testing.B, model string, cacheBytes int64) *Tokenizer {
@@ -172,9 +196,11 @@ func BenchmarkEncode1MB(b *testing.B) {
 			b.SetBytes(int64(len(text)))
 			b.ReportAllocs()
 			b.ResetTimer()
+			cpu := cpuTime(b)
 			for range b.N {
 				dst = tk.AppendEncodePlain(dst[:0], text)
 			}
+			reportCPU(b, cpu)
 			b.ReportMetric(float64(len(dst)), "tokens")
 		})
 		b.Run(model+"/reference", func(b *testing.B) { benchReference(b, model, text) })
@@ -194,6 +220,7 @@ func BenchmarkChat100k(b *testing.B) {
 			b.SetBytes(int64(len(rendered)))
 			b.ReportAllocs()
 			b.ResetTimer()
+			cpu := cpuTime(b)
 			var n int
 			for range b.N {
 				ids, err := cold.EncodeChatJSON(msgs, ChatOptions{})
@@ -202,6 +229,7 @@ func BenchmarkChat100k(b *testing.B) {
 				}
 				n = len(ids)
 			}
+			reportCPU(b, cpu)
 			b.ReportMetric(float64(n), "tokens")
 		})
 		b.Run(model+"/switchyard-warm", func(b *testing.B) {
@@ -216,6 +244,7 @@ func BenchmarkChat100k(b *testing.B) {
 			b.SetBytes(int64(len(rendered)))
 			b.ReportAllocs()
 			b.ResetTimer()
+			cpu := cpuTime(b)
 			var n int
 			for i := range b.N {
 				ids, err := warm.EncodeChatJSON(variants[i], ChatOptions{})
@@ -224,6 +253,7 @@ func BenchmarkChat100k(b *testing.B) {
 				}
 				n = len(ids)
 			}
+			reportCPU(b, cpu)
 			b.ReportMetric(float64(n), "tokens")
 		})
 		b.Run(model+"/reference", func(b *testing.B) { benchReference(b, model, rendered) })

@@ -5,7 +5,9 @@
 //
 // It loads the tokenizer and the text, prints "ready", then for each line "N" read from stdin
 // encodes the text N times (add_special_tokens=false, one at a time) and prints the elapsed
-// nanoseconds and the token count. Run it with RAYON_NUM_THREADS=1 for one core.
+// nanoseconds, the token count and the CPU time the process spent, in nanoseconds (the machine
+// may be shared: CPU time is what the comparison uses). Run it with RAYON_NUM_THREADS=1 for
+// one core.
 import { createRequire } from 'node:module';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -21,8 +23,10 @@ console.log('ready');
 for await (const line of readline.createInterface({ input: process.stdin })) {
   const n = Number(line);
   let ids = 0;
+  const c0 = process.cpuUsage();
   const t0 = process.hrtime.bigint();
   for (let i = 0; i < n; i++) ids = (await tok.encode(text, null, { addSpecialTokens: false })).getLength();
   const t1 = process.hrtime.bigint();
-  console.log(`${t1 - t0} ${ids}`);
+  const c1 = process.cpuUsage(c0);
+  console.log(`${t1 - t0} ${ids} ${(c1.user + c1.system) * 1000}`);
 }
