@@ -172,9 +172,10 @@ type Tokenizer struct {
 	// (the chat template refuses or fails to render the conversation, or the tokenizer has
 	// no chat template): "estimate" routes it by the body-size estimate, "reject" answers it
 	// with an error. Either way the failure is counted in
-	// switchyard_tokenizer_errors_total{model,stage} and logged once per cause. Requires
-	// path. Default (empty): reject for a model that some group routes with cache_aware,
-	// where an estimate has no token IDs and silently defeats the cache; estimate otherwise.
+	// switchyard_tokenizer_errors_total{model,stage} and logged once per cause. Empty picks
+	// by policy: reject for a model that some group routes with cache_aware, where an
+	// estimate has no token IDs and silently defeats the cache; estimate otherwise.
+	// Requires path. Default: empty (by policy).
 	OnError string `koanf:"on_error" json:"on_error"`
 }
 
