@@ -5,6 +5,8 @@
 //   - The Tokenizer contract (Encode, Decode) and the ChatTemplater contract
 //     (ApplyChatTemplate), which a later Hugging Face tokenizer with a Jinja chat template
 //     will implement as well.
+//   - ValidUTF8, the decoding of ill-formed UTF-8 that the reference tokenizers and Python
+//     see (one U+FFFD per maximal subpart), shared by tokenizer/hf and tokenizer/jinja.
 //   - Simple, the built-in tokenizer: deterministic, allocation-light and about one token per
 //     four bytes of English text. The router and the mock engine both use it until a real
 //     tokenizer is configured, so identical text gives identical token IDs on both sides and
