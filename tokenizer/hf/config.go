@@ -536,6 +536,9 @@ func parseMerges(raw json.RawMessage) ([][2]string, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, nil
 	}
+	if m, ok := scanMerges(raw); ok { // fast path: plain strings
+		return m, nil
+	}
 	var asStrings []string
 	if err := json.Unmarshal(raw, &asStrings); err == nil {
 		out := make([][2]string, len(asStrings))
@@ -602,9 +605,12 @@ func buildModel(m *modelJSON, byteLevel bool, toByte map[rune]byte) (*builtModel
 }
 
 func vocabMap(raw json.RawMessage) (map[string]uint32, error) {
-	var v map[string]uint32
-	if err := json.Unmarshal(raw, &v); err != nil {
-		return nil, fmt.Errorf("model.vocab: %w: %v", ErrInvalid, err)
+	v, ok := scanVocab(raw) // fast path: plain strings and IDs
+	if !ok {
+		v = nil
+		if err := json.Unmarshal(raw, &v); err != nil {
+			return nil, fmt.Errorf("model.vocab: %w: %v", ErrInvalid, err)
+		}
 	}
 	if len(v) == 0 {
 		return nil, fmt.Errorf("model.vocab: %w: empty", ErrInvalid)

@@ -1,9 +1,8 @@
 package hf
 
 import (
-	"errors"
-	"os"
-	"path/filepath"
+	"encoding/json"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -179,16 +178,10 @@ func FuzzChunkedModels(f *testing.F) {
 	type pair struct{ cached, direct *Tokenizer }
 	var pairs []pair
 	for _, m := range []string{"gemma3", "llama2", "gptoss", "deepseek_v3"} {
-		raw, err := os.ReadFile(filepath.Join(modelDir(f, m), TokenizerFile))
-		if err != nil {
-			f.Fatal(err)
-		}
-		cached, err1 := New(raw, nil, Options{CacheBytes: 1 << 20})
-		direct, err2 := New(raw, nil, Options{CacheBytes: -1})
-		if err := errors.Join(err1, err2); err != nil {
-			f.Fatal(err)
-		}
-		pairs = append(pairs, pair{cached, direct})
+		cached := loadModel(f, m)
+		direct := *cached // the same tokenizer without its chunk cache: no second load
+		direct.chunks = nil
+		pairs = append(pairs, pair{cached, &direct})
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		if s == "" || len(s) > 256 {
@@ -201,6 +194,43 @@ func FuzzChunkedModels(f *testing.F) {
 				if got := p.cached.Encode(long); !slices.Equal(got, want) {
 					t.Fatalf("pass %d of %q: chunked and whole encodings differ", pass, s)
 				}
+			}
+		}
+	})
+}
+
+// FuzzScanJSON proves the fast readers of the vocabulary and merges equal to encoding/json
+// wherever they accept their input.
+func FuzzScanJSON(f *testing.F) {
+	for _, s := range []string{`{"a": 1, "\n": 2, "\u00e9": 3}`, `{}`, `{"a":1,"a":2}`, `[["a", "b"], ["\"", "c"]]`, `["a b", "c d"]`, `[]`, `{"a": 1.5}`, `["ab"]`, "[\"\xff b\"]"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if v, ok := scanVocab(data); ok {
+			var want map[string]uint32
+			if err := json.Unmarshal(data, &want); err != nil || !maps.Equal(v, want) {
+				t.Fatalf("scanVocab(%q) = %v; encoding/json: %v, %v", data, v, want, err)
+			}
+		}
+		if m, ok := scanMerges(data); ok {
+			var pairs [][2]string
+			var strs []string
+			switch {
+			case json.Unmarshal(data, &pairs) == nil:
+				if !slices.Equal(m, pairs) {
+					t.Fatalf("scanMerges(%q) = %q, want %q", data, m, pairs)
+				}
+			case json.Unmarshal(data, &strs) == nil:
+				if len(strs) != len(m) {
+					t.Fatalf("scanMerges(%q) = %q, want %q", data, m, strs)
+				}
+				for i, s := range strs {
+					if m[i][0]+" "+m[i][1] != s {
+						t.Fatalf("scanMerges(%q)[%d] = %q, want %q", data, i, m[i], s)
+					}
+				}
+			default:
+				t.Fatalf("scanMerges accepted %q, which encoding/json refuses", data)
 			}
 		}
 	})

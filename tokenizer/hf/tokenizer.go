@@ -45,7 +45,7 @@ type Tokenizer struct {
 
 	chat *chatTemplate // or nil
 
-	scratch sync.Pool // *[]string, pieces of one chunk
+	scratch *sync.Pool // *[]string, pieces of one chunk
 	log     *slog.Logger
 }
 
@@ -216,7 +216,7 @@ func newTokenizer(tokJSON, cfgJSON []byte, chatTemplateFile string, opts Options
 		t.chunkCut = t.byteLevel && spec.chunkSafe && chunkSafe(t.norm) && t.addedNorm == nil
 		t.slashLine = spec.slashLine
 	}
-	t.scratch.New = func() any { s := make([]string, 0, 256); return &s }
+	t.scratch = &sync.Pool{New: func() any { s := make([]string, 0, 256); return &s }}
 
 	src, vars, err := chatConfig(cfgJSON)
 	if err != nil {
