@@ -62,17 +62,15 @@ func (m *bpe) appendSubword(dst []uint32, w string) []uint32 {
 	if w == "" {
 		return dst
 	}
-	if ids, ok := m.cache.get(w); ok { // fast path: a piece seen before
-		return append(dst, ids...)
-	}
-	start := len(dst)
+	return m.cache.appendCached(dst, w, m.mergeWord)
+}
+
+// mergeWord appends the IDs of w merged as one word: the token w itself with ignore_merges.
+func (m *bpe) mergeWord(dst []uint32, w string) []uint32 {
 	if id, ok := m.vocab[w]; ok && m.ignoreMerges {
-		dst = append(dst, id)
-	} else {
-		dst = m.merge(dst, w)
+		return append(dst, id)
 	}
-	m.cache.put(w, dst[start:])
-	return dst
+	return m.merge(dst, w)
 }
 
 // metaspaceRune is the character SentencePiece-style tokenizers write for a space.
@@ -406,6 +404,17 @@ func (c *wordCache) get(w string) ([]uint32, bool) {
 		return nil, false
 	}
 	return e.ids, true
+}
+
+// appendCached appends the IDs of w: from the cache, or encoded by encode and remembered.
+func (c *wordCache) appendCached(dst []uint32, w string, encode func(dst []uint32, w string) []uint32) []uint32 {
+	if ids, ok := c.get(w); ok { // fast path: a piece seen before
+		return append(dst, ids...)
+	}
+	start := len(dst)
+	dst = encode(dst, w)
+	c.put(w, dst[start:])
+	return dst
 }
 
 func (c *wordCache) put(w string, ids []uint32) {

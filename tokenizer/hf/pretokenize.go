@@ -3,7 +3,6 @@ package hf
 import (
 	"fmt"
 	"strings"
-	"sync"
 	"unicode"
 	"unicode/utf8"
 	"unsafe"
@@ -39,46 +38,22 @@ const (
 	clsSpace
 )
 
-// bmpClasses holds the class of every rune of the Basic Multilingual Plane. It is built once,
-// on first use, and never written again.
-var bmpClasses = sync.OnceValue(func() *[0x10000]uint8 {
-	var t [0x10000]uint8
-	for r := range rune(0x10000) {
-		t[r] = slowClass(r)
-	}
-	return &t
-})
+// classOfKind maps the kinds of scan.go to the coarse classes of the Qwen and Llama 3
+// patterns.
+var classOfKind = [...]uint8{kOther: clsOther, kUpper: clsLetter, kLower: clsLetter, kLetter: clsLetter,
+	kMark: clsOther, kNumber: clsNumber, kSpace: clsSpace, kPunct: clsOther, kSymbol: clsOther}
 
-func slowClass(r rune) uint8 {
-	switch {
-	case unicode.IsLetter(r):
-		return clsLetter
-	case unicode.IsNumber(r):
-		return clsNumber
-	case unicode.IsSpace(r):
-		return clsSpace
-	}
-	return clsOther
-}
-
-// classifier decodes runes and returns their class.
+// classifier decodes runes and returns their class, from the table of kinds.
 type classifier struct {
-	bmp *[0x10000]uint8
+	k kinds
 }
 
-func newClassifier() classifier { return classifier{bmp: bmpClasses()} }
+func newClassifier() classifier { return classifier{k: newKinds()} }
 
 // at returns the rune at s[i], its size and its class. s must be valid UTF-8.
 func (c classifier) at(s string, i int) (rune, int, uint8) {
-	b := s[i]
-	if b < utf8.RuneSelf {
-		return rune(b), 1, c.bmp[b]
-	}
-	r, n := utf8.DecodeRuneInString(s[i:])
-	if r < 0x10000 {
-		return r, n, c.bmp[r]
-	}
-	return r, n, slowClass(r)
+	r, n, k := c.k.at(s, i)
+	return r, n, classOfKind[k]
 }
 
 // Split patterns that fastSplit implements by hand. Both have lookahead, which Go's regexp
@@ -175,7 +150,7 @@ func (f *fastSplit) run(s string, j int, c uint8) int {
 	for j < len(s) {
 		b := s[j]
 		if b < utf8.RuneSelf {
-			if f.cls.bmp[b] != c {
+			if classOfKind[f.cls.k.bmp[b]] != c {
 				return j
 			}
 			j++

@@ -149,11 +149,11 @@ func (f *o200kSplit) next(s string, i int) int {
 	notWord := func(c uint8) bool { return c != kSpace && !isLetterKind(c) && c != kNumber }
 	if r == ' ' && i+1 < len(s) {
 		if _, n2, c2 := f.k.at(s, i+1); notWord(c2) {
-			return lineBreaksSlashes(s, f.run(s, i+1+n2, notWord))
+			return lineBreaksSlashes(s, f.k.runOf(s, i+1+n2, notWord))
 		}
 	}
 	if notWord(c) {
-		return lineBreaksSlashes(s, f.run(s, i+n, notWord))
+		return lineBreaksSlashes(s, f.k.runOf(s, i+n, notWord))
 	}
 	return whitespaceEnd(s, i, f.k)
 }
@@ -174,7 +174,7 @@ func (f *o200kSplit) upperLower(s string, j int) int {
 	}
 	if k < len(s) {
 		if _, n, c := f.k.at(s, k); isLowerSet(c) {
-			return f.contraction(s, f.run(s, k+n, isLowerSet))
+			return f.contraction(s, f.k.runOf(s, k+n, isLowerSet))
 		}
 	}
 	if lastLower >= 0 {
@@ -185,11 +185,11 @@ func (f *o200kSplit) upperLower(s string, j int) int {
 
 // upperThenLower matches [UU]+[LL]* and an optional contraction at j, or returns -1.
 func (f *o200kSplit) upperThenLower(s string, j int) int {
-	k := f.run(s, j, isUpperSet)
+	k := f.k.runOf(s, j, isUpperSet)
 	if k == j {
 		return -1
 	}
-	return f.contraction(s, f.run(s, k, isLowerSet))
+	return f.contraction(s, f.k.runOf(s, k, isLowerSet))
 }
 
 func (f *o200kSplit) contraction(s string, e int) int {
@@ -201,10 +201,10 @@ func (f *o200kSplit) contraction(s string, e int) int {
 	return e
 }
 
-// run returns the end of the run of characters whose kind is in set, from j.
-func (f *o200kSplit) run(s string, j int, set func(uint8) bool) int {
+// runOf returns the end of the run of characters whose kind is in set, from j.
+func (k kinds) runOf(s string, j int, set func(uint8) bool) int {
 	for j < len(s) {
-		_, n, c := f.k.at(s, j)
+		_, n, c := k.at(s, j)
 		if !set(c) {
 			return j
 		}
@@ -334,37 +334,26 @@ func (p *deepSeekSplit) match(s string, i int) int {
 	// [^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+, with the optional character first.
 	if r != '\r' && r != '\n' && !isLetterKind(c) && c != kPunct && c != kSymbol && i+n < len(s) {
 		if _, n2, c2 := p.k.at(s, i+n); letterMark(c2) {
-			return p.run(s, i+n+n2, letterMark)
+			return p.k.runOf(s, i+n+n2, letterMark)
 		}
 	}
 	if letterMark(c) {
-		return p.run(s, i+n, letterMark)
+		return p.k.runOf(s, i+n, letterMark)
 	}
 	// ?[\p{P}\p{S}]+[\r\n]*
 	ps := func(c uint8) bool { return c == kPunct || c == kSymbol }
 	if r == ' ' && i+1 < len(s) {
 		if _, n2, c2 := p.k.at(s, i+1); ps(c2) {
-			return newlines(s, p.run(s, i+1+n2, ps))
+			return newlines(s, p.k.runOf(s, i+1+n2, ps))
 		}
 	}
 	if ps(c) {
-		return newlines(s, p.run(s, i+n, ps))
+		return newlines(s, p.k.runOf(s, i+n, ps))
 	}
 	if c == kSpace {
 		return whitespaceEnd(s, i, p.k)
 	}
 	return -1
-}
-
-func (p *deepSeekSplit) run(s string, j int, set func(uint8) bool) int {
-	for j < len(s) {
-		_, n, c := p.k.at(s, j)
-		if !set(c) {
-			return j
-		}
-		j += n
-	}
-	return j
 }
 
 func isASCIIPunct(c byte) bool {

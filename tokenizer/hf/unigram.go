@@ -31,13 +31,7 @@ func (m *unigram) appendWord(dst []uint32, w string) []uint32 {
 	if w == "" {
 		return dst
 	}
-	if ids, ok := m.cache.get(w); ok { // fast path: a piece seen before
-		return append(dst, ids...)
-	}
-	start := len(dst)
-	dst = m.viterbi(dst, w)
-	m.cache.put(w, dst[start:])
-	return dst
+	return m.cache.appendCached(dst, w, m.viterbi)
 }
 
 // node is the best path ending at a byte position: its score, where its last token starts

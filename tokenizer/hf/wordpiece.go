@@ -23,13 +23,7 @@ func (m *wordPiece) appendWord(dst []uint32, w string) []uint32 {
 	if w == "" {
 		return dst
 	}
-	if ids, ok := m.cache.get(w); ok { // fast path: a piece seen before
-		return append(dst, ids...)
-	}
-	start := len(dst)
-	dst = m.cut(dst, w)
-	m.cache.put(w, dst[start:])
-	return dst
+	return m.cache.appendCached(dst, w, m.cut)
 }
 
 func (m *wordPiece) cut(dst []uint32, w string) []uint32 {
