@@ -42,8 +42,13 @@ testdeps: ## install the programs some tests run (Debian packages, where possibl
 	  echo "testdeps: could not install$$missing"; \
 	else echo "testdeps: missing$$missing (install them: their tests fail under CI=true, skip otherwise)"; fi
 
-test: testdeps testdata-tokenizers docs-check ## run every test with the race detector (after docs-check)
+# PUREGO_PKGS run a second time with -tags purego: their portable paths (kv's block hashing
+# without the SHA extensions) on a CPU that has the fast ones.
+PUREGO_PKGS ?= ./kv/...
+
+test: testdeps testdata-tokenizers docs-check ## run every test with the race detector (after docs-check; PUREGO_PKGS again with -tags purego)
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+	$(GO) test -race -count=1 -tags purego $(PUREGO_PKGS)
 
 test-short: testdata-tokenizers ## run the tests without the race detector
 	$(GO) test -count=1 $(PKGS)

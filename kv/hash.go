@@ -23,9 +23,6 @@ func blockBufLen(n int) int { return (sha256.Size + 4*n + 9 + 63) &^ 63 }
 // stackBufLen is blockBufLen(stackBlockTokens).
 const stackBufLen = (sha256.Size + 4*stackBlockTokens + 9 + 63) &^ 63
 
-// fastHash selects the SHA-extension path (haveSHANI); tests turn it off to compare.
-var fastHash = haveSHANI
-
 // sha256IV is SHA-256's initial hash value (FIPS 180-4, 5.3.3).
 var sha256IV = [8]uint32{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19}
 
@@ -55,7 +52,7 @@ func hashBlockInto(buf []byte, parent *Digest, tokens []uint32) Digest {
 		n = copy(buf, parent[:])
 	}
 	n += putTokensLE(buf[n:], tokens)
-	if !fastHash {
+	if !haveSHANI {
 		return sha256.Sum256(buf[:n])
 	}
 	h := sha256IV
@@ -95,12 +92,14 @@ func AppendChainHashes(dst []int64, parent *Digest, tokens []uint32, blockSize i
 	dst = growInt64(dst, (len(tokens)+blockSize-1)/blockSize)
 	prev := parent
 	i := 0
-	if fastHash {
+	if haveSHANI {
 		if prev == nil {
-			last = hashBlockInto(buf, nil, tokens[:min(blockSize, len(tokens))])
+			// The first block has no parent: a message of another length (and possibly
+			// the whole, short prompt).
+			i = min(blockSize, len(tokens))
+			last = hashBlockInto(buf, nil, tokens[:i])
 			dst = append(dst, last.Hash())
 			prev = &last
-			i = blockSize
 		}
 		var whole int
 		dst, last, whole = appendChainedBlocks(dst, buf, prev, tokens[i:], blockSize)

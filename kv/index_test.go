@@ -431,3 +431,26 @@ func TestPrefixMemo(t *testing.T) {
 type failingSource struct{ err error }
 
 func (f failingSource) Lookup(context.Context, string, []uint32, *Lookup) error { return f.err }
+
+// TestLookupEveryShortPromptLength looks up every prompt length from 0 to three blocks and
+// one token, for the block sizes engines use, against an index that holds each prompt: a
+// prompt shorter than one block once sliced past its end on the SHA-extension path (run
+// the package with -tags purego too for the crypto/sha256 path; make test does).
+func TestLookupEveryShortPromptLength(t *testing.T) {
+	for _, bs := range []int{1, 4, 16, 32, 64, 65} {
+		x := newTestIndex(t, 2, 1<<14)
+		id := register(t, x, "a", 1, bs)[0]
+		for n := 0; n <= 3*bs+1; n++ {
+			prompt := seqTokens(1000*bs+n*7, n)
+			hold(t, x, id, prompt, bs, TierGPU)
+			got := lookup(t, x, "m", prompt)
+			want := map[string]int64{}
+			if n > 0 {
+				want["a"] = int64(n)
+			}
+			if len(got) != len(want) || got["a"] != want["a"] {
+				t.Fatalf("block size %d, %d tokens: matches %v, want %v", bs, n, got, want)
+			}
+		}
+	}
+}

@@ -2,7 +2,11 @@
 
 package kv
 
-import "unsafe"
+import (
+	"unsafe"
+
+	"golang.org/x/sys/cpu"
+)
 
 // putTokensLE writes tokens to buf as 4-byte little-endian integers and returns the bytes
 // written. amd64 is little-endian: the tokens' memory already has that layout.
@@ -38,22 +42,19 @@ func chain16(h *[8]uint32, tokens []uint32, dst []int64) {
 // cpuid executes CPUID for leaf and sub-leaf.
 func cpuid(leaf, sub uint32) (a, b, c, d uint32)
 
-// haveSHANI reports whether this CPU has the instructions blockSHANI uses.
-var haveSHANI = detectSHANI()
+// haveSHANI reports whether this CPU has the instructions blockSHANI uses: SSSE3 and
+// SSE4.1 as golang.org/x/sys/cpu reports them, and the SHA extensions, which that package
+// does not report on x86 (CPUID leaf 7, EBX bit 29). Set once at start-up; a build with
+// -tags purego has no SHA path at all (sha256_other.go).
+var haveSHANI = cpu.X86.HasSSSE3 && cpu.X86.HasSSE41 && hasSHAExt()
 
-func detectSHANI() bool {
-	maxLeaf, _, _, _ := cpuid(0, 0)
-	if maxLeaf < 7 {
+func hasSHAExt() bool {
+	if maxLeaf, _, _, _ := cpuid(0, 0); maxLeaf < 7 {
 		return false
 	}
-	_, _, c1, _ := cpuid(1, 0)
 	_, b7, _, _ := cpuid(7, 0)
-	const (
-		ssse3  = 1 << 9  // leaf 1, ECX
-		sse41  = 1 << 19 // leaf 1, ECX
-		shaExt = 1 << 29 // leaf 7, EBX
-	)
-	return c1&ssse3 != 0 && c1&sse41 != 0 && b7&shaExt != 0
+	const shaExt = 1 << 29 // leaf 7, EBX
+	return b7&shaExt != 0
 }
 
 // compress runs blockSHANI over msg, whose length is a multiple of 64.

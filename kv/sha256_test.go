@@ -20,93 +20,81 @@ func refBlock(parent *Digest, tokens []uint32) Digest {
 	return sha256.Sum256(msg)
 }
 
-// withFastHash runs f with the SHA-extension path on or off, restoring it after.
-func withFastHash(t testing.TB, on bool, f func()) {
-	t.Helper()
-	if on && !haveSHANI {
-		t.Skip("this CPU has no SHA extensions")
+// refChain is the wire hashes of tokens' blocks chained after parent (nil: from the
+// start), computed with refBlock alone.
+func refChain(parent *Digest, tokens []uint32, blockSize int) ([]int64, Digest) {
+	var out []int64
+	var last Digest
+	if parent != nil {
+		last = *parent
 	}
-	old := fastHash
-	fastHash = on
-	defer func() { fastHash = old }()
-	f()
+	for i := 0; i < len(tokens); i += blockSize {
+		var p *Digest
+		if i > 0 || parent != nil {
+			p = &last
+		}
+		last = refBlock(p, tokens[i:min(i+blockSize, len(tokens))])
+		out = append(out, last.Hash())
+	}
+	return out, last
 }
 
-// TestHashBlockMatchesSHA256 checks both block-hash paths against crypto/sha256 for every
-// message length from 0 to 100 tokens, with and without a parent: this crosses each padding
-// case (length field in the same 64-byte block, or spilling into the next) several times,
-// and both the stack buffer and the heap buffer past stackBlockTokens.
+// hashPath names the block-hash path this build runs: the SHA extensions, or crypto/sha256
+// (no extensions, another architecture, or -tags purego; make test runs both builds).
+func hashPath() string {
+	if haveSHANI {
+		return "sha-extensions"
+	}
+	return "crypto/sha256"
+}
+
+// TestHashBlockMatchesSHA256 checks HashBlock against crypto/sha256 for every message length
+// from 0 to 100 tokens, with and without a parent: this crosses each padding case (length
+// field in the same 64-byte block, or spilling into the next) several times, and both the
+// stack buffer and the heap buffer past stackBlockTokens.
 func TestHashBlockMatchesSHA256(t *testing.T) {
+	t.Log("path:", hashPath())
 	rng := rand.New(rand.NewPCG(11, 11))
 	parent := HashBlock(nil, []uint32{7, 8, 9})
-	for _, fast := range []bool{false, true} {
-		name := "crypto/sha256"
-		if fast {
-			name = "sha-extensions"
+	for n := 0; n <= 100; n++ {
+		tokens := make([]uint32, n)
+		for i := range tokens {
+			tokens[i] = rng.Uint32()
 		}
-		t.Run(name, func(t *testing.T) {
-			withFastHash(t, fast, func() {
-				for n := 0; n <= 100; n++ {
-					tokens := make([]uint32, n)
-					for i := range tokens {
-						tokens[i] = rng.Uint32()
-					}
-					for _, p := range []*Digest{nil, &parent} {
-						if got, want := HashBlock(p, tokens), refBlock(p, tokens); got != want {
-							t.Fatalf("%d tokens, parent %v: got %x, want %x", n, p != nil, got, want)
-						}
-					}
-				}
-			})
-		})
-	}
-}
-
-// TestChainHashesSamePaths checks that whole chains agree between the two paths for the
-// block sizes engines use, including a short last block.
-func TestChainHashesSamePaths(t *testing.T) {
-	if !haveSHANI {
-		t.Skip("this CPU has no SHA extensions")
-	}
-	rng := rand.New(rand.NewPCG(12, 12))
-	tokens := make([]uint32, 5000)
-	for i := range tokens {
-		tokens[i] = rng.Uint32()
-	}
-	for _, bs := range []int{1, 4, 16, 32, 64, 65, 128, 256} {
-		var slow, fast []int64
-		withFastHash(t, false, func() { slow = AppendBlockHashes(nil, tokens[:4999], bs) })
-		withFastHash(t, true, func() { fast = AppendBlockHashes(nil, tokens[:4999], bs) })
-		if len(slow) != len(fast) {
-			t.Fatalf("block size %d: %d vs %d hashes", bs, len(slow), len(fast))
-		}
-		for i := range slow {
-			if slow[i] != fast[i] {
-				t.Fatalf("block size %d: hash %d differs: %d vs %d", bs, i, slow[i], fast[i])
+		for _, p := range []*Digest{nil, &parent} {
+			if got, want := HashBlock(p, tokens), refBlock(p, tokens); got != want {
+				t.Fatalf("%s: %d tokens, parent %v: got %x, want %x", hashPath(), n, p != nil, got, want)
 			}
 		}
 	}
 }
 
-// TestChain16ContinuesFromAParent checks the 16-token assembly chain from a parent digest
-// for lengths around block boundaries.
-func TestChain16ContinuesFromAParent(t *testing.T) {
-	if !haveSHANI {
-		t.Skip("this CPU has no SHA extensions")
+// TestChainHashesMatchReference checks whole chains against the reference for the block
+// sizes engines use and every length from 0 to three blocks and one token, then a long
+// chain with a short last block, from the start and from a parent.
+func TestChainHashesMatchReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(12, 12))
+	tokens := make([]uint32, 5000)
+	for i := range tokens {
+		tokens[i] = rng.Uint32()
 	}
-	rng := rand.New(rand.NewPCG(13, 13))
 	parent := HashBlock(nil, []uint32{1, 2, 3})
-	for _, n := range []int{0, 1, 15, 16, 17, 31, 32, 33, 160, 161, 1000} {
-		tokens := make([]uint32, n)
-		for i := range tokens {
-			tokens[i] = rng.Uint32()
+	for _, bs := range []int{1, 4, 15, 16, 17, 32, 64, 65, 128, 256} {
+		lengths := []int{4999}
+		for n := 0; n <= 3*bs+1; n++ {
+			lengths = append(lengths, n)
 		}
-		var slow, fast []int64
-		var slowLast, fastLast Digest
-		withFastHash(t, false, func() { slow, slowLast = AppendChainHashes(nil, &parent, tokens, 16) })
-		withFastHash(t, true, func() { fast, fastLast = AppendChainHashes(nil, &parent, tokens, 16) })
-		if !slices.Equal(slow, fast) || slowLast != fastLast {
-			t.Fatalf("%d tokens: hashes %v / %v, last %x / %x", n, slow, fast, slowLast, fastLast)
+		for _, n := range lengths {
+			for _, p := range []*Digest{nil, &parent} {
+				want, wantLast := refChain(p, tokens[:n], bs)
+				got, gotLast := AppendChainHashes(nil, p, tokens[:n], bs)
+				if !slices.Equal(got, want) || gotLast != wantLast {
+					t.Fatalf("%s: block size %d, %d tokens, parent %v: hashes %v, want %v", hashPath(), bs, n, p != nil, got, want)
+				}
+				if p == nil && !slices.Equal(AppendBlockHashes(nil, tokens[:n], bs), want) {
+					t.Fatalf("%s: AppendBlockHashes, block size %d, %d tokens differ", hashPath(), bs, n)
+				}
+			}
 		}
 	}
 }

@@ -738,3 +738,20 @@ func pause(d time.Duration) {
 	defer t.Stop()
 	<-t.C
 }
+
+// TestCacheAwareShortPrompt: a chat prompt shorter than one KV block ("hi") to a
+// cache_aware model is served (it once answered 500: the SHA-extension hashing sliced past
+// the end of a prompt shorter than a block).
+func TestCacheAwareShortPrompt(t *testing.T) {
+	engines := startCacheEngines(t, 2)
+	r := startCacheRouter(t, cacheRouterConfig(engines))
+	msgs := []cacheMessage{{Role: "user", Content: "hi"}}
+	if n := len(promptIDs(t, msgs)); n >= 16 {
+		t.Fatalf("the prompt has %d tokens, not less than one 16-token block", n)
+	}
+	for range 3 {
+		if _, err := postChat(context.Background(), r.base, msgs, 1); err != nil {
+			t.Fatalf("short prompt through the router: %v", err)
+		}
+	}
+}
