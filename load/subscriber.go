@@ -10,7 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/go-zeromq/zmq4"
+	"switchyard/load/zmtp"
 )
 
 // GaugeTopic is the ZMQ topic of the load gauge.
@@ -46,6 +46,13 @@ type GaugeSubscriberConfig struct {
 	Now func() time.Time
 	// Deliver receives every decoded report, on the subscriber's goroutine. Required.
 	Deliver func(workerID string, r RankReport)
+	// Limits bound what the publisher may send (zmtp defaults: 16 MiB a message).
+	Limits zmtp.Limits
+	// Metrics counts publishers disconnected for what they sent. Default: private.
+	Metrics *zmtp.Metrics
+	// MalformedLogEvery is the least time between two logs of malformed messages. Default
+	// MalformedLogInterval (10 s).
+	MalformedLogEvery time.Duration
 }
 
 // GaugeSubscriber subscribes to one engine's ZMQ load gauge and delivers decoded reports.
@@ -59,10 +66,10 @@ type GaugeSubscriber struct {
 	reconnects atomic.Uint64
 
 	// Owned by Run.
-	lastSeq    uint64
-	hasSeq     bool
-	lastBadMsg string
-	lastConn   string
+	lastSeq  uint64
+	hasSeq   bool
+	badLog   LogThrottle
+	lastConn string
 }
 
 // NewGaugeSubscriber validates cfg and returns a GaugeSubscriber.
@@ -94,7 +101,13 @@ func NewGaugeSubscriber(cfg GaugeSubscriberConfig) (*GaugeSubscriber, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &GaugeSubscriber{cfg: cfg}, nil
+	if cfg.Metrics == nil {
+		cfg.Metrics = zmtp.NewMetrics(nil, "load_gauge")
+	}
+	s := &GaugeSubscriber{cfg: cfg}
+	s.badLog = LogThrottle{Logger: cfg.Logger.With(slog.String("worker", cfg.WorkerID)), Msg: "malformed load gauge messages",
+		Every: cfg.MalformedLogEvery, Now: cfg.Now}
+	return s, nil
 }
 
 // Received is the number of reports delivered.
@@ -111,32 +124,18 @@ func (s *GaugeSubscriber) Reconnects() uint64 { return s.reconnects.Load() }
 
 // Run connects, subscribes and delivers reports until ctx is done; it then closes the socket
 // and returns nil. A lost or refused connection is retried with doubling backoff; malformed
-// messages are counted and logged, never fatal; a panic in Deliver is recovered and logged.
+// messages are counted and logged (at most once per MalformedLogInterval, with a count),
+// never fatal; a peer past the message limits is disconnected and counted; a panic in
+// Deliver is recovered and logged.
 func (s *GaugeSubscriber) Run(ctx context.Context) error {
-	backoff := s.cfg.MinBackoff
-	timer := time.NewTimer(0)
-	<-timer.C
-	defer timer.Stop()
-	for attempt := 0; ; attempt++ {
-		if attempt > 0 {
-			s.reconnects.Add(1)
-		}
-		delivered, err := s.session(ctx)
-		if ctx.Err() != nil {
-			return nil
-		}
-		if delivered {
-			backoff = s.cfg.MinBackoff
-		}
-		s.noteConn(err)
-		timer.Reset(backoff)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-timer.C:
-		}
-		backoff = min(2*backoff, s.cfg.MaxBackoff)
-	}
+	zmtp.Retry(ctx, zmtp.Backoff{Min: s.cfg.MinBackoff, Max: s.cfg.MaxBackoff},
+		func(ctx context.Context, n int) (bool, error) {
+			if n > 0 {
+				s.reconnects.Add(1)
+			}
+			return s.session(ctx)
+		}, s.noteConn)
+	return nil
 }
 
 // noteConn logs a connection failure when its message changes.
@@ -153,17 +152,14 @@ func (s *GaugeSubscriber) noteConn(err error) {
 func (s *GaugeSubscriber) session(ctx context.Context) (delivered bool, err error) {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	sock := zmq4.NewSub(sctx,
-		zmq4.WithDialerMaxRetries(0), // Run owns retries and backoff
-		zmq4.WithDialerTimeout(s.cfg.DialTimeout),
-		zmq4.WithLogger(slog.NewLogLogger(s.cfg.Logger.Handler(), slog.LevelWarn)),
-	)
-	defer sock.Close()
-	if err := sock.SetOption(zmq4.OptionSubscribe, s.cfg.Topic); err != nil {
-		return false, fmt.Errorf("cannot subscribe to %s: %w", s.cfg.Endpoint, err)
-	}
-	if err := sock.Dial(s.cfg.Endpoint); err != nil {
+	c, err := zmtp.Dial(sctx, s.cfg.Endpoint, "SUB", s.cfg.DialTimeout, s.cfg.Limits)
+	if err != nil {
+		s.cfg.Metrics.Drop(err)
 		return false, fmt.Errorf("cannot connect to %s: %w", s.cfg.Endpoint, err)
+	}
+	defer c.Close()
+	if err := c.Subscribe([]byte(s.cfg.Topic)); err != nil {
+		return false, fmt.Errorf("cannot subscribe to %s: %w", s.cfg.Endpoint, err)
 	}
 	if s.lastConn != "" {
 		s.cfg.Logger.Info("load gauge connected", slog.String("worker", s.cfg.WorkerID), slog.String("endpoint", s.cfg.Endpoint))
@@ -171,9 +167,13 @@ func (s *GaugeSubscriber) session(ctx context.Context) (delivered bool, err erro
 	}
 	s.hasSeq = false // a new connection may meet a restarted publisher
 	for {
-		msg, err := sock.Recv()
+		msg, err := c.ReadMessage()
 		if err != nil {
+			s.cfg.Metrics.Drop(err)
 			return delivered, fmt.Errorf("cannot receive from %s: %w", s.cfg.Endpoint, err)
+		}
+		if msg.Command != "" {
+			continue
 		}
 		if s.handle(msg.Frames) {
 			delivered = true
@@ -190,10 +190,7 @@ func (s *GaugeSubscriber) handle(frames [][]byte) bool {
 	rep, err := s.decode(frames)
 	if err != nil {
 		s.malformed.Add(1)
-		if msg := err.Error(); msg != s.lastBadMsg {
-			s.lastBadMsg = msg
-			s.cfg.Logger.Warn("malformed load gauge message", slog.String("worker", s.cfg.WorkerID), slog.Any("error", err))
-		}
+		s.badLog.Note(err)
 		return false
 	}
 	s.received.Add(1)

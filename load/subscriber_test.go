@@ -4,11 +4,18 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"io"
 	"log/slog"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+
+	"switchyard/load/zmtp"
 )
 
 // testPub is a real zmq4 PUB socket on 127.0.0.1.
@@ -245,5 +252,142 @@ func TestNewGaugeSubscriberValidates(t *testing.T) {
 	s, err := NewGaugeSubscriber(GaugeSubscriberConfig{WorkerID: "w", Endpoint: "tcp://127.0.0.1:1", Deliver: deliver})
 	if err != nil || s.cfg.Topic != GaugeTopic || s.cfg.MinBackoff != DefaultGaugeMinBackoff || s.cfg.MaxBackoff != DefaultGaugeMaxBackoff {
 		t.Fatalf("defaults: %+v, %v", s.cfg, err)
+	}
+}
+
+// countingHandler counts the log records with one message and keeps their "count" values.
+type countingHandler struct {
+	msg    string
+	mu     sync.Mutex
+	counts []int64
+}
+
+func (h *countingHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *countingHandler) WithAttrs([]slog.Attr) slog.Handler      { return h }
+func (h *countingHandler) WithGroup(string) slog.Handler           { return h }
+func (h *countingHandler) Handle(_ context.Context, r slog.Record) error {
+	if r.Message != h.msg {
+		return nil
+	}
+	var n int64 = -1
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "count" {
+			n = a.Value.Int64()
+		}
+		return true
+	})
+	h.mu.Lock()
+	h.counts = append(h.counts, n)
+	h.mu.Unlock()
+	return nil
+}
+
+func (h *countingHandler) lines() []int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.counts)
+}
+
+// TestGaugeSubscriberLogsMalformedOncePerInterval: 1,010 garbage messages make one warning
+// line; after the interval the next one logs again with the count since the last line.
+func TestGaugeSubscriberLogsMalformedOncePerInterval(t *testing.T) {
+	pub := newTestPub(t, "tcp://127.0.0.1:0")
+	got := make(chan RankReport, 1024)
+	h := &countingHandler{msg: "malformed load gauge messages"}
+	var now atomic.Int64
+	now.Store(recvAt.UnixNano())
+	s := newTestSubscriber(t, pub.endpoint(), got, func(c *GaugeSubscriberConfig) {
+		c.Logger = slog.New(h)
+		c.Now = func() time.Time { return time.Unix(0, now.Load()) }
+	})
+	runSubscriber(t, s)
+	awaitRunning(t, pub, got, 1, true)
+	garbage := func(n int, marker int64) {
+		for i := range n {
+			// An array of i elements (and nothing in it): each message fails differently.
+			bad := binary.BigEndian.AppendUint16([]byte{0xdc}, uint16(i+20))
+			pub.send([]byte(GaugeTopic), make([]byte, 8), bad)
+		}
+		pub.gauge(RankReport{Running: marker}, 0)
+	}
+	garbage(1010, 2)
+	awaitRunning(t, pub, got, 2, false) // every garbage message before it was handled
+	if s.Malformed() != 1010 {
+		t.Fatalf("Malformed() = %d, want 1010", s.Malformed())
+	}
+	if lines := h.lines(); len(lines) != 1 || lines[0] != 1 {
+		t.Fatalf("log lines (their counts) %v, want one line of count 1", lines)
+	}
+	now.Add(int64(MalformedLogInterval))
+	garbage(5, 3)
+	awaitRunning(t, pub, got, 3, false)
+	if lines := h.lines(); len(lines) != 2 || lines[1] != 1009+1 {
+		t.Fatalf("log lines (their counts) %v, want a second line counting 1,010", lines)
+	}
+}
+
+// hostilePub accepts ZMTP connections as a PUB and, past the handshake, sends a frame header
+// claiming 2^40 bytes. It reports each connection's end: nil when the subscriber closed it.
+func hostilePub(t *testing.T) (endpoint string, ends <-chan error) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make(chan error, 16)
+	var wg sync.WaitGroup
+	t.Cleanup(func() { _ = ln.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer c.Close()
+				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+				greet := make([]byte, 64)
+				greet[0], greet[9], greet[10] = 0xff, 0x7f, 3
+				copy(greet[12:], "NULL")
+				ready := append([]byte{5}, "READY"...)
+				ready = append(ready, 11)
+				ready = append(ready, "Socket-Type"...)
+				ready = append(ready, 0, 0, 0, 3)
+				ready = append(ready, "PUB"...)
+				ready = append([]byte{0x04, byte(len(ready))}, ready...)
+				huge := binary.BigEndian.AppendUint64([]byte{0x02}, 1<<40)
+				for _, b := range [][]byte{greet, ready, huge, make([]byte, 100)} {
+					if _, err := c.Write(b); err != nil {
+						out <- err
+						return
+					}
+				}
+				_, err := io.Copy(io.Discard, c) // until the subscriber hangs up
+				out <- err
+			})
+		}
+	})
+	return "tcp://" + ln.Addr().String(), out
+}
+
+// TestGaugeSubscriberDisconnectsHostilePublisher: a publisher that claims a 2^40-byte frame
+// is disconnected and counted, and the subscriber goes on (it dials again).
+func TestGaugeSubscriberDisconnectsHostilePublisher(t *testing.T) {
+	ep, ends := hostilePub(t)
+	m := zmtp.NewMetrics(nil, "load_gauge")
+	s := newTestSubscriber(t, ep, make(chan RankReport, 1), func(c *GaugeSubscriberConfig) { c.Metrics = m })
+	runSubscriber(t, s)
+	for i := range 2 { // the second proves the subscriber is still alive and redialling
+		select {
+		case err := <-ends:
+			if err != nil {
+				t.Fatalf("connection %d: %v, want closed by the subscriber", i, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("connection %d not closed by the subscriber", i)
+		}
+	}
+	if m.TooLarge() < 2 {
+		t.Fatalf("too_large drops %d, want at least 2", m.TooLarge())
 	}
 }
