@@ -70,7 +70,7 @@ type applier struct {
 	log    *slog.Logger
 	worker string
 	// rekey: key by router hashes recomputed from token IDs. verified: a first block's hash
-	// matched the router's, so engine hashes are used as they are.
+	// matched the router's (or the scheme says so), so engine hashes are used as they are.
 	rekey, verified bool
 	keys            map[int][]rekeyMap // by DP rank
 	lastBad         string
@@ -83,8 +83,9 @@ type rekeyMap struct {
 	m     map[int64]Digest
 }
 
-func newApplier(x *Index, worker string, rekey bool, log *slog.Logger) *applier {
-	return &applier{x: x, w: x.NewWriter(), m: x.metrics, log: log, worker: worker, rekey: rekey, keys: map[int][]rekeyMap{}}
+func newApplier(x *Index, worker, scheme string, log *slog.Logger) *applier {
+	return &applier{x: x, w: x.NewWriter(), m: x.metrics, log: log, worker: worker,
+		rekey: scheme == HashSchemeRekey, verified: scheme == HashSchemeSGLang, keys: map[int][]rekeyMap{}}
 }
 
 // keysFor returns the re-key map of owner at epoch, emptied when the owner's epoch moved on.
@@ -110,6 +111,16 @@ func (a *applier) apply(b *EventBatch, defaultRank int) error {
 	}
 	owners := a.x.owners
 	owner, ok := owners.Lookup(a.worker, rank)
+	if !ok && rank > 0 && rank < maxDPRanks {
+		// A rank the router was not told of (a vLLM engine's DP size comes from no
+		// /server_info): register the ranks up to it, keeping the others' entries.
+		if r0, ok0 := owners.Lookup(a.worker, 0); ok0 {
+			info := owners.Info(r0)
+			if _, err := a.x.SetWorker(a.worker, info.Model, rank+1, info.BlockSize); err == nil {
+				owner, ok = owners.Lookup(a.worker, rank)
+			}
+		}
+	}
 	if !ok {
 		return fmt.Errorf("cannot apply KV events of %s: unknown DP rank %d", a.worker, rank)
 	}
@@ -134,6 +145,14 @@ func (a *applier) apply(b *EventBatch, defaultRank int) error {
 			t := StoreTiers(ev.Medium)
 			if a.rekey {
 				a.rekeyStore(ev, rank, owner, epoch, info.BlockSize, t)
+				continue
+			}
+			if !a.verified && ev.HasParent && len(ev.TokenIDs) > 0 {
+				// Not yet known to be the router's hashes, and not checkable (the parent's
+				// digest is unknown: the router joined late): indexing the engine's hashes
+				// could store a vLLM engine's raw hashes as if they were the router's. A
+				// miss until a block without a parent settles the scheme.
+				a.m.opsDroppedUnkey.Add(len(ev.BlockHashes))
 				continue
 			}
 			for _, h := range ev.BlockHashes {

@@ -52,7 +52,11 @@ func stored(hashes []int64, parent int64, tokens []uint32, bs int, medium Medium
 
 func newTestApplier(t *testing.T, x *Index, worker string, rekey bool) *applier {
 	t.Helper()
-	return newApplier(x, worker, rekey, slog.New(slog.DiscardHandler))
+	scheme := HashSchemeAuto
+	if rekey {
+		scheme = HashSchemeRekey
+	}
+	return newApplier(x, worker, scheme, slog.New(slog.DiscardHandler))
 }
 
 func applyEvents(t *testing.T, a *applier, rank int, evs ...Event) {
@@ -138,10 +142,21 @@ func TestApplierClearsAndBlockSize(t *testing.T) {
 			t.Fatalf("got %v", got)
 		}
 	})
-	t.Run("the batch's DP rank wins", func(t *testing.T) {
-		err := a.apply(&EventBatch{HasDPRank: true, DPRank: 5, Events: []Event{{Kind: EventAllBlocksCleared}}}, 0)
+	t.Run("the batch's DP rank wins; an unseen rank is learned", func(t *testing.T) {
+		applyEvents(t, a, 0) // rank 0 still known
+		if err := a.apply(&EventBatch{HasDPRank: true, DPRank: 5, Events: []Event{stored(engineHashes(9, 1), 0, prompt[:16], 16, MediumGPU)}}, 0); err != nil {
+			t.Fatalf("rank 5 of a worker registered with 2: %v", err)
+		}
+		id5, ok := x.Owners().Lookup("a", 5)
+		if !ok || x.Owners().Info(id5).Rank != 5 {
+			t.Fatal("rank 5 not registered")
+		}
+		if got := lookup(t, x, "m", prompt); got["a"] != 16 {
+			t.Fatalf("rank 1's entries lost, or rank 5's not indexed: %v", got)
+		}
+		err := a.apply(&EventBatch{HasDPRank: true, DPRank: maxDPRanks, Events: []Event{{Kind: EventAllBlocksCleared}}}, 0)
 		if err == nil {
-			t.Fatal("an unknown rank was accepted")
+			t.Fatalf("rank %d accepted", maxDPRanks)
 		}
 	})
 	t.Run("a published block size replaces the default", func(t *testing.T) {

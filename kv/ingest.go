@@ -20,7 +20,11 @@ func (x *Index) NewIngestor(worker string, rekey bool, log *slog.Logger) *Ingest
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Ingestor{ap: newApplier(x, worker, rekey, log)}
+	scheme := HashSchemeAuto
+	if rekey {
+		scheme = HashSchemeRekey
+	}
+	return &Ingestor{ap: newApplier(x, worker, scheme, log)}
 }
 
 // Apply decodes payload and applies its events as published by DP rank rank (a batch's own

@@ -8,12 +8,14 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/go-zeromq/zmq4"
+	"switchyard/load"
+	"switchyard/load/zmtp"
 )
 
 // Manager defaults.
@@ -25,8 +27,10 @@ const (
 	DefaultReplayTimeout = 2 * time.Second
 )
 
-// maxBoundRecvErrors is how many receive errors in a row make the bound SUB socket reopen.
-const maxBoundRecvErrors = 64
+// maxDPRanks bounds the DP ranks a worker's events may name: a batch of a rank past the
+// worker's known ones registers the ranks up to it (vLLM engines whose DP size the router
+// was not told), up to this many.
+const maxDPRanks = 256
 
 // ManagerConfig configures a Manager.
 type ManagerConfig struct {
@@ -56,7 +60,31 @@ type ManagerConfig struct {
 	// applied (live or replayed) with its worker, DP rank and sequence number. For tests
 	// and tracing; it must not block.
 	OnApplied func(worker string, rank int, seq uint64)
+	// Limits bound what a publisher may send: a peer past them is disconnected and counted
+	// (switchyard_zmq_peer_drops_total{component="kv_events"}). Default: zmtp's (16 MiB a
+	// message, 64 frames).
+	Limits zmtp.Limits
+	// MaxBoundPeers bounds the connections of the bound SUB. Default zmtp.DefaultMaxPeers.
+	MaxBoundPeers int
+	// MalformedLogEvery is the least time between two logs of one publisher's malformed
+	// messages. Default load.MalformedLogInterval (10 s).
+	MalformedLogEvery time.Duration
+	// Now is the clock of those logs. Default time.Now.
+	Now func() time.Time
 }
+
+// Hash schemes of a worker's block hashes (WorkerSpec.HashScheme).
+const (
+	// HashSchemeAuto: the engine's hashes are used once a first block without a parent
+	// proves them to be the router's; re-keying from token IDs starts at a mismatch.
+	// Blocks with a parent seen before that proof are not indexed.
+	HashSchemeAuto = "auto"
+	// HashSchemeSGLang: the engine hashes as the router does (SGLang); used as they are.
+	HashSchemeSGLang = "sglang"
+	// HashSchemeRekey: the engine's hashes are not reproducible (vLLM); blocks are keyed
+	// by router hashes recomputed from their token IDs.
+	HashSchemeRekey = "rekey"
+)
 
 // WorkerSpec describes one engine whose KV events the manager follows.
 type WorkerSpec struct {
@@ -83,10 +111,22 @@ type WorkerSpec struct {
 	Publishers []Publisher
 	// NoDiscovery skips the Discoverer: the engine only dials the bound SUB.
 	NoDiscovery bool
-	// Rekey forces keying blocks by router hashes recomputed from token IDs. Default: the
-	// engine's hashes are used once a first block proves them to be the router's, and
-	// re-keying starts at the first mismatch.
+	// Rekey forces keying blocks by router hashes recomputed from token IDs (the same as
+	// HashScheme HashSchemeRekey).
 	Rekey bool
+	// HashScheme is HashSchemeAuto (default, also ""), HashSchemeSGLang or HashSchemeRekey.
+	HashScheme string
+}
+
+// scheme is the spec's effective hash scheme.
+func (spec *WorkerSpec) scheme() string {
+	if spec.Rekey {
+		return HashSchemeRekey
+	}
+	if spec.HashScheme == "" {
+		return HashSchemeAuto
+	}
+	return spec.HashScheme
 }
 
 // Manager subscribes to the KV events of a changing set of workers in both topologies of
@@ -101,11 +141,14 @@ type Manager struct {
 	ctx     context.Context // set by Run; nil before it, cancelled after
 	stopped bool
 	wg      sync.WaitGroup
-	routes  atomic.Pointer[map[string]string] // bound SUB: topic key → worker ID
+	routes  atomic.Pointer[map[string]route] // bound SUB: topic key → worker and rank
 
 	boundAddr atomic.Pointer[string]
 	bound     chan struct{} // closed once the bound SUB listens
 	boundOnce sync.Once
+	// The bound SUB's log of malformed messages of no known worker (under boundState.mu).
+	boundLogOnce sync.Once
+	boundLog     load.LogThrottle
 }
 
 // workerSub is one worker's subscriptions.
@@ -144,9 +187,22 @@ func NewManager(cfg ManagerConfig) (*Manager, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
 	m := &Manager{cfg: cfg, x: cfg.Index, log: cfg.Logger, workers: map[string]*workerSub{}, bound: make(chan struct{})}
-	m.routes.Store(&map[string]string{})
+	m.routes.Store(&map[string]route{})
 	return m, nil
+}
+
+// backoff is the reconnect and retry backoff of every subscription.
+func (m *Manager) backoff() zmtp.Backoff {
+	return zmtp.Backoff{Min: m.cfg.MinBackoff, Max: m.cfg.MaxBackoff}
+}
+
+// malformedLog is the throttled log of one publisher's malformed messages.
+func (m *Manager) malformedLog(log *slog.Logger) load.LogThrottle {
+	return load.LogThrottle{Logger: log, Msg: "malformed KV-event messages", Every: m.cfg.MalformedLogEvery, Now: m.cfg.Now}
 }
 
 // Index returns the index the manager feeds.
@@ -170,6 +226,11 @@ func (m *Manager) BoundReady() <-chan struct{} { return m.bound }
 func (m *Manager) AddWorker(spec WorkerSpec) error {
 	if spec.ID == "" || spec.Model == "" {
 		return errors.New("cannot add KV worker: ID and model are required")
+	}
+	switch spec.scheme() {
+	case HashSchemeAuto, HashSchemeSGLang, HashSchemeRekey:
+	default:
+		return fmt.Errorf("cannot add KV worker %s: unknown hash scheme %q (auto, sglang or rekey)", spec.ID, spec.HashScheme)
 	}
 	spec.DPSize = max(spec.DPSize, 1)
 	bs := spec.BlockSize
@@ -286,7 +347,7 @@ func (m *Manager) runWorker(ctx context.Context, ws *workerSub) {
 	var wg sync.WaitGroup
 	ws.mu.Lock()
 	for _, p := range pubs {
-		s := newRankSub(m, ws.spec.ID, p, ws.spec.Rekey)
+		s := newRankSub(m, ws.spec.ID, p, ws.spec.scheme())
 		ws.subs = append(ws.subs, s)
 		wg.Go(func() { s.run(ctx) })
 	}
@@ -320,48 +381,52 @@ func (m *Manager) publishers(ctx context.Context, ws *workerSub) ([]Publisher, b
 		setState("awaiting discovery")
 		return nil, false
 	}
-	backoff := m.cfg.MinBackoff
+	var pubs []Publisher
+	var ok bool
 	var lastErr string
-	for {
+	zmtp.Retry(ctx, m.backoff(), func(ctx context.Context, _ int) (bool, error) {
 		setState("discovering")
 		d, err := m.cfg.Discover.DiscoverKV(ctx, spec.URL)
-		if err == nil {
-			if d.DPSize > spec.DPSize || d.BlockSize > 0 {
-				bs := d.BlockSize
-				if bs <= 0 {
-					bs, _ = m.currentBlockSize(spec.ID)
-				}
-				if _, err := m.x.SetWorker(spec.ID, spec.Model, max(d.DPSize, spec.DPSize), bs); err != nil {
-					m.log.Error("cannot register discovered KV owners", slog.String("worker", spec.ID), slog.Any("error", err))
-					return nil, false
-				}
-			}
-			if spec.Topic != "" {
-				for i := range d.Publishers {
-					d.Publishers[i].Topic = spec.Topic
-				}
-			}
-			setState("discovered")
-			return d.Publishers, true
-		}
-		if errors.Is(err, ErrNoKVEvents) {
+		switch {
+		case errors.Is(err, ErrNoKVEvents):
 			setState("no publisher")
 			m.log.Info("worker advertises no KV-event publisher; only the bound SUB can feed it", slog.String("worker", spec.ID), slog.Any("error", err))
-			return nil, false
+			return false, nil
+		case err != nil:
+			return false, err
 		}
+		if d.DPSize > spec.DPSize || d.BlockSize > 0 {
+			bs := d.BlockSize
+			if bs <= 0 {
+				bs, _ = m.currentBlockSize(spec.ID)
+			}
+			if _, err := m.x.SetWorker(spec.ID, spec.Model, max(d.DPSize, spec.DPSize), bs); err != nil {
+				m.log.Error("cannot register discovered KV owners", slog.String("worker", spec.ID), slog.Any("error", err))
+				return false, nil
+			}
+		}
+		var configured []Publisher // a replay socket the engine does not advertise: rank r on port+r
+		if spec.Replay != "" && len(d.Publishers) > 0 {
+			configured, _ = PublishersFor(d.Publishers[0].Endpoint, spec.Replay, "", spec.URL, len(d.Publishers))
+		}
+		for i := range d.Publishers {
+			if spec.Topic != "" {
+				d.Publishers[i].Topic = spec.Topic
+			}
+			if d.Publishers[i].Replay == "" && i < len(configured) {
+				d.Publishers[i].Replay = configured[i].Replay
+			}
+		}
+		setState("discovered")
+		pubs, ok = d.Publishers, true
+		return true, nil
+	}, func(err error) {
 		if msg := err.Error(); msg != lastErr {
 			lastErr = msg
 			m.log.Warn("KV-event discovery failing", slog.String("worker", spec.ID), slog.Any("error", err))
 		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, false
-		case <-t.C:
-		}
-		backoff = min(2*backoff, m.cfg.MaxBackoff)
-	}
+	})
+	return pubs, ok
 }
 
 // WorkerStatus is one worker's subscription state.
@@ -393,37 +458,66 @@ func (m *Manager) Status() []WorkerStatus {
 	return out
 }
 
-// publishRoutesLocked rebuilds the bound SUB's topic routes: a worker's ID and its URL's
-// host:port both name it.
+// route is where a bound-SUB topic leads: a worker, and the DP rank its topic names (-1:
+// none; the batch's own rank, else 0).
+type route struct {
+	worker string
+	rank   int
+}
+
+// publishRoutesLocked rebuilds the bound SUB's topic routes: a worker's ID names it, its
+// URL's host:port names it (the rank the batch names), and host:port+r names its rank r
+// for r below its DP size (vLLM: rank r serves on HTTP port P+r and its topic says so).
+// An exact host:port of one worker wins over another's rank offset.
 func (m *Manager) publishRoutesLocked() {
-	r := make(map[string]string, 2*len(m.workers))
+	r := make(map[string]route, 2*len(m.workers))
+	for id, ws := range m.workers {
+		h, p, ok := splitHostPort(hostPortOf(ws.spec.URL))
+		if !ok {
+			continue
+		}
+		for rank := 1; rank < ws.spec.DPSize && p+rank <= 65535; rank++ {
+			r[h+":"+strconv.Itoa(p+rank)] = route{worker: id, rank: rank}
+		}
+	}
 	for id, ws := range m.workers {
 		if hp := hostPortOf(ws.spec.URL); hp != "" {
-			r[hp] = id
+			r[hp] = route{worker: id, rank: -1}
 		}
 	}
 	for id := range m.workers {
-		r[id] = id
+		r[id] = route{worker: id, rank: -1}
 	}
 	m.routes.Store(&r)
 }
 
-// routeTopic maps a bound-SUB topic to a worker: the topic itself as a worker ID, or the
-// host:port of "kv@host:port@model". "" when no worker matches.
-func (m *Manager) routeTopic(topic string) string {
+// splitHostPort splits "host:port" (host without a colon: routes are IPv4 or names).
+func splitHostPort(hp string) (string, int, bool) {
+	i := strings.LastIndexByte(hp, ':')
+	if i < 0 {
+		return "", 0, false
+	}
+	p, err := strconv.Atoi(hp[i+1:])
+	return hp[:i], p, err == nil && p > 0 && p <= 65535
+}
+
+// routeTopic maps a bound-SUB topic to a worker and rank: the topic itself as a worker ID,
+// or the host:port of "kv@host:port@model". ok is false when no worker matches.
+func (m *Manager) routeTopic(topic string) (route, bool) {
 	routes := *m.routes.Load()
-	if id, ok := routes[topic]; ok {
-		return id
+	if rt, ok := routes[topic]; ok {
+		return rt, true
 	}
 	parts := strings.Split(topic, "@")
 	if len(parts) < 2 {
-		return ""
+		return route{}, false
 	}
 	hp := parts[1]
 	if h, p, ok := strings.Cut(hp, ":"); ok && !strings.Contains(p, ":") {
 		hp = normalizeHost(h) + ":" + p
 	}
-	return routes[hp]
+	rt, ok := routes[hp]
+	return rt, ok
 }
 
 // boundStream is one (topic, DP rank) of the bound SUB.
@@ -437,109 +531,114 @@ type streamKey struct {
 }
 
 // runBound binds the SUB socket engines dial and applies what they publish until ctx is
-// done, reopening the socket with backoff when it fails.
+// done, retrying the bind with backoff when it fails. Every peer runs on its own goroutine
+// (zmtp.Listener, at most ManagerConfig.MaxBoundPeers); their messages are applied one at
+// a time to one boundState, which lives as long as the manager runs, so that the engines'
+// sequence trackers and re-key maps stay consistent with the index whatever the peers do.
 func (m *Manager) runBound(ctx context.Context) {
-	backoff := m.cfg.MinBackoff
+	b := &boundState{m: m, streams: map[streamKey]*boundStream{}, appliers: map[string]*boundWorker{}}
 	var lastErr string
-	for {
-		err := m.boundSession(ctx)
-		if ctx.Err() != nil {
-			return
+	zmtp.Retry(ctx, m.backoff(), func(ctx context.Context, _ int) (bool, error) {
+		l, err := zmtp.Listen(m.cfg.BindEndpoint, zmtp.ListenerConfig{SocketType: "SUB", Limits: m.cfg.Limits,
+			MaxPeers: m.cfg.MaxBoundPeers, Metrics: m.x.metrics.peerDrops, Logger: m.log}, func(c *zmtp.Conn) error {
+			return b.serve(ctx, c)
+		})
+		if err != nil {
+			return false, fmt.Errorf("cannot bind %s: %w", m.cfg.BindEndpoint, err)
 		}
+		addr := l.Endpoint()
+		m.boundAddr.Store(&addr)
+		m.boundOnce.Do(func() { close(m.bound) })
+		<-ctx.Done()
+		return true, l.Close()
+	}, func(err error) {
 		if msg := err.Error(); msg != lastErr {
 			lastErr = msg
 			m.log.Warn("bound KV-event SUB failing", slog.String("endpoint", m.cfg.BindEndpoint), slog.Any("error", err))
 		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-		backoff = min(2*backoff, m.cfg.MaxBackoff)
-	}
+	})
 }
 
-func (m *Manager) boundSession(ctx context.Context) (err error) {
+// boundState is the bound SUB's per-engine state, shared by its peers under mu.
+type boundState struct {
+	m        *Manager
+	mu       sync.Mutex
+	streams  map[streamKey]*boundStream
+	appliers map[string]*boundWorker // by worker ID
+	dec      Decoder
+	batch    EventBatch
+}
+
+// boundWorker is one worker's state on the bound SUB.
+type boundWorker struct {
+	ap     *applier
+	badLog load.LogThrottle
+}
+
+// serve reads one peer's messages until it fails; a peer past the limits is dropped (and
+// counted by the Listener).
+func (b *boundState) serve(ctx context.Context, c *zmtp.Conn) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			m.log.Error("bound KV-event handling panicked", slog.Any("panic", v))
+			b.m.log.Error("bound KV-event handling panicked", slog.Any("panic", v))
 			err = fmt.Errorf("panic: %v", v)
 		}
 	}()
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	sock := zmq4.NewSub(sctx, zmq4.WithLogger(slog.NewLogLogger(m.log.Handler(), slog.LevelWarn)))
-	defer sock.Close()
-	if err := sock.SetOption(zmq4.OptionSubscribe, ""); err != nil {
-		return fmt.Errorf("cannot subscribe: %w", err)
+	if err := c.Subscribe(nil); err != nil {
+		return err
 	}
-	if err := sock.Listen(m.cfg.BindEndpoint); err != nil {
-		return fmt.Errorf("cannot bind %s: %w", m.cfg.BindEndpoint, err)
-	}
-	addr := m.cfg.BindEndpoint
-	if a := sock.Addr(); a != nil && a.Network() == "tcp" {
-		addr = "tcp://" + a.String()
-	}
-	m.boundAddr.Store(&addr)
-	m.boundOnce.Do(func() { close(m.bound) })
-	b := &boundState{m: m, streams: map[streamKey]*boundStream{}, appliers: map[string]*applier{}}
-	errs := 0
 	for {
-		msg, err := sock.Recv()
+		msg, err := c.ReadMessage()
 		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			// One peer leaving surfaces as an error; only a run of them means the socket broke.
-			if errs++; errs >= maxBoundRecvErrors {
-				return fmt.Errorf("cannot receive: %w", err)
-			}
+			return err
+		}
+		if msg.Command != "" {
 			continue
 		}
-		errs = 0
-		b.handle(msg.Frames)
+		b.mu.Lock()
+		b.handle(ctx, msg.Frames)
+		b.mu.Unlock()
 	}
 }
 
-// boundState is the bound SUB goroutine's per-engine state.
-type boundState struct {
-	m        *Manager
-	streams  map[streamKey]*boundStream
-	appliers map[string]*applier // by worker ID
-	dec      Decoder
-	batch    EventBatch
-	lastBad  string
+func (b *boundState) worker(id string) *boundWorker {
+	w := b.appliers[id]
+	if w == nil {
+		log := b.m.log.With(slog.String("worker", id))
+		w = &boundWorker{ap: newApplier(b.m.x, id, b.m.schemeOf(id), log), badLog: b.m.malformedLog(log)}
+		b.appliers[id] = w
+	}
+	return w
 }
 
-func (b *boundState) handle(frames [][]byte) {
+func (b *boundState) handle(ctx context.Context, frames [][]byte) {
 	mt := b.m.x.metrics
 	if len(frames) != 3 || len(frames[1]) != 8 {
-		b.malformed(fmt.Errorf("message of %d frames is not (topic, 8-byte seq, payload)", len(frames)))
+		mt.batchesMalformed.Inc()
+		b.m.boundBadLog(fmt.Errorf("message of %d frames is not (topic, 8-byte seq, payload)", len(frames)))
 		return
 	}
 	topic := string(frames[0])
-	worker := b.m.routeTopic(topic)
-	if worker == "" {
+	rt, ok := b.m.routeTopic(topic)
+	if !ok {
 		mt.batchesUnknown.Inc()
 		return
 	}
-	ap := b.appliers[worker]
-	if ap == nil {
-		ap = newApplier(b.m.x, worker, b.m.rekeyOf(worker), b.m.log.With(slog.String("worker", worker)))
-		b.appliers[worker] = ap
-	}
+	w := b.worker(rt.worker)
 	seq := binary.BigEndian.Uint64(frames[1])
 	if err := b.dec.Decode(frames[2], &b.batch); err != nil {
-		b.malformed(err)
-		b.m.x.owners.ClearWorker(worker) // a lost batch: nothing says which rank
+		mt.batchesMalformed.Inc()
+		w.badLog.Note(err)
+		b.m.x.owners.ClearWorker(rt.worker) // a lost batch: nothing says which rank
 		mt.clears[clearGap].Inc()
 		return
 	}
-	rank := 0
-	if b.batch.HasDPRank {
-		rank = b.batch.DPRank
+	rank := rt.rank
+	if rank < 0 {
+		rank = 0
+		if b.batch.HasDPRank {
+			rank = b.batch.DPRank
+		}
 	}
 	key := streamKey{topic: topic, rank: rank}
 	st := b.streams[key]
@@ -549,20 +648,62 @@ func (b *boundState) handle(frames [][]byte) {
 	}
 	switch st.seq.observe(seq) {
 	case seqGap:
-		mt.gaps.Inc() // no replay socket is known in this topology
-		b.clearRank(worker, rank, clearGap)
-	case seqRestart, seqDuplicate:
-		b.clearRank(worker, rank, clearRestart)
-	}
-	st.seq.advance(seq)
-	if err := ap.apply(&b.batch, rank); err != nil {
-		b.malformed(err)
+		mt.gaps.Inc()
+		if !b.repair(ctx, rt.worker, w, rank, st, seq) {
+			b.clearRank(rt.worker, rank, clearGap)
+		}
+		if st.seq.observe(seq) == seqDuplicate {
+			return
+		}
+	case seqRestart:
+		b.clearRank(rt.worker, rank, clearRestart)
+	case seqDuplicate:
 		return
 	}
-	mt.batchesOK.Inc()
-	if f := b.m.cfg.OnApplied; f != nil {
-		f(worker, rank, seq)
+	st.seq.advance(seq)
+	b.apply(w, rank, seq, &b.batch)
+}
+
+func (b *boundState) apply(w *boundWorker, rank int, seq uint64, batch *EventBatch) {
+	if err := w.ap.apply(batch, rank); err != nil {
+		b.m.x.metrics.batchesMalformed.Inc()
+		w.badLog.Note(err)
+		return
 	}
+	b.m.x.metrics.batchesOK.Inc()
+	if f := b.m.cfg.OnApplied; f != nil {
+		f(w.ap.worker, rank, seq)
+	}
+}
+
+// repair fills a gap of a bound stream from the worker's configured replay socket (rank r
+// on its port+r). It reports whether the stream now stands past the gap.
+func (b *boundState) repair(ctx context.Context, worker string, w *boundWorker, rank int, st *boundStream, live uint64) bool {
+	ep := b.m.replayOf(worker, rank)
+	if ep == "" {
+		return false
+	}
+	from := st.seq.last + 1
+	var dec Decoder
+	var batch EventBatch
+	err := b.m.replay(ctx, ep, from, func(seq uint64, payload []byte) {
+		st.seq.advance(seq)
+		if err := dec.Decode(payload, &batch); err != nil {
+			b.m.x.metrics.batchesMalformed.Inc()
+			w.badLog.Note(err)
+			b.clearRank(worker, rank, clearGap)
+			return
+		}
+		b.apply(w, rank, seq, &batch)
+	})
+	if err != nil {
+		b.m.x.metrics.replayFailures.Inc()
+		b.m.log.Warn("KV-event replay failed", slog.String("worker", worker), slog.String("endpoint", ep), slog.Uint64("from", from), slog.Any("error", err))
+		return false
+	}
+	b.m.x.metrics.replays.Inc()
+	st.seq.replayed(live)
+	return true
 }
 
 func (b *boundState) clearRank(worker string, rank int, reason clearReason) {
@@ -571,19 +712,32 @@ func (b *boundState) clearRank(worker string, rank int, reason clearReason) {
 	}
 }
 
-func (b *boundState) malformed(err error) {
-	b.m.x.metrics.batchesMalformed.Inc()
-	if msg := err.Error(); msg != b.lastBad {
-		b.lastBad = msg
-		b.m.log.Warn("malformed KV-event message on the bound SUB", slog.Any("error", err))
-	}
+// boundBadLog logs a malformed message of no known worker, throttled.
+func (m *Manager) boundBadLog(err error) {
+	m.boundLogOnce.Do(func() { m.boundLog = m.malformedLog(m.log) })
+	m.boundLog.Note(err)
 }
 
-func (m *Manager) rekeyOf(worker string) bool {
+// replayOf is the replay endpoint of worker's rank: its configured one (rank 0), port+rank.
+func (m *Manager) replayOf(worker string, rank int) string {
+	m.mu.Lock()
+	ws := m.workers[worker]
+	m.mu.Unlock()
+	if ws == nil || ws.spec.Replay == "" {
+		return ""
+	}
+	ps, err := PublishersFor(ws.spec.Replay, ws.spec.Replay, "", ws.spec.URL, rank+1)
+	if err != nil {
+		return ""
+	}
+	return ps[rank].Replay
+}
+
+func (m *Manager) schemeOf(worker string) string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if ws := m.workers[worker]; ws != nil {
-		return ws.spec.Rekey
+		return ws.spec.scheme()
 	}
-	return false
+	return HashSchemeAuto
 }

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
+
+	"switchyard/load/zmtp"
 )
 
 // Metrics are the KV package's metric handles, created once on a set and shared by the index,
@@ -29,7 +31,9 @@ type Metrics struct {
 	replayFailures   *metrics.Counter
 	reconnects       *metrics.Counter
 	hashMismatches   *metrics.Counter
-	clears           [numClearReasons]*metrics.Counter
+	// Publishers disconnected for what they sent (switchyard_zmq_peer_drops_total).
+	peerDrops *zmtp.Metrics
+	clears    [numClearReasons]*metrics.Counter
 
 	// Lookup hashing: prompt chunks found in the hash cache, and not.
 	hashCacheHits, hashCacheMisses *metrics.Counter
@@ -101,6 +105,7 @@ func NewMetrics(set *metrics.Set) *Metrics {
 	m.replayFailures = set.GetOrCreateCounter(`switchyard_kv_replays_total{result="failed"}`)
 	m.reconnects = set.GetOrCreateCounter(`switchyard_kv_reconnects_total`)
 	m.hashMismatches = set.GetOrCreateCounter(`switchyard_kv_hash_mismatches_total`)
+	m.peerDrops = zmtp.NewMetrics(set, "kv_events")
 	m.hashCacheHits = set.GetOrCreateCounter(`switchyard_kv_hash_cache_chunks_total{result="hit"}`)
 	m.hashCacheMisses = set.GetOrCreateCounter(`switchyard_kv_hash_cache_chunks_total{result="miss"}`)
 	for r := range numClearReasons {

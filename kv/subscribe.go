@@ -3,13 +3,14 @@ package kv
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
 	"sync/atomic"
-	"time"
 
-	"github.com/go-zeromq/zmq4"
+	"switchyard/load"
+	"switchyard/load/zmtp"
 )
 
 // rankSub subscribes to one DP rank's bound PUB socket (the SGLang topology): it dials with
@@ -33,45 +34,33 @@ type rankSub struct {
 	clears    atomic.Uint64
 
 	lastConnErr string
-	lastBad     string
+	badLog      load.LogThrottle
 }
 
-func newRankSub(m *Manager, worker string, pub Publisher, rekey bool) *rankSub {
+func newRankSub(m *Manager, worker string, pub Publisher, scheme string) *rankSub {
 	log := m.log.With(slog.String("worker", worker), slog.Int("rank", pub.Rank))
-	return &rankSub{m: m, worker: worker, pub: pub, ap: newApplier(m.x, worker, rekey, log), log: log}
+	return &rankSub{m: m, worker: worker, pub: pub, ap: newApplier(m.x, worker, scheme, log), log: log, badLog: m.malformedLog(log)}
 }
 
 // run subscribes until ctx is done. A lost or refused connection is retried with doubling
-// backoff; a panic while handling a message is recovered, logged, and ends the session.
+// backoff (zmtp.Retry); a panic while handling a message is recovered, logged, and ends the
+// session.
 func (s *rankSub) run(ctx context.Context) {
-	backoff := s.m.cfg.MinBackoff
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	defer timer.Stop()
-	for attempt := 0; ; attempt++ {
-		if attempt > 0 {
+	zmtp.Retry(ctx, s.m.backoff(), func(ctx context.Context, n int) (bool, error) {
+		if n > 0 {
 			s.m.x.metrics.reconnects.Inc()
 		}
 		delivered, err := s.session(ctx)
-		if ctx.Err() != nil {
-			return
+		if ctx.Err() == nil {
+			s.disconnected()
 		}
-		s.disconnected()
-		if delivered {
-			backoff = s.m.cfg.MinBackoff
-		}
+		return delivered, err
+	}, func(err error) {
 		if msg := err.Error(); msg != s.lastConnErr {
 			s.lastConnErr = msg
 			s.log.Warn("KV-event subscription failing", slog.String("endpoint", s.pub.Endpoint), slog.Any("error", err))
 		}
-		timer.Reset(backoff)
-		select {
-		case <-ctx.Done():
-			return
-		case <-timer.C:
-		}
-		backoff = min(2*backoff, s.m.cfg.MaxBackoff)
-	}
+	})
 }
 
 // disconnected handles a lost connection: without a replay socket nothing can prove later
@@ -94,17 +83,14 @@ func (s *rankSub) session(ctx context.Context) (delivered bool, err error) {
 	}()
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	sock := zmq4.NewSub(sctx,
-		zmq4.WithDialerMaxRetries(0), // run owns retries and backoff
-		zmq4.WithDialerTimeout(s.m.cfg.DialTimeout),
-		zmq4.WithLogger(slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)),
-	)
-	defer sock.Close()
-	if err := sock.SetOption(zmq4.OptionSubscribe, s.pub.Topic); err != nil {
-		return false, fmt.Errorf("cannot subscribe to %s: %w", s.pub.Endpoint, err)
-	}
-	if err := sock.Dial(s.pub.Endpoint); err != nil {
+	c, err := zmtp.Dial(sctx, s.pub.Endpoint, "SUB", s.m.cfg.DialTimeout, s.m.cfg.Limits)
+	if err != nil {
+		s.m.x.metrics.peerDrops.Drop(err)
 		return false, fmt.Errorf("cannot connect to %s: %w", s.pub.Endpoint, err)
+	}
+	defer c.Close()
+	if err := c.Subscribe([]byte(s.pub.Topic)); err != nil {
+		return false, fmt.Errorf("cannot subscribe to %s: %w", s.pub.Endpoint, err)
 	}
 	s.connected.Store(true)
 	defer s.connected.Store(false)
@@ -122,11 +108,12 @@ func (s *rankSub) session(ctx context.Context) (delivered bool, err error) {
 		s.lastConnErr = ""
 	}
 	for {
-		msg, err := sock.Recv()
+		msg, err := c.ReadMessage()
 		if err != nil {
+			s.m.x.metrics.peerDrops.Drop(err)
 			return delivered, fmt.Errorf("cannot receive from %s: %w", s.pub.Endpoint, err)
 		}
-		if s.handle(ctx, msg.Frames) {
+		if msg.Command == "" && s.handle(ctx, msg.Frames) {
 			delivered = true
 		}
 	}
@@ -185,10 +172,7 @@ func (s *rankSub) applyPayload(seq uint64, payload []byte) {
 
 func (s *rankSub) malformed(err error) {
 	s.m.x.metrics.batchesMalformed.Inc()
-	if msg := err.Error(); msg != s.lastBad {
-		s.lastBad = msg
-		s.log.Warn("malformed KV-event message", slog.Any("error", err))
-	}
+	s.badLog.Note(err)
 }
 
 // clear invalidates the rank's entries.
@@ -208,7 +192,7 @@ func (s *rankSub) repair(ctx context.Context, live uint64) {
 		return
 	}
 	from := s.seq.last + 1
-	if err := s.replay(ctx, from); err != nil {
+	if err := s.m.replay(ctx, s.pub.Replay, from, s.applyPayload); err != nil {
 		s.m.x.metrics.replayFailures.Inc()
 		s.log.Warn("KV-event replay failed", slog.String("endpoint", s.pub.Replay), slog.Uint64("from", from), slog.Any("error", err))
 		return
@@ -220,54 +204,76 @@ func (s *rankSub) repair(ctx context.Context, live uint64) {
 // endOfReplay is the replay end marker: sequence −1.
 const endOfReplay = math.MaxUint64
 
-// replay asks the replay ROUTER for every retained batch from seq from on and applies them.
-// The request is (empty delimiter, 8-byte start): a ROUTER expecting a REQ envelope and one
-// expecting a bare DEALER frame both read it; replies may carry the delimiter back.
-func (s *rankSub) replay(ctx context.Context, from uint64) error {
-	rctx, cancel := context.WithTimeout(ctx, s.m.cfg.ReplayTimeout)
+// errNothingRetained is a replay whose publisher holds nothing from the asked seq on.
+var errNothingRetained = errors.New("nothing retained")
+
+// replay asks the replay ROUTER at endpoint for every retained batch from seq from on and
+// hands each to apply in order. The request is (empty delimiter, 8-byte start): a ROUTER
+// expecting a REQ envelope and one expecting a bare DEALER frame both read it.
+//
+// Replies come in two layouts, both accepted: (seq, payload) from older publishers, and
+// (topic, seq, payload) from current vLLM, whose end marker is ("", seq −1, ""); either may
+// carry the empty delimiter first.
+func (m *Manager) replay(ctx context.Context, endpoint string, from uint64, apply func(seq uint64, payload []byte)) error {
+	rctx, cancel := context.WithTimeout(ctx, m.cfg.ReplayTimeout)
 	defer cancel()
-	sock := zmq4.NewDealer(rctx,
-		zmq4.WithDialerMaxRetries(0),
-		zmq4.WithDialerTimeout(s.m.cfg.DialTimeout),
-		zmq4.WithLogger(slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)),
-	)
-	defer sock.Close()
-	if err := sock.Dial(s.pub.Replay); err != nil {
+	c, err := zmtp.Dial(rctx, endpoint, "DEALER", m.cfg.DialTimeout, m.cfg.Limits)
+	if err != nil {
+		m.x.metrics.peerDrops.Drop(err)
 		return fmt.Errorf("cannot connect: %w", err)
 	}
-	if err := sock.Send(zmq4.NewMsgFrom([]byte{}, binary.BigEndian.AppendUint64(nil, from))); err != nil {
+	defer c.Close()
+	if err := c.WriteMessage([]byte{}, binary.BigEndian.AppendUint64(nil, from)); err != nil {
 		return fmt.Errorf("cannot send the start sequence: %w", err)
 	}
 	next := from
 	for {
-		msg, err := sock.Recv()
+		msg, err := c.ReadMessage()
 		if err != nil {
+			m.x.metrics.peerDrops.Drop(err)
 			return fmt.Errorf("cannot receive after seq %d: %w", next, err)
 		}
-		f := msg.Frames
-		if len(f) > 0 && len(f[0]) == 0 {
-			f = f[1:]
+		if msg.Command != "" {
+			continue
 		}
-		if len(f) < 1 || len(f[0]) != 8 {
-			return fmt.Errorf("malformed replay message of %d frames", len(msg.Frames))
+		seq, payload, err := replayFrames(msg.Frames)
+		if err != nil {
+			return err
 		}
-		seq := binary.BigEndian.Uint64(f[0])
 		switch {
 		case seq == endOfReplay:
 			if next == from {
-				return fmt.Errorf("nothing retained from seq %d", from)
+				return fmt.Errorf("%w from seq %d", errNothingRetained, from)
 			}
 			return nil
 		case seq < next:
 			continue
 		case seq > next:
 			return fmt.Errorf("retained batches start at seq %d, need %d", seq, next)
-		case len(f) < 2:
+		case payload == nil:
 			return fmt.Errorf("replay message of seq %d has no payload", seq)
 		}
-		s.applyPayload(seq, f[1])
+		apply(seq, payload)
 		next++
 	}
+}
+
+// replayFrames reads one replay reply in either layout (see replay): its seq and payload
+// (nil when absent, as in an end marker).
+func replayFrames(f [][]byte) (seq uint64, payload []byte, err error) {
+	n := len(f)
+	if n >= 2 && len(f[0]) == 0 {
+		f = f[1:] // the delimiter
+	}
+	switch {
+	case len(f) == 3 && len(f[1]) == 8: // topic, seq, payload
+		return binary.BigEndian.Uint64(f[1]), f[2], nil
+	case len(f) == 2 && len(f[0]) == 8: // seq, payload
+		return binary.BigEndian.Uint64(f[0]), f[1], nil
+	case len(f) == 1 && len(f[0]) == 8: // seq alone (an end marker)
+		return binary.BigEndian.Uint64(f[0]), nil, nil
+	}
+	return 0, nil, fmt.Errorf("malformed replay message of %d frames", n)
 }
 
 // PublisherStatus is one DP rank subscription's state.

@@ -33,6 +33,9 @@ type testPublisher struct {
 	mu   sync.Mutex
 	seq  uint64
 	ring map[uint64][]byte
+	// replayTopic answers replays in current vLLM's layout: (topic, seq, payload) per
+	// batch and ("", seq −1, "") at the end, after the delimiter.
+	replayTopic bool
 }
 
 // newTestPublisher binds a PUB on pubEP (and a replay ROUTER on replayEP unless it is "").
@@ -101,10 +104,15 @@ func (p *testPublisher) encode(b *EventBatch) (uint64, []byte) {
 func (p *testPublisher) send(b *EventBatch) uint64 {
 	p.t.Helper()
 	seq, msg := p.encode(b)
-	if err := p.pub.Send(zmq4.NewMsgFrom([]byte(p.topic), binary.BigEndian.AppendUint64(nil, seq), msg)); err != nil {
+	p.sendFrames([]byte(p.topic), binary.BigEndian.AppendUint64(nil, seq), msg)
+	return seq
+}
+
+func (p *testPublisher) sendFrames(frames ...[]byte) {
+	p.t.Helper()
+	if err := p.pub.Send(zmq4.NewMsgFrom(frames...)); err != nil {
 		p.t.Fatalf("cannot publish: %v", err)
 	}
-	return seq
 }
 
 // lose takes a sequence number for b without sending it (a dropped message).
@@ -145,9 +153,15 @@ func (p *testPublisher) serveReplay() {
 			p.mu.Lock()
 			payload, ok := p.ring[s]
 			p.mu.Unlock()
-			if ok {
+			if ok && p.replayTopic {
+				reply([]byte(p.topic), binary.BigEndian.AppendUint64(nil, s), payload)
+			} else if ok {
 				reply(binary.BigEndian.AppendUint64(nil, s), payload)
 			}
+		}
+		if p.replayTopic {
+			reply([]byte{}, binary.BigEndian.AppendUint64(nil, endOfReplay), []byte{})
+			continue
 		}
 		reply(binary.BigEndian.AppendUint64(nil, endOfReplay), nil)
 	}
@@ -267,7 +281,18 @@ func freePort(t *testing.T) int {
 }
 
 func TestSubscriptionAppliesAndRepairsGapsByReplay(t *testing.T) {
+	for _, layout := range []string{"seq-payload", "vllm-topic-seq-payload"} {
+		t.Run(layout, func(t *testing.T) { testRepairByReplay(t, layout != "seq-payload") })
+	}
+}
+
+// testRepairByReplay: a gap is repaired from the replay socket, whose replies carry a
+// topic frame (current vLLM) or not (older publishers).
+func testRepairByReplay(t *testing.T, topicFrame bool) {
 	p := newTestPublisher(t, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0")
+	p.mu.Lock()
+	p.replayTopic, p.topic = topicFrame, "kv@127.0.0.1:8000@m"
+	p.mu.Unlock()
 	h := startManager(t, "", WorkerSpec{ID: "a", Model: "m",
 		Publishers: []Publisher{{Rank: 0, Endpoint: p.pubEndpoint(), Replay: p.replayEndpoint()}}})
 	h.warmUp(t, p, "a")

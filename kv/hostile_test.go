@@ -1,0 +1,362 @@
+package kv
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Tests against peers that do not behave: hostile ZMTP peers on every socket the router
+// reads (bound SUB, engine PUB, replay ROUTER), peer churn on the bound SUB, DP ranks and
+// late joiners of vLLM-style engines, and malformed-message logging.
+
+// zmtpHello is a peer's greeting (ZMTP 3.0, NULL) and READY command as sockType.
+func zmtpHello(sockType string) []byte {
+	g := make([]byte, 64)
+	g[0], g[9], g[10] = 0xff, 0x7f, 3
+	copy(g[12:], "NULL")
+	ready := append([]byte{5}, "READY"...)
+	ready = append(ready, 11)
+	ready = append(ready, "Socket-Type"...)
+	ready = binary.BigEndian.AppendUint32(ready, uint32(len(sockType)))
+	ready = append(ready, sockType...)
+	return append(append(g, 0x04, byte(len(ready))), ready...)
+}
+
+// hugeFrame is a frame header claiming 2^40 bytes, and a few of them.
+var hugeFrame = append(binary.BigEndian.AppendUint64([]byte{0x02}, 1<<40), make([]byte, 100)...)
+
+// tooManyFrames is a message of 65 empty frames (one past the default bound).
+var tooManyFrames = append(bytes.Repeat([]byte{0x01, 0}, 64), 0, 0)
+
+// hostileServer listens like an engine's socket of sockType and, past the greeting, sends
+// attack to every peer. Each connection's end is reported: nil when the router hung up.
+func hostileServer(t *testing.T, sockType string, attack []byte) (endpoint string, ends <-chan error) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make(chan error, 64)
+	var wg sync.WaitGroup
+	t.Cleanup(func() { _ = ln.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer c.Close()
+				_ = c.SetDeadline(time.Now().Add(waitFor))
+				if _, err := c.Write(append(zmtpHello(sockType), attack...)); err != nil {
+					out <- err
+					return
+				}
+				_, err := io.Copy(io.Discard, c)
+				out <- err
+			})
+		}
+	})
+	return "tcp://" + ln.Addr().String(), out
+}
+
+// hungUp waits for n connection ends that the router caused.
+func hungUp(t *testing.T, ends <-chan error, n int) {
+	t.Helper()
+	for i := range n {
+		select {
+		case err := <-ends:
+			if err != nil {
+				t.Fatalf("connection %d: %v, want closed by the router", i, err)
+			}
+		case <-time.After(waitFor):
+			t.Fatalf("connection %d not closed by the router", i)
+		}
+	}
+}
+
+// attackBound dials the bound SUB as a PUB and sends attack; it reports whether the router
+// hung up.
+func attackBound(t *testing.T, addr string, attack []byte) {
+	t.Helper()
+	_, hp, _ := splitEndpointForTest(addr)
+	c, err := net.DialTimeout("tcp", hp, waitFor)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(waitFor))
+	if _, err := c.Write(append(zmtpHello("PUB"), attack...)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(io.Discard, c); err != nil {
+		t.Fatalf("the bound SUB did not hang up: %v", err)
+	}
+}
+
+func splitEndpointForTest(ep string) (string, string, error) {
+	return "tcp", ep[len("tcp://"):], nil
+}
+
+func waitBound(t *testing.T, h *harness) {
+	t.Helper()
+	select {
+	case <-h.m.BoundReady():
+	case <-time.After(waitFor):
+		t.Fatal("bound SUB never listened")
+	}
+}
+
+// TestHostilePeerOnBoundSub: peers of the bound SUB (kv.bind_endpoint) that claim a 2^40
+// byte frame or send 65 frames are hung up on and counted; an honest engine on the same
+// socket goes on being applied.
+func TestHostilePeerOnBoundSub(t *testing.T) {
+	h := startManager(t, "tcp://127.0.0.1:0", WorkerSpec{ID: "v", URL: "http://127.0.0.1:8100", Model: "m", NoDiscovery: true})
+	waitBound(t, h)
+	attackBound(t, h.m.BoundAddr(), hugeFrame)
+	attackBound(t, h.m.BoundAddr(), tooManyFrames)
+	p := dialingPublisher(t, h.m.BoundAddr(), "kv@127.0.0.1:8100@m")
+	h.warmUp(t, p, "v")
+	prompt := seqTokens(0, 64)
+	h.waitApplied(t, "v", p.send(storedBatch(prompt)))
+	if got := lookup(t, h.x, "m", prompt); got["v"] != 64 {
+		t.Fatalf("after the attacks: %v", got)
+	}
+	if n := h.x.metrics.peerDrops.TooLarge(); n != 2 {
+		t.Fatalf("too_large drops %d, want 2", n)
+	}
+}
+
+// TestHostileEnginePub: an engine PUB the router subscribes to that claims a 2^40-byte
+// frame is hung up on, counted, and redialled.
+func TestHostileEnginePub(t *testing.T) {
+	for _, attack := range []struct {
+		name  string
+		bytes []byte
+	}{{"2^40-byte frame", hugeFrame}, {"65 frames", tooManyFrames}} {
+		t.Run(attack.name, func(t *testing.T) {
+			ep, ends := hostileServer(t, "PUB", attack.bytes)
+			h := startManager(t, "", WorkerSpec{ID: "a", Model: "m", KVEvents: ep})
+			hungUp(t, ends, 2) // the second: the subscription lives on and redials
+			if n := h.x.metrics.peerDrops.TooLarge(); n < 2 {
+				t.Fatalf("too_large drops %d, want at least 2", n)
+			}
+		})
+	}
+}
+
+// TestHostileReplay: a replay ROUTER that answers with a 2^40-byte frame is hung up on and
+// counted; the gap is then handled as one without replay (the rank is cleared) and live
+// batches go on.
+func TestHostileReplay(t *testing.T) {
+	rep, ends := hostileServer(t, "ROUTER", hugeFrame)
+	p := newTestPublisher(t, "tcp://127.0.0.1:0", "")
+	h := startManager(t, "", WorkerSpec{ID: "a", Model: "m", Publishers: []Publisher{{Endpoint: p.pubEndpoint(), Replay: rep}}})
+	h.warmUp(t, p, "a")
+	before := seqTokens(0, 64)
+	h.waitApplied(t, "a", p.send(storedBatch(before)))
+	p.lose(storedBatch(seqTokens(500, 16)))
+	after := seqTokens(900, 32)
+	h.waitApplied(t, "a", p.send(storedBatch(after)))
+	hungUp(t, ends, 1)
+	if got := lookup(t, h.x, "m", before); got["a"] != 0 {
+		t.Fatalf("entries from before an unrepaired gap: %v", got)
+	}
+	if got := lookup(t, h.x, "m", after); got["a"] != 32 {
+		t.Fatalf("entries after the gap: %v", got)
+	}
+	c := h.x.Metrics().Ingest()
+	if c.ReplayFailures != 1 || h.x.metrics.peerDrops.TooLarge() != 1 {
+		t.Fatalf("replay failures %d, too_large drops %d; want 1 and 1", c.ReplayFailures, h.x.metrics.peerDrops.TooLarge())
+	}
+}
+
+// TestBoundSubKeepsRekeyMapsThroughPeerChurn: many peers connecting and leaving the bound
+// SUB (which once made it reopen and forget the engines' re-key maps) do not lose a vLLM
+// engine's later evictions: the router reports what the engine holds.
+func TestBoundSubKeepsRekeyMapsThroughPeerChurn(t *testing.T) {
+	h := startManager(t, "tcp://127.0.0.1:0", WorkerSpec{ID: "v", URL: "http://127.0.0.1:8100", Model: "m", NoDiscovery: true})
+	waitBound(t, h)
+	p := dialingPublisher(t, h.m.BoundAddr(), "kv@127.0.0.1:8100@m")
+	h.warmUp(t, p, "v")
+	prompt := seqTokens(1<<31, 512)
+	eh := engineHashes(21, 32)
+	h.waitApplied(t, "v", p.send(&EventBatch{Events: []Event{stored(eh, 0, prompt, 16, MediumGPU)}}))
+	if got := lookup(t, h.x, "m", prompt); got["v"] != 512 {
+		t.Fatalf("before the churn: %v", got)
+	}
+	_, hp, _ := splitEndpointForTest(h.m.BoundAddr())
+	for i := range 100 {
+		c, err := net.DialTimeout("tcp", hp, waitFor)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 0 {
+			_, _ = c.Write(zmtpHello("PUB")) // a peer that greets, then leaves
+		}
+		_ = c.Close()
+	}
+	h.waitApplied(t, "v", p.send(&EventBatch{Events: []Event{{Kind: EventBlockRemoved, BlockHashes: eh[19:20]}}}))
+	if got := lookup(t, h.x, "m", prompt); got["v"] != 304 {
+		t.Fatalf("after the churn and an eviction of block 19: %v, want 304", got)
+	}
+}
+
+// TestBoundSubAttributesDPRanks: vLLM's rank r publishes with topic kv@ip:(P+r)@model and
+// data_parallel_rank r: with the worker's dp_size declared, the port names the rank; a rank
+// only the batch names is learned.
+func TestBoundSubAttributesDPRanks(t *testing.T) {
+	h := startManager(t, "tcp://127.0.0.1:0",
+		WorkerSpec{ID: "v", URL: "http://127.0.0.1:8100", Model: "m", DPSize: 2, NoDiscovery: true, HashScheme: HashSchemeRekey},
+		WorkerSpec{ID: "w", URL: "http://127.0.0.1:8200", Model: "m", NoDiscovery: true, HashScheme: HashSchemeRekey})
+	waitBound(t, h)
+	for _, tc := range []struct {
+		worker, topic string
+		rank          int
+	}{
+		{"v", "kv@127.0.0.1:8101@m", 1}, // rank 1 by port, the batch says so too
+		{"w", "kv@127.0.0.1:8200@m", 1}, // rank 1 by the batch alone: learned
+	} {
+		p := dialingPublisher(t, h.m.BoundAddr(), tc.topic)
+		h.warmUp(t, p, tc.worker)
+		prompt := seqTokens(1000*(tc.rank+1)+len(tc.worker), 48)
+		seq := p.send(&EventBatch{HasDPRank: true, DPRank: tc.rank, Events: []Event{stored(engineHashes(int64(len(tc.topic)), 3), 0, prompt, 16, MediumGPU)}})
+		deadline := time.After(waitFor)
+	wait:
+		for {
+			select {
+			case a := <-h.applied:
+				if a.worker == tc.worker && a.seq == seq {
+					if a.rank != tc.rank {
+						t.Fatalf("%s: applied to rank %d, want %d", tc.topic, a.rank, tc.rank)
+					}
+					break wait
+				}
+			case <-deadline:
+				t.Fatalf("%s: batch not applied", tc.topic)
+			}
+		}
+		if got := lookup(t, h.x, "m", prompt); got[tc.worker] != 48 {
+			t.Fatalf("%s: %v", tc.topic, got)
+		}
+		if _, ok := h.x.owners.Lookup(tc.worker, tc.rank); !ok {
+			t.Fatalf("%s: rank %d of %s not registered", tc.topic, tc.rank, tc.worker)
+		}
+	}
+	if c := h.x.Metrics().Ingest(); c.UnknownEngine != 0 || c.Malformed != 0 {
+		t.Fatalf("counts %+v", c)
+	}
+}
+
+// TestLateJoinerNotIndexedUnderEngineHashes: an engine whose first events have a parent
+// (the router joined late) is not indexed under its own hashes before they are proven to
+// be the router's; once a block without a parent shows vLLM-style hashes, what follows is
+// re-keyed.
+func TestLateJoinerNotIndexedUnderEngineHashes(t *testing.T) {
+	x := newTestIndex(t, 2, 1<<16)
+	register(t, x, "v", 1, 16)
+	a := newTestApplier(t, x, "v", false)
+	prompt := seqTokens(1<<31, 64)
+	eh := engineHashes(31, 4)
+	applyEvents(t, a, 0, stored(eh[2:], eh[1], prompt[32:], 16, MediumGPU)) // parent never seen
+	if n := x.Stats().Blocks; n != 0 {
+		t.Fatalf("%d blocks indexed under unproven engine hashes", n)
+	}
+	fresh := seqTokens(7<<28, 32)
+	applyEvents(t, a, 0, stored(engineHashes(32, 2), 0, fresh, 16, MediumGPU))
+	if got := lookup(t, x, "m", fresh); got["v"] != 32 {
+		t.Fatalf("re-keyed after the proof: %v", got)
+	}
+	if !a.rekey {
+		t.Fatal("vLLM-style hashes not detected")
+	}
+	// A declared SGLang engine is trusted at once, parent or not.
+	register(t, x, "s", 1, 16)
+	s := newApplier(x, "s", HashSchemeSGLang, slog.New(slog.DiscardHandler))
+	hs := AppendBlockHashes(nil, prompt, 16)
+	applyEvents(t, s, 0, stored(hs[2:], hs[1], prompt[32:], 16, MediumGPU))
+	if n := x.Stats().Blocks; n != 2+2 {
+		t.Fatalf("%d blocks, want the 2 re-keyed and the 2 SGLang ones", n)
+	}
+}
+
+// TestMalformedKVEventsLoggedOncePerInterval: 1,010 garbage batches on the bound SUB, each
+// failing differently, make one warning line; after the interval, the next line counts them.
+func TestMalformedKVEventsLoggedOncePerInterval(t *testing.T) {
+	h := &countLog{msg: "malformed KV-event messages"}
+	var now sync.Mutex
+	at := time.Unix(1_800_000_000, 0)
+	clock := func() time.Time { now.Lock(); defer now.Unlock(); return at }
+	hs := startManagerWith(t, ManagerConfig{BindEndpoint: "tcp://127.0.0.1:0", Logger: slog.New(h), Now: clock}, WorkerSpec{ID: "v", URL: "http://127.0.0.1:8100", Model: "m", NoDiscovery: true})
+	waitBound(t, hs)
+	p := dialingPublisher(t, hs.m.BoundAddr(), "kv@127.0.0.1:8100@m")
+	hs.warmUp(t, p, "v")
+	garbage := func(n int) {
+		for i := range n {
+			bad := binary.BigEndian.AppendUint16([]byte{0xdc}, uint16(i+3)) // an array of i+3, empty
+			p.sendRaw(bad)
+		}
+		hs.waitApplied(t, "v", p.send(&EventBatch{Events: []Event{}}))
+	}
+	garbage(1010)
+	if lines := h.lines(); len(lines) != 1 || lines[0] != 1 {
+		t.Fatalf("log lines (their counts) %v, want one of count 1", lines)
+	}
+	now.Lock()
+	at = at.Add(time.Minute)
+	now.Unlock()
+	garbage(1)
+	if lines := h.lines(); len(lines) != 2 || lines[1] != 1010 {
+		t.Fatalf("log lines (their counts) %v, want a second counting 1,010", lines)
+	}
+}
+
+// sendRaw publishes payload under the next sequence number as it is.
+func (p *testPublisher) sendRaw(payload []byte) {
+	p.t.Helper()
+	p.mu.Lock()
+	seq := p.seq
+	p.seq++
+	p.mu.Unlock()
+	p.sendFrames([]byte(p.topic), binary.BigEndian.AppendUint64(nil, seq), payload)
+}
+
+// countLog counts the records of one message and keeps their "count" attributes.
+type countLog struct {
+	msg    string
+	mu     sync.Mutex
+	counts []int64
+}
+
+func (h *countLog) Enabled(context.Context, slog.Level) bool { return true }
+func (h *countLog) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *countLog) WithGroup(string) slog.Handler            { return h }
+func (h *countLog) Handle(_ context.Context, r slog.Record) error {
+	if r.Message != h.msg {
+		return nil
+	}
+	n := int64(-1)
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "count" {
+			n = a.Value.Int64()
+		}
+		return true
+	})
+	h.mu.Lock()
+	h.counts = append(h.counts, n)
+	h.mu.Unlock()
+	return nil
+}
+
+func (h *countLog) lines() []int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]int64(nil), h.counts...)
+}
