@@ -102,7 +102,7 @@ func TestCloseStopsEverything(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dialRaw(t, rp, "DEALER", "ROUTER")
+	dialRaw(t, rp, "DEALER")
 	p.Restart()
 	old.dropped(t, "subscriber at the restart")
 	// A raw subscriber stays connected through Close; a hung stream is cut by it.

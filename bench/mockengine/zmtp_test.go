@@ -1,11 +1,13 @@
 package mockengine
 
 import (
-	"bufio"
+	"context"
 	"log/slog"
 	"net"
 	"testing"
 	"time"
+
+	"switchyard/load/zmtp"
 )
 
 func TestZMTPPubTopics(t *testing.T) {
@@ -37,35 +39,50 @@ func TestZMTPPubTopics(t *testing.T) {
 	}
 }
 
-// rawPeer speaks ZMTP with our own framing, to exercise the ZMTP 3.1 command forms.
+// rawPeer is one ZMTP connection driven by hand, to exercise the ZMTP 3.1 command forms.
 type rawPeer struct {
-	c  net.Conn
-	br *bufio.Reader
-	bw *bufio.Writer
+	c *zmtp.Conn
 }
 
-func dialRaw(t *testing.T, port int, sockType string, accept ...string) *rawPeer {
+func dialRaw(t *testing.T, port int, sockType string) *rawPeer {
 	t.Helper()
-	c, err := net.Dial("tcp", "127.0.0.1:"+itoa(port))
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	c, err := zmtp.Dial(ctx, "tcp://127.0.0.1:"+itoa(port), sockType, testDeadline, zmtp.Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { c.Close() })
-	p := &rawPeer{c: c, br: bufio.NewReader(c), bw: bufio.NewWriter(c)}
-	if _, err := zmtpHandshake(c, p.br, p.bw, sockType, accept...); err != nil {
-		t.Fatal(err)
-	}
-	_ = c.SetDeadline(time.Now().Add(testDeadline))
-	return p
+	t.Cleanup(func() { _ = c.Close() })
+	return &rawPeer{c: c}
 }
 
 func (p *rawPeer) command(t *testing.T, name string, data []byte) {
 	t.Helper()
-	if err := writeZMTPFrame(p.bw, zmtpCommand, zmtpCommandBody(name, data)); err != nil {
+	if err := p.c.WriteCommand(name, data); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.bw.Flush(); err != nil {
-		t.Fatal(err)
+}
+
+// read reads the next message, failing the test after testDeadline.
+func (p *rawPeer) read(t *testing.T) (*zmtp.Message, error) {
+	t.Helper()
+	type res struct {
+		m   *zmtp.Message
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		m, err := p.c.ReadMessage()
+		ch <- res{m, err}
+	}()
+	select {
+	case r := <-ch:
+		return r.m, r.err
+	case <-time.After(testDeadline):
+		_ = p.c.Close()
+		r := <-ch
+		t.Fatalf("nothing read within %v", testDeadline)
+		return r.m, r.err
 	}
 }
 
@@ -75,28 +92,17 @@ func TestZMTPCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pub.Close()
-	p := dialRaw(t, pub.Port(), "SUB", "PUB")
+	p := dialRaw(t, pub.Port(), "SUB")
 	p.command(t, "PING", []byte{0, 10, 'c', 't', 'x'})
-	flags, body, err := readZMTPFrame(p.br)
-	if name, data, ok := parseZMTPCommand(flags, body); err != nil || !ok || name != "PONG" || string(data) != "ctx" {
-		t.Fatalf("PING answered %q %q (%v)", name, data, err)
+	if m, err := p.read(t); err != nil || m.Command != "PONG" || string(m.Data) != "ctx" {
+		t.Fatalf("PING answered %+v (%v)", m, err)
 	}
 	p.command(t, "SUBSCRIBE", []byte("t"))
 	poll(t, "the subscription", func() bool { return pub.Subscribers() == 1 })
 	pub.Send([]byte("topic"), []byte("body"))
-	var frames []string
-	for {
-		flags, body, err := readZMTPFrame(p.br)
-		if err != nil {
-			t.Fatal(err)
-		}
-		frames = append(frames, string(body))
-		if flags&zmtpMore == 0 {
-			break
-		}
-	}
-	if len(frames) != 2 || frames[0] != "topic" || frames[1] != "body" {
-		t.Fatalf("frames %q", frames)
+	m, err := p.read(t)
+	if err != nil || len(m.Frames) != 2 || string(m.Frames[0]) != "topic" || string(m.Frames[1]) != "body" {
+		t.Fatalf("got %+v (%v)", m, err)
 	}
 	p.command(t, "CANCEL", []byte("t"))
 	poll(t, "the cancellation", func() bool { return pub.Subscribers() == 0 })
@@ -113,11 +119,12 @@ func TestZMTPRejectsIncompatiblePeers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	br, bw := bufio.NewReader(c), bufio.NewWriter(c)
 	// A PUB peer may not connect to a PUB socket: the engine closes the connection.
-	_, _ = zmtpHandshake(c, br, bw, "PUB", "PUB", "SUB")
-	_ = c.SetReadDeadline(time.Now().Add(testDeadline))
-	if _, _, err := readZMTPFrame(br); err == nil {
+	_ = c.SetDeadline(time.Now().Add(testDeadline))
+	if _, err := zmtp.Handshake(c, "PUB", zmtp.Limits{HandshakeTimeout: testDeadline}); err == nil {
+		t.Fatal("a PUB completed a handshake with a PUB")
+	}
+	if _, err := c.Read(make([]byte, 1)); err == nil {
 		t.Fatal("connection stayed open for an incompatible peer")
 	}
 }
@@ -127,7 +134,7 @@ func TestZMTPCloseDisconnects(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := dialRaw(t, pub.Port(), "SUB", "PUB")
+	p := dialRaw(t, pub.Port(), "SUB")
 	p.command(t, "SUBSCRIBE", nil)
 	poll(t, "the subscription", func() bool { return pub.Subscribers() == 1 })
 	done := make(chan error, 1)
@@ -140,7 +147,7 @@ func TestZMTPCloseDisconnects(t *testing.T) {
 	case <-time.After(testDeadline):
 		t.Fatal("Close did not return")
 	}
-	if _, _, err := readZMTPFrame(p.br); err == nil {
+	if _, err := p.read(t); err == nil {
 		t.Fatal("the subscriber's connection survived Close")
 	}
 }

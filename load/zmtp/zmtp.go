@@ -352,6 +352,9 @@ func (c *Conn) Subscribe(topic []byte) error {
 	return c.WriteMessage(append(append(msg, 1), topic...))
 }
 
+// WriteCommand writes one command (ZMTP 3.1 SUBSCRIBE, CANCEL, PING...) and flushes it.
+func (c *Conn) WriteCommand(name string, data []byte) error { return c.writeCommand(name, data) }
+
 func (c *Conn) writeCommand(name string, data []byte) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
