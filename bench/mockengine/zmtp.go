@@ -256,4 +256,3 @@ func (r *zmtpRouter) serve(c *zmtp.Conn) error {
 		r.handler(peer, frames)
 	}
 }
-
