@@ -11,6 +11,7 @@ import (
 	"switchyard/config"
 	"switchyard/engine"
 	"switchyard/kv"
+	"switchyard/load/zmtp"
 )
 
 // CacheOptions are CacheState's collaborators beyond the configuration.
@@ -114,8 +115,7 @@ func NewCacheState(cfg *config.Config, opts CacheOptions) (*CacheState, error) {
 	if !cfg.KV.Enabled {
 		return cs, nil
 	}
-	m, err := kv.NewManager(kv.ManagerConfig{Index: x, BindEndpoint: cfg.KV.BindEndpoint, DefaultBlockSize: cfg.KV.BlockSize,
-		MinBackoff: cfg.KV.ReconnectBackoff, Logger: opts.Logger.With(slog.String("component", "kv")), OnApplied: opts.OnApplied})
+	m, err := kv.NewManager(ManagerConfigFrom(cfg, x, opts.Logger.With(slog.String("component", "kv")), opts.OnApplied))
 	if err != nil {
 		_ = x.Close()
 		return nil, fmt.Errorf("cannot build the cache state: %w", err)
@@ -135,9 +135,18 @@ func NewCacheState(cfg *config.Config, opts CacheOptions) (*CacheState, error) {
 
 // WorkerSpecFrom is the KV subscription of a configured worker: its kv_events endpoint when
 // set, else the publishers the worker lifecycle names once it has introspected the engine
-// (and the bound SUB for engines that dial it).
+// (and the bound SUB for engines that dial it), with the KV facts the worker declares
+// (replay endpoint, block size, hash scheme).
 func WorkerSpecFrom(w config.Worker) kv.WorkerSpec {
-	return kv.WorkerSpec{ID: w.ID, URL: w.URL, Model: w.Model, DPSize: w.DPSize, KVEvents: w.KVEvents}
+	return kv.WorkerSpec{ID: w.ID, URL: w.URL, Model: w.Model, DPSize: w.DPSize, KVEvents: w.KVEvents,
+		Replay: w.KVReplay, BlockSize: w.KVBlockSize, HashScheme: w.KVHashScheme}
+}
+
+// ManagerConfigFrom is the KV subscription manager of cfg's kv section over index x.
+func ManagerConfigFrom(cfg *config.Config, x *kv.Index, log *slog.Logger, onApplied func(string, int, uint64)) kv.ManagerConfig {
+	return kv.ManagerConfig{Index: x, BindEndpoint: cfg.KV.BindEndpoint, DefaultBlockSize: cfg.KV.BlockSize,
+		MinBackoff: cfg.KV.ReconnectBackoff, Logger: log, OnApplied: onApplied,
+		Limits: zmtp.Limits{MaxMessage: cfg.KV.MaxMessageBytes}}
 }
 
 // Source is the prefix source for engine.Deps.Cache.

@@ -10,11 +10,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/VictoriaMetrics/metrics"
 	"github.com/asynkron/protoactor-go/actor"
 
 	"switchyard/config"
 	"switchyard/engine"
 	"switchyard/load"
+	"switchyard/load/zmtp"
 )
 
 // Telemetry defaults, used when TelemetryOptions leaves a field at zero.
@@ -129,6 +131,12 @@ type TelemetryOptions struct {
 	// Counters, when set, receives the telemetry actor's failure counts (KindTelemetry), so
 	// one Counters (a Selector's) can serve every actor kind's metrics. Default: private.
 	Counters *Counters
+	// GaugeLimits bound what a load-gauge publisher may send (kv.max_message_bytes).
+	// Default: zmtp's (16 MiB).
+	GaugeLimits zmtp.Limits
+	// Metrics receives switchyard_zmq_peer_drops_total{component="load_gauge"}. Default:
+	// private.
+	Metrics *metrics.Set
 }
 
 // WorkerSource is what Telemetry needs to follow one engine's load.
@@ -195,10 +203,11 @@ type TelemetryStats struct {
 // per worker: a load.Poller (HTTP) or a load.GaugeSubscriber (ZMQ), chosen by load.source.
 // Its methods are safe for concurrent use.
 type Telemetry struct {
-	opts   TelemetryOptions
-	table  *load.Table
-	logger *slog.Logger
-	now    func() time.Time
+	opts       TelemetryOptions
+	gaugeDrops *zmtp.Metrics
+	table      *load.Table
+	logger     *slog.Logger
+	now        func() time.Time
 
 	sys      *actor.ActorSystem
 	pid      *actor.PID
@@ -269,13 +278,14 @@ func NewTelemetry(table *load.Table, opts TelemetryOptions) (*Telemetry, error) 
 		return nil, fmt.Errorf("cannot create telemetry: unknown load source %q", opts.Load.Source)
 	}
 	t := &Telemetry{
-		opts:   opts,
-		table:  table,
-		logger: opts.Logger,
-		now:    opts.Now,
-		host:   newHost(),
-		feeds:  make(map[string]*feed),
-		tick:   &PublishLoads{},
+		opts:       opts,
+		gaugeDrops: zmtp.NewMetrics(opts.Metrics, "load_gauge"),
+		table:      table,
+		logger:     opts.Logger,
+		now:        opts.Now,
+		host:       newHost(),
+		feeds:      make(map[string]*feed),
+		tick:       &PublishLoads{},
 	}
 	t.counters = opts.Counters
 	if t.counters == nil {
@@ -408,6 +418,8 @@ func (t *Telemetry) transports(src WorkerSource, f *feed) ([]func(context.Contex
 				Deliver: func(id string, r load.RankReport) {
 					t.sys.Root.Send(t.pid, &LoadReported{WorkerID: id, Reports: []load.RankReport{r}})
 				},
+				Limits:  t.opts.GaugeLimits,
+				Metrics: t.gaugeDrops,
 			})
 			if err != nil {
 				return nil, err

@@ -127,6 +127,21 @@ type Worker struct {
 	// MetricsPath is the path of the engine's Prometheus text page (empty is the default).
 	// Default "/metrics".
 	MetricsPath string `koanf:"metrics_path" json:"metrics_path"`
+	// KVReplay, when set, is the engine's KV-event replay endpoint ("tcp://host:port",
+	// rank r on port+r), for engines that do not advertise one (vLLM: no /server_info);
+	// used on kv_events subscriptions and on the bound SUB (kv.bind_endpoint) alike.
+	// Default: introspected, else none (a sequence gap clears the rank).
+	KVReplay string `koanf:"kv_replay" json:"kv_replay"`
+	// KVBlockSize is the engine's KV block size in tokens, for engines that do not
+	// advertise it. Default 0: introspected, else kv.block_size (events carrying a block
+	// size override either).
+	KVBlockSize int `koanf:"kv_block_size" json:"kv_block_size" unit:"tokens"`
+	// KVHashScheme says how the engine's block hashes relate to the router's: "auto"
+	// (verified from the first block without a parent; a mismatch switches to re-keying),
+	// "sglang" (the router's own: used as they are) or "rekey" (not reproducible, as
+	// vLLM's: blocks are keyed by router hashes recomputed from their token IDs).
+	// Default auto.
+	KVHashScheme string `koanf:"kv_hash_scheme" json:"kv_hash_scheme"`
 }
 
 // Model is one model's routing: default policies per stage and its buckets.
@@ -344,6 +359,11 @@ type KV struct {
 	// HashCacheChunks is how many prompt chunks (64 blocks, about 560 bytes each) keep their
 	// block hashes for later lookups; 0 turns the cache off. Default 16384 (about 9 MiB).
 	HashCacheChunks int `koanf:"hash_cache_chunks" json:"hash_cache_chunks" unit:"chunks of 64 blocks"`
+	// MaxMessageBytes bounds one ZeroMQ message (its frames together) read from any
+	// engine or peer: KV events, replays, the bound SUB and the load gauge. A peer that
+	// announces more is disconnected and counted in switchyard_zmq_peer_drops_total.
+	// Default 16777216 (16 MiB), in bytes; at least 4096.
+	MaxMessageBytes int64 `koanf:"max_message_bytes" json:"max_message_bytes" unit:"bytes"`
 }
 
 // Affinity configures session and routing-key bindings.

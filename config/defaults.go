@@ -42,6 +42,7 @@ func Default() *Config {
 			MaxBlocks:        4_000_000,
 			ReconnectBackoff: 500 * time.Millisecond,
 			HashCacheChunks:  16384,
+			MaxMessageBytes:  16 << 20,
 		},
 		Affinity: Affinity{
 			SessionHeader:    "x-session-id",
@@ -104,6 +105,13 @@ const (
 	FlavorVLLM   = "vllm"
 
 	DefaultMetricsPath = "/metrics"
+)
+
+// KV hash schemes of workers[].kv_hash_scheme.
+const (
+	KVHashAuto   = "auto"
+	KVHashSGLang = "sglang"
+	KVHashRekey  = "rekey"
 )
 
 // Load sources, cache sources, sticky fallbacks and log levels, as written in configuration.

@@ -129,6 +129,17 @@ func (c *Config) validateWorkers(p *problems) map[string]int {
 		if w.MetricsPath != "" && (w.MetricsPath[0] != '/' || strings.ContainsAny(w.MetricsPath, " ?#\t\r\n")) {
 			p.add(path+".metrics_path", ErrInvalid, fmt.Sprintf("must be an absolute path such as /metrics, got %q", w.MetricsPath))
 		}
+		if w.KVReplay != "" {
+			if msg := checkZMQEndpoint(w.KVReplay); msg != "" {
+				p.add(path+".kv_replay", ErrInvalid, msg)
+			}
+		}
+		atLeast(p, path+".kv_block_size", int64(w.KVBlockSize), 0) // 0: introspected
+		switch w.KVHashScheme {
+		case "", KVHashAuto, KVHashSGLang, KVHashRekey:
+		default:
+			p.add(path+".kv_hash_scheme", ErrInvalid, fmt.Sprintf("unknown scheme %q (auto, sglang or rekey)", w.KVHashScheme))
+		}
 		k := firsts[w.Model]
 		if k == nil {
 			k = &kinds{plain: -1, pd: -1}
@@ -382,6 +393,7 @@ func (c *Config) validateKV(p *problems) {
 	atLeast(p, "kv.max_blocks", int64(k.MaxBlocks), 1)
 	positive(p, "kv.reconnect_backoff", k.ReconnectBackoff)
 	atLeast(p, "kv.hash_cache_chunks", int64(k.HashCacheChunks), 0) // 0: off
+	atLeast(p, "kv.max_message_bytes", k.MaxMessageBytes, 4096)
 	if k.BindEndpoint != "" {
 		if msg := checkZMQEndpoint(k.BindEndpoint); msg != "" {
 			p.add("kv.bind_endpoint", ErrInvalid, msg)

@@ -129,6 +129,20 @@ func TestValidate(t *testing.T) {
 			`workers[2].load_publish: endpoint "udp://127.0.0.1:1" must use tcp or ipc`,
 			`workers[3].kv_events: endpoint "ipc://" has no path`,
 		}},
+		{name: "worker KV facts", mutate: func(c *Config) {
+			c.Workers[0].KVReplay = "tcp://127.0.0.1"
+			c.Workers[1].KVBlockSize = -1
+			c.Workers[2].KVHashScheme = "vllm"
+		}, want: []string{
+			`workers[0].kv_replay: endpoint "tcp://127.0.0.1" must be tcp://HOST:PORT`,
+			"workers[1].kv_block_size: must be at least 0, got -1",
+			`workers[2].kv_hash_scheme: unknown scheme "vllm" (auto, sglang or rekey)`,
+		}},
+		{name: "worker KV facts ok", mutate: func(c *Config) {
+			c.Workers[0].KVReplay, c.Workers[0].KVBlockSize, c.Workers[0].KVHashScheme = "tcp://127.0.0.1:5558", 16, KVHashRekey
+			c.Workers[1].KVHashScheme = KVHashSGLang
+			c.Workers[2].KVHashScheme = KVHashAuto
+		}},
 		{name: "model mixes plain and pd workers", mutate: func(c *Config) {
 			c.Workers = append(c.Workers, Worker{ID: "Q2", URL: "http://127.0.0.1:1", Model: "qwen", Role: RoleDecode, DPSize: 1})
 		}, want: []string{`workers[5].role: model "qwen" mixes plain workers (workers[2]) with prefill/decode workers (workers[5]); a model is served either plain or prefill/decode`}},
@@ -317,8 +331,12 @@ func TestValidate(t *testing.T) {
 			"kv.max_blocks: must be at least 1, got 0",
 			"kv.reconnect_backoff: must be a positive duration, got 0s",
 			"kv.hash_cache_chunks: must be at least 0, got -1",
+			"kv.max_message_bytes: must be at least 4096, got 0",
 			`kv.bind_endpoint: endpoint "tcp://:5557" must be tcp://HOST:PORT`,
 		}},
+		{name: "kv max message bytes small", mutate: func(c *Config) { c.KV.MaxMessageBytes = 4095 },
+			want: []string{"kv.max_message_bytes: must be at least 4096, got 4095"}},
+		{name: "kv max message bytes ok", mutate: func(c *Config) { c.KV.MaxMessageBytes = 1 << 30 }},
 		{name: "kv bind endpoint ok", mutate: func(c *Config) { c.KV.BindEndpoint = "tcp://127.0.0.1:5557" }},
 		{name: "kv shards zero is one per core", mutate: func(c *Config) { c.KV.Shards = 0 }},
 		{name: "kv shards explicit", mutate: func(c *Config) { c.KV.Shards = 8 }},

@@ -23,6 +23,7 @@ import (
 	"switchyard/httpfront/fleet"
 	"switchyard/httpfront/flow"
 	"switchyard/load"
+	"switchyard/load/zmtp"
 	"switchyard/tokenizer"
 )
 
@@ -283,6 +284,9 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 			Now:      opts.Now,
 			Logger:   opts.Logger,
 			Counters: sel.Counters(),
+			// The load gauge shares kv.max_message_bytes, the one bound on ZeroMQ messages.
+			GaugeLimits: zmtp.Limits{MaxMessage: cfg.KV.MaxMessageBytes},
+			Metrics:     opts.Metrics,
 		})
 		if err != nil {
 			s.closeSel()

@@ -174,6 +174,9 @@ type EventBatch struct {
 type Encoder struct {
 	buf bytes.Buffer
 	enc *msgpack.Encoder
+	// TrailingNils appends this many nil elements to array-shaped BlockStored events that
+	// carry a medium, as vLLM appends lora_name and extra keys. Default 0.
+	TrailingNils int
 }
 
 // NewEncoder returns an Encoder.
@@ -244,7 +247,11 @@ func (e *Encoder) encodeArrayEvent(ev *Event) error {
 	var err error
 	switch ev.Kind {
 	case EventBlockStored:
-		err = errors.Join(enc.EncodeArrayLen(6+withMedium), enc.EncodeString(tagBlockStored),
+		trailing := 0
+		if withMedium == 1 {
+			trailing = max(e.TrailingNils, 0)
+		}
+		err = errors.Join(enc.EncodeArrayLen(6+withMedium+trailing), enc.EncodeString(tagBlockStored),
 			e.encodeHashes(ev.BlockHashes), e.encodeParent(ev), e.encodeTokens(ev.TokenIDs),
 			enc.EncodeInt(int64(ev.BlockSize)), e.encodeLoRA(ev))
 	case EventBlockRemoved:
@@ -257,6 +264,11 @@ func (e *Encoder) encodeArrayEvent(ev *Event) error {
 	}
 	if err == nil && withMedium == 1 {
 		err = enc.EncodeString(ev.Medium.String())
+	}
+	if ev.Kind == EventBlockStored && withMedium == 1 {
+		for i := 0; err == nil && i < e.TrailingNils; i++ {
+			err = enc.EncodeNil()
+		}
 	}
 	return err
 }

@@ -34,6 +34,7 @@ type commandFlags struct {
 	decodeStep, decodePerRequest                   time.Duration
 	defaultMaxTokens                               int
 	kvEvents, kvTopic, kvShape, kvReplay           string
+	kvFormat, kvConnect                            string
 	kvBufferSteps                                  int
 	loadPublish                                    string
 	loadInterval                                   time.Duration
@@ -79,6 +80,8 @@ func newFlagSet(stderr io.Writer) (*flag.FlagSet, *commandFlags) {
 	fs.StringVar(&f.kvEvents, "kv-events", "auto", "KV-event publisher port base: auto (HTTP port + 1000, + i×dp-size for engine i), off, PORT or tcp://HOST:PORT")
 	fs.StringVar(&f.kvTopic, "kv-events-topic", "", "first frame of every KV-event message")
 	fs.StringVar(&f.kvShape, "kv-events-shape", "array", "KV-event encoding: array (tagged arrays) or map (tagged maps)")
+	fs.StringVar(&f.kvFormat, "kv-format", "sglang", "KV-event publisher: sglang (router-reproducible hashes) or vllm (a current vLLM publisher: its own hashes, topic kv@host:port+rank@model, replay with a topic frame)")
+	fs.StringVar(&f.kvConnect, "kv-connect", "", "dial this tcp://host:port (a router's kv.bind_endpoint; rank r dials port+r) instead of binding the KV-event PUB")
 	fs.StringVar(&f.kvReplay, "kv-replay", "off", "KV-event replay ROUTER port base: off, auto (HTTP port + 3000) or PORT")
 	fs.IntVar(&f.kvBufferSteps, "kv-buffer-steps", 10000, "KV-event batches kept for replay")
 	fs.StringVar(&f.loadPublish, "load-publish", "auto", "ZMQ load-gauge publisher port base: auto (HTTP port + 2000, + i×dp-size for engine i), off, PORT or tcp://HOST:PORT")
@@ -195,7 +198,7 @@ func (f *commandFlags) config(stderr io.Writer) (Config, error) {
 			PrefillOverhead: f.prefillOverhead, PrefillPerToken: f.prefillPerToken,
 			DecodeStep: f.decodeStep, DecodePerRequest: f.decodePerRequest,
 		},
-		KVEvents:      KVEvents{Topic: f.kvTopic, Shape: shape, BufferSteps: f.kvBufferSteps},
+		KVEvents:      KVEvents{Topic: f.kvTopic, Shape: shape, BufferSteps: f.kvBufferSteps, Format: f.kvFormat, Connect: f.kvConnect},
 		LoadPublish:   LoadPublish{Interval: f.loadInterval, Basic: f.loadBasic},
 		PDTimeout:     f.pdTimeout,
 		Seed:          f.seed,

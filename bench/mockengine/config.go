@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"switchyard/kv"
@@ -158,7 +159,24 @@ type KVEvents struct {
 	BufferSteps int
 	// HWM is the per-subscriber send queue, in messages. Default 10000.
 	HWM int
+	// Format is what the publisher looks like: KVFormatSGLang (default, also "": block
+	// hashes the router reproduces, the topic above) or KVFormatVLLM, as a current vLLM
+	// publisher: block hashes no router can reproduce (the router re-keys from token IDs),
+	// topic "kv@<host>:<HTTP port+r>@<model>" per rank, 0 as a first block's parent, two
+	// extra trailing elements in array-shaped BlockStored events, and replay replies with
+	// a topic frame ending in ("", seq −1, "").
+	Format string
+	// Connect, when set, makes every rank's PUB dial this endpoint (a router's bound SUB,
+	// "tcp://host:port"; rank r dials port+r, as vLLM offsets its endpoint) instead of
+	// binding one, redialling when the connection ends. Default: bind.
+	Connect string
 }
+
+// KV-event formats (KVEvents.Format).
+const (
+	KVFormatSGLang = "sglang"
+	KVFormatVLLM   = "vllm"
+)
 
 // LoadPublish configures the ZMQ load gauge: one PUB socket per DP rank on PortBase+rank,
 // topic "load".
@@ -354,6 +372,14 @@ func (c Config) Validate() error {
 	}
 	if c.PDTimeout < 0 {
 		bad("pd_timeout", "%v is negative", c.PDTimeout)
+	}
+	switch c.KVEvents.Format {
+	case "", KVFormatSGLang, KVFormatVLLM:
+	default:
+		bad("kv_events.format", "unknown format %q (sglang or vllm)", c.KVEvents.Format)
+	}
+	if ep := c.KVEvents.Connect; ep != "" && !strings.HasPrefix(ep, "tcp://") {
+		bad("kv_events.connect", "%q is not tcp://host:port", ep)
 	}
 	if c.KVEvents.Shape != kv.ShapeArray && c.KVEvents.Shape != kv.ShapeMap {
 		bad("kv_events.shape", "unknown shape %d", c.KVEvents.Shape)

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -174,7 +175,16 @@ func (e *Engine) listen() error {
 		e.ranks[i] = newRank(e, i)
 	}
 	zlog := e.log.With(slog.String("component", "zmtp"))
-	if !cfg.KVEvents.Disabled {
+	if !cfg.KVEvents.Disabled && cfg.KVEvents.Connect != "" {
+		for i, r := range e.ranks {
+			ep, err := offsetPort(cfg.KVEvents.Connect, i)
+			if err != nil {
+				return fmt.Errorf("cannot dial KV-event endpoint: %w", err)
+			}
+			r.kvpub = e.newEventPublisher(dialPub(ep, cfg.KVEvents.HWM), i)
+		}
+	}
+	if !cfg.KVEvents.Disabled && cfg.KVEvents.Connect == "" {
 		pubs, err := listenConsecutive(cfg.Host, cfg.KVEvents.PortBase, cfg.DPSize, func(addr string) (*zmtpPub, error) {
 			return listenPub(addr, cfg.KVEvents.HWM, zlog)
 		})
@@ -182,8 +192,10 @@ func (e *Engine) listen() error {
 			return fmt.Errorf("cannot bind KV-event publishers: %w", err)
 		}
 		for i, r := range e.ranks {
-			r.kvpub = e.newEventPublisher(pubs[i])
+			r.kvpub = e.newEventPublisher(pubs[i], i)
 		}
+	}
+	if !cfg.KVEvents.Disabled {
 		if cfg.KVEvents.Replay {
 			routers, err := listenConsecutive(cfg.Host, cfg.KVEvents.ReplayPortBase, cfg.DPSize, func(addr string) (*zmtpRouter, error) {
 				return listenRouter(addr, zlog, func(*routerPeer, [][]byte) {})
@@ -199,8 +211,8 @@ func (e *Engine) listen() error {
 			}
 		}
 	} else {
-		for _, r := range e.ranks {
-			r.kvpub = e.newEventPublisher(nil)
+		for i, r := range e.ranks {
+			r.kvpub = e.newEventPublisher(nil, i)
 		}
 	}
 	if !cfg.LoadPublish.Disabled {
@@ -229,11 +241,33 @@ func (e *Engine) listen() error {
 	return nil
 }
 
-func (e *Engine) newEventPublisher(sock *zmtpPub) *eventPublisher {
-	return &eventPublisher{
+func (e *Engine) newEventPublisher(sock *zmtpPub, rank int) *eventPublisher {
+	p := &eventPublisher{
 		sock: sock, topic: []byte(e.cfg.KVEvents.Topic), shape: e.cfg.KVEvents.Shape, enc: kv.NewEncoder(),
-		stopped: e.eventsStopped, log: e.log,
+		stopped: e.eventsStopped, log: e.log, vllm: e.cfg.KVEvents.Format == KVFormatVLLM,
 	}
+	if p.vllm {
+		p.enc.TrailingNils = 2 // lora_name and the extra keys of vLLM's BlockStored
+		if e.cfg.KVEvents.Topic == "" {
+			host, _, _ := net.SplitHostPort(strings.TrimPrefix(e.url, "http://"))
+			p.topic = []byte("kv@" + host + ":" + strconv.Itoa(e.port+rank) + "@" + e.cfg.Model)
+		}
+	}
+	return p
+}
+
+// offsetPort is endpoint "tcp://host:port" with port+n, as vLLM offsets a DP rank's.
+func offsetPort(endpoint string, n int) (string, error) {
+	hp := strings.TrimPrefix(endpoint, "tcp://")
+	host, port, err := net.SplitHostPort(hp)
+	if err != nil {
+		return "", err
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil || p+n > 65535 {
+		return "", fmt.Errorf("bad port in %q", endpoint)
+	}
+	return "tcp://" + net.JoinHostPort(host, strconv.Itoa(p+n)), nil
 }
 
 // listenConsecutive binds n sockets on base+i, or on OS-chosen consecutive ports when base
@@ -351,8 +385,8 @@ func (e *Engine) BootstrapPort() int {
 
 // KVEventsEndpoint returns the KV-event publisher of a DP rank ("tcp://host:port"), or "".
 func (e *Engine) KVEventsEndpoint(rank int) string {
-	if rank < 0 || rank >= len(e.ranks) || e.ranks[rank].kvpub.sock == nil {
-		return ""
+	if rank < 0 || rank >= len(e.ranks) || e.ranks[rank].kvpub.sock == nil || e.ranks[rank].kvpub.sock.Port() == 0 {
+		return "" // none, or a PUB that dials
 	}
 	return e.zmqEndpoint(e.ranks[rank].kvpub.sock.Port())
 }

@@ -458,7 +458,7 @@ func (e *Engine) serverInfo() map[string]any {
 		DPSize: cfg.DPSize, EventShape: cfg.KVEvents.Shape.String(),
 	}
 	config := map[string]any{"publisher": "null", "topic": cfg.KVEvents.Topic, "buffer_steps": cfg.KVEvents.BufferSteps, "hwm": cfg.KVEvents.HWM, "replay_endpoint": nil}
-	if r0.kvpub.sock != nil {
+	if r0.kvpub.sock != nil && r0.kvpub.sock.Port() != 0 {
 		p := r0.kvpub.sock.Port()
 		kve.Publisher, kve.EndpointPortBase = "zmq", &p
 		config["publisher"] = "zmq"

@@ -20,6 +20,9 @@ type eventPublisher struct {
 	enc     *kv.Encoder
 	stopped func() bool
 	log     *slog.Logger
+	// vllm publishes as a current vLLM publisher (KVFormatVLLM).
+	vllm bool
+	evs  []kv.Event // scratch of vllmBatch
 
 	mu   sync.Mutex
 	seq  uint64
@@ -38,6 +41,9 @@ type replayEntry struct {
 func (p *eventPublisher) publish(b *kv.EventBatch) {
 	if p.sock == nil && p.ring == nil {
 		return // KV events are off
+	}
+	if p.vllm {
+		b = p.vllmBatch(b)
 	}
 	payload, err := p.enc.Encode(b, p.shape)
 	if err != nil {
@@ -93,6 +99,15 @@ func (p *eventPublisher) serveReplay(peer *routerPeer, frames [][]byte) {
 	}
 	send := func(f ...[]byte) error { return peer.Send(append(append([][]byte(nil), prefix...), f...)...) }
 	end := func() { _ = send(seqFrame(^uint64(0)), nil) }
+	if p.vllm {
+		// Current vLLM: (topic, seq, payload) per batch, ("", -1, "") at the end.
+		send = func(f ...[]byte) error {
+			return peer.Send(append(append([][]byte(nil), prefix...), append([][]byte{p.topic}, f...)...)...)
+		}
+		end = func() {
+			_ = peer.Send(append(append([][]byte(nil), prefix...), []byte{}, seqFrame(^uint64(0)), []byte{})...)
+		}
+	}
 	if len(frames) != 1 || len(frames[0]) != 8 {
 		end()
 		return
@@ -113,6 +128,36 @@ func (p *eventPublisher) serveReplay(peer *routerPeer, frames [][]byte) {
 		}
 	}
 	end()
+}
+
+// vllmHash is the block hash a vLLM-style engine publishes for the router-style hash h: a
+// bijection (so removes name what stores named) that no router reproduces from token IDs.
+func vllmHash(h int64) int64 { return int64(uint64(h)*0x9e3779b97f4a7c15 + 0x632be59bd9b4e019) }
+
+// vllmBatch is b as vLLM publishes it: its own block hashes, 0 as a first block's parent.
+func (p *eventPublisher) vllmBatch(b *kv.EventBatch) *kv.EventBatch {
+	p.evs = append(p.evs[:0], b.Events...)
+	for i := range p.evs {
+		ev := &p.evs[i]
+		hs := make([]int64, len(ev.BlockHashes))
+		for j, h := range ev.BlockHashes {
+			hs[j] = vllmHash(h)
+		}
+		ev.BlockHashes = hs
+		if ev.Kind == kv.EventBlockStored {
+			if ev.Medium == kv.MediumNone {
+				ev.Medium = kv.MediumGPU
+			}
+			if ev.HasParent {
+				ev.ParentHash = vllmHash(ev.ParentHash)
+			} else {
+				ev.HasParent, ev.ParentHash = true, 0
+			}
+		}
+	}
+	out := *b
+	out.Events = p.evs
+	return &out
 }
 
 func seqFrame(seq uint64) []byte {

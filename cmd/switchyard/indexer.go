@@ -15,6 +15,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/valyala/fasthttp"
 
+	"switchyard/actors"
 	"switchyard/config"
 	"switchyard/httpfront/fleet"
 	"switchyard/kv"
@@ -62,17 +63,14 @@ func runIndexer(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	client := &fasthttp.Client{Name: "switchyard-indexer", NoDefaultUserAgentHeader: true, MaxConnsPerHost: 4,
 		MaxIdleConnDuration: cfg.Upstream.MaxIdleConnDuration, ReadTimeout: cfg.Health.Timeout}
 	defer client.CloseIdleConnections()
-	mgr, err := kv.NewManager(kv.ManagerConfig{
-		Index: idx, BindEndpoint: cfg.KV.BindEndpoint, DefaultBlockSize: cfg.KV.BlockSize,
-		MinBackoff: cfg.KV.ReconnectBackoff, Logger: logger.With(slog.String("component", "kv")),
-		Discover: &fleet.KVDiscoverer{Client: client, Timeout: cfg.Health.Timeout},
-	})
+	mc := actors.ManagerConfigFrom(cfg, idx, logger.With(slog.String("component", "kv")), nil)
+	mc.Discover = &fleet.KVDiscoverer{Client: client, Timeout: cfg.Health.Timeout}
+	mgr, err := kv.NewManager(mc)
 	if err != nil {
 		return err
 	}
 	for _, w := range cfg.Workers {
-		spec := kv.WorkerSpec{ID: w.ID, URL: w.URL, Model: w.Model, DPSize: w.DPSize, KVEvents: w.KVEvents}
-		if err := mgr.AddWorker(spec); err != nil {
+		if err := mgr.AddWorker(actors.WorkerSpecFrom(w)); err != nil {
 			return fmt.Errorf("cannot follow worker %s: %w", w.ID, err)
 		}
 	}
