@@ -73,7 +73,9 @@ type applier struct {
 	// matched the router's (or the scheme says so), so engine hashes are used as they are.
 	rekey, verified bool
 	keys            map[int][]rekeyMap // by DP rank
-	lastBad         string
+	// rawRanks are the ranks this applier indexed under the engine's own hashes before
+	// they were verified: a mismatch clears them (and no other applier's).
+	rawRanks map[int]bool
 }
 
 // rekeyMap maps an engine's block hashes to the router's digests for one owner.
@@ -85,7 +87,7 @@ type rekeyMap struct {
 
 func newApplier(x *Index, worker, scheme string, log *slog.Logger) *applier {
 	return &applier{x: x, w: x.NewWriter(), m: x.metrics, log: log, worker: worker,
-		rekey: scheme == HashSchemeRekey, verified: scheme == HashSchemeSGLang, keys: map[int][]rekeyMap{}}
+		rekey: scheme == HashSchemeRekey, verified: scheme == HashSchemeSGLang, keys: map[int][]rekeyMap{}, rawRanks: map[int]bool{}}
 }
 
 // keysFor returns the re-key map of owner at epoch, emptied when the owner's epoch moved on.
@@ -139,7 +141,7 @@ func (a *applier) apply(b *EventBatch, defaultRank int) error {
 				epoch = owners.Epoch(owner)
 			}
 			if !a.rekey && !a.verified {
-				a.verify(ev, info.BlockSize)
+				a.verify(ev, info.BlockSize, rank)
 				epoch = owners.Epoch(owner)
 			}
 			t := StoreTiers(ev.Medium)
@@ -154,6 +156,9 @@ func (a *applier) apply(b *EventBatch, defaultRank int) error {
 				// miss until a block without a parent settles the scheme.
 				a.m.opsDroppedUnkey.Add(len(ev.BlockHashes))
 				continue
+			}
+			if !a.verified {
+				a.rawRanks[rank] = true
 			}
 			for _, h := range ev.BlockHashes {
 				a.w.Store(owner, epoch, h, t)
@@ -183,9 +188,9 @@ func (a *applier) apply(b *EventBatch, defaultRank int) error {
 }
 
 // verify checks a first block's hash against the router's and switches to re-keying, clearing
-// what was keyed by the engine's hashes, when they differ. Blocks with a parent or an adapter
-// cannot be checked.
-func (a *applier) verify(ev *Event, blockSize int) {
+// what this applier keyed by the engine's hashes (rawRanks), when they differ. Blocks with a
+// parent or an adapter cannot be checked.
+func (a *applier) verify(ev *Event, blockSize, rank int) {
 	if ev.HasParent || ev.HasLoRA || len(ev.BlockHashes) == 0 || len(ev.TokenIDs) == 0 || blockSize < 1 {
 		return
 	}
@@ -196,13 +201,12 @@ func (a *applier) verify(ev *Event, blockSize int) {
 	}
 	a.rekey = true
 	a.m.hashMismatches.Inc()
-	for r := 0; ; r++ {
-		id, ok := a.x.owners.Lookup(a.worker, r)
-		if !ok {
-			break
+	for r := range a.rawRanks {
+		if id, ok := a.x.owners.Lookup(a.worker, r); ok {
+			a.x.clearOwner(id, clearRekey)
 		}
-		a.x.clearOwner(id, clearRekey)
 	}
+	clear(a.rawRanks)
 	a.log.Warn("engine block hashes differ from the router's; re-keying from token IDs", slog.String("worker", a.worker))
 }
 

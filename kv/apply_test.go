@@ -93,9 +93,12 @@ func TestApplierRekeysUnreproducibleHashes(t *testing.T) {
 	a := newTestApplier(t, x, "v", false)
 	prompt := seqTokens(1<<31, 320) // token IDs above 2^31, as simulated tokenizers emit
 	eh := engineHashes(1, 20)
-	// A block published before the first root block is keyed by the engine's hash until the
-	// mismatch shows; it must not survive the switch.
+	// A block published before the first root block, with a parent (the router joined
+	// late), is not keyed by the engine's hash: nothing proves it the router's.
 	applyEvents(t, a, 0, stored(engineHashes(9, 1), 99, seqTokens(5, 16), 16, MediumGPU))
+	if n := x.Stats().Blocks; n != 0 {
+		t.Fatalf("%d blocks indexed under an unverified engine hash", n)
+	}
 	applyEvents(t, a, 0,
 		stored(eh[:10], 0, prompt[:160], 16, MediumGPU), // root: hash differs → re-key
 		stored(eh[10:], eh[9], prompt[160:], 16, MediumGPU))
@@ -122,7 +125,7 @@ func TestApplierRekeysUnreproducibleHashes(t *testing.T) {
 	if got := x.Metrics().Ingest().OpsDroppedUnkeyed - before; got != 2 {
 		t.Fatalf("dropped %d", got)
 	}
-	if c := x.Metrics().Ingest(); c.HashMismatches != 1 || c.ClearsRekey != 1 {
+	if c := x.Metrics().Ingest(); c.HashMismatches != 1 || c.ClearsRekey != 0 || c.OpsDroppedUnkeyed != 3 {
 		t.Fatalf("counts %+v", c)
 	}
 }
