@@ -36,15 +36,21 @@
 //     atomic increment, effective for every lookup at once; shards reclaim the stale records
 //     in bounded sweeps.
 //   - Ingest: an applier keys a worker's events by the engine's hashes once a first block
-//     proves them to be the router's, and otherwise re-keys them from their token IDs
-//     (vLLM-style engines), mapping engine hashes to router hashes for later removes.
-//     Ingestor applies raw payloads; Manager runs the subscriptions to the engines' ZMQ
-//     publishers in both topologies of INTEROP (connect to each engine's PUB per DP rank,
-//     configured, named by the router's worker lifecycle, or found by a Discoverer; or bind
-//     a SUB that vLLM-style engines dial, identifying them by topic), with per-publisher
-//     sequence tracking, replay of a gap within a connection, reconnect with backoff, and
+//     without a parent proves them to be the router's (or the worker declares the scheme,
+//     WorkerSpec.HashScheme), and otherwise re-keys them from their token IDs (vLLM-style
+//     engines), mapping engine hashes to router hashes for later removes; blocks with an
+//     unseen parent before that proof are not indexed (a late joiner). A batch naming a DP
+//     rank the router was not told of registers it. Ingestor applies raw payloads; Manager
+//     runs the subscriptions to the engines' ZMQ publishers in both topologies of INTEROP
+//     (connect to each engine's PUB per DP rank, configured, named by the router's worker
+//     lifecycle, or found by a Discoverer; or bind a SUB that vLLM-style engines dial,
+//     identifying them by topic, kv@host:port+rank@model naming the rank), with
+//     per-publisher sequence tracking, replay of a gap (both reply layouts, a configured
+//     replay endpoint on either topology), reconnect with backoff (zmtp.Retry), and
 //     clearing on restart, reconnection or removal. kv neither fetches nor decodes
-//     /server_info: httpfront/fleet owns the one introspection of an engine.
+//     /server_info: httpfront/fleet owns the one introspection of an engine. Every socket
+//     goes through load/zmtp: a peer past ManagerConfig.Limits is hung up on and counted;
+//     malformed batches are logged once per publisher and interval.
 //   - CacheSource, the contract of a prefix source: the local Index, or RemoteSource, the
 //     client of `switchyard indexer` (IndexerHandler serves an Index over HTTP, protocol in
 //     wire.go). PrefixMemo memoizes one request's lookups, one per source.

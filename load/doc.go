@@ -11,8 +11,12 @@
 //     engine emit exactly what the decoders read.
 //   - Transports: Poller (HTTP polling with fasthttp: /v1/loads falling back to /get_load on
 //     404, the metrics page, or detection of which an engine has, once; Source says which)
-//     and GaugeSubscriber (ZMQ SUB with go-zeromq/zmq4, topic "load", reconnect with
-//     backoff).
+//     and GaugeSubscriber (ZMQ SUB on the sub-package zmtp, topic "load", every message
+//     bounded by its Limits, reconnect with zmtp.Retry).
+//   - Its sub-package zmtp is the project's one ZeroMQ transport (ZMTP 3, bounded reads,
+//     one reconnect loop), shared by this package, kv and the mock engine; LogThrottle is
+//     the one throttled log of malformed telemetry (at most one line per source and
+//     interval, with a count), used here and by kv.
 //   - Aggregation: Aggregator keeps the latest report per DP rank, derives the prefill
 //     throughput and estimated prefill queue from the cumulative counters, and builds an
 //     immutable Snapshot per worker: the sum over a complete set of fresh ranks, or unknown.

@@ -40,7 +40,11 @@
 //     batch) with BlockStored (parent hash, token IDs), BlockRemoved on eviction and
 //     AllBlocksCleared at start, on flush_cache and on restart, in either event shape; an
 //     optional replay ROUTER socket per rank answers an 8-byte start seq with (seq, payload)
-//     per retained batch and then seq -1. The sockets are a minimal ZMTP 3 server (zmtp.go),
+//     per retained batch and then seq -1. With KVEvents.Format "vllm" the publisher looks
+//     like current vLLM's: hashes no router reproduces, topic kv@host:port+rank@model, 0 as
+//     a first parent, extra trailing elements, replay replies (topic, seq, payload) ending
+//     ("", -1, ""); KVEvents.Connect dials a router's bound SUB instead of binding. The
+//     sockets (zmtp.go) are built on load/zmtp, the router's own ZMTP implementation, and
 //     tested against go-zeromq/zmq4 clients.
 //   - PD roles. A prefill engine runs a bootstrap HTTP server: GET /bootstrap/rooms/{room}
 //     answers once the prefill of that bootstrap_room completed (200 with prompt and cached
