@@ -53,6 +53,9 @@ type IndexConfig struct {
 	// not hashed again. 0 (the default here; the router's kv.hash_cache_chunks is 16384)
 	// turns the cache off.
 	HashCacheChunks int
+
+	// observer sees streamed lookups (tests in this package); nil: none.
+	observer streamObserver
 }
 
 // Index is the prefix index: block hash → owners ((worker, DP rank) pairs) per storage tier,
@@ -64,6 +67,7 @@ type IndexConfig struct {
 // block size the model's engines use, ask the shards in waves, and compute every owner's
 // longest held prefix. Index is safe for concurrent use.
 type Index struct {
+	obs     streamObserver // see IndexConfig.observer
 	owners  *Owners
 	shards  []*Shard
 	host    ShardHost
@@ -97,6 +101,7 @@ func NewIndex(cfg IndexConfig) (*Index, error) {
 		n:       uint64(cfg.Shards),
 		timeout: cfg.LookupTimeout,
 		metrics: cfg.Metrics,
+		obs:     cfg.observer,
 	}
 	x.hcache = newHashCache(cfg.HashCacheChunks, cfg.Metrics)
 	per := (cfg.MaxBlocks + cfg.Shards - 1) / cfg.Shards

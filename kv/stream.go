@@ -85,8 +85,8 @@ func (x *Index) matchStream(ctx context.Context, sc *lookupScratch, w, lo, n int
 		to := min(n, from+streamChunk)
 		sc.hashInto(hashes[from:from], to) // within capacity: in place
 		st.hashed.Store(int64(to))
-		if testChunkHashed != nil {
-			testChunkHashed(st, to)
+		if x.obs != nil {
+			x.obs.chunkHashed(st, to)
 		}
 		if w := st.want.Load(); w != 0 && int64(to) >= w && st.want.CompareAndSwap(w, 0) {
 			select {
@@ -114,8 +114,8 @@ func (x *Index) matchStream(ctx context.Context, sc *lookupScratch, w, lo, n int
 // streamHelper is the helper goroutine of a streamed lookup: it matches the hashed blocks
 // from lo in waves, and tells the hashing to stop when the prefix ends.
 func (x *Index) streamHelper(ctx context.Context, st *stream, sc *lookupScratch, w, lo, n int) {
-	if testHelperStart != nil {
-		testHelperStart()
+	if x.obs != nil {
+		x.obs.helperStarted()
 	}
 	if !st.state.CompareAndSwap(helperPending, helperRunning) {
 		return // withdrawn: the lookup goroutine matched without us
@@ -152,18 +152,19 @@ func (x *Index) streamHelper(ctx context.Context, st *stream, sc *lookupScratch,
 		sc.holdAll(n)
 	}
 	st.stop.Store(true)
-	if testHelperStopped != nil {
-		testHelperStopped()
+	if x.obs != nil {
+		x.obs.helperStopped()
 	}
 	st.err = err
 	st.finished <- struct{}{}
 }
 
-// Test hooks: testHelperStart runs first in a streamed lookup's helper, testChunkHashed after
-// each chunk the lookup goroutine hashes (to: blocks hashed so far), testHelperStopped once
-// the helper has told the hashing to stop.
-var (
-	testHelperStart   func()
-	testChunkHashed   func(st *stream, to int)
-	testHelperStopped func()
-)
+// streamObserver sees a streamed lookup's progress: helperStarted runs first in a streamed
+// lookup's helper, chunkHashed after each chunk the lookup goroutine hashes (to: blocks
+// hashed so far), helperStopped once the helper has told the hashing to stop. It is a seam
+// for tests (IndexConfig.observer), nil otherwise.
+type streamObserver interface {
+	helperStarted()
+	chunkHashed(st *stream, to int)
+	helperStopped()
+}

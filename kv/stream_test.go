@@ -8,16 +8,21 @@ import (
 // streamFixture is an index holding a 100,000-token prompt (6,250 blocks of 16): "full" holds
 // all of it, "half" the first half, "edge" exactly the first wave, and "fork" the first
 // 40,000 tokens followed by other tokens.
-func streamFixture(t *testing.T) (*Index, []uint32) {
+func streamFixture(t *testing.T) (*Index, []uint32, *streamHooks) {
 	t.Helper()
-	x := newTestIndex(t, 4, 1<<20)
+	h := &streamHooks{}
+	x, err := NewIndex(IndexConfig{Shards: 4, MaxBlocks: 1 << 20, observer: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = x.Close() })
 	prompt := seqTokens(7, 100_000)
 	hold(t, x, register(t, x, "full", 1, 16)[0], prompt, 16, TierGPU)
 	hold(t, x, register(t, x, "half", 1, 16)[0], prompt[:50_000], 16, TierGPU)
 	hold(t, x, register(t, x, "edge", 1, 16)[0], prompt[:firstWave*16], 16, TierGPU)
 	fork := append(append([]uint32{}, prompt[:40_000]...), seqTokens(1<<30, 20_000)...)
 	hold(t, x, register(t, x, "fork", 1, 16)[0], fork, 16, TierGPU)
-	return x, prompt
+	return x, prompt, h
 }
 
 func checkStreamed(t *testing.T, got map[string]int64) {
@@ -27,10 +32,35 @@ func checkStreamed(t *testing.T, got map[string]int64) {
 	}
 }
 
-// setHooks installs the stream test hooks for the test's duration.
-func setHooks(t *testing.T, start func(), chunk func(*stream, int), stopped func()) {
-	testHelperStart, testChunkHashed, testHelperStopped = start, chunk, stopped
-	t.Cleanup(func() { testHelperStart, testChunkHashed, testHelperStopped = nil, nil, nil })
+// streamHooks is the stream observer of streamFixture's index; a test sets its functions
+// before its lookups (nil: nothing).
+type streamHooks struct {
+	start   func()
+	chunk   func(*stream, int)
+	stopped func()
+}
+
+func (h *streamHooks) helperStarted() {
+	if h.start != nil {
+		h.start()
+	}
+}
+
+func (h *streamHooks) chunkHashed(st *stream, to int) {
+	if h.chunk != nil {
+		h.chunk(st, to)
+	}
+}
+
+func (h *streamHooks) helperStopped() {
+	if h.stopped != nil {
+		h.stopped()
+	}
+}
+
+// setHooks sets the functions of h.
+func setHooks(h *streamHooks, start func(), chunk func(*stream, int), stopped func()) {
+	h.start, h.chunk, h.stopped = start, chunk, stopped
 }
 
 // waitFor fails the test unless ch delivers within a generous bound.
@@ -44,10 +74,10 @@ func awaitSignal(t *testing.T, ch <-chan struct{}, what string) {
 }
 
 func TestStreamHelperMatchesWhileHashing(t *testing.T) {
-	x, prompt := streamFixture(t)
+	x, prompt, h := streamFixture(t)
 	started := make(chan struct{})
 	var chunks int
-	setHooks(t, func() { close(started) }, func(_ *stream, to int) {
+	setHooks(h, func() { close(started) }, func(_ *stream, to int) {
 		if chunks++; chunks == 1 {
 			awaitSignal(t, started, "the helper") // the helper claims the matching
 		}
@@ -59,14 +89,14 @@ func TestStreamHelperMatchesWhileHashing(t *testing.T) {
 }
 
 func TestStreamStopsHashingAtPrefixEnd(t *testing.T) {
-	x, prompt := streamFixture(t)
+	x, prompt, h := streamFixture(t)
 	// Past 4,000 blocks only "full" holds the prompt: drop it, so that the prefix ends at
 	// "half"'s 3,125 blocks, and check that the hashing stops soon after.
 	x.RemoveWorker("full")
 	started, stopped := make(chan struct{}), make(chan struct{})
 	var last int
 	chunks := 0
-	setHooks(t, func() { close(started) }, func(_ *stream, to int) {
+	setHooks(h, func() { close(started) }, func(_ *stream, to int) {
 		if chunks++; chunks == 1 {
 			awaitSignal(t, started, "the helper")
 		}
@@ -86,10 +116,10 @@ func TestStreamStopsHashingAtPrefixEnd(t *testing.T) {
 }
 
 func TestStreamWithdrawsALateHelper(t *testing.T) {
-	x, prompt := streamFixture(t)
+	x, prompt, h := streamFixture(t)
 	release := make(chan struct{})
 	exited := make(chan struct{}, 4)
-	setHooks(t, func() {
+	setHooks(h, func() {
 		<-release // the helper's core "wakes up" only after the lookup is over
 		exited <- struct{}{}
 	}, nil, nil)
