@@ -139,9 +139,9 @@ func (l *Listener) serve(nc net.Conn, handle func(*Conn) error) {
 		l.mu.Unlock()
 		_ = nc.Close()
 	}()
-	c, err := Handshake(nc, l.cfg.SocketType, l.cfg.Limits)
+	c, err := handshake(nc, l.cfg.SocketType, l.cfg.Limits)
 	if err != nil {
-		l.cfg.Metrics.Drop(err)
+		l.cfg.Metrics.Drop(err) // counted before the peer sees the connection end
 		return
 	}
 	l.cfg.Metrics.Drop(handle(c))

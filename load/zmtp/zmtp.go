@@ -117,10 +117,18 @@ type Conn struct {
 // Handshake runs the ZMTP handshake over nc as a socket of sockType and returns the
 // connection. It closes nc when the handshake fails.
 func Handshake(nc net.Conn, sockType string, lim Limits) (*Conn, error) {
+	c, err := handshake(nc, sockType, lim)
+	if err != nil {
+		_ = nc.Close()
+	}
+	return c, err
+}
+
+// handshake is Handshake without closing nc on failure.
+func handshake(nc net.Conn, sockType string, lim Limits) (*Conn, error) {
 	lim = lim.withDefaults()
 	c := &Conn{nc: nc, br: bufio.NewReaderSize(nc, 32<<10), bw: bufio.NewWriterSize(nc, 32<<10), lim: lim}
 	if err := c.handshake(sockType); err != nil {
-		_ = nc.Close()
 		return nil, err
 	}
 	return c, nil
