@@ -496,8 +496,9 @@ func (x *Index) MatchHashes(ctx context.Context, model string, blockSize int, ha
 const maxQueryOwners = 1<<16 - 1
 
 // matchGroup sets sc.count[i] to the number of the prompt's n leading blocks owners[i]
-// holds.
-func (x *Index) matchGroup(ctx context.Context, sc *lookupScratch, owners []OwnerID, n int) error {
+// holds. On error a shard may still read sc.bits: they are left as they are, and the caller
+// drops sc instead of pooling it.
+func (x *Index) matchGroup(ctx context.Context, sc *lookupScratch, owners []OwnerID, n int) (err error) {
 	owners = owners[:min(len(owners), maxQueryOwners)]
 	k := len(owners)
 	w := (k + 63) / 64
@@ -505,6 +506,9 @@ func (x *Index) matchGroup(ctx context.Context, sc *lookupScratch, owners []Owne
 		sc.bits[o] = uint16(i + 1)
 	}
 	defer func() {
+		if err != nil {
+			return
+		}
 		for _, o := range owners {
 			sc.bits[o] = 0
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"runtime"
 	"slices"
+	"sync"
 	"testing"
 )
 
@@ -453,4 +454,49 @@ func TestLookupEveryShortPromptLength(t *testing.T) {
 			}
 		}
 	}
+}
+
+// lateHost is a ShardHost whose Match gives up at once, as a host does when the lookup's
+// deadline passes, while its shards go on reading the queries (bits included) on their own
+// goroutines.
+type lateHost struct {
+	*LockedShards
+	wg sync.WaitGroup
+}
+
+func (h *lateHost) Match(_ context.Context, qs []*ShardQuery) error {
+	for _, q := range qs {
+		if q == nil {
+			continue
+		}
+		h.wg.Go(func() {
+			n := 0
+			for _, b := range q.Bits {
+				n += int(b)
+			}
+			_ = n
+		})
+	}
+	return context.DeadlineExceeded
+}
+
+// TestLookupLeavesAbandonedQueriesAlone: after a lookup gave up on its shards, it must not
+// write to what they may still read (the owner bits): the race detector once caught the
+// cleanup of a timed-out lookup under load.
+func TestLookupLeavesAbandonedQueriesAlone(t *testing.T) {
+	h := &lateHost{}
+	x, err := NewIndex(IndexConfig{Shards: 2, MaxBlocks: 1024, Host: func(s []*Shard) (ShardHost, error) {
+		h.LockedShards = NewLockedShards(s)
+		return h, nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Close()
+	register(t, x, "a", 1, 16)
+	var l Lookup
+	if err := x.Lookup(context.Background(), "m", seqTokens(0, 64), &l); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("lookup: %v, want ErrUnavailable", err)
+	}
+	h.wg.Wait()
 }
