@@ -1,108 +1,33 @@
 package kv
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
-	"io"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"switchyard/load/zmtp/zmtptest"
 )
 
 // Tests against peers that do not behave: hostile ZMTP peers on every socket the router
 // reads (bound SUB, engine PUB, replay ROUTER), peer churn on the bound SUB, DP ranks and
 // late joiners of vLLM-style engines, and malformed-message logging.
 
-// zmtpHello is a peer's greeting (ZMTP 3.0, NULL) and READY command as sockType.
-func zmtpHello(sockType string) []byte {
-	g := make([]byte, 64)
-	g[0], g[9], g[10] = 0xff, 0x7f, 3
-	copy(g[12:], "NULL")
-	ready := append([]byte{5}, "READY"...)
-	ready = append(ready, 11)
-	ready = append(ready, "Socket-Type"...)
-	ready = binary.BigEndian.AppendUint32(ready, uint32(len(sockType)))
-	ready = append(ready, sockType...)
-	return append(append(g, 0x04, byte(len(ready))), ready...)
-}
+// hugeFrame claims 2^40 bytes; tooManyFrames is one frame past the default bound.
+var (
+	hugeFrame     = zmtptest.Claim(1 << 40)
+	tooManyFrames = zmtptest.Frames(65)
+)
 
-// hugeFrame is a frame header claiming 2^40 bytes, and a few of them.
-var hugeFrame = append(binary.BigEndian.AppendUint64([]byte{0x02}, 1<<40), make([]byte, 100)...)
-
-// tooManyFrames is a message of 65 empty frames (one past the default bound).
-var tooManyFrames = append(bytes.Repeat([]byte{0x01, 0}, 64), 0, 0)
-
-// hostileServer listens like an engine's socket of sockType and, past the greeting, sends
-// attack to every peer. Each connection's end is reported: nil when the router hung up.
-func hostileServer(t *testing.T, sockType string, attack []byte) (endpoint string, ends <-chan error) {
+// attackBound dials the bound SUB at endpoint as a PUB, sends attack and checks the router
+// hangs up.
+func attackBound(t *testing.T, endpoint string, attack []byte) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := make(chan error, 64)
-	var wg sync.WaitGroup
-	t.Cleanup(func() { _ = ln.Close(); wg.Wait() })
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				defer c.Close()
-				_ = c.SetDeadline(time.Now().Add(waitFor))
-				if _, err := c.Write(append(zmtpHello(sockType), attack...)); err != nil {
-					out <- err
-					return
-				}
-				_, err := io.Copy(io.Discard, c)
-				out <- err
-			})
-		}
-	})
-	return "tcp://" + ln.Addr().String(), out
-}
-
-// hungUp waits for n connection ends that the router caused.
-func hungUp(t *testing.T, ends <-chan error, n int) {
-	t.Helper()
-	for i := range n {
-		select {
-		case err := <-ends:
-			if err != nil {
-				t.Fatalf("connection %d: %v, want closed by the router", i, err)
-			}
-		case <-time.After(waitFor):
-			t.Fatalf("connection %d not closed by the router", i)
-		}
-	}
-}
-
-// attackBound dials the bound SUB as a PUB and sends attack; it reports whether the router
-// hung up.
-func attackBound(t *testing.T, addr string, attack []byte) {
-	t.Helper()
-	_, hp, _ := splitEndpointForTest(addr)
-	c, err := net.DialTimeout("tcp", hp, waitFor)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(waitFor))
-	if _, err := c.Write(append(zmtpHello("PUB"), attack...)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.Copy(io.Discard, c); err != nil {
-		t.Fatalf("the bound SUB did not hang up: %v", err)
-	}
-}
-
-func splitEndpointForTest(ep string) (string, string, error) {
-	return "tcp", ep[len("tcp://"):], nil
+	zmtptest.Attack(t, strings.TrimPrefix(endpoint, "tcp://"), "PUB", attack)
 }
 
 func waitBound(t *testing.T, h *harness) {
@@ -142,9 +67,9 @@ func TestHostileEnginePub(t *testing.T) {
 		bytes []byte
 	}{{"2^40-byte frame", hugeFrame}, {"65 frames", tooManyFrames}} {
 		t.Run(attack.name, func(t *testing.T) {
-			ep, ends := hostileServer(t, "PUB", attack.bytes)
+			ep, ends := zmtptest.Server(t, "PUB", attack.bytes)
 			h := startManager(t, "", WorkerSpec{ID: "a", Model: "m", KVEvents: ep})
-			hungUp(t, ends, 2) // the second: the subscription lives on and redials
+			zmtptest.HungUp(t, ends, 2) // the second: the subscription lives on and redials
 			if n := h.x.metrics.peerDrops.TooLarge(); n < 2 {
 				t.Fatalf("too_large drops %d, want at least 2", n)
 			}
@@ -156,7 +81,7 @@ func TestHostileEnginePub(t *testing.T) {
 // counted; the gap is then handled as one without replay (the rank is cleared) and live
 // batches go on.
 func TestHostileReplay(t *testing.T) {
-	rep, ends := hostileServer(t, "ROUTER", hugeFrame)
+	rep, ends := zmtptest.Server(t, "ROUTER", hugeFrame)
 	p := newTestPublisher(t, "tcp://127.0.0.1:0", "")
 	h := startManager(t, "", WorkerSpec{ID: "a", Model: "m", Publishers: []Publisher{{Endpoint: p.pubEndpoint(), Replay: rep}}})
 	h.warmUp(t, p, "a")
@@ -165,7 +90,7 @@ func TestHostileReplay(t *testing.T) {
 	p.lose(storedBatch(seqTokens(500, 16)))
 	after := seqTokens(900, 32)
 	h.waitApplied(t, "a", p.send(storedBatch(after)))
-	hungUp(t, ends, 1)
+	zmtptest.HungUp(t, ends, 1)
 	if got := lookup(t, h.x, "m", before); got["a"] != 0 {
 		t.Fatalf("entries from before an unrepaired gap: %v", got)
 	}
@@ -192,14 +117,14 @@ func TestBoundSubKeepsRekeyMapsThroughPeerChurn(t *testing.T) {
 	if got := lookup(t, h.x, "m", prompt); got["v"] != 512 {
 		t.Fatalf("before the churn: %v", got)
 	}
-	_, hp, _ := splitEndpointForTest(h.m.BoundAddr())
+	hp := strings.TrimPrefix(h.m.BoundAddr(), "tcp://")
 	for i := range 100 {
 		c, err := net.DialTimeout("tcp", hp, waitFor)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if i%2 == 0 {
-			_, _ = c.Write(zmtpHello("PUB")) // a peer that greets, then leaves
+			_, _ = c.Write(zmtptest.Hello("PUB")) // a peer that greets, then leaves
 		}
 		_ = c.Close()
 	}

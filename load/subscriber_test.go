@@ -4,9 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"io"
 	"log/slog"
-	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -16,6 +14,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 
 	"switchyard/load/zmtp"
+	"switchyard/load/zmtp/zmtptest"
 )
 
 // testPub is a real zmq4 PUB socket on 127.0.0.1.
@@ -326,67 +325,14 @@ func TestGaugeSubscriberLogsMalformedOncePerInterval(t *testing.T) {
 	}
 }
 
-// hostilePub accepts ZMTP connections as a PUB and, past the handshake, sends a frame header
-// claiming 2^40 bytes. It reports each connection's end: nil when the subscriber closed it.
-func hostilePub(t *testing.T) (endpoint string, ends <-chan error) {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := make(chan error, 16)
-	var wg sync.WaitGroup
-	t.Cleanup(func() { _ = ln.Close(); wg.Wait() })
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				defer c.Close()
-				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-				greet := make([]byte, 64)
-				greet[0], greet[9], greet[10] = 0xff, 0x7f, 3
-				copy(greet[12:], "NULL")
-				ready := append([]byte{5}, "READY"...)
-				ready = append(ready, 11)
-				ready = append(ready, "Socket-Type"...)
-				ready = append(ready, 0, 0, 0, 3)
-				ready = append(ready, "PUB"...)
-				ready = append([]byte{0x04, byte(len(ready))}, ready...)
-				huge := binary.BigEndian.AppendUint64([]byte{0x02}, 1<<40)
-				for _, b := range [][]byte{greet, ready, huge, make([]byte, 100)} {
-					if _, err := c.Write(b); err != nil {
-						out <- err
-						return
-					}
-				}
-				_, err := io.Copy(io.Discard, c) // until the subscriber hangs up
-				out <- err
-			})
-		}
-	})
-	return "tcp://" + ln.Addr().String(), out
-}
-
 // TestGaugeSubscriberDisconnectsHostilePublisher: a publisher that claims a 2^40-byte frame
 // is disconnected and counted, and the subscriber goes on (it dials again).
 func TestGaugeSubscriberDisconnectsHostilePublisher(t *testing.T) {
-	ep, ends := hostilePub(t)
+	ep, ends := zmtptest.Server(t, "PUB", zmtptest.Claim(1<<40))
 	m := zmtp.NewMetrics(nil, "load_gauge")
 	s := newTestSubscriber(t, ep, make(chan RankReport, 1), func(c *GaugeSubscriberConfig) { c.Metrics = m })
 	runSubscriber(t, s)
-	for i := range 2 { // the second proves the subscriber is still alive and redialling
-		select {
-		case err := <-ends:
-			if err != nil {
-				t.Fatalf("connection %d: %v, want closed by the subscriber", i, err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("connection %d not closed by the subscriber", i)
-		}
-	}
+	zmtptest.HungUp(t, ends, 2) // the second proves the subscriber is still alive and redialling
 	if m.TooLarge() < 2 {
 		t.Fatalf("too_large drops %d, want at least 2", m.TooLarge())
 	}

@@ -1,64 +1,40 @@
 package main
 
 import (
-	"encoding/binary"
-	"io"
 	"net"
 	"net/http"
 	"sync"
 	"testing"
 	"time"
+
+	"switchyard/load/zmtp/zmtptest"
 )
 
-// zmtpHello is a ZMTP 3.0 greeting (NULL mechanism) and READY command as sockType.
-func zmtpHello(sockType string) []byte {
-	g := make([]byte, 64)
-	g[0], g[9], g[10] = 0xff, 0x7f, 3
-	copy(g[12:], "NULL")
-	ready := append([]byte{5}, "READY"...)
-	ready = append(ready, 11)
-	ready = append(ready, "Socket-Type"...)
-	ready = binary.BigEndian.AppendUint32(ready, uint32(len(sockType)))
-	ready = append(ready, sockType...)
-	return append(append(g, 0x04, byte(len(ready))), ready...)
-}
-
-// claim2to40 is a frame header announcing 2^40 bytes, and a few of them.
-var claim2to40 = append(binary.BigEndian.AppendUint64([]byte{0x02}, 1<<40), make([]byte, 64)...)
-
-// hostilePub is a TCP server that greets as a ZMQ PUB and then claims a 2^40-byte frame, to
-// every peer; it counts the connections the router hung up on.
+// hostilePub is a server that greets as a ZMQ PUB and then claims a 2^40-byte frame, to
+// every peer; hungUp counts the connections the router hung up on so far.
 func hostilePub(t *testing.T) (endpoint string, hungUp func() int) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ep, ends := zmtptest.Server(t, "PUB", zmtptest.Claim(1<<40))
 	var mu sync.Mutex
 	n := 0
+	done := make(chan struct{})
 	var wg sync.WaitGroup
-	t.Cleanup(func() { _ = ln.Close(); wg.Wait() })
+	t.Cleanup(func() { close(done); wg.Wait() })
 	wg.Go(func() {
 		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				defer c.Close()
-				_ = c.SetDeadline(time.Now().Add(cacheWait))
-				if _, err := c.Write(append(zmtpHello("PUB"), claim2to40...)); err != nil {
-					return
-				}
-				if _, err := io.Copy(io.Discard, c); err == nil {
+			select {
+			case err := <-ends:
+				if err == nil {
 					mu.Lock()
 					n++
 					mu.Unlock()
 				}
-			})
+			case <-done:
+				return
+			}
 		}
 	})
-	return "tcp://" + ln.Addr().String(), func() int { mu.Lock(); defer mu.Unlock(); return n }
+	return ep, func() int { mu.Lock(); defer mu.Unlock(); return n }
 }
 
 // TestHostileZMQPeersCannotCrashTheRouter (issue 13, item 1): peers that claim a 2^40-byte
@@ -82,21 +58,9 @@ func TestHostileZMQPeersCannotCrashTheRouter(t *testing.T) {
 		t.Fatal("the bound SUB never listened")
 	}
 
-	// The bound SUB: a hostile peer dials it.
-	for range 2 {
-		c, err := net.DialTimeout("tcp", bind, cacheWait)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_ = c.SetDeadline(time.Now().Add(cacheWait))
-		if _, err := c.Write(append(zmtpHello("PUB"), claim2to40...)); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := io.Copy(io.Discard, c); err != nil {
-			t.Fatalf("the bound SUB did not hang up: %v", err)
-		}
-		_ = c.Close()
-	}
+	// The bound SUB: hostile peers dial it.
+	zmtptest.Attack(t, bind, "PUB", zmtptest.Claim(1<<40))
+	zmtptest.Attack(t, bind, "PUB", zmtptest.Frames(65))
 	// Endpoints the router subscribes to, named by an admin API caller.
 	kvEP, kvHung := hostilePub(t)
 	loadEP, loadHung := hostilePub(t)

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+
+	"switchyard/load/zmtp/zmtptest"
 )
 
 // testWait bounds every wait on a socket in these tests.
@@ -76,10 +78,7 @@ func dialRaw(t *testing.T, addr, sockType string) *rawPeer {
 	t.Cleanup(func() { _ = nc.Close() })
 	_ = nc.SetDeadline(time.Now().Add(testWait))
 	p := &rawPeer{nc: nc, br: bufio.NewReader(nc)}
-	p.write(t, greeting[:])
-	ready := append([]byte{5}, "READY"...)
-	ready = appendProperty(ready, "Socket-Type", sockType)
-	p.write(t, append([]byte{flagCommand, byte(len(ready))}, ready...))
+	p.write(t, zmtptest.Hello(sockType))
 	var g [64]byte
 	if _, err := io.ReadFull(p.br, g[:]); err != nil {
 		t.Fatal(err)
