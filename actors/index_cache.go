@@ -137,9 +137,20 @@ func NewCacheState(cfg *config.Config, opts CacheOptions) (*CacheState, error) {
 // set, else the publishers the worker lifecycle names once it has introspected the engine
 // (and the bound SUB for engines that dial it), with the KV facts the worker declares
 // (replay endpoint, block size, hash scheme).
+//
+// A vllm-flavoured worker is never asked for its publishers (it has no /server_info: its
+// publisher is configured or dials the bound SUB), and its block hashes are re-keyed
+// unless its kv_hash_scheme says otherwise.
 func WorkerSpecFrom(w config.Worker) kv.WorkerSpec {
-	return kv.WorkerSpec{ID: w.ID, URL: w.URL, Model: w.Model, DPSize: w.DPSize, KVEvents: w.KVEvents,
+	spec := kv.WorkerSpec{ID: w.ID, URL: w.URL, Model: w.Model, DPSize: w.DPSize, KVEvents: w.KVEvents,
 		Replay: w.KVReplay, BlockSize: w.KVBlockSize, HashScheme: w.KVHashScheme}
+	if w.Flavor == config.FlavorVLLM {
+		spec.NoDiscovery = true
+		if spec.HashScheme == "" {
+			spec.HashScheme = kv.HashSchemeRekey
+		}
+	}
+	return spec
 }
 
 // ManagerConfigFrom is the KV subscription manager of cfg's kv section over index x.

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net"
+	"reflect"
 	"strconv"
 	"sync"
 	"testing"
@@ -495,4 +496,31 @@ func (s *fasthttpServer) start(t *testing.T, ln net.Listener) {
 			t.Errorf("serve: %v", err)
 		}
 	})
+}
+
+// TestWorkerSpecFromDeclaredKVFacts: a worker's declared KV facts reach its subscription,
+// and a vllm-flavoured worker is neither introspected nor trusted to hash as the router.
+func TestWorkerSpecFromDeclaredKVFacts(t *testing.T) {
+	tests := []struct {
+		name string
+		w    config.Worker
+		want kv.WorkerSpec
+	}{
+		{"sglang, declared facts", config.Worker{ID: "a", URL: "http://h:1", Model: "m", DPSize: 2, KVEvents: "tcp://h:5557",
+			KVReplay: "tcp://h:5558", KVBlockSize: 32, KVHashScheme: config.KVHashSGLang},
+			kv.WorkerSpec{ID: "a", URL: "http://h:1", Model: "m", DPSize: 2, KVEvents: "tcp://h:5557", Replay: "tcp://h:5558",
+				BlockSize: 32, HashScheme: kv.HashSchemeSGLang}},
+		{"vllm flavour", config.Worker{ID: "v", URL: "http://h:2", Model: "m", DPSize: 1, Flavor: config.FlavorVLLM},
+			kv.WorkerSpec{ID: "v", URL: "http://h:2", Model: "m", DPSize: 1, NoDiscovery: true, HashScheme: kv.HashSchemeRekey}},
+		{"vllm flavour, scheme declared", config.Worker{ID: "v", URL: "http://h:2", Model: "m", DPSize: 1, Flavor: config.FlavorVLLM,
+			KVHashScheme: config.KVHashAuto},
+			kv.WorkerSpec{ID: "v", URL: "http://h:2", Model: "m", DPSize: 1, NoDiscovery: true, HashScheme: kv.HashSchemeAuto}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := WorkerSpecFrom(tc.w); !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("got %+v, want %+v", got, tc.want)
+			}
+		})
+	}
 }

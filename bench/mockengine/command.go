@@ -80,7 +80,7 @@ func newFlagSet(stderr io.Writer) (*flag.FlagSet, *commandFlags) {
 	fs.StringVar(&f.kvEvents, "kv-events", "auto", "KV-event publisher port base: auto (HTTP port + 1000, + i×dp-size for engine i), off, PORT or tcp://HOST:PORT")
 	fs.StringVar(&f.kvTopic, "kv-events-topic", "", "first frame of every KV-event message")
 	fs.StringVar(&f.kvShape, "kv-events-shape", "array", "KV-event encoding: array (tagged arrays) or map (tagged maps)")
-	fs.StringVar(&f.kvFormat, "kv-format", "sglang", "KV-event publisher: sglang (router-reproducible hashes) or vllm (a current vLLM publisher: its own hashes, topic kv@host:port+rank@model, replay with a topic frame)")
+	fs.StringVar(&f.kvFormat, "kv-format", "", "KV-event publisher: sglang (router-reproducible hashes) or vllm (a current vLLM publisher: its own hashes, topic kv@host:port+rank@model, replay with a topic frame); default: the --flavor's")
 	fs.StringVar(&f.kvConnect, "kv-connect", "", "dial this tcp://host:port (a router's kv.bind_endpoint; rank r dials port+r) instead of binding the KV-event PUB")
 	fs.StringVar(&f.kvReplay, "kv-replay", "off", "KV-event replay ROUTER port base: off, auto (HTTP port + 3000) or PORT")
 	fs.IntVar(&f.kvBufferSteps, "kv-buffer-steps", 10000, "KV-event batches kept for replay")

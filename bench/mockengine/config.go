@@ -159,8 +159,9 @@ type KVEvents struct {
 	BufferSteps int
 	// HWM is the per-subscriber send queue, in messages. Default 10000.
 	HWM int
-	// Format is what the publisher looks like: KVFormatSGLang (default, also "": block
-	// hashes the router reproduces, the topic above) or KVFormatVLLM, as a current vLLM
+	// Format is what the publisher looks like: KVFormatSGLang (the default of the sglang
+	// flavour: block hashes the router reproduces, the topic above) or KVFormatVLLM (the
+	// default of the vllm flavour), as a current vLLM
 	// publisher: block hashes no router can reproduce (the router re-keys from token IDs),
 	// topic "kv@<host>:<HTTP port+r>@<model>" per rank, 0 as a first block's parent, two
 	// extra trailing elements in array-shaped BlockStored events, and replay replies with
@@ -244,6 +245,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Flavor == FlavorVLLM {
 		c.LoadPublish.Disabled = true // vLLM has no load gauge
+		if c.KVEvents.Format == "" {
+			c.KVEvents.Format = KVFormatVLLM // and publishes its KV events its own way
+		}
 	}
 	if c.DefaultBootstrapPort == 0 {
 		c.DefaultBootstrapPort = DefaultBootstrapPort

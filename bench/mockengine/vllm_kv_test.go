@@ -33,8 +33,10 @@ func TestVLLMKVEventFormat(t *testing.T) {
 		// Requests go to the ranks in turn; flush until this rank's subscription is live.
 		var stored zmq4.Msg
 		deadline := time.Now().Add(testDeadline)
-		for stored.Frames == nil && time.Now().Before(deadline) {
-			do(t, c, "POST", e.URL()+"/v1/completions", map[string]any{"model": e.cfg.Model, "prompt": strings.Repeat("vllm wire format ", 20), "max_tokens": 1})
+		for i := 0; stored.Frames == nil && time.Now().Before(deadline); i++ {
+			// A new prompt each time: one a rank already cached publishes nothing.
+			prompt := strings.Repeat("vllm wire format "+strconv.Itoa(rank)+"."+strconv.Itoa(i)+" ", 20)
+			do(t, c, "POST", e.URL()+"/v1/completions", map[string]any{"model": e.cfg.Model, "prompt": prompt, "max_tokens": 1})
 			select {
 			case m := <-sub.msgs:
 				if _, b := kvBatch(t, m, topic); len(b.Events) > 0 && b.Events[0].Kind == kv.EventBlockStored {
