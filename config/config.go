@@ -140,7 +140,7 @@ type Worker struct {
 	// (verified from the first block without a parent; a mismatch switches to re-keying),
 	// "sglang" (the router's own: used as they are) or "rekey" (not reproducible, as
 	// vLLM's: blocks are keyed by router hashes recomputed from their token IDs).
-	// Default auto.
+	// Default auto (rekey for a worker of flavor vllm).
 	KVHashScheme string `koanf:"kv_hash_scheme" json:"kv_hash_scheme"`
 }
 
