@@ -305,7 +305,8 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 	for _, wc := range cfg.Workers {
 		spec := WorkerSpec{ID: wc.ID, URL: wc.URL, Model: wc.Model, Role: string(wc.Role),
 			BootstrapPort: wc.BootstrapPort, DPSize: wc.DPSize, LoadPublish: wc.LoadPublish, KVEvents: wc.KVEvents,
-			Flavor: wc.Flavor, MetricsPath: wc.MetricsPath}
+			Flavor: wc.Flavor, MetricsPath: wc.MetricsPath, KVReplay: wc.KVReplay, KVBlockSize: wc.KVBlockSize,
+			KVHashScheme: wc.KVHashScheme}
 		if _, err := s.workers.Add(context.Background(), spec, false); err != nil {
 			s.closeSel()
 			s.workers.Stop()

@@ -364,7 +364,7 @@ func (m *Manager) publishers(ctx context.Context, ws *workerSub) ([]Publisher, b
 	switch {
 	case len(spec.Publishers) > 0:
 		setState("configured")
-		return spec.Publishers, true
+		return withReplay(spec.Publishers, spec.Replay, spec.URL), true
 	case spec.KVEvents != "":
 		pubs, err := PublishersFor(spec.KVEvents, spec.Replay, spec.Topic, spec.URL, spec.DPSize)
 		if err != nil {
@@ -405,16 +405,10 @@ func (m *Manager) publishers(ctx context.Context, ws *workerSub) ([]Publisher, b
 				return false, nil
 			}
 		}
-		var configured []Publisher // a replay socket the engine does not advertise: rank r on port+r
-		if spec.Replay != "" && len(d.Publishers) > 0 {
-			configured, _ = PublishersFor(d.Publishers[0].Endpoint, spec.Replay, "", spec.URL, len(d.Publishers))
-		}
+		d.Publishers = withReplay(d.Publishers, spec.Replay, spec.URL)
 		for i := range d.Publishers {
 			if spec.Topic != "" {
 				d.Publishers[i].Topic = spec.Topic
-			}
-			if d.Publishers[i].Replay == "" && i < len(configured) {
-				d.Publishers[i].Replay = configured[i].Replay
 			}
 		}
 		setState("discovered")
@@ -427,6 +421,25 @@ func (m *Manager) publishers(ctx context.Context, ws *workerSub) ([]Publisher, b
 		}
 	})
 	return pubs, ok
+}
+
+// withReplay gives the publishers that have no replay socket the configured one, replay
+// (rank-0 endpoint; rank r on port+r). The result is a copy when it changes anything.
+func withReplay(pubs []Publisher, replay, workerURL string) []Publisher {
+	if replay == "" || len(pubs) == 0 {
+		return pubs
+	}
+	cfg, err := PublishersFor(pubs[0].Endpoint, replay, "", workerURL, len(pubs))
+	if err != nil {
+		return pubs
+	}
+	out := slices.Clone(pubs)
+	for i := range out {
+		if r := out[i].Rank; out[i].Replay == "" && r >= 0 && r < len(cfg) {
+			out[i].Replay = cfg[r].Replay
+		}
+	}
+	return out
 }
 
 // WorkerStatus is one worker's subscription state.

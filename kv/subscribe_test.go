@@ -556,3 +556,19 @@ func TestPublishersFor(t *testing.T) {
 		}
 	}
 }
+
+// TestWithReplay: publishers named without a replay socket get the configured one, rank r
+// on port+r; an advertised one is kept.
+func TestWithReplay(t *testing.T) {
+	pubs := []Publisher{{Rank: 0, Endpoint: "tcp://10.0.0.1:5557"}, {Rank: 1, Endpoint: "tcp://10.0.0.1:5558", Replay: "tcp://10.0.0.1:7000"}}
+	got := withReplay(pubs, "tcp://*:6000", "http://10.0.0.1:8000")
+	if got[0].Replay != "tcp://10.0.0.1:6000" || got[1].Replay != "tcp://10.0.0.1:7000" {
+		t.Fatalf("got %+v", got)
+	}
+	if pubs[0].Replay != "" {
+		t.Fatal("the caller's publishers were changed")
+	}
+	if got := withReplay(pubs, "", ""); &got[0] != &pubs[0] {
+		t.Fatal("no configured replay: the publishers should come back as they are")
+	}
+}

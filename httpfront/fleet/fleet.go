@@ -17,6 +17,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/valyala/fasthttp"
 
+	"switchyard/actors"
 	"switchyard/config"
 	"switchyard/engine"
 	"switchyard/kv"
@@ -209,6 +210,9 @@ func (f *Fleet) Add(ctx context.Context, spec Spec, introspect bool) (*Member, e
 	}
 	if spec.MetricsPath != "" && spec.MetricsPath[0] != '/' {
 		return nil, fmt.Errorf("cannot add worker %q: %w: metrics_path %q is not an absolute path", spec.ID, ErrInvalidWorker, spec.MetricsPath)
+	}
+	if err := checkKVFacts(spec); err != nil {
+		return nil, fmt.Errorf("cannot add worker %q: %w: %w", spec.ID, ErrInvalidWorker, err)
 	}
 	if f.Member(spec.ID) != nil {
 		return nil, fmt.Errorf("cannot add worker %q: %w", spec.ID, ErrWorkerExists)
@@ -619,19 +623,46 @@ func (f *Fleet) followTelemetryLocked(m *Member) {
 // its introspection found, else none yet.
 func (f *Fleet) kvSpecOf(m *Member) kv.WorkerSpec {
 	w := m.worker.Load()
-	spec := kv.WorkerSpec{ID: w.ID, URL: w.URL, Model: w.Model, DPSize: w.DPSize, KVEvents: m.spec.KVEvents}
+	spec := actors.WorkerSpecFrom(config.Worker{ID: w.ID, URL: w.URL, Model: w.Model, DPSize: w.DPSize,
+		KVEvents: m.spec.KVEvents, KVReplay: m.spec.KVReplay, KVBlockSize: m.spec.KVBlockSize,
+		KVHashScheme: m.spec.KVHashScheme, Flavor: m.spec.Flavor})
 	info := m.info.Load()
 	if info == nil {
 		return spec
 	}
-	spec.BlockSize = info.blockSize()
+	declared := spec.BlockSize > 0
+	if !declared {
+		spec.BlockSize = info.blockSize()
+	}
 	if m.spec.KVEvents != "" {
 		return spec
 	}
 	if d, err := info.KVDiscovery(w.URL); err == nil {
-		spec.Publishers, spec.BlockSize, spec.DPSize = d.Publishers, d.BlockSize, max(spec.DPSize, d.DPSize)
+		spec.Publishers, spec.DPSize = d.Publishers, max(spec.DPSize, d.DPSize)
+		if !declared {
+			spec.BlockSize = d.BlockSize
+		}
 	}
 	return spec
+}
+
+// checkKVFacts checks the KV facts a worker declares, as config.Validate does for the
+// configuration's workers.
+func checkKVFacts(spec Spec) error {
+	if spec.KVReplay != "" {
+		if _, _, err := kv.SplitEndpoint(spec.KVReplay); err != nil {
+			return fmt.Errorf("kv_replay: %w", err)
+		}
+	}
+	if spec.KVBlockSize < 0 {
+		return fmt.Errorf("kv_block_size %d is negative", spec.KVBlockSize)
+	}
+	switch spec.KVHashScheme {
+	case "", config.KVHashAuto, config.KVHashSGLang, config.KVHashRekey:
+	default:
+		return fmt.Errorf("unknown kv_hash_scheme %q (auto, sglang or rekey)", spec.KVHashScheme)
+	}
+	return nil
 }
 
 // followKVLocked hands m's KV subscription to the follower when it changed; m.mu held.

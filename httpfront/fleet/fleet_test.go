@@ -458,3 +458,43 @@ func TestVLLMFlavorIsNeverIntrospected(t *testing.T) {
 		}
 	}
 }
+
+// TestDeclaredKVFactsReachTheSubscription: the KV facts a worker declares (replay endpoint,
+// block size, hash scheme) reach its KV subscription, also after introspection (a declared
+// block size wins over the advertised one); a vllm worker is re-keyed and never asked for
+// publishers; bad facts are refused.
+func TestDeclaredKVFactsReachTheSubscription(t *testing.T) {
+	e := newTestEngine(t, prefillInfo)
+	rec := newRecorder()
+	f, _ := testFleet(t, nil, rec, nil)
+	spec := Spec{URL: e.url, ID: "P", KVReplay: "tcp://127.0.0.1:5700", KVBlockSize: 64, KVHashScheme: "sglang"}
+	if _, err := f.Add(context.Background(), spec, true); err != nil {
+		t.Fatal(err)
+	}
+	v := newTestEngine(t, "")
+	if _, err := f.Add(context.Background(), Spec{URL: v.url, ID: "V", Model: "m", Flavor: "vllm", KVEvents: "tcp://127.0.0.1:5800"}, true); err != nil {
+		t.Fatal(err)
+	}
+	rec.mu.Lock()
+	got := slices.Clone(rec.kv)
+	rec.mu.Unlock()
+	if len(got) != 2 {
+		t.Fatalf("kv %+v", got)
+	}
+	p, w := got[0], got[1]
+	if p.Replay != "tcp://127.0.0.1:5700" || p.BlockSize != 64 || p.HashScheme != kv.HashSchemeSGLang || len(p.Publishers) != 2 {
+		t.Fatalf("introspected worker's subscription %+v", p)
+	}
+	if w.KVEvents != "tcp://127.0.0.1:5800" || !w.NoDiscovery || w.HashScheme != kv.HashSchemeRekey {
+		t.Fatalf("vllm worker's subscription %+v", w)
+	}
+	for _, bad := range []Spec{
+		{URL: e.url, ID: "A", Model: "m", KVReplay: "5700"},
+		{URL: e.url, ID: "B", Model: "m", KVBlockSize: -1},
+		{URL: e.url, ID: "C", Model: "m", KVHashScheme: "vllm"},
+	} {
+		if _, err := f.Add(context.Background(), bad, true); !errors.Is(err, ErrInvalidWorker) {
+			t.Errorf("%+v: %v", bad, err)
+		}
+	}
+}

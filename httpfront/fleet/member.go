@@ -34,6 +34,12 @@ type Spec struct {
 	Flavor string `json:"flavor"`
 	// MetricsPath is the engine's Prometheus page; "" is /metrics.
 	MetricsPath string `json:"metrics_path"`
+	// KVReplay, KVBlockSize and KVHashScheme are KV facts the engine does not advertise
+	// (config.Worker's kv_replay, kv_block_size, kv_hash_scheme); zero: introspected or
+	// the defaults.
+	KVReplay     string `json:"kv_replay"`
+	KVBlockSize  int    `json:"kv_block_size"`
+	KVHashScheme string `json:"kv_hash_scheme"`
 }
 
 // introspects reports whether the worker's engine has /server_info to ask.
