@@ -369,9 +369,15 @@ func runCacheScenario(t *testing.T, env *cacheEnv) {
 		if got.worker != aID || got.cached < cacheMinMatched {
 			t.Fatalf("served by %s with %d cached tokens, want %s with at least %d", got.worker, got.cached, aID, cacheMinMatched)
 		}
-		if g, r, c := metricValue(t, env.kvMetrics, seriesGaps)-gaps, metricValue(t, env.kvMetrics, seriesReplayed)-replays,
-			metricValue(t, env.kvMetrics, seriesClearGap)-clears; g < 1 || r < 1 || c != 0 {
-			t.Fatalf("gaps +%v, replays +%v, gap clears +%v: want a gap repaired by a replay, nothing cleared", g, r, c)
+		// The replayed batches are applied before the replay socket's end marker is read and
+		// the replay counted: wait for the count.
+		waitFor(t, "the replay counted", func() (bool, string) {
+			g, r, c := metricValue(t, env.kvMetrics, seriesGaps)-gaps, metricValue(t, env.kvMetrics, seriesReplayed)-replays,
+				metricValue(t, env.kvMetrics, seriesClearGap)-clears
+			return g >= 1 && r >= 1, fmt.Sprintf("gaps +%v, replays +%v, gap clears +%v", g, r, c)
+		})
+		if c := metricValue(t, env.kvMetrics, seriesClearGap) - clears; c != 0 {
+			t.Fatalf("gap clears +%v: want a gap repaired by a replay, nothing cleared", c)
 		}
 	})
 

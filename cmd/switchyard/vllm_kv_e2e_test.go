@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"net"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -78,11 +79,13 @@ func TestVLLMPublisherWithDPRanksAndReplay(t *testing.T) {
 		return p0.Connected && p1.Connected, "not yet"
 	})
 	// The engine hands requests to its ranks in turn: two prompts, one per rank. The
-	// subscription may join a moment after connecting, so repeat until the index has them.
-	prompts := []string{cachePrefix("rank-a"), cachePrefix("rank-b")}
+	// subscription may join a moment after connecting, so repeat until the index has both.
+	// New prompts each round: a prompt an engine already cached publishes nothing.
+	round := 0
 	waitFor(t, "both ranks' prompts indexed", func() (bool, string) {
+		round++
 		held := 0
-		for _, p := range prompts {
+		for _, p := range []string{cachePrefix("rank-a" + strconv.Itoa(round)), cachePrefix("rank-b" + strconv.Itoa(round))} {
 			chatEngine(t, e, p, "q")
 			if env.held("V", promptIDs(t, cacheMessages(p, "q"))) >= cacheMinMatched {
 				held++
@@ -113,14 +116,19 @@ func TestVLLMPublisherWithDPRanksAndReplay(t *testing.T) {
 	if err := e.SetFaults(mockengine.Faults{}); err != nil {
 		t.Fatal(err)
 	}
-	after := cachePrefix("after")
 	waitFor(t, "the withheld prompt replayed", func() (bool, string) {
-		chatEngine(t, e, after, "q")
+		round++
+		chatEngine(t, e, cachePrefix("after"+strconv.Itoa(round)), "q") // a live batch reveals the gap
 		n := env.held("V", promptIDs(t, cacheMessages(lost, "q")))
 		return n >= cacheMinMatched, strconv.FormatInt(n, 10) + " tokens held"
 	})
-	if ok, fail := env.routerMetric(t, seriesReplayed), env.routerMetric(t, `switchyard_kv_replays_total{result="failed"}`); ok < 1 || fail != 0 {
-		t.Fatalf("replays ok %v, failed %v", ok, fail)
+	// The replayed batches are applied before the end marker is read and the replay counted.
+	waitFor(t, "the replay counted", func() (bool, string) {
+		ok := env.routerMetric(t, seriesReplayed)
+		return ok >= 1, "no replay counted"
+	})
+	if fail := env.routerMetric(t, `switchyard_kv_replays_total{result="failed"}`); fail != 0 {
+		t.Fatalf("%v replays failed", fail)
 	}
 	if n := env.routerMetric(t, seriesClearGap); n != 0 {
 		t.Fatalf("%v ranks cleared for a gap the replay filled", n)
@@ -143,11 +151,18 @@ func TestVLLMLateJoiner(t *testing.T) {
 		p, _ := publisherStatus(r, "L", 0)
 		return p.Connected, "not connected"
 	})
-	fresh := cachePrefix("fresh")
 	second := cacheMessages(early, "turn one")
 	second = append(second, cacheMessage{Role: "assistant", Content: "an answer"}, cacheMessage{Role: "user", Content: "turn two"})
+	// Each round extends the early conversation (parents the router never saw) and starts a
+	// new one: what is published before the subscription is live is lost, and a prompt
+	// the engine already cached publishes nothing.
+	round := 0
 	waitFor(t, "a fresh conversation indexed", func() (bool, string) {
-		chatEngineMsgs(t, e, second) // extends the early conversation: parents unseen
+		round++
+		turn := append(slices.Clone(second), cacheMessage{Role: "assistant", Content: "more"},
+			cacheMessage{Role: "user", Content: "turn " + strconv.Itoa(round+2)})
+		chatEngineMsgs(t, e, turn)
+		fresh := cachePrefix("fresh" + strconv.Itoa(round))
 		chatEngine(t, e, fresh, "q")
 		n := env.held("L", promptIDs(t, cacheMessages(fresh, "q")))
 		return n >= cacheMinMatched, strconv.FormatInt(n, 10) + " tokens held"
