@@ -285,3 +285,46 @@ func (h *countLog) lines() []int64 {
 	defer h.mu.Unlock()
 	return append([]int64(nil), h.counts...)
 }
+
+// TestBoundSubRepairsGapFromConfiguredReplay: an engine that dials the bound SUB and whose
+// worker declares a replay endpoint (kv_replay; vLLM has no /server_info to advertise it)
+// has a sequence gap repaired from it, in the current vLLM reply layout, not cleared.
+func TestBoundSubRepairsGapFromConfiguredReplay(t *testing.T) {
+	topic := "kv@127.0.0.1:8100@m"
+	// The engine's replay ROUTER (zmq4), answering with a topic frame.
+	rp := newTestPublisher(t, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0")
+	rp.mu.Lock()
+	rp.replayTopic, rp.topic = true, topic
+	rp.mu.Unlock()
+	h := startManager(t, "tcp://127.0.0.1:0", WorkerSpec{ID: "v", URL: "http://127.0.0.1:8100", Model: "m", NoDiscovery: true,
+		HashScheme: HashSchemeRekey, Replay: rp.replayEndpoint()})
+	waitBound(t, h)
+	// The engine's PUB dials the bound SUB; its batches are numbered and kept by rp, whose
+	// replay ROUTER serves them.
+	p := dialingPublisher(t, h.m.BoundAddr(), topic)
+	send := func(b *EventBatch) uint64 {
+		seq, msg := rp.encode(b)
+		p.sendFrames([]byte(topic), binary.BigEndian.AppendUint64(nil, seq), msg)
+		return seq
+	}
+	deadline := time.After(waitFor)
+	for warm := false; !warm; {
+		seq := send(&EventBatch{Events: []Event{}})
+		select {
+		case a := <-h.applied:
+			warm = a.worker == "v" && a.seq == seq
+		case <-time.After(50 * time.Millisecond):
+		case <-deadline:
+			t.Fatal("the bound SUB never applied a batch")
+		}
+	}
+	prompt := seqTokens(1<<31, 64)
+	rp.lose(&EventBatch{Events: []Event{stored(engineHashes(41, 4), 0, prompt, 16, MediumGPU)}})
+	h.waitApplied(t, "v", send(&EventBatch{Events: []Event{}}))
+	if got := lookup(t, h.x, "m", prompt); got["v"] != 64 {
+		t.Fatalf("the lost batch was not replayed: %v", got)
+	}
+	if c := h.x.Metrics().Ingest(); c.Gaps != 1 || c.Replays != 1 || c.ClearsGap != 0 {
+		t.Fatalf("counts %+v", c)
+	}
+}
