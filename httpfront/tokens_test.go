@@ -403,9 +403,7 @@ func TestTokenizerLoadErrors(t *testing.T) {
 			}
 			s, err := New(cfg, Options{NoTelemetry: true})
 			if err == nil {
-				s.closeSel()
-				s.workers.Stop()
-				_ = s.ln.Close()
+				s.life.stop()
 				t.Fatal("New accepted a tokenizer that cannot be loaded")
 			}
 			if !strings.HasPrefix(err.Error(), tt.prefix) {

@@ -1,0 +1,116 @@
+package httpfront
+
+import (
+	"errors"
+	"log/slog"
+	"slices"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/valyala/fasthttp"
+)
+
+// handleServerError answers fasthttp's own failures (body too large, malformed request).
+func (s *Server) handleServerError(ctx *fasthttp.RequestCtx, err error) {
+	var tooLarge bool
+	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+		tooLarge = true
+	}
+	if tooLarge {
+		writeError(ctx, errTooLarge)
+		ctx.SetConnectionClose()
+		return
+	}
+	writeError(ctx, newAPIError(CodeInvalidJSON, "malformed HTTP request"))
+	ctx.SetConnectionClose()
+}
+
+// handle routes a request. A panic fails only its own request, with a 500.
+func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.logger.Error("request handler panicked", slog.Any("panic", r), slog.String("path", string(ctx.Path())))
+			writeError(ctx, newAPIError(CodeInternal, "internal error"))
+		}
+	}()
+	path := ctx.Path()
+	switch string(path) {
+	case "/v1/chat/completions":
+		s.inference(ctx, routeChat)
+		return
+	case "/v1/completions":
+		s.inference(ctx, routeCompletions)
+		return
+	case "/generate":
+		s.inference(ctx, routeGenerate)
+		return
+	case "/v1/models":
+		s.metrics.other[otherModels].Inc()
+		if !ctx.IsGet() {
+			writeError(ctx, errMethodNotAllowed)
+			return
+		}
+		if e := checkKey(ctx, s.cfg.Server.APIKey); e != nil {
+			writeError(ctx, e)
+			return
+		}
+		ctx.SetContentType("application/json")
+		ctx.SetBody(s.modelsJS)
+		return
+	case "/health":
+		s.metrics.other[otherHealth].Inc()
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"status":"ok"}`)
+		return
+	case "/readiness":
+		s.metrics.other[otherReadiness].Inc()
+		s.readiness(ctx)
+		return
+	case "/metrics":
+		s.metrics.other[otherMetrics].Inc()
+		ctx.SetContentType("text/plain; version=0.0.4; charset=utf-8")
+		s.set.WritePrometheus(ctx)
+		metrics.WriteProcessMetrics(ctx)
+		return
+	}
+	if len(path) >= len("/workers") && string(path[:len("/workers")]) == "/workers" {
+		s.metrics.other[otherAdmin].Inc()
+		s.admin(ctx)
+		return
+	}
+	s.metrics.other[otherUnknown].Inc()
+	writeError(ctx, errNotFound)
+}
+
+// readiness answers 200 when every configured model has a healthy engine for every stage
+// its buckets require, else 503 naming what is missing.
+func (s *Server) readiness(ctx *fasthttp.RequestCtx) {
+	ctx.SetContentType("application/json")
+	if s.draining.Load() {
+		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+		ctx.SetBodyString(`{"status":"draining"}`)
+		return
+	}
+	reg := s.wset.Load()
+	var missing []byte
+	names := make([]string, 0, len(s.models))
+	for n := range s.models {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		for _, st := range s.models[n].stages {
+			if len(reg.Healthy(n, st)) == 0 {
+				if len(missing) > 0 {
+					missing = append(missing, ',')
+				}
+				missing = appendJSONString(missing, n+"/"+st.String())
+			}
+		}
+	}
+	if len(missing) > 0 {
+		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+		ctx.SetBodyString(`{"status":"not_ready","missing":[` + string(missing) + `]}`)
+		return
+	}
+	ctx.SetBodyString(`{"status":"ready"}`)
+}
