@@ -93,6 +93,35 @@ type Server struct {
 	QueueTimeout time.Duration `koanf:"queue_timeout" json:"queue_timeout"`
 	// RateLimit limits the inference request rate, router wide and per API key.
 	RateLimit RateLimit `koanf:"rate_limit" json:"rate_limit"`
+	// WriteTimeout bounds one write to a client: a client that stops reading for this long
+	// loses its connection, and its stream ends (the engine request is cancelled, the
+	// in-flight slot released). A stream is also cut at its request_timeout. Default 30s.
+	WriteTimeout time.Duration `koanf:"write_timeout" json:"write_timeout"`
+	// MaxConnections caps the open client connections. At the cap a new connection takes
+	// the place of one that is idle (opened without a request yet, or between keep-alive
+	// requests), else it is answered 503 and closed. 0 means half the process's open-file
+	// limit at start-up, leaving the rest for engine connections. Default 0 (auto).
+	MaxConnections int `koanf:"max_connections" json:"max_connections" unit:"connections"`
+	// MaxConnectionsPerIP caps the open connections from one client IP address; more are
+	// answered 503 and closed. 0 disables the cap (the right choice behind a load balancer,
+	// whose connections all share its address). Default 0.
+	MaxConnectionsPerIP int `koanf:"max_connections_per_ip" json:"max_connections_per_ip" unit:"connections"`
+	// MaxHeaderBytes caps the request line and headers of one request, in bytes; more is
+	// answered 431. Each connection reading a request holds a buffer of this size.
+	// Default 8192.
+	MaxHeaderBytes int `koanf:"max_header_bytes" json:"max_header_bytes" unit:"bytes"`
+	// MaxBodyBytesInFlight is the router-wide budget of request-body bytes held in memory
+	// at once (received bodies and their decompressed form). A request that would pass it
+	// waits up to one second for room, then gets 503 body_budget_exhausted. At least
+	// max_body_bytes. Default 128 MiB.
+	MaxBodyBytesInFlight int64 `koanf:"max_body_bytes_in_flight" json:"max_body_bytes_in_flight" unit:"bytes"`
+	// AdminOpen serves the admin API (/workers) without any key on a router that listens
+	// beyond loopback. Without it, and with neither admin_api_key nor api_key set, such a
+	// router refuses the admin routes (403 admin_disabled). Default false.
+	AdminOpen bool `koanf:"admin_open" json:"admin_open"`
+	// MetricsAPIKey, when set, is the bearer key required on GET /metrics. Default: none
+	// (/metrics is open).
+	MetricsAPIKey string `koanf:"metrics_api_key" json:"metrics_api_key"`
 }
 
 // Worker is one engine known from configuration.

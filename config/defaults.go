@@ -16,6 +16,10 @@ func Default() *Config {
 			QueueSize:         100,
 			QueueTimeout:      60 * time.Second,
 			RateLimit:         RateLimit{PerKey: KeyRateLimit{MaxKeys: 10_000}},
+			WriteTimeout:      30 * time.Second,
+			MaxHeaderBytes:    8 << 10,
+			// Four bodies at the 32 MiB cap.
+			MaxBodyBytesInFlight: 128 << 20,
 		},
 		Actors: Actors{
 			Mailbox: Mailbox{

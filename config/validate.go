@@ -69,6 +69,16 @@ func (c *Config) validateServer(p *problems) {
 	positive(p, "server.request_timeout", s.RequestTimeout)
 	positive(p, "server.stream_idle_timeout", s.StreamIdleTimeout)
 	positive(p, "server.drain_timeout", s.DrainTimeout)
+	positive(p, "server.write_timeout", s.WriteTimeout)
+	atLeast(p, "server.max_connections", int64(s.MaxConnections), 0)
+	atLeast(p, "server.max_connections_per_ip", int64(s.MaxConnectionsPerIP), 0)
+	if s.MaxHeaderBytes < 1024 || s.MaxHeaderBytes > 1<<20 {
+		p.add("server.max_header_bytes", ErrInvalid, fmt.Sprintf("must be in 1024..1048576, got %d", s.MaxHeaderBytes))
+	}
+	if s.MaxBodyBytesInFlight < s.MaxBodyBytes {
+		p.add("server.max_body_bytes_in_flight", ErrInvalid, fmt.Sprintf(
+			"must be at least server.max_body_bytes (%d), got %d: a body of the largest size must fit", s.MaxBodyBytes, s.MaxBodyBytesInFlight))
+	}
 	c.validateFlow(p)
 }
 

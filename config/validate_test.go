@@ -87,6 +87,21 @@ func TestValidate(t *testing.T) {
 			"server.stream_idle_timeout: must be a positive duration, got -1s",
 			"server.drain_timeout: must be a positive duration, got 0s",
 		}},
+		{name: "server client limits", mutate: func(c *Config) {
+			c.Server.WriteTimeout = 0
+			c.Server.MaxConnections = -1
+			c.Server.MaxConnectionsPerIP = -2
+			c.Server.MaxHeaderBytes = 512
+			c.Server.MaxBodyBytesInFlight = c.Server.MaxBodyBytes - 1
+		}, want: []string{
+			"server.write_timeout: must be a positive duration, got 0s",
+			"server.max_connections: must be at least 0, got -1",
+			"server.max_connections_per_ip: must be at least 0, got -2",
+			"server.max_header_bytes: must be in 1024..1048576, got 512",
+			"server.max_body_bytes_in_flight: must be at least server.max_body_bytes (33554432), got 33554431: a body of the largest size must fit",
+		}},
+		{name: "server header cap too large", mutate: func(c *Config) { c.Server.MaxHeaderBytes = 2 << 20 },
+			want: []string{"server.max_header_bytes: must be in 1024..1048576, got 2097152"}},
 
 		// workers
 		{name: "worker empty ID", mutate: func(c *Config) { c.Workers[2].ID = "" },
