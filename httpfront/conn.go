@@ -3,44 +3,74 @@ package httpfront
 import (
 	"errors"
 	"net"
+	"net/netip"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
-// lazyDeadlineListener hands out lazyDeadlineConns.
-type lazyDeadlineListener struct{ net.Listener }
+// Lingering close: after an answer sent before the request body was read (413, 401, 503 at
+// the connection cap, ...), the connection is half-closed and what the client still sends
+// is read and dropped, up to these bounds, before it is closed. Closing a socket with unread
+// input makes the kernel answer with a reset, which destroys the answer on the client side
+// before a client that writes its whole body first (Python requests) reads it.
+const (
+	lingerMaxBytes = 64 << 20
+	lingerTimeout  = 5 * time.Second
+)
 
-func (l lazyDeadlineListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
-	return &lazyDeadlineConn{Conn: c}, nil
-}
+// Client connection states, as the tracker sees them.
+const (
+	connNew    int32 = iota // accepted; no request byte yet
+	connActive              // a request is being read or answered
+	connIdle                // between keep-alive requests
+)
 
-// lazyDeadlineConn moves its deadlines lazily. fasthttp moves a keep-alive connection's read
-// deadline twice per request (the idle timeout, then the read timeout), and every move is a
-// runtime timer update: a measurable part of the cost of a small request. Here a deadline
-// later than the armed one is only recorded; when the armed deadline fires first, the read or
-// write re-arms the recorded deadline and carries on, so an operation still times out exactly
-// at the deadline last set. A deadline earlier than the armed one is armed at once.
-type lazyDeadlineConn struct {
+// clientConn is one accepted client connection. It moves deadlines lazily (see
+// lazyDeadline), bounds every write by server.write_timeout and by a limit a stream sets
+// (its request deadline), records its state for the tracker, and closes lingering when an
+// answer was sent before the request body was read. The zero value around a net.Conn is
+// usable: no write bound, no tracking.
+type clientConn struct {
 	net.Conn
+	owner *clientListener // nil: untracked
+	ip    netip.Addr      // the client address per-IP caps count; invalid when unknown
+	since int64           // accept time, unix nanoseconds (the oldest idle connection goes first)
+	state atomic.Int32
+	// linger asks Close to half-close and drain before closing (lingerMaxBytes, lingerTimeout).
+	linger atomic.Bool
+	closed atomic.Bool
+
 	mu   sync.Mutex
 	r, w lazyDeadline
+	// limit is an absolute write deadline set by a stream (its request deadline); zero: none.
+	limit time.Time
 }
 
-var _ net.Conn = (*lazyDeadlineConn)(nil)
+var _ net.Conn = (*clientConn)(nil)
 
 // lazyDeadline is one direction's deadlines: the one last set and the one armed on the
 // connection; zero is none.
+//
+// fasthttp moves a keep-alive connection's read deadline twice per request (the idle
+// timeout, then the read timeout), and every move is a runtime timer update: a measurable
+// part of the cost of a small request. Here a deadline later than the armed one is only
+// recorded; when the armed deadline fires first, the read or write re-arms the recorded
+// deadline and carries on, so an operation still times out exactly at the deadline last
+// set. A deadline earlier than the armed one is armed at once.
 type lazyDeadline struct{ want, armed time.Time }
 
 // set records t and reports whether it must be armed now: it is earlier than the armed
 // deadline, or none is armed. A later or cleared deadline waits for the armed one to fire.
 func (d *lazyDeadline) set(t time.Time) bool {
 	d.want = t
+	return d.arm(t)
+}
+
+// arm reports whether t must be armed now (it is earlier than the armed deadline, or none is
+// armed) and records it as armed if so.
+func (d *lazyDeadline) arm(t time.Time) bool {
 	if t.IsZero() || !d.armed.IsZero() && !t.Before(d.armed) {
 		return false
 	}
@@ -61,7 +91,7 @@ func (d *lazyDeadline) fired(arm func(time.Time) error) bool {
 	return d.want.IsZero() || time.Now().Before(d.want)
 }
 
-func (c *lazyDeadlineConn) SetReadDeadline(t time.Time) error {
+func (c *clientConn) SetReadDeadline(t time.Time) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.r.set(t) {
@@ -70,7 +100,7 @@ func (c *lazyDeadlineConn) SetReadDeadline(t time.Time) error {
 	return nil
 }
 
-func (c *lazyDeadlineConn) SetWriteDeadline(t time.Time) error {
+func (c *clientConn) SetWriteDeadline(t time.Time) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.w.set(t) {
@@ -79,14 +109,14 @@ func (c *lazyDeadlineConn) SetWriteDeadline(t time.Time) error {
 	return nil
 }
 
-func (c *lazyDeadlineConn) SetDeadline(t time.Time) error {
+func (c *clientConn) SetDeadline(t time.Time) error {
 	if err := c.SetReadDeadline(t); err != nil {
 		return err
 	}
 	return c.SetWriteDeadline(t)
 }
 
-func (c *lazyDeadlineConn) Read(b []byte) (int, error) {
+func (c *clientConn) Read(b []byte) (int, error) {
 	for {
 		n, err := c.Conn.Read(b)
 		if n > 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
@@ -101,7 +131,45 @@ func (c *lazyDeadlineConn) Read(b []byte) (int, error) {
 	}
 }
 
-func (c *lazyDeadlineConn) Write(b []byte) (int, error) {
+// setWriteLimit bounds every later write by t as well (zero clears the limit).
+func (c *clientConn) setWriteLimit(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.limit = t
+	if c.w.arm(t) {
+		_ = c.Conn.SetWriteDeadline(t)
+	}
+}
+
+// writeDeadline is the deadline of a write that started at bound-writeTimeout: the earliest
+// of the deadline last set, the stream's limit and bound; zero is none. c.mu must be held.
+func (c *clientConn) writeDeadline(bound time.Time) time.Time {
+	dl := c.w.want
+	for _, t := range [...]time.Time{c.limit, bound} {
+		if !t.IsZero() && (dl.IsZero() || t.Before(dl)) {
+			dl = t
+		}
+	}
+	return dl
+}
+
+// Write writes b, failing with os.ErrDeadlineExceeded when the client takes more than the
+// write timeout (or past the stream's limit or the deadline last set) to take it.
+func (c *clientConn) Write(b []byte) (int, error) {
+	var bound time.Time
+	if c.owner != nil && c.owner.writeTimeout > 0 {
+		bound = time.Now().Add(c.owner.writeTimeout)
+	}
+	c.mu.Lock()
+	dl := c.writeDeadline(bound)
+	var err error
+	if c.w.arm(dl) {
+		err = c.Conn.SetWriteDeadline(dl)
+	}
+	c.mu.Unlock()
+	if err != nil {
+		return 0, err
+	}
 	done := 0
 	for {
 		n, err := c.Conn.Write(b[done:])
@@ -109,11 +177,64 @@ func (c *lazyDeadlineConn) Write(b []byte) (int, error) {
 		if err == nil || !errors.Is(err, os.ErrDeadlineExceeded) {
 			return done, err
 		}
+		// An earlier write's deadline fired: arm this write's, unless it has passed.
 		c.mu.Lock()
-		more := c.w.fired(c.Conn.SetWriteDeadline)
+		dl := c.writeDeadline(bound)
+		more := !dl.IsZero() && time.Now().Before(dl) || dl.IsZero() && !c.w.armed.IsZero()
+		if more {
+			c.w.armed = dl
+			more = c.Conn.SetWriteDeadline(dl) == nil
+		}
 		c.mu.Unlock()
 		if !more {
 			return done, err
 		}
 	}
+}
+
+// lingerOnClose makes the next Close half-close and drain the input first.
+func (c *clientConn) lingerOnClose() { c.linger.Store(true) }
+
+// Close closes the connection, lingering first when asked (see lingerMaxBytes), and
+// releases its place in the tracker. Later calls do nothing.
+func (c *clientConn) Close() error {
+	if !c.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	if c.linger.Load() {
+		lingerDrain(c.Conn, lingerTimeout)
+	}
+	err := c.Conn.Close()
+	if c.owner != nil {
+		c.owner.release(c)
+	}
+	return err
+}
+
+// abort closes the socket at once, without lingering; a Close in progress (lingering) ends,
+// and the tracker releases the connection there.
+func (c *clientConn) abort() { _ = c.Conn.Close() }
+
+// lingerDrain half-closes c (the client reads everything sent, then end of stream) and
+// reads and drops its input until the client closes, lingerMaxBytes were read or timeout
+// passed.
+func lingerDrain(c net.Conn, timeout time.Duration) {
+	type closeWriter interface{ CloseWrite() error }
+	cw, ok := c.(closeWriter)
+	if !ok || cw.CloseWrite() != nil {
+		return
+	}
+	if c.SetReadDeadline(time.Now().Add(timeout)) != nil {
+		return
+	}
+	buf := getBuf()
+	b := (*buf)[:cap(*buf)]
+	for n := 0; n < lingerMaxBytes; {
+		m, err := c.Read(b)
+		n += m
+		if err != nil {
+			break
+		}
+	}
+	putBuf(buf)
 }

@@ -51,6 +51,7 @@ const (
 	CodeRouterResources     = "router_out_of_resources"
 	CodeChatTemplate        = "chat_template_error"
 	CodeTokenizer           = "tokenizer_error"
+	CodeTooManyConnections  = "too_many_connections"
 )
 
 // errorClass is the status and OpenAI error type of a code.
@@ -95,6 +96,7 @@ var errorTable = map[string]errorClass{
 	CodeShuttingDown:        {fasthttp.StatusServiceUnavailable, "service_unavailable_error"},
 	CodeConnectionLimit:     {fasthttp.StatusServiceUnavailable, "service_unavailable_error"},
 	CodeRouterResources:     {fasthttp.StatusServiceUnavailable, "service_unavailable_error"},
+	CodeTooManyConnections:  {fasthttp.StatusServiceUnavailable, "service_unavailable_error"},
 	CodeUpstreamTimeout:     {fasthttp.StatusGatewayTimeout, "timeout_error"},
 	CodeSelectionTimeout:    {fasthttp.StatusGatewayTimeout, "timeout_error"},
 	CodeStreamIdleTimeout:   {fasthttp.StatusGatewayTimeout, "timeout_error"},

@@ -118,7 +118,7 @@ func (w *clientWatch) Watch() (<-chan struct{}, func()) {
 }
 
 // NetConn returns the connection c wraps.
-func (c *lazyDeadlineConn) NetConn() net.Conn { return c.Conn }
+func (c *clientConn) NetConn() net.Conn { return c.Conn }
 
 // errClientGone answers (to nobody) a request whose client left while it waited.
 var errClientGone = newAPIError(CodeClientClosed, "the client closed the connection while the request waited")

@@ -53,6 +53,7 @@ type fakeEngine struct {
 	streamed chan struct{} // receives after a stream's first chunk was flushed
 	gone     chan struct{} // receives when a stream write fails (client side closed)
 	silent   bool          // a gated stream sends nothing while it waits
+	flood    bool          // after its first chunk, a stream sends 64 KiB events until the write fails
 
 	mu      sync.Mutex
 	bodies  [][]byte
@@ -191,6 +192,12 @@ func (e *fakeEngine) handle(ctx *fasthttp.RequestCtx) {
 				return
 			}
 			e.streamed <- struct{}{}
+			if e.flood {
+				ev := `data: {"id":"f","text":"` + strings.Repeat("x", 64<<10) + `"}` + "\n\n"
+				for write(ev) {
+				}
+				return
+			}
 			if e.gate != nil {
 				// Keep writing heartbeats-like nothing: wait, but notice a vanished client
 				// by probing with SSE comments.

@@ -60,7 +60,7 @@ func BenchmarkForwardHeadersPeekBaseline(b *testing.B) {
 
 // BenchmarkReadDeadline moves a keep-alive connection's read deadline the way fasthttp does
 // per request (idle timeout, then read timeout), on a plain TCP connection and on a
-// lazyDeadlineConn.
+// clientConn.
 func BenchmarkReadDeadline(b *testing.B) {
 	for _, lazy := range []bool{false, true} {
 		name := "conn"
@@ -85,7 +85,7 @@ func BenchmarkReadDeadline(b *testing.B) {
 			}
 			var c net.Conn = raw
 			if lazy {
-				c = &lazyDeadlineConn{Conn: raw}
+				c = &clientConn{Conn: raw}
 			}
 			defer c.Close()
 			b.ReportAllocs()

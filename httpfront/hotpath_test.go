@@ -139,7 +139,7 @@ func TestLazyDeadlineConnRead(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			a, b := tcpPair(t)
-			c := &lazyDeadlineConn{Conn: a}
+			c := &clientConn{Conn: a}
 			for _, d := range tt.deadlines {
 				if err := c.SetReadDeadline(d); err != nil {
 					t.Fatal(err)
@@ -173,7 +173,7 @@ func TestLazyDeadlineConnRead(t *testing.T) {
 
 func TestLazyDeadlineConnWrite(t *testing.T) {
 	a, b := tcpPair(t)
-	c := &lazyDeadlineConn{Conn: a}
+	c := &clientConn{Conn: a}
 	if err := c.SetWriteDeadline(time.Now().Add(-time.Second)); err != nil {
 		t.Fatal(err)
 	}

@@ -30,6 +30,10 @@ const (
 	metricInflight          = "switchyard_inflight_requests"
 	metricStaleGuards       = "switchyard_stale_guards_released_total"
 	metricTokenizerErrors   = "switchyard_tokenizer_errors_total"
+	metricClientConns       = "switchyard_client_connections"
+	metricConnsRefused      = "switchyard_client_connections_refused_total"
+	metricConnsEvicted      = "switchyard_client_connections_evicted_total"
+	metricAcceptErrors      = "switchyard_accept_errors_total"
 )
 
 // durationBuckets are the classic `le` upper bounds, in seconds, of the latency histograms.

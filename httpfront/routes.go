@@ -10,18 +10,23 @@ import (
 )
 
 // handleServerError answers fasthttp's own failures (body too large, malformed request).
+// The connection closes after the answer, lingering: the client may still be sending.
 func (s *Server) handleServerError(ctx *fasthttp.RequestCtx, err error) {
-	var tooLarge bool
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
-		tooLarge = true
-	}
-	if tooLarge {
 		writeError(ctx, errTooLarge)
-		ctx.SetConnectionClose()
-		return
+	} else {
+		writeError(ctx, newAPIError(CodeInvalidJSON, "malformed HTTP request"))
 	}
-	writeError(ctx, newAPIError(CodeInvalidJSON, "malformed HTTP request"))
+	lingerClose(ctx)
+}
+
+// lingerClose closes ctx's connection after the answer, lingering (see lingerMaxBytes): for
+// an answer sent before the request body was read.
+func lingerClose(ctx *fasthttp.RequestCtx) {
 	ctx.SetConnectionClose()
+	if c, ok := ctx.Conn().(*clientConn); ok {
+		c.lingerOnClose()
+	}
 }
 
 // handle routes a request. A panic fails only its own request, with a 500.

@@ -49,7 +49,7 @@ func (s *Server) run(ctx context.Context) error {
 // serve runs the fasthttp server until ctx is done (or Serve fails), then drains.
 func (s *Server) serve(ctx context.Context) error {
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- s.srv.Serve(lazyDeadlineListener{s.ln}) }()
+	go func() { serveErr <- s.srv.Serve(s.conns) }()
 	close(s.serving)
 	s.logger.Info("serving", slog.String("addr", s.ln.Addr().String()), slog.Int("models", len(s.models)),
 		slog.Int("workers", len(s.wset.Load().Workers())))

@@ -138,8 +138,8 @@ type Server struct {
 	hardStop chan struct{}
 	// bg tracks request-owned goroutines that outlive their handler (streams, prefill).
 	bg sync.WaitGroup
-	// conns are the open client connections.
-	conns connTracker
+	// conns accepts, caps and tracks the client connections (on ln).
+	conns *clientListener
 
 	runOnce sync.Once
 	// serving is closed once the start-up checks are done and Serve begins.
@@ -320,8 +320,9 @@ func (s *Server) build() error {
 		NoDefaultDate:                 false,
 		DisablePreParseMultipartForm:  true,
 		DisableHeaderNamesNormalizing: false,
+		ReadBufferSize:                cfg.Server.MaxHeaderBytes, // also the request line and headers cap
 		CloseOnShutdown:               true,
-		ConnState:                     s.conns.track,
+		ConnState:                     func(c net.Conn, st fasthttp.ConnState) { s.conns.track(c, st) },
 		Logger:                        fasthttpLogger{s.logger},
 	}
 	if cfg.Server.MaxBodyBytes <= 0 {
@@ -337,6 +338,8 @@ func (s *Server) build() error {
 		s.ln = ln
 	}
 	s.life.add("listener", func() { _ = s.ln.Close() })
+	s.conns = newClientListener(s.ln, cfg.Server.MaxConnections, cfg.Server.MaxConnectionsPerIP,
+		cfg.Server.WriteTimeout, s.set, s.logger)
 	return nil
 }
 

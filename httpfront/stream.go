@@ -53,6 +53,9 @@ type relay struct {
 	// charged to the engine's breaker through it.
 	engine fleet.Ticket
 	guard  *load.Guard
+	// conn is the client's connection (nil when not one of ours): its writes are bounded by
+	// the request deadline too, so a client that stops reading cannot hold the stream past it.
+	conn *clientConn
 	// transform rewrites one complete SSE event (PD logprob merge); nil relays bytes as they
 	// arrive.
 	transform func(dst, event []byte) []byte
@@ -63,6 +66,7 @@ type relay struct {
 func (s *Server) newRelay(d *dispatch, mm *modelMetrics, resp *fasthttp.Response, w *engine.Worker, et fleet.Ticket,
 	guard *load.Guard, transform func(dst, event []byte) []byte) *relay {
 	s.bg.Add(1)
+	conn, _ := d.ctx.Conn().(*clientConn)
 	return &relay{
 		s:         s,
 		kind:      d.kind,
@@ -74,6 +78,7 @@ func (s *Server) newRelay(d *dispatch, mm *modelMetrics, resp *fasthttp.Response
 		worker:    w,
 		engine:    et,
 		guard:     guard,
+		conn:      conn,
 		transform: transform,
 		ticket:    d.ticket,
 	}
@@ -103,6 +108,10 @@ func (r *relay) read(out chan<- chunk) {
 // run is the fasthttp StreamWriter.
 func (r *relay) run(w *bufio.Writer) {
 	s := r.s
+	if r.conn != nil {
+		r.conn.setWriteLimit(r.deadline)
+		defer r.conn.setWriteLimit(time.Time{})
+	}
 	chunks := make(chan chunk, 4)
 	go r.read(chunks)
 

@@ -1,0 +1,274 @@
+package httpfront
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"switchyard/config"
+)
+
+// Clients that misbehave: they send too much, stop reading, hold connections open without a
+// word, or arrive when the process is out of file descriptors.
+
+func oneEngineConfig(e *fakeEngine) *config.Config {
+	cfg := baseConfig()
+	cfg.Workers = []config.Worker{plainWorker("A", e.url, "llama")}
+	cfg.Models = map[string]config.Model{"llama": {Buckets: []config.Bucket{plainBucket("all", nil, nil, "A")}}}
+	return cfg
+}
+
+// writeFirst sends a request the way Python's requests (urllib3) does: the whole body
+// first, going on to read the answer when the write fails, as urllib3 does on a broken pipe
+// or a reset. It returns the answer, its body, and the error of the body's write.
+func writeFirst(t *testing.T, addr string, head string, body []byte) (*http.Response, []byte, error, error) {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	_, werr := c.Write([]byte(head))
+	if werr == nil {
+		_, werr = c.Write(body)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return nil, nil, werr, err
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, b, werr, err
+}
+
+// TestTooLargeAnswerReachesWriteFirstClient: a body over the cap is answered 413 before it
+// is read; a client that writes its whole body before reading must still read the 413,
+// not a connection reset. The router must not reset the connection while the client is
+// still sending (a reset can destroy the answer before the client reads it): the client's
+// write completes and the answer ends with a clean end of stream.
+func TestTooLargeAnswerReachesWriteFirstClient(t *testing.T) {
+	e := newFakeEngine(t, "A", "llama")
+	cfg := oneEngineConfig(e)
+	cfg.Server.MaxBodyBytes = 1 << 20
+	ts := startServer(t, cfg, Options{SkipStartupChecks: true, NoTelemetry: true})
+	body := []byte(chatBody("llama", strings.Repeat("x", 16<<20), ""))
+	head := "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\nContent-Length: " +
+		strconv.Itoa(len(body)) + "\r\n\r\n"
+	for i := range 40 {
+		resp, b, werr, err := writeFirst(t, ts.Addr().String(), head, body)
+		if werr != nil {
+			t.Fatalf("try %d: the router reset the connection while the body was sent: %v", i, werr)
+		}
+		if err != nil {
+			t.Fatalf("try %d: %v (the answer was lost)", i, err)
+		}
+		if resp.StatusCode != 413 || !contains(b, CodeRequestTooLarge) {
+			t.Fatalf("try %d: status %d body %s", i, resp.StatusCode, b)
+		}
+	}
+	if e.hits.Load() != 0 {
+		t.Fatal("a too-large body reached the engine")
+	}
+}
+
+// TestNonReadingClientReleased: a client that reads the answer's headers and then stops
+// reading must not hold the stream: the write timeout ends it, or the request timeout when
+// that comes first; the engine request is cancelled and the in-flight slot released.
+func TestNonReadingClientReleased(t *testing.T) {
+	tests := []struct {
+		name                  string
+		writeTimeout, request time.Duration
+	}{
+		{"write timeout", 200 * time.Millisecond, 10 * time.Minute},
+		{"request timeout", time.Hour, 300 * time.Millisecond},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newFakeEngine(t, "A", "llama")
+			e.flood = true
+			cfg := oneEngineConfig(e)
+			cfg.Server.WriteTimeout = tt.writeTimeout
+			cfg.Server.RequestTimeout = tt.request
+			ts := startServer(t, cfg, Options{SkipStartupChecks: true, NoTelemetry: true, HeartbeatInterval: time.Hour})
+			c, err := net.Dial("tcp", ts.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			body := chatBody("llama", "hi", `"stream":true`)
+			if _, err := c.Write([]byte("POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\nContent-Length: " +
+				strconv.Itoa(len(body)) + "\r\n\r\n" + body)); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil || resp.StatusCode != 200 {
+				t.Fatalf("answer: %v", err)
+			}
+			// The client reads nothing more. The engine's stream must be cancelled.
+			waitFor(t, e.gone, "the engine to see its stream cancelled")
+			deadline := time.Now().Add(10 * time.Second)
+			for ts.metrics.inflight.Load() != 0 || ts.tracker.Outstanding() != 0 {
+				if time.Now().After(deadline) {
+					t.Fatalf("in flight %d, guards %d", ts.metrics.inflight.Load(), ts.tracker.Outstanding())
+				}
+				time.Sleep(2 * time.Millisecond)
+			}
+		})
+	}
+}
+
+// rawConns opens n connections that send nothing.
+func rawConns(t *testing.T, addr string, n int) []net.Conn {
+	t.Helper()
+	conns := make([]net.Conn, n)
+	for i := range conns {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		conns[i] = c
+	}
+	return conns
+}
+
+// rawGet sends GET path on a new connection and reads the answer.
+func rawGet(t *testing.T, addr, path string) (int, []byte) {
+	t.Helper()
+	resp, b, _, err := writeFirst(t, addr, "GET "+path+" HTTP/1.1\r\nHost: r\r\n\r\n", nil)
+	if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	return resp.StatusCode, b
+}
+
+// waitServerClosed waits (bounded) for the server to close c.
+func waitServerClosed(c net.Conn) bool {
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err := c.Read(make([]byte, 1))
+	var ne net.Error
+	return err != nil && !(errors.As(err, &ne) && ne.Timeout())
+}
+
+// TestConnectionCap: at server.max_connections a new connection takes the place of one that
+// has sent nothing; with every connection busy it is answered 503 too_many_connections.
+func TestConnectionCap(t *testing.T) {
+	e := newFakeEngine(t, "A", "llama", withGate())
+	cfg := oneEngineConfig(e)
+	cfg.Server.MaxConnections = 3
+	ts := startServer(t, cfg, Options{SkipStartupChecks: true, NoTelemetry: true, HeartbeatInterval: time.Hour})
+	addr := ts.Addr().String()
+
+	idle := rawConns(t, addr, 3)
+	if status, b := rawGet(t, addr, "/health"); status != 200 {
+		t.Fatalf("with the table full of silent connections: %d %s", status, b)
+	}
+	if !waitServerClosed(idle[0]) {
+		t.Fatal("the oldest silent connection was not closed to make room")
+	}
+	if n := ts.conns.evicted.Get(); n < 1 {
+		t.Fatalf("evicted %d", n)
+	}
+	for _, c := range idle {
+		c.Close()
+	}
+
+	// Three streams hold every connection busy.
+	tr := &http.Transport{DisableKeepAlives: true}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr}
+	var bodies []io.ReadCloser
+	for range 3 {
+		resp, err := client.Post(ts.url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("llama", "hi", `"stream":true`)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		bodies = append(bodies, resp.Body)
+		waitFor(t, e.streamed, "a stream's first chunk")
+	}
+	status, b := rawGet(t, addr, "/health")
+	if status != 503 || !contains(b, CodeTooManyConnections) {
+		t.Fatalf("with every connection busy: %d %s", status, b)
+	}
+	close(e.gate)
+	for _, b := range bodies {
+		_, _ = io.Copy(io.Discard, b)
+		b.Close()
+	}
+}
+
+// TestConnectionCapPerIP: server.max_connections_per_ip refuses one address's extra
+// connections with 503.
+func TestConnectionCapPerIP(t *testing.T) {
+	e := newFakeEngine(t, "A", "llama")
+	cfg := oneEngineConfig(e)
+	cfg.Server.MaxConnectionsPerIP = 2
+	ts := startServer(t, cfg, Options{SkipStartupChecks: true, NoTelemetry: true})
+	held := rawConns(t, ts.Addr().String(), 2)
+	status, b := rawGet(t, ts.Addr().String(), "/health")
+	if status != 503 || !contains(b, CodeTooManyConnections) || !contains(b, "max_connections_per_ip") {
+		t.Fatalf("third connection from one address: %d %s", status, b)
+	}
+	held[0].Close()
+	// Once one closes, the address may connect again (its close is noticed asynchronously).
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		status, _ := rawGet(t, ts.Addr().String(), "/health")
+		if status == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still refused after a connection closed: %d", status)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// fdExhaustedListener fails its first accepts with EMFILE, as a process out of file
+// descriptors does.
+type fdExhaustedListener struct {
+	net.Listener
+	failures atomic.Int32
+}
+
+func (l *fdExhaustedListener) Accept() (net.Conn, error) {
+	if l.failures.Add(-1) >= 0 {
+		return nil, &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", syscall.EMFILE)}
+	}
+	return l.Listener.Accept()
+}
+
+// TestAcceptSurvivesFDExhaustion: accept failing with "too many open files" must not stop
+// the server; it retries with backoff and serves once descriptors are free.
+func TestAcceptSurvivesFDExhaustion(t *testing.T) {
+	e := newFakeEngine(t, "A", "llama")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fl := &fdExhaustedListener{Listener: ln}
+	fl.failures.Store(5)
+	ts := startServer(t, oneEngineConfig(e), Options{SkipStartupChecks: true, NoTelemetry: true, Listener: fl})
+	r := post(t, ts.url+"/v1/chat/completions", chatBody("llama", "hi", ""))
+	if r.status != 200 {
+		t.Fatalf("status %d body %s", r.status, r.body)
+	}
+	select {
+	case err := <-ts.done:
+		t.Fatalf("Run returned %v after EMFILE", err)
+	default:
+	}
+	if n := ts.conns.acceptErrors.Get(); n != 5 {
+		t.Errorf("accept errors counted %d, want 5", n)
+	}
+}
