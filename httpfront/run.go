@@ -89,7 +89,15 @@ func (s *Server) serve(ctx context.Context) error {
 	case <-bgDone:
 	case <-dctx.Done():
 	}
+	// Streams still running end now with a shutting_down event; connections carrying one get
+	// a bounded moment to deliver it before every connection closes.
 	close(s.hardStop)
+	s.conns.closeIdle()
+	gctx, cancelGrace := context.WithTimeout(context.Background(), s.opts.StreamEndGrace)
+	if !s.conns.waitClosed(gctx) {
+		s.logger.Warn("closing connections whose streams did not end in time", slog.Duration("grace", s.opts.StreamEndGrace))
+	}
+	cancelGrace()
 	s.conns.closeAll()
 	s.workers.CloseConnections()
 	<-bgDone

@@ -31,6 +31,7 @@ const (
 	DefaultReadTimeout       = 60 * time.Second
 	DefaultIdleTimeout       = 120 * time.Second
 	DefaultJanitorInterval   = time.Minute
+	DefaultStreamEndGrace    = 2 * time.Second
 )
 
 // Options are the Server's collaborators and tuning beyond the configuration. The zero value
@@ -74,6 +75,10 @@ type Options struct {
 	ReadTimeout time.Duration
 	// IdleTimeout closes keep-alive connections idle this long. Default 120s.
 	IdleTimeout time.Duration
+	// StreamEndGrace is how long, once the drain timeout has passed, the streams still
+	// running have to deliver their shutting_down event before every connection closes.
+	// Default 2s.
+	StreamEndGrace time.Duration
 	// SkipStartupChecks skips the health check and introspection of configured workers
 	// before serving: they start healthy with their configured facts.
 	SkipStartupChecks bool
@@ -178,6 +183,9 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 	}
 	if opts.IdleTimeout <= 0 {
 		opts.IdleTimeout = DefaultIdleTimeout
+	}
+	if opts.StreamEndGrace <= 0 {
+		opts.StreamEndGrace = DefaultStreamEndGrace
 	}
 	s := &Server{
 		cfg:      cfg,

@@ -20,11 +20,17 @@ type relayEnd uint8
 const (
 	endEOF relayEnd = iota
 	endUpstream
+	endTruncated
 	endClientGone
 	endIdle
 	endTimeout
 	endShutdown
 )
+
+// maxEventBytes bounds the part of one SSE event a relay holds back until the event is
+// complete. An engine's longer event is relayed as it arrives; a failure in its middle
+// closes it (the client sees a malformed event, then the error event).
+const maxEventBytes = 4 << 20
 
 var heartbeat = []byte(": keep-alive\n\n")
 var doneEvent = []byte("data: [DONE]\n\n")
@@ -40,6 +46,13 @@ type chunk struct {
 // still holds once the handler returns: the upstream response, the in-flight guard, and the
 // request's metrics and in-flight count. run executes on fasthttp's stream-writer goroutine
 // and never touches the RequestCtx; a reader goroutine feeds it the upstream body.
+//
+// The client only ever receives whole events: the relay writes up to the last event
+// boundary it has seen and holds the rest (up to maxEventBytes) until the event completes.
+// So when the stream fails (engine error, idle or request timeout, drain), the partial event
+// is dropped and the error event starts on a boundary, where every SSE parser reads it; a
+// stream that ends without its [DONE] event ends with an error event too, so no client takes
+// a truncated answer for a complete one.
 type relay struct {
 	s        *Server
 	kind     routeKind
@@ -54,13 +67,23 @@ type relay struct {
 	engine fleet.Ticket
 	guard  *load.Guard
 	// conn is the client's connection (nil when not one of ours): its writes are bounded by
-	// the request deadline too, so a client that stops reading cannot hold the stream past it.
+	// the request deadline too (plus Options.StreamEndGrace for the error event), so a client
+	// that stops reading cannot hold the stream past it.
 	conn *clientConn
-	// transform rewrites one complete SSE event (PD logprob merge); nil relays bytes as they
-	// arrive.
+	// transform rewrites one complete SSE event (PD logprob merge); nil relays events as they
+	// are.
 	transform func(dst, event []byte) []byte
 	// ticket is the request's concurrency slots, held until the stream ends.
 	ticket flow.Ticket
+
+	// sse tracks the event boundaries of what was received.
+	sse sseFramer
+	// held is the received part of the current event, not yet written.
+	held []byte
+	// midEvent: bytes of an unfinished event were written (an event over maxEventBytes).
+	midEvent bool
+	// done: the [DONE] event was relayed.
+	done bool
 }
 
 func (s *Server) newRelay(d *dispatch, mm *modelMetrics, resp *fasthttp.Response, w *engine.Worker, et fleet.Ticket,
@@ -109,7 +132,8 @@ func (r *relay) read(out chan<- chunk) {
 func (r *relay) run(w *bufio.Writer) {
 	s := r.s
 	if r.conn != nil {
-		r.conn.setWriteLimit(r.deadline)
+		// The writes after the deadline deliver the timeout's error event.
+		r.conn.setWriteLimit(r.deadline.Add(s.opts.StreamEndGrace))
 		defer r.conn.setWriteLimit(time.Time{})
 	}
 	chunks := make(chan chunk, 4)
@@ -127,7 +151,6 @@ func (r *relay) run(w *bufio.Writer) {
 	defer idle.Stop()
 	defer dl.Stop()
 
-	var pending []byte
 	first := true
 	end := endEOF
 loop:
@@ -137,6 +160,16 @@ loop:
 			if !ok {
 				break loop
 			}
+			// A drain that ran out of time wins over a stream that always has data.
+			select {
+			case <-s.hardStop:
+				if c.b != nil {
+					putBuf(c.b)
+				}
+				end = endShutdown
+				break loop
+			default:
+			}
 			if c.err != nil {
 				end = endUpstream
 				break loop
@@ -145,12 +178,7 @@ loop:
 				first = false
 				r.mm.routes[r.kind].ttft.Update(since(r.start, s.now()))
 			}
-			if r.transform == nil {
-				_, _ = w.Write(*c.b)
-			} else {
-				pending = append(pending, *c.b...)
-				pending = r.writeEvents(w, pending)
-			}
+			r.relayChunk(w, *c.b)
 			putBuf(c.b)
 			if err := w.Flush(); err != nil {
 				end = endClientGone
@@ -159,6 +187,11 @@ loop:
 			hb.Reset(hbEvery)
 			idle.Reset(idleAfter)
 		case <-hb.C:
+			if r.midEvent {
+				// A comment inside an unfinished event would corrupt it.
+				hb.Reset(hbEvery)
+				continue
+			}
 			_, _ = w.Write(heartbeat)
 			if err := w.Flush(); err != nil {
 				end = endClientGone
@@ -176,30 +209,11 @@ loop:
 			break loop
 		}
 	}
-	if end == endEOF && len(pending) > 0 {
-		_, _ = w.Write(pending)
+	if end == endEOF {
+		end = r.finishEvents(w)
 	}
-	var e *apiError
-	switch end {
-	case endUpstream:
-		e = newAPIError(CodeUpstream, "engine "+r.worker.ID+" failed during the stream")
-	case endIdle:
-		e = newAPIError(CodeStreamIdleTimeout, "engine "+r.worker.ID+" sent nothing for "+idleAfter.String())
-	case endTimeout:
-		e = newAPIError(CodeUpstreamTimeout, "the request timed out")
-	case endShutdown:
-		e = errShuttingDown
-	}
-	if e != nil {
-		buf := getBuf()
-		b := append((*buf)[:0], "data: "...)
-		b = appendErrorJSON(b, e)
-		b = append(b, "\n\n"...)
-		b = append(b, doneEvent...)
-		_, _ = w.Write(b)
-		*buf = b
-		putBuf(buf)
-		_ = w.Flush()
+	if e := r.endError(end, idleAfter); e != nil {
+		r.writeError(w, e)
 	}
 	// Cancel the upstream request unless it completed: closing an unfinished body stream
 	// closes its connection, which makes the engine abort the request.
@@ -212,21 +226,128 @@ loop:
 	r.finish(end)
 }
 
-// writeEvents writes every complete event of pending through the transform and returns the
-// incomplete rest.
-func (r *relay) writeEvents(w *bufio.Writer, pending []byte) []byte {
-	for {
-		i := bytes.Index(pending, eventSep)
-		if i < 0 {
-			return pending
+// relayChunk writes the whole events that b completes (through the transform) and holds the
+// unfinished rest.
+func (r *relay) relayChunk(w *bufio.Writer, b []byte) {
+	if r.midEvent {
+		// Slow path: the rest of an event already partly written goes out as it is.
+		n := r.sse.next(b)
+		if n < 0 {
+			_, _ = w.Write(b)
+			return
 		}
-		ev := pending[:i+len(eventSep)]
+		_, _ = w.Write(b[:n])
+		r.midEvent = false
+		b = b[n:]
+	}
+	cut := -1 // past the last event boundary in b
+	for off := 0; off < len(b); {
+		n := r.sse.next(b[off:])
+		if n < 0 {
+			break
+		}
+		off += n
+		cut = off
+	}
+	if cut < 0 {
+		r.hold(w, b)
+		return
+	}
+	if len(r.held) == 0 {
+		r.writeEvents(w, b[:cut]) // fast path: nothing held, no copy
+	} else {
+		r.held = append(r.held, b[:cut]...)
+		r.writeEvents(w, r.held)
+		r.held = r.held[:0]
+	}
+	r.hold(w, b[cut:])
+}
+
+// hold keeps b, the start of an unfinished event; past maxEventBytes the event is written
+// as it is.
+func (r *relay) hold(w *bufio.Writer, b []byte) {
+	if len(b) == 0 {
+		return
+	}
+	if len(r.held)+len(b) <= maxEventBytes {
+		r.held = append(r.held, b...)
+		return
+	}
+	// Slow path: an event too long to hold.
+	_, _ = w.Write(r.held)
+	_, _ = w.Write(b)
+	r.held = r.held[:0]
+	r.midEvent = true
+}
+
+// writeEvents writes complete events (a run of them ending on a boundary), each through the
+// transform when there is one, and notes the [DONE] event.
+func (r *relay) writeEvents(w *bufio.Writer, events []byte) {
+	if !r.done && hasDoneEvent(events) {
+		r.done = true
+	}
+	if r.transform == nil {
+		_, _ = w.Write(events)
+		return
+	}
+	for len(events) > 0 {
+		n := eventLen(events)
 		buf := getBuf()
-		*buf = r.transform((*buf)[:0], ev)
+		*buf = r.transform((*buf)[:0], events[:n])
 		_, _ = w.Write(*buf)
 		putBuf(buf)
-		pending = append(pending[:0], pending[i+len(eventSep):]...)
+		events = events[n:]
 	}
+}
+
+// finishEvents settles a stream the engine ended: complete when the [DONE] event was
+// relayed (a [DONE] missing only its blank line is completed), truncated otherwise.
+func (r *relay) finishEvents(w *bufio.Writer) relayEnd {
+	if !r.midEvent && len(r.held) > 0 && hasDoneEvent(r.held) && len(bytes.TrimSpace(r.held)) <= len("data: [DONE]") {
+		_, _ = w.Write(doneEvent)
+		r.held, r.done = r.held[:0], true
+	}
+	if r.done && !r.midEvent && len(bytes.TrimSpace(r.held)) == 0 {
+		return endEOF
+	}
+	return endTruncated
+}
+
+// endError is the error event a stream ending for end carries, nil for a complete one or a
+// client that has gone.
+func (r *relay) endError(end relayEnd, idleAfter time.Duration) *apiError {
+	switch end {
+	case endUpstream:
+		return newAPIError(CodeUpstream, "engine "+r.worker.ID+" failed during the stream")
+	case endTruncated:
+		return newAPIError(CodeUpstream, "engine "+r.worker.ID+" ended the stream before its [DONE] event")
+	case endIdle:
+		return newAPIError(CodeStreamIdleTimeout, "engine "+r.worker.ID+" sent nothing for "+idleAfter.String())
+	case endTimeout:
+		return newAPIError(CodeUpstreamTimeout, "the request timed out")
+	case endShutdown:
+		return errShuttingDown
+	}
+	return nil
+}
+
+// writeError ends the stream with e as an event, then [DONE]. An unfinished event that was
+// partly written is closed first; one held back is dropped.
+func (r *relay) writeError(w *bufio.Writer, e *apiError) {
+	buf := getBuf()
+	b := (*buf)[:0]
+	if r.midEvent {
+		b = append(b, eventSep...)
+	}
+	b = append(b, "data: "...)
+	b = appendErrorJSON(b, e)
+	b = append(b, eventSep...)
+	b = append(b, doneEvent...)
+	_, _ = w.Write(b)
+	*buf = b
+	putBuf(buf)
+	_ = w.Flush()
+	r.held = r.held[:0]
 }
 
 // finish releases what the stream held and records its outcome.
@@ -242,7 +363,7 @@ func (r *relay) finish(end relayEnd) {
 	switch end {
 	case endEOF:
 		verdict = fleet.OutcomeSuccess
-	case endUpstream:
+	case endUpstream, endTruncated:
 		status = fasthttp.StatusBadGateway
 		s.metrics.upstreamError(r.worker.ID, upstreamTransport)
 		verdict = fleet.OutcomeFailure
@@ -265,4 +386,72 @@ func (r *relay) finish(end relayEnd) {
 	rm.duration.Update(since(r.start, s.now()))
 	s.metrics.inflight.Add(-1)
 	s.bg.Done()
+}
+
+// sseFramer finds SSE event boundaries (a blank line: two line terminators in a row, each
+// CRLF, LF or CR) in a byte stream split at arbitrary points.
+type sseFramer struct {
+	lineLen int  // bytes of the current line so far
+	cr      bool // the last byte was a CR (an LF right after it ends the same line)
+}
+
+// next consumes b up to its first event boundary and returns the offset just past it (with
+// the LF of a CRLF that ended the blank line), or -1 when b holds none; b is then consumed
+// whole.
+func (f *sseFramer) next(b []byte) int {
+	for i, c := range b {
+		switch c {
+		case '\n':
+			if f.cr {
+				f.cr = false
+				continue
+			}
+			if f.lineLen == 0 {
+				return i + 1
+			}
+			f.lineLen = 0
+		case '\r':
+			f.cr = true
+			if f.lineLen == 0 {
+				if i+1 < len(b) && b[i+1] == '\n' {
+					f.cr = false
+					return i + 2
+				}
+				return i + 1
+			}
+			f.lineLen = 0
+		default:
+			f.cr = false
+			f.lineLen++
+		}
+	}
+	return -1
+}
+
+// eventLen returns the length of the first event of b, which starts on a boundary (up to
+// and including its blank line), or len(b).
+func eventLen(b []byte) int {
+	var f sseFramer
+	if n := f.next(b); n > 0 {
+		return n
+	}
+	return len(b)
+}
+
+// hasDoneEvent reports whether b holds a "data: [DONE]" line.
+func hasDoneEvent(b []byte) bool {
+	for {
+		i := bytes.Index(b, []byte("[DONE]"))
+		if i < 0 {
+			return false
+		}
+		line := b[:i]
+		if j := bytes.LastIndexAny(line, "\r\n"); j >= 0 {
+			line = line[j+1:]
+		}
+		if string(bytes.TrimRight(line, " ")) == "data:" {
+			return true
+		}
+		b = b[i+len("[DONE]"):]
+	}
 }

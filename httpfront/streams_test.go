@@ -1,0 +1,325 @@
+package httpfront
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"switchyard/config"
+)
+
+// Streams must end in a way every client reads: with the engine's whole answer and its
+// [DONE] event, or with a parseable error event and [DONE], never with a truncated answer
+// that looks complete or an error glued to a half-relayed event.
+
+// sseEvents parses an SSE body strictly, as the OpenAI SDKs do: events are separated by a
+// blank line, data lines are joined, comments are skipped. It returns each event's data.
+func sseEvents(body string) []string {
+	var events []string
+	var data []string
+	for _, line := range strings.Split(strings.ReplaceAll(body, "\r\n", "\n"), "\n") {
+		switch {
+		case line == "":
+			if len(data) > 0 {
+				events = append(events, strings.Join(data, "\n"))
+				data = nil
+			}
+		case strings.HasPrefix(line, ":"):
+		case strings.HasPrefix(line, "data:"):
+			data = append(data, strings.TrimPrefix(strings.TrimPrefix(line, "data:"), " "))
+		default:
+			data = append(data, "<field "+line+">")
+		}
+	}
+	if len(data) > 0 {
+		events = append(events, strings.Join(data, "\n")+" <unterminated>")
+	}
+	return events
+}
+
+// excerpt bounds a stream body quoted in a failure.
+func excerpt(body string) string {
+	if len(body) <= 600 {
+		return strconv.Quote(body)
+	}
+	return strconv.Quote(body[:200]) + " ... " + strconv.Quote(body[len(body)-400:])
+}
+
+// checkStreamEnd checks that body is a well-formed stream: every event is JSON, the last is
+// [DONE], and the one before it is an error with code wantCode ("" for a complete answer,
+// which must have no error event). It returns the non-error events' data.
+func checkStreamEnd(t *testing.T, body, wantCode string) []string {
+	t.Helper()
+	events := sseEvents(body)
+	if len(events) == 0 || events[len(events)-1] != "[DONE]" {
+		t.Fatalf("the stream does not end with [DONE]: %s", excerpt(body))
+	}
+	var answer []string
+	var errCode string
+	for i, ev := range events[:len(events)-1] {
+		var v struct {
+			Error *struct {
+				Code string `json:"code"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal([]byte(ev), &v); err != nil {
+			t.Fatalf("event %d is not JSON (%v): %s\nwhole stream: %s", i, err, excerpt(ev), excerpt(body))
+		}
+		if v.Error != nil {
+			if i != len(events)-2 {
+				t.Fatalf("error event %d is not the last before [DONE]: %s", i, excerpt(body))
+			}
+			errCode = v.Error.Code
+			continue
+		}
+		answer = append(answer, ev)
+	}
+	if errCode != wantCode {
+		t.Fatalf("error code %q, want %q: %s", errCode, wantCode, excerpt(body))
+	}
+	return answer
+}
+
+// rawEngine is an upstream written over raw TCP: each inference request's connection is
+// handed to answer once its request was read. It lets a test cut a stream anywhere.
+type rawEngine struct {
+	ln  net.Listener
+	url string
+	wg  sync.WaitGroup
+}
+
+func newRawEngine(t *testing.T, answer func(c net.Conn)) *rawEngine {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &rawEngine{ln: ln, url: "http://" + ln.Addr().String()}
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			e.wg.Add(1)
+			go func() {
+				defer e.wg.Done()
+				defer c.Close()
+				_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+				req, err := http.ReadRequest(bufio.NewReader(c))
+				if err != nil {
+					return
+				}
+				_, _ = io.Copy(io.Discard, req.Body)
+				answer(c)
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		e.wg.Wait()
+	})
+	return e
+}
+
+const sseHead = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+// chunked frames s as one HTTP chunk.
+func chunked(s string) string { return strconv.FormatInt(int64(len(s)), 16) + "\r\n" + s + "\r\n" }
+
+const (
+	evA = `data: {"id":"c0","choices":[{"index":0,"delta":{"content":"Hel"}}]}` + "\n\n"
+	evB = `data: {"id":"c0","choices":[{"index":0,"delta":{"content":"lo"}}]}` + "\n\n"
+)
+
+func readAllString(t *testing.T, r io.Reader) string {
+	t.Helper()
+	b, err := io.ReadAll(r)
+	if err != nil {
+		t.Fatalf("reading the stream: %v", err)
+	}
+	return string(b)
+}
+
+func TestStreamEndsOnEventBoundary(t *testing.T) {
+	half := `data: {"id":"c0","choices":[{"index":0,"delta":{"content":"tr`
+	tests := []struct {
+		name     string
+		answer   func(c net.Conn, release <-chan struct{})
+		idle     time.Duration
+		request  time.Duration
+		wantCode string
+		want     int // complete events the client must see
+	}{
+		{"engine dies mid-event", func(c net.Conn, _ <-chan struct{}) {
+			_, _ = io.WriteString(c, sseHead+chunked(evA)+chunked(half))
+		}, 0, 0, CodeUpstream, 1},
+		{"engine dies mid-line of a CRLF stream", func(c net.Conn, _ <-chan struct{}) {
+			_, _ = io.WriteString(c, sseHead+chunked(strings.ReplaceAll(evA+evB, "\n", "\r\n"))+chunked("data: {\"id\""))
+		}, 0, 0, CodeUpstream, 2},
+		{"events split across chunks, then a clean end without [DONE]", func(c net.Conn, _ <-chan struct{}) {
+			_, _ = io.WriteString(c, sseHead+chunked(evA[:10])+chunked(evA[10:]+evB[:5])+chunked(evB[5:])+"0\r\n\r\n")
+		}, 0, 0, CodeUpstream, 2},
+		{"engine goes silent mid-event", func(c net.Conn, release <-chan struct{}) {
+			_, _ = io.WriteString(c, sseHead+chunked(evA)+chunked(half))
+			<-release
+		}, 150 * time.Millisecond, 0, CodeStreamIdleTimeout, 1},
+		{"request times out mid-event", func(c net.Conn, release <-chan struct{}) {
+			_, _ = io.WriteString(c, sseHead+chunked(evA)+chunked(half))
+			<-release
+		}, 0, 300 * time.Millisecond, CodeUpstreamTimeout, 1},
+		{"complete answer", func(c net.Conn, _ <-chan struct{}) {
+			_, _ = io.WriteString(c, sseHead+chunked(evA[:7])+chunked(evA[7:]+evB)+chunked("data: [DONE]\n\n")+"0\r\n\r\n")
+		}, 0, 0, "", 2},
+		{"complete answer whose [DONE] lacks its blank line", func(c net.Conn, _ <-chan struct{}) {
+			_, _ = io.WriteString(c, sseHead+chunked(evA+evB+"data: [DONE]\n")+"0\r\n\r\n")
+		}, 0, 0, "", 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			release := make(chan struct{})
+			e := newRawEngine(t, func(c net.Conn) { tt.answer(c, release) })
+			defer close(release)
+			cfg := baseConfig()
+			cfg.Workers = []config.Worker{plainWorker("A", e.url, "llama")}
+			cfg.Models = map[string]config.Model{"llama": {Buckets: []config.Bucket{plainBucket("all", nil, nil, "A")}}}
+			if tt.idle > 0 {
+				cfg.Server.StreamIdleTimeout = tt.idle
+			}
+			if tt.request > 0 {
+				cfg.Server.RequestTimeout = tt.request
+			}
+			ts := startServer(t, cfg, Options{SkipStartupChecks: true, NoTelemetry: true, HeartbeatInterval: 20 * time.Millisecond})
+			r := post(t, ts.url+"/v1/chat/completions", chatBody("llama", "hi", `"stream":true`))
+			if r.status != 200 {
+				t.Fatalf("status %d: %s", r.status, r.body)
+			}
+			if got := checkStreamEnd(t, string(r.body), tt.wantCode); len(got) != tt.want {
+				t.Fatalf("%d complete events, want %d: %q", len(got), tt.want, r.body)
+			}
+		})
+	}
+}
+
+// TestDrainDeliversShuttingDown: streams still running when the drain timeout passes each
+// end with a shutting_down event and [DONE], whether they wait on the engine or are
+// back-pressured by a client reading more slowly than the engine writes.
+func TestDrainDeliversShuttingDown(t *testing.T) {
+	tests := []struct {
+		name    string
+		flood   bool
+		streams int
+	}{
+		{"waiting streams", false, 40},
+		{"back-pressured streams", true, 10},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newFakeEngine(t, "A", "llama", withGate())
+			e.flood = tt.flood
+			cfg := oneEngineConfig(e)
+			cfg.Server.DrainTimeout = 300 * time.Millisecond
+			ts := startServer(t, cfg, Options{SkipStartupChecks: true, NoTelemetry: true, HeartbeatInterval: 50 * time.Millisecond})
+			tr := &http.Transport{DisableKeepAlives: true}
+			defer tr.CloseIdleConnections()
+			client := &http.Client{Transport: tr}
+			bodies := make([]string, tt.streams)
+			var wg sync.WaitGroup
+			for i := range tt.streams {
+				resp, err := client.Post(ts.url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("llama", "hi", `"stream":true`)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				waitFor(t, e.streamed, "a stream's first chunk")
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					defer resp.Body.Close()
+					var b strings.Builder
+					buf := make([]byte, 64<<10)
+					for {
+						n, err := resp.Body.Read(buf)
+						b.Write(buf[:n])
+						if err != nil {
+							break
+						}
+						if tt.flood {
+							time.Sleep(time.Millisecond) // slower than the engine writes
+						}
+					}
+					bodies[i] = b.String()
+				}()
+			}
+			ts.stop(t) // the drain times out and ends every stream
+			ts.done = make(chan error, 1)
+			ts.done <- nil
+			wg.Wait()
+			for i, b := range bodies {
+				t.Run(fmt.Sprint("stream ", i), func(t *testing.T) {
+					checkStreamEnd(t, b, CodeShuttingDown)
+				})
+			}
+		})
+	}
+}
+
+// lastBoundary is the reference: the offset past the last line terminator (CRLF, LF or CR)
+// that ends an empty line, or 0.
+func lastBoundary(b []byte) int {
+	cut, lineLen := 0, 0
+	for i := 0; i < len(b); i++ {
+		if b[i] != '\r' && b[i] != '\n' {
+			lineLen++
+			continue
+		}
+		if b[i] == '\r' && i+1 < len(b) && b[i+1] == '\n' {
+			i++
+		}
+		if lineLen == 0 {
+			cut = i + 1
+		}
+		lineLen = 0
+	}
+	return cut
+}
+
+// FuzzRelayFraming feeds an engine's stream to the relay's framing in arbitrary chunks: the
+// client must receive exactly the stream up to its last event boundary, whatever the
+// chunking.
+func FuzzRelayFraming(f *testing.F) {
+	for _, s := range []string{evA + evB + "data: [DONE]\n\n", "data: x\r\n\r\ndata: y\r\rdata", "\n\n\n", ": c\n\ndata: a\ndata: b\n\n", "data: [DONE]\n"} {
+		f.Add([]byte(s), []byte{3, 1, 7})
+	}
+	f.Fuzz(func(t *testing.T, stream, splits []byte) {
+		var out bytes.Buffer
+		w := bufio.NewWriter(&out)
+		r := &relay{}
+		rest := stream
+		for _, s := range splits {
+			n := min(int(s), len(rest))
+			r.relayChunk(w, rest[:n])
+			rest = rest[n:]
+		}
+		r.relayChunk(w, rest)
+		_ = w.Flush()
+		want := stream[:lastBoundary(stream)]
+		// A CRLF split between two chunks ends the event at its CR; the LF then waits.
+		if got := out.Bytes(); !bytes.Equal(got, want) && !(bytes.HasSuffix(want, []byte("\r\n")) && bytes.Equal(got, want[:len(want)-1])) {
+			t.Fatalf("relayed %q, want %q", out.Bytes(), want)
+		}
+		if got := string(out.Bytes()) + string(r.held); got != string(stream) {
+			t.Fatalf("relayed %q + held %q is not the stream %q", out.Bytes(), r.held, stream)
+		}
+	})
+}
