@@ -15,10 +15,14 @@ import (
 	"switchyard/load"
 )
 
+// maxAdminBody caps an admin request's body.
+const maxAdminBody = 1 << 20
+
 // admin serves the worker admin API: GET /workers, POST /workers, DELETE /workers/{id}.
 // It is the slow path: it may allocate freely.
 func (s *Server) admin(ctx *fasthttp.RequestCtx) {
 	if e := checkKey(ctx, s.cfg.Server.AdminAPIKey); e != nil {
+		skipBody(ctx)
 		writeError(ctx, e)
 		return
 	}
@@ -93,7 +97,13 @@ func (s *Server) listWorkers(ctx *fasthttp.RequestCtx) {
 
 func (s *Server) addWorker(ctx *fasthttp.RequestCtx) {
 	var spec WorkerSpec
-	dec := json.NewDecoder(bytes.NewReader(ctx.PostBody()))
+	body, held, e := s.readBody(ctx, nil, maxAdminBody)
+	defer s.budget.release(held)
+	if e != nil {
+		writeError(ctx, e)
+		return
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&spec); err != nil {
 		writeError(ctx, newAPIError(CodeInvalidWorker, "cannot decode worker: "+err.Error()))

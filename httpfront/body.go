@@ -4,13 +4,17 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"net"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/klauspost/compress/flate"
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zlib"
 	"github.com/klauspost/compress/zstd"
 	brotli "github.com/molecule-man/go-brrr"
+	"github.com/valyala/fasthttp"
 )
 
 // maxPooledBuf is the largest buffer returned to the pool; larger ones (a big prompt) are left
@@ -77,11 +81,25 @@ func parseEncoding(v []byte) encoding {
 	return encUnknown
 }
 
-// decode appends the decompression of body to dst, refusing output beyond limit bytes with
-// errBodyTooLarge as soon as it is exceeded: memory stays bounded by limit however much the
-// body would expand. Other failures are malformed input.
-func (d *decoders) decode(dst []byte, enc encoding, body []byte, limit int64) ([]byte, error) {
-	src := bytes.NewReader(body)
+// decoderCost is the working memory a decompressor of enc may hold, charged to the body
+// budget while it decodes: the window it keeps (zstd's capped at maxZstdWindow, brotli's up
+// to 16 MiB, deflate's 32 KiB) and its block buffers.
+func decoderCost(enc encoding) int64 {
+	switch enc {
+	case encZstd:
+		return maxZstdWindow + 512<<10
+	case encBrotli:
+		return 16<<20 + 64<<10
+	case encGzip, encDeflate:
+		return 64 << 10
+	}
+	return 0
+}
+
+// reader returns a reader of src decompressed per enc, and the function that returns the
+// decompressor to its pool once the caller is done. An identity enc returns src. The error
+// is a malformed header.
+func (d *decoders) reader(enc encoding, src io.Reader) (io.Reader, func(), error) {
 	switch enc {
 	case encGzip:
 		zr, _ := d.gzip.Get().(*gzip.Reader)
@@ -92,38 +110,41 @@ func (d *decoders) decode(dst []byte, enc encoding, body []byte, limit int64) ([
 			err = zr.Reset(src)
 		}
 		if err != nil {
-			return dst, err
+			return nil, nil, err
 		}
 		zr.Multistream(true)
-		dst, err = readLimited(dst, zr, limit)
-		d.gzip.Put(zr)
-		return dst, err
+		return zr, func() { d.gzip.Put(zr) }, nil
 	case encDeflate:
-		// HTTP "deflate" is zlib-wrapped (RFC 9110); some clients send raw deflate.
-		if len(body) >= 2 && (uint16(body[0])<<8|uint16(body[1]))%31 == 0 && body[0]&0x0f == 8 {
+		// HTTP "deflate" is zlib-wrapped (RFC 9110); some clients send raw deflate. The first
+		// two bytes tell which.
+		var head [2]byte
+		n, err := io.ReadFull(src, head[:])
+		if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return nil, nil, err
+		}
+		src = io.MultiReader(bytes.NewReader(head[:n]), src)
+		if n == 2 && (uint16(head[0])<<8|uint16(head[1]))%31 == 0 && head[0]&0x0f == 8 {
 			zr, _ := d.zlib.Get().(io.ReadCloser)
-			var err error
 			if zr == nil {
 				zr, err = zlib.NewReader(src)
 			} else {
 				err = zr.(zlib.Resetter).Reset(src, nil)
 			}
 			if err != nil {
-				return dst, err
+				return nil, nil, err
 			}
-			dst, err = readLimited(dst, zr, limit)
-			d.zlib.Put(zr)
-			return dst, err
+			return zr, func() { d.zlib.Put(zr) }, nil
 		}
 		fr, _ := d.flate.Get().(io.ReadCloser)
 		if fr == nil {
 			fr = flate.NewReader(src)
 		} else if err := fr.(flate.Resetter).Reset(src, nil); err != nil {
-			return dst, err
+			return nil, nil, err
 		}
-		dst, err := readLimited(dst, fr, limit)
-		d.flate.Put(fr)
-		return dst, err
+		return fr, func() { d.flate.Put(fr) }, nil
 	case encBrotli:
 		br, _ := d.brotli.Get().(*brotli.Reader)
 		if br == nil {
@@ -131,9 +152,7 @@ func (d *decoders) decode(dst []byte, enc encoding, body []byte, limit int64) ([
 		} else {
 			br.Reset(src)
 		}
-		dst, err := readLimited(dst, br, limit)
-		d.brotli.Put(br)
-		return dst, err
+		return br, func() { d.brotli.Put(br) }, nil
 	case encZstd:
 		zd, _ := d.zstd.Get().(*zstd.Decoder)
 		var err error
@@ -144,13 +163,14 @@ func (d *decoders) decode(dst []byte, enc encoding, body []byte, limit int64) ([
 			err = zd.Reset(src)
 		}
 		if err != nil {
-			return dst, err
+			return nil, nil, err
 		}
-		dst, err = readLimited(dst, zd, limit)
-		d.zstd.Put(zd)
-		return dst, err
+		return zd, func() {
+			_ = zd.Reset(nil) // drop the request's stream
+			d.zstd.Put(zd)
+		}, nil
 	}
-	return append(dst, body...), nil
+	return src, func() {}, nil
 }
 
 // readLimited appends everything r yields to dst, failing with errBodyTooLarge once more than
@@ -180,4 +200,278 @@ func readLimited(dst []byte, r io.Reader, limit int64) ([]byte, error) {
 			return dst, err
 		}
 	}
+}
+
+// bodyChunkSize is the unit in which a body of unknown length (chunked, or decompressed) is
+// read and charged to the body budget.
+const bodyChunkSize = 64 << 10
+
+// chunkPool holds *[]byte buffers of bodyChunkSize. It is process-wide but stateless (a
+// cache), which STYLE allows for pools.
+var chunkPool = sync.Pool{New: func() any { b := make([]byte, bodyChunkSize); return &b }}
+
+// bodyBudget is the router-wide budget of request-body bytes held in memory
+// (server.max_body_bytes_in_flight): received bodies, their decompressed form and the
+// decompressors' working memory. Acquiring is an atomic add when there is room (fast path);
+// without room the caller waits up to its wait for a release (slow path).
+type bodyBudget struct {
+	limit   int64
+	wait    time.Duration
+	used    atomic.Int64
+	waiters atomic.Int32
+	mu      sync.Mutex
+	// changed is closed (and dropped) when bytes are released while someone waits.
+	changed chan struct{}
+}
+
+func newBodyBudget(limit int64, wait time.Duration) *bodyBudget {
+	return &bodyBudget{limit: limit, wait: wait}
+}
+
+// tryAcquire takes n bytes if they fit.
+func (b *bodyBudget) tryAcquire(n int64) bool {
+	for {
+		u := b.used.Load()
+		if u+n > b.limit {
+			return false
+		}
+		if b.used.CompareAndSwap(u, u+n) {
+			return true
+		}
+	}
+}
+
+// acquire takes n bytes, waiting up to the budget's wait for room; it reports whether it
+// got them.
+func (b *bodyBudget) acquire(n int64) bool {
+	if n <= 0 || b.tryAcquire(n) {
+		return true
+	}
+	// Slow path: wait for releases.
+	b.waiters.Add(1)
+	defer b.waiters.Add(-1)
+	t := time.NewTimer(b.wait)
+	defer t.Stop()
+	for {
+		b.mu.Lock()
+		if b.changed == nil {
+			b.changed = make(chan struct{})
+		}
+		ch := b.changed
+		b.mu.Unlock()
+		if b.tryAcquire(n) {
+			return true
+		}
+		select {
+		case <-ch:
+		case <-t.C:
+			return false
+		}
+	}
+}
+
+// release returns n bytes.
+func (b *bodyBudget) release(n int64) {
+	if n <= 0 {
+		return
+	}
+	b.used.Add(-n)
+	if b.waiters.Load() > 0 {
+		b.mu.Lock()
+		if b.changed != nil {
+			close(b.changed)
+			b.changed = nil
+		}
+		b.mu.Unlock()
+	}
+}
+
+var errBudget = errors.New("the request body budget is spent")
+
+// readChunks reads src to its end into dst, at most limit bytes (errBodyTooLarge past it),
+// charging budget for what it holds: pooled chunks while reading, then dst grown to the
+// exact size. It returns the body (in dst's memory when it fits) and the bytes still
+// charged, which the caller releases when done with the body. On an error nothing stays
+// charged.
+func readChunks(dst []byte, src io.Reader, limit int64, budget *bodyBudget) ([]byte, int64, error) {
+	var chunks [8]*[]byte // enough for 512 KiB without allocating
+	list := chunks[:0]
+	var n int64
+	release := func() {
+		for _, c := range list {
+			chunkPool.Put(c)
+		}
+		budget.release(int64(len(list)) * bodyChunkSize)
+	}
+	var err error
+	for {
+		if n == int64(len(list))*bodyChunkSize {
+			if n > limit {
+				err = errBodyTooLarge
+				break
+			}
+			if !budget.acquire(bodyChunkSize) {
+				err = errBudget
+				break
+			}
+			list = append(list, chunkPool.Get().(*[]byte))
+		}
+		c := *list[len(list)-1]
+		off := int(n % bodyChunkSize)
+		var m int
+		m, err = src.Read(c[off:])
+		n += int64(m)
+		if n > limit {
+			err = errBodyTooLarge
+			break
+		}
+		if err != nil {
+			break
+		}
+	}
+	if err != io.EOF {
+		release()
+		return dst[:0], 0, err
+	}
+	// The whole body, into dst (grown to its size), charged while the caller holds it.
+	if !budget.acquire(n) {
+		release()
+		return dst[:0], 0, errBudget
+	}
+	if int64(cap(dst)) < n {
+		dst = make([]byte, 0, n)
+	}
+	dst = dst[:0]
+	for i, c := range list {
+		end := min(n-int64(i)*bodyChunkSize, bodyChunkSize)
+		dst = append(dst, (*c)[:end]...)
+	}
+	release()
+	return dst, n, nil
+}
+
+// maxUnreadBody is the unread rest of a request body that fasthttp drains by itself after
+// the answer, keeping the connection; a longer one closes the connection.
+const maxUnreadBody = 256 << 10
+
+// bodyBudgetWait is how long a request waits for room in the body budget before its 503.
+const bodyBudgetWait = time.Second
+
+var errBudgetExhausted = newAPIError(CodeBodyBudget,
+	"the router holds as many request bodies as server.max_body_bytes_in_flight allows; retry shortly")
+
+// skipBody prepares an answer sent without reading the request body: when fasthttp would not
+// drain the rest itself, the connection closes lingering, so that a client still sending
+// reads the answer instead of a reset.
+func skipBody(ctx *fasthttp.RequestCtx) {
+	if cl := ctx.Request.Header.ContentLength(); cl == -1 || cl > maxUnreadBody {
+		lingerClose(ctx)
+	}
+}
+
+// countingReader reads at most n bytes of r (then io.EOF, with over set) and keeps r's last
+// error.
+type countingReader struct {
+	r    io.Reader
+	n    int64
+	over bool
+	err  error
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	if c.n <= 0 {
+		c.over = true
+		return 0, io.EOF
+	}
+	if int64(len(p)) > c.n {
+		p = p[:c.n]
+	}
+	m, err := c.r.Read(p)
+	c.n -= int64(m)
+	c.err = err
+	return m, err
+}
+
+// readBody reads ctx's request body into dst: decompressed per its Content-Encoding, at most
+// limit bytes before and after decompression, charged to the body budget. It returns the
+// body and the bytes charged, which the caller releases once done with the body. On an
+// error answer the rest of the body stays unread and the connection closes, lingering.
+func (s *Server) readBody(ctx *fasthttp.RequestCtx, dst []byte, limit int64) ([]byte, int64, *apiError) {
+	h := &ctx.Request.Header
+	enc := encIdentity
+	if v := h.ContentEncoding(); len(v) > 0 {
+		if enc = parseEncoding(v); enc == encUnknown {
+			skipBody(ctx)
+			return dst[:0], 0, newAPIError(CodeUnsupportedEncoding, "unsupported Content-Encoding "+
+				quoteClient(v)+" (use gzip, deflate, br or zstd)")
+		}
+	}
+	cl := int64(h.ContentLength())
+	if cl > limit {
+		skipBody(ctx)
+		return dst[:0], 0, errTooLarge
+	}
+	src := ctx.RequestBodyStream()
+	if src == nil || cl == 0 || cl < -1 {
+		return dst[:0], 0, nil // no body
+	}
+	if enc == encIdentity && cl > 0 {
+		// Fast path: a known length, read in place.
+		if !s.budget.acquire(cl) {
+			lingerClose(ctx)
+			return dst[:0], 0, errBudgetExhausted
+		}
+		if int64(cap(dst)) < cl {
+			dst = make([]byte, cl)
+		}
+		dst = dst[:cl]
+		if _, err := io.ReadFull(src, dst); err != nil {
+			s.budget.release(cl)
+			ctx.SetConnectionClose()
+			return dst[:0], 0, bodyReadError(err)
+		}
+		return dst, cl, nil
+	}
+	// Slow path: a chunked or compressed body, read and charged a chunk at a time.
+	cost := decoderCost(enc)
+	if !s.budget.acquire(cost) {
+		lingerClose(ctx)
+		return dst[:0], 0, errBudgetExhausted
+	}
+	defer s.budget.release(cost)
+	raw := &countingReader{r: src, n: limit}
+	rd, put, err := s.dec.reader(enc, raw)
+	var held int64
+	if err == nil {
+		dst, held, err = readChunks(dst, rd, limit, s.budget)
+		put()
+	}
+	switch {
+	case err == nil && !raw.over:
+		return dst, held, nil
+	case raw.over || errors.Is(err, errBodyTooLarge):
+		if err == nil {
+			s.budget.release(held)
+		}
+		lingerClose(ctx)
+		return dst[:0], 0, errTooLarge
+	case errors.Is(err, errBudget):
+		lingerClose(ctx)
+		return dst[:0], 0, errBudgetExhausted
+	case raw.err != nil && raw.err != io.EOF:
+		ctx.SetConnectionClose()
+		return dst[:0], 0, bodyReadError(raw.err)
+	}
+	lingerClose(ctx)
+	return dst[:0], 0, newAPIError(CodeInvalidEncoding, "cannot decode the "+quoteClient(h.ContentEncoding())+
+		" body: "+err.Error())
+}
+
+// bodyReadError is the answer to a body the client did not finish sending.
+func bodyReadError(err error) *apiError {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return newAPIError(CodeRequestTimeout, "the request body did not arrive in time")
+	}
+	return newAPIError(CodeMalformedRequest, "the request body ended early or is malformed: "+err.Error())
 }

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/klauspost/compress/flate"
 	"github.com/klauspost/compress/gzip"
@@ -59,9 +61,23 @@ func TestParseEncoding(t *testing.T) {
 	}
 }
 
+// decodeAll decompresses c with d into a new body, at most limit bytes, under budget.
+func decodeAll(t *testing.T, d *decoders, enc encoding, c []byte, limit int64, budget *bodyBudget) ([]byte, error) {
+	t.Helper()
+	r, put, err := d.reader(enc, bytes.NewReader(c))
+	if err != nil {
+		return nil, err
+	}
+	defer put()
+	body, held, err := readChunks(nil, r, limit, budget)
+	budget.release(held)
+	return body, err
+}
+
 func TestDecodeRoundTripAndLimit(t *testing.T) {
 	var d decoders
-	payload := []byte(strings.Repeat(`{"model":"m","prompt":"abc"}`, 1000))
+	budget := newBodyBudget(1<<30, 0)
+	payload := []byte(strings.Repeat(`{"model":"m","prompt":"abc"}`, 10000))
 	for _, name := range []string{"gzip", "deflate", "deflate-raw", "br", "zstd"} {
 		enc := map[string]encoding{"gzip": encGzip, "deflate": encDeflate, "deflate-raw": encDeflate, "br": encBrotli, "zstd": encZstd}[name]
 		t.Run(name, func(t *testing.T) {
@@ -70,26 +86,56 @@ func TestDecodeRoundTripAndLimit(t *testing.T) {
 				t.Fatal(err)
 			}
 			for round := 0; round < 2; round++ { // the second round reuses pooled decoders
-				got, err := d.decode(nil, enc, c, int64(len(payload)))
+				got, err := decodeAll(t, &d, enc, c, int64(len(payload)), budget)
 				if err != nil || !bytes.Equal(got, payload) {
 					t.Fatalf("round %d: err %v, %d bytes", round, err, len(got))
 				}
 			}
-			got, err := d.decode(nil, enc, c, int64(len(payload)-1))
-			if !errors.Is(err, errBodyTooLarge) {
-				t.Fatalf("one byte over the limit: err %v", err)
+			got, err := decodeAll(t, &d, enc, c, int64(len(payload)-1), budget)
+			if !errors.Is(err, errBodyTooLarge) || len(got) != 0 {
+				t.Fatalf("one byte over the limit: err %v, %d bytes", err, len(got))
 			}
-			if int64(len(got)) > int64(len(payload)) {
-				t.Fatalf("kept %d bytes past a limit of %d", len(got), len(payload)-1)
+			if n := budget.used.Load(); n != 0 {
+				t.Fatalf("%d bytes still charged to the budget", n)
 			}
 		})
 	}
 }
 
-func TestReadLimitedGrowsWithinLimit(t *testing.T) {
-	src := bytes.NewReader(make([]byte, 10000))
-	got, err := readLimited(nil, src, 5000)
-	if !errors.Is(err, errBodyTooLarge) || cap(got) > 5001+4096 {
-		t.Fatalf("err %v cap %d", err, cap(got))
+func TestReadChunksCharges(t *testing.T) {
+	// Reading holds the chunks and, at the end, the assembled copy: 2 chunks + the body.
+	budget := newBodyBudget(4*bodyChunkSize, 0)
+	body, held, err := readChunks(nil, bytes.NewReader(make([]byte, bodyChunkSize+10)), 1<<20, budget)
+	if err != nil || len(body) != bodyChunkSize+10 || held != int64(len(body)) || budget.used.Load() != held {
+		t.Fatalf("err %v, %d bytes, held %d, charged %d", err, len(body), held, budget.used.Load())
+	}
+	// What is left cannot hold three chunks (two full, one to see the end).
+	_, _, err = readChunks(nil, bytes.NewReader(make([]byte, 2*bodyChunkSize)), 1<<20, budget)
+	if !errors.Is(err, errBudget) || budget.used.Load() != held {
+		t.Fatalf("over the budget: err %v, charged %d", err, budget.used.Load())
+	}
+	budget.release(held)
+	if budget.used.Load() != 0 {
+		t.Fatalf("charged %d after the release", budget.used.Load())
+	}
+}
+
+func TestBodyBudgetWaitsForRelease(t *testing.T) {
+	b := newBodyBudget(100, 10*time.Second)
+	if !b.acquire(80) {
+		t.Fatal("80 of 100 refused")
+	}
+	got := make(chan bool, 1)
+	go func() { got <- b.acquire(50) }()
+	for b.waiters.Load() == 0 {
+		runtime.Gosched()
+	}
+	b.release(80)
+	if !<-got {
+		t.Fatal("a waiter was refused after the release")
+	}
+	short := newBodyBudget(10, time.Millisecond)
+	if short.acquire(11) {
+		t.Fatal("more than the whole budget granted")
 	}
 }

@@ -2,13 +2,16 @@ package httpfront
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"io"
 	"net"
 	"net/http"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -270,5 +273,121 @@ func TestAcceptSurvivesFDExhaustion(t *testing.T) {
 	}
 	if n := ts.conns.acceptErrors.Get(); n != 5 {
 		t.Errorf("accept errors counted %d, want 5", n)
+	}
+}
+
+// TestConcurrentBombsBoundedMemory: 32 compression bombs at once are each refused (413, or
+// 503 body_budget_exhausted while the body budget is spent) and the router allocates a
+// bounded amount doing so: at most its body budget plus working memory, not 32 times the
+// body cap (each bomb used to grow a buffer to 32 MiB by doubling).
+func TestConcurrentBombsBoundedMemory(t *testing.T) {
+	e := newFakeEngine(t, "A", "llama")
+	ts := startServer(t, oneEngineConfig(e), Options{SkipStartupChecks: true, NoTelemetry: true})
+	for _, enc := range []string{"gzip", "zstd"} {
+		t.Run(enc, func(t *testing.T) {
+			bomb := bombOf(t, enc, 256<<20)
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			var wg sync.WaitGroup
+			statuses := make([]int, 32)
+			codes := make([]string, 32)
+			for i := range 32 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					req, _ := http.NewRequest(http.MethodPost, ts.url+"/v1/chat/completions", bytes.NewReader(bomb))
+					req.Header.Set("Content-Encoding", enc)
+					resp, err := testClient.Do(req)
+					if err != nil {
+						codes[i] = err.Error()
+						return
+					}
+					b, _ := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					statuses[i] = resp.StatusCode
+					codes[i] = response{body: b}.errorCode()
+				}()
+			}
+			wg.Wait()
+			runtime.ReadMemStats(&after)
+			for i := range statuses {
+				ok := statuses[i] == 413 && codes[i] == CodeRequestTooLarge ||
+					statuses[i] == 503 && codes[i] == CodeBodyBudget
+				if !ok {
+					t.Errorf("bomb %d: status %d code %q", i, statuses[i], codes[i])
+				}
+			}
+			if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 400<<20 {
+				t.Errorf("allocated %d MiB refusing 32 bombs", alloc>>20)
+			}
+			if e.hits.Load() != 0 {
+				t.Errorf("a bomb reached the engine")
+			}
+		})
+	}
+}
+
+// TestClientInputEchoBounded: an error quoting client input quotes a bounded part of it.
+func TestClientInputEchoBounded(t *testing.T) {
+	e := newFakeEngine(t, "A", "llama")
+	ts := startServer(t, oneEngineConfig(e), Options{SkipStartupChecks: true, NoTelemetry: true})
+	name := strings.Repeat("m", 8<<20)
+	r := post(t, ts.url+"/v1/chat/completions", chatBody(name, "hi", ""))
+	if r.status != 404 || r.errorCode() != CodeModelNotFound {
+		t.Fatalf("status %d body %.300s", r.status, r.body)
+	}
+	if len(r.body) > 2048 || !contains(r.body, "mmmmmmmm") {
+		t.Fatalf("error body of %d bytes: %.300s", len(r.body), r.body)
+	}
+}
+
+// TestOversizedHeadersAnswered431: a request line or headers over server.max_header_bytes
+// get 431 request_header_too_large, readable by the client.
+func TestOversizedHeadersAnswered431(t *testing.T) {
+	e := newFakeEngine(t, "A", "llama")
+	cfg := oneEngineConfig(e)
+	cfg.Server.MaxHeaderBytes = 4096
+	ts := startServer(t, cfg, Options{SkipStartupChecks: true, NoTelemetry: true})
+	for name, head := range map[string]string{
+		"header":       "GET /health HTTP/1.1\r\nHost: r\r\nX-Big: " + strings.Repeat("h", 16<<10) + "\r\n\r\n",
+		"request line": "GET /health?" + strings.Repeat("q", 16<<10) + " HTTP/1.1\r\nHost: r\r\n\r\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			resp, b, _, err := writeFirst(t, ts.Addr().String(), head, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != 431 || !contains(b, CodeHeaderTooLarge) {
+				t.Fatalf("status %d body %s", resp.StatusCode, b)
+			}
+		})
+	}
+}
+
+// TestExpectContinueOverCap: a request announcing a body over the cap with
+// "Expect: 100-continue" gets 413 at once, without a 100 Continue.
+func TestExpectContinueOverCap(t *testing.T) {
+	e := newFakeEngine(t, "A", "llama")
+	cfg := oneEngineConfig(e)
+	cfg.Server.MaxBodyBytes = 1 << 20
+	ts := startServer(t, cfg, Options{SkipStartupChecks: true, NoTelemetry: true})
+	c, err := net.Dial("tcp", ts.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"+
+		"Content-Length: 104857600\r\nExpect: 100-continue\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 413 || !contains(b, CodeRequestTooLarge) {
+		t.Fatalf("status %d body %s", resp.StatusCode, b)
 	}
 }

@@ -1,7 +1,6 @@
 package httpfront
 
 import (
-	"errors"
 	"io"
 	"strings"
 	"time"
@@ -95,10 +94,12 @@ const (
 type exchange struct {
 	facts requestFacts
 	body  []byte
-	pd    []byte
-	fwd   []byte
-	text  []byte
-	breq  engine.BucketRequest
+	// held is what the body holds of the body budget, released when the handler returns.
+	held int64
+	pd   []byte
+	fwd  []byte
+	text []byte
+	breq engine.BucketRequest
 	// memo is the request's prefix lookup (cache_aware); breq.Prefix points to it.
 	memo kv.PrefixMemo
 }
@@ -155,6 +156,8 @@ func (s *Server) inference(ctx *fasthttp.RequestCtx, kind routeKind) {
 		rm.duration.Update(since(start, s.now()))
 		s.metrics.inflight.Add(-1)
 	}
+	s.budget.release(ex.held)
+	ex.held = 0
 	if !o.keep {
 		ex.trim()
 		s.exPool.Put(ex)
@@ -170,39 +173,25 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, o outcome, e *apiError) outcome 
 func (s *Server) serveInference(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange, start time.Time) outcome {
 	o := outcome{mm: s.metrics.unknown}
 	if !ctx.IsPost() {
+		skipBody(ctx)
 		return s.fail(ctx, o, errMethodNotAllowed)
 	}
 	if s.draining.Load() {
+		skipBody(ctx)
 		return s.fail(ctx, o, errShuttingDown)
 	}
 	if e := checkKey(ctx, s.cfg.Server.APIKey); e != nil {
+		skipBody(ctx)
 		return s.fail(ctx, o, e)
 	}
 	if e := s.limitRate(ctx); e != nil {
+		skipBody(ctx)
 		return s.fail(ctx, o, e)
 	}
-	body := ctx.PostBody()
-	if enc := ctx.Request.Header.ContentEncoding(); len(enc) > 0 {
-		// Slow path: compressed body, decoded under the same cap.
-		switch e := parseEncoding(enc); e {
-		case encIdentity:
-		case encUnknown:
-			return s.fail(ctx, o, newAPIError(CodeUnsupportedEncoding, "unsupported Content-Encoding "+string(enc)+" (use gzip, deflate, br or zstd)"))
-		default:
-			var err error
-			ex.body, err = s.dec.decode(ex.body[:0], e, body, s.maxBody())
-			if errors.Is(err, errBodyTooLarge) {
-				ctx.SetConnectionClose()
-				return s.fail(ctx, o, errTooLarge)
-			}
-			if err != nil {
-				return s.fail(ctx, o, newAPIError(CodeInvalidEncoding, "cannot decode the "+string(enc)+" body: "+err.Error()))
-			}
-			body = ex.body
-		}
-	}
-	if int64(len(body)) > s.maxBody() {
-		return s.fail(ctx, o, errTooLarge)
+	body, held, e := s.readBody(ctx, ex.body[:0], s.maxBody())
+	ex.body, ex.held = body, held
+	if e != nil {
+		return s.fail(ctx, o, e)
 	}
 	f := &ex.facts
 	if e := parseRequest(kind, body, f); e != nil {
@@ -216,7 +205,7 @@ func (s *Server) serveInference(ctx *fasthttp.RequestCtx, kind routeKind, ex *ex
 		if len(f.model) == 0 {
 			return s.fail(ctx, o, paramError(CodeMissingModel, "model", "more than one model is configured: name one in the model parameter"))
 		}
-		return s.fail(ctx, o, paramError(CodeModelNotFound, "model", "the model `"+string(f.model)+"` does not exist"))
+		return s.fail(ctx, o, paramError(CodeModelNotFound, "model", "the model "+quoteClient(f.model)+" does not exist"))
 	}
 	o.mm = mr.metrics
 	if s.gate != nil {

@@ -52,6 +52,10 @@ const (
 	CodeChatTemplate        = "chat_template_error"
 	CodeTokenizer           = "tokenizer_error"
 	CodeTooManyConnections  = "too_many_connections"
+	CodeBodyBudget          = "body_budget_exhausted"
+	CodeHeaderTooLarge      = "request_header_too_large"
+	CodeRequestTimeout      = "request_timeout"
+	CodeMalformedRequest    = "malformed_request"
 )
 
 // errorClass is the status and OpenAI error type of a code.
@@ -97,6 +101,10 @@ var errorTable = map[string]errorClass{
 	CodeConnectionLimit:     {fasthttp.StatusServiceUnavailable, "service_unavailable_error"},
 	CodeRouterResources:     {fasthttp.StatusServiceUnavailable, "service_unavailable_error"},
 	CodeTooManyConnections:  {fasthttp.StatusServiceUnavailable, "service_unavailable_error"},
+	CodeBodyBudget:          {fasthttp.StatusServiceUnavailable, "service_unavailable_error"},
+	CodeHeaderTooLarge:      {fasthttp.StatusRequestHeaderFieldsTooLarge, "invalid_request_error"},
+	CodeRequestTimeout:      {fasthttp.StatusRequestTimeout, "invalid_request_error"},
+	CodeMalformedRequest:    {fasthttp.StatusBadRequest, "invalid_request_error"},
 	CodeUpstreamTimeout:     {fasthttp.StatusGatewayTimeout, "timeout_error"},
 	CodeSelectionTimeout:    {fasthttp.StatusGatewayTimeout, "timeout_error"},
 	CodeStreamIdleTimeout:   {fasthttp.StatusGatewayTimeout, "timeout_error"},
@@ -139,6 +147,7 @@ var (
 	errNotFound         = newAPIError(CodeNotFound, "no such route")
 	errMethodNotAllowed = newAPIError(CodeMethodNotAllowed, "method not allowed on this route")
 	errTooLarge         = newAPIError(CodeRequestTooLarge, "request body exceeds the size limit")
+	errHeaderTooLarge   = newAPIError(CodeHeaderTooLarge, "the request line and headers exceed the size limit (server.max_header_bytes)")
 	errMissingKey       = newAPIError(CodeMissingAPIKey, "missing bearer API key (Authorization: Bearer <key>)")
 	errWrongKey         = newAPIError(CodeInvalidAPIKey, "the API key is not valid for this endpoint")
 	errShuttingDown     = newAPIError(CodeShuttingDown, "the router is shutting down")
@@ -146,11 +155,42 @@ var (
 	errBadJSON          = newAPIError(CodeInvalidJSON, "the request body is not valid JSON")
 )
 
+// maxQuoted bounds the client input an error message quotes, in bytes.
+const maxQuoted = 128
+
+// maxErrorMessage bounds an error message, in bytes: whatever a message was built from, an
+// error answer stays small.
+const maxErrorMessage = 1024
+
+// quoteClient quotes client input for an error message, in backquotes, bounded to maxQuoted
+// bytes (cut on a character boundary) with its full length when cut.
+func quoteClient[T string | []byte](v T) string {
+	if len(v) <= maxQuoted {
+		return "`" + string(v) + "`"
+	}
+	return "`" + string(truncateUTF8(v[:maxQuoted])) + "...` (" + strconv.Itoa(len(v)) + " bytes)"
+}
+
+// truncateUTF8 drops a partial UTF-8 sequence at the end of v.
+func truncateUTF8[T string | []byte](v T) T {
+	for i := 0; i < utf8.UTFMax && i < len(v); i++ {
+		r, size := utf8.DecodeLastRuneInString(string(v[len(v)-i-1:]))
+		if r != utf8.RuneError || size > 1 {
+			return v[:len(v)-i]
+		}
+	}
+	return v
+}
+
 // appendErrorJSON appends the OpenAI-shaped body of e.
 func appendErrorJSON(dst []byte, e *apiError) []byte {
 	c := e.class()
+	msg := e.message
+	if len(msg) > maxErrorMessage {
+		msg = truncateUTF8(msg[:maxErrorMessage]) + "... (truncated)"
+	}
 	dst = append(dst, `{"error":{"message":`...)
-	dst = appendJSONString(dst, e.message)
+	dst = appendJSONString(dst, msg)
 	dst = append(dst, `,"type":`...)
 	dst = appendJSONString(dst, c.typ)
 	dst = append(dst, `,"param":`...)

@@ -3,21 +3,41 @@ package httpfront
 import (
 	"errors"
 	"log/slog"
+	"net"
 	"slices"
 
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/valyala/fasthttp"
 )
 
-// handleServerError answers fasthttp's own failures (body too large, malformed request).
-// The connection closes after the answer, lingering: the client may still be sending.
+// handleServerError answers fasthttp's own failures: headers over server.max_header_bytes
+// (431), a request that did not arrive in time (408), a malformed request (400). The
+// connection closes after the answer, lingering: the client may still be sending.
 func (s *Server) handleServerError(ctx *fasthttp.RequestCtx, err error) {
-	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+	var small *fasthttp.ErrSmallBuffer
+	var ne net.Error
+	switch {
+	case errors.As(err, &small):
+		writeError(ctx, errHeaderTooLarge)
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		writeError(ctx, errTooLarge)
-	} else {
-		writeError(ctx, newAPIError(CodeInvalidJSON, "malformed HTTP request"))
+	case errors.As(err, &ne) && ne.Timeout(), errors.Is(err, fasthttp.ErrTimeout):
+		writeError(ctx, newAPIError(CodeRequestTimeout, "the request did not arrive in time"))
+	default:
+		writeError(ctx, newAPIError(CodeMalformedRequest, "malformed HTTP request"))
 	}
 	lingerClose(ctx)
+}
+
+// expectContinue answers "Expect: 100-continue": a body announced over the cap gets 413 at
+// once, without 100 Continue, and the connection closes lingering.
+func (s *Server) expectContinue(ctx *fasthttp.RequestCtx) int {
+	if int64(ctx.Request.Header.ContentLength()) > s.maxBody() {
+		writeError(ctx, errTooLarge)
+		lingerClose(ctx)
+		return fasthttp.StatusRequestEntityTooLarge
+	}
+	return fasthttp.StatusContinue
 }
 
 // lingerClose closes ctx's connection after the answer, lingering (see lingerMaxBytes): for

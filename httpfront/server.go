@@ -145,6 +145,8 @@ type Server struct {
 	bg sync.WaitGroup
 	// conns accepts, caps and tracks the client connections (on ln).
 	conns *clientListener
+	// budget bounds the request-body bytes held at once.
+	budget *bodyBudget
 
 	runOnce sync.Once
 	// serving is closed once the start-up checks are done and Serve begins.
@@ -200,6 +202,11 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		fwd:      newForwardNames(cfg.Affinity.SessionHeader, cfg.Affinity.RoutingKeyHeader),
 	}
 	s.exPool.New = func() any { return new(exchange) }
+	budget := cfg.Server.MaxBodyBytesInFlight
+	if budget <= 0 {
+		budget = max(128<<20, s.maxBody())
+	}
+	s.budget = newBodyBudget(budget, bodyBudgetWait)
 	s.life.logger = s.logger
 	if err := s.build(); err != nil {
 		s.life.stop() // whatever was built, in reverse
@@ -317,8 +324,12 @@ func (s *Server) build() error {
 	}
 
 	s.srv = &fasthttp.Server{
-		Handler:                       s.handle,
-		ErrorHandler:                  s.handleServerError,
+		Handler:      s.handle,
+		ErrorHandler: s.handleServerError,
+		// Bodies are read by the handlers, under the body budget, straight into their
+		// decoders (body.go).
+		StreamRequestBody:             true,
+		ExpectHandler:                 s.expectContinue,
 		Name:                          "switchyard",
 		MaxRequestBodySize:            int(min(cfg.Server.MaxBodyBytes, 1<<40)),
 		ReadTimeout:                   opts.ReadTimeout,

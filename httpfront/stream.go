@@ -172,6 +172,9 @@ loop:
 			}
 			if c.err != nil {
 				end = endUpstream
+				if fleet.IsTimeout(c.err) || !time.Now().Before(r.deadline) {
+					end = endTimeout // the upstream read hit the request deadline first
+				}
 				break loop
 			}
 			if first {

@@ -190,7 +190,7 @@ func (u *Upstream) do(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fast
 		return nil
 	}
 	c := connOf(resp)
-	if c != nil && c.stale() && !isTimeout(err) {
+	if c != nil && c.stale() && !IsTimeout(err) {
 		// Slow path: the engine closed the connection while it idled in the pool (uvicorn
 		// does after 5 s) and never saw the request. The other idle connections are older
 		// still: close them, and send the request again on a fresh connection.
@@ -215,28 +215,29 @@ func (u *Upstream) classify(err error, c *upConn) *Error {
 	case errors.Is(err, fasthttp.ErrNoFreeConns):
 		return &Error{Kind: KindConnLimit, Err: err,
 			Detail: fmt.Sprintf("all %d connections the router may open to the engine are busy (upstream.max_conns_per_worker)", u.t.set.MaxConnsPerWorker)}
-	case errors.As(err, &de) && isResourceExhaustion(de.err):
+	case errors.As(err, &de) && IsResourceExhaustion(de.err):
 		return &Error{Kind: KindResources, Err: err, Detail: "the router cannot open a connection to the engine"}
-	case errors.As(err, &de) && isTimeout(de.err):
+	case errors.As(err, &de) && IsTimeout(de.err):
 		return &Error{Kind: KindTimeout, Err: err, Detail: "did not accept a connection within " + de.timeout.String()}
 	case errors.As(err, &de):
 		return &Error{Kind: KindTransport, Err: err, Detail: "cannot be reached"}
 	case c != nil && c.headerTimedOut:
 		return &Error{Kind: KindTimeout, Err: err, Detail: "sent no response headers within " + c.ttfb.String() + " (upstream.response_header_timeout)"}
-	case isTimeout(err):
+	case IsTimeout(err):
 		return &Error{Kind: KindTimeout, Err: err, Detail: "did not answer in time"}
 	}
 	return &Error{Kind: KindTransport, Err: err, Detail: "failed"}
 }
 
-// isResourceExhaustion reports a dial failure of the router's own making.
-func isResourceExhaustion(err error) bool {
+// IsResourceExhaustion reports a failure of the router's own making: no file descriptor,
+// local port or buffer left (a dial or an accept).
+func IsResourceExhaustion(err error) bool {
 	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) ||
 		errors.Is(err, syscall.EADDRNOTAVAIL) || errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM)
 }
 
 // IsTimeout reports a timeout of any layer (fasthttp, net, deadlines).
-func isTimeout(err error) bool {
+func IsTimeout(err error) bool {
 	if errors.Is(err, fasthttp.ErrTimeout) || errors.Is(err, fasthttp.ErrDialTimeout) ||
 		errors.Is(err, fasthttp.ErrTLSHandshakeTimeout) || errors.Is(err, os.ErrDeadlineExceeded) {
 		return true
@@ -381,7 +382,7 @@ func (c *upConn) Read(b []byte) (int, error) {
 				}
 			}
 		}
-	} else if err != nil && c.awaiting && !c.header.IsZero() && isTimeout(err) {
+	} else if err != nil && c.awaiting && !c.header.IsZero() && IsTimeout(err) {
 		c.headerTimedOut = true
 	}
 	return n, err
