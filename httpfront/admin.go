@@ -21,7 +21,7 @@ const maxAdminBody = 1 << 20
 // admin serves the worker admin API: GET /workers, POST /workers, DELETE /workers/{id}.
 // It is the slow path: it may allocate freely.
 func (s *Server) admin(ctx *fasthttp.RequestCtx) {
-	if e := checkKey(ctx, s.cfg.Server.AdminAPIKey); e != nil {
+	if e := s.adminAccess.check(ctx); e != nil {
 		skipBody(ctx)
 		writeError(ctx, e)
 		return

@@ -56,6 +56,7 @@ const (
 	CodeHeaderTooLarge      = "request_header_too_large"
 	CodeRequestTimeout      = "request_timeout"
 	CodeMalformedRequest    = "malformed_request"
+	CodeAdminDisabled       = "admin_disabled"
 )
 
 // errorClass is the status and OpenAI error type of a code.
@@ -105,6 +106,7 @@ var errorTable = map[string]errorClass{
 	CodeHeaderTooLarge:      {fasthttp.StatusRequestHeaderFieldsTooLarge, "invalid_request_error"},
 	CodeRequestTimeout:      {fasthttp.StatusRequestTimeout, "invalid_request_error"},
 	CodeMalformedRequest:    {fasthttp.StatusBadRequest, "invalid_request_error"},
+	CodeAdminDisabled:       {fasthttp.StatusForbidden, "permission_error"},
 	CodeUpstreamTimeout:     {fasthttp.StatusGatewayTimeout, "timeout_error"},
 	CodeSelectionTimeout:    {fasthttp.StatusGatewayTimeout, "timeout_error"},
 	CodeStreamIdleTimeout:   {fasthttp.StatusGatewayTimeout, "timeout_error"},

@@ -92,6 +92,10 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		return
 	case "/metrics":
 		s.metrics.other[otherMetrics].Inc()
+		if e := s.metricsAccess.check(ctx); e != nil {
+			writeError(ctx, e)
+			return
+		}
 		ctx.SetContentType("text/plain; version=0.0.4; charset=utf-8")
 		s.set.WritePrometheus(ctx)
 		metrics.WriteProcessMetrics(ctx)

@@ -53,6 +53,13 @@ func (s *Server) serve(ctx context.Context) error {
 	close(s.serving)
 	s.logger.Info("serving", slog.String("addr", s.ln.Addr().String()), slog.Int("models", len(s.models)),
 		slog.Int("workers", len(s.wset.Load().Workers())))
+	for _, a := range s.RouteAccess() {
+		level := slog.LevelInfo
+		if a.Warn {
+			level = slog.LevelWarn
+		}
+		s.logger.Log(context.Background(), level, "route access", slog.String("routes", a.Routes), slog.String("access", a.Access))
+	}
 
 	var runErr error
 	served := false

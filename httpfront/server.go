@@ -147,6 +147,8 @@ type Server struct {
 	conns *clientListener
 	// budget bounds the request-body bytes held at once.
 	budget *bodyBudget
+	// What the data plane, the admin API and /metrics require (auth.go).
+	dataAccess, adminAccess, metricsAccess routeAccess
 
 	runOnce sync.Once
 	// serving is closed once the start-up checks are done and Serve begins.
@@ -357,6 +359,7 @@ func (s *Server) build() error {
 		s.ln = ln
 	}
 	s.life.add("listener", func() { _ = s.ln.Close() })
+	s.dataAccess, s.adminAccess, s.metricsAccess = accessRules(cfg.Server, s.ln.Addr())
 	s.conns = newClientListener(s.ln, cfg.Server.MaxConnections, cfg.Server.MaxConnectionsPerIP,
 		cfg.Server.WriteTimeout, s.set, s.logger)
 	return nil

@@ -47,6 +47,13 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	fmt.Fprintf(stdout, "switchyard serving on http://%s\n", srv.Addr())
+	for _, a := range srv.RouteAccess() {
+		mark := ""
+		if a.Warn {
+			mark = "  <-- check"
+		}
+		fmt.Fprintf(stdout, "  %-30s %s%s\n", a.Routes+":", a.Access, mark)
+	}
 	return srv.Run(ctx)
 }
 

@@ -247,6 +247,23 @@ func TestRunServeQuickStart(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no serving line")
 	}
+	var access []string
+	for len(access) < 3 {
+		select {
+		case line := <-out.lines:
+			access = append(access, line)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("route access lines: %q", access)
+		}
+	}
+	for i, want := range []string{"data plane (/v1/*, /generate): open", "admin (/workers):", "/metrics:"} {
+		if !strings.Contains(strings.Join(strings.Fields(access[i]), " "), want) {
+			t.Errorf("access line %d %q lacks %q", i, access[i], want)
+		}
+	}
+	if !strings.Contains(access[1], "loopback") {
+		t.Errorf("admin access on 127.0.0.1 without a key: %q", access[1])
+	}
 	waitReady(t, url)
 	status, h, body := chatRequest(t, url, "quick", false)
 	if status != 200 || h.Get("X-Worker-Id") != "q" {
