@@ -288,21 +288,33 @@ func (b *bodyBudget) release(n int64) {
 
 var errBudget = errors.New("the request body budget is spent")
 
-// readChunks reads src to its end into dst, at most limit bytes (errBodyTooLarge past it),
-// charging budget for what it holds: pooled chunks while reading, then dst grown to the
-// exact size. It returns the body (in dst's memory when it fits) and the bytes still
-// charged, which the caller releases when done with the body. On an error nothing stays
-// charged.
-func readChunks(dst []byte, src io.Reader, limit int64, budget *bodyBudget) ([]byte, int64, error) {
+// readChunks reads src to its end into dst, at most limit bytes (errBodyTooLarge past it).
+// It holds the body in pooled chunks while reading, then copies it into dst grown to its
+// exact size. Both are charged to budget: first against prepaid, bytes the caller has
+// already charged (readChunks takes them over), then by taking more without waiting, so a
+// reader never waits while it holds budget; without room it fails with errBudget. It
+// returns the body and the bytes still charged for it (its length), which the caller
+// releases when done with the body; on an error nothing stays charged.
+func readChunks(dst []byte, src io.Reader, limit int64, budget *bodyBudget, prepaid int64) ([]byte, int64, error) {
+	charged := prepaid
+	need := func(total int64) bool {
+		if total <= charged {
+			return true
+		}
+		if !budget.tryAcquire(total - charged) {
+			return false
+		}
+		charged = total
+		return true
+	}
 	var chunks [8]*[]byte // enough for 512 KiB without allocating
 	list := chunks[:0]
-	var n int64
-	release := func() {
+	putChunks := func() {
 		for _, c := range list {
 			chunkPool.Put(c)
 		}
-		budget.release(int64(len(list)) * bodyChunkSize)
 	}
+	var n int64
 	var err error
 	for {
 		if n == int64(len(list))*bodyChunkSize {
@@ -310,16 +322,15 @@ func readChunks(dst []byte, src io.Reader, limit int64, budget *bodyBudget) ([]b
 				err = errBodyTooLarge
 				break
 			}
-			if !budget.acquire(bodyChunkSize) {
+			if !need(n + bodyChunkSize) {
 				err = errBudget
 				break
 			}
 			list = append(list, chunkPool.Get().(*[]byte))
 		}
 		c := *list[len(list)-1]
-		off := int(n % bodyChunkSize)
 		var m int
-		m, err = src.Read(c[off:])
+		m, err = src.Read(c[n%bodyChunkSize:])
 		n += int64(m)
 		if n > limit {
 			err = errBodyTooLarge
@@ -329,15 +340,15 @@ func readChunks(dst []byte, src io.Reader, limit int64, budget *bodyBudget) ([]b
 			break
 		}
 	}
+	if err == io.EOF && !need(int64(len(list))*bodyChunkSize+n) {
+		err = errBudget
+	}
 	if err != io.EOF {
-		release()
+		putChunks()
+		budget.release(charged)
 		return dst[:0], 0, err
 	}
-	// The whole body, into dst (grown to its size), charged while the caller holds it.
-	if !budget.acquire(n) {
-		release()
-		return dst[:0], 0, errBudget
-	}
+	// The whole body, into dst grown to its size.
 	if int64(cap(dst)) < n {
 		dst = make([]byte, 0, n)
 	}
@@ -346,7 +357,8 @@ func readChunks(dst []byte, src io.Reader, limit int64, budget *bodyBudget) ([]b
 		end := min(n-int64(i)*bodyChunkSize, bodyChunkSize)
 		dst = append(dst, (*c)[:end]...)
 	}
-	release()
+	putChunks()
+	budget.release(charged - n)
 	return dst, n, nil
 }
 
@@ -432,9 +444,16 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, dst []byte, limit int64) ([]
 		}
 		return dst, cl, nil
 	}
-	// Slow path: a chunked or compressed body, read and charged a chunk at a time.
-	cost := decoderCost(enc)
-	if !s.budget.acquire(cost) {
+	// Slow path: a chunked or compressed body of unknown size. Admission charges (waiting
+	// for room) the decompressor's working memory and room for an expected body: the body
+	// as it arrives, or 32 times a compressed body, up to the cap, twice (chunks, then the
+	// copy). Past that the read takes more only when it is free at once.
+	expect := min(limit, 1<<20)
+	if cl > 0 {
+		expect = min(limit, cl*32)
+	}
+	cost, prepaid := decoderCost(enc), 2*expect
+	if !s.budget.acquire(cost + prepaid) {
 		lingerClose(ctx)
 		return dst[:0], 0, errBudgetExhausted
 	}
@@ -443,8 +462,10 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, dst []byte, limit int64) ([]
 	rd, put, err := s.dec.reader(enc, raw)
 	var held int64
 	if err == nil {
-		dst, held, err = readChunks(dst, rd, limit, s.budget)
+		dst, held, err = readChunks(dst, rd, limit, s.budget, prepaid)
 		put()
+	} else {
+		s.budget.release(prepaid)
 	}
 	switch {
 	case err == nil && !raw.over:

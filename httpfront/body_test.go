@@ -69,7 +69,7 @@ func decodeAll(t *testing.T, d *decoders, enc encoding, c []byte, limit int64, b
 		return nil, err
 	}
 	defer put()
-	body, held, err := readChunks(nil, r, limit, budget)
+	body, held, err := readChunks(nil, r, limit, budget, 0)
 	budget.release(held)
 	return body, err
 }
@@ -103,16 +103,26 @@ func TestDecodeRoundTripAndLimit(t *testing.T) {
 }
 
 func TestReadChunksCharges(t *testing.T) {
-	// Reading holds the chunks and, at the end, the assembled copy: 2 chunks + the body.
-	budget := newBodyBudget(4*bodyChunkSize, 0)
-	body, held, err := readChunks(nil, bytes.NewReader(make([]byte, bodyChunkSize+10)), 1<<20, budget)
+	budget := newBodyBudget(4*bodyChunkSize, time.Hour)
+	// Two chunks while reading, then the copy of the body: 2 chunks + the body.
+	body, held, err := readChunks(nil, bytes.NewReader(make([]byte, bodyChunkSize+10)), 1<<20, budget, 0)
 	if err != nil || len(body) != bodyChunkSize+10 || held != int64(len(body)) || budget.used.Load() != held {
 		t.Fatalf("err %v, %d bytes, held %d, charged %d", err, len(body), held, budget.used.Load())
 	}
-	// What is left cannot hold three chunks (two full, one to see the end).
-	_, _, err = readChunks(nil, bytes.NewReader(make([]byte, 2*bodyChunkSize)), 1<<20, budget)
+	// What is left cannot hold three chunks (two full, one to see the end): the read fails
+	// at once, without waiting (the budget's wait is an hour).
+	_, _, err = readChunks(nil, bytes.NewReader(make([]byte, 2*bodyChunkSize)), 1<<20, budget, 0)
 	if !errors.Is(err, errBudget) || budget.used.Load() != held {
 		t.Fatalf("over the budget: err %v, charged %d", err, budget.used.Load())
+	}
+	budget.release(held)
+	// Prepaid bytes are used first and what is not needed is released.
+	if !budget.acquire(4 * bodyChunkSize) {
+		t.Fatal("the whole budget refused")
+	}
+	body, held, err = readChunks(nil, bytes.NewReader(make([]byte, 100)), 1<<20, budget, 4*bodyChunkSize)
+	if err != nil || len(body) != 100 || held != 100 || budget.used.Load() != 100 {
+		t.Fatalf("prepaid: err %v, %d bytes, held %d, charged %d", err, len(body), held, budget.used.Load())
 	}
 	budget.release(held)
 	if budget.used.Load() != 0 {
