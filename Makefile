@@ -46,11 +46,11 @@ testdeps: ## install the programs some tests run (Debian packages, where possibl
 # without the SHA extensions) on a CPU that has the fast ones.
 PUREGO_PKGS ?= ./kv/...
 
-test: testdeps testdata-tokenizers docs-check ## run every test with the race detector (after docs-check; PUREGO_PKGS again with -tags purego)
+test: testdeps testdata-tokenizers testdata-openai docs-check ## run every test with the race detector (after docs-check; PUREGO_PKGS again with -tags purego)
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 	$(GO) test -race -count=1 -tags purego $(PUREGO_PKGS)
 
-test-short: testdata-tokenizers ## run the tests without the race detector
+test-short: testdata-tokenizers testdata-openai ## run the tests without the race detector
 	$(GO) test -count=1 $(PKGS)
 
 bench: testdata-tokenizers ## run the Go benchmarks (BENCH=regexp, BENCHTIME=1s)
@@ -148,3 +148,24 @@ testdata-tokenizers-golden: testdata-tokenizers ## regenerate the tokenizer gold
 
 bench-tokenizer: testdata-tokenizers ## tokenizer benchmarks beside the reference (one core)
 	GOMAXPROCS=1 $(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) $(TOKENIZER_PKG)
+
+# The official OpenAI SDK (npm package openai), whose stream parser the hostile-client tests
+# (cmd/switchyard) drive against the router: fetched with npm ci from a committed lock file
+# into the git-ignored .cache/. Without it those tests skip loudly, and fail under CI=true.
+OPENAI_NPM     ?= .cache/openai-npm
+OPENAI_NPM_SRC := cmd/switchyard/testdata/openai
+
+.PHONY: testdata-openai
+
+testdata-openai: ## fetch the official OpenAI SDK (npm ci) into .cache/ for the hostile-client tests
+	@if cmp -s $(OPENAI_NPM_SRC)/package-lock.json $(OPENAI_NPM)/package-lock.json && \
+	    [ -f $(OPENAI_NPM)/node_modules/openai/package.json ]; then exit 0; fi; \
+	if ! command -v npm >/dev/null 2>&1; then \
+	  echo "testdata-openai: npm not found; the OpenAI SDK stream tests will skip"; \
+	  if [ -n "$$CI" ]; then exit 1; fi; exit 0; fi; \
+	mkdir -p $(OPENAI_NPM) && rm -f $(OPENAI_NPM)/package-lock.json && \
+	cp $(OPENAI_NPM_SRC)/package.json $(OPENAI_NPM_SRC)/package-lock.json $(OPENAI_NPM)/ && \
+	if ! (cd $(OPENAI_NPM) && npm ci --no-audit --no-fund --loglevel=error); then \
+	  rm -f $(OPENAI_NPM)/package-lock.json; \
+	  echo "testdata-openai: npm ci failed; the OpenAI SDK stream tests will skip"; \
+	  if [ -n "$$CI" ]; then exit 1; fi; fi
