@@ -324,6 +324,9 @@ func TestConcurrentBombsBoundedMemory(t *testing.T) {
 			if e.hits.Load() != 0 {
 				t.Errorf("a bomb reached the engine")
 			}
+			if r := get(t, ts.url+"/metrics"); !contains(r.body, metricBodyBytes+" 0\n") {
+				t.Errorf("%s is not 0 once the bombs are answered", metricBodyBytes)
+			}
 		})
 	}
 }

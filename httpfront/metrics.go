@@ -34,6 +34,7 @@ const (
 	metricConnsRefused      = "switchyard_client_connections_refused_total"
 	metricConnsEvicted      = "switchyard_client_connections_evicted_total"
 	metricAcceptErrors      = "switchyard_accept_errors_total"
+	metricBodyBytes         = "switchyard_request_body_bytes_in_flight"
 )
 
 // durationBuckets are the classic `le` upper bounds, in seconds, of the latency histograms.

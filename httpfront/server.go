@@ -209,6 +209,7 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		budget = max(128<<20, s.maxBody())
 	}
 	s.budget = newBodyBudget(budget, bodyBudgetWait)
+	s.set.NewGauge(metricBodyBytes, func() float64 { return float64(s.budget.used.Load()) })
 	s.life.logger = s.logger
 	if err := s.build(); err != nil {
 		s.life.stop() // whatever was built, in reverse
