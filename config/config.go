@@ -72,7 +72,8 @@ type Server struct {
 	Port int `koanf:"port" json:"port"`
 	// APIKey, when set, is the bearer key required on the data plane. Default: none.
 	APIKey string `koanf:"api_key" json:"api_key"`
-	// AdminAPIKey, when set, is the bearer key required on the admin API. Default: none.
+	// AdminAPIKey, when set, is the bearer key required on the admin API (/workers); without
+	// it the admin API takes api_key, and with neither see admin_open. Default: none.
 	AdminAPIKey string `koanf:"admin_api_key" json:"admin_api_key"`
 	// MaxBodyBytes caps a request body, also after decompression. Default 32 MiB.
 	MaxBodyBytes int64 `koanf:"max_body_bytes" json:"max_body_bytes" unit:"bytes"`
@@ -95,7 +96,8 @@ type Server struct {
 	RateLimit RateLimit `koanf:"rate_limit" json:"rate_limit"`
 	// WriteTimeout bounds one write to a client: a client that stops reading for this long
 	// loses its connection, and its stream ends (the engine request is cancelled, the
-	// in-flight slot released). A stream is also cut at its request_timeout. Default 30s.
+	// in-flight slot released). A stream's writes are also bounded by its request_timeout
+	// (plus 2 s to deliver the timeout's error event). Default 30s.
 	WriteTimeout time.Duration `koanf:"write_timeout" json:"write_timeout"`
 	// MaxConnections caps the open client connections. At the cap a new connection takes
 	// the place of one that is idle (opened without a request yet, or between keep-alive
@@ -110,10 +112,11 @@ type Server struct {
 	// answered 431. Each connection reading a request holds a buffer of this size.
 	// Default 8192.
 	MaxHeaderBytes int `koanf:"max_header_bytes" json:"max_header_bytes" unit:"bytes"`
-	// MaxBodyBytesInFlight is the router-wide budget of request-body bytes held in memory
-	// at once (received bodies and their decompressed form). A request that would pass it
-	// waits up to one second for room, then gets 503 body_budget_exhausted. At least
-	// max_body_bytes. Default 128 MiB.
+	// MaxBodyBytesInFlight is the router-wide budget of request-body memory held at once:
+	// received bodies, their decompressed form and the decompressors' working memory. A
+	// request waits up to one second for room; a chunked or compressed body is admitted with
+	// room for its expected size and takes more only when it is free. Either way, no room:
+	// 503 body_budget_exhausted. At least max_body_bytes. Default 128 MiB.
 	MaxBodyBytesInFlight int64 `koanf:"max_body_bytes_in_flight" json:"max_body_bytes_in_flight" unit:"bytes"`
 	// AdminOpen serves the admin API (/workers) without any key on a router that listens
 	// beyond loopback. Without it, and with neither admin_api_key nor api_key set, such a

@@ -7,8 +7,13 @@
 //
 // # Request flow
 //
-// A handler reads the body (capped at server.max_body_bytes, 32 MiB by default, also after
-// gzip/deflate/br/zstd decompression, which stops as soon as the cap is passed), validates it
+// A handler reads the body itself (fasthttp streams it): a known-length body straight into
+// the exchange's buffer, a chunked or compressed one through its decoder into pooled chunks,
+// capped at server.max_body_bytes (32 MiB by default) before and after decompression and
+// charged, with the decoder's working memory, to the router-wide body budget
+// (server.max_body_bytes_in_flight; 503 body_budget_exhausted when it has no room). An answer
+// given before the body was read closes the connection lingering (half-close, then read and
+// drop what the client still sends, bounded), so that the client reads it. It validates it
 // with a strict allocation-free JSON scanner (OpenAI-style 400 errors), counts input tokens
 // (tokenizer, token IDs already in the body, or the body-size estimate), computes the expected
 // peak (overflow-checked), and asks actors.Selector for a complete selection, one actor round
@@ -64,9 +69,17 @@
 //
 // # Concurrency model
 //
+// Client connections come through a listener wrapper (conns.go) that caps them (in all and
+// per address, evicting an idle one at the cap), retries accept when the process is out of
+// file descriptors, and hands out connections (conn.go) whose deadlines move lazily and whose
+// every write is bounded by server.write_timeout. Its table of connections is behind one
+// mutex, taken per connection, not per request; a connection's state changes are atomic.
+//
 // Handlers run on fasthttp's goroutines and never hand the RequestCtx, or bytes aliasing it,
 // to another goroutine. A stream is relayed by fasthttp's stream-writer goroutine plus one
-// reader goroutine per stream; both own only copies (the upstream response, the guard). A PD
+// reader goroutine per stream; both own only copies (the upstream response, the guard). The
+// relay writes whole SSE events only, so a stream that fails ends with an error event on an
+// event boundary; its writes are also bounded by the request deadline. A PD
 // request's prefill runs on its own goroutine, tracked by the Server, and completes even when
 // the client leaves. Health loops run one goroutine per worker, owned by the fleet.
 // Read-mostly state (the registry) is published as immutable snapshots behind atomic
@@ -75,9 +88,13 @@
 //
 // # What a caller must release
 //
-// New listens at once; Run serves until its context is done, then drains (stops accepting,
-// lets requests and streams finish for up to server.drain_timeout, then closes what remains)
-// and releases every goroutine, connection and actor (the KV-event subscriptions and the
-// index shard actors included). A Server that is never Run still holds
+// The Server is one ordered lifecycle (life.go): New records every part it builds, Run adds
+// its background loops, and stopping runs them in reverse order; a New that fails part-way
+// stops what it built. New listens at once; Run serves until its context is done, then
+// drains (stops accepting, lets requests and streams finish for up to server.drain_timeout,
+// ends the remaining streams with a shutting_down event and gives their connections
+// Options.StreamEndGrace to deliver it, then closes what remains) and releases every
+// goroutine, connection and actor (the KV-event subscriptions and the index shard actors
+// included). A Server that is never Run still holds
 // its listener: call Run with a cancelled context to release it.
 package httpfront
