@@ -2,6 +2,7 @@ package httpfront
 
 import (
 	"context"
+	"io"
 	"net"
 	"testing"
 	"time"
@@ -94,6 +95,51 @@ func BenchmarkReadDeadline(b *testing.B) {
 				_ = c.SetReadDeadline(now.Add(DefaultIdleTimeout))
 				_ = c.SetReadDeadline(now.Add(DefaultReadTimeout))
 			}
+		})
+	}
+}
+
+// BenchmarkBoundedWrite writes 4 KiB at a time to a loopback connection whose peer reads
+// everything: on a plain TCP connection (the baseline), and on a clientConn whose every write
+// is bounded by server.write_timeout (a clock read and a lazily moved write deadline).
+func BenchmarkBoundedWrite(b *testing.B) {
+	for _, bounded := range []bool{false, true} {
+		name := "conn"
+		if bounded {
+			name = "bounded"
+		}
+		b.Run(name, func(b *testing.B) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer ln.Close()
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				if c, err := ln.Accept(); err == nil {
+					defer c.Close()
+					_, _ = io.Copy(io.Discard, c)
+				}
+			}()
+			raw, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				b.Fatal(err)
+			}
+			var c net.Conn = raw
+			if bounded {
+				c = &clientConn{Conn: raw, owner: &clientListener{writeTimeout: 30 * time.Second}}
+			}
+			buf := make([]byte, 4096)
+			b.SetBytes(int64(len(buf)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := c.Write(buf); err != nil {
+					b.Fatal(err)
+				}
+			}
+			_ = raw.Close()
+			<-done
 		})
 	}
 }
