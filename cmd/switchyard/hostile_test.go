@@ -26,6 +26,11 @@ import (
 // The hostile-client suite: the router runs as its own process (the switchyard binary) and
 // clients misbehave against it over loopback, with raw sockets and with the official OpenAI
 // SDK (npm package openai, fetched by make testdata-openai). Every wait is bounded.
+//
+// Hostile peers on the router's other side, ZeroMQ publishers (a ZMTP greeting followed by a
+// frame announcing gigabytes), belong with the KV-event subscriptions and are tested there
+// (kv); a router-process test of them fits here with startRouterChild and a peer that binds
+// a SUB endpoint from workers[].kv_events.
 
 // chatAnswer is a minimal non-streaming chat completion.
 const chatAnswer = `{"id":"c1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}`
@@ -260,9 +265,10 @@ func TestHostileStreamsOpenAISDK(t *testing.T) {
 		checkSDKResults(t, sdkStreams(t, url, "m", 8, 500, nil), "upstream_timeout", false)
 	})
 	t.Run("drain", func(t *testing.T) {
-		_, engine := startMockChild(t, "--model", "m", "--decode-step", "20ms")
+		// As many streams as the issue's drain test: all must end with the event.
+		_, engine := startMockChild(t, "--model", "m", "--decode-step", "20ms", "--max-running", "256")
 		router, url := startRouterChild(t, 0, "--worker-urls", engine, "--model", "m", "--set", "server.drain_timeout=500ms")
-		results := sdkStreams(t, url, "m", 16, 500, func() { _ = router.cmd.Process.Signal(syscall.SIGTERM) })
+		results := sdkStreams(t, url, "m", 200, 300, func() { _ = router.cmd.Process.Signal(syscall.SIGTERM) })
 		checkSDKResults(t, results, "shutting_down", false)
 	})
 }
