@@ -394,3 +394,28 @@ func TestExpectContinueOverCap(t *testing.T) {
 		t.Fatalf("status %d body %s", resp.StatusCode, b)
 	}
 }
+
+// TestSilentConnectionClosedWithoutLingering: a connection that sends nothing is answered
+// 408 at the read timeout and closed at once; it is not kept lingering for input that will
+// not come, holding a descriptor.
+func TestSilentConnectionClosedWithoutLingering(t *testing.T) {
+	e := newFakeEngine(t, "A", "llama")
+	ts := startServer(t, oneEngineConfig(e), Options{SkipStartupChecks: true, NoTelemetry: true, ReadTimeout: 100 * time.Millisecond})
+	c, err := net.Dial("tcp", ts.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close() // the client stays: only the server may close
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	b, _ := io.ReadAll(c)
+	if !contains(b, CodeRequestTimeout) {
+		t.Fatalf("answer %q", b)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for ts.conns.open() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections still open 2 s after the timeout", ts.conns.open())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -12,7 +12,8 @@ import (
 
 // handleServerError answers fasthttp's own failures: headers over server.max_header_bytes
 // (431), a request that did not arrive in time (408), a malformed request (400). The
-// connection closes after the answer, lingering: the client may still be sending.
+// connection closes after the answer, lingering unless the client was silent: it may still
+// be sending.
 func (s *Server) handleServerError(ctx *fasthttp.RequestCtx, err error) {
 	var small *fasthttp.ErrSmallBuffer
 	var ne net.Error
@@ -22,7 +23,10 @@ func (s *Server) handleServerError(ctx *fasthttp.RequestCtx, err error) {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		writeError(ctx, errTooLarge)
 	case errors.As(err, &ne) && ne.Timeout(), errors.Is(err, fasthttp.ErrTimeout):
+		// The client sent nothing more in time: nothing to drain.
 		writeError(ctx, newAPIError(CodeRequestTimeout, "the request did not arrive in time"))
+		ctx.SetConnectionClose()
+		return
 	default:
 		writeError(ctx, newAPIError(CodeMalformedRequest, "malformed HTTP request"))
 	}
