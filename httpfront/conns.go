@@ -2,17 +2,17 @@ package httpfront
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"net"
 	"net/netip"
 	"strconv"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/valyala/fasthttp"
+
+	"switchyard/httpfront/fleet"
 )
 
 // Accept backoff when the process is out of file descriptors, as net/http does: 5 ms,
@@ -126,7 +126,7 @@ func (l *clientListener) Accept() (net.Conn, error) {
 	for {
 		raw, err := l.Listener.Accept()
 		if err != nil {
-			if !fdExhausted(err) {
+			if !fleet.IsResourceExhaustion(err) {
 				return nil, err
 			}
 			// Slow path: out of descriptors. Free one if an idle connection holds it.
@@ -155,12 +155,6 @@ func (l *clientListener) Accept() (net.Conn, error) {
 			return c, nil
 		}
 	}
-}
-
-// fdExhausted reports an accept failure that a free descriptor cures.
-func fdExhausted(err error) bool {
-	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) ||
-		errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM)
 }
 
 // admit tracks raw, or refuses it (answered and closed) when a cap is reached.
