@@ -27,10 +27,8 @@ import (
 // clients misbehave against it over loopback, with raw sockets and with the official OpenAI
 // SDK (npm package openai, fetched by make testdata-openai). Every wait is bounded.
 //
-// Hostile peers on the router's other side, ZeroMQ publishers (a ZMTP greeting followed by a
-// frame announcing gigabytes), belong with the KV-event subscriptions and are tested there
-// (kv); a router-process test of them fits here with startRouterChild and a peer that binds
-// a SUB endpoint from workers[].kv_events.
+// Hostile peers on the router's other side, ZeroMQ publishers that greet and then claim a
+// 2^40-byte frame, are TestHostileZMQPeersCannotCrashTheRouter (hostile_zmq_e2e_test.go).
 
 // chatAnswer is a minimal non-streaming chat completion.
 const chatAnswer = `{"id":"c1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}`
