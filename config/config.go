@@ -475,9 +475,11 @@ type Health struct {
 	// BreakerErrorRate is the share of failed dispatches — the failures above plus other
 	// 5xx answers, such as a 500 to a request the engine cannot serve — over breaker_window
 	// that opens a worker's breaker, once breaker_min_requests dispatches were counted in
-	// it; in (0, 1]. 4xx answers never count as failed. Default 0.5.
+	// it; in (0, 1]. Answers that say nothing of the engine (4xx, a client that left, the
+	// router's own failures) count neither as failed nor as dispatches. Default 0.5.
 	BreakerErrorRate float64 `koanf:"breaker_error_rate" json:"breaker_error_rate" unit:"fraction of dispatches"`
-	// BreakerMinRequests is the least number of dispatches in breaker_window before
+	// BreakerMinRequests is the least number of dispatches in breaker_window (4xx answers
+	// and the other outcomes that say nothing of the engine left out) before
 	// breaker_error_rate is applied; at least 1. Default 20.
 	BreakerMinRequests int `koanf:"breaker_min_requests" json:"breaker_min_requests" unit:"dispatches"`
 	// BreakerWindow is the sliding window of breaker_error_rate (sgl-router's

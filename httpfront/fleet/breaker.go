@@ -113,16 +113,19 @@ const (
 // The error-rate window is a ring of ringSlots slots of 2^slotShift nanoseconds each, the
 // least power of two with at most 15 slots covering the window (a shift, not a division,
 // finds a dispatch's slot); the window spans b.span slots. A slot holds its epoch (its index
-// in time) with the errors recorded in it, packed in one word, and the worker's dispatch
-// count when the slot began: the window's volume is the dispatches since its oldest slot
-// began, read from the count the router keeps anyway, so that a success writes nothing.
+// in time) with the errors recorded in it, packed in one word, the worker's dispatch count
+// when the slot began, and its neutral outcomes, tagged with their own epoch. The window's
+// volume is the dispatches since its oldest slot began, read from the count the router
+// keeps anyway, so that a success writes nothing, less the neutral outcomes of the window
+// (4xx answers, clients that left, the router's own failures), which say nothing of the
+// engine: a flood of client errors does not dilute the engine's error rate.
 const ringSlots = 16
 
 // Breaker is one worker's circuit breaker over dispatch outcomes (POLICY_DESIGN section 8
 // keeps breakers outside the policies). Closed, it opens on Failures consecutive
 // OutcomeFailure, or when the share of OutcomeError and OutcomeFailure over the window
-// reaches ErrorRate with at least MinRequests dispatches counted; OutcomeNeutral never
-// counts. Open, it refuses every dispatch until Cooldown has passed; the owner then calls
+// reaches ErrorRate with at least MinRequests dispatches counted; OutcomeNeutral counts
+// neither as an error nor in the volume the rate is taken over. Open, it refuses every dispatch until Cooldown has passed; the owner then calls
 // Expire, which makes it half-open. Half-open, it admits exactly one probe at a time: a
 // successful probe (Successes in a row) closes it, a failed one (OutcomeError included)
 // opens it again, a neutral one frees the probe slot for the next dispatch.
@@ -149,12 +152,13 @@ type Breaker struct {
 // cacheLine is the size the breaker's hot fields are kept apart by.
 const cacheLine = 64
 
-// paddedSlot is one window slot on a cache line of its own: epoch<<32 | errors, and the
-// dispatch count when the epoch began.
+// paddedSlot is one window slot on a cache line of its own: epoch<<32 | errors, the
+// dispatch count when the epoch began, and epoch<<32 | neutral outcomes.
 type paddedSlot struct {
-	word atomic.Uint64
-	base atomic.Uint64
-	_    [cacheLine - 16]byte
+	word    atomic.Uint64
+	base    atomic.Uint64
+	neutral atomic.Uint64
+	_       [cacheLine - 24]byte
 }
 
 // NewBreaker returns a closed breaker timing its openings with now and reading the worker's
@@ -247,11 +251,12 @@ func (b *Breaker) Record(o Outcome, probe bool, start time.Time) Transition {
 	if probe {
 		return b.recordProbe(o)
 	}
-	if o == OutcomeNeutral {
-		return NoChange
-	}
 	w := b.word.Load()
 	if BreakerState(w&wState) != BreakerClosed {
+		return NoChange
+	}
+	if o == OutcomeNeutral {
+		b.countNeutral(start)
 		return NoChange
 	}
 	errs := b.count(o != OutcomeSuccess, start)
@@ -361,13 +366,14 @@ func (b *Breaker) count(failed bool, start time.Time) bool {
 		if v>>32 > epoch && v>>32-epoch < ringSlots {
 			return false // a dispatch so old that its slot already serves a newer epoch
 		}
-		// Slow path: the first outcome of a new slot starts it.
+		// Slow path: the first outcome of a new slot starts it. The dispatch it records was
+		// counted when it started: the slot's volume includes it.
 		next := epoch << 32
 		if failed {
 			next++
 		}
 		if slot.word.CompareAndSwap(v, next) {
-			slot.base.Store(b.volume())
+			slot.base.Store(max(b.volume(), 1) - 1)
 			if !failed {
 				return false
 			}
@@ -385,13 +391,47 @@ func (b *Breaker) count(failed bool, start time.Time) bool {
 			}
 		}
 	}
+	// The neutral outcomes of dispatches that started since the oldest slot began.
+	var neutral uint64
+	for i := range b.slots {
+		v := b.slots[i].neutral.Load()
+		if e := v >> 32; e >= oldest && e <= epoch {
+			neutral += v & 0xffffffff
+		}
+	}
 	vol := b.volume()
-	total := max(vol-min(base, vol), errs)
+	vol -= min(base, vol)
+	vol -= min(neutral, vol)
+	total := max(vol, errs)
 	return total >= uint64(b.set.MinRequests) && float64(errs) >= b.set.ErrorRate*float64(total)
+}
+
+// countNeutral records one neutral outcome of a dispatch that started at start: it leaves
+// the window's volume.
+func (b *Breaker) countNeutral(start time.Time) {
+	epoch := uint64(start.UnixNano()>>b.shift) & 0xffffffff
+	slot := &b.slots[epoch%ringSlots]
+	for {
+		v := slot.neutral.Load()
+		next := epoch<<32 | 1
+		switch e := v >> 32; {
+		case e == epoch:
+			if v&0xffffffff == 0xffffffff {
+				return // saturated
+			}
+			next = v + 1
+		case e > epoch && e-epoch < ringSlots:
+			return // a dispatch so old that its slot already serves a newer epoch
+		}
+		if slot.neutral.CompareAndSwap(v, next) {
+			return
+		}
+	}
 }
 
 func (b *Breaker) clearWindow() {
 	for i := range b.slots {
 		b.slots[i].word.Store(0)
+		b.slots[i].neutral.Store(0)
 	}
 }

@@ -119,6 +119,44 @@ func TestBreakerErrorRate(t *testing.T) {
 			t.Fatal("neutral outcomes counted toward the volume")
 		}
 	})
+	t.Run("4xx do not dilute the rate", func(t *testing.T) {
+		// Half of the answers that say something of the engine are errors; a flood of 4xx
+		// answers (the clients' fault) between them must not hide it.
+		b, _ := newTestBreaker(nil)
+		for i := range 15 {
+			at := t0.Add(time.Duration(i) * time.Millisecond)
+			for range 60 {
+				b.Record(OutcomeNeutral, false, at)
+			}
+			b.Record(OutcomeSuccess, false, at)
+			if tr := b.Record(OutcomeError, false, at); tr == Opened {
+				if i < 4 {
+					t.Fatalf("opened after %d errors, below the volume of 10", i+1)
+				}
+				return
+			}
+		}
+		t.Fatalf("15 errors among 15 successes and 900 4xx answers left the breaker %v", b.State())
+	})
+	t.Run("neutral outcomes of an older window do not count", func(t *testing.T) {
+		b, _ := newTestBreaker(nil)
+		for range 100 {
+			b.Record(OutcomeNeutral, false, t0)
+		}
+		later := t0.Add(11 * time.Second)
+		for range 5 {
+			b.Record(OutcomeSuccess, false, later)
+		}
+		for range 4 {
+			b.Record(OutcomeError, false, later)
+		}
+		if b.State() != BreakerClosed {
+			t.Fatal("opened below the volume")
+		}
+		if tr := b.Record(OutcomeError, false, later); tr != Opened {
+			t.Fatalf("5 errors of 10 in the window: %v", tr)
+		}
+	})
 	t.Run("old errors leave the window", func(t *testing.T) {
 		b, _ := newTestBreaker(nil)
 		for range 9 {
