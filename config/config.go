@@ -125,6 +125,14 @@ type Server struct {
 	// MetricsAPIKey, when set, is the bearer key required on GET /metrics. Default: none
 	// (/metrics is open).
 	MetricsAPIKey string `koanf:"metrics_api_key" json:"metrics_api_key"`
+	// MetricsHost is the listen address of the separate metrics listener (metrics_port;
+	// sgl-router's --prometheus-host). Default "127.0.0.1".
+	MetricsHost string `koanf:"metrics_host" json:"metrics_host"`
+	// MetricsPort, when set, serves GET /metrics on a listener of its own at
+	// metrics_host:metrics_port, 0..65535 (0 lets the OS choose), apart from the data
+	// plane, whose /metrics then answers 404 (sgl-router's --prometheus-port). It must
+	// differ from port. Default: none (/metrics is served on the data plane).
+	MetricsPort *int `koanf:"metrics_port" json:"metrics_port"`
 }
 
 // Worker is one engine known from configuration.
@@ -174,6 +182,10 @@ type Worker struct {
 	// vLLM's: blocks are keyed by router hashes recomputed from their token IDs).
 	// Default auto (rekey for a worker of flavor vllm).
 	KVHashScheme string `koanf:"kv_hash_scheme" json:"kv_hash_scheme"`
+	// TLS overrides upstream.tls for this worker, key by key: each key set here replaces
+	// the global one (cert_file and key_file as a pair). Only for an https:// url. Default:
+	// none (upstream.tls).
+	TLS *UpstreamTLS `koanf:"tls" json:"tls"`
 }
 
 // Model is one model's routing: default policies per stage and its buckets.
@@ -512,4 +524,52 @@ type Upstream struct {
 	// finds them all busy fails at once with 503 upstream_connection_limit, which is not
 	// charged to the engine; at least 1. Default 4096.
 	MaxConnsPerWorker int `koanf:"max_conns_per_worker" json:"max_conns_per_worker" unit:"connections"`
+	// TLS is the client TLS of the router's connections to https:// workers: dispatch,
+	// health checks, introspection and load polls alike. workers[].tls overrides it per
+	// worker. Default: none (the system's roots, no client certificate).
+	TLS UpstreamTLS `koanf:"tls" json:"tls"`
+}
+
+// UpstreamTLS is the client TLS of the router's connections to https:// workers: whom the
+// router trusts, the certificate it shows (mutual TLS), the name it expects. The files are
+// read once, when the router starts; switchyard check reads them too. An http:// worker
+// never uses TLS.
+type UpstreamTLS struct {
+	// CAFiles are PEM files of certificate authorities trusted to sign the engines'
+	// certificates, in addition to the system's roots (sgl-router's --ca-cert-paths).
+	// Default: none (the system's roots).
+	CAFiles []string `koanf:"ca_files" json:"ca_files"`
+	// CertFile is the PEM client certificate (chain) the router presents to engines that
+	// require one (mutual TLS; sgl-router's --client-cert-path); it requires key_file.
+	// Default: none.
+	CertFile string `koanf:"cert_file" json:"cert_file"`
+	// KeyFile is the PEM private key of cert_file (sgl-router's --client-key-path); it
+	// requires cert_file. Default: none.
+	KeyFile string `koanf:"key_file" json:"key_file"`
+	// ServerName is the name the engines' certificates must carry, also sent as SNI.
+	// Default: none (the host of each worker's url).
+	ServerName string `koanf:"server_name" json:"server_name"`
+}
+
+// IsZero reports whether t sets nothing.
+func (t *UpstreamTLS) IsZero() bool {
+	return t == nil || len(t.CAFiles) == 0 && t.CertFile == "" && t.KeyFile == "" && t.ServerName == ""
+}
+
+// Merged returns t with every key over set: the worker's TLS over the global one. The
+// client certificate and its key are one setting: over replaces both when it sets either.
+func (t UpstreamTLS) Merged(over *UpstreamTLS) UpstreamTLS {
+	if over == nil {
+		return t
+	}
+	if len(over.CAFiles) > 0 {
+		t.CAFiles = over.CAFiles
+	}
+	if over.CertFile != "" || over.KeyFile != "" {
+		t.CertFile, t.KeyFile = over.CertFile, over.KeyFile
+	}
+	if over.ServerName != "" {
+		t.ServerName = over.ServerName
+	}
+	return t
 }

@@ -20,6 +20,7 @@ func Default() *Config {
 			MaxHeaderBytes:    8 << 10,
 			// Four bodies at the 32 MiB cap.
 			MaxBodyBytesInFlight: 128 << 20,
+			MetricsHost:          "127.0.0.1",
 		},
 		Actors: Actors{
 			Mailbox: Mailbox{

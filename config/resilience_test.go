@@ -69,6 +69,60 @@ retry:
 	}
 }
 
+// TestLoadUpstreamTLSAndMetricsListener reads the upstream TLS (global and per worker) and
+// the metrics listener from a file, the environment and flags, and merges a worker's TLS
+// over the global one key by key.
+func TestLoadUpstreamTLSAndMetricsListener(t *testing.T) {
+	file := writeFile(t, "tls.yaml", `
+server: {metrics_port: 29000}
+upstream:
+  tls:
+    ca_files: [/etc/switchyard/ca.pem, /etc/switchyard/ca-old.pem]
+    cert_file: /etc/switchyard/router.pem
+    key_file: /etc/switchyard/router.key
+workers:
+  - {id: w1, url: "https://10.0.0.1:30001", model: llama}
+  - id: w2
+    url: "https://10.0.0.2:30001"
+    model: llama
+    tls: {server_name: engine-2.internal, cert_file: /etc/w2/c.pem, key_file: /etc/w2/k.pem}
+models:
+  llama: {buckets: [{id: all, groups: {plain: {}}}]}
+`)
+	cfg, err := Load([]string{"--config", file, "--set", "server.metrics_host=0.0.0.0"}, []string{
+		"SWITCHYARD_UPSTREAM__TLS__SERVER_NAME=engines.internal",
+		"SWITCHYARD_SERVER__METRICS_PORT=29001",
+	})
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("Validate: %v", err)
+	}
+	if s := cfg.Server; s.MetricsHost != "0.0.0.0" || s.MetricsPort == nil || *s.MetricsPort != 29001 {
+		t.Errorf("metrics listener %q %v", s.MetricsHost, s.MetricsPort)
+	}
+	global := cfg.Upstream.TLS
+	want := UpstreamTLS{CAFiles: []string{"/etc/switchyard/ca.pem", "/etc/switchyard/ca-old.pem"},
+		CertFile: "/etc/switchyard/router.pem", KeyFile: "/etc/switchyard/router.key", ServerName: "engines.internal"}
+	if !slices.Equal(global.CAFiles, want.CAFiles) || global.CertFile != want.CertFile || global.KeyFile != want.KeyFile ||
+		global.ServerName != want.ServerName {
+		t.Errorf("upstream.tls = %+v", global)
+	}
+	if cfg.Workers[0].TLS != nil {
+		t.Errorf("workers[0].tls = %+v, want none", cfg.Workers[0].TLS)
+	}
+	got := global.Merged(cfg.Workers[1].TLS)
+	want.CertFile, want.KeyFile, want.ServerName = "/etc/w2/c.pem", "/etc/w2/k.pem", "engine-2.internal"
+	if !slices.Equal(got.CAFiles, want.CAFiles) || got.CertFile != want.CertFile || got.KeyFile != want.KeyFile ||
+		got.ServerName != want.ServerName {
+		t.Errorf("workers[1]'s merged tls = %+v, want %+v", got, want)
+	}
+	if d := Default(); d.Server.MetricsPort != nil || d.Server.MetricsHost != "127.0.0.1" || !d.Upstream.TLS.IsZero() {
+		t.Errorf("defaults: metrics %q %v, tls %+v", d.Server.MetricsHost, d.Server.MetricsPort, d.Upstream.TLS)
+	}
+}
+
 func TestLoadResilienceErrors(t *testing.T) {
 	file := writeFile(t, "bad.yaml", `
 server:

@@ -79,6 +79,14 @@ func (c *Config) validateServer(p *problems) {
 		p.add("server.max_body_bytes_in_flight", ErrInvalid, fmt.Sprintf(
 			"must be at least server.max_body_bytes (%d), got %d: a body of the largest size must fit", s.MaxBodyBytes, s.MaxBodyBytesInFlight))
 	}
+	if mp := s.MetricsPort; mp != nil {
+		switch {
+		case *mp < 0 || *mp > 65535:
+			p.add("server.metrics_port", ErrInvalid, fmt.Sprintf("must be in 0..65535, got %d", *mp))
+		case *mp != 0 && *mp == s.Port:
+			p.add("server.metrics_port", ErrInvalid, fmt.Sprintf("must differ from server.port (%d): the metrics listener is apart from the data plane", s.Port))
+		}
+	}
 	c.validateFlow(p)
 }
 
@@ -135,6 +143,12 @@ func (c *Config) validateWorkers(p *problems) map[string]int {
 			}
 		default:
 			p.add(path+".flavor", ErrInvalid, fmt.Sprintf("unknown flavor %q (auto, sglang or vllm)", w.Flavor))
+		}
+		if w.TLS != nil {
+			validateTLS(p, path+".tls", w.TLS)
+			if u, err := url.Parse(w.URL); err == nil && u.Scheme == "http" && !w.TLS.IsZero() {
+				p.add(path+".tls", ErrInvalid, "the worker's url is http://, which never uses TLS: use https:// or remove tls")
+			}
 		}
 		if w.MetricsPath != "" && (w.MetricsPath[0] != '/' || strings.ContainsAny(w.MetricsPath, " ?#\t\r\n")) {
 			p.add(path+".metrics_path", ErrInvalid, fmt.Sprintf("must be an absolute path such as /metrics, got %q", w.MetricsPath))
@@ -492,6 +506,7 @@ func (c *Config) validateUpstream(p *problems) {
 		p.add("upstream.response_header_timeout", ErrInvalid, "must not be negative (0 disables it), got "+u.ResponseHeaderTimeout.String())
 	}
 	atLeast(p, "upstream.max_conns_per_worker", int64(u.MaxConnsPerWorker), 1)
+	validateTLS(p, "upstream.tls", &u.TLS)
 }
 
 // checkHTTPURL returns why s is not an http(s) URL with a host, or "".
@@ -555,4 +570,25 @@ func validHeaderName(s string) bool {
 		}
 	}
 	return true
+}
+
+// validateTLS checks one upstream TLS setting: its files are named (switchyard check and the
+// router's start read them), and the client certificate comes with its key.
+func validateTLS(p *problems, path string, t *UpstreamTLS) {
+	for i, f := range t.CAFiles {
+		if strings.TrimSpace(f) == "" {
+			p.add(joinIndex(path+".ca_files", i), ErrInvalid, "must name a PEM file")
+		}
+	}
+	switch {
+	case t.CertFile != "" && t.KeyFile == "":
+		p.add(path+".key_file", ErrInvalid, "required with "+path+".cert_file: the client certificate's private key")
+	case t.KeyFile != "" && t.CertFile == "":
+		p.add(path+".cert_file", ErrInvalid, "required with "+path+".key_file: the client certificate")
+	}
+	for _, f := range []struct{ key, v string }{{"cert_file", t.CertFile}, {"key_file", t.KeyFile}, {"server_name", t.ServerName}} {
+		if f.v != "" && strings.TrimSpace(f.v) != f.v {
+			p.add(path+"."+f.key, ErrInvalid, fmt.Sprintf("must not begin or end with white space, got %q", f.v))
+		}
+	}
 }

@@ -492,6 +492,32 @@ func TestValidate(t *testing.T) {
 			"upstream.max_conns_per_worker: must be at least 1, got 0",
 		}},
 		{name: "upstream header timeout off", mutate: func(c *Config) { c.Upstream.ResponseHeaderTimeout = 0 }},
+		{name: "upstream tls and a worker's override", mutate: func(c *Config) {
+			c.Upstream.TLS = UpstreamTLS{CAFiles: []string{"/etc/ca.pem", "/etc/ca2.pem"}, CertFile: "/etc/c.pem", KeyFile: "/etc/k.pem"}
+			c.Workers[2].TLS = &UpstreamTLS{ServerName: "engine.internal", CAFiles: []string{"/etc/other.pem"}}
+		}},
+		{name: "upstream tls halves of a client certificate", mutate: func(c *Config) {
+			c.Upstream.TLS = UpstreamTLS{CertFile: "/etc/c.pem", CAFiles: []string{"/etc/ca.pem", " "}}
+			c.Workers[2].TLS = &UpstreamTLS{KeyFile: "/etc/k.pem", ServerName: " engine"}
+		}, want: []string{
+			"workers[2].tls.cert_file: required with workers[2].tls.key_file: the client certificate",
+			`workers[2].tls.server_name: must not begin or end with white space, got " engine"`,
+			"upstream.tls.ca_files[1]: must name a PEM file",
+			"upstream.tls.key_file: required with upstream.tls.cert_file: the client certificate's private key",
+		}},
+		{name: "tls on an http worker", mutate: func(c *Config) {
+			c.Workers[0].TLS = &UpstreamTLS{CAFiles: []string{"/etc/ca.pem"}}
+			c.Workers[1].TLS = &UpstreamTLS{} // sets nothing: harmless
+		}, want: []string{"workers[0].tls: the worker's url is http://, which never uses TLS: use https:// or remove tls"}},
+		{name: "metrics listener", mutate: func(c *Config) { c.Server.MetricsPort = ptr(29000) }},
+		{name: "metrics listener on a port the OS chooses", mutate: func(c *Config) {
+			c.Server.Port = 0
+			c.Server.MetricsPort = ptr(0)
+		}},
+		{name: "metrics listener on the data plane's port", mutate: func(c *Config) { c.Server.MetricsPort = ptr(8080) },
+			want: []string{"server.metrics_port: must differ from server.port (8080): the metrics listener is apart from the data plane"}},
+		{name: "metrics listener port out of range", mutate: func(c *Config) { c.Server.MetricsPort = ptr(65536) },
+			want: []string{"server.metrics_port: must be in 0..65535, got 65536"}},
 		{name: "log level", mutate: func(c *Config) { c.Log.Level = "trace" },
 			want: []string{`log.level: unknown level "trace" (debug, info, warn or error)`}},
 		{name: "empty default policy type means round_robin", mutate: func(c *Config) { c.DefaultPolicy = Policy{} }},
