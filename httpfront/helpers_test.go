@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"slices"
@@ -54,15 +56,67 @@ type fakeEngine struct {
 	gone     chan struct{} // receives when a stream write fails (client side closed)
 	silent   bool          // a gated stream sends nothing while it waits
 	flood    bool          // after its first chunk, a stream sends 64 KiB events until the write fails
+	// tls, when set, makes the engine serve https with it (withTLS).
+	tls *tls.Config
+	// raw records the first byte of every connection (TLS engines).
+	raw *firstByteListener
+	// polled, when set, receives the path of every load poll (without blocking).
+	polled chan string
 
 	mu      sync.Mutex
 	bodies  [][]byte
 	headers []http.Header
+	// peers lists "<path> <client certificate CN>" for every request over TLS ("-" when
+	// the client showed no certificate).
+	peers []string
 }
 
 type engineOpt func(*fakeEngine)
 
 func withMode(mode string) engineOpt { return func(e *fakeEngine) { e.mode = mode } }
+
+// withTLS makes the engine serve https with cfg.
+func withTLS(cfg *tls.Config) engineOpt { return func(e *fakeEngine) { e.tls = cfg } }
+
+// firstByteListener records the first byte every accepted connection sends: 0x16 opens a
+// TLS handshake; anything else was sent in clear text.
+type firstByteListener struct {
+	net.Listener
+	mu    sync.Mutex
+	first []byte
+}
+
+func (l *firstByteListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &firstByteConn{Conn: c, l: l}, nil
+}
+
+// firsts returns the first bytes recorded so far.
+func (l *firstByteListener) firsts() []byte {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]byte(nil), l.first...)
+}
+
+type firstByteConn struct {
+	net.Conn
+	l    *firstByteListener
+	seen bool
+}
+
+func (c *firstByteConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if n > 0 && !c.seen {
+		c.seen = true
+		c.l.mu.Lock()
+		c.l.first = append(c.l.first, b[0])
+		c.l.mu.Unlock()
+	}
+	return n, err
+}
 func withGate() engineOpt {
 	return func(e *fakeEngine) { e.gate = make(chan struct{}) }
 }
@@ -80,7 +134,13 @@ func newFakeEngine(t *testing.T, id, model string, opts ...engineOpt) *fakeEngin
 	}
 	e.ln = ln
 	e.url = "http://" + ln.Addr().String()
-	e.srv = &fasthttp.Server{Handler: e.handle, CloseOnShutdown: true, IdleTimeout: time.Second}
+	if e.tls != nil {
+		e.raw = &firstByteListener{Listener: ln}
+		ln = tls.NewListener(e.raw, e.tls)
+		e.url = "https://" + e.ln.Addr().String()
+	}
+	e.srv = &fasthttp.Server{Handler: e.handle, CloseOnShutdown: true, IdleTimeout: time.Second,
+		Logger: fasthttpLogger{slog.New(slog.DiscardHandler)}}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -119,6 +179,15 @@ func (e *fakeEngine) received() ([][]byte, []http.Header) {
 
 func (e *fakeEngine) handle(ctx *fasthttp.RequestCtx) {
 	ctx.Response.Header.Set("X-Worker-Id", e.id)
+	if st := ctx.TLSConnectionState(); st != nil {
+		cn := "-"
+		if len(st.PeerCertificates) > 0 {
+			cn = st.PeerCertificates[0].Subject.CommonName
+		}
+		e.mu.Lock()
+		e.peers = append(e.peers, string(ctx.Path())+" "+cn)
+		e.mu.Unlock()
+	}
 	switch string(ctx.Path()) {
 	case "/health":
 		if s := e.health.Load(); s != 0 {
@@ -126,6 +195,12 @@ func (e *fakeEngine) handle(ctx *fasthttp.RequestCtx) {
 		}
 		return
 	case "/v1/loads", "/get_load", "/metrics":
+		if e.polled != nil {
+			select {
+			case e.polled <- string(ctx.Path()):
+			default:
+			}
+		}
 		ctx.SetStatusCode(404) // no load reports: every metric stays unknown
 		return
 	case "/server_info", "/get_server_info":

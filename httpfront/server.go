@@ -221,6 +221,10 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 // build makes the Server's parts in order, recording each in s.life as it starts.
 func (s *Server) build() error {
 	cfg, opts := s.cfg, s.opts
+	clientTLS, err := fleet.LoadTLS(cfg)
+	if err != nil {
+		return err
+	}
 	toks, err := loadTokenizers(cfg, opts)
 	if err != nil {
 		return err
@@ -309,18 +313,18 @@ func (s *Server) build() error {
 		s.life.add("telemetry", tel.Close)
 	}
 	fo := fleet.Options{Health: cfg.Health, Upstream: cfg.Upstream, Tracker: s.tracker, Telemetry: opts.Telemetry,
-		Metrics: s.set, Logger: opts.Logger, Clock: opts.Clock, Dial: opts.Dial}
+		Metrics: s.set, Logger: opts.Logger, Clock: opts.Clock, Dial: opts.Dial, TLS: clientTLS.Global}
 	if s.cache != nil {
 		fo.KV = s.cache
 	}
 	s.tele = opts.Telemetry
 	s.workers = fleet.New(ws, fo)
 	s.life.add("workers", s.workers.Stop)
-	for _, wc := range cfg.Workers {
+	for i, wc := range cfg.Workers {
 		spec := WorkerSpec{ID: wc.ID, URL: wc.URL, Model: wc.Model, Role: string(wc.Role),
 			BootstrapPort: wc.BootstrapPort, DPSize: wc.DPSize, LoadPublish: wc.LoadPublish, KVEvents: wc.KVEvents,
 			Flavor: wc.Flavor, MetricsPath: wc.MetricsPath, KVReplay: wc.KVReplay, KVBlockSize: wc.KVBlockSize,
-			KVHashScheme: wc.KVHashScheme}
+			KVHashScheme: wc.KVHashScheme, TLS: clientTLS.Workers[i]}
 		if _, err := s.workers.Add(context.Background(), spec, false); err != nil {
 			return err
 		}

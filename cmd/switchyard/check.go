@@ -10,9 +10,11 @@ import (
 	"strings"
 
 	"switchyard/config"
+	"switchyard/httpfront/fleet"
 )
 
-// runCheck loads and validates a configuration, printing every problem on its own line.
+// runCheck loads and validates a configuration and reads the TLS files it names, printing
+// every problem on its own line.
 func runCheck(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	cfg, err := config.Load(args, os.Environ())
 	if errors.Is(err, flag.ErrHelp) {
@@ -21,6 +23,10 @@ func runCheck(_ context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	if err == nil {
 		err = cfg.Validate()
+	}
+	if err == nil {
+		// The files of upstream.tls and workers[].tls, read as the router's start reads them.
+		_, err = fleet.LoadTLS(cfg)
 	}
 	if err != nil {
 		for _, line := range problems(err) {

@@ -71,3 +71,49 @@ retry:
 		}
 	}
 }
+
+// TestCheckUpstreamTLSAndMetricsListener: `switchyard check` reads the TLS files the
+// configuration names, as the router's start does, and names the key of each that cannot
+// be used; it accepts the metrics listener keys and rejects tls on an http:// worker.
+func TestCheckUpstreamTLSAndMetricsListener(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, doc string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(doc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	notPEM := write("not.pem", "not a certificate\n")
+	bad := write("bad.yaml", `
+server: {metrics_host: 0.0.0.0, metrics_port: 29000}
+upstream:
+  tls: {ca_files: [`+filepath.Join(dir, "missing.pem")+`]}
+workers:
+  - {id: W1, url: "https://127.0.0.1:1", model: m, tls: {ca_files: [`+notPEM+`], server_name: engine.test}}
+models:
+  m: {buckets: [{id: a, groups: {plain: {}}}]}
+`)
+	code, _, errOut := runCmd(t, "check", "--config", bad)
+	if code != 1 {
+		t.Fatalf("missing TLS files: exit %d, want 1", code)
+	}
+	for _, want := range []string{
+		"upstream.tls.ca_files[0]: cannot read the certificate authorities",
+		"workers[0].tls.ca_files[0]: " + notPEM + " holds no PEM certificate",
+	} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("check output lacks %q:\n%s", want, errOut)
+		}
+	}
+	plain := write("plain.yaml", `
+workers:
+  - {id: W1, url: "http://127.0.0.1:1", model: m, tls: {server_name: engine.test}}
+models:
+  m: {buckets: [{id: a, groups: {plain: {}}}]}
+`)
+	if code, _, errOut := runCmd(t, "check", "--config", plain); code != 1 ||
+		!strings.Contains(errOut, "workers[0].tls: the worker's url is http://, which never uses TLS") {
+		t.Fatalf("tls on an http worker: exit %d\n%s", code, errOut)
+	}
+}

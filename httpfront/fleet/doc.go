@@ -20,14 +20,17 @@
 //     the router's own failures never count. Open, a timer turns it half-open when the
 //     cool-down ends, and half-open it admits one probe at a time (Member.Admit).
 //   - Upstream: each worker's HTTP client (Upstream): connections opened within
-//     upstream.connect_timeout (TLS for https:// workers), an idle lifetime below the
+//     upstream.connect_timeout (TLS for https:// workers, with the authorities, client
+//     certificate and server name of upstream.tls or the worker's own tls, read by
+//     LoadTLS; never a byte of HTTP in clear text to such a worker), an idle lifetime below the
 //     engines' keep-alive (upstream.max_idle_conn_duration), a deadline on the response
 //     headers (upstream.response_header_timeout), a pool capped at
 //     upstream.max_conns_per_worker that fails at once when full. A request that fails on a
 //     reused connection before any byte of the answer is sent again once on a fresh one.
 //     Failures are *Error values whose Kind says whether the engine or the router is
 //     answerable; the router's own are counted in switchyard_router_errors_total and never
-//     charged to the engine.
+//     charged to the engine. A TLS failure says whether the engine's certificate was not
+//     trusted or the engine asked for a client certificate the router does not have.
 //
 // # Concurrency model
 //

@@ -109,8 +109,8 @@ type Options struct {
 	// Dial opens TCP connections to engines. Default: net.Dialer with TCP keep-alive.
 	Dial DialFunc
 	// TLS is the client TLS configuration of https:// workers (certificate authorities,
-	// client certificate); its ServerName defaults to each worker's host. Default: the
-	// system roots.
+	// client certificate; LoadTLS reads upstream.tls), unless a worker has its own
+	// (Spec.TLS); its ServerName defaults to each worker's host. Default: the system roots.
 	TLS *tls.Config
 }
 
@@ -226,7 +226,7 @@ func (f *Fleet) Add(ctx context.Context, spec Spec, introspect bool) (*Member, e
 		breaker:       NewBreaker(f.breaker, f.clock.Now, f.opts.Tracker.Counters(spec.ID).Dispatched),
 	}
 	staleName := MetricStaleRetries + `{worker="` + EscapeLabel(spec.ID) + `"}`
-	m.up = newUpstream(f.t, hostPort, urlHost(spec.URL), isTLS, f.metrics.GetOrCreateCounter(staleName))
+	m.up = newUpstream(f.t, hostPort, urlHost(spec.URL), isTLS, spec.TLS, f.metrics.GetOrCreateCounter(staleName))
 	added := false
 	defer func() {
 		if !added {
@@ -241,7 +241,7 @@ func (f *Fleet) Add(ctx context.Context, spec Spec, introspect bool) (*Member, e
 	if !spec.introspects() {
 		m.noInfo.Store(true) // vLLM: the configuration's facts are all there is
 		if introspect {
-			healthy, _ = f.healthCheck(ctx, m)
+			healthy, _, _ = f.healthCheck(ctx, m)
 		}
 	}
 	if introspect && spec.introspects() {
@@ -252,7 +252,7 @@ func (f *Fleet) Add(ctx context.Context, spec Spec, introspect bool) (*Member, e
 		case spec.Model == "":
 			return nil, fmt.Errorf("cannot add worker %q: %w", spec.ID, err)
 		default:
-			ok, _ := f.healthCheck(ctx, m)
+			ok, _, _ := f.healthCheck(ctx, m)
 			healthy = ok
 			m.noInfo.Store(errors.Is(err, ErrNoIntrospection))
 			if !errors.Is(err, ErrNoIntrospection) {
@@ -372,7 +372,7 @@ func (f *Fleet) Start(ctx context.Context) {
 
 func (f *Fleet) startupCheck(ctx context.Context, m *Member) {
 	f.reintrospect(ctx, m)
-	ok, verdict := f.healthCheck(ctx, m)
+	ok, verdict, err := f.healthCheck(ctx, m)
 	if !verdict {
 		return
 	}
@@ -381,7 +381,8 @@ func (f *Fleet) startupCheck(ctx context.Context, m *Member) {
 		m.succ = 1
 	} else {
 		m.fail = 1
-		f.logger.Warn("worker failed its start-up health check", slog.String("worker", m.id), slog.String("url", m.url))
+		f.logger.Warn("worker failed its start-up health check", slog.String("worker", m.id), slog.String("url", m.url),
+			slog.Any("error", err))
 	}
 	f.publish(m)
 }
@@ -436,8 +437,8 @@ func (f *Fleet) startHealthLocked(m *Member) {
 // may tests, instead of the loop.
 func (f *Fleet) CheckOnce(ctx context.Context, m *Member) {
 	f.introspectIfNeeded(ctx, m)
-	if ok, verdict := f.healthCheck(ctx, m); verdict {
-		f.observeHealth(ctx, m, ok)
+	if ok, verdict, err := f.healthCheck(ctx, m); verdict {
+		f.observeHealth(ctx, m, ok, err)
 	}
 	f.expire(m)
 }
@@ -453,9 +454,9 @@ func (f *Fleet) introspectIfNeeded(ctx context.Context, m *Member) {
 // healthCheck asks the engine's health.endpoint (/health). verdict is false when the check failed for a
 // reason of the router's own (no connection slot, no file descriptor): that says nothing of
 // the engine.
-func (f *Fleet) healthCheck(ctx context.Context, m *Member) (ok, verdict bool) {
+func (f *Fleet) healthCheck(ctx context.Context, m *Member) (ok, verdict bool, err error) {
 	path := cmp.Or(f.health.Endpoint, PathHealth)
-	err := load.Fetch(ctx, m.up.Probe(), strings.TrimRight(m.url, "/")+path, "*/*", f.health.Timeout, maxInfoBody,
+	err = load.Fetch(ctx, m.up.Probe(), strings.TrimRight(m.url, "/")+path, "*/*", f.health.Timeout, maxInfoBody,
 		func(status int, _ []byte) error {
 			if status != fasthttp.StatusOK {
 				return &errStatus{path, status}
@@ -464,13 +465,14 @@ func (f *Fleet) healthCheck(ctx context.Context, m *Member) (ok, verdict bool) {
 		})
 	var ue *Error
 	if errors.As(err, &ue) && ue.Kind.RouterSide() || ctx.Err() != nil {
-		return false, false
+		return false, false, err
 	}
-	return err == nil, true
+	return err == nil, true, err
 }
 
-// observeHealth applies one health-check result with the failure and success thresholds.
-func (f *Fleet) observeHealth(ctx context.Context, m *Member, ok bool) {
+// observeHealth applies one health-check result with the failure and success thresholds;
+// err is why a failed check failed.
+func (f *Fleet) observeHealth(ctx context.Context, m *Member, ok bool, err error) {
 	if ok {
 		m.fail = 0
 		m.succ++
@@ -485,7 +487,8 @@ func (f *Fleet) observeHealth(ctx context.Context, m *Member, ok bool) {
 	m.fail++
 	if m.healthOK.Load() && m.fail >= max(f.health.FailureThreshold, 1) {
 		m.healthOK.Store(false)
-		f.logger.Warn("worker unhealthy", slog.String("worker", m.id), slog.Int("consecutive_failures", m.fail))
+		f.logger.Warn("worker unhealthy", slog.String("worker", m.id), slog.Int("consecutive_failures", m.fail),
+			slog.Any("error", err))
 		f.publish(m)
 	}
 }

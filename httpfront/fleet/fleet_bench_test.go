@@ -113,7 +113,7 @@ func BenchmarkUpstreamRoundTrip(b *testing.B) {
 	addr := loopbackEngine(b)
 	set := config.Default().Upstream
 	tr := &transport{set: set, dial: defaultDial}
-	u := newUpstream(tr, addr, "", false, metrics.NewSet().NewCounter(MetricStaleRetries))
+	u := newUpstream(tr, addr, "", false, nil, metrics.NewSet().NewCounter(MetricStaleRetries))
 	defer u.CloseIdle()
 	benchRoundTrips(b, addr, u.Do)
 }

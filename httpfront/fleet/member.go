@@ -3,6 +3,7 @@ package fleet
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"net"
 	"net/url"
 	"strconv"
@@ -40,6 +41,9 @@ type Spec struct {
 	KVReplay     string `json:"kv_replay"`
 	KVBlockSize  int    `json:"kv_block_size"`
 	KVHashScheme string `json:"kv_hash_scheme"`
+	// TLS is the client TLS of an https:// worker that has its own (workers[].tls); nil
+	// takes the Fleet's (Options.TLS). Never from a POST /workers body.
+	TLS *tls.Config `json:"-"`
 }
 
 // introspects reports whether the worker's engine has /server_info to ask.

@@ -1,7 +1,10 @@
 package fleet
 
 import (
+	"cmp"
+	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -80,6 +83,8 @@ func (e *Error) Unwrap() error { return e.Err }
 type dialError struct {
 	timeout time.Duration
 	err     error
+	// certAsked: the engine asked for a client certificate the router does not have.
+	certAsked bool
 }
 
 func (e *dialError) Error() string { return "cannot connect: " + e.err.Error() }
@@ -111,16 +116,29 @@ type Upstream struct {
 	stale    *metrics.Counter
 }
 
-func newUpstream(t *transport, hostPort, serverName string, isTLS bool, stale *metrics.Counter) *Upstream {
+func newUpstream(t *transport, hostPort, serverName string, isTLS bool, own *tls.Config, stale *metrics.Counter) *Upstream {
 	u := &Upstream{t: t, hostPort: hostPort, stale: stale}
 	if isTLS {
-		if t.tls != nil {
+		switch {
+		case own != nil:
+			u.tls = own.Clone()
+		case t.tls != nil:
 			u.tls = t.tls.Clone()
-		} else {
+		default:
 			u.tls = &tls.Config{MinVersion: tls.VersionTLS12}
 		}
 		if u.tls.ServerName == "" {
 			u.tls.ServerName = serverName
+		}
+		if len(u.tls.Certificates) == 0 && u.tls.GetClientCertificate == nil {
+			// No client certificate: show none, but note that the engine asked for one, so
+			// that the failure that follows can say why.
+			u.tls.GetClientCertificate = func(cri *tls.CertificateRequestInfo) (*tls.Certificate, error) {
+				if n, ok := cri.Context().Value(handshakeKey{}).(*handshakeNote); ok {
+					n.certAsked = true
+				}
+				return &tls.Certificate{}, nil
+			}
 		}
 	}
 	never := func(*fasthttp.Request, int, error) (bool, bool) { return false, false }
@@ -219,14 +237,43 @@ func (u *Upstream) classify(err error, c *upConn) *Error {
 		return &Error{Kind: KindResources, Err: err, Detail: "the router cannot open a connection to the engine"}
 	case errors.As(err, &de) && IsTimeout(de.err):
 		return &Error{Kind: KindTimeout, Err: err, Detail: "did not accept a connection within " + de.timeout.String()}
+	case errors.As(err, &de) && de.certAsked:
+		return &Error{Kind: KindTransport, Err: err, Detail: noClientCert}
+	case errors.As(err, &de) && isTLSFailure(de.err):
+		return &Error{Kind: KindTransport, Err: err, Detail: "failed the TLS handshake (upstream.tls)"}
 	case errors.As(err, &de):
 		return &Error{Kind: KindTransport, Err: err, Detail: "cannot be reached"}
 	case c != nil && c.headerTimedOut:
 		return &Error{Kind: KindTimeout, Err: err, Detail: "sent no response headers within " + c.ttfb.String() + " (upstream.response_header_timeout)"}
 	case IsTimeout(err):
 		return &Error{Kind: KindTimeout, Err: err, Detail: "did not answer in time"}
+	case c != nil && c.certAsked && c.requests == 1 && c.got == 0:
+		// TLS 1.3: the handshake completes before the engine checks the certificate; its
+		// refusal comes as an alert, or a closed connection, in answer to the request.
+		return &Error{Kind: KindTransport, Err: cmp.Or(c.readErr, err), Detail: noClientCert}
+	case isTLSFailure(err):
+		return &Error{Kind: KindTransport, Err: err, Detail: "refused the router's TLS connection (upstream.tls)"}
+	case c != nil && isTLSFailure(c.readErr):
+		// The engine's alert: fasthttp reports any failure of the first read as a closed
+		// connection.
+		return &Error{Kind: KindTransport, Err: c.readErr, Detail: "refused the router's TLS connection (upstream.tls)"}
 	}
 	return &Error{Kind: KindTransport, Err: err, Detail: "failed"}
+}
+
+// isTLSFailure reports a failed TLS handshake or an alert from the engine: an unknown
+// authority, a certificate for another name, a missing or refused client certificate.
+func isTLSFailure(err error) bool {
+	var (
+		alert    tls.AlertError
+		verify   *tls.CertificateVerificationError
+		record   tls.RecordHeaderError
+		unknown  x509.UnknownAuthorityError
+		hostname x509.HostnameError
+		invalid  x509.CertificateInvalidError
+	)
+	return errors.As(err, &alert) || errors.As(err, &verify) || errors.As(err, &record) ||
+		errors.As(err, &unknown) || errors.As(err, &hostname) || errors.As(err, &invalid)
 }
 
 // IsResourceExhaustion reports a failure of the router's own making: no file descriptor,
@@ -260,19 +307,36 @@ func (u *Upstream) dialer(headerTimeout time.Duration) fasthttp.DialFuncWithTime
 		if err != nil {
 			return nil, &dialError{timeout: ct, err: err}
 		}
+		var note handshakeNote
 		if u.tls != nil {
 			tc := tls.Client(c, u.tls)
 			_ = tc.SetDeadline(start.Add(ct))
-			if err := tc.Handshake(); err != nil {
+			// The context carries the note (no deadline: SetDeadline bounds the handshake).
+			if err := tc.HandshakeContext(context.WithValue(context.Background(), handshakeKey{}, &note)); err != nil {
 				_ = c.Close()
-				return nil, &dialError{timeout: ct, err: err}
+				return nil, &dialError{timeout: ct, err: err, certAsked: note.certAsked}
 			}
 			_ = tc.SetDeadline(time.Time{})
 			c = tc
 		}
-		return u.t.conns.track(c, headerTimeout), nil
+		uc := u.t.conns.track(c, headerTimeout)
+		uc.certAsked = note.certAsked
+		return uc, nil
 	}
 }
+
+// handshakeNote is what a TLS handshake learned that its error does not say.
+type handshakeNote struct {
+	// certAsked: the engine asked for a client certificate and the router had none.
+	certAsked bool
+}
+
+// handshakeKey is the context key of a handshake's *handshakeNote.
+type handshakeKey struct{}
+
+// noClientCert is the detail of a failure on a connection whose engine asked for a client
+// certificate the router does not have.
+const noClientCert = "refused the router's TLS connection: it asks for a client certificate, and the router has none (upstream.tls.cert_file and key_file)"
 
 // connSet tracks the live upstream connections, so that a hard stop can close them.
 type connSet struct {
@@ -326,6 +390,10 @@ type upConn struct {
 	start          time.Time
 	want, header   time.Time // the read deadline asked for; the header deadline armed (zero: none)
 	headerTimedOut bool
+	readErr        error // the latest failed read's error, as the connection gave it
+	// certAsked: the engine asked, in the TLS handshake, for a client certificate the
+	// router does not have.
+	certAsked bool
 
 	closeOnce sync.Once
 }
@@ -340,6 +408,7 @@ func (c *upConn) Write(b []byte) (int, error) {
 		c.requests++
 		c.got = 0
 		c.headerTimedOut = false
+		c.readErr = nil
 		if c.ttfb > 0 {
 			c.awaiting = true
 			c.start = time.Now()
@@ -382,8 +451,11 @@ func (c *upConn) Read(b []byte) (int, error) {
 				}
 			}
 		}
-	} else if err != nil && c.awaiting && !c.header.IsZero() && IsTimeout(err) {
-		c.headerTimedOut = true
+	} else if err != nil {
+		c.readErr = err
+		if c.awaiting && !c.header.IsZero() && IsTimeout(err) {
+			c.headerTimedOut = true
+		}
 	}
 	return n, err
 }

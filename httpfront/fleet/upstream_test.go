@@ -188,7 +188,7 @@ func testUpstream(t *testing.T, addr string, set config.Upstream, dial DialFunc,
 		tr.routerErrors[k] = ms.NewCounter(MetricRouterErrors + `{kind="` + k.MetricLabel() + `"}`)
 	}
 	host, _, _ := net.SplitHostPort(addr)
-	u := newUpstream(tr, addr, host, tlsCfg != nil, ms.NewCounter(MetricStaleRetries))
+	u := newUpstream(tr, addr, host, tlsCfg != nil, nil, ms.NewCounter(MetricStaleRetries))
 	t.Cleanup(func() {
 		u.CloseIdle()
 		tr.conns.closeAll()
