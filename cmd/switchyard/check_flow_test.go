@@ -10,14 +10,7 @@ import (
 // TestCheckFlowAndRetryKeys: `switchyard check` accepts the concurrency limits, queues, rate
 // limits and retries, and names the field of each bad value.
 func TestCheckFlowAndRetryKeys(t *testing.T) {
-	dir := t.TempDir()
-	write := func(name, doc string) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(doc), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
+	write := tempWriter(t)
 	good := write("good.yaml", `
 server:
   max_concurrent_requests: 32
@@ -76,19 +69,12 @@ retry:
 // configuration names, as the router's start does, and names the key of each that cannot
 // be used; it accepts the metrics listener keys and rejects tls on an http:// worker.
 func TestCheckUpstreamTLSAndMetricsListener(t *testing.T) {
-	dir := t.TempDir()
-	write := func(name, doc string) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(doc), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
+	write := tempWriter(t)
 	notPEM := write("not.pem", "not a certificate\n")
 	bad := write("bad.yaml", `
 server: {metrics_host: 0.0.0.0, metrics_port: 29000}
 upstream:
-  tls: {ca_files: [`+filepath.Join(dir, "missing.pem")+`]}
+  tls: {ca_files: [`+filepath.Join(filepath.Dir(notPEM), "missing.pem")+`]}
 workers:
   - {id: W1, url: "https://127.0.0.1:1", model: m, tls: {ca_files: [`+notPEM+`], server_name: engine.test}}
 models:
@@ -115,5 +101,20 @@ models:
 	if code, _, errOut := runCmd(t, "check", "--config", plain); code != 1 ||
 		!strings.Contains(errOut, "workers[0].tls: the worker's url is http://, which never uses TLS") {
 		t.Fatalf("tls on an http worker: exit %d\n%s", code, errOut)
+	}
+}
+
+// tempWriter returns a function that writes a file in the test's temporary directory and
+// returns its path.
+func tempWriter(t *testing.T) func(name, doc string) string {
+	t.Helper()
+	dir := t.TempDir()
+	return func(name, doc string) string {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(doc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
 	}
 }
