@@ -44,9 +44,7 @@ type Config struct {
 	CacheAware CacheAware `koanf:"cache_aware" json:"cache_aware"`
 	// Health configures active health checks and circuit breakers.
 	Health Health `koanf:"health" json:"health"`
-	// Retry configures dispatch retries (same bucket first, failed engines excluded). The
-	// settings are checked at start-up; the dispatch attempt loop that applies them is not
-	// wired yet, so no request is retried today.
+	// Retry configures dispatch retries (same bucket first, failed engines excluded).
 	Retry Retry `koanf:"retry" json:"retry"`
 	// Upstream configures the router's connections to engines.
 	Upstream Upstream `koanf:"upstream" json:"upstream"`

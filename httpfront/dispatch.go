@@ -10,6 +10,7 @@ import (
 	"switchyard/engine"
 	"switchyard/httpfront/fleet"
 	"switchyard/httpfront/flow"
+	"switchyard/httpfront/retry"
 	"switchyard/kv"
 )
 
@@ -102,10 +103,13 @@ type exchange struct {
 	breq engine.BucketRequest
 	// memo is the request's prefix lookup (cache_aware); breq.Prefix points to it.
 	memo kv.PrefixMemo
+	// att is the request's attempt loop.
+	att attempts
 }
 
 func (ex *exchange) trim() {
 	ex.breq = engine.BucketRequest{}
+	ex.att = attempts{}
 	ex.memo.Reset("", nil) // it aliases facts.tokenIDs
 	if cap(ex.body) > maxPooledBuf {
 		ex.body = nil
@@ -252,42 +256,93 @@ func (s *Server) serveInference(ctx *fasthttp.RequestCtx, kind routeKind, ex *ex
 	if mr.prefix && len(ids) > 0 {
 		ex.breq.Prefix = s.preparePrefix(ex, mr.name, ids)
 	}
-	var (
-		pick engine.BucketPick
-		adm  picked
-	)
-	for round := 1; ; round++ {
-		var err error
-		if pick, err = s.sel.Select(mr.resolver, &ex.breq); err != nil {
+	return s.attempt(ctx, kind, ex, mr, body, &hdr, start, o)
+}
+
+// attempt runs the request's attempt loop (see attempts): select, admit, dispatch, and
+// after a failure that allows it, back off and select again.
+func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange, mr *modelRoute, body []byte,
+	hdr *clientHeaders, start time.Time, o outcome) outcome {
+	// The loop's state lives in the pooled exchange: a dispatch points to it, and a pointer
+	// to the handler's stack would move it to the heap for every request.
+	ex.att = attempts{s: s, breq: &ex.breq}
+	att := &ex.att
+	for {
+		pick, err := s.sel.Select(mr.resolver, &ex.breq)
+		if err != nil {
 			s.metrics.selectionFailed(err)
 			if engine.OutcomeOf(err) == engine.OutcomeTimeout {
 				o.keep = true
 			}
+			if att.last != nil {
+				// Slow path: no engine for a retry; the client gets the failure that led to it.
+				return att.answerLast(ctx, o)
+			}
 			return s.fail(ctx, o, selectionError(err))
 		}
-		a, refused := admitPicked(&pick, start)
-		if refused == nil {
-			adm = a
-			break
+		if att.retrying {
+			// Slow path: a retry has engines; the budget allows it, then it waits.
+			if !att.grant() {
+				return att.answerLast(ctx, o)
+			}
+			if e := att.backoff(ctx); e != nil {
+				o = s.fail(ctx, o, e)
+				att.setHeader(ctx)
+				return o
+			}
 		}
-		// Slow path: a picked engine refused the dispatch (its half-open breaker's probe is
-		// taken, or it was removed). It is withdrawn from picks, and left out of this
-		// request's next selection.
-		if round == maxAdmitRounds || !ex.breq.Retry.Excluded.Add(refused) {
+		adm, refused := admitPicked(&pick, start)
+		if refused != nil {
+			// Slow path: a picked engine refused the dispatch (its half-open breaker's probe
+			// is taken, or it was removed). It is withdrawn from picks, and left out of this
+			// request's next selection.
+			if att.refuse(&pick, sideOf(&pick, refused), false) {
+				continue
+			}
+			if att.last != nil {
+				return att.answerLast(ctx, o)
+			}
 			return s.fail(ctx, o, newAPIError(CodeNoAvailableEngine, "every engine selected for the request refused it"))
 		}
+		if att.n == 0 && s.retry.MaxRetries() > 0 {
+			s.retryBudget.Request(start)
+		}
+		att.n++
+		s.metrics.selected(mr.metrics, &pick)
+		d := dispatch{s: s, ctx: ctx, kind: kind, body: body, facts: &ex.facts, pick: pick, adm: adm, hdr: *hdr, start: start,
+			mm: mr.metrics, dl: att.deadline(), ticket: o.ticket, att: att}
+		var failed *failedAnswer
+		if pick.IsPD() {
+			o, failed = d.pd(ex, o)
+		} else {
+			o, failed = d.plain(o)
+		}
+		if failed == nil {
+			att.setHeader(ctx)
+			return o
+		}
+		// Slow path: the attempt failed and the request is tried again.
+		att.last = failed
 	}
-	s.metrics.selected(mr.metrics, &pick)
-	d := dispatch{s: s, ctx: ctx, kind: kind, body: body, facts: f, pick: pick, adm: adm, hdr: hdr, start: start, mm: mr.metrics, ticket: o.ticket}
-	if pick.IsPD() {
-		return d.pd(ex, o)
-	}
-	return d.plain(o)
 }
 
-// maxAdmitRounds bounds the selections of one request whose selected engines refuse the
-// dispatch (Member.Admit); the next selection leaves each refusing engine out.
-const maxAdmitRounds = 4
+// answerLast answers the request with its latest failed attempt.
+func (a *attempts) answerLast(ctx *fasthttp.RequestCtx, o outcome) outcome {
+	o.status = a.last.write(ctx)
+	a.setHeader(ctx)
+	return o
+}
+
+// sideOf says which engine of pick w is.
+func sideOf(pick *engine.BucketPick, w *engine.Worker) sides {
+	switch {
+	case !pick.IsPD():
+		return sidePlain
+	case w == pick.Prefill.Worker:
+		return sidePrefill
+	}
+	return sideDecode
+}
 
 // picked is a selection's engines once they admitted the dispatch: their lifecycle state and
 // dispatch tickets.
@@ -350,6 +405,8 @@ type dispatch struct {
 	dl    time.Time
 	// ticket is the request's concurrency slots, handed to a stream's relay.
 	ticket flow.Ticket
+	// att is the request's attempt loop: it decides whether a failed dispatch is retried.
+	att *attempts
 }
 
 // timeout is the request's end-to-end timeout.
@@ -429,15 +486,17 @@ var (
 	keyBucket        = []byte(headerBucket)
 )
 
-func (d *dispatch) routerHeaders() {
-	h := &d.ctx.Response.Header
-	h.SetCanonical(keyBucket, []byte(d.pick.BucketID))
-	if d.pick.IsPD() {
-		h.SetCanonical(keyWorker, []byte(d.pick.Decode.Worker.ID))
-		h.SetCanonical(keyPrefillWorker, []byte(d.pick.Prefill.Worker.ID))
+func (d *dispatch) routerHeaders() { setRouterHeaders(&d.ctx.Response.Header, &d.pick) }
+
+// setRouterHeaders names the bucket and engines of p on a response.
+func setRouterHeaders(h *fasthttp.ResponseHeader, p *engine.BucketPick) {
+	h.SetCanonical(keyBucket, []byte(p.BucketID))
+	if p.IsPD() {
+		h.SetCanonical(keyWorker, []byte(p.Decode.Worker.ID))
+		h.SetCanonical(keyPrefillWorker, []byte(p.Prefill.Worker.ID))
 		return
 	}
-	h.SetCanonical(keyWorker, []byte(d.pick.Plain.Worker.ID))
+	h.SetCanonical(keyWorker, []byte(p.Plain.Worker.ID))
 }
 
 // isEventStream reports whether resp is Server-Sent Events.
@@ -447,8 +506,9 @@ func isEventStream(resp *fasthttp.Response) bool {
 }
 
 // plain forwards to the plain engine: buffered for a non-streaming request, relayed for a
-// stream. Guards are released and the ticket ended on every path.
-func (d *dispatch) plain(o outcome) outcome {
+// stream. Guards are released and the ticket ended on every path. A failure the attempt
+// loop retries answers nothing and returns how it would have been answered.
+func (d *dispatch) plain(o outcome) (outcome, *failedAnswer) {
 	s := d.s
 	w := d.pick.Plain.Worker
 	m, ticket := d.adm.plain, d.adm.tPlain
@@ -469,10 +529,21 @@ func (d *dispatch) plain(o outcome) outcome {
 		guard.Release()
 		e, verdict := s.upstreamFailure(w, err)
 		ticket.Done(verdict)
-		return s.fail(d.ctx, o, e)
+		if d.retryFailed(err, sidePlain) {
+			return o, &failedAnswer{api: e, pick: d.pick}
+		}
+		return s.fail(d.ctx, o, e), nil
 	}
 	status := resp.StatusCode()
 	verdict := s.statusOutcome(w, status)
+	if status >= 400 && d.att.retry(retry.Failure{Kind: retry.KindStatus, Status: status}, &d.pick, sidePlain) {
+		// Slow path: an error answer the request is retried after.
+		f := engineAnswer(resp, &d.pick)
+		fasthttp.ReleaseResponse(resp)
+		guard.Release()
+		ticket.Done(verdict)
+		return o, f
+	}
 	if d.facts.stream && status == fasthttp.StatusOK && isEventStream(resp) {
 		d.ctx.SetStatusCode(status)
 		copyResponseHeaders(&d.ctx.Response.Header, resp)
@@ -483,7 +554,7 @@ func (d *dispatch) plain(o outcome) outcome {
 		d.ctx.SetBodyStreamWriter(r.run)
 		o.async = true
 		o.status = status
-		return o
+		return o, nil
 	}
 	// Buffered answer (non-streaming, or an engine error in answer to a stream).
 	d.ctx.SetStatusCode(status)
@@ -502,7 +573,20 @@ func (d *dispatch) plain(o outcome) outcome {
 	guard.Release()
 	ticket.Done(verdict)
 	o.status = status
-	return o
+	return o, nil
+}
+
+// retryFailed decides whether the request is tried again after the exchange with the
+// failed engines of the pick ended in err before any byte reached the client.
+func (d *dispatch) retryFailed(err error, failed sides) bool {
+	f, refused, ok := failureOf(err)
+	switch {
+	case refused:
+		return d.att.refuse(&d.pick, failed, true)
+	case ok:
+		return d.att.retry(f, &d.pick, failed)
+	}
+	return false
 }
 
 // readAllLimited reads r up to limit bytes into a new slice.

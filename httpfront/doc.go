@@ -18,12 +18,26 @@
 // (tokenizer, token IDs already in the body, or the body-size estimate), computes the expected
 // peak (overflow-checked), and asks actors.Selector for a complete selection, one actor round
 // trip per bucket attempt. The picked engines admit the dispatch (fleet.Member.Admit, reached
-// from the pick's engine.Worker without a lookup); one that refuses — its half-open breaker
-// already probing — is withdrawn and the selection runs again. The handler then acquires
-// in-flight guards for the engines it dispatches to and forwards the body with the
-// allow-listed headers through each engine's fleet.Upstream, and charges each engine's
-// breaker with what the answer says of it. A forwarding failure never restarts the bucket
-// loop.
+// from the pick's engine.Worker without a lookup). The handler then acquires in-flight
+// guards for the engines it dispatches to and forwards the body with the allow-listed
+// headers through each engine's fleet.Upstream, and charges each engine's breaker with what
+// the answer says of it.
+//
+// Retries (attempts.go): the request's attempt loop selects, admits and dispatches again
+// after a dispatch that failed before any byte reached the client, when package retry's
+// rules allow it (a transport failure, a timeout before the first byte, a retryable status;
+// retries left; the backoff ends before the request's deadline). The failed engines join the
+// request's exclusion set (engine.BucketRequest.RetryAfter): the next selection runs in the
+// same bucket first without them, then in the later compatible buckets, and a
+// prefill/decode failure picks a whole new pair from one bucket. Once that selection has
+// found engines, the shared budget (retry.Budget) is asked and the backoff waited, on the
+// Server's clock, ending early when the client leaves; with no engine left the client gets
+// the failed attempt's answer at once. An engine that refuses the dispatch before anything
+// is sent (its half-open breaker already probing, removed, or every connection the router
+// may open to it busy) is left out the same way and the selection runs again at once. A
+// stream whose first byte reached the client is never retried; a prefill/decode pair's
+// stream is relayed only once the prefill has answered. Every response says how many
+// dispatches it took (X-Switchyard-Attempts); retries are counted by reason.
 //
 // Admission comes first (sub-package flow): after the API-key check, the rate limits
 // (router-wide and per API key: 429 rate_limited with Retry-After); once the model is known,
@@ -31,9 +45,7 @@
 // limit in arrival order (429 queue_full when full, 408 queue_timeout, and a request whose
 // client closes its connection while it waits is taken out: the connection is watched only
 // while the request waits). The request holds its slots until it ends; a stream's relay
-// releases them when the stream ends. The rules of dispatch retries (which failures, backoff,
-// the budget) are the sub-package retry, and the retry rule of selection is engine's
-// (BucketRequest.RetryAfter).
+// releases them when the stream ends; they cover every attempt of a retried request.
 //
 // # Tokenizers
 //

@@ -36,9 +36,11 @@ type fakeEngine struct {
 	mode  string // "", "prefill", "decode"
 	// bootstrapPort is what a prefill engine advertises.
 	bootstrapPort int
-	// expectHost/expectPort are what a decode engine requires (expectPort 0: null).
+	// expectHost/expectPort are what a decode engine requires (expectPort 0: null; anyPort:
+	// any bootstrap port).
 	expectHost string
 	expectPort int
+	anyPort    bool
 
 	ln  net.Listener
 	srv *fasthttp.Server
@@ -51,6 +53,7 @@ type fakeEngine struct {
 	chunks   int           // stream chunks after the first
 	gate     chan struct{} // when set, a stream waits here after its first chunk
 	hold     chan struct{} // when set, a non-stream answer waits here
+	delay    chan struct{} // when set, every inference request waits here before anything (fail included)
 	entered  chan struct{} // when set, receives as a held non-stream request starts waiting
 	streamed chan struct{} // receives after a stream's first chunk was flushed
 	gone     chan struct{} // receives when a stream write fails (client side closed)
@@ -62,6 +65,9 @@ type fakeEngine struct {
 	raw *firstByteListener
 	// polled, when set, receives the path of every load poll (without blocking).
 	polled chan string
+
+	done     chan struct{}
+	killOnce sync.Once
 
 	mu      sync.Mutex
 	bodies  [][]byte
@@ -146,7 +152,15 @@ func newFakeEngine(t *testing.T, id, model string, opts ...engineOpt) *fakeEngin
 		defer close(done)
 		_ = e.srv.Serve(ln)
 	}()
+	e.done = done
 	t.Cleanup(func() {
+		if e.delay != nil {
+			select {
+			case <-e.delay:
+			default:
+				close(e.delay)
+			}
+		}
 		if e.gate != nil {
 			select {
 			case <-e.gate:
@@ -161,12 +175,21 @@ func newFakeEngine(t *testing.T, id, model string, opts ...engineOpt) *fakeEngin
 				close(e.hold)
 			}
 		}
+		e.kill()
+	})
+	return e
+}
+
+// kill stops the engine as a killed process stops: it accepts nothing more and its open
+// connections close. It may be called more than once.
+func (e *fakeEngine) kill() {
+	e.killOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = e.srv.ShutdownWithContext(ctx)
-		<-done
+		_ = e.ln.Close()
+		<-e.done
 	})
-	return e
 }
 
 func (e *fakeEngine) port() int { return e.ln.Addr().(*net.TCPAddr).Port }
@@ -231,6 +254,9 @@ func (e *fakeEngine) handle(ctx *fasthttp.RequestCtx) {
 	e.bodies = append(e.bodies, body)
 	e.headers = append(e.headers, h)
 	e.mu.Unlock()
+	if e.delay != nil {
+		<-e.delay
+	}
 	if s := e.fail.Load(); s != 0 {
 		ctx.SetStatusCode(int(s))
 		ctx.SetContentType("application/json")
@@ -319,7 +345,7 @@ func (e *fakeEngine) checkBootstrap(req map[string]any) string {
 			return "missing bootstrap_port"
 		}
 	case float64:
-		if int(p) != e.expectPort {
+		if int(p) != e.expectPort && !e.anyPort {
 			return "bad bootstrap_port"
 		}
 	default:
@@ -395,7 +421,10 @@ func (ts *testServer) stop(t *testing.T) {
 	ts.cancel()
 	select {
 	case err, ok := <-ts.done:
-		if ok && err != nil {
+		if !ok {
+			return // stopped already
+		}
+		if err != nil {
 			t.Errorf("Run: %v", err)
 		}
 		close(ts.done)
@@ -541,6 +570,10 @@ type fakeClock struct {
 	mu     sync.Mutex
 	now    time.Time
 	timers []*fakeTimer
+	// scheduled and stopped, when set, receive (without blocking) each timer's duration as
+	// it is scheduled and a signal as a pending timer is stopped.
+	scheduled chan time.Duration
+	stopped   chan struct{}
 }
 
 type fakeTimer struct {
@@ -564,11 +597,23 @@ func (c *fakeClock) AfterFunc(d time.Duration, f func()) func() bool {
 	defer c.mu.Unlock()
 	t := &fakeTimer{at: c.now.Add(d), f: f}
 	c.timers = append(c.timers, t)
+	if c.scheduled != nil {
+		select {
+		case c.scheduled <- d:
+		default:
+		}
+	}
 	return func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		was := !t.stopped
 		t.stopped = true
+		if was && c.stopped != nil {
+			select {
+			case c.stopped <- struct{}{}:
+			default:
+			}
+		}
 		return was
 	}
 }

@@ -29,6 +29,8 @@ type keepAliveEngine struct {
 	mode string // "", "prefill", "decode"
 	// info, when set, is the /server_info body (else the route is missing, as on vLLM).
 	info string
+	// breakStream: a stream's connection is cut after its first event, as by a crash.
+	breakStream bool
 
 	mu    sync.Mutex
 	conns map[net.Conn]http.ConnState
@@ -156,6 +158,12 @@ func (e *keepAliveEngine) serve(w http.ResponseWriter, r *http.Request) {
 		for i := range 3 {
 			fmt.Fprintf(w, "data: {\"id\":\"%s\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t%d\"}}]}\n\n", e.id, i)
 			f.Flush()
+			if e.breakStream {
+				if c, _, err := http.NewResponseController(w).Hijack(); err == nil {
+					_ = c.Close()
+				}
+				return
+			}
 		}
 		io.WriteString(w, "data: [DONE]\n\n")
 		return

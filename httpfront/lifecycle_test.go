@@ -127,6 +127,7 @@ func TestBreakerOpensAndHalfOpenProbeCloses(t *testing.T) {
 	ts, a, _ := twoWorkerServer(t, func(c *config.Config) {
 		c.Health.BreakerFailures = 2
 		c.Health.BreakerCooldown = 30 * time.Second
+		c.Retry.Enabled = false // the breaker alone: a retry would wait for the fake clock
 	}, Options{Clock: clock})
 	m := ts.workers.Member("A")
 	a.fail.Store(502)

@@ -35,6 +35,10 @@ const (
 	metricConnsEvicted      = "switchyard_client_connections_evicted_total"
 	metricAcceptErrors      = "switchyard_accept_errors_total"
 	metricBodyBytes         = "switchyard_request_body_bytes_in_flight"
+	// metricRetries counts dispatch retries by the failure that caused them.
+	metricRetries = "switchyard_retries_total"
+	// metricRetryBudgetExhausted counts retries the retry budget refused.
+	metricRetryBudgetExhausted = "switchyard_retry_budget_exhausted_total"
 )
 
 // durationBuckets are the classic `le` upper bounds, in seconds, of the latency histograms.
@@ -136,6 +140,8 @@ type serverMetrics struct {
 
 	disconnects *metrics.Counter
 	inflight    atomic.Int64
+
+	retryMetrics
 }
 
 type upstreamKey struct{ worker, kind string }
@@ -153,7 +159,7 @@ const (
 
 var otherRouteNames = [numOtherRoutes]string{"/v1/models", "/health", "/readiness", "/metrics", "/workers", "other"}
 
-func newServerMetrics(set *metrics.Set, resolvers map[string]*engine.BucketResolver) *serverMetrics {
+func newServerMetrics(set *metrics.Set, resolvers map[string]*engine.BucketResolver, retryable []int) *serverMetrics {
 	m := &serverMetrics{
 		set:       set,
 		models:    make(map[string]*modelMetrics, len(resolvers)),
@@ -174,6 +180,7 @@ func newServerMetrics(set *metrics.Set, resolvers map[string]*engine.BucketResol
 		m.admission[l] = set.NewCounter(metricAdmission + `{limit="` + l + `"}`)
 	}
 	m.disconnects = set.NewCounter(metricDisconnects)
+	m.retryMetrics = newRetryMetrics(set, retryable)
 	set.NewGauge(metricInflight, func() float64 { return float64(m.inflight.Load()) })
 	return m
 }

@@ -11,6 +11,7 @@ import (
 
 	"switchyard/engine"
 	"switchyard/httpfront/fleet"
+	"switchyard/httpfront/retry"
 	"switchyard/load"
 )
 
@@ -72,10 +73,12 @@ func injectBootstrap(dst, body []byte, host string, port int, batch int) []byte 
 
 // pd dispatches to the prefill and decode engines concurrently: the same JSON, with the
 // bootstrap fields, goes to both; the client gets the decode engine's answer, streamed when
-// asked; the prefill request runs to completion on its own goroutine even if the client
-// leaves. A prefill 4xx is returned as is; a prefill 5xx or transport failure is
-// prefill_failed.
-func (d *dispatch) pd(ex *exchange, o outcome) outcome {
+// asked, once the prefill engine has answered (so that no byte reaches the client before
+// the pair's outcome is known); the prefill request runs to completion on its own
+// goroutine even if the client leaves. A prefill 4xx is returned as is; a prefill 5xx or
+// transport failure is prefill_failed. A failure of either engine that the attempt loop
+// retries answers nothing: the pair is picked again, without the engine that failed.
+func (d *dispatch) pd(ex *exchange, o outcome) (outcome, *failedAnswer) {
 	s := d.s
 	pw, dw := d.pick.Prefill.Worker, d.pick.Decode.Worker
 	pm, dm := d.adm.prefill, d.adm.decode
@@ -110,19 +113,30 @@ func (d *dispatch) pd(ex *exchange, o outcome) outcome {
 	}
 	switch {
 	case pr.err != nil || pr.status >= 500:
-		// The decode engine waited for a prefill that failed: nothing to charge it with.
+		// The decode engine waited for a prefill that failed: nothing to charge it with,
+		// and it is not left out of the pair's next pick.
 		release()
 		tDecode.Done(fleet.OutcomeNeutral)
-		if pr.api != nil {
-			return s.fail(d.ctx, o, pr.api)
+		e := pr.api
+		if e == nil {
+			msg := "prefill engine " + pw.ID + " failed"
+			if pr.err != nil {
+				msg += ": " + pr.err.Error()
+			} else {
+				msg += " with status " + strconv.Itoa(pr.status)
+			}
+			e = newAPIError(CodePrefillFailed, msg)
 		}
-		msg := "prefill engine " + pw.ID + " failed"
+		retried := false
 		if pr.err != nil {
-			msg += ": " + pr.err.Error()
+			retried = d.retryFailed(pr.err, sidePrefill)
 		} else {
-			msg += " with status " + strconv.Itoa(pr.status)
+			retried = d.att.retry(retry.Failure{Kind: retry.KindStatus, Status: pr.status}, &d.pick, sidePrefill)
 		}
-		return s.fail(d.ctx, o, newAPIError(CodePrefillFailed, msg))
+		if retried {
+			return o, &failedAnswer{api: e, pick: d.pick}
+		}
+		return s.fail(d.ctx, o, e), nil
 	case pr.status >= 400:
 		release()
 		tDecode.Done(fleet.OutcomeNeutral)
@@ -131,16 +145,26 @@ func (d *dispatch) pd(ex *exchange, o outcome) outcome {
 		d.routerHeaders()
 		d.ctx.SetBody(pr.body)
 		o.status = pr.status
-		return o
+		return o, nil
 	}
 	if derr != nil {
 		release()
 		e, verdict := s.upstreamFailure(dw, derr)
 		tDecode.Done(verdict)
-		return s.fail(d.ctx, o, e)
+		if d.retryFailed(derr, sideDecode) {
+			return o, &failedAnswer{api: e, pick: d.pick}
+		}
+		return s.fail(d.ctx, o, e), nil
 	}
 	status := dresp.StatusCode()
 	verdict := s.statusOutcome(dw, status)
+	if status >= 400 && d.att.retry(retry.Failure{Kind: retry.KindStatus, Status: status}, &d.pick, sideDecode) {
+		// Slow path: the decode engine's error answer; the pair is retried.
+		f := engineAnswer(dresp, &d.pick)
+		release()
+		tDecode.Done(verdict)
+		return o, f
+	}
 	var pLogprobs [][]byte
 	if keepBody {
 		pLogprobs = inputLogprobs(pr.body)
@@ -159,7 +183,7 @@ func (d *dispatch) pd(ex *exchange, o outcome) outcome {
 		d.ctx.SetBodyStreamWriter(r.run)
 		o.async = true
 		o.status = status
-		return o
+		return o, nil
 	}
 	d.ctx.SetStatusCode(status)
 	copyResponseHeaders(&d.ctx.Response.Header, dresp)
@@ -181,7 +205,7 @@ func (d *dispatch) pd(ex *exchange, o outcome) outcome {
 	release()
 	tDecode.Done(verdict)
 	o.status = status
-	return o
+	return o, nil
 }
 
 // runPrefill sends the prefill request and reports how it ended. It owns req, guard and

@@ -20,6 +20,7 @@ import (
 	"switchyard/engine"
 	"switchyard/httpfront/fleet"
 	"switchyard/httpfront/flow"
+	"switchyard/httpfront/retry"
 	"switchyard/load"
 	"switchyard/load/zmtp"
 	"switchyard/tokenizer"
@@ -137,6 +138,9 @@ type Server struct {
 	fwd forwardNames
 	// gate admits inference requests (rate limits, concurrency limits, queues); nil: all.
 	gate *flow.Gate
+	// retry is the dispatch retry rules; retryBudget bounds the retries of all requests.
+	retry       *retry.Policy
+	retryBudget *retry.Budget
 
 	draining atomic.Bool
 	// hardStop is closed when the drain timeout passes: streams end at once.
@@ -225,6 +229,10 @@ func (s *Server) build() error {
 	if err != nil {
 		return err
 	}
+	if s.retry, err = retry.New(cfg.Retry, nil); err != nil {
+		return err
+	}
+	s.retryBudget = retry.NewBudget(cfg.Retry.Budget)
 	toks, err := loadTokenizers(cfg, opts)
 	if err != nil {
 		return err
@@ -251,7 +259,7 @@ func (s *Server) build() error {
 	if err != nil {
 		return err
 	}
-	s.metrics = newServerMetrics(s.set, resolvers)
+	s.metrics = newServerMetrics(s.set, resolvers, cfg.Retry.RetryableStatuses)
 	s.gate = newGate(cfg, opts)
 	s.models = make(map[string]*modelRoute, len(resolvers))
 	names := make([]string, 0, len(resolvers))

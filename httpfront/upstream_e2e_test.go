@@ -22,6 +22,7 @@ func TestHalfOpenEngineGetsOneProbe(t *testing.T) {
 	b := newFakeEngine(t, "B", "llama")
 	cfg := baseConfig()
 	cfg.Health.BreakerFailures = 2
+	cfg.Retry.Enabled = false // the breaker alone: a retry would wait for the fake clock
 	cfg.Workers = []config.Worker{plainWorker("A", a.url, "llama"), plainWorker("B", b.url, "llama")}
 	cfg.Models = map[string]config.Model{"llama": {Buckets: []config.Bucket{plainBucket("b", nil, nil, "A", "B")}}}
 	clock := newFakeClock()

@@ -5,12 +5,13 @@
 // request (Budget: retries over a sliding window may number at most a ratio of the window's
 // requests plus a minimum allowance), which stops retry storms when the whole fleet fails.
 //
-// The attempt loop that will use them belongs to httpfront's dispatch and is not wired yet:
-// a dispatch that failed before any response byte reached the client is to be classified
-// (Failure), checked against the policy and the budget, excluded from the request
+// The attempt loop that uses them is httpfront's (attempts.go): a dispatch that failed
+// before any response byte reached the client is classified (Failure) and checked against
+// the policy, its failed engines are excluded from the request
 // (engine.BucketRequest.RetryAfter, which makes the next pick run in the same bucket first
-// without the failed engines), and retried after the backoff. Where selection happens and
-// which bucket comes next is the engine's rule, not this package's.
+// without them), and once that pick has found engines the budget is asked and the backoff
+// waited. Where selection happens and which bucket comes next is the engine's rule, not
+// this package's.
 //
 // # Concurrency
 //
