@@ -154,7 +154,9 @@ type benchTarget struct {
 // the bare proxy keep, and the latency the router adds at p50 one request at a time. A
 // fourth target, "limits", is the router with every admission limit (concurrency limits,
 // queues, rate limits) configured but never reached: limits_%_of_router is what the idle
-// machinery costs.
+// machinery costs. A fifth, "noretry", is the router with retries off (the router target
+// has them on, the default): router_%_of_noretry is what the retry machinery costs when
+// nothing fails.
 //
 // Client, engines and proxies share the process and its cores, and every target is measured
 // the same way: the same client and request, a warm-up per target, then several short phases
@@ -199,6 +201,10 @@ func BenchmarkRouterVsDirect(b *testing.B) {
 	limited.Models = map[string]config.Model{"bench": {MaxConcurrentRequests: 4096,
 		Buckets: cfg.Models["bench"].Buckets}}
 	_, limitsURL := startRouter(b, &limited)
+	// The same router with retries off.
+	noRetry := *cfg
+	noRetry.Retry.Enabled = false
+	_, noRetryURL := startRouter(b, &noRetry)
 	engines := []string{e1.URL(), e2.URL()}
 	bareURL := startBareProxy(b, engines)
 
@@ -209,8 +215,9 @@ func BenchmarkRouterVsDirect(b *testing.B) {
 			{name: "router", urls: []string{routerURL}},
 			{name: "bare", urls: []string{bareURL}},
 			{name: "limits", urls: []string{limitsURL}},
+			{name: "noretry", urls: []string{noRetryURL}},
 		}
-		serial := []*benchTarget{targets[0], targets[1], targets[3]}
+		serial := []*benchTarget{targets[0], targets[1], targets[3], targets[4]}
 		for _, t := range targets {
 			runLoad(b, t.urls, conc, d/5) // warm-up: connections, pools, heap
 		}
@@ -232,7 +239,7 @@ func BenchmarkRouterVsDirect(b *testing.B) {
 			slices.Sort(t.load.lat)
 			slices.Sort(t.one.lat)
 		}
-		direct, router, bare, limits := targets[0], targets[1], targets[2], targets[3]
+		direct, router, bare, limits, noretry := targets[0], targets[1], targets[2], targets[3], targets[4]
 		µs := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
 		b.ReportMetric(direct.load.rps(), "direct_req/s")
 		b.ReportMetric(router.load.rps(), "router_req/s")
@@ -256,5 +263,10 @@ func BenchmarkRouterVsDirect(b *testing.B) {
 		b.ReportMetric(µs(limits.load.quantile(0.5)), "limits_p50_µs")
 		b.ReportMetric(µs(limits.one.quantile(0.5)), "serial_limits_p50_µs")
 		b.ReportMetric(µs(limits.one.quantile(0.5)-router.one.quantile(0.5)), "serial_limits_added_p50_µs")
+		b.ReportMetric(noretry.load.rps(), "noretry_req/s")
+		b.ReportMetric(router.load.rps()/noretry.load.rps()*100, "router_%_of_noretry")
+		b.ReportMetric(µs(noretry.load.quantile(0.5)), "noretry_p50_µs")
+		b.ReportMetric(µs(noretry.one.quantile(0.5)), "serial_noretry_p50_µs")
+		b.ReportMetric(µs(router.one.quantile(0.5)-noretry.one.quantile(0.5)), "serial_retry_added_p50_µs")
 	}
 }
