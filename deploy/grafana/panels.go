@@ -43,8 +43,7 @@ func quantiles(histogram, matchers, by, legend string) []Query {
 
 func ptr(f float64) *float64 { return &f }
 
-// Switchyard is the dashboard. Metrics that are not exported yet (retries) get their panels
-// when the router exports them.
+// Switchyard is the dashboard.
 var Switchyard = Dashboard{
 	UID:   "switchyard",
 	Title: "Switchyard",
@@ -183,8 +182,14 @@ var Switchyard = Dashboard{
 			{Title: "Upstream errors", Unit: "ops", Width: 8, Stack: true,
 				Description: "Failed dispatches per second by engine and kind: transport, timeout, status_5xx, stream_idle.",
 				Queries:     []Query{{Expr: sumRate("worker, kind", "switchyard_upstream_errors_total", inst), Legend: "{{worker}} {{kind}}"}}},
+			{Title: "Retries", Unit: "ops", Width: 12, Stack: true,
+				Description: "Dispatches tried again on another engine after failing before any byte reached the client, by what failed (transport, timeout, status_<code>); and retries the retry budget refused (retry.budget), whose requests got their failed attempt's answer.",
+				Queries: []Query{
+					{Expr: sumRate("reason", "switchyard_retries_total", inst), Legend: "retry {{reason}}"},
+					{Expr: sumRate("", "switchyard_retry_budget_exhausted_total", inst), Legend: "refused by the budget"},
+				}},
 			{Title: "Upstream connections", Unit: "ops", Width: 8,
-				Description: "Requests sent again on a fresh connection after an idle one turned out closed by the engine, by engine; and the router's own failures (connection_limit: upstream.max_conns_per_worker reached; out_of_resources: no file descriptor), answered 503 and not charged to the engine.",
+				Description: "Requests sent again on a fresh connection after an idle one turned out closed by the engine, by engine; and the router's own failures (connection_limit: upstream.max_conns_per_worker reached, the request goes to another engine if one is free; out_of_resources: no file descriptor, answered 503), not charged to the engine.",
 				Queries: []Query{
 					{Expr: sumRate("worker", "switchyard_upstream_stale_connection_retries_total", inst), Legend: "stale retry {{worker}}"},
 					{Expr: sumRate("kind", "switchyard_router_errors_total", inst), Legend: "router {{kind}}"},
