@@ -140,6 +140,10 @@ func (d *dispatch) pd(ex *exchange, o outcome) (outcome, *failedAnswer) {
 	case pr.status >= 400:
 		release()
 		tDecode.Done(fleet.OutcomeNeutral)
+		if d.att.retry(retry.Failure{Kind: retry.KindStatus, Status: pr.status}, &d.pick, sidePrefill) {
+			// Slow path: a configured 408 or 429 of the prefill engine.
+			return o, &failedAnswer{status: pr.status, ctype: "application/json", body: pr.body, pick: d.pick}
+		}
 		d.ctx.SetStatusCode(pr.status)
 		d.ctx.SetContentType("application/json")
 		d.routerHeaders()

@@ -1,6 +1,7 @@
 package httpfront
 
 import (
+	"cmp"
 	"encoding/json"
 	"net"
 	"strconv"
@@ -364,14 +365,16 @@ func bootstrapPorts(t *testing.T, d *fakeEngine) map[int]bool {
 func TestRetryPDPair(t *testing.T) {
 	tests := []struct {
 		name                    string
-		fail                    []string // engines answering 503
+		fail                    []string // engines answering status (503 when 0)
+		status                  int32
 		bucket, prefill, decode string
 		attempts                int
 		d1Ports, d3Ports        []int
 	}{
-		{"prefill fails: its bucket's other prefill", []string{"P1"}, "short", "P2", "D1", 2, []int{9001, 9002}, nil},
-		{"both prefills of the bucket fail: the next bucket's pair", []string{"P1", "P2"}, "long", "P3", "D3", 3, []int{9001, 9002}, []int{9003}},
-		{"decode fails: the next bucket's pair", []string{"D1"}, "long", "P3", "D3", 2, []int{9001}, []int{9003}},
+		{"prefill fails: its bucket's other prefill", []string{"P1"}, 0, "short", "P2", "D1", 2, []int{9001, 9002}, nil},
+		{"both prefills of the bucket fail: the next bucket's pair", []string{"P1", "P2"}, 0, "long", "P3", "D3", 3, []int{9001, 9002}, []int{9003}},
+		{"decode fails: the next bucket's pair", []string{"D1"}, 0, "long", "P3", "D3", 2, []int{9001}, []int{9003}},
+		{"prefill answers a retryable 429", []string{"P1"}, 429, "short", "P2", "D1", 2, []int{9001, 9002}, nil},
 	}
 	for _, tt := range tests {
 		for _, stream := range []string{"", `"stream":true`} {
@@ -381,9 +384,11 @@ func TestRetryPDPair(t *testing.T) {
 				d1, d3 := newFakeEngine(t, "D1", "llama", withMode("decode")), newFakeEngine(t, "D3", "llama", withMode("decode"))
 				all := map[string]*fakeEngine{"P1": p1, "P2": p2, "P3": p3, "D1": d1, "D3": d3}
 				for _, id := range tt.fail {
-					all[id].fail.Store(503)
+					all[id].fail.Store(cmp.Or(tt.status, 503))
 				}
-				ts := startServer(t, pdRetryConfig(p1, p2, d1, p3, d3), Options{NoTelemetry: true, SkipStartupChecks: true})
+				cfg := pdRetryConfig(p1, p2, d1, p3, d3)
+				cfg.Retry.RetryableStatuses = []int{429, 502, 503, 504}
+				ts := startServer(t, cfg, Options{NoTelemetry: true, SkipStartupChecks: true})
 				r := post(t, ts.url+"/v1/chat/completions", chatBody("llama", "hi", stream))
 				if r.status != 200 || r.header.Get(headerBucket) != tt.bucket || r.header.Get(headerPrefillWorker) != tt.prefill ||
 					r.header.Get(headerWorker) != tt.decode || attemptsOf(t, r) != tt.attempts {
