@@ -1,6 +1,7 @@
 package httpfront
 
 import (
+	"errors"
 	"io"
 	"strings"
 	"time"
@@ -545,12 +546,19 @@ func (d *dispatch) plain(o outcome) (outcome, *failedAnswer) {
 		return o, f
 	}
 	if d.facts.stream && status == fasthttp.StatusOK && isEventStream(resp) {
+		r := s.newRelay(d, o.mm, resp, w, ticket, guard, nil)
+		if err := r.prime(); err != nil {
+			// Slow path: the engine failed before its stream's first byte.
+			return d.streamFailed(o, r, err, w, ticket, func() {
+				fasthttp.ReleaseResponse(resp)
+				guard.Release()
+			}, sidePlain)
+		}
 		d.ctx.SetStatusCode(status)
 		copyResponseHeaders(&d.ctx.Response.Header, resp)
 		d.routerHeaders()
 		d.ctx.Response.Header.Set("Cache-Control", "no-cache")
 		d.ctx.Response.Header.Set("X-Accel-Buffering", "no")
-		r := s.newRelay(d, o.mm, resp, w, ticket, guard, nil)
 		d.ctx.SetBodyStreamWriter(r.run)
 		o.async = true
 		o.status = status
@@ -574,6 +582,26 @@ func (d *dispatch) plain(o outcome) (outcome, *failedAnswer) {
 	ticket.Done(verdict)
 	o.status = status
 	return o, nil
+}
+
+// streamFailed ends a stream whose engine failed before its first bytes (relay.prime
+// returned err): the relay is abandoned, release gives back the response and guard, and the
+// engine is charged. The attempt loop retries it when it may; else the client gets the
+// error.
+func (d *dispatch) streamFailed(o outcome, r *relay, err error, w *engine.Worker, ticket fleet.Ticket, release func(),
+	failed sides) (outcome, *failedAnswer) {
+	r.abandon()
+	release()
+	if errors.Is(err, errPrimeStopped) {
+		ticket.Done(fleet.OutcomeNeutral)
+		return d.s.fail(d.ctx, o, errShuttingDown), nil
+	}
+	e, verdict := d.s.upstreamFailure(w, err)
+	ticket.Done(verdict)
+	if d.retryFailed(err, failed) {
+		return o, &failedAnswer{api: e, pick: d.pick}
+	}
+	return d.s.fail(d.ctx, o, e), nil
 }
 
 // retryFailed decides whether the request is tried again after the exchange with the

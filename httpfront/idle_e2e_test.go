@@ -29,8 +29,9 @@ type keepAliveEngine struct {
 	mode string // "", "prefill", "decode"
 	// info, when set, is the /server_info body (else the route is missing, as on vLLM).
 	info string
-	// breakStream: a stream's connection is cut after its first event, as by a crash.
-	breakStream bool
+	// breakStream: a stream's connection is cut after its first event, as by a crash;
+	// dieBeforeEvent: after its response headers, before any event (a crash in prefill).
+	breakStream, dieBeforeEvent bool
 
 	mu    sync.Mutex
 	conns map[net.Conn]http.ConnState
@@ -155,6 +156,14 @@ func (e *keepAliveEngine) serve(w http.ResponseWriter, r *http.Request) {
 	if stream, _ := req["stream"].(bool); stream && e.mode != "prefill" {
 		w.Header().Set("Content-Type", "text/event-stream")
 		f := w.(http.Flusher)
+		if e.dieBeforeEvent {
+			w.WriteHeader(http.StatusOK)
+			f.Flush() // the headers go out at once, as uvicorn sends them
+			if c, _, err := http.NewResponseController(w).Hijack(); err == nil {
+				_ = c.Close()
+			}
+			return
+		}
 		for i := range 3 {
 			fmt.Fprintf(w, "data: {\"id\":\"%s\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t%d\"}}]}\n\n", e.id, i)
 			f.Flush()

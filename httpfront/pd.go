@@ -174,16 +174,20 @@ func (d *dispatch) pd(ex *exchange, o outcome) (outcome, *failedAnswer) {
 		pLogprobs = inputLogprobs(pr.body)
 	}
 	if d.facts.stream && status == fasthttp.StatusOK && isEventStream(dresp) {
-		d.ctx.SetStatusCode(status)
-		copyResponseHeaders(&d.ctx.Response.Header, dresp)
-		d.routerHeaders()
-		d.ctx.Response.Header.Set("Cache-Control", "no-cache")
-		d.ctx.Response.Header.Set("X-Accel-Buffering", "no")
 		var transform func(dst, ev []byte) []byte
 		if len(pLogprobs) > 0 {
 			transform = func(dst, ev []byte) []byte { return mergeEventLogprobs(dst, ev, pLogprobs) }
 		}
 		r := s.newRelay(d, o.mm, dresp, dw, tDecode, gd, transform)
+		if err := r.prime(); err != nil {
+			// Slow path: the decode engine failed before its stream's first byte.
+			return d.streamFailed(o, r, err, dw, tDecode, release, sideDecode)
+		}
+		d.ctx.SetStatusCode(status)
+		copyResponseHeaders(&d.ctx.Response.Header, dresp)
+		d.routerHeaders()
+		d.ctx.Response.Header.Set("Cache-Control", "no-cache")
+		d.ctx.Response.Header.Set("X-Accel-Buffering", "no")
 		d.ctx.SetBodyStreamWriter(r.run)
 		o.async = true
 		o.status = status

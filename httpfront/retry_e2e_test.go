@@ -106,6 +106,30 @@ func TestStreamThatStartedIsNotRetried(t *testing.T) {
 	}
 }
 
+// TestStreamNotBegunIsRetried: an engine that answers a stream's headers and then fails
+// before its first event has sent the client nothing: the stream is retried on another
+// engine, and the client gets one whole stream.
+func TestStreamNotBegunIsRetried(t *testing.T) {
+	a := newKeepAliveEngine(t, "A", "", 0)
+	a.dieBeforeEvent = true
+	b := newFakeEngine(t, "B", "llama")
+	cfg := retryConfig(b)
+	cfg.Workers = append(cfg.Workers, plainWorker("A", a.url, "llama"))
+	cfg.Models["llama"].Buckets[0] = plainBucket("b", nil, nil, "A", "B")
+	ts := startServer(t, cfg, Options{NoTelemetry: true, SkipStartupChecks: true})
+	r := post(t, ts.url+"/v1/chat/completions", chatBody("llama", "hi", `"stream":true`))
+	if r.status != 200 || r.header.Get(headerWorker) != "B" || attemptsOf(t, r) != 2 || contains(r.body, `"error"`) ||
+		strings.Count(string(r.body), "data: [DONE]") != 1 {
+		t.Fatalf("%d %q from %s after %s attempts", r.status, r.body, r.header.Get(headerWorker), r.header.Get(headerAttempts))
+	}
+	if a.requests.Load() != 1 {
+		t.Fatalf("A served %d requests", a.requests.Load())
+	}
+	if got := metricValue(t, ts, `switchyard_retries_total{reason="transport"}`); got != 1 {
+		t.Fatalf("retries = %v", got)
+	}
+}
+
 // TestRetryOnlyWhatIsRetryable: a client error is the client's answer; a 500 is too, unless
 // retry.retryable_statuses names it; nothing is retried with retries off.
 func TestRetryOnlyWhatIsRetryable(t *testing.T) {

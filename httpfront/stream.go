@@ -3,7 +3,9 @@ package httpfront
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"io"
+	"os"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -84,6 +86,12 @@ type relay struct {
 	midEvent bool
 	// done: the [DONE] event was relayed.
 	done bool
+	// chunks carries the engine's body from the reader goroutine prime starts; first is
+	// its first read, which prime waited for and run writes first.
+	chunks chan chunk
+	first  *[]byte
+	// idle and dl are the stream's idle and deadline timers, started by prime.
+	idle, dl *time.Timer
 }
 
 func (s *Server) newRelay(d *dispatch, mm *modelMetrics, resp *fasthttp.Response, w *engine.Worker, et fleet.Ticket,
@@ -128,7 +136,72 @@ func (r *relay) read(out chan<- chunk) {
 	}
 }
 
-// run is the fasthttp StreamWriter.
+// idleAfter is server.stream_idle_timeout: the longest an engine's stream may send nothing.
+func (s *Server) idleAfter() time.Duration {
+	if d := s.cfg.Server.StreamIdleTimeout; d > 0 {
+		return d
+	}
+	return 60 * time.Second
+}
+
+// errEmptyStream: the engine ended its stream before sending anything.
+var errEmptyStream = errors.New("the stream ended before its first event")
+
+// errPrimeStopped: the drain's hard stop came while a stream waited for its first bytes.
+var errPrimeStopped = errors.New("the router is shutting down")
+
+// prime starts reading the engine's stream and waits for its first bytes before anything of
+// the answer goes to the client: an engine that answers a stream's headers and then fails
+// before its first event (a crash during prefill) has sent the client nothing, so the
+// attempt loop may retry it. A failure is a *fleet.Error, the engine's; errPrimeStopped
+// when the drain's hard stop came first. The wait is bounded by server.stream_idle_timeout
+// and the request's deadline. On failure the caller calls abandon.
+func (r *relay) prime() error {
+	r.chunks = make(chan chunk, 4)
+	go r.read(r.chunks)
+	idleAfter := r.s.idleAfter()
+	r.idle = time.NewTimer(idleAfter)
+	r.dl = time.NewTimer(time.Until(r.deadline))
+	select {
+	case c, ok := <-r.chunks:
+		switch {
+		case !ok:
+			return &fleet.Error{Kind: fleet.KindTransport, Detail: "ended its stream before its first event", Err: errEmptyStream}
+		case c.err != nil && fleet.IsTimeout(c.err):
+			return &fleet.Error{Kind: fleet.KindTimeout, Detail: "did not answer in time", Err: c.err}
+		case c.err != nil:
+			return &fleet.Error{Kind: fleet.KindTransport, Detail: "failed before its stream's first event", Err: c.err}
+		}
+		r.first = c.b
+		r.mm.routes[r.kind].ttft.Update(since(r.start, r.s.now()))
+		r.idle.Reset(idleAfter)
+		return nil
+	case <-r.idle.C:
+		return &fleet.Error{Kind: fleet.KindTimeout, Detail: "sent no event within " + idleAfter.String() + " (server.stream_idle_timeout)",
+			Err: errEmptyStream}
+	case <-r.dl.C:
+		return &fleet.Error{Kind: fleet.KindTimeout, Detail: "did not answer in time", Err: os.ErrDeadlineExceeded}
+	case <-r.s.hardStop:
+		return errPrimeStopped
+	}
+}
+
+// abandon gives up a stream that failed in prime: it cancels the engine's request, ends the
+// reader and the timers, and releases the relay's hold on the Server. The response, guard
+// and tickets stay the caller's.
+func (r *relay) abandon() {
+	_ = r.resp.CloseBodyStream()
+	for c := range r.chunks {
+		if c.b != nil {
+			putBuf(c.b)
+		}
+	}
+	r.idle.Stop()
+	r.dl.Stop()
+	r.s.bg.Done()
+}
+
+// run is the fasthttp StreamWriter. prime has started the reader and read the first bytes.
 func (r *relay) run(w *bufio.Writer) {
 	s := r.s
 	if r.conn != nil {
@@ -136,25 +209,26 @@ func (r *relay) run(w *bufio.Writer) {
 		r.conn.setWriteLimit(r.deadline.Add(s.opts.StreamEndGrace))
 		defer r.conn.setWriteLimit(time.Time{})
 	}
-	chunks := make(chan chunk, 4)
-	go r.read(chunks)
-
+	chunks := r.chunks
 	hbEvery := s.opts.HeartbeatInterval
-	idleAfter := s.cfg.Server.StreamIdleTimeout
-	if idleAfter <= 0 {
-		idleAfter = 60 * time.Second
-	}
+	idleAfter := s.idleAfter()
 	hb := time.NewTimer(hbEvery)
-	idle := time.NewTimer(idleAfter)
-	dl := time.NewTimer(time.Until(r.deadline))
+	idle, dl := r.idle, r.dl
 	defer hb.Stop()
 	defer idle.Stop()
 	defer dl.Stop()
 
-	first := true
 	end := endEOF
+	if r.first != nil {
+		r.relayChunk(w, *r.first)
+		putBuf(r.first)
+		r.first = nil
+		if err := w.Flush(); err != nil {
+			end = endClientGone
+		}
+	}
 loop:
-	for {
+	for end == endEOF {
 		select {
 		case c, ok := <-chunks:
 			if !ok {
@@ -176,10 +250,6 @@ loop:
 					end = endTimeout // the upstream read hit the request deadline first
 				}
 				break loop
-			}
-			if first {
-				first = false
-				r.mm.routes[r.kind].ttft.Update(since(r.start, s.now()))
 			}
 			r.relayChunk(w, *c.b)
 			putBuf(c.b)
