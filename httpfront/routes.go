@@ -6,7 +6,6 @@ import (
 	"net"
 	"slices"
 
-	"github.com/VictoriaMetrics/metrics"
 	"github.com/valyala/fasthttp"
 )
 
@@ -95,14 +94,12 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		s.readiness(ctx)
 		return
 	case "/metrics":
-		s.metrics.other[otherMetrics].Inc()
-		if e := s.metricsAccess.check(ctx); e != nil {
-			writeError(ctx, e)
+		if s.metricsLn != nil {
+			s.metrics.other[otherUnknown].Inc()
+			writeError(ctx, errMetricsElsewhere)
 			return
 		}
-		ctx.SetContentType("text/plain; version=0.0.4; charset=utf-8")
-		s.set.WritePrometheus(ctx)
-		metrics.WriteProcessMetrics(ctx)
+		s.writeMetrics(ctx)
 		return
 	}
 	if len(path) >= len("/workers") && string(path[:len("/workers")]) == "/workers" {

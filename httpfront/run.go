@@ -27,6 +27,8 @@ func (s *Server) run(ctx context.Context) error {
 		s.life.stop()
 		s.logger.Info("stopped")
 	}()
+	// The metrics listener serves from the start, through the drain (life stops it).
+	s.startMetrics()
 	if !s.opts.SkipStartupChecks {
 		s.workers.StartupCheck(ctx)
 	}

@@ -116,6 +116,9 @@ type Server struct {
 	// life holds the started parts (state, actors, telemetry, workers, listener, background
 	// loops) and stops them in reverse order.
 	life lifecycle
+	// metricsLn serves /metrics apart from the data plane; nil when server.metrics_port is
+	// not set.
+	metricsLn *metricsListener
 	// affinity holds the session and routing-key bindings of session_aware and sticky.
 	affinity *actors.AffinityStore
 	// cache is cache_aware's prefix source and KV-event subscriptions; nil without one.
@@ -375,6 +378,9 @@ func (s *Server) build() error {
 	s.dataAccess, s.adminAccess, s.metricsAccess = accessRules(cfg.Server, s.ln.Addr())
 	s.conns = newClientListener(s.ln, cfg.Server.MaxConnections, cfg.Server.MaxConnectionsPerIP,
 		cfg.Server.WriteTimeout, s.set, s.logger)
+	if err := s.listenMetrics(); err != nil {
+		return fmt.Errorf("cannot listen on server.metrics_host and metrics_port: %w", err)
+	}
 	return nil
 }
 
