@@ -519,8 +519,9 @@ type Upstream struct {
 	// completion is done: this also bounds non-streaming generation time. Default 60s.
 	ResponseHeaderTimeout time.Duration `koanf:"response_header_timeout" json:"response_header_timeout"`
 	// MaxConnsPerWorker caps the router's open connections to one engine; a request that
-	// finds them all busy fails at once with 503 upstream_connection_limit, which is not
-	// charged to the engine; at least 1. Default 4096.
+	// finds them all busy goes at once to another engine of its selection, else fails with
+	// 503 upstream_connection_limit, which is not charged to the engine; at least 1.
+	// Default 4096.
 	MaxConnsPerWorker int `koanf:"max_conns_per_worker" json:"max_conns_per_worker" unit:"connections"`
 	// TLS is the client TLS of the router's connections to https:// workers: dispatch,
 	// health checks, introspection and load polls alike. workers[].tls overrides it per

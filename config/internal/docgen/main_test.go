@@ -225,7 +225,7 @@ func TestEnvironmentAndSetReachTheirKeys(t *testing.T) {
 
 func sharedType(t *testing.T, title string) reflect.Type {
 	t.Helper()
-	for _, typ := range []reflect.Type{reflect.TypeFor[config.Policy](), reflect.TypeFor[config.Group]()} {
+	for _, typ := range []reflect.Type{reflect.TypeFor[config.Policy](), reflect.TypeFor[config.Group](), reflect.TypeFor[config.UpstreamTLS]()} {
 		if sharedName(typ) == title {
 			return typ
 		}
