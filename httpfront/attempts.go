@@ -48,6 +48,8 @@ type attempts struct {
 	breq *engine.BucketRequest
 	// n is the dispatches sent so far; refusals the selections whose engines refused.
 	n, refusals int
+	// budgeted: the request is counted in the retry budget (once, at its first dispatch).
+	budgeted bool
 	// dl is the request's end-to-end deadline, fixed at its first dispatch (wall clock).
 	dl time.Time
 	// retrying: the latest attempt failed and is retried after wait (0: an engine refused

@@ -305,7 +305,8 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 			}
 			return s.fail(ctx, o, newAPIError(CodeNoAvailableEngine, "every engine selected for the request refused it"))
 		}
-		if att.n == 0 && s.retry.MaxRetries() > 0 {
+		if !att.budgeted && s.retry.MaxRetries() > 0 {
+			att.budgeted = true
 			s.retryBudget.Request(start)
 		}
 		att.n++
