@@ -38,7 +38,7 @@ func TestMetricsListener(t *testing.T) {
 	cfg.Workers = []config.Worker{plainWorker("A", a.url, "llama")}
 	cfg.Models = map[string]config.Model{"llama": {Buckets: []config.Bucket{plainBucket("b", nil, nil, "A")}}}
 	cfg.Server.MetricsPort = ptr(0)
-	var logs logBuffer
+	var logs lockedBuffer
 	draining := make(chan struct{}, 1)
 	logger := slog.New(signalHandler{Handler: slog.NewTextHandler(&logs, nil), msg: "draining", signal: draining})
 	ts := startServer(t, cfg, Options{NoTelemetry: true, Logger: logger})

@@ -1,7 +1,6 @@
 package httpfront
 
 import (
-	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -16,7 +15,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -119,26 +117,11 @@ func writePEM(t *testing.T, dir, name, typ string, der []byte) string {
 	return path
 }
 
-// logBuffer collects a Server's logs.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func (b *logBuffer) logger() *slog.Logger {
-	return slog.New(slog.NewTextHandler(b, &slog.HandlerOptions{Level: slog.LevelDebug}))
+// String returns everything written so far.
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // anyBucket is a plain bucket whose group takes every healthy engine of its model.
@@ -261,8 +244,9 @@ func TestUpstreamTLSRefused(t *testing.T) {
 			cfg.Workers = []config.Worker{plainWorker("A", e.url, "llama")}
 			cfg.Models = map[string]config.Model{"llama": {Buckets: []config.Bucket{anyBucket("b")}}}
 			cfg.Upstream.TLS = tt.tls
-			var logs logBuffer
-			ts := startServer(t, cfg, Options{NoTelemetry: true, Logger: logs.logger()})
+			var logs lockedBuffer
+			logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+			ts := startServer(t, cfg, Options{NoTelemetry: true, Logger: logger})
 			if r := get(t, ts.url+"/readiness"); r.status != 503 {
 				t.Fatalf("readiness with the engine refusing the router: %d %s", r.status, r.body)
 			}
