@@ -38,6 +38,7 @@ func TestMetricsListener(t *testing.T) {
 	cfg.Workers = []config.Worker{plainWorker("A", a.url, "llama")}
 	cfg.Models = map[string]config.Model{"llama": {Buckets: []config.Bucket{plainBucket("b", nil, nil, "A")}}}
 	cfg.Server.MetricsPort = ptr(0)
+	cfg.Server.MetricsAPIKey = "mk"
 	var logs lockedBuffer
 	draining := make(chan struct{}, 1)
 	logger := slog.New(signalHandler{Handler: slog.NewTextHandler(&logs, nil), msg: "draining", signal: draining})
@@ -56,7 +57,10 @@ func TestMetricsListener(t *testing.T) {
 	if r := post(t, ts.url+"/v1/chat/completions", chatBody("llama", "hi", "")); r.status != 200 {
 		t.Fatalf("chat: %d %s", r.status, r.body)
 	}
-	r := get(t, murl+"/metrics")
+	if r := get(t, murl+"/metrics"); r.status != 401 {
+		t.Fatalf("metrics listener without server.metrics_api_key: %d %s", r.status, r.body)
+	}
+	r := get(t, murl+"/metrics", "Authorization", "Bearer mk")
 	if r.status != 200 || !strings.HasPrefix(r.header.Get("Content-Type"), "text/plain") ||
 		!contains(r.body, `switchyard_responses_total{route="/v1/chat/completions",model="llama",status="200"} 1`) ||
 		!contains(r.body, "process_cpu_seconds_total") {
@@ -72,7 +76,7 @@ func TestMetricsListener(t *testing.T) {
 	waitFor(t, a.streamed, "the held stream")
 	ts.cancel()
 	waitFor(t, draining, "the drain")
-	if r := get(t, murl+"/metrics"); r.status != 200 || !contains(r.body, "switchyard_inflight_requests 1") {
+	if r := get(t, murl+"/metrics", "Authorization", "Bearer mk"); r.status != 200 || !contains(r.body, "switchyard_inflight_requests 1") {
 		t.Fatalf("metrics during the drain: %d %s", r.status, r.body)
 	}
 	close(a.gate)
