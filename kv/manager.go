@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -221,8 +222,9 @@ func (m *Manager) BoundAddr() string {
 func (m *Manager) BoundReady() <-chan struct{} { return m.bound }
 
 // AddWorker registers the worker's owners in the index and starts following its events (at
-// once when running, else when Run starts). Adding a known ID replaces its subscriptions;
-// its entries are kept when model, DP size and block size are unchanged.
+// once when running, else when Run starts). Adding a known ID replaces its subscriptions
+// (adding it unchanged keeps them running); its entries are kept when model, DP size and
+// block size are unchanged.
 func (m *Manager) AddWorker(spec WorkerSpec) error {
 	if spec.ID == "" || spec.Model == "" {
 		return errors.New("cannot add KV worker: ID and model are required")
@@ -233,14 +235,16 @@ func (m *Manager) AddWorker(spec WorkerSpec) error {
 		return fmt.Errorf("cannot add KV worker %s: unknown hash scheme %q (auto, sglang or rekey)", spec.ID, spec.HashScheme)
 	}
 	spec.DPSize = max(spec.DPSize, 1)
-	bs := spec.BlockSize
-	if bs <= 0 {
-		bs = m.cfg.DefaultBlockSize
-		if info, ok := m.currentBlockSize(spec.ID); ok {
-			bs = info
+	if spec.BlockSize <= 0 {
+		spec.BlockSize = m.cfg.DefaultBlockSize
+		if bs, ok := m.currentBlockSize(spec.ID); ok {
+			spec.BlockSize = bs
 		}
 	}
-	if _, err := m.x.SetWorker(spec.ID, spec.Model, spec.DPSize, bs); err != nil {
+	if m.running(spec) {
+		return nil // unchanged: renewing would reconnect and could miss events meanwhile
+	}
+	if _, err := m.x.SetWorker(spec.ID, spec.Model, spec.DPSize, spec.BlockSize); err != nil {
 		return fmt.Errorf("cannot add KV worker %s: %w", spec.ID, err)
 	}
 	m.mu.Lock()
@@ -258,6 +262,14 @@ func (m *Manager) AddWorker(spec WorkerSpec) error {
 		m.startLocked(ws)
 	}
 	return nil
+}
+
+// running reports whether spec is already followed as it is.
+func (m *Manager) running(spec WorkerSpec) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	old := m.workers[spec.ID]
+	return old != nil && !m.stopped && reflect.DeepEqual(old.spec, spec)
 }
 
 func (m *Manager) currentBlockSize(worker string) (int, bool) {

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -570,5 +571,37 @@ func TestWithReplay(t *testing.T) {
 	}
 	if got := withReplay(pubs, "", ""); &got[0] != &pubs[0] {
 		t.Fatal("no configured replay: the publishers should come back as they are")
+	}
+}
+
+// TestReAddingAnUnchangedWorkerKeepsItsSubscription: the worker lifecycle hands a worker's
+// subscription to the manager again after it introspects the engine; when nothing changed,
+// the running subscription stays (no reconnect, its counters and sequence kept), so no event
+// published meanwhile is missed.
+func TestReAddingAnUnchangedWorkerKeepsItsSubscription(t *testing.T) {
+	p := newTestPublisher(t, "tcp://127.0.0.1:0", "")
+	spec := WorkerSpec{ID: "a", Model: "m", Publishers: []Publisher{{Rank: 0, Endpoint: p.pubEndpoint()}}}
+	h := startManager(t, "", spec)
+	h.warmUp(t, p, "a")
+	h.waitApplied(t, "a", p.send(storedBatch(seqTokens(0, 32))))
+	before := h.m.Status()[0].Publishers[0]
+
+	again := spec
+	again.Publishers = slices.Clone(spec.Publishers)
+	if err := h.m.AddWorker(again); err != nil {
+		t.Fatal(err)
+	}
+	st := h.m.Status()[0].Publishers
+	if len(st) != 1 || !st[0].Connected || st[0].Received < before.Received || st[0].LastSeq != before.LastSeq {
+		t.Fatalf("subscription renewed: before %+v, after %+v", before, st)
+	}
+	// A changed spec still replaces the subscription.
+	changed := again
+	changed.Topic = "other"
+	if err := h.m.AddWorker(changed); err != nil {
+		t.Fatal(err)
+	}
+	if st := h.m.Status()[0].Publishers; len(st) == 1 && st[0].Received != 0 {
+		t.Fatalf("a changed spec kept the old subscription: %+v", st[0])
 	}
 }
