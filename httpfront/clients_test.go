@@ -197,6 +197,10 @@ func TestConnectionCap(t *testing.T) {
 			t.Fatal(err)
 		}
 		bodies = append(bodies, resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			b, _ := io.ReadAll(resp.Body)
+			t.Fatalf("stream %d: %d %s (open %d)", len(bodies), resp.StatusCode, b, ts.conns.open())
+		}
 		waitFor(t, e.streamed, "a stream's first chunk")
 	}
 	status, b := rawGet(t, addr, "/health")
