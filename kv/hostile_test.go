@@ -324,6 +324,9 @@ func TestBoundSubRepairsGapFromConfiguredReplay(t *testing.T) {
 	if got := lookup(t, h.x, "m", prompt); got["v"] != 64 {
 		t.Fatalf("the lost batch was not replayed: %v", got)
 	}
+	// The replay is counted once its end marker is read, after its batches were applied:
+	// one more live batch is applied after that.
+	h.waitApplied(t, "v", send(&EventBatch{Events: []Event{}}))
 	if c := h.x.Metrics().Ingest(); c.Gaps != 1 || c.Replays != 1 || c.ClearsGap != 0 {
 		t.Fatalf("counts %+v", c)
 	}
