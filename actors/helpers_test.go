@@ -145,20 +145,6 @@ func startPick(t testing.TB, s *Selector, b *engine.Bucket, req *engine.BucketRe
 	return func() (engine.BucketPick, error) { return s.await(bh, c) }
 }
 
-type pickResult struct {
-	pick engine.BucketPick
-	err  error
-}
-
-func goPick(s *Selector, b *engine.Bucket, req *engine.BucketRequest) <-chan pickResult {
-	ch := make(chan pickResult, 1)
-	go func() {
-		p, err := s.PickEngines(b, req)
-		ch <- pickResult{p, err}
-	}()
-	return ch
-}
-
 func pickErrOf(t testing.TB, err error) *engine.PickError {
 	t.Helper()
 	pe, ok := err.(*engine.PickError)

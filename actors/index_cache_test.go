@@ -56,8 +56,6 @@ func (p *enginePub) stop() {
 	<-p.done
 }
 
-func (p *enginePub) port(s zmq4.Socket) int { return s.Addr().(*net.TCPAddr).Port }
-
 func (p *enginePub) record(b *kv.EventBatch) (uint64, []byte) {
 	p.t.Helper()
 	payload, err := p.enc.Encode(b, kv.ShapeArray)

@@ -3,7 +3,6 @@ package httpfront
 import (
 	"errors"
 	"io"
-	"strings"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -623,6 +622,3 @@ func readAllLimited(r io.Reader, limit int64) []byte {
 	b, _ := readLimited(nil, r, limit)
 	return b
 }
-
-// lowerASCII lowercases s (header names).
-func lowerASCII(s string) string { return strings.ToLower(s) }

@@ -192,8 +192,6 @@ func (e *fakeEngine) kill() {
 	})
 }
 
-func (e *fakeEngine) port() int { return e.ln.Addr().(*net.TCPAddr).Port }
-
 func (e *fakeEngine) received() ([][]byte, []http.Header) {
 	e.mu.Lock()
 	defer e.mu.Unlock()

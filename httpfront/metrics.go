@@ -228,14 +228,6 @@ func (m *serverMetrics) tokenizerErrors(model string) [numTokenizerStages]*metri
 	return cs
 }
 
-// model returns the handles of a configured model, or of "unknown".
-func (m *serverMetrics) model(name []byte) *modelMetrics {
-	if mm := m.models[string(name)]; mm != nil {
-		return mm
-	}
-	return m.unknown
-}
-
 // selected counts a complete selection.
 func (m *serverMetrics) selected(mm *modelMetrics, p *engine.BucketPick) {
 	gs := mm.groups[p.BucketID]

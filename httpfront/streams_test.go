@@ -143,15 +143,6 @@ const (
 	evB = `data: {"id":"c0","choices":[{"index":0,"delta":{"content":"lo"}}]}` + "\n\n"
 )
 
-func readAllString(t *testing.T, r io.Reader) string {
-	t.Helper()
-	b, err := io.ReadAll(r)
-	if err != nil {
-		t.Fatalf("reading the stream: %v", err)
-	}
-	return string(b)
-}
-
 func TestStreamEndsOnEventBoundary(t *testing.T) {
 	half := `data: {"id":"c0","choices":[{"index":0,"delta":{"content":"tr`
 	tests := []struct {

@@ -2,7 +2,6 @@ package harness
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -322,17 +321,4 @@ func (p *progress) note(format string, args ...any) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	fmt.Fprintf(p.w, format+"\n", args...)
-}
-
-// closeAll runs every closer, last first, and joins their errors.
-func closeAll(closers ...func() error) error {
-	var errs []error
-	for i := len(closers) - 1; i >= 0; i-- {
-		if closers[i] != nil {
-			if err := closers[i](); err != nil {
-				errs = append(errs, err)
-			}
-		}
-	}
-	return errors.Join(errs...)
 }
