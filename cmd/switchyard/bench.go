@@ -223,9 +223,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	opts, err := f.options(stderr)
 	if err != nil {
-		for _, line := range problems(err) {
-			fmt.Fprintln(stderr, line)
-		}
+		printProblems(stderr, err)
 		return errReported
 	}
 	rep, runErr := harness.Run(ctx, opts)

@@ -16,10 +16,26 @@ import (
 // runCheck loads and validates a configuration and reads the TLS files it names, printing
 // every problem on its own line.
 func runCheck(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	cfg, err := loadConfig(args, stdout, stderr)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "configuration ok: %d workers, %d models\n", len(cfg.Workers), len(cfg.Models))
+	return nil
+}
+
+// loadConfig is the one configuration load of check, serve and indexer: it loads args and the
+// environment, validates the result and prints every problem on its own line to stderr
+// (returning errReported), or the usage lines and config.Usage to stdout on --help (returning
+// flag.ErrHelp).
+func loadConfig(args []string, stdout, stderr io.Writer, usage ...string) (*config.Config, error) {
 	cfg, err := config.Load(args, os.Environ())
 	if errors.Is(err, flag.ErrHelp) {
+		for _, line := range usage {
+			fmt.Fprintln(stdout, line)
+		}
 		config.Usage(stdout)
-		return err
+		return nil, err
 	}
 	if err == nil {
 		err = cfg.Validate()
@@ -29,13 +45,17 @@ func runCheck(_ context.Context, args []string, stdout, stderr io.Writer) error 
 		_, err = fleet.LoadTLS(cfg)
 	}
 	if err != nil {
-		for _, line := range problems(err) {
-			fmt.Fprintln(stderr, line)
-		}
-		return errReported
+		printProblems(stderr, err)
+		return nil, errReported
 	}
-	fmt.Fprintf(stdout, "configuration ok: %d workers, %d models\n", len(cfg.Workers), len(cfg.Models))
-	return nil
+	return cfg, nil
+}
+
+// printProblems prints every problem of err (joined errors flattened) on its own line.
+func printProblems(w io.Writer, err error) {
+	for _, line := range problems(err) {
+		fmt.Fprintln(w, line)
+	}
 }
 
 // problems flattens joined errors into one line each.

@@ -3,12 +3,10 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
-	"os"
 	"strings"
 	"sync"
 
@@ -16,7 +14,6 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"switchyard/actors"
-	"switchyard/config"
 	"switchyard/httpfront/fleet"
 	"switchyard/kv"
 )
@@ -36,21 +33,11 @@ func runIndexer(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		fmt.Fprintln(stderr, err)
 		return errReported
 	}
-	cfg, err := config.Load(rest, os.Environ())
-	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintln(stdout, "usage: switchyard indexer [--listen HOST:PORT] [--config FILE] [flags]")
-		fmt.Fprintf(stdout, "  --listen HOST:PORT  address of the indexer's HTTP service (default %s)\n", defaultIndexerListen)
-		config.Usage(stdout)
-		return err
-	}
-	if err == nil {
-		err = cfg.Validate()
-	}
+	cfg, err := loadConfig(rest, stdout, stderr,
+		"usage: switchyard indexer [--listen HOST:PORT] [--config FILE] [flags]",
+		fmt.Sprintf("  --listen HOST:PORT  address of the indexer's HTTP service (default %s)", defaultIndexerListen))
 	if err != nil {
-		for _, line := range problems(err) {
-			fmt.Fprintln(stderr, line)
-		}
-		return errReported
+		return err
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: logLevel(cfg.Log.Level)}))
 	set := metrics.NewSet()

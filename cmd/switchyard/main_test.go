@@ -99,3 +99,45 @@ func TestUnknownCommand(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
 }
+
+// TestConfigCommandsLoadAlike runs check, serve and indexer on one bad configuration and with
+// --help: each prints every problem on its own line with its field path and exits 1, and
+// each prints its own usage line before the configuration flags.
+func TestConfigCommandsLoadAlike(t *testing.T) {
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	if err := os.WriteFile(bad, []byte(`
+workers:
+  - {id: W1, url: "http://127.0.0.1:1", model: m}
+models:
+  m: {buckets: [{id: a, limits: {min: 10, max: 5}, groups: {plain: {worker_ids: [W9]}}}]}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		cmd       string
+		wantUsage string
+	}{
+		{"check", ""},
+		{"serve", "usage: switchyard serve [--config FILE] [flags]"},
+		{"indexer", "--listen HOST:PORT  address of the indexer's HTTP service (default " + defaultIndexerListen + ")"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.cmd, func(t *testing.T) {
+			code, out, errOut := runCmd(t, tt.cmd, "--config", bad)
+			if code != 1 || out != "" {
+				t.Fatalf("bad configuration: exit %d, stdout %q", code, out)
+			}
+			lines := strings.Split(strings.TrimSpace(errOut), "\n")
+			if len(lines) < 2 || !strings.Contains(errOut, "models.m.buckets[0].limits") || !strings.Contains(errOut, "W9") {
+				t.Fatalf("want each problem on its own line with its field path, got:\n%s", errOut)
+			}
+			code, out, errOut = runCmd(t, tt.cmd, "--help")
+			if code != 0 || errOut != "" || !strings.Contains(out, "--config") {
+				t.Fatalf("--help: exit %d, stdout %q, stderr %q", code, out, errOut)
+			}
+			if tt.wantUsage != "" && !strings.Contains(out, tt.wantUsage) {
+				t.Fatalf("--help lacks %q:\n%s", tt.wantUsage, out)
+			}
+		})
+	}
+}

@@ -9,7 +9,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -24,20 +23,9 @@ import (
 // runServe is the serve subcommand: it loads and validates the configuration, builds the
 // front end and serves until ctx is cancelled (SIGINT/SIGTERM), then drains gracefully.
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	cfg, err := config.Load(args, os.Environ())
-	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintln(stdout, "usage: switchyard serve [--config FILE] [flags]")
-		config.Usage(stdout)
-		return err
-	}
-	if err == nil {
-		err = cfg.Validate()
-	}
+	cfg, err := loadConfig(args, stdout, stderr, "usage: switchyard serve [--config FILE] [flags]")
 	if err != nil {
-		for _, line := range problems(err) {
-			fmt.Fprintln(stderr, line)
-		}
-		return errReported
+		return err
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: logLevel(cfg.Log.Level)}))
 	set := metrics.NewSet()
