@@ -22,15 +22,7 @@ import (
 // wraps it.
 var ErrAffinityClosed = errors.New("affinity store closed")
 
-// Affinity defaults, used when AffinityOptions leaves a field at zero.
 const (
-	DefaultAffinityIdleTimeout = 600 * time.Second
-	DefaultAffinityMaxBindings = 100_000
-	DefaultAffinityMailbox     = 1024
-	// DefaultAffinityCallTimeout bounds one Lookup or Bind round trip: a quarter of the
-	// default pick deadline, so that a policy waiting on a slow scope still answers its
-	// bucket actor in time.
-	DefaultAffinityCallTimeout = DefaultPickTimeout / 4
 	// minAffinityAdminTimeout bounds the wait for a Sweep or InvalidateWorker reply of one
 	// scope (they walk the scope's bindings and nobody's request waits on them).
 	minAffinityAdminTimeout = time.Second
@@ -48,16 +40,18 @@ const (
 	metricAffinityScopes     = "switchyard_affinity_scopes"
 )
 
-// AffinityOptions configure an AffinityStore. Zero fields take the defaults.
+// AffinityOptions configure an AffinityStore. Zero fields take the defaults (config.Default's
+// for the ones that are configuration keys).
 type AffinityOptions struct {
-	// IdleTimeout expires a binding unused this long. Default 600s.
+	// IdleTimeout expires a binding unused this long (affinity.idle_timeout).
 	IdleTimeout time.Duration
-	// MaxBindings bounds the bindings of one scope; the least recently used goes beyond it.
-	// Default 100,000.
+	// MaxBindings bounds the bindings of one scope; the least recently used goes beyond it
+	// (affinity.max_bindings).
 	MaxBindings int
-	// Mailbox is each scope actor's mailbox size, in messages. Default 1024.
+	// Mailbox is each scope actor's mailbox size, in messages (actors.mailbox.affinity).
 	Mailbox int
-	// CallTimeout bounds one Lookup or Bind round trip. Default 250ms.
+	// CallTimeout bounds one Lookup or Bind round trip. Default a quarter of the default
+	// actors.pick_timeout.
 	CallTimeout time.Duration
 	// Now is the clock of sweeps (RunSweeper) and of calls that carry no time. Default
 	// time.Now.
@@ -134,17 +128,21 @@ func NewAffinityStore(opts AffinityOptions) *AffinityStore {
 		set:         opts.Metrics,
 		host:        newHost(),
 	}
+	// A zero option takes config.Default's value; the call timeout is a quarter of the
+	// default pick deadline, so that a policy waiting on a slow scope still answers its
+	// bucket actor in time.
+	d := config.Default()
 	if s.idle <= 0 {
-		s.idle = DefaultAffinityIdleTimeout
+		s.idle = d.Affinity.IdleTimeout
 	}
 	if s.maxBindings <= 0 {
-		s.maxBindings = DefaultAffinityMaxBindings
+		s.maxBindings = d.Affinity.MaxBindings
 	}
 	if s.mailboxSize <= 0 {
-		s.mailboxSize = DefaultAffinityMailbox
+		s.mailboxSize = d.Actors.Mailbox.Affinity
 	}
 	if s.timeout <= 0 {
-		s.timeout = DefaultAffinityCallTimeout
+		s.timeout = d.Actors.PickTimeout / 4
 	}
 	if s.now == nil {
 		s.now = time.Now

@@ -20,10 +20,6 @@ import (
 // ErrIndexClosed: the IndexShards were closed.
 var ErrIndexClosed = errors.New("index shards closed")
 
-// DefaultIndexShardMailbox is each index shard actor's mailbox size when IndexOptions leaves
-// it at zero.
-const DefaultIndexShardMailbox = 4096
-
 // Index shard metric names.
 const (
 	metricIndexRejections = "switchyard_kv_shard_mailbox_rejections_total"
@@ -33,7 +29,8 @@ const (
 
 // IndexOptions configure IndexShards. Zero fields take the defaults.
 type IndexOptions struct {
-	// Mailbox is each shard actor's mailbox size, in messages. Default 4096.
+	// Mailbox is each shard actor's mailbox size, in messages. Default: config.Default's
+	// actors.mailbox.index_shard.
 	Mailbox int
 	// Logger receives the shards' and Proto.Actor's logs. Default: discarded.
 	Logger *slog.Logger
@@ -89,7 +86,7 @@ var _ kv.ShardHost = (*IndexShards)(nil)
 // NewIndexShards spawns one actor per shard.
 func NewIndexShards(shards []*kv.Shard, opts IndexOptions) (*IndexShards, error) {
 	if opts.Mailbox <= 0 {
-		opts.Mailbox = DefaultIndexShardMailbox
+		opts.Mailbox = config.Default().Actors.Mailbox.IndexShard
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)

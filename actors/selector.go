@@ -27,16 +27,6 @@ var (
 	ErrPanicked = errors.New("actor panicked")
 )
 
-// DefaultPickTimeout bounds the wait for a bucket actor's reply when config.Actors sets none.
-const DefaultPickTimeout = time.Second
-
-// Default mailbox sizes, used when config.Actors.Mailbox leaves a kind at zero.
-const (
-	DefaultBucketMailbox    = 1024
-	DefaultGroupMailbox     = 1024
-	DefaultTelemetryMailbox = 256
-)
-
 // Selector hosts the selection domain on actors: one bucket actor per bucket and, as its
 // children, one group actor per engine group. PickEngines and Select are safe for concurrent
 // use by any number of request goroutines.
@@ -107,11 +97,13 @@ func NewSelector(resolvers map[string]*engine.BucketResolver, workers *engine.Wo
 		logger:  logger,
 		buckets: make(map[*engine.Bucket]*bucketHost),
 	}
+	// A zero setting takes config.Default's value.
+	d := config.Default().Actors
 	if s.timeout <= 0 {
-		s.timeout = DefaultPickTimeout
+		s.timeout = d.PickTimeout
 	}
-	bucketSize := sizeOr(cfg.Mailbox.Bucket, DefaultBucketMailbox)
-	groupSize := sizeOr(cfg.Mailbox.Group, DefaultGroupMailbox)
+	bucketSize := sizeOr(cfg.Mailbox.Bucket, d.Mailbox.Bucket)
+	groupSize := sizeOr(cfg.Mailbox.Group, d.Mailbox.Group)
 	s.closedErr = &engine.PickError{Outcome: engine.OutcomeInternal, Detail: "selection is shut down", Err: ErrClosed}
 	s.calls.New = func() any { return newPickCall() }
 	s.bufs.New = func() any { b := make([]*engine.Bucket, 0, 8); return &b }

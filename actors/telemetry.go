@@ -112,7 +112,8 @@ type TelemetryOptions struct {
 	// Load holds load.freshness, load.poll_interval and load.source. Zero values take the
 	// load package's defaults; an empty source is auto.
 	Load config.LoadSettings
-	// Mailbox is the telemetry actor's mailbox size (actors.mailbox.telemetry). Default 256.
+	// Mailbox is the telemetry actor's mailbox size. Default: config.Default's
+	// actors.mailbox.telemetry.
 	Mailbox int
 	// PublishInterval is the coalescing window of table rebuilds. Default 20ms.
 	PublishInterval time.Duration
@@ -300,7 +301,7 @@ func NewTelemetry(table *load.Table, opts TelemetryOptions) (*Telemetry, error) 
 		counters: &t.counters.kinds[KindTelemetry],
 		internal: &engine.PickError{Outcome: engine.OutcomeInternal, Detail: "telemetry actor failed", Err: ErrPanicked},
 	}
-	mb := newMailbox(sizeOr(opts.Mailbox, DefaultTelemetryMailbox), t.host, t.th.counters,
+	mb := newMailbox(sizeOr(opts.Mailbox, config.Default().Actors.Mailbox.Telemetry), t.host, t.th.counters,
 		&engine.PickError{Outcome: engine.OutcomeOverloaded, Detail: "telemetry actor mailbox is full"},
 		&engine.PickError{Outcome: engine.OutcomeInternal, Detail: "telemetry actor stopped", Err: ErrStopped})
 	t.sys = newActorSystem(opts.Logger)

@@ -4,9 +4,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"switchyard/config"
 	"time"
-
-	"switchyard/load"
 )
 
 // Run checks the configured workers once (introspection and health, unless
@@ -118,7 +117,7 @@ func (s *Server) serve(ctx context.Context) error {
 func (s *Server) runJanitor(ctx context.Context) {
 	maxAge := s.cfg.Load.GuardMaxAge
 	if maxAge <= 0 {
-		maxAge = load.DefaultGuardMaxAge
+		maxAge = config.Default().Load.GuardMaxAge
 	}
 	t := time.NewTicker(DefaultJanitorInterval)
 	defer t.Stop()

@@ -43,6 +43,6 @@
 // path once the request finishes (defer g.Release()). Release is idempotent and safe to
 // call concurrently; only the first call gives the slot back. A guard that leaks is
 // released by Tracker.ReleaseStale, which the owner of the Tracker runs periodically with a
-// maximum age (DefaultGuardMaxAge); each such release is counted (StaleReleased). Run
+// maximum age; each such release is counted (StaleReleased). Run
 // methods return when their context is done and close what they opened.
 package load

@@ -7,10 +7,6 @@ import (
 	"time"
 )
 
-// DefaultGuardMaxAge is the age after which a caller's janitor usually releases a leaked
-// Guard (see Tracker.ReleaseStale).
-const DefaultGuardMaxAge = time.Hour
-
 // guardShards is the number of independently locked sets of live guards. A power of two.
 const guardShards = 32
 
@@ -109,7 +105,7 @@ func (sh *guardShard) unlink(g *Guard) {
 
 // ReleaseStale releases every guard acquired more than maxAge before now — requests whose
 // owner leaked the guard — and returns how many it released. The caller runs it
-// periodically (for example every minute with DefaultGuardMaxAge). It holds one shard lock
+// periodically (for example every minute, with the configured load.guard_max_age). It holds one shard lock
 // at a time.
 func (t *Tracker) ReleaseStale(now time.Time, maxAge time.Duration) int {
 	cutoff := now.Add(-maxAge).UnixNano()

@@ -30,8 +30,6 @@ const (
 	ScopeModelPrefix = "model "
 )
 
-const defaultQueueTimeout = 60 * time.Second
-
 // waitBuckets are the `le` bounds, in seconds, of the queue wait histogram.
 var waitBuckets = []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300}
 
@@ -77,7 +75,7 @@ func NewGate(cfg *config.Config, opts Options) *Gate {
 	}
 	timeout := s.QueueTimeout
 	if timeout <= 0 {
-		timeout = defaultQueueTimeout
+		timeout = config.Default().Server.QueueTimeout
 	}
 	if rl := s.RateLimit; rl.RequestsPerSecond > 0 {
 		g.rate = NewTokenBucket(rl.RequestsPerSecond, config.EffectiveBurst(rl.RequestsPerSecond, rl.Burst))
