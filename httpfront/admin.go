@@ -12,6 +12,7 @@ import (
 
 	"switchyard/actors"
 	"switchyard/httpfront/fleet"
+	"switchyard/httpfront/jsontext"
 	"switchyard/load"
 )
 
@@ -44,7 +45,7 @@ func (s *Server) admin(ctx *fasthttp.RequestCtx) {
 			s.logger.Info("invalidated affinity bindings", slog.String("worker", id), slog.Int("bindings", n))
 		}
 		ctx.SetContentType("application/json")
-		ctx.SetBodyString(`{"removed":` + string(appendJSONString(nil, id)) + `}`)
+		ctx.SetBodyString(`{"removed":` + string(jsontext.AppendString(nil, id)) + `}`)
 	case path == "/workers" || (len(path) > len("/workers/") && path[:len("/workers/")] == "/workers/"):
 		writeError(ctx, errMethodNotAllowed)
 	default:

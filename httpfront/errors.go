@@ -8,6 +8,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"switchyard/engine"
+	"switchyard/httpfront/jsontext"
 )
 
 // Error codes of the OpenAI-shaped error body {"error": {"message", "type", "param", "code"}}.
@@ -192,20 +193,20 @@ func appendErrorJSON(dst []byte, e *apiError) []byte {
 		msg = truncateUTF8(msg[:maxErrorMessage]) + "... (truncated)"
 	}
 	dst = append(dst, `{"error":{"message":`...)
-	dst = appendJSONString(dst, msg)
+	dst = jsontext.AppendString(dst, msg)
 	dst = append(dst, `,"type":`...)
-	dst = appendJSONString(dst, c.typ)
+	dst = jsontext.AppendString(dst, c.typ)
 	dst = append(dst, `,"param":`...)
 	if e.param == "" {
 		dst = append(dst, "null"...)
 	} else {
-		dst = appendJSONString(dst, e.param)
+		dst = jsontext.AppendString(dst, e.param)
 	}
 	dst = append(dst, `,"code":`...)
-	dst = appendJSONString(dst, e.code)
+	dst = jsontext.AppendString(dst, e.code)
 	if e.stage != "" {
 		dst = append(dst, `,"stage":`...)
-		dst = appendJSONString(dst, e.stage)
+		dst = jsontext.AppendString(dst, e.stage)
 	}
 	if len(e.rejections) > 0 {
 		dst = append(dst, `,"rejections":[`...)
@@ -214,13 +215,13 @@ func appendErrorJSON(dst []byte, e *apiError) []byte {
 				dst = append(dst, ',')
 			}
 			dst = append(dst, `{"bucket":`...)
-			dst = appendJSONString(dst, r.BucketID)
+			dst = jsontext.AppendString(dst, r.BucketID)
 			dst = append(dst, `,"stage":`...)
-			dst = appendJSONString(dst, r.Stage.String())
+			dst = jsontext.AppendString(dst, r.Stage.String())
 			dst = append(dst, `,"worker":`...)
-			dst = appendJSONString(dst, r.WorkerID)
+			dst = jsontext.AppendString(dst, r.WorkerID)
 			dst = append(dst, `,"limit":`...)
-			dst = appendJSONString(dst, r.Limit)
+			dst = jsontext.AppendString(dst, r.Limit)
 			dst = append(dst, '}')
 		}
 		dst = append(dst, ']')
@@ -240,50 +241,6 @@ func writeError(ctx *fasthttp.RequestCtx, e *apiError) {
 	*buf = appendErrorJSON((*buf)[:0], e)
 	ctx.SetBody(*buf)
 	putBuf(buf)
-}
-
-const hexDigits = "0123456789abcdef"
-
-// appendJSONString appends s as a JSON string literal; invalid UTF-8 becomes U+FFFD.
-func appendJSONString(dst []byte, s string) []byte {
-	dst = append(dst, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
-				i++
-				continue
-			}
-			dst = append(dst, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				dst = append(dst, '\\', c)
-			case '\n':
-				dst = append(dst, '\\', 'n')
-			case '\r':
-				dst = append(dst, '\\', 'r')
-			case '\t':
-				dst = append(dst, '\\', 't')
-			default:
-				dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, n := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && n == 1 {
-			dst = append(dst, s[start:i]...)
-			dst = append(dst, `\ufffd`...)
-			i++
-			start = i
-			continue
-		}
-		i += n
-	}
-	dst = append(dst, s[start:]...)
-	return append(dst, '"')
 }
 
 // selectionError maps a failed selection to its HTTP error (POLICY_DESIGN section 3).

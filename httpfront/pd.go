@@ -11,6 +11,7 @@ import (
 
 	"switchyard/engine"
 	"switchyard/httpfront/fleet"
+	"switchyard/httpfront/jsontext"
 	"switchyard/httpfront/retry"
 	"switchyard/load"
 )
@@ -39,7 +40,7 @@ func injectBootstrap(dst, body []byte, host string, port int, batch int) []byte 
 	if i := skipWS(body, bytes.IndexByte(body, '{')+1); i < end {
 		dst = append(dst, ',')
 	}
-	appendHost := func(dst []byte) []byte { return appendJSONString(dst, host) }
+	appendHost := func(dst []byte) []byte { return jsontext.AppendString(dst, host) }
 	appendPort := func(dst []byte) []byte {
 		if port <= 0 {
 			return append(dst, "null"...)

@@ -7,6 +7,8 @@ import (
 	"slices"
 
 	"github.com/valyala/fasthttp"
+
+	"switchyard/httpfront/jsontext"
 )
 
 // handleServerError answers fasthttp's own failures: headers over server.max_header_bytes
@@ -133,7 +135,7 @@ func (s *Server) readiness(ctx *fasthttp.RequestCtx) {
 				if len(missing) > 0 {
 					missing = append(missing, ',')
 				}
-				missing = appendJSONString(missing, n+"/"+st.String())
+				missing = jsontext.AppendString(missing, n+"/"+st.String())
 			}
 		}
 	}

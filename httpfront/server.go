@@ -20,6 +20,7 @@ import (
 	"switchyard/engine"
 	"switchyard/httpfront/fleet"
 	"switchyard/httpfront/flow"
+	"switchyard/httpfront/jsontext"
 	"switchyard/httpfront/retry"
 	"switchyard/load"
 	"switchyard/load/zmtp"
@@ -408,7 +409,7 @@ func modelsBody(names []string) []byte {
 			b = append(b, ',')
 		}
 		b = append(b, `{"id":`...)
-		b = appendJSONString(b, n)
+		b = jsontext.AppendString(b, n)
 		b = append(b, `,"object":"model","created":0,"owned_by":"switchyard"}`...)
 	}
 	return append(b, "]}"...)

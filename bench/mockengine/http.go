@@ -12,6 +12,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"switchyard/httpfront/jsontext"
 	"switchyard/load"
 )
 
@@ -181,9 +182,9 @@ func errorType(status int) string {
 func (e *Engine) writeError(ctx *fasthttp.RequestCtx, status int, msg string) {
 	b := make([]byte, 0, 128+len(msg))
 	b = append(b, `{"error":{"message":`...)
-	b = appendJSONString(b, msg)
+	b = jsontext.AppendString(b, msg)
 	b = append(b, `,"type":`...)
-	b = appendJSONString(b, errorType(status))
+	b = jsontext.AppendString(b, errorType(status))
 	b = append(b, `,"param":null,"code":`...)
 	b = strconv.AppendInt(b, int64(status), 10)
 	b = append(b, "}}"...)

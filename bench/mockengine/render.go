@@ -2,51 +2,9 @@ package mockengine
 
 import (
 	"strconv"
-	"unicode/utf8"
-)
 
-// appendJSONString appends s as a JSON string, replacing invalid UTF-8 with U+FFFD.
-func appendJSONString(dst []byte, s string) []byte {
-	const hex = "0123456789abcdef"
-	dst = append(dst, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' {
-				i++
-				continue
-			}
-			dst = append(dst, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				dst = append(dst, '\\', c)
-			case '\n':
-				dst = append(dst, '\\', 'n')
-			case '\r':
-				dst = append(dst, '\\', 'r')
-			case '\t':
-				dst = append(dst, '\\', 't')
-			default:
-				dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			dst = append(dst, s[start:i]...)
-			dst = append(dst, `\ufffd`...)
-			i++
-			start = i
-			continue
-		}
-		i += size
-	}
-	dst = append(dst, s[start:]...)
-	return append(dst, '"')
-}
+	"switchyard/httpfront/jsontext"
+)
 
 func appendFloat(dst []byte, f float64) []byte { return strconv.AppendFloat(dst, f, 'f', -1, 64) }
 
@@ -112,7 +70,7 @@ func (j *job) appendHeader(dst []byte, object string) []byte {
 	if model == "" {
 		model = j.e.cfg.Model
 	}
-	return appendJSONString(dst, model)
+	return jsontext.AppendString(dst, model)
 }
 
 // appendResponse appends the non-streaming response body.
@@ -150,11 +108,11 @@ func (j *job) appendResponse(dst []byte) []byte {
 		text := j.appendText(nil, s, n)
 		if j.req.api == apiChat {
 			dst = append(dst, `,"message":{"role":"assistant","content":`...)
-			dst = appendJSONString(dst, string(text))
+			dst = jsontext.AppendString(dst, string(text))
 			dst = append(dst, `,"reasoning_content":null,"tool_calls":null}`...)
 		} else {
 			dst = append(dst, `,"text":`...)
-			dst = appendJSONString(dst, string(text))
+			dst = jsontext.AppendString(dst, string(text))
 		}
 		dst = append(dst, `,"logprobs":`...)
 		dst = j.appendLogprobs(dst, s, 0, n)
@@ -182,7 +140,7 @@ func (j *job) appendLogprobs(dst []byte, s *seq, from, to int) []byte {
 			t := j.e.words.token(s.seed, i)
 			lp := logprob(s.seed, i)
 			dst = append(dst, `{"token":`...)
-			dst = appendJSONString(dst, t.text)
+			dst = jsontext.AppendString(dst, t.text)
 			dst = append(dst, `,"logprob":`...)
 			dst = appendFloat(dst, lp)
 			dst = append(dst, `,"bytes":null,"top_logprobs":[`...)
@@ -195,7 +153,7 @@ func (j *job) appendLogprobs(dst []byte, s *seq, from, to int) []byte {
 					alt = t
 				}
 				dst = append(dst, `{"token":`...)
-				dst = appendJSONString(dst, alt.text)
+				dst = jsontext.AppendString(dst, alt.text)
 				dst = append(dst, `,"logprob":`...)
 				dst = appendFloat(dst, lp-float64(k))
 				dst = append(dst, `,"bytes":null}`...)
@@ -210,7 +168,7 @@ func (j *job) appendLogprobs(dst []byte, s *seq, from, to int) []byte {
 		if i > from {
 			dst = append(dst, ',')
 		}
-		dst = appendJSONString(dst, j.e.words.token(s.seed, i).text)
+		dst = jsontext.AppendString(dst, j.e.words.token(s.seed, i).text)
 	}
 	dst = append(dst, `],"token_logprobs":[`...)
 	for i := from; i < to; i++ {
@@ -227,7 +185,7 @@ func (j *job) appendLogprobs(dst []byte, s *seq, from, to int) []byte {
 // finish is "" while the sequence runs. index >= 0 adds the stream's "index" field.
 func (j *job) appendGenerateObject(dst []byte, s *seq, n int, finish string, text []byte, index int) []byte {
 	dst = append(dst, `{"text":`...)
-	dst = appendJSONString(dst, string(text))
+	dst = jsontext.AppendString(dst, string(text))
 	dst = append(dst, `,"output_ids":[`...)
 	for i := range n {
 		if i > 0 {
@@ -243,7 +201,7 @@ func (j *job) appendGenerateObject(dst []byte, s *seq, n int, finish string, tex
 	if len(j.seqs) > 1 {
 		rid += "-" + itoa(s.index)
 	}
-	dst = appendJSONString(dst, rid)
+	dst = jsontext.AppendString(dst, rid)
 	dst = append(dst, `,"finish_reason":`...)
 	switch finish {
 	case "":
@@ -275,7 +233,7 @@ func (j *job) appendGenerateObject(dst []byte, s *seq, n int, finish string, tex
 	dst = append(dst, `,"dp_rank":`...)
 	dst = strconv.AppendInt(dst, int64(j.rank.id), 10)
 	dst = append(dst, `,"worker_id":`...)
-	dst = appendJSONString(dst, j.e.workerID)
+	dst = jsontext.AppendString(dst, j.e.workerID)
 	if j.req.logprobs {
 		dst = append(dst, `,"input_token_logprobs":[`...)
 		if j.e.cfg.Role != RoleDecode { // the prefill engine's are prepended by the router
@@ -345,13 +303,13 @@ func (j *job) appendChunk(dst []byte, st *sseStream, i, tok int, finish string) 
 				dst = append(dst, `"role":"assistant",`...)
 			}
 			dst = append(dst, `"content":`...)
-			dst = appendJSONString(dst, j.e.words.token(s.seed, tok).text)
+			dst = jsontext.AppendString(dst, j.e.words.token(s.seed, tok).text)
 		}
 		dst = append(dst, '}')
 	} else {
 		dst = append(dst, `,"text":`...)
 		if tok >= 0 {
-			dst = appendJSONString(dst, j.e.words.token(s.seed, tok).text)
+			dst = jsontext.AppendString(dst, j.e.words.token(s.seed, tok).text)
 		} else {
 			dst = append(dst, `""`...)
 		}
