@@ -194,7 +194,7 @@ func (o *Options) startRouter(ctx context.Context, cfg *config.Config) (*router,
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	r := &router{srv: srv, url: "http://" + srv.Addr().String(), cancel: cancel, done: make(chan error, 1)}
 	go func() { r.done <- srv.Run(rctx) }()
-	if err := waitReady(ctx, r.url, DefaultRouterReadyTimeout); err != nil {
+	if err := WaitReady(ctx, r.url, DefaultRouterReadyTimeout); err != nil {
 		_ = r.close()
 		return nil, err
 	}
@@ -210,8 +210,9 @@ func (r *router) close() error {
 	return nil
 }
 
-// waitReady polls GET /readiness until it answers 200, for at most timeout.
-func waitReady(ctx context.Context, base string, timeout time.Duration) error {
+// WaitReady polls GET /readiness of the router at base until it answers 200, for at most
+// timeout.
+func WaitReady(ctx context.Context, base string, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	client := &http.Client{Timeout: time.Second}

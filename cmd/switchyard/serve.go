@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 
+	"switchyard/bench/harness"
 	"switchyard/bench/mockengine"
 	"switchyard/config"
 	"switchyard/httpfront"
@@ -126,19 +126,8 @@ func runServeDemo(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	base := "http://" + srv.Addr().String()
 	fmt.Fprintf(stdout, "router on %s in front of %d mock engines\n\n", base, len(engines))
 	client := &http.Client{Timeout: 30 * time.Second}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		resp, err := client.Get(base + "/readiness")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			return errors.New("router never became ready")
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := harness.WaitReady(ctx, base, 10*time.Second); err != nil {
+		return err
 	}
 	burst := []struct {
 		model, prompt string
