@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
-	"strings"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,6 +16,7 @@ import (
 
 	"switchyard/config"
 	"switchyard/engine"
+	"switchyard/load/series"
 )
 
 // ErrAffinityClosed: the AffinityStore was closed. A *engine.PickError with OutcomeInternal
@@ -93,7 +94,7 @@ type AffinityStore struct {
 	timeout     time.Duration
 	now         func() time.Time
 	logger      *slog.Logger
-	set         *metrics.Set
+	metrics     *series.Owned // every series of the store and its scopes, unregistered by Close
 
 	sys      *actor.ActorSystem
 	root     *actor.RootContext
@@ -104,7 +105,6 @@ type AffinityStore struct {
 	mu     sync.Mutex // serializes spawning, Close and metric registration
 	scopes atomic.Pointer[map[engine.AffinityScope]*scopeHost]
 	pids   []*actor.PID
-	names  []string // registered metric names, unregistered by Close
 
 	calls     sync.Pool // *affinityCall
 	closed    atomic.Bool
@@ -125,7 +125,7 @@ func NewAffinityStore(opts AffinityOptions) *AffinityStore {
 		timeout:     opts.CallTimeout,
 		now:         opts.Now,
 		logger:      opts.Logger,
-		set:         opts.Metrics,
+		metrics:     series.Own(opts.Metrics),
 		host:        newHost(),
 	}
 	// A zero option takes config.Default's value; the call timeout is a quarter of the
@@ -150,17 +150,13 @@ func NewAffinityStore(opts AffinityOptions) *AffinityStore {
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)
 	}
-	if s.set == nil {
-		s.set = metrics.NewSet()
-	}
 	empty := map[engine.AffinityScope]*scopeHost{}
 	s.scopes.Store(&empty)
 	s.closedErr = &engine.PickError{Outcome: engine.OutcomeInternal, Detail: "affinity store is shut down", Err: ErrAffinityClosed}
 	s.calls.New = func() any { return newAffinityCall() }
-	s.timeouts = s.counter(metricAffinityTimeouts)
-	s.gauge(metricAffinityRejections, func() float64 { return float64(s.counters.rejected.Load()) })
-	s.gauge(metricAffinityPanics, func() float64 { return float64(s.counters.panics.Load()) })
-	s.gauge(metricAffinityScopes, func() float64 { return float64(len(*s.scopes.Load())) })
+	s.timeouts = s.metrics.Counter(metricAffinityTimeouts)
+	s.counters = newKindCounters(s.metrics, metricAffinityRejections, metricAffinityPanics)
+	s.metrics.Gauge(metricAffinityScopes, func() float64 { return float64(len(*s.scopes.Load())) })
 
 	s.sys = newActorSystem(s.logger)
 	s.root = s.sys.Root
@@ -314,8 +310,6 @@ func (s *AffinityStore) Close() {
 	}
 	pids := s.pids
 	s.pids = nil
-	names := s.names
-	s.names = nil
 	s.mu.Unlock()
 	futures := make([]*actor.Future, 0, len(pids))
 	for _, pid := range pids {
@@ -328,9 +322,7 @@ func (s *AffinityStore) Close() {
 	}
 	s.host.shutdown()
 	s.sys.Shutdown()
-	for _, n := range names {
-		s.set.UnregisterMetric(n)
-	}
+	s.metrics.Unregister()
 }
 
 // scopeFor returns the scope's host, spawning its actor on first use.
@@ -409,18 +401,6 @@ func (s *AffinityStore) release(c *affinityCall) {
 	s.calls.Put(c)
 }
 
-// counter registers a store-wide counter.
-func (s *AffinityStore) counter(name string) *metrics.Counter {
-	s.names = append(s.names, name)
-	return s.set.GetOrCreateCounter(name)
-}
-
-// gauge registers a store-wide gauge.
-func (s *AffinityStore) gauge(name string, f func() float64) {
-	s.names = append(s.names, name)
-	s.set.GetOrCreateGauge(name, f)
-}
-
 // scopeStats are one scope's counters. The scope actor updates them; /metrics reads them.
 type scopeStats struct {
 	hits, misses     *metrics.Counter
@@ -430,18 +410,21 @@ type scopeStats struct {
 	bindings         atomic.Int64
 }
 
-// newScopeStats creates a scope's series, labelled with labels, through counter and gauge.
-func newScopeStats(labels string, counter func(name string) *metrics.Counter, gauge func(name string, f func() float64)) *scopeStats {
-	st := &scopeStats{
-		hits:        counter(metricAffinityLookups + `{` + labels + `,result="hit"}`),
-		misses:      counter(metricAffinityLookups + `{` + labels + `,result="miss"}`),
-		binds:       counter(metricAffinityBinds + `{` + labels + `,result="bound"}`),
-		conflicts:   counter(metricAffinityBinds + `{` + labels + `,result="conflict"}`),
-		expired:     counter(metricAffinityRemoved + `{` + labels + `,cause="expired"}`),
-		evicted:     counter(metricAffinityRemoved + `{` + labels + `,cause="evicted"}`),
-		invalidated: counter(metricAffinityRemoved + `{` + labels + `,cause="invalidated"}`),
+// newScopeStats creates a scope's series on o, labelled with the scope's label pairs.
+func newScopeStats(o *series.Owned, scope ...string) *scopeStats {
+	name := func(family string, pairs ...string) string {
+		return series.Name(family, slices.Concat(scope, pairs)...)
 	}
-	gauge(metricAffinityBindings+`{`+labels+`}`, func() float64 { return float64(st.bindings.Load()) })
+	st := &scopeStats{
+		hits:        o.Counter(name(metricAffinityLookups, "result", "hit")),
+		misses:      o.Counter(name(metricAffinityLookups, "result", "miss")),
+		binds:       o.Counter(name(metricAffinityBinds, "result", "bound")),
+		conflicts:   o.Counter(name(metricAffinityBinds, "result", "conflict")),
+		expired:     o.Counter(name(metricAffinityRemoved, "cause", "expired")),
+		evicted:     o.Counter(name(metricAffinityRemoved, "cause", "evicted")),
+		invalidated: o.Counter(name(metricAffinityRemoved, "cause", "invalidated")),
+	}
+	o.Gauge(name(metricAffinityBindings), func() float64 { return float64(st.bindings.Load()) })
 	return st
 }
 
@@ -467,8 +450,7 @@ func (s *AffinityStore) newScopeHost(scope engine.AffinityScope, n int) *scopeHo
 		scope: scope,
 		name:  fmt.Sprintf("affinity:%s#%d", scope, n),
 	}
-	labels := `model="` + labelValue(scope.Model) + `",bucket="` + labelValue(scope.BucketID) + `",stage="` + scope.Stage.String() + `"`
-	h.stats = newScopeStats(labels, s.counter, s.gauge)
+	h.stats = newScopeStats(s.metrics, "model", scope.Model, "bucket", scope.BucketID, "stage", scope.Stage.String())
 	h.internal = &engine.PickError{Outcome: engine.OutcomeInternal, Stage: scope.Stage, BucketID: scope.BucketID,
 		Detail: "affinity scope actor " + scope.String() + " failed", Err: ErrPanicked}
 	h.timeoutErr = &engine.PickError{Outcome: engine.OutcomeTimeout, Stage: scope.Stage, BucketID: scope.BucketID,
@@ -529,7 +511,7 @@ func (a *affinityScopeActor) handle(cmd affinityCommand) {
 	replied := false
 	defer func() {
 		if r := recover(); r != nil {
-			a.h.store.counters.panics.Add(1)
+			a.h.store.counters.panics.Inc()
 			a.h.store.logger.Error("affinity scope actor panicked; failing its command and restarting it with no bindings",
 				slog.String("scope", a.h.scope.String()), slog.Any("panic", r), slog.String("stack", string(debug.Stack())))
 			if !replied {
@@ -694,12 +676,4 @@ func (c *affinityCall) done() { c.reply <- struct{}{} }
 func (c *affinityCall) reset() {
 	c.lookup, c.bind, c.inval, c.sweep = LookupBinding{}, Bind{}, InvalidateWorker{}, Sweep{}
 	c.lookupRes, c.bindRes, c.invalRes, c.sweepRes = LookupBindingResult{}, BindResult{}, InvalidateWorkerResult{}, SweepResult{}
-}
-
-// labelValue escapes a Prometheus label value.
-func labelValue(v string) string {
-	if !strings.ContainsAny(v, "\\\"\n") {
-		return v
-	}
-	return strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`).Replace(v)
 }

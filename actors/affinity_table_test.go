@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"switchyard/load/series"
 	"testing"
 	"time"
 
@@ -13,8 +14,7 @@ var affT0 = time.Unix(1_800_000_000, 0)
 func affAt(d time.Duration) int64 { return affT0.Add(d).UnixNano() }
 
 func newTestTable(idle time.Duration, maxBindings int) (*bindingTable, *scopeStats) {
-	set := metrics.NewSet()
-	st := newScopeStats(`scope="t"`, set.GetOrCreateCounter, func(name string, f func() float64) { set.GetOrCreateGauge(name, f) })
+	st := newScopeStats(series.Own(nil), "scope", "t")
 	return newBindingTable(idle, maxBindings, st), st
 }
 

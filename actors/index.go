@@ -15,6 +15,7 @@ import (
 	"switchyard/config"
 	"switchyard/engine"
 	"switchyard/kv"
+	"switchyard/load/series"
 )
 
 // ErrIndexClosed: the IndexShards were closed.
@@ -66,11 +67,10 @@ type IndexShards struct {
 	root     *actor.RootContext
 	host     *host
 	logger   *slog.Logger
-	set      *metrics.Set
+	metrics  *series.Owned // unregistered by Close
 	counters kindCounters
 	timeouts *metrics.Counter
 	shards   []*indexShardHost
-	names    []string
 
 	calls     sync.Pool // *matchCall
 	closeMu   sync.Mutex
@@ -94,14 +94,12 @@ func NewIndexShards(shards []*kv.Shard, opts IndexOptions) (*IndexShards, error)
 	if opts.Metrics == nil {
 		opts.Metrics = metrics.NewSet()
 	}
-	s := &IndexShards{host: newHost(), logger: opts.Logger, set: opts.Metrics,
+	s := &IndexShards{host: newHost(), logger: opts.Logger, metrics: series.Own(opts.Metrics),
 		closedErr: fmt.Errorf("cannot reach index shard: %w", ErrIndexClosed)}
 	n := len(shards)
 	s.calls.New = func() any { return &matchCall{msgs: make([]MatchPrefix, 0, n), reply: make(chan error, n)} }
-	s.timeouts = s.set.GetOrCreateCounter(metricIndexTimeouts)
-	s.set.GetOrCreateGauge(metricIndexRejections, func() float64 { return float64(s.counters.rejected.Load()) })
-	s.set.GetOrCreateGauge(metricIndexPanics, func() float64 { return float64(s.counters.panics.Load()) })
-	s.names = []string{metricIndexTimeouts, metricIndexRejections, metricIndexPanics}
+	s.timeouts = s.metrics.Counter(metricIndexTimeouts)
+	s.counters = newKindCounters(s.metrics, metricIndexRejections, metricIndexPanics)
 
 	s.sys = newActorSystem(opts.Logger)
 	s.root = s.sys.Root
@@ -121,10 +119,10 @@ func NewIndexShards(shards []*kv.Shard, opts IndexOptions) (*IndexShards, error)
 }
 
 // Rejected is the number of messages refused by full or stopped shard mailboxes.
-func (s *IndexShards) Rejected() uint64 { return s.counters.rejected.Load() }
+func (s *IndexShards) Rejected() uint64 { return s.counters.rejected.Get() }
 
 // Panics is the number of shard actor panics recovered.
-func (s *IndexShards) Panics() uint64 { return s.counters.panics.Load() }
+func (s *IndexShards) Panics() uint64 { return s.counters.panics.Get() }
 
 // Apply implements kv.ShardHost: it queues the batch on shard i and rings the shard's
 // doorbell (one ApplyEvents in its mailbox) unless one is already pending, so that under
@@ -142,7 +140,7 @@ func (s *IndexShards) Apply(i int, b *kv.ShardBatch) error {
 	h.mu.Lock()
 	if len(h.pending) >= h.maxPending {
 		h.mu.Unlock()
-		s.counters.rejected.Add(1)
+		s.counters.rejected.Inc()
 		return fmt.Errorf("cannot apply %d block operations on index shard %d: %w", len(b.Ops), i, kv.ErrShardBusy)
 	}
 	h.pending = append(h.pending, b)
@@ -259,9 +257,7 @@ func (s *IndexShards) Close() error {
 	}
 	s.host.shutdown()
 	s.sys.Shutdown()
-	for _, n := range s.names {
-		s.set.UnregisterMetric(n)
-	}
+	s.metrics.Unregister()
 	return nil
 }
 
@@ -348,7 +344,7 @@ func (a *indexShardActor) guard(msg any, c *matchCall, f func()) {
 	defer func() {
 		if r := recover(); r != nil {
 			s := a.h.owner
-			s.counters.panics.Add(1)
+			s.counters.panics.Inc()
 			s.logger.Error("index shard actor panicked; restarting it with an empty shard",
 				slog.String("shard", a.h.name), slog.Any("panic", r), slog.String("stack", string(debug.Stack())))
 			if c != nil && !replied {

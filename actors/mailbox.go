@@ -4,9 +4,11 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/VictoriaMetrics/metrics"
 	"github.com/asynkron/protoactor-go/actor"
 
 	"switchyard/engine"
+	"switchyard/load/series"
 )
 
 // Kind is an actor kind; mailbox sizes and failure counters are per kind.
@@ -30,26 +32,55 @@ func (k Kind) String() string {
 	return "unknown"
 }
 
-// Counters are the actors' failure counts per kind, for metrics. All methods are safe for
+// Actor failure counters of the selection and telemetry actors, by kind.
+const (
+	metricMailboxRejections = "switchyard_actor_mailbox_rejections_total"
+	metricActorPanics       = "switchyard_actor_panics_total"
+)
+
+// Counters are the actors' failure counts per kind: the counters
+// switchyard_actor_mailbox_rejections_total{kind} and switchyard_actor_panics_total{kind} on a
+// set of their own (Set), which the owner of /metrics exposes. All methods are safe for
 // concurrent use.
 type Counters struct {
+	set   *metrics.Set
 	kinds [numKinds]kindCounters
 }
 
+// NewCounters creates the counters of every kind on a new set.
+func NewCounters() *Counters {
+	c := &Counters{set: metrics.NewSet()}
+	for k := range numKinds {
+		c.kinds[k] = kindCounters{
+			rejected: c.set.NewCounter(series.Name(metricMailboxRejections, "kind", k.String())),
+			panics:   c.set.NewCounter(series.Name(metricActorPanics, "kind", k.String())),
+		}
+	}
+	return c
+}
+
+// Set is the set that holds the counters.
+func (c *Counters) Set() *metrics.Set { return c.set }
+
+// kindCounters are the failure counters of one kind of actor.
 type kindCounters struct {
-	rejected atomic.Uint64
-	panics   atomic.Uint64
-	_        [48]byte // keep kinds off one cache line
+	rejected *metrics.Counter
+	panics   *metrics.Counter
+}
+
+// newKindCounters creates the rejection and panic counters of one kind of actor on o.
+func newKindCounters(o *series.Owned, rejected, panics string) kindCounters {
+	return kindCounters{rejected: o.Counter(rejected), panics: o.Counter(panics)}
 }
 
 // Rejected is the number of messages refused by a full (or stopped) mailbox of kind k. A
 // refused pick was answered with OutcomeOverloaded (or OutcomeInternal when stopped); a
 // refused event (a load report) was dropped.
-func (c *Counters) Rejected(k Kind) uint64 { return c.kinds[k].rejected.Load() }
+func (c *Counters) Rejected(k Kind) uint64 { return c.kinds[k].rejected.Get() }
 
 // Panics is the number of panics recovered in actors of kind k (each failed one request and
 // restarted the actor).
-func (c *Counters) Panics(k Kind) uint64 { return c.kinds[k].panics.Load() }
+func (c *Counters) Panics(k Kind) uint64 { return c.kinds[k].panics.Get() }
 
 // rejecter is a message that expects a reply. A mailbox that cannot accept it answers it at
 // once with err instead of blocking or dropping it. reject is called at most once per
@@ -179,7 +210,7 @@ func (m *mailbox) refuse(msg any, err *engine.PickError) {
 	if _, ok := msg.(wakeToken); ok {
 		return
 	}
-	m.counters.rejected.Add(1)
+	m.counters.rejected.Inc()
 	if env, ok := msg.(*actor.MessageEnvelope); ok {
 		msg = env.Message
 	}

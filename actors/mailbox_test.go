@@ -7,6 +7,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"switchyard/engine"
+	"switchyard/load/series"
 )
 
 // probe is a test command that records how it was refused.
@@ -36,7 +37,7 @@ func (a *blockingActor) Receive(ctx actor.Context) {
 func TestMailboxRejectsFastWhenFull(t *testing.T) {
 	sys := newActorSystem(nil)
 	h := newHost()
-	var kc kindCounters
+	kc := newKindCounters(series.Own(nil), "rejected_total", "panics_total")
 	overloaded := &engine.PickError{Outcome: engine.OutcomeOverloaded, Detail: "full"}
 	stopped := &engine.PickError{Outcome: engine.OutcomeInternal, Detail: "stopped", Err: ErrStopped}
 	const size = 2
@@ -70,7 +71,7 @@ func TestMailboxRejectsFastWhenFull(t *testing.T) {
 		t.Fatal("a refused rejecter was not answered before Send returned")
 	}
 	sys.Root.Send(pid, &LoadReported{WorkerID: "W1"}) // not a rejecter
-	if got := kc.rejected.Load(); got != 2 {
+	if got := kc.rejected.Get(); got != 2 {
 		t.Fatalf("rejected = %d, want 2", got)
 	}
 

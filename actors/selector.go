@@ -37,7 +37,7 @@ type Selector struct {
 	workers  *engine.WorkerSet
 	timeout  time.Duration
 	logger   *slog.Logger
-	counters Counters
+	counters *Counters
 
 	buckets map[*engine.Bucket]*bucketHost
 	pids    []*actor.PID // bucket actors, for Close
@@ -91,11 +91,12 @@ func NewSelector(resolvers map[string]*engine.BucketResolver, workers *engine.Wo
 		logger = slog.New(slog.DiscardHandler)
 	}
 	s := &Selector{
-		host:    newHost(),
-		workers: workers,
-		timeout: cfg.PickTimeout,
-		logger:  logger,
-		buckets: make(map[*engine.Bucket]*bucketHost),
+		host:     newHost(),
+		workers:  workers,
+		timeout:  cfg.PickTimeout,
+		logger:   logger,
+		buckets:  make(map[*engine.Bucket]*bucketHost),
+		counters: NewCounters(),
 	}
 	// A zero setting takes config.Default's value.
 	d := config.Default().Actors
@@ -204,7 +205,7 @@ func (bh *bucketHost) invalidErr() *engine.PickError {
 }
 
 // Counters returns the actors' failure counts (mailbox rejections, recovered panics).
-func (s *Selector) Counters() *Counters { return &s.counters }
+func (s *Selector) Counters() *Counters { return s.counters }
 
 // Timeout is the pick deadline.
 func (s *Selector) Timeout() time.Duration { return s.timeout }
@@ -472,7 +473,7 @@ func (a *groupActor) pickEngine(ctx actor.Context, msg *PickEngine) {
 
 // recordPanic logs and counts a panic recovered in an actor.
 func recordPanic(s *Selector, k Kind, bucketID string, stage engine.Stage, policy string, r any) {
-	s.counters.kinds[k].panics.Add(1)
+	s.counters.kinds[k].panics.Inc()
 	s.logger.Error("actor panicked; failing its request and restarting it",
 		slog.String("kind", k.String()),
 		slog.String("bucket", bucketID),

@@ -290,7 +290,7 @@ func NewTelemetry(table *load.Table, opts TelemetryOptions) (*Telemetry, error) 
 	}
 	t.counters = opts.Counters
 	if t.counters == nil {
-		t.counters = new(Counters)
+		t.counters = NewCounters()
 	}
 	t.th = &telemetryHost{
 		agg:      load.NewAggregator(opts.Load.Freshness),
@@ -569,7 +569,7 @@ func (a *telemetryActor) Receive(ctx actor.Context) {
 	msg := ctx.Message()
 	defer func() {
 		if r := recover(); r != nil {
-			a.h.counters.panics.Add(1)
+			a.h.counters.panics.Inc()
 			a.h.logger.Error("telemetry actor panicked; restarting it", slog.Any("panic", r), slog.String("message", fmt.Sprintf("%T", msg)))
 			if rj, ok := msg.(rejecter); ok {
 				rj.reject(a.h.internal)

@@ -326,7 +326,7 @@ func (p *gaugePub) publish(r load.RankReport) {
 
 func TestTelemetrySubscribesToEveryGaugeEndpoint(t *testing.T) {
 	clk := &fakeClock{t: telT0}
-	shared := new(Counters)
+	shared := NewCounters()
 	tel, _ := newTestTelemetry(t, clk, TelemetryOptions{Load: config.LoadSettings{Source: config.LoadSourceAuto}, Counters: shared})
 	if tel.Counters() != shared {
 		t.Fatal("Counters option not used")

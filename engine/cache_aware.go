@@ -88,7 +88,7 @@ type CacheAwareMetrics struct {
 	unavailable *metrics.Counter
 	checks      *metrics.Counter
 	rejections  *metrics.Counter
-	matched     *metrics.Histogram
+	matched     *metrics.PrometheusHistogram
 }
 
 type cacheOutcome uint8
@@ -117,6 +117,10 @@ const (
 
 var missReasonNames = [numMissReasons]string{"no_lookup", "source_unavailable", "no_holder", "below_threshold", "holders_queued", "holders_rejected"}
 
+// matchedTokenBuckets are the `le` upper bounds, in tokens, of
+// switchyard_cache_aware_matched_tokens (the default minimum hit is 1,024 tokens).
+var matchedTokenBuckets = []float64{64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144}
+
 // NewCacheAwareMetrics creates the handles on set; nil keeps them private.
 func NewCacheAwareMetrics(set *metrics.Set) *CacheAwareMetrics {
 	if set == nil {
@@ -132,7 +136,7 @@ func NewCacheAwareMetrics(set *metrics.Set) *CacheAwareMetrics {
 	m.unavailable = set.GetOrCreateCounter(`switchyard_cache_aware_source_unavailable_total`)
 	m.checks = set.GetOrCreateCounter(`switchyard_cache_aware_admission_checks_total`)
 	m.rejections = set.GetOrCreateCounter(`switchyard_cache_aware_admission_rejections_total`)
-	m.matched = set.GetOrCreateHistogram(`switchyard_cache_aware_matched_tokens`)
+	m.matched = set.GetOrCreatePrometheusHistogramExt(`switchyard_cache_aware_matched_tokens`, matchedTokenBuckets)
 	return m
 }
 

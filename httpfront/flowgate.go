@@ -10,7 +10,6 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"switchyard/config"
-	"switchyard/httpfront/fleet"
 	"switchyard/httpfront/flow"
 )
 
@@ -20,7 +19,7 @@ func newGate(cfg *config.Config, opts Options) *flow.Gate {
 	if opts.Flow != nil {
 		return opts.Flow
 	}
-	return flow.NewGate(cfg, flow.Options{Metrics: opts.Metrics, EscapeLabel: fleet.EscapeLabel})
+	return flow.NewGate(cfg, flow.Options{Metrics: opts.Metrics})
 }
 
 // limitRate checks the request against the rate limits: the router's, and its API key's

@@ -9,7 +9,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 
 	"switchyard/engine"
-	"switchyard/httpfront/fleet"
+	"switchyard/load/series"
 )
 
 // Metric names. Every handle is created once — at start-up, when a worker is added, or the
@@ -23,8 +23,6 @@ const (
 	metricSelectionFailures = "switchyard_selection_failures_total"
 	metricAdmission         = "switchyard_admission_rejections_total"
 	metricHealthyWorkers    = "switchyard_healthy_workers"
-	metricMailboxRejections = "switchyard_actor_mailbox_rejections_total"
-	metricActorPanics       = "switchyard_actor_panics_total"
 	metricUpstreamErrors    = "switchyard_upstream_errors_total"
 	metricDisconnects       = "switchyard_client_disconnects_total"
 	metricInflight          = "switchyard_inflight_requests"
@@ -105,7 +103,7 @@ func (g *groupMetrics) selected(reason string) {
 		g.mu.Lock()
 		by := *g.by.Load()
 		if c = by[reason]; c == nil {
-			c = g.set.GetOrCreateCounter(metricSelections + "{" + g.base + `,reason="` + fleet.EscapeLabel(reason) + `"}`)
+			c = g.set.GetOrCreateCounter(metricSelections + "{" + g.base + `,reason="` + series.Label(reason) + `"}`)
 			next := make(map[string]*metrics.Counter, len(by)+1)
 			maps.Copy(next, by)
 			next[reason] = c
@@ -139,6 +137,7 @@ type serverMetrics struct {
 	upstream map[upstreamKey]*metrics.Counter
 
 	disconnects *metrics.Counter
+	staleGuards *metrics.Counter // in-flight guards the janitor released
 	inflight    atomic.Int64
 
 	retryMetrics
@@ -181,13 +180,14 @@ func newServerMetrics(set *metrics.Set, resolvers map[string]*engine.BucketResol
 	}
 	m.disconnects = set.NewCounter(metricDisconnects)
 	m.retryMetrics = newRetryMetrics(set, retryable)
+	m.staleGuards = set.NewCounter(metricStaleGuards)
 	set.NewGauge(metricInflight, func() float64 { return float64(m.inflight.Load()) })
 	return m
 }
 
 func (m *serverMetrics) newModel(name string, r *engine.BucketResolver) *modelMetrics {
 	mm := &modelMetrics{groups: make(map[string]*[3]*groupMetrics)}
-	model := fleet.EscapeLabel(name)
+	model := series.Label(name)
 	for k := routeKind(0); k < numRoutes; k++ {
 		base := `route="` + k.String() + `",model="` + model + `"`
 		mm.routes[k] = &routeModelMetrics{
@@ -211,8 +211,8 @@ func (m *serverMetrics) newModel(name string, r *engine.BucketResolver) *modelMe
 			if g.Policy() != nil {
 				policy = g.Policy().Name()
 			}
-			gs[g.Stage()] = newGroupMetrics(m.set, `model="`+model+`",bucket="`+fleet.EscapeLabel(b.ID)+`",group="`+
-				g.Stage().String()+`",policy="`+fleet.EscapeLabel(policy)+`"`)
+			gs[g.Stage()] = newGroupMetrics(m.set, `model="`+model+`",bucket="`+series.Label(b.ID)+`",group="`+
+				g.Stage().String()+`",policy="`+series.Label(policy)+`"`)
 		}
 		mm.groups[b.ID] = &gs
 	}
@@ -223,7 +223,7 @@ func (m *serverMetrics) newModel(name string, r *engine.BucketResolver) *modelMe
 func (m *serverMetrics) tokenizerErrors(model string) [numTokenizerStages]*metrics.Counter {
 	var cs [numTokenizerStages]*metrics.Counter
 	for st := range numTokenizerStages {
-		cs[st] = m.set.NewCounter(metricTokenizerErrors + `{model="` + fleet.EscapeLabel(model) + `",stage="` + st.String() + `"}`)
+		cs[st] = m.set.NewCounter(series.Name(metricTokenizerErrors, "model", model, "stage", st.String()))
 	}
 	return cs
 }
@@ -270,7 +270,7 @@ func (m *serverMetrics) admissionRejected(limit string) {
 	if c == nil {
 		m.admMu.Lock()
 		if c = m.admission[limit]; c == nil {
-			c = m.set.GetOrCreateCounter(metricAdmission + `{limit="` + fleet.EscapeLabel(limit) + `"}`)
+			c = m.set.GetOrCreateCounter(series.Name(metricAdmission, "limit", limit))
 			m.admission[limit] = c
 		}
 		m.admMu.Unlock()
@@ -294,7 +294,7 @@ func (m *serverMetrics) upstreamError(worker, kind string) {
 	if c == nil {
 		m.upMu.Lock()
 		if c = m.upstream[k]; c == nil {
-			c = m.set.GetOrCreateCounter(metricUpstreamErrors + `{worker="` + fleet.EscapeLabel(worker) + `",kind="` + kind + `"}`)
+			c = m.set.GetOrCreateCounter(series.Name(metricUpstreamErrors, "worker", worker, "kind", kind))
 			m.upstream[k] = c
 		}
 		m.upMu.Unlock()
@@ -305,7 +305,7 @@ func (m *serverMetrics) upstreamError(worker, kind string) {
 // healthyWorkers registers the gauge of a model's healthy workers in one role its buckets
 // need (what /readiness checks); count reads the current registry at scrape time.
 func (m *serverMetrics) healthyWorkers(model string, stage engine.Stage, count func() float64) {
-	m.set.NewGauge(metricHealthyWorkers+`{model="`+fleet.EscapeLabel(model)+`",role="`+stage.String()+`"}`, count)
+	m.set.NewGauge(series.Name(metricHealthyWorkers, "model", model, "role", stage.String()), count)
 }
 
 // since returns seconds elapsed from start to now.

@@ -127,6 +127,7 @@ func (s *Server) runJanitor(ctx context.Context) {
 			return
 		case <-t.C:
 			if n := s.tracker.ReleaseStale(s.now(), maxAge); n > 0 {
+				s.metrics.staleGuards.Add(n)
 				s.logger.Warn("released leaked in-flight guards", slog.Int("count", n))
 			}
 		}

@@ -392,14 +392,10 @@ func (f fasthttpLogger) Printf(format string, args ...any) {
 	f.l.Debug("fasthttp", slog.String("message", fmt.Sprintf(format, args...)))
 }
 
+// registerActorMetrics exposes the selection and telemetry actors' failure counters, kept on
+// a set of their own, with the server's.
 func (s *Server) registerActorMetrics(sel *actors.Selector) {
-	c := sel.Counters()
-	for _, k := range []actors.Kind{actors.KindBucket, actors.KindGroup, actors.KindTelemetry} {
-		k := k
-		s.set.NewGauge(metricMailboxRejections+`{kind="`+k.String()+`"}`, func() float64 { return float64(c.Rejected(k)) })
-		s.set.NewGauge(metricActorPanics+`{kind="`+k.String()+`"}`, func() float64 { return float64(c.Panics(k)) })
-	}
-	s.set.NewGauge(metricStaleGuards, func() float64 { return float64(s.tracker.StaleReleased()) })
+	s.set.RegisterMetricsWriter(sel.Counters().Set().WritePrometheus)
 }
 
 func modelsBody(names []string) []byte {

@@ -108,6 +108,7 @@ func NewIndex(cfg IndexConfig) (*Index, error) {
 	x.shards = make([]*Shard, cfg.Shards)
 	for i := range x.shards {
 		x.shards[i] = NewShard(x.owners, per)
+		x.shards[i].metrics = cfg.Metrics
 	}
 	if cfg.Host == nil {
 		x.host = NewLockedShards(x.shards)
@@ -127,8 +128,6 @@ func NewIndex(cfg IndexConfig) (*Index, error) {
 	set.GetOrCreateGauge(`switchyard_kv_index_blocks`, func() float64 { return float64(x.Stats().Blocks) })
 	set.GetOrCreateGauge(`switchyard_kv_index_memory_bytes`, func() float64 { return float64(x.Stats().MemoryBytes) })
 	set.GetOrCreateGauge(`switchyard_kv_index_owners`, func() float64 { return float64(x.owners.Len()) })
-	set.GetOrCreateGauge(`switchyard_kv_index_stale_ops_total`, func() float64 { return float64(x.Stats().Stale) })
-	set.GetOrCreateGauge(`switchyard_kv_index_evicted_blocks_total`, func() float64 { return float64(x.Stats().Evicted) })
 	return x, nil
 }
 

@@ -35,6 +35,10 @@ type Metrics struct {
 	peerDrops *zmtp.Metrics
 	clears    [numClearReasons]*metrics.Counter
 
+	// The index: operations dropped because their owner was cleared, blocks evicted by the
+	// memory bound (every shard adds to them once per batch).
+	indexStale, indexEvicted *metrics.Counter
+
 	// Lookup hashing: prompt chunks found in the hash cache, and not.
 	hashCacheHits, hashCacheMisses *metrics.Counter
 
@@ -46,9 +50,13 @@ type Metrics struct {
 // eventLagBuckets are the `le` upper bounds, in seconds, of switchyard_kv_event_lag_seconds.
 var eventLagBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300}
 
+// lookupBuckets are the `le` upper bounds, in seconds, of switchyard_kv_lookup_duration_seconds:
+// a local lookup takes microseconds, a remote one up to cache_aware.query_timeout.
+var lookupBuckets = []float64{0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1}
+
 type lookupMetrics struct {
 	ok, unavailable, rejected *metrics.Counter
-	seconds                   *metrics.Histogram
+	seconds                   *metrics.PrometheusHistogram
 }
 
 // sourceKind labels lookup metrics.
@@ -91,7 +99,7 @@ func NewMetrics(set *metrics.Set) *Metrics {
 			ok:          set.GetOrCreateCounter(`switchyard_kv_lookups_total{` + src + `,outcome="ok"}`),
 			unavailable: set.GetOrCreateCounter(`switchyard_kv_lookups_total{` + src + `,outcome="unavailable"}`),
 			rejected:    set.GetOrCreateCounter(`switchyard_kv_lookups_total{` + src + `,outcome="rejected"}`),
-			seconds:     set.GetOrCreateHistogram(`switchyard_kv_lookup_duration_seconds{` + src + `}`),
+			seconds:     set.GetOrCreatePrometheusHistogramExt(`switchyard_kv_lookup_duration_seconds{`+src+`}`, lookupBuckets),
 		}
 	}
 	m.opsApplied = set.GetOrCreateCounter(`switchyard_kv_block_ops_total{result="applied"}`)
@@ -111,6 +119,8 @@ func NewMetrics(set *metrics.Set) *Metrics {
 	for r := range numClearReasons {
 		m.clears[r] = set.GetOrCreateCounter(`switchyard_kv_owner_clears_total{reason="` + clearReasonNames[r] + `"}`)
 	}
+	m.indexStale = set.GetOrCreateCounter(`switchyard_kv_index_stale_ops_total`)
+	m.indexEvicted = set.GetOrCreateCounter(`switchyard_kv_index_evicted_blocks_total`)
 	m.eventLag = set.GetOrCreatePrometheusHistogramExt(`switchyard_kv_event_lag_seconds`, eventLagBuckets)
 	return m
 }

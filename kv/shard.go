@@ -136,8 +136,9 @@ const sweepChunk = 4096
 // A Shard is NOT safe for concurrent use: it is owned by one goroutine at a time (its index
 // shard actor, or a mutex in LockedShards). Stats may be read from any goroutine.
 type Shard struct {
-	owners *Owners
-	max    int
+	owners  *Owners
+	max     int
+	metrics *Metrics // the index's counters of stale operations and evictions; nil for none
 
 	tab     blockTable
 	sets    []ownerSet // sets[0] is never used
@@ -202,6 +203,7 @@ func (s *Shard) Apply(b *ShardBatch) {
 	s.maintain()
 	var stored, removed, stale uint64
 	var touch int64
+	evicted := s.evicted.Load()
 	for i := range b.Ops {
 		if i%matchGroup == 0 {
 			// Read ahead: the home slots of the next group of blocks, so that their cache
@@ -227,6 +229,14 @@ func (s *Shard) Apply(b *ShardBatch) {
 	s.stored.Add(stored)
 	s.removed.Add(removed)
 	s.stale.Add(stale)
+	if m := s.metrics; m != nil {
+		if stale > 0 {
+			m.indexStale.AddInt64(int64(stale))
+		}
+		if n := s.evicted.Load() - evicted; n > 0 {
+			m.indexEvicted.AddInt64(int64(n))
+		}
+	}
 	s.publish()
 }
 

@@ -207,9 +207,8 @@ var Switchyard = Dashboard{
 					{Expr: sumRate("reason", "switchyard_cache_aware_fallbacks_total", inst), Legend: "fallback: {{reason}}"},
 				}},
 			{Title: "Matched tokens per cache pick", Unit: "short",
-				Description: "Average prefix length, in tokens, that cache picks found on their engine.",
-				Queries: []Query{{Expr: sumRate("", "switchyard_cache_aware_matched_tokens_sum", inst) + " / " +
-					sumRate("", "switchyard_cache_aware_matched_tokens_count", inst), Legend: "tokens"}}},
+				Description: "Prefix length, in tokens, that cache picks found on their engine (p50, p90, p99).",
+				Queries:     quantiles("switchyard_cache_aware_matched_tokens", inst, "", "")},
 			{Title: "Index size", Unit: "short",
 				Description: "Blocks resident in each router's prefix index, and the (engine, DP rank) owners it follows.",
 				Queries: []Query{
@@ -242,9 +241,8 @@ var Switchyard = Dashboard{
 					{Expr: sumRate("source, outcome", "switchyard_kv_lookups_total", inst), Legend: "{{source}} {{outcome}}"},
 				}},
 			{Title: "Prefix lookup duration", Unit: "s",
-				Description: "Average prefix lookup duration by source.",
-				Queries: []Query{{Expr: sumRate("source", "switchyard_kv_lookup_duration_seconds_sum", inst) + " / " +
-					sumRate("source", "switchyard_kv_lookup_duration_seconds_count", inst), Legend: "{{source}}"}}},
+				Description: "Prefix lookup duration by source (local index, remote indexer): p50, p90, p99.",
+				Queries:     quantiles("switchyard_kv_lookup_duration_seconds", inst, "source", " {{source}}")},
 			{Title: "Hash cache hit rate", Unit: "percentunit", Max: ptr(1),
 				Description: "Share of prompt chunks whose block hashes a lookup found in the hash cache (kv.hash_cache_chunks).",
 				Queries: []Query{{Expr: sumRate("", "switchyard_kv_hash_cache_chunks_total", inst+`,result="hit"`) + " / " +

@@ -22,6 +22,7 @@ import (
 	"switchyard/engine"
 	"switchyard/kv"
 	"switchyard/load"
+	"switchyard/load/series"
 )
 
 // Sentinel errors of Add and Remove.
@@ -225,7 +226,7 @@ func (f *Fleet) Add(ctx context.Context, spec Spec, introspect bool) (*Member, e
 		spec:          spec,
 		breaker:       NewBreaker(f.breaker, f.clock.Now, f.opts.Tracker.Counters(spec.ID).Dispatched),
 	}
-	staleName := MetricStaleRetries + `{worker="` + EscapeLabel(spec.ID) + `"}`
+	staleName := series.Name(MetricStaleRetries, "worker", spec.ID)
 	m.up = newUpstream(f.t, hostPort, urlHost(spec.URL), isTLS, spec.TLS, f.metrics.GetOrCreateCounter(staleName))
 	added := false
 	defer func() {
@@ -726,14 +727,14 @@ func (f *Fleet) expire(m *Member) {
 
 // workerGauges registers m's gauges; the returned func unregisters them.
 func (f *Fleet) workerGauges(m *Member) func() {
-	l := `{worker="` + EscapeLabel(m.id) + `"}`
+	l := `{worker="` + series.Label(m.id) + `"}`
 	names := []string{MetricWorkerInflight + l, MetricWorkerHealthy + l, MetricWorkerBreaker + l, MetricStaleRetries + l}
 	f.metrics.GetOrCreateGauge(names[0], func() float64 { return float64(m.worker.Load().Counters.InFlight()) })
 	f.metrics.GetOrCreateGauge(names[1], func() float64 { return b2f(m.worker.Load().Healthy()) })
 	f.metrics.GetOrCreateGauge(names[2], func() float64 { return float64(m.breaker.State()) })
 	if ls, ok := f.opts.Telemetry.(LoadSourcer); ok {
 		for _, src := range load.Sources() {
-			n := MetricLoadSource + `{worker="` + EscapeLabel(m.id) + `",source="` + src.String() + `"}`
+			n := series.Name(MetricLoadSource, "worker", m.id, "source", src.String())
 			names = append(names, n)
 			f.metrics.GetOrCreateGauge(n, func() float64 {
 				cur, _ := ls.LoadSource(m.id)
@@ -753,12 +754,4 @@ func b2f(b bool) float64 {
 		return 1
 	}
 	return 0
-}
-
-// EscapeLabel escapes a Prometheus label value (the router's one label escaper).
-func EscapeLabel(v string) string {
-	if !strings.ContainsAny(v, "\\\"\n") {
-		return v
-	}
-	return strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`).Replace(v)
 }

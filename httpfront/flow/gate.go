@@ -8,6 +8,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 
 	"switchyard/config"
+	"switchyard/load/series"
 )
 
 // ErrRateLimited: a rate limit refused the request.
@@ -37,8 +38,6 @@ var waitBuckets = []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 type Options struct {
 	// Metrics receives the gate's metrics; nil records none.
 	Metrics *metrics.Set
-	// EscapeLabel escapes a model name for a Prometheus label value. Default: as is.
-	EscapeLabel func(string) string
 	// Observer, when set, also receives every Limiter's slow-path events.
 	Observer Observer
 }
@@ -64,10 +63,6 @@ func NewGate(cfg *config.Config, opts Options) *Gate {
 	g := &Gate{
 		rateErr: &LimitError{Scope: ScopeRouter, Err: ErrRateLimited},
 		keyErr:  &LimitError{Scope: ScopeKey, Err: ErrRateLimited},
-	}
-	escape := opts.EscapeLabel
-	if escape == nil {
-		escape = func(s string) string { return s }
 	}
 	set := opts.Metrics
 	if set == nil {
@@ -115,7 +110,7 @@ func NewGate(cfg *config.Config, opts Options) *Gate {
 		if g.models == nil {
 			g.models = make(map[string]*Limiter)
 		}
-		g.models[name] = newObservedLimiter(set, ScopeModelPrefix+name, `scope="model",model="`+escape(name)+`"`,
+		g.models[name] = newObservedLimiter(set, ScopeModelPrefix+name, `scope="model",model="`+series.Label(name)+`"`,
 			m.MaxConcurrentRequests, size, mt, opts.Observer)
 	}
 	if g.rate == nil && g.keys == nil && g.router == nil && g.models == nil {

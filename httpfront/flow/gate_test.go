@@ -190,7 +190,7 @@ func TestGateQueueMetrics(t *testing.T) {
 			m := c.Models["qwen"]
 			m.MaxConcurrentRequests = 3
 			c.Models["qwen"] = m
-		}), Options{Metrics: set, Observer: rec, EscapeLabel: func(s string) string { return strings.ToUpper(s) }})
+		}), Options{Metrics: set, Observer: rec})
 		held, _ := g.Admit("llama", time.Now(), Cancel{})
 		go g.Admit("llama", time.Now(), Cancel{})
 		synctest.Wait()
@@ -198,7 +198,7 @@ func TestGateQueueMetrics(t *testing.T) {
 		for _, want := range []string{
 			`switchyard_queue_depth{scope="router"} 1`,
 			`switchyard_concurrent_requests{scope="router"} 1`,
-			`switchyard_concurrent_requests{scope="model",model="QWEN"} 0`,
+			`switchyard_concurrent_requests{scope="model",model="qwen"} 0`,
 		} {
 			if !strings.Contains(out, want) {
 				t.Errorf("metrics lack %q:\n%s", want, out)
