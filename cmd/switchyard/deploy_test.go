@@ -33,7 +33,8 @@ func deployDir(t *testing.T) string {
 // observedRouter is a running router after the load, and what it exported.
 type observedRouter struct {
 	base    string
-	exposed exposition // GET /metrics after the load, parsed
+	scrape  string     // GET /metrics after the load
+	exposed exposition // the scrape, parsed
 }
 
 // observeRouter starts the engines and `switchyard serve`, sends the load and scrapes
@@ -262,7 +263,8 @@ models:
 	if err != nil || status != http.StatusOK {
 		t.Fatalf("GET /metrics: %d %v", status, err)
 	}
-	r.exposed, err = parseExposition(string(body))
+	r.scrape = string(body)
+	r.exposed, err = parseExposition(r.scrape)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -310,6 +312,11 @@ func TestDeployArtifactsMatchARunningRouter(t *testing.T) {
 					}
 				}
 			}
+		}
+	})
+	t.Run("metric kinds", func(t *testing.T) {
+		for _, p := range checkMetricKinds(r.scrape) {
+			t.Error(p)
 		}
 	})
 	t.Run("kubernetes probes and scrape", func(t *testing.T) {

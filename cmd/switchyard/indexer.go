@@ -40,6 +40,7 @@ func runIndexer(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: logLevel(cfg.Log.Level)}))
+	exposeMetricKinds()
 	set := metrics.NewSet()
 	idx, err := kv.NewIndex(kv.IndexConfig{Shards: cfg.KV.Shards, MaxBlocks: cfg.KV.MaxBlocks, HashCacheChunks: cfg.KV.HashCacheChunks, Metrics: kv.NewMetrics(set)})
 	if err != nil {

@@ -339,3 +339,77 @@ switchyard_ttft_seconds_bucket{route="r",model="m",le="+Inf"} 1
 		}
 	}
 }
+
+// checkMetricKinds reports every family of a scrape (with # TYPE lines) whose kind breaks the
+// house rule: a family named *_total is a counter, a family with _bucket series is a classic
+// Prometheus histogram whose buckets carry le (never VictoriaMetrics' vmrange), and every
+// family says its kind.
+func checkMetricKinds(scrape string) []string {
+	kinds := map[string]string{}
+	var problems []string
+	for _, line := range strings.Split(scrape, "\n") {
+		if f := strings.Fields(line); len(f) == 4 && f[0] == "#" && f[1] == "TYPE" {
+			kinds[f[2]] = f[3]
+		}
+	}
+	seen := map[string]bool{}
+	for _, line := range strings.Split(scrape, "\n") {
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		if strings.Contains(line, "vmrange=") {
+			problems = append(problems, "a VictoriaMetrics histogram (vmrange): "+line)
+		}
+		name := line[:strings.IndexAny(line, "{ ")]
+		if strings.HasPrefix(name, "go_") || strings.HasPrefix(name, "process_") {
+			continue // the metrics library's own
+		}
+		family := name
+		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+			if base, ok := strings.CutSuffix(name, suffix); ok && kinds[base] == "histogram" {
+				family = base
+			}
+		}
+		if seen[family] {
+			continue
+		}
+		seen[family] = true
+		kind := kinds[family]
+		switch {
+		case kind == "":
+			problems = append(problems, family+": no # TYPE line")
+		case strings.HasSuffix(family, "_total") && kind != "counter":
+			problems = append(problems, family+": named _total but exposed as "+kind)
+		case strings.HasSuffix(name, "_bucket") && kind != "histogram":
+			problems = append(problems, name+": bucket series of a "+kind)
+		case kind == "histogram" && !strings.Contains(scrape, "\n"+family+`_bucket{`) && !strings.HasPrefix(scrape, family+`_bucket{`):
+			problems = append(problems, family+": a histogram without le buckets")
+		}
+	}
+	if len(seen) < 20 {
+		problems = append(problems, fmt.Sprintf("only %d families in the scrape", len(seen)))
+	}
+	return problems
+}
+
+func TestCheckMetricKinds(t *testing.T) {
+	var good, bad strings.Builder
+	for i := range 20 {
+		fmt.Fprintf(&good, "# HELP g%d\n# TYPE g%d gauge\ng%d 1\n", i, i, i)
+	}
+	bad.WriteString(good.String())
+	good.WriteString("# HELP a_total\n# TYPE a_total counter\na_total 3\n" +
+		"# HELP h_seconds\n# TYPE h_seconds histogram\nh_seconds_bucket{le=\"1\"} 1\nh_seconds_sum 0.5\nh_seconds_count 1\n")
+	if p := checkMetricKinds(good.String()); len(p) != 0 {
+		t.Fatalf("a good scrape: %v", p)
+	}
+	bad.WriteString("# HELP b_total\n# TYPE b_total gauge\nb_total 3\n" +
+		"# HELP v_seconds\n# TYPE v_seconds histogram\nv_seconds_bucket{vmrange=\"1.0e0...1.1e0\"} 1\nv_seconds_sum 1\nv_seconds_count 1\n" +
+		"u 1\n")
+	p := checkMetricKinds(bad.String())
+	for _, want := range []string{"b_total: named _total but exposed as gauge", "vmrange", "u: no # TYPE line"} {
+		if !strings.Contains(strings.Join(p, "\n"), want) {
+			t.Errorf("problems %q lack %q", p, want)
+		}
+	}
+}

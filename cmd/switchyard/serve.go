@@ -28,6 +28,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: logLevel(cfg.Log.Level)}))
+	exposeMetricKinds()
 	set := metrics.NewSet()
 	currentStamp().registerBuildInfo(set)
 	srv, err := httpfront.New(cfg, httpfront.Options{Logger: logger, Metrics: set})
@@ -44,6 +45,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	return srv.Run(ctx)
 }
+
+// exposeMetricKinds makes /metrics say each family's kind (# TYPE counter, gauge, histogram),
+// so that Prometheus and Grafana treat counters as counters. The metrics library keeps this
+// switch process-wide; the binary's commands that serve /metrics turn it on.
+func exposeMetricKinds() { metrics.ExposeMetadata(true) }
 
 func logLevel(s string) slog.Level {
 	switch s {
