@@ -62,6 +62,11 @@ type AffinityOptions struct {
 	// Metrics is the set the store registers its series in (see the metric* names).
 	// Default: a private set.
 	Metrics *metrics.Set
+	// OnMessage, when set, sees each command an actor is about to handle, on that actor's
+	// goroutine. It is the seam of tests that hold an actor busy (it may block: the mailbox
+	// then fills) or make it fail (it may panic: the actor restarts, as after a bug).
+	// Default: none.
+	OnMessage func(msg any)
 }
 
 // AffinityOptionsFrom returns the options configured by cfg: affinity.idle_timeout,
@@ -109,9 +114,7 @@ type AffinityStore struct {
 	calls     sync.Pool // *affinityCall
 	closed    atomic.Bool
 	closedErr *engine.PickError
-
-	// onMessage, when set (by tests), runs in the scope actor before each command.
-	onMessage func(msg any)
+	onMessage func(msg any) // AffinityOptions.OnMessage
 }
 
 var _ engine.AffinityStore = (*AffinityStore)(nil)
@@ -126,6 +129,7 @@ func NewAffinityStore(opts AffinityOptions) *AffinityStore {
 		now:         opts.Now,
 		logger:      opts.Logger,
 		metrics:     series.Own(opts.Metrics),
+		onMessage:   opts.OnMessage,
 		host:        newHost(),
 	}
 	// A zero option takes config.Default's value; the call timeout is a quarter of the

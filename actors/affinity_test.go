@@ -283,16 +283,37 @@ func TestAffinityStoreExpiryWithFakeClock(t *testing.T) {
 	}
 }
 
+// TestAffinitySweeperStopsWithContext: the sweeper sweeps on each tick while its context
+// lives, returns once it is cancelled, and takes no tick after that.
 func TestAffinitySweeperStopsWithContext(t *testing.T) {
-	s, _, _ := newAffStore(t, AffinityOptions{})
+	s, clk, set := newAffStore(t, AffinityOptions{IdleTimeout: time.Minute})
+	mustBind(t, s, affScope, "k", "", "W1", clk.Now())
 	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ticks := make(chan time.Time) // unbuffered: a send returns once the sweeper took the tick
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		s.RunSweeper(ctx, make(chan time.Time))
+		s.RunSweeper(ctx, ticks)
 	}()
+	clk.Advance(time.Minute)
+	ticks <- time.Time{}
+	ticks <- time.Time{} // taken only after the first sweep ended
+	expired := metricAffinityRemoved + `{model="llama",bucket="b",stage="plain",cause="expired"}`
+	if got := metricValue(t, set, expired); got != 1 {
+		t.Fatalf("expired = %v after a tick past the idle timeout, want 1", got)
+	}
 	cancel()
-	<-done
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("RunSweeper did not return after its context was cancelled")
+	}
+	select {
+	case ticks <- time.Time{}:
+		t.Fatal("a stopped sweeper took a tick")
+	default:
+	}
 }
 
 // TestAffinityInvalidateWorker: removing a worker drops its bindings in every scope; the
@@ -374,7 +395,7 @@ func TestAffinityStoreLRUBoundIsCounted(t *testing.T) {
 	}
 }
 
-// blockingHook returns an onMessage hook that blocks the scope actor on a command for key
+// blockingHook returns an OnMessage observer that blocks the scope actor on a command for key
 // until release is closed, signalling entered first.
 func blockingHook(key string) (hook func(any), entered chan struct{}, release chan struct{}) {
 	entered, release = make(chan struct{}, 1), make(chan struct{})
@@ -388,9 +409,10 @@ func blockingHook(key string) (hook func(any), entered chan struct{}, release ch
 }
 
 func TestAffinityStoreFullMailboxRejectsFast(t *testing.T) {
-	s, clk, set := newAffStore(t, AffinityOptions{Mailbox: 1, CallTimeout: time.Minute})
-	hook, entered, release := blockingHook("block")
-	s.onMessage = hook
+	hook := new(msgHook)
+	s, clk, set := newAffStore(t, AffinityOptions{Mailbox: 1, CallTimeout: time.Minute, OnMessage: hook.observe})
+	block, entered, release := blockingHook("block")
+	hook.set(block)
 	mustLookup(t, s, affScope, "warm-up", clk.Now()) // spawn the scope
 	blocked := make(chan error, 1)
 	go func() {
@@ -447,31 +469,40 @@ func TestAffinityStoreFullMailboxRejectsFast(t *testing.T) {
 }
 
 func TestAffinityStoreDeadline(t *testing.T) {
-	s, clk, set := newAffStore(t, AffinityOptions{CallTimeout: 20 * time.Millisecond})
-	hook, entered, release := blockingHook("block")
-	s.onMessage = hook
-	blocked := make(chan error, 1)
-	go func() {
-		_, err := s.Lookup(affScope, "block", clk.Now())
-		blocked <- err
-	}()
-	<-entered
+	hook := new(msgHook)
+	s, clk, set := newAffStore(t, AffinityOptions{CallTimeout: 250 * time.Millisecond, OnMessage: hook.observe})
+	block, entered, release := blockingHook("block")
+	hook.set(block)
+	mustBind(t, s, affScope, "warm-up", "", "W1", clk.Now()) // spawns the scope
+	// The command that holds the actor is sent raw, without a deadline: a call that missed
+	// its deadline before the actor took it would be skipped, and never hold it.
+	c := newAffinityCall()
+	c.lookup = LookupBinding{Key: "block", Now: clk.Now(), call: c}
+	s.root.Send((*s.scopes.Load())[affScope].pid, &c.lookup)
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the scope actor never took the blocking command")
+	}
+	timeouts := metricValue(t, set, metricAffinityTimeouts)
 	if _, err := s.Lookup(affScope, "next", clk.Now()); engine.OutcomeOf(err) != engine.OutcomeTimeout {
 		t.Fatalf("lookup behind a stuck actor: %v, want timeout", err)
 	}
-	if err := <-blocked; engine.OutcomeOf(err) != engine.OutcomeTimeout {
-		t.Fatalf("the stuck lookup: %v, want timeout", err)
+	if got := metricValue(t, set, metricAffinityTimeouts); got != timeouts+1 {
+		t.Fatalf("timeouts = %v, want %v", got, timeouts+1)
 	}
 	close(release)
+	select {
+	case <-c.reply:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the blocking command was never answered")
+	}
 	if w := mustBind(t, s, affScope, "k", "", "W1", clk.Now()); w != "W1" {
 		t.Fatalf("after the actor recovered: %q", w)
 	}
-	if got := metricValue(t, set, metricAffinityTimeouts); got != 2 {
-		t.Fatalf("timeouts = %v, want 2", got)
-	}
 	// Through a policy the deadline is a Timeout pick error that stops the bucket loop.
-	hook, entered, release = blockingHook("stuck-session")
-	s.onMessage = hook
+	block, entered, release = blockingHook("stuck-session")
+	hook.set(block)
 	defer close(release)
 	_, err := engine.NewSessionAware(nil, nil, s, rand.New(rand.NewPCG(1, 1))).Pick(workers("w", 2, engine.StagePlain),
 		&engine.PickRequest{BucketRequest: affRequest(clk, "stuck-session", ""), Stage: engine.StagePlain, BucketID: "b"})
@@ -479,16 +510,14 @@ func TestAffinityStoreDeadline(t *testing.T) {
 	if !errors.As(err, &pe) || pe.Outcome != engine.OutcomeTimeout || pe.Advances() {
 		t.Fatalf("pick err = %v, want a timeout that stops the loop", err)
 	}
-	<-entered
 }
 
 func TestAffinityStorePanicRestartsTheScope(t *testing.T) {
-	s, clk, set := newAffStore(t, AffinityOptions{})
-	s.onMessage = func(msg any) {
+	s, clk, set := newAffStore(t, AffinityOptions{OnMessage: func(msg any) {
 		if m, ok := msg.(*LookupBinding); ok && m.Key == "panic" {
 			panic("test: marked command")
 		}
-	}
+	}})
 	mustBind(t, s, affScope, "k", "", "W1", clk.Now())
 	_, err := s.Lookup(affScope, "panic", clk.Now())
 	if !errors.Is(err, ErrPanicked) || engine.OutcomeOf(err) != engine.OutcomeInternal {

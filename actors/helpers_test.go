@@ -157,3 +157,15 @@ func pickErrOf(t testing.TB, err error) *engine.PickError {
 func suspendMailbox() any { return &actor.SuspendMailbox{} }
 
 func resumeMailbox() any { return &actor.ResumeMailbox{} }
+
+// msgHook is an OnMessage observer (IndexOptions, AffinityOptions) whose behaviour a test
+// sets and changes while the actors run.
+type msgHook struct{ f atomic.Pointer[func(any)] }
+
+func (h *msgHook) observe(msg any) {
+	if f := h.f.Load(); f != nil {
+		(*f)(msg)
+	}
+}
+
+func (h *msgHook) set(f func(any)) { h.f.Store(&f) }

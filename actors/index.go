@@ -37,6 +37,11 @@ type IndexOptions struct {
 	Logger *slog.Logger
 	// Metrics is the set the shards register their series in. Default: a private set.
 	Metrics *metrics.Set
+	// OnMessage, when set, sees each command an actor is about to handle, on that actor's
+	// goroutine. It is the seam of tests that hold an actor busy (it may block: the mailbox
+	// then fills) or make it fail (it may panic: the actor restarts, as after a bug).
+	// Default: none.
+	OnMessage func(msg any)
 }
 
 // IndexOptionsFrom returns the options configured by cfg (actors.mailbox.index_shard); the
@@ -76,9 +81,7 @@ type IndexShards struct {
 	closeMu   sync.Mutex
 	closed    atomic.Bool
 	closedErr error
-
-	// onMessage, when set (by tests), runs in the shard actor before each command.
-	onMessage func(msg any)
+	onMessage func(msg any) // IndexOptions.OnMessage
 }
 
 var _ kv.ShardHost = (*IndexShards)(nil)
@@ -94,7 +97,7 @@ func NewIndexShards(shards []*kv.Shard, opts IndexOptions) (*IndexShards, error)
 	if opts.Metrics == nil {
 		opts.Metrics = metrics.NewSet()
 	}
-	s := &IndexShards{host: newHost(), logger: opts.Logger, metrics: series.Own(opts.Metrics),
+	s := &IndexShards{host: newHost(), logger: opts.Logger, metrics: series.Own(opts.Metrics), onMessage: opts.OnMessage,
 		closedErr: fmt.Errorf("cannot reach index shard: %w", ErrIndexClosed)}
 	n := len(shards)
 	s.calls.New = func() any { return &matchCall{msgs: make([]MatchPrefix, 0, n), reply: make(chan error, n)} }

@@ -11,10 +11,17 @@ import (
 
 // actorIndex returns a kv.Index whose shards run on index shard actors, and those actors.
 func actorIndex(t *testing.T, shards, mailbox int) (*kv.Index, *IndexShards) {
+	x, h, _ := hookedIndex(t, shards, mailbox)
+	return x, h
+}
+
+// hookedIndex is actorIndex whose shard actors call the returned hook before each message.
+func hookedIndex(t *testing.T, shards, mailbox int) (*kv.Index, *IndexShards, *msgHook) {
 	t.Helper()
 	var hosted *IndexShards
+	hook := new(msgHook)
 	x, err := kv.NewIndex(kv.IndexConfig{Shards: shards, MaxBlocks: 1 << 20, Host: func(s []*kv.Shard) (kv.ShardHost, error) {
-		h, err := NewIndexShards(s, IndexOptions{Mailbox: mailbox})
+		h, err := NewIndexShards(s, IndexOptions{Mailbox: mailbox, OnMessage: hook.observe})
 		hosted = h
 		return h, err
 	}})
@@ -22,7 +29,7 @@ func actorIndex(t *testing.T, shards, mailbox int) (*kv.Index, *IndexShards) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = x.Close() })
-	return x, hosted
+	return x, hosted, hook
 }
 
 func prompt(base, n int) []uint32 {
@@ -80,13 +87,13 @@ func TestIndexShardsServeTheIndex(t *testing.T) {
 
 // blockShards makes every shard actor wait on release before handling a message; entered
 // receives one value per message an actor started handling.
-func blockShards(h *IndexShards) (entered <-chan struct{}, release func()) {
+func blockShards(hook *msgHook) (entered <-chan struct{}, release func()) {
 	ch := make(chan struct{})
 	in := make(chan struct{}, 64)
-	h.onMessage = func(any) {
+	hook.set(func(any) {
 		in <- struct{}{}
 		<-ch
-	}
+	})
 	closed := false
 	return in, func() {
 		if !closed {
@@ -97,9 +104,9 @@ func blockShards(h *IndexShards) (entered <-chan struct{}, release func()) {
 }
 
 func TestIndexShardsRejectFastWhenFull(t *testing.T) {
-	x, h := actorIndex(t, 1, 1)
+	x, h, hook := hookedIndex(t, 1, 1)
 	ids, _ := x.SetWorker("a", "m", 1, 16)
-	entered, release := blockShards(h)
+	entered, release := blockShards(hook)
 	defer release()
 	// The first batch occupies the actor; the next ones fill the mailbox until one is refused.
 	write := func(hash int64) int {
@@ -149,11 +156,11 @@ func TestIndexShardsRejectFastWhenFull(t *testing.T) {
 }
 
 func TestIndexShardsLookupDeadline(t *testing.T) {
-	x, h := actorIndex(t, 2, 64)
+	x, _, hook := hookedIndex(t, 2, 64)
 	if _, err := x.SetWorker("a", "m", 1, 16); err != nil {
 		t.Fatal(err)
 	}
-	_, release := blockShards(h)
+	_, release := blockShards(hook)
 	defer release()
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // the deadline has passed
@@ -168,14 +175,14 @@ func TestIndexShardsLookupDeadline(t *testing.T) {
 }
 
 func TestIndexShardsRestartAfterPanic(t *testing.T) {
-	x, h := actorIndex(t, 1, 64)
+	x, h, hook := hookedIndex(t, 1, 64)
 	tokens := prompt(0, 64)
 	holdPrompt(t, x, "a", tokens)
 	if got, _ := matched(t, x, tokens); got["a"] != 64 {
 		t.Fatalf("before: %v", got)
 	}
 	panicked := make(chan struct{})
-	h.onMessage = func(msg any) {
+	hook.set(func(msg any) {
 		if _, ok := msg.(*MatchPrefix); ok {
 			select {
 			case <-panicked:
@@ -184,7 +191,7 @@ func TestIndexShardsRestartAfterPanic(t *testing.T) {
 				panic("injected")
 			}
 		}
-	}
+	})
 	if _, err := matched(t, x, tokens); !errors.Is(err, kv.ErrUnavailable) || !errors.Is(err, ErrPanicked) {
 		t.Fatalf("the query that hit the panic: %v", err)
 	}
