@@ -119,12 +119,9 @@ func TestNonReadingClientReleased(t *testing.T) {
 			}
 			// The client reads nothing more. The engine's stream must be cancelled.
 			waitFor(t, e.gone, "the engine to see its stream cancelled")
-			deadline := time.Now().Add(10 * time.Second)
-			for ts.metrics.inflight.Load() != 0 || ts.tracker.Outstanding() != 0 {
-				if time.Now().After(deadline) {
-					t.Fatalf("in flight %d, guards %d", ts.metrics.inflight.Load(), ts.tracker.Outstanding())
-				}
-				time.Sleep(2 * time.Millisecond)
+			ts.waitBackground(t)
+			if ts.metrics.inflight.Load() != 0 || ts.tracker.Outstanding() != 0 {
+				t.Fatalf("in flight %d, guards %d after the stream ended", ts.metrics.inflight.Load(), ts.tracker.Outstanding())
 			}
 		})
 	}
@@ -228,16 +225,9 @@ func TestConnectionCapPerIP(t *testing.T) {
 	}
 	held[0].Close()
 	// Once one closes, the address may connect again (its close is noticed asynchronously).
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		status, _ := rawGet(t, ts.Addr().String(), "/health")
-		if status == 200 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("still refused after a connection closed: %d", status)
-		}
-		time.Sleep(5 * time.Millisecond)
+	waitUntil(t, "the server to release the closed connection", func() bool { return ts.conns.open() == 1 })
+	if status, b := rawGet(t, ts.Addr().String(), "/health"); status != 200 {
+		t.Fatalf("still refused after a connection closed: %d %s", status, b)
 	}
 }
 
@@ -415,11 +405,5 @@ func TestSilentConnectionClosedWithoutLingering(t *testing.T) {
 	if !contains(b, CodeRequestTimeout) {
 		t.Fatalf("answer %q", b)
 	}
-	deadline := time.Now().Add(2 * time.Second)
-	for ts.conns.open() != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d connections still open 2 s after the timeout", ts.conns.open())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitUntil(t, "the server to release the silent connection", func() bool { return ts.conns.open() == 0 })
 }

@@ -562,6 +562,37 @@ func waitFor(t *testing.T, ch <-chan struct{}, what string) {
 	}
 }
 
+// waitBackground waits until every request-owned goroutine of ts that outlives its handler
+// (stream relays, prefill requests) has ended: after it, their guards and gauges are
+// released. No handler may be running (one could start another such goroutine).
+func (ts *testServer) waitBackground(t *testing.T) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		ts.bg.Wait()
+		close(done)
+	}()
+	waitFor(t, done, "the server's streams and prefill requests to end")
+}
+
+// waitUntil waits until cond holds, for at most 10 s, looking again every few milliseconds.
+// It is for state the server signals no event for (a connection's release after the socket
+// closed); prefer an event (waitFor, waitBackground).
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.NewTimer(10 * time.Second)
+	defer deadline.Stop()
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-deadline.C:
+			t.Fatalf("timed out waiting for %s", what)
+		case <-tick.C:
+		}
+	}
+}
+
 // fakeClock is a manually advanced clock (fleet.Clock): Advance runs the timers that fall
 // due, in order, on the caller's goroutine.
 type fakeClock struct {
@@ -649,3 +680,27 @@ func (s stubSelector) Select(*engine.BucketResolver, *engine.BucketRequest) (eng
 var _ selector = stubSelector{}
 
 func contains(b []byte, s string) bool { return bytes.Contains(b, []byte(s)) }
+
+// closeSignalListener closes closed once the server has closed it.
+type closeSignalListener struct {
+	net.Listener
+	once   sync.Once
+	closed chan struct{}
+}
+
+// listenSignallingClose listens on a loopback port the OS chooses; the listener's closed
+// channel closes once the server closes it.
+func listenSignallingClose(t *testing.T) *closeSignalListener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &closeSignalListener{Listener: ln, closed: make(chan struct{})}
+}
+
+func (l *closeSignalListener) Close() error {
+	err := l.Listener.Close()
+	l.once.Do(func() { close(l.closed) })
+	return err
+}

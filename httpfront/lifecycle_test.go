@@ -244,12 +244,9 @@ func TestStreamClientDisconnectCancelsUpstream(t *testing.T) {
 	// The router notices on a heartbeat write and closes the upstream connection, which the
 	// engine sees as a failed write.
 	waitFor(t, e.gone, "the engine to see its stream cancelled")
-	deadline := time.Now().Add(10 * time.Second)
-	for ts.metrics.disconnects.Get() == 0 || ts.tracker.Outstanding() != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("disconnects %d outstanding %d", ts.metrics.disconnects.Get(), ts.tracker.Outstanding())
-		}
-		time.Sleep(2 * time.Millisecond)
+	ts.waitBackground(t)
+	if ts.metrics.disconnects.Get() != 1 || ts.tracker.Outstanding() != 0 {
+		t.Fatalf("disconnects %d outstanding %d after the stream ended", ts.metrics.disconnects.Get(), ts.tracker.Outstanding())
 	}
 }
 
@@ -272,7 +269,8 @@ func TestGracefulShutdownDrainsStreams(t *testing.T) {
 	cfg := baseConfig()
 	cfg.Workers = []config.Worker{plainWorker("A", e.url, "llama")}
 	cfg.Models = map[string]config.Model{"llama": {Buckets: []config.Bucket{plainBucket("b", nil, nil, "A")}}}
-	ts := startServer(t, cfg, Options{HeartbeatInterval: time.Hour})
+	ln := listenSignallingClose(t)
+	ts := startServer(t, cfg, Options{HeartbeatInterval: time.Hour, Listener: ln})
 
 	req, _ := http.NewRequest(http.MethodPost, ts.url+"/v1/chat/completions", strings.NewReader(chatBody("llama", "hi", `"stream":true`)))
 	resp, err := testClient.Do(req)
@@ -283,15 +281,10 @@ func TestGracefulShutdownDrainsStreams(t *testing.T) {
 	waitFor(t, e.streamed, "first chunk")
 	ts.cancel() // SIGTERM
 	// New connections are refused once the listener closes; the stream continues.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := http.Get(ts.url + "/health"); err != nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("still accepting connections while draining")
-		}
-		time.Sleep(2 * time.Millisecond)
+	waitFor(t, ln.closed, "the server to close its listener")
+	if resp, err := http.Get(ts.url + "/health"); err == nil {
+		resp.Body.Close()
+		t.Fatal("still accepting connections while draining")
 	}
 	close(e.gate)
 	body := new(strings.Builder)

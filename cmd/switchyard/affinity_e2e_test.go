@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	"switchyard/bench/mockengine"
 	"switchyard/config"
@@ -82,21 +81,7 @@ func affRouter(t *testing.T, buckets ...affBucket) (string, *httpfront.Server) {
 		}
 	})
 	base := "http://" + ln.Addr().String()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		resp, err := http.Get(base + "/readiness")
-		if err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("router not ready: %v", err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitReady(t, base)
 	return base, srv
 }
 
@@ -209,13 +194,10 @@ func TestAffinityRejectedBindingMovesToNextBucket(t *testing.T) {
 	held := make(chan affReply, 1)
 	go func() { held <- affChat(context.Background(), t, base, "s", msgs) }()
 	w := srv.Workers().Worker(first.worker)
-	deadline := time.Now().Add(10 * time.Second)
-	for w.Counters.InFlight() < 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("the held request never reached its engine")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitFor(t, "the held request to reach its engine", func() (bool, string) {
+		n := w.Counters.InFlight()
+		return n >= 1, fmt.Sprintf("%d in flight", n)
+	})
 	moved := affChat(context.Background(), t, base, "s", msgs)
 	if moved.bucket != "long" || moved.worker != "B0" {
 		t.Fatalf("with the bound engine full: bucket %q worker %q, want long/B0", moved.bucket, moved.worker)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"switchyard/bench/harness"
 	"switchyard/bench/mockengine"
 	"switchyard/config"
 	"switchyard/httpfront"
@@ -61,22 +63,11 @@ func startRouter(t testing.TB, cfg *config.Config) (*httpfront.Server, string) {
 	return srv, url
 }
 
-// waitReady polls /readiness with a bounded deadline.
+// waitReady waits for /readiness to answer 200 (harness.WaitReady, the one readiness poll).
 func waitReady(t testing.TB, url string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		resp, err := http.Get(url + "/readiness")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("router at %s never became ready", url)
-		}
-		time.Sleep(5 * time.Millisecond)
+	if err := harness.WaitReady(context.Background(), url, 10*time.Second); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -174,13 +165,10 @@ func TestServeUnhealthyMockLeavesAndReturns(t *testing.T) {
 
 	waitHealth := func(id string, want bool) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for srv.Workers().Worker(id).Healthy() != want {
-			if time.Now().After(deadline) {
-				t.Fatalf("worker %s never became healthy=%v", id, want)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		waitFor(t, fmt.Sprintf("worker %s healthy=%v", id, want), func() (bool, string) {
+			h := srv.Workers().Worker(id).Healthy()
+			return h == want, fmt.Sprintf("healthy=%v", h)
+		})
 	}
 	if err := a.SetFaults(mockengine.Faults{Unhealthy: true}); err != nil {
 		t.Fatal(err)
