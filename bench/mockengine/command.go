@@ -30,6 +30,7 @@ type commandFlags struct {
 	maxRunning, maxPrefillTokens, dpSize           int
 	speedup                                        float64
 	zeroCost                                       bool
+	eventPerWrite                                  bool
 	prefillOverhead, prefillPerToken               time.Duration
 	decodeStep, decodePerRequest                   time.Duration
 	defaultMaxTokens                               int
@@ -72,6 +73,7 @@ func newFlagSet(stderr io.Writer) (*flag.FlagSet, *commandFlags) {
 	fs.IntVar(&f.dpSize, "dp-size", 1, "data-parallel ranks per engine, each with its own scheduler, cache and publishers")
 	fs.Float64Var(&f.speedup, "speedup", 1, "divides every simulated duration (10: ten times faster than real time)")
 	fs.BoolVar(&f.zeroCost, "zero-cost", false, "answer at once: no simulated prefill or decode time, no queue (for measuring the router itself)")
+	fs.BoolVar(&f.eventPerWrite, "event-per-write", false, "streams: send every event as its own write (one HTTP chunk per token, as real engines flush)")
 	fs.DurationVar(&f.prefillOverhead, "prefill-overhead", d.PrefillOverhead, "simulated fixed cost of one prefill batch")
 	fs.DurationVar(&f.prefillPerToken, "prefill-per-token", d.PrefillPerToken, "simulated cost of one uncached prompt token")
 	fs.DurationVar(&f.decodeStep, "decode-step", d.DecodeStep, "simulated base cost of one decode step")
@@ -193,7 +195,7 @@ func (f *commandFlags) config(stderr io.Writer) (Config, error) {
 		Host: f.host, Port: f.port, WorkerID: f.workerID, Model: f.model, Role: Role(f.role), Flavor: Flavor(f.flavor),
 		PageSize: f.pageSize, CacheTokens: f.cacheTokens, ContextLength: f.contextLength,
 		MaxRunning: f.maxRunning, MaxPrefillTokens: f.maxPrefillTokens, DPSize: f.dpSize,
-		Speedup: f.speedup, ZeroCost: f.zeroCost, DefaultMaxTokens: f.defaultMaxTokens,
+		Speedup: f.speedup, ZeroCost: f.zeroCost, EventPerWrite: f.eventPerWrite, DefaultMaxTokens: f.defaultMaxTokens,
 		Costs: &Costs{
 			PrefillOverhead: f.prefillOverhead, PrefillPerToken: f.prefillPerToken,
 			DecodeStep: f.decodeStep, DecodePerRequest: f.decodePerRequest,

@@ -79,6 +79,10 @@ type Config struct {
 	// ZeroCost answers at once: no simulated prefill or decode time, no scheduling queue.
 	// Default false.
 	ZeroCost bool
+	// EventPerWrite sends every event of a streamed response as its own write: one HTTP
+	// chunk per token, as SGLang and vLLM flush each token. Default false: the events
+	// produced since the last write go out together (with ZeroCost, the whole answer in one).
+	EventPerWrite bool
 	// Costs is the simulated cost model. Default (nil) DefaultCosts().
 	Costs *Costs
 	// DefaultMaxTokens is the output length of a chat request without max_tokens. Default 0:

@@ -1,6 +1,7 @@
 package mockengine
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"net"
@@ -449,10 +450,19 @@ func (s *sseStream) Read(p []byte) (int, error) {
 			s.fail = err
 		}
 	}
-	n := copy(p, s.buf[s.off:])
+	b := s.buf[s.off:]
+	if s.j.e.cfg.EventPerWrite {
+		if i := bytes.Index(b, eventEnd); i >= 0 {
+			b = b[:i+len(eventEnd)]
+		}
+	}
+	n := copy(p, b)
 	s.off += n
 	return n, nil
 }
+
+// eventEnd ends every SSE event the engine writes.
+var eventEnd = []byte("\n\n")
 
 // Close releases the job; fasthttp calls it when the response ends or the client goes.
 func (s *sseStream) Close() error {
