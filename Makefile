@@ -27,7 +27,7 @@ build: ## build bin/switchyard (version-stamped)
 # Programs some tests run for real (command → Debian package). `make testdeps` installs the
 # missing ones with apt-get where it can (root, Debian); a test whose program is missing fails
 # under CI=true and says loudly what it skipped otherwise.
-TEST_PROGRAMS ?= promtool:prometheus
+TEST_PROGRAMS ?= promtool:prometheus nginx:nginx
 
 .PHONY: testdeps
 testdeps: ## install the programs some tests run (Debian packages, where possible)

@@ -23,6 +23,8 @@ type cluster struct {
 type clusterSpec struct {
 	plain, prefill, decode int
 	zeroCost               bool
+	// eventPerWrite: every streamed event is its own write (mockengine.Config.EventPerWrite).
+	eventPerWrite bool
 }
 
 // gaugeInterval is the engines' load-gauge period and the router's HTTP load poll period.
@@ -55,6 +57,7 @@ func (o *Options) startCluster(ctx context.Context, spec clusterSpec) (*cluster,
 		var out []*mockengine.Engine
 		for i := range n {
 			cfg := o.engineConfig(spec.zeroCost)
+			cfg.EventPerWrite = spec.eventPerWrite
 			cfg.Role = role
 			cfg.WorkerID = prefix + strconv.Itoa(i)
 			cfg.Seed = o.Seed + uint64(len(c.all())+i)

@@ -3,10 +3,14 @@ package harness
 import (
 	"bytes"
 	"context"
+	"math"
+	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"switchyard/bench/reference"
 	"switchyard/bench/report"
 	"switchyard/bench/workload"
 	"switchyard/config"
@@ -226,17 +230,38 @@ func TestOverheadAndMailboxEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	ov := rep.Scenarios[0]
-	if ov.Name != report.ScenarioOverhead || len(ov.Rows) != 2 || ov.Rows[0].Name != "direct" || ov.Rows[1].Name != "router" || ov.Overhead == nil {
-		t.Fatalf("overhead scenario %+v", ov)
+	// direct, the router and the references, for small requests and for streams.
+	want := []string{"direct", "router", "bare", "nginx", "direct stream", "router stream", "bare stream", "nginx stream"}
+	if _, err := reference.NginxBinary(); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("nginx not found: the overhead scenario measures the router against it (make testdeps)")
+		}
+		t.Log("SKIPPED: nginx not found, the overhead scenario's nginx rows are not checked (make testdeps)")
+		want = []string{"direct", "router", "bare", "direct stream", "router stream", "bare stream"}
+	}
+	var names []string
+	for _, r := range ov.Rows {
+		names = append(names, r.Name)
+	}
+	if ov.Name != report.ScenarioOverhead || !slices.Equal(names, want) || ov.Overhead == nil {
+		t.Fatalf("overhead scenario rows %q, want %q", names, want)
 	}
 	for i := range ov.Rows {
 		r := &ov.Rows[i]
 		if r.Summary.OK == 0 || r.Summary.ErrorCount() != 0 || r.CPUSecondsPer1K <= 0 || r.Summary.RequestsPerS <= 0 || r.Summary.Unknown != 0 {
 			t.Errorf("%s: cpu %v, %+v", r.Name, r.CPUSecondsPer1K, r.Summary)
 		}
+		if per := r.Summary.OutputTokensPerS / r.Summary.RequestsPerS; strings.HasSuffix(r.Name, " stream") && math.Abs(per-streamTokens) > 0.01 {
+			t.Errorf("%s: %.2f output tokens per stream", r.Name, per)
+		}
 	}
-	if ov.Overhead.Share <= 0 {
+	if ov.Overhead.Share <= 0 || len(ov.Overhead.References) != 2*(len(want)/2-2) {
 		t.Errorf("overhead figures %+v", ov.Overhead)
+	}
+	for _, rr := range ov.Overhead.References {
+		if rr.Throughput <= 0 || (rr.Mode != "small" && rr.Mode != "stream") {
+			t.Errorf("reference ratio %+v", rr)
+		}
 	}
 	mb := mrep.Scenarios[0]
 	if mb.Name != report.ScenarioMailbox || len(mb.Rows) != 2 || mb.Rows[0].Mailbox != 1 || mb.Rows[1].Mailbox != 1024 {

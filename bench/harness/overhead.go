@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"time"
 
 	"switchyard/bench/loadgen"
+	"switchyard/bench/reference"
 	"switchyard/bench/report"
 	"switchyard/bench/workload"
 	"switchyard/config"
@@ -26,24 +29,50 @@ func (h *harness) smallRequests() ([]workload.Request, error) {
 	return wl.Requests, nil
 }
 
-// overhead measures the same small non-streaming requests sent to zero-cost engines
-// directly (rotating over them) and through the router (round_robin over the same engines),
-// one phase after the other, with the process's CPU time around each phase.
+// overheadRounds is the number of interleaved rounds an overhead measurement is split into.
+const overheadRounds = 3
+
+// streamTokens is the length of the overhead scenario's streamed answers: 64 events, each
+// its own HTTP chunk.
+const streamTokens = 64
+
+// overheadTarget is one way of reaching the engines, measured in one mode.
+type overheadTarget struct {
+	name  string
+	urls  []string
+	proxy *reference.Proxy // nil: in this process (direct, router)
+	m     loadgen.Measurement
+	cpu   time.Duration // this process's CPU plus the proxy's own, over the measured phases
+	okCPU bool          // every phase's CPU was known
+}
+
+// overhead measures the same zero-cost engines reached directly, through the router
+// (round_robin), through the bare fasthttp proxy and through nginx (when installed), for
+// small non-streaming requests and for streams of 64 events, each its own chunk. Every
+// target gets a warm-up, then the measured time is split into rounds in which every target
+// runs once, in rotating order, so that a change in the machine's load hits all of them
+// alike. CPU per 1,000 requests counts this process and the proxy's own processes.
 func (h *harness) overhead(ctx context.Context) (scs []*report.Scenario, err error) {
 	o := &h.opts
+	clients := h.concurrency(DefaultOverheadClients)
 	sc := &report.Scenario{
 		Name:     report.ScenarioOverhead,
 		TimeBase: report.TimeWall, Speedup: 1,
-		Description: "small non-streaming chat requests (16-token prompt, 1 output token)",
-		Deployment: fmt.Sprintf("%d zero-cost engines; router: one bucket, round_robin; %d closed-loop clients",
-			o.Engines, h.concurrency(DefaultOverheadClients)),
+		Description: fmt.Sprintf("small non-streaming chat requests (16-token prompt, 1 output token), then streams of %d events (one chunk each)", streamTokens),
+		Deployment: fmt.Sprintf("%d zero-cost engines reached directly, through the router (one bucket, round_robin), a bare fasthttp proxy and nginx (1 worker, upstream keep-alive, proxy_buffering off); %d closed-loop clients; %d interleaved rounds",
+			o.Engines, clients, overheadRounds),
 	}
 	scs = []*report.Scenario{sc}
-	reqs, err := h.smallRequests()
+	small, err := h.smallRequests()
 	if err != nil {
 		return scs, err
 	}
-	c, err := o.startCluster(ctx, clusterSpec{plain: o.Engines, zeroCost: true})
+	wl, err := workload.ZeroReuse(workload.ZeroReuseConfig{Requests: 1024, PromptLen: 16, OutputLen: streamTokens}, o.Seed)
+	if err != nil {
+		return scs, err
+	}
+	streams := wl.Requests
+	c, err := o.startCluster(ctx, clusterSpec{plain: o.Engines, zeroCost: true, eventPerWrite: true})
 	if err != nil {
 		return scs, err
 	}
@@ -56,42 +85,124 @@ func (h *harness) overhead(ctx context.Context) (scs []*report.Scenario, err err
 		return scs, err
 	}
 	defer func() { err = errors.Join(err, r.close()) }()
+	bare, err := reference.StartBare(urls(c.plain))
+	if err != nil {
+		return scs, err
+	}
+	defer func() { err = errors.Join(err, bare.Close()) }()
+	nginx, err := reference.StartNginx(urls(c.plain), reference.NginxOptions{Keepalive: 2 * clients})
+	switch {
+	case errors.Is(err, reference.ErrNoNginx):
+		sc.Notes = append(sc.Notes, "NGINX SKIPPED: "+err.Error())
+		if o.Logger != nil {
+			o.Logger.Warn("overhead: nginx reference skipped", slog.String("reason", err.Error()))
+		}
+		nginx = nil
+	case err != nil:
+		return scs, err
+	default:
+		defer func() { err = errors.Join(err, nginx.Close()) }()
+	}
 
 	workers := ids(c.plain)
-	phase := func(name string, target []string) (report.Row, error) {
-		l := load{urls: target, reqs: reqs, concurrency: h.concurrency(DefaultOverheadClients), repeat: true}
-		l.label, l.duration = "overhead "+name+" warm-up", warmup
-		if _, err := h.measure(ctx, l); err != nil {
-			return report.Row{}, err
+	for _, mode := range []struct {
+		suffix string
+		reqs   []workload.Request
+		stream bool
+	}{{"", small, false}, {" stream", streams, true}} {
+		targets := []*overheadTarget{
+			{name: "direct", urls: urls(c.plain), okCPU: true},
+			{name: "router", urls: []string{r.url}, okCPU: true},
+			{name: "bare", urls: []string{bare.URL()}, proxy: bare, okCPU: true},
 		}
-		l.label, l.duration, l.maxRequests = "overhead "+name, o.Duration, o.Requests
-		cpu0, okCPU := processCPU()
-		m, err := h.measure(ctx, l)
-		if err != nil {
-			return report.Row{}, err
+		if nginx != nil {
+			targets = append(targets, &overheadTarget{name: "nginx", urls: []string{nginx.URL()}, proxy: nginx, okCPU: true})
 		}
-		cpu1, _ := processCPU()
-		row := report.Row{Name: name, Truncated: false,
-			Summary: report.Summarize(m.Results, report.SummaryOptions{Workers: workers, TimeScale: 1, Elapsed: m.Elapsed})}
-		if okCPU && len(m.Results) > 0 {
-			row.CPUSecondsPer1K = (cpu1 - cpu0).Seconds() / float64(len(m.Results)) * 1000
+		for _, t := range targets {
+			t.name += mode.suffix
+			l := load{label: "overhead " + t.name + " warm-up", urls: t.urls, reqs: mode.reqs, stream: mode.stream,
+				concurrency: clients, repeat: true, duration: warmup}
+			if _, err := h.measure(ctx, l); err != nil {
+				return scs, err
+			}
 		}
-		return row, nil
+		for round := range overheadRounds {
+			for i := range targets {
+				t := targets[(round+i)%len(targets)]
+				l := load{label: "overhead " + t.name, urls: t.urls, reqs: mode.reqs, stream: mode.stream,
+					concurrency: clients, repeat: true, duration: o.Duration / overheadRounds}
+				if o.Requests > 0 {
+					l.maxRequests = max(1, o.Requests/overheadRounds)
+				}
+				if err := h.overheadPhase(ctx, t, l); err != nil {
+					return scs, err
+				}
+			}
+		}
+		rows := make([]report.Row, len(targets))
+		for i, t := range targets {
+			rows[i] = report.Row{Name: t.name,
+				Summary: report.Summarize(t.m.Results, report.SummaryOptions{Workers: workers, TimeScale: 1, Elapsed: t.m.Elapsed})}
+			if t.okCPU && len(t.m.Results) > 0 {
+				rows[i].CPUSecondsPer1K = t.cpu.Seconds() / float64(len(t.m.Results)) * 1000
+			}
+		}
+		sc.Rows = append(sc.Rows, rows...)
+		if !mode.stream {
+			sc.Overhead = overheadFigures(rows[0], rows[1])
+		}
+		mname := "small"
+		if mode.stream {
+			mname = "stream"
+		}
+		for _, ref := range rows[2:] {
+			sc.Overhead.References = append(sc.Overhead.References, referenceRatio(mname, rows[0], rows[1], ref))
+		}
 	}
-	direct, err := phase("direct", urls(c.plain))
-	if err != nil {
-		return scs, err
-	}
-	sc.Rows = append(sc.Rows, direct)
-	routed, err := phase("router", []string{r.url})
-	if err != nil {
-		return scs, err
-	}
-	sc.Rows = append(sc.Rows, routed)
-	sc.Overhead = overheadFigures(direct, routed)
 	sc.Notes = append(sc.Notes,
-		"engines, router and load generator share this process and its CPUs; CPU s/1k req is the whole process's CPU time per 1,000 requests, and the router's share is the difference between the two rows")
+		"engines, router, bare proxy and load generator share this process and its CPUs (nginx runs in its own processes); CPU s/1k req is this process's CPU time plus the proxy's own per 1,000 requests, so a proxy's own cost is its row's minus direct's")
 	return scs, nil
+}
+
+// overheadPhase runs one measured phase of t and adds it to t's figures.
+func (h *harness) overheadPhase(ctx context.Context, t *overheadTarget, l load) error {
+	cpu0, ok0 := reference.ProcessCPU()
+	ext0, okExt0 := t.externalCPU()
+	m, err := h.measure(ctx, l)
+	if err != nil {
+		return err
+	}
+	cpu1, ok1 := reference.ProcessCPU()
+	ext1, okExt1 := t.externalCPU()
+	t.m.Results = append(t.m.Results, m.Results...)
+	t.m.Elapsed += m.Elapsed
+	t.okCPU = t.okCPU && ok0 && ok1 && okExt0 && okExt1
+	t.cpu += cpu1 - cpu0 + ext1 - ext0
+	return nil
+}
+
+func (t *overheadTarget) externalCPU() (time.Duration, bool) {
+	if t.proxy == nil {
+		return 0, true
+	}
+	return t.proxy.ExternalCPU()
+}
+
+// referenceRatio compares the router with a reference proxy measured in the same mode:
+// throughput, and each one's own CPU per request (its row's minus direct's).
+func referenceRatio(mode string, direct, router, ref report.Row) report.ReferenceRatio {
+	rr := report.ReferenceRatio{Mode: mode, Against: ref.Name, CPU: -1}
+	if i := strings.IndexByte(rr.Against, ' '); i >= 0 {
+		rr.Against = rr.Against[:i]
+	}
+	if ref.Summary != nil && ref.Summary.RequestsPerS > 0 && router.Summary != nil {
+		rr.Throughput = router.Summary.RequestsPerS / ref.Summary.RequestsPerS
+	}
+	rOwn, refOwn := router.CPUSecondsPer1K-direct.CPUSecondsPer1K, ref.CPUSecondsPer1K-direct.CPUSecondsPer1K
+	if direct.CPUSecondsPer1K > 0 && router.CPUSecondsPer1K > 0 && ref.CPUSecondsPer1K > 0 && refOwn > 0 {
+		rr.CPU = rOwn / refOwn
+	}
+	return rr
 }
 
 // overheadFigures derives the router's share of direct throughput, its added latency and

@@ -158,6 +158,22 @@ type Overhead struct {
 	// per request through the router minus its CPU per request direct (the load generator
 	// and the engines do the same work in both), or -1 when unknown (an external router).
 	RouterCPUSecondsPer1K float64 `json:"router_cpu_s_per_1k"`
+	// References compare the router with the reference proxies measured in the same run.
+	References []ReferenceRatio `json:"references,omitempty"`
+}
+
+// ReferenceRatio is the router against one reference proxy, in one mode of the overhead
+// scenario.
+type ReferenceRatio struct {
+	// Mode is "small" (non-streaming requests) or "stream" (streamed answers).
+	Mode string `json:"mode"`
+	// Against is the reference: "bare" (a bare fasthttp proxy) or "nginx".
+	Against string `json:"against"`
+	// Throughput is the router's requests/s divided by the reference's.
+	Throughput float64 `json:"throughput_ratio"`
+	// CPU is the router's own CPU time per request divided by the reference's (each its
+	// row's CPU minus direct's), or -1 when unknown.
+	CPU float64 `json:"cpu_ratio"`
 }
 
 // WriteJSON writes r as indented JSON.

@@ -41,6 +41,13 @@ func WriteTable(w io.Writer, s *Scenario) error {
 			fmt.Fprintf(&b, "; router CPU %.3f s per 1,000 requests", o.RouterCPUSecondsPer1K)
 		}
 		b.WriteString("\n")
+		for _, rr := range o.References {
+			fmt.Fprintf(&b, "%s: router %.2f× %s's throughput", rr.Mode, rr.Throughput, rr.Against)
+			if rr.CPU >= 0 {
+				fmt.Fprintf(&b, ", %.2f× its CPU per request", rr.CPU)
+			}
+			b.WriteString("\n")
+		}
 	}
 	for i := range s.Rows {
 		r := &s.Rows[i]

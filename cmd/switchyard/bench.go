@@ -87,8 +87,10 @@ func newBenchFlagSet(stderr io.Writer) (*flag.FlagSet, *benchFlags) {
 Starts mock engines and a router in this process (or targets a running router), drives a
 seeded workload through them and prints one table per scenario; --json and --chart write
 the report for machines and an SVG chart per scenario. Scenarios:
-  overhead  router vs the same zero-cost engines reached directly: requests/s, added
-            latency, router CPU seconds per 1,000 requests
+  overhead  the router vs the same zero-cost engines reached directly, through a bare
+            fasthttp proxy and through nginx (when installed), interleaved in one run:
+            small requests and 64-event streams; requests/s, added latency, CPU seconds
+            per 1,000 requests
   routing   each workload of --workloads under each policy of --policies, with the oracle
             (the best hit rate any placement reaches for the workload and the cache size)
   pd        the prefill group's policy on a PD bucket (shared_prefix workload)

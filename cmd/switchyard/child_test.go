@@ -40,7 +40,7 @@ func TestMain(m *testing.M) {
 }
 
 // switchyardBinary builds cmd/switchyard once and returns its path.
-func switchyardBinary(t *testing.T) string {
+func switchyardBinary(t testing.TB) string {
 	t.Helper()
 	builtBinary.once.Do(func() {
 		goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
@@ -77,7 +77,7 @@ type child struct {
 // startChild runs the switchyard binary with args; nofile > 0 lowers its open-file limit
 // (soft and hard, so the Go runtime cannot raise it) before it starts. The process is
 // stopped (SIGTERM, then SIGKILL) at the end of the test.
-func startChild(t *testing.T, nofile int, args ...string) *child {
+func startChild(t testing.TB, nofile int, args ...string) *child {
 	t.Helper()
 	bin := switchyardBinary(t)
 	var cmd *exec.Cmd
@@ -85,6 +85,13 @@ func startChild(t *testing.T, nofile int, args ...string) *child {
 		cmd = exec.Command("sh", append([]string{"-c", `ulimit -n ` + strconv.Itoa(nofile) + ` && exec "$0" "$@"`, bin}, args...)...)
 	} else {
 		cmd = exec.Command(bin, args...)
+	}
+	// The benchmarks' own knobs (SWITCHYARD_BENCH_*) are not the router's configuration,
+	// which refuses unknown SWITCHYARD_ variables.
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "SWITCHYARD_BENCH_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
 	}
 	pr, pw, err := os.Pipe()
 	if err != nil {
@@ -122,7 +129,7 @@ func startChild(t *testing.T, nofile int, args ...string) *child {
 }
 
 // stop ends the process: SIGTERM, then SIGKILL after 30 s.
-func (c *child) stop(t *testing.T) {
+func (c *child) stop(t testing.TB) {
 	select {
 	case <-c.exit:
 		return
@@ -160,7 +167,7 @@ func (c *child) output() string {
 }
 
 // waitLine waits (bounded) for an output line matching re and returns its submatches.
-func (c *child) waitLine(t *testing.T, re *regexp.Regexp) []string {
+func (c *child) waitLine(t testing.TB, re *regexp.Regexp) []string {
 	t.Helper()
 	timeout := time.After(60 * time.Second)
 	for {
@@ -196,7 +203,7 @@ var servingLine = regexp.MustCompile(`switchyard serving on (http://\S+)`)
 
 // startRouterChild runs `switchyard serve` on a loopback port chosen by the OS, with args
 // added, and waits until it is ready. It returns the process and its base URL.
-func startRouterChild(t *testing.T, nofile int, args ...string) (*child, string) {
+func startRouterChild(t testing.TB, nofile int, args ...string) (*child, string) {
 	t.Helper()
 	c := startChild(t, nofile, append([]string{"serve", "--host", "127.0.0.1", "--port", "0", "--log-level", "warn"}, args...)...)
 	url := c.waitLine(t, servingLine)[1]

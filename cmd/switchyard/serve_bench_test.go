@@ -1,11 +1,12 @@
 package main
 
 import (
+	"errors"
 	"math"
-	"net"
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"switchyard/bench/mockengine"
+	"switchyard/bench/reference"
 	"switchyard/config"
 )
 
@@ -47,10 +49,14 @@ func (r *loadResult) quantile(q float64) time.Duration {
 // benchBody is the small non-streaming chat request of the benchmark.
 var benchBody = []byte(`{"model":"bench","messages":[{"role":"user","content":"hi"}],"max_tokens":1}`)
 
-// runLoad sends small non-streaming chat requests from conc goroutines for d, each goroutine
-// rotating over urls from its own offset, and measures throughput and latency. Every target is
-// loaded by this same closed-loop client, in the same process as the engines (and router).
-func runLoad(tb testing.TB, urls []string, conc int, d time.Duration) loadResult {
+// streamBody is its streaming request: 64 tokens, each its own event and chunk.
+var streamBody = []byte(`{"model":"bench","messages":[{"role":"user","content":"hi"}],"max_tokens":64,"stream":true}`)
+
+// runLoad sends body (a chat request) from conc goroutines for d, each goroutine rotating
+// over urls from its own offset, and measures throughput and latency (of the whole answer).
+// Every target is loaded by this same closed-loop client, in the same process as the
+// engines (and router).
+func runLoad(tb testing.TB, urls []string, body []byte, conc int, d time.Duration) loadResult {
 	tb.Helper()
 	client := &fasthttp.Client{MaxConnsPerHost: conc, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second}
 	defer client.CloseIdleConnections()
@@ -76,7 +82,7 @@ func runLoad(tb testing.TB, urls []string, conc int, d time.Duration) loadResult
 				req.SetRequestURI(urls[i%len(urls)] + "/v1/chat/completions")
 				req.Header.SetMethod(fasthttp.MethodPost)
 				req.Header.SetContentType("application/json")
-				req.SetBodyRaw(benchBody)
+				req.SetBodyRaw(body)
 				t0 := time.Now()
 				err := client.Do(req, resp)
 				if err != nil || resp.StatusCode() != 200 {
@@ -96,72 +102,113 @@ func runLoad(tb testing.TB, urls []string, conc int, d time.Duration) loadResult
 	return loadResult{requests: len(all), errors: errs.Load(), elapsed: time.Since(start), lat: all}
 }
 
-// startBareProxy runs the reference the router is compared with: a bare fasthttp reverse
-// proxy (round robin, request and response copied through, no parsing, selection, metrics
-// or deadlines) in front of the engines.
-func startBareProxy(tb testing.TB, engineURLs []string) string {
-	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	clients := make([]*fasthttp.HostClient, len(engineURLs))
-	for i, u := range engineURLs {
-		clients[i] = &fasthttp.HostClient{Addr: u[len("http://"):], MaxConns: 8192}
-	}
-	var next atomic.Uint64
-	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
-		c := clients[next.Add(1)%uint64(len(clients))]
-		req := fasthttp.AcquireRequest()
-		resp := fasthttp.AcquireResponse()
-		ctx.Request.CopyTo(req)
-		req.SetHost(c.Addr)
-		if err := c.Do(req, resp); err != nil {
-			ctx.Error(err.Error(), fasthttp.StatusBadGateway)
-		} else {
-			resp.CopyTo(&ctx.Response)
-		}
-		fasthttp.ReleaseRequest(req)
-		fasthttp.ReleaseResponse(resp)
-	}}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = srv.Serve(ln)
-	}()
-	tb.Cleanup(func() {
-		_ = srv.Shutdown()
-		<-done
-		for _, c := range clients {
-			c.CloseIdleConnections()
-		}
-	})
-	return "http://" + ln.Addr().String()
-}
-
 // benchTarget is one way of reaching the engines.
 type benchTarget struct {
 	name string
 	urls []string
+	// ext is the CPU time the target's own processes (nginx, a router process) have used so
+	// far; nil: it runs in this process.
+	ext  func() time.Duration
 	load loadResult // under concurrent load
 	one  loadResult // one request at a time
+	// cpu is the CPU time of the phases under load: this process's and the proxy's own.
+	cpu time.Duration
+}
+
+// measure runs one phase under load and adds it, with its CPU time, to t's figures.
+func (t *benchTarget) measure(tb testing.TB, body []byte, conc int, d time.Duration) {
+	cpu0, _ := reference.ProcessCPU()
+	ext0 := t.externalCPU()
+	t.load.add(runLoad(tb, t.urls, body, conc, d))
+	cpu1, _ := reference.ProcessCPU()
+	t.cpu += cpu1 - cpu0 + t.externalCPU() - ext0
+}
+
+func (t *benchTarget) externalCPU() time.Duration {
+	if t.ext == nil {
+		return 0
+	}
+	return t.ext()
+}
+
+// proxyCPU is the ext of a reference proxy.
+func proxyCPU(p *reference.Proxy) func() time.Duration {
+	return func() time.Duration {
+		cpu, _ := p.ExternalCPU()
+		return cpu
+	}
+}
+
+// startRouterProcess runs the router as its own process (`switchyard serve`, one plain
+// bucket over engines, round_robin), as nginx runs: it gets its own share of the machine
+// beside the client and engines, as nginx does. It returns its URL and its CPU time so far.
+func startRouterProcess(b *testing.B, engines []string) (string, func() time.Duration) {
+	b.Helper()
+	c, url := startRouterChild(b, 0, "--worker-urls", strings.Join(engines, ","), "--model", "bench",
+		"--policy", "round_robin")
+	pid := c.cmd.Process.Pid
+	return url, func() time.Duration {
+		cpu, _ := reference.ProcessTreeCPU(pid)
+		return cpu
+	}
+}
+
+// cpuPer1K is the target's CPU milliseconds per 1,000 requests under load.
+func (t *benchTarget) cpuPer1K() float64 {
+	if t.load.requests == 0 {
+		return 0
+	}
+	return float64(t.cpu.Microseconds()) / float64(t.load.requests)
+}
+
+// startReferences starts the bare fasthttp proxy and nginx in front of engines. Without an
+// nginx binary the benchmark says so and measures without it (fails under CI=true).
+func startReferences(b *testing.B, engines []string, conc int) (bare, nginx *reference.Proxy) {
+	b.Helper()
+	bare, err := reference.StartBare(engines)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = bare.Close() })
+	nginx, err = reference.StartNginx(engines, reference.NginxOptions{Keepalive: 2 * conc})
+	switch {
+	case errors.Is(err, reference.ErrNoNginx):
+		if os.Getenv("CI") == "true" {
+			b.Fatal("nginx not found: the benchmark measures the router against it (make testdeps)")
+		}
+		b.Log("SKIPPED: nginx not found, the router is not measured against nginx (make testdeps; Debian: apt-get install nginx)")
+		return bare, nil
+	case err != nil:
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		if err := nginx.Close(); err != nil {
+			b.Error(err)
+		}
+	})
+	return bare, nginx
 }
 
 // BenchmarkRouterVsDirect measures, in one run, small non-streaming requests sent to two
-// zero-cost mock engines directly, through the router (round_robin over the same engines)
-// and through a bare fasthttp proxy (the reference): requests/s and p50/p99 latency of each
-// under load (32 concurrent clients), the share of the direct throughput the router and
-// the bare proxy keep, and the latency the router adds at p50 one request at a time. A
-// fourth target, "limits", is the router with every admission limit (concurrency limits,
+// zero-cost mock engines directly, through the router (round_robin over the same engines),
+// through a bare fasthttp proxy and through nginx (the references; nginx when installed):
+// requests/s and p50/p99 latency of each under load (32 concurrent clients), the share of
+// the direct throughput each keeps, the router's throughput against each reference
+// (router_x_nginx, router_x_bare), CPU milliseconds per 1,000 requests of each (this
+// process's plus the proxy's own processes'; a proxy's own cost is its figure minus
+// direct's), and the latency the router adds at p50 one request at a time. The same four
+// are then measured with streamed answers of 64 events, each its own chunk (stream_*). A
+// fifth target, "limits", is the router with every admission limit (concurrency limits,
 // queues, rate limits) configured but never reached: limits_%_of_router is what the idle
-// machinery costs. A fifth, "noretry", is the router with retries off (the router target
+// machinery costs. A sixth, "noretry", is the router with retries off (the router target
 // has them on, the default): router_%_of_noretry is what the retry machinery costs when
 // nothing fails.
 //
-// Client, engines and proxies share the process and its cores, and every target is measured
-// the same way: the same client and request, a warm-up per target, then several short phases
-// per target interleaved round by round in rotating order (so that a change in the machine's
-// load mid-run hits every target alike); each target's figures pool its phases.
+// Client, engines and in-process proxies share the process and its cores (nginx runs its
+// one worker process beside it), and every target is measured the same way: the same
+// client and request, a warm-up per target, then several short phases per target
+// interleaved round by round in rotating order (so that a change in the machine's load
+// mid-run hits every target alike); each target's figures pool its phases.
 //
 // Run it once: go test -run '^$' -bench RouterVsDirect -benchtime 1x ./cmd/switchyard.
 // SWITCHYARD_BENCH_SECONDS sets the measured time per target under load (default 3; the
@@ -181,8 +228,8 @@ func BenchmarkRouterVsDirect(b *testing.B) {
 		}
 	}
 	const conc = 32
-	e1 := startMock(b, mockengine.Config{WorkerID: "e1", Model: "bench", ZeroCost: true})
-	e2 := startMock(b, mockengine.Config{WorkerID: "e2", Model: "bench", ZeroCost: true})
+	e1 := startMock(b, mockengine.Config{WorkerID: "e1", Model: "bench", ZeroCost: true, EventPerWrite: true})
+	e2 := startMock(b, mockengine.Config{WorkerID: "e2", Model: "bench", ZeroCost: true, EventPerWrite: true})
 	cfg := config.Default()
 	cfg.Server.Port = 0
 	cfg.Workers = []config.Worker{
@@ -206,52 +253,90 @@ func BenchmarkRouterVsDirect(b *testing.B) {
 	noRetry.Retry.Enabled = false
 	_, noRetryURL := startRouter(b, &noRetry)
 	engines := []string{e1.URL(), e2.URL()}
-	bareURL := startBareProxy(b, engines)
+	bare, nginx := startReferences(b, engines, conc)
+	procURL, procCPU := startRouterProcess(b, engines)
 
 	b.ResetTimer()
 	for range b.N {
-		targets := []*benchTarget{
-			{name: "direct", urls: engines},
-			{name: "router", urls: []string{routerURL}},
-			{name: "bare", urls: []string{bareURL}},
-			{name: "limits", urls: []string{limitsURL}},
-			{name: "noretry", urls: []string{noRetryURL}},
+		direct := &benchTarget{name: "direct", urls: engines}
+		router := &benchTarget{name: "router", urls: []string{routerURL}}
+		limits := &benchTarget{name: "limits", urls: []string{limitsURL}}
+		noretry := &benchTarget{name: "noretry", urls: []string{noRetryURL}}
+		targets := []*benchTarget{direct, router, limits, noretry,
+			{name: "bare", urls: []string{bare.URL()}, ext: proxyCPU(bare)},
+			{name: "router_proc", urls: []string{procURL}, ext: procCPU}}
+		streams := []*benchTarget{
+			{name: "stream_direct", urls: engines},
+			{name: "stream_router", urls: []string{routerURL}},
+			{name: "stream_bare", urls: []string{bare.URL()}, ext: proxyCPU(bare)},
+			{name: "stream_router_proc", urls: []string{procURL}, ext: procCPU},
 		}
-		serial := []*benchTarget{targets[0], targets[1], targets[3], targets[4]}
+		if nginx != nil {
+			targets = append(targets, &benchTarget{name: "nginx", urls: []string{nginx.URL()}, ext: proxyCPU(nginx)})
+			streams = append(streams, &benchTarget{name: "stream_nginx", urls: []string{nginx.URL()}, ext: proxyCPU(nginx)})
+		}
+		serial := []*benchTarget{direct, router, limits, noretry}
 		for _, t := range targets {
-			runLoad(b, t.urls, conc, d/5) // warm-up: connections, pools, heap
+			runLoad(b, t.urls, benchBody, conc, d/5) // warm-up: connections, pools, heap
+		}
+		for _, t := range streams {
+			runLoad(b, t.urls, streamBody, conc, d/5)
 		}
 		for r := range rounds {
 			for i := range targets {
-				t := targets[(r+i)%len(targets)]
-				t.load.add(runLoad(b, t.urls, conc, d/time.Duration(rounds)))
+				targets[(r+i)%len(targets)].measure(b, benchBody, conc, d/time.Duration(rounds))
+			}
+			for i := range streams {
+				streams[(r+i)%len(streams)].measure(b, streamBody, conc, d/time.Duration(rounds))
 			}
 			// Latency without queueing: one request at a time.
 			for i := range serial {
 				t := serial[(r+i)%len(serial)]
-				t.one.add(runLoad(b, t.urls, 1, d/time.Duration(2*rounds)))
+				t.one.add(runLoad(b, t.urls, benchBody, 1, d/time.Duration(2*rounds)))
 			}
 		}
-		for _, t := range targets {
+		for _, t := range append(targets, streams...) {
 			if t.load.errors+t.one.errors > 0 {
 				b.Fatalf("%s: %d errors", t.name, t.load.errors+t.one.errors)
 			}
 			slices.Sort(t.load.lat)
 			slices.Sort(t.one.lat)
 		}
-		direct, router, bare, limits, noretry := targets[0], targets[1], targets[2], targets[3], targets[4]
 		µs := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
-		b.ReportMetric(direct.load.rps(), "direct_req/s")
-		b.ReportMetric(router.load.rps(), "router_req/s")
-		b.ReportMetric(bare.load.rps(), "bare_req/s")
-		b.ReportMetric(router.load.rps()/direct.load.rps()*100, "router_%_of_direct")
-		b.ReportMetric(bare.load.rps()/direct.load.rps()*100, "bare_%_of_direct")
-		b.ReportMetric(µs(direct.load.quantile(0.5)), "direct_p50_µs")
-		b.ReportMetric(µs(direct.load.quantile(0.99)), "direct_p99_µs")
-		b.ReportMetric(µs(router.load.quantile(0.5)), "router_p50_µs")
-		b.ReportMetric(µs(router.load.quantile(0.99)), "router_p99_µs")
-		b.ReportMetric(µs(bare.load.quantile(0.5)), "bare_p50_µs")
-		b.ReportMetric(µs(bare.load.quantile(0.99)), "bare_p99_µs")
+		// Throughput, latency and CPU of each way in, and the routers against each
+		// reference: the router in this process against the bare proxy (in this process
+		// too), the router process against nginx (each in its own process).
+		report := func(prefix string, ts []*benchTarget) {
+			byName := map[string]*benchTarget{}
+			for _, t := range ts {
+				byName[strings.TrimPrefix(t.name, prefix)] = t
+			}
+			direct := byName["direct"]
+			for _, t := range ts {
+				b.ReportMetric(t.load.rps(), t.name+"_req/s")
+				b.ReportMetric(µs(t.load.quantile(0.5)), t.name+"_p50_µs")
+				b.ReportMetric(µs(t.load.quantile(0.99)), t.name+"_p99_µs")
+				if t == direct {
+					b.ReportMetric(t.cpuPer1K(), t.name+"_cpu_ms/1k")
+					continue
+				}
+				// A proxy's own CPU: its target's minus direct's (client and engines alike).
+				b.ReportMetric(t.cpuPer1K()-direct.cpuPer1K(), t.name+"_cpu_ms/1k")
+				b.ReportMetric(t.load.rps()/direct.load.rps()*100, t.name+"_%_of_direct")
+			}
+			for _, pair := range [][2]string{{"router", "bare"}, {"router_proc", "nginx"}, {"router_proc", "bare"}} {
+				r, ref := byName[pair[0]], byName[pair[1]]
+				if r == nil || ref == nil {
+					continue
+				}
+				b.ReportMetric(r.load.rps()/ref.load.rps(), prefix+pair[0]+"_x_"+pair[1])
+				if own := ref.cpuPer1K() - direct.cpuPer1K(); own > 0 {
+					b.ReportMetric((r.cpuPer1K()-direct.cpuPer1K())/own, prefix+pair[0]+"_cpu_x_"+pair[1])
+				}
+			}
+		}
+		report("", append([]*benchTarget{direct, router}, targets[4:]...)) // and bare, router_proc, nginx
+		report("stream_", streams)
 		b.ReportMetric(µs(router.load.quantile(0.5)-direct.load.quantile(0.5)), "added_p50_µs")
 		b.ReportMetric(µs(direct.one.quantile(0.5)), "serial_direct_p50_µs")
 		b.ReportMetric(µs(direct.one.quantile(0.99)), "serial_direct_p99_µs")

@@ -1,14 +1,15 @@
 //go:build unix
 
-package harness
+package reference
 
 import (
 	"syscall"
 	"time"
 )
 
-// processCPU returns the CPU time (user + system) this process has used so far.
-func processCPU() (time.Duration, bool) {
+// ProcessCPU returns the CPU time (user + system) this process has used so far; false when
+// it cannot be known.
+func ProcessCPU() (time.Duration, bool) {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		return 0, false

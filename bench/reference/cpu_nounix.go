@@ -1,0 +1,8 @@
+//go:build !unix
+
+package reference
+
+import "time"
+
+// ProcessCPU is not available on this platform.
+func ProcessCPU() (time.Duration, bool) { return 0, false }

@@ -1,0 +1,20 @@
+//go:build !unix
+
+package reference
+
+import "errors"
+
+// ErrNoNginx: nginx is run on unix systems only.
+var ErrNoNginx = errors.New("no nginx here (unix only)")
+
+// NginxBinary returns ErrNoNginx.
+func NginxBinary() (string, error) { return "", ErrNoNginx }
+
+// NginxOptions are StartNginx's settings.
+type NginxOptions struct {
+	Binary    string
+	Keepalive int
+}
+
+// StartNginx returns ErrNoNginx.
+func StartNginx([]string, NginxOptions) (*Proxy, error) { return nil, ErrNoNginx }

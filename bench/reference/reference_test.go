@@ -1,0 +1,124 @@
+package reference
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"switchyard/bench/mockengine"
+)
+
+// startEngines starts n zero-cost mock engines that flush every streamed event, closed at
+// the end of the test.
+func startEngines(t *testing.T, n int) []string {
+	t.Helper()
+	urls := make([]string, n)
+	for i := range urls {
+		e, err := mockengine.Start(context.Background(), mockengine.Config{Model: "m", ZeroCost: true, EventPerWrite: true,
+			KVEvents: mockengine.KVEvents{Disabled: true}, LoadPublish: mockengine.LoadPublish{Disabled: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = e.Close() })
+		urls[i] = e.URL()
+	}
+	return urls
+}
+
+// nginx starts nginx in front of engines, or skips the test when there is no nginx (fails
+// it under CI=true).
+func nginx(t *testing.T, engines []string) *Proxy {
+	t.Helper()
+	p, err := StartNginx(engines, NginxOptions{})
+	if errors.Is(err, ErrNoNginx) {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("nginx not found: CI measures the router against it (make testdeps; Debian: apt-get install nginx)")
+		}
+		t.Skip("SKIPPED: nginx not found, the nginx reference is not tested (make testdeps; Debian: apt-get install nginx)")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// post sends body to url's /v1/chat/completions and returns the status and answer.
+func post(t *testing.T, url, body string) (int, string) {
+	t.Helper()
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI(url + "/v1/chat/completions")
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.Header.SetContentType("application/json")
+	req.SetBodyString(body)
+	if err := fasthttp.DoTimeout(req, resp, 10*time.Second); err != nil {
+		t.Fatalf("%s: %v", url, err)
+	}
+	return resp.StatusCode(), string(resp.Body())
+}
+
+const (
+	small  = `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1}`
+	stream = `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":64,"stream":true}`
+)
+
+// TestProxies: the bare proxy and nginx relay a small answer and a 64-event stream
+// unchanged in shape, over several keep-alive requests, and stop cleanly.
+func TestProxies(t *testing.T) {
+	engines := startEngines(t, 2)
+	for _, name := range []string{"bare", "nginx"} {
+		t.Run(name, func(t *testing.T) {
+			var p *Proxy
+			if name == "nginx" {
+				p = nginx(t, engines)
+			} else {
+				var err error
+				if p, err = StartBare(engines); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if p.Name() != name {
+				t.Errorf("Name %q", p.Name())
+			}
+			for range 4 {
+				code, body := post(t, p.URL(), small)
+				if code != 200 || !strings.Contains(body, `"chat.completion"`) {
+					t.Fatalf("small: %d %q", code, body)
+				}
+				code, body = post(t, p.URL(), stream)
+				// 64 tokens, the finish reason's event, [DONE]
+				if code != 200 || strings.Count(body, "\n\n") != 66 || !strings.HasSuffix(body, "data: [DONE]\n\n") {
+					t.Fatalf("stream: %d, %d events: %q", code, strings.Count(body, "\n\n"), body)
+				}
+			}
+			cpu, ok := p.ExternalCPU()
+			if !ok || cpu < 0 {
+				t.Errorf("ExternalCPU %v %v", cpu, ok)
+			}
+			addr := strings.TrimPrefix(p.URL(), "http://")
+			if err := p.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+				c.Close()
+				t.Errorf("%s still accepts connections after Close", name)
+			}
+		})
+	}
+}
+
+// TestNginxBadBinary: a binary that is not nginx fails StartNginx with what it said, and
+// leaves nothing running.
+func TestNginxBadBinary(t *testing.T) {
+	_, err := StartNginx([]string{"http://127.0.0.1:1"}, NginxOptions{Binary: "/bin/false"})
+	if err == nil || !strings.Contains(err.Error(), "cannot start nginx") {
+		t.Fatalf("err = %v", err)
+	}
+}
