@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"time"
 
 	"switchyard/tokenizer"
 )
@@ -47,6 +48,12 @@ type Request struct {
 	// After is the index of the request that must complete before this one is sent (the
 	// previous turn of a conversation), or -1.
 	After int
+	// Tokens, when set, is the prompt of a replayed trace request, generated at send time
+	// (Messages is then empty): token IDs for the native /generate route, or chat text
+	// when Tokens.Chat.
+	Tokens *TokenPrompt
+	// At is a replayed request's arrival time, from the first request's (Workload.Replay).
+	At time.Duration
 }
 
 // Workload is an ordered, seeded list of requests.
@@ -57,6 +64,9 @@ type Workload struct {
 	Description string
 	// Requests are sent in this order (subject to After).
 	Requests []Request
+	// Replay says the requests arrive open-loop at their At (a replayed trace) rather than
+	// from closed-loop clients or a Poisson process.
+	Replay bool
 }
 
 // Config holds every generator's configuration; Build uses the one its name selects.
@@ -89,9 +99,17 @@ type Templater interface {
 }
 
 // Prompt returns the token IDs the engine computes for r: its messages rendered with the
-// chat template, then encoded.
+// chat template, then encoded; a trace request's token IDs as they are, or its chat text
+// rendered and encoded.
 func (r *Request) Prompt(t Templater) ([]uint32, error) {
-	text, err := t.ApplyChatTemplate(r.Messages)
+	msgs := r.Messages
+	if r.Tokens != nil {
+		if !r.Tokens.Chat {
+			return r.Tokens.AppendIDs(nil), nil
+		}
+		msgs = r.Tokens.Messages()
+	}
+	text, err := t.ApplyChatTemplate(msgs)
 	if err != nil {
 		return nil, fmt.Errorf("cannot render request %d: %w", r.Index, err)
 	}
