@@ -32,7 +32,10 @@ type Config struct {
 	// URLs are the base URLs requests go to ("http://127.0.0.1:8080"), in rotation: one
 	// router, or the engines themselves for a direct run. Required.
 	URLs []string
-	// Path is the route. Default "/v1/chat/completions".
+	// Path is the route. Default "/v1/chat/completions". The body follows the route:
+	// chat messages (a trace request's prompt as one user message of its text), or, for a
+	// trace request's token IDs, SGLang's native "/generate" (input_ids, sampling_params)
+	// or "/v1/completions" (a token-ID prompt).
 	Path string
 	// Model is the "model" field of every request. Required.
 	Model string
@@ -44,6 +47,10 @@ type Config struct {
 	// Rate, when positive, sends open-loop Poisson arrivals at this mean rate, in requests
 	// per second of wall time.
 	Rate float64
+	// Replay, when positive, sends every request open-loop at its own arrival time
+	// (workload.Request.At) divided by Replay: 1 replays a trace in real time, 4 four
+	// times faster. It excludes Rate and Repeat.
+	Replay float64
 	// MaxRequests bounds the requests sent. Default 0: every request of the workload (no
 	// bound with Repeat).
 	MaxRequests int
@@ -120,6 +127,12 @@ func (c Config) Validate() error {
 	}
 	if c.Rate < 0 || math.IsNaN(c.Rate) || math.IsInf(c.Rate, 0) {
 		bad("rate", "%v must be a finite non-negative number", c.Rate)
+	}
+	if c.Replay < 0 || math.IsNaN(c.Replay) || math.IsInf(c.Replay, 0) {
+		bad("replay", "%v must be a finite non-negative number", c.Replay)
+	}
+	if c.Replay > 0 && (c.Rate > 0 || c.Repeat) {
+		bad("replay", "excludes rate and repeat")
 	}
 	if c.MaxRequests < 0 {
 		bad("max_requests", "%d is negative", c.MaxRequests)
@@ -202,7 +215,11 @@ func Measure(ctx context.Context, cfg Config, reqs []workload.Request) (*Measure
 		return nil, fmt.Errorf("cannot measure: %w: no requests", ErrInvalidConfig)
 	}
 	cfg = cfg.withDefaults()
-	r := &runner{cfg: cfg, reqs: reqs, bodies: &bodies{model: cfg.Model, stream: cfg.Stream}}
+	api, err := apiOf(cfg.Path, reqs)
+	if err != nil {
+		return nil, err
+	}
+	r := &runner{cfg: cfg, reqs: reqs, bodies: &bodies{model: cfg.Model, stream: cfg.Stream, api: api}}
 	switch {
 	case !cfg.Repeat:
 		r.limit = len(reqs)
@@ -268,7 +285,7 @@ func (r *runner) run(ctx context.Context) (*Measurement, error) {
 	}
 	stopProgress := r.progress()
 	var taken int
-	if r.cfg.Rate > 0 {
+	if r.cfg.Rate > 0 || r.cfg.Replay > 0 {
 		taken = r.openLoop(ctx, deadline)
 	} else {
 		taken = r.closedLoop(ctx, deadline)
@@ -322,8 +339,8 @@ func (r *runner) closedLoop(ctx context.Context, deadline time.Time) int {
 	return int(min(next.Load(), int64(r.limit)))
 }
 
-// openLoop sends request i at the i-th arrival of a Poisson process of rate Rate and
-// returns how many requests it sent.
+// openLoop sends request i at the i-th arrival of a Poisson process of rate Rate, or at
+// its own arrival time scaled by Replay, and returns how many requests it sent.
 func (r *runner) openLoop(ctx context.Context, deadline time.Time) int {
 	rng := rand.New(rand.NewPCG(r.cfg.Seed, 0xa77))
 	sem := make(chan struct{}, r.cfg.MaxOutstanding)
@@ -333,7 +350,11 @@ func (r *runner) openLoop(ctx context.Context, deadline time.Time) int {
 	defer timer.Stop()
 	at := time.Duration(0)
 	for i := 0; i < r.limit; i++ {
-		at += time.Duration(rng.ExpFloat64() / r.cfg.Rate * float64(time.Second))
+		if r.cfg.Replay > 0 {
+			at = time.Duration(float64(r.reqs[i].At) / r.cfg.Replay)
+		} else {
+			at += time.Duration(rng.ExpFloat64() / r.cfg.Rate * float64(time.Second))
+		}
 		due := r.start.Add(at)
 		if !deadline.IsZero() && due.After(deadline) {
 			return i
@@ -442,10 +463,41 @@ func (r *runner) progress() (stop func()) {
 	}
 }
 
+// api is the body format of a route.
+type api uint8
+
+const (
+	apiChat        api = iota // /v1/chat/completions: messages
+	apiGenerate               // SGLang's /generate: input_ids and sampling_params
+	apiCompletions            // /v1/completions: a token-ID prompt
+)
+
+// apiOf returns the body format of path for reqs: /generate and /v1/completions carry a
+// trace request's token IDs and so need every request to have them; any other route gets
+// chat messages.
+func apiOf(path string, reqs []workload.Request) (api, error) {
+	a := apiChat
+	switch path {
+	case "/generate":
+		a = apiGenerate
+	case "/v1/completions":
+		a = apiCompletions
+	default:
+		return a, nil
+	}
+	for i := range reqs {
+		if reqs[i].Tokens == nil {
+			return a, fmt.Errorf("cannot measure: %w: path %s needs token prompts, request %d has chat messages", ErrInvalidConfig, path, i)
+		}
+	}
+	return a, nil
+}
+
 // bodies renders request bodies; each request is sent once per run, so nothing is kept.
 type bodies struct {
 	model  string
 	stream bool
+	api    api
 }
 
 type chatBody struct {
@@ -460,8 +512,42 @@ type streamOptions struct {
 	IncludeUsage bool `json:"include_usage"`
 }
 
+// generateBody is a /generate body but for its input_ids.
+type generateBody struct {
+	Model          string         `json:"model,omitempty"`
+	SamplingParams samplingParams `json:"sampling_params"`
+	Stream         bool           `json:"stream,omitempty"`
+}
+
+type samplingParams struct {
+	MaxNewTokens int  `json:"max_new_tokens"`
+	IgnoreEOS    bool `json:"ignore_eos"`
+}
+
+type completionBody struct {
+	Model         string         `json:"model"`
+	MaxTokens     int            `json:"max_tokens"`
+	Stream        bool           `json:"stream,omitempty"`
+	StreamOptions *streamOptions `json:"stream_options,omitempty"`
+}
+
 func (b *bodies) of(req *workload.Request) []byte {
-	cb := chatBody{Model: b.model, Messages: req.Messages, MaxTokens: req.MaxTokens, Stream: b.stream}
+	switch {
+	case b.api == apiGenerate:
+		return tokenBody(&generateBody{Model: b.model, SamplingParams: samplingParams{MaxNewTokens: req.MaxTokens, IgnoreEOS: true},
+			Stream: b.stream}, "input_ids", req.Tokens)
+	case b.api == apiCompletions:
+		cb := completionBody{Model: b.model, MaxTokens: req.MaxTokens, Stream: b.stream}
+		if b.stream {
+			cb.StreamOptions = &streamOptions{IncludeUsage: true}
+		}
+		return tokenBody(&cb, "prompt", req.Tokens)
+	}
+	msgs := any(req.Messages)
+	if req.Tokens != nil {
+		msgs = req.Tokens.Messages()
+	}
+	cb := chatBody{Model: b.model, Messages: msgs, MaxTokens: req.MaxTokens, Stream: b.stream}
 	if b.stream {
 		cb.StreamOptions = &streamOptions{IncludeUsage: true}
 	}
@@ -470,4 +556,17 @@ func (b *bodies) of(req *workload.Request) []byte {
 		panic("BUG: cannot encode a chat body: " + err.Error())
 	}
 	return out
+}
+
+// tokenBody encodes head and appends the member key holding p's token IDs.
+func tokenBody(head any, key string, p *workload.TokenPrompt) []byte {
+	out, err := json.Marshal(head)
+	if err != nil {
+		panic("BUG: cannot encode a request body: " + err.Error())
+	}
+	out = append(out[:len(out)-1], `,"`...)
+	out = append(out, key...)
+	out = append(out, `":`...)
+	out = p.AppendJSONIDs(out)
+	return append(out, '}')
 }

@@ -46,10 +46,23 @@ func (u *usage) fill(res *Result) {
 	}
 }
 
+// metaInfo is the part of SGLang's /generate meta_info the harness reads: that route's
+// usage.
+type metaInfo struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	CachedTokens     int `json:"cached_tokens"`
+}
+
+func (m *metaInfo) fill(res *Result) {
+	res.PromptTokens, res.CompletionTokens, res.CachedTokens = m.PromptTokens, m.CompletionTokens, m.CachedTokens
+}
+
 // envelope is the part of a response body or stream chunk the harness reads.
 type envelope struct {
-	Usage *usage `json:"usage"`
-	Error *struct {
+	Usage    *usage    `json:"usage"`
+	MetaInfo *metaInfo `json:"meta_info"`
+	Error    *struct {
 		Code any    `json:"code"`
 		Type string `json:"type"`
 	} `json:"error"`
@@ -57,6 +70,16 @@ type envelope struct {
 
 // errorCode names the failure an error body describes: its code, else its type, else the
 // status ("http_503").
+// fill copies the usage the envelope carries (OpenAI usage, else /generate's meta_info).
+func (e *envelope) fill(res *Result) {
+	switch {
+	case e.Usage != nil:
+		e.Usage.fill(res)
+	case e.MetaInfo != nil:
+		e.MetaInfo.fill(res)
+	}
+}
+
 func errorCode(status int, body []byte) string {
 	var env envelope
 	if json.Unmarshal(body, &env) == nil && env.Error != nil {
@@ -145,9 +168,7 @@ func (s *fastSender) do(_ context.Context, url string, body []byte, r *workload.
 		res.Error = "malformed_response"
 		return
 	}
-	if env.Usage != nil {
-		env.Usage.fill(res)
-	}
+	env.fill(res)
 	res.TTFT = res.E2E
 }
 
@@ -273,7 +294,9 @@ func readStream(body io.Reader, res *Result, start time.Time, now func() time.Ti
 				}
 				last = t
 				tokens++
-				if bytes.Contains(p, []byte(`"usage":{`)) {
+				// Usage rides on a token chunk in some streams; /generate's is in the
+				// meta_info of its last chunk, the one with a finish reason.
+				if bytes.Contains(p, []byte(`"usage":{`)) || bytes.Contains(p, []byte(`"finish_reason":{`)) {
 					readEnvelope(p, res, &failed)
 				}
 			case bytes.Contains(p, []byte(`"usage":{`)) || bytes.Contains(p, []byte(`"error":`)):
@@ -319,9 +342,7 @@ func readEnvelope(p []byte, res *Result, failed *bool) {
 	if err := json.Unmarshal(p, &env); err != nil {
 		return
 	}
-	if env.Usage != nil {
-		env.Usage.fill(res)
-	}
+	env.fill(res)
 	if env.Error != nil {
 		*failed = true
 		res.Error = errorCode(res.Status, p)
