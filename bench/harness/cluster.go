@@ -39,12 +39,14 @@ func (o *Options) engineConfig(zeroCost bool) mockengine.Config {
 		Model:       o.Model,
 		PageSize:    o.PageSize,
 		CacheTokens: o.EngineCache,
-		MaxRunning:  o.MaxRunning,
-		Speedup:     o.Speedup,
-		ZeroCost:    zeroCost,
-		Costs:       &costs,
-		Seed:        o.Seed,
-		Logger:      o.Logger,
+		// A request that fits the cache fits the context: long traces need both.
+		ContextLength: max(o.EngineCache, 32768),
+		MaxRunning:    o.MaxRunning,
+		Speedup:       o.Speedup,
+		ZeroCost:      zeroCost,
+		Costs:         &costs,
+		Seed:          o.Seed,
+		Logger:        o.Logger,
 		// The harness subscribes nothing itself; the router does when a policy needs events.
 		LoadPublish: mockengine.LoadPublish{Interval: gaugeInterval},
 	}

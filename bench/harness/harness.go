@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -49,6 +50,8 @@ func Run(ctx context.Context, opts Options) (*report.Report, error) {
 				scs, err = h.buckets(ctx)
 			case report.ScenarioMailbox:
 				scs, err = h.mailbox(ctx)
+			case report.ScenarioTrace:
+				scs, err = h.trace(ctx)
 			}
 			if h.opts.showFlavor() {
 				for _, sc := range scs {
@@ -107,6 +110,11 @@ type settings struct {
 	Workloads       []string  `json:"workloads"`
 	MailboxSizes    []int     `json:"mailbox_sizes"`
 	MailboxRequests int       `json:"mailbox_requests"`
+	Trace           string    `json:"trace,omitempty"`
+	TraceBlockSize  int       `json:"trace_block_size,omitempty"`
+	TraceChat       bool      `json:"trace_chat,omitempty"`
+	TraceMaxOutput  int       `json:"trace_max_output,omitempty"`
+	TimeScale       float64   `json:"time_scale,omitempty"`
 	EngineSpeeds    []float64 `json:"engine_speeds,omitempty"`
 	Flavors         []string  `json:"flavors"`
 	Costs           struct {
@@ -132,6 +140,9 @@ func (o Options) settings() settings {
 		Seed: o.Seed, Policies: names(o.Policies), PDPolicies: names(o.PDPolicies), Workloads: o.Workloads,
 		MailboxSizes: o.MailboxSizes, MailboxRequests: o.MailboxRequests, EngineSpeeds: o.EngineSpeeds, Flavors: o.Flavors,
 	}
+	if slices.Contains(o.Scenarios, report.ScenarioTrace) {
+		s.Trace, s.TraceBlockSize, s.TraceChat, s.TraceMaxOutput, s.TimeScale = o.Trace, o.TraceBlockSize, o.TraceChat, o.TraceMaxOutput, o.TimeScale
+	}
 	s.Costs.PrefillOverheadMs = float64(o.Costs.PrefillOverhead) / float64(time.Millisecond)
 	s.Costs.PrefillPerTokenUs = float64(o.Costs.PrefillPerToken) / float64(time.Microsecond)
 	s.Costs.DecodeStepMs = float64(o.Costs.DecodeStep) / float64(time.Millisecond)
@@ -150,6 +161,10 @@ type load struct {
 	maxRequests int
 	repeat      bool
 	duration    time.Duration
+	// path is the route (default chat); replay, when positive, sends the requests at
+	// their arrival times divided by it.
+	path   string
+	replay float64
 }
 
 // measure runs one load and reports its progress.
@@ -164,6 +179,8 @@ func (h *harness) measure(ctx context.Context, l load) (*loadgen.Measurement, er
 		Duration:    l.duration,
 		Seed:        h.opts.Seed,
 		Timeout:     h.opts.RequestTimeout,
+		Path:        l.path,
+		Replay:      l.replay,
 	}
 	if l.simulated && h.opts.Rate > 0 {
 		cfg.Rate = h.opts.Rate * h.opts.Speedup

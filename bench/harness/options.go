@@ -19,10 +19,14 @@ import (
 // ErrInvalidOptions is wrapped by every option error.
 var ErrInvalidOptions = errors.New("invalid bench options")
 
-// Scenarios returns every scenario name in the order "all" runs them.
+// Scenarios returns every scenario name in the order "all" runs them. The trace scenario
+// is not among them: it runs when named (it needs a trace file).
 func Scenarios() []string {
 	return []string{report.ScenarioOverhead, report.ScenarioRouting, report.ScenarioPD, report.ScenarioBuckets, report.ScenarioMailbox}
 }
+
+// knownScenarios are the names Options.Scenarios accepts.
+func knownScenarios() []string { return append(Scenarios(), report.ScenarioTrace) }
 
 // PolicySpec is one row of a policy comparison: a display name and the policy configured
 // on the compared group.
@@ -107,6 +111,16 @@ const (
 	DefaultRequestTimeout     = 2 * time.Minute
 	DefaultSeed               = 1
 	DefaultRouterReadyTimeout = 15 * time.Second
+	// DefaultTrace is where the repository's shipped trace lies, seen from the repository's
+	// root: a hint for --trace, not a requirement.
+	DefaultTrace = "../shared/data/traces/mooncake_synthetic_trace.jsonl"
+	// DefaultTraceBlockSize is the tokens per hash ID of a Mooncake trace.
+	DefaultTraceBlockSize = 512
+	// DefaultTraceEngineCache is each engine's KV cache in the trace scenario when
+	// EngineCache is not given: room for the long prompts of a production trace (the
+	// Mooncake traces reach 190k tokens), about what an 8B model's KV cache holds on one
+	// 80 GB GPU.
+	DefaultTraceEngineCache = 524288
 )
 
 // DefaultMailboxSizes returns the mailbox scenario's actors.mailbox sizes.
@@ -133,7 +147,8 @@ type Options struct {
 	// Speedup divides every simulated duration of the engines; figures of the simulated
 	// scenarios are reported in simulated time. Default 4.
 	Speedup float64
-	// EngineCache is each engine's KV cache capacity, in tokens. Default 32768.
+	// EngineCache is each engine's KV cache capacity, in tokens, and its context length.
+	// Default 32768 (trace: DefaultTraceEngineCache).
 	EngineCache int
 	// MaxRunning is each engine's max_running_requests. Default 64.
 	MaxRunning int
@@ -150,7 +165,8 @@ type Options struct {
 	// declared flavor vllm with their KV-event endpoint). Default: sglang.
 	Flavors []string
 
-	// Duration bounds each measured row, in wall time. Default 20s.
+	// Duration bounds each measured row, in wall time. Default 20s (trace: no bound but the
+	// trace's own span).
 	Duration time.Duration
 	// Requests bounds the requests of each row. Default 0: the whole workload (routing, pd,
 	// buckets), no bound (overhead), MailboxRequests (mailbox).
@@ -176,6 +192,22 @@ type Options struct {
 	Workloads []string
 	// Workload configures the generators.
 	Workload workload.Config
+
+	// Trace is the request trace the trace scenario replays (Mooncake JSON Lines). Default
+	// DefaultTrace.
+	Trace string
+	// TraceBlockSize is the tokens per hash ID of the trace. Default 512.
+	TraceBlockSize int
+	// TraceChat sends the trace's prompts as chat text (one user message of the built-in
+	// tokenizer's words) instead of token IDs on SGLang's /generate (vLLM: the completions
+	// route). Default false.
+	TraceChat bool
+	// TraceMaxOutput caps each trace request's output length, in tokens. Default 0: as
+	// recorded.
+	TraceMaxOutput int
+	// TimeScale divides the trace's recorded arrival times: 2 replays it twice as fast
+	// (twice the load). Default 1.
+	TimeScale float64
 	// MailboxSizes are the mailbox scenario's actors.mailbox sizes (bucket and group).
 	// Default DefaultMailboxSizes().
 	MailboxSizes []int
@@ -193,6 +225,10 @@ type Options struct {
 
 	// flavor is the flavour of the scenario being run (one of Flavors).
 	flavor mockengine.Flavor
+	// traceCache and traceDuration are the trace scenario's EngineCache and Duration:
+	// what was given, else that scenario's defaults (DefaultTraceEngineCache, no bound).
+	traceCache    int
+	traceDuration time.Duration
 }
 
 func (o Options) withDefaults() Options {
@@ -213,6 +249,12 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Speedup == 0 {
 		o.Speedup = DefaultSpeedup
+	}
+	if o.traceCache == 0 {
+		o.traceCache, o.traceDuration = o.EngineCache, o.Duration
+		if o.traceCache == 0 {
+			o.traceCache = DefaultTraceEngineCache
+		}
 	}
 	if o.EngineCache == 0 {
 		o.EngineCache = DefaultEngineCache
@@ -235,6 +277,15 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Duration == 0 {
 		o.Duration = DefaultDuration
+	}
+	if o.Trace == "" {
+		o.Trace = DefaultTrace
+	}
+	if o.TraceBlockSize == 0 {
+		o.TraceBlockSize = DefaultTraceBlockSize
+	}
+	if o.TimeScale == 0 {
+		o.TimeScale = 1
 	}
 	if o.Seed == 0 {
 		o.Seed = DefaultSeed
@@ -274,11 +325,23 @@ func (o Options) Validate() error {
 		errs = append(errs, fmt.Errorf("%w: %s: %s", ErrInvalidOptions, field, fmt.Sprintf(format, args...)))
 	}
 	for _, s := range o.Scenarios {
-		if !slices.Contains(Scenarios(), s) {
-			bad("scenario", "unknown scenario %q (want %s or all)", s, strings.Join(Scenarios(), ", "))
-		} else if o.Target != "" && s != report.ScenarioRouting {
-			bad("scenario", "%s starts its own engines and cannot run against --target; only routing can", s)
+		if !slices.Contains(knownScenarios(), s) {
+			bad("scenario", "unknown scenario %q (want %s, or all)", s, strings.Join(knownScenarios(), ", "))
+		} else if o.Target != "" && s != report.ScenarioRouting && s != report.ScenarioTrace {
+			bad("scenario", "%s starts its own engines and cannot run against --target; only routing and trace can", s)
 		}
+	}
+	if o.TraceBlockSize < 1 || o.TraceBlockSize > workload.MaxTraceTokens {
+		bad("trace_block_size", "%d is outside 1..%d", o.TraceBlockSize, workload.MaxTraceTokens)
+	}
+	if o.TraceMaxOutput < 0 {
+		bad("trace_max_output", "%d is negative", o.TraceMaxOutput)
+	}
+	if !(o.TimeScale > 0) || math.IsInf(o.TimeScale, 0) {
+		bad("time_scale", "%v must be a positive number", o.TimeScale)
+	}
+	if o.traceCache < o.PageSize {
+		bad("engine_cache", "%d tokens is below one page", o.traceCache)
 	}
 	if o.Target != "" && !strings.HasPrefix(o.Target, "http://") && !strings.HasPrefix(o.Target, "https://") {
 		bad("target", "%q is not an http(s) URL", o.Target)

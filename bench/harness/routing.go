@@ -24,6 +24,21 @@ type policyRun struct {
 	// serving and prefill name the engines the spreads are over.
 	serving, prefill func(c *cluster) []string
 	oracles          *oracles
+	// path is the route requests take (default: chat); replay, when positive, sends them
+	// open-loop at their arrival times divided by it (a trace).
+	path   string
+	replay float64
+}
+
+// plainRun is a policy comparison on the plain engines behind one bucket.
+func (o *Options) plainRun(scenario string, wl *workload.Workload, orc *oracles) policyRun {
+	return policyRun{
+		scenario: scenario, wl: wl, spec: clusterSpec{plain: o.Engines}, oracles: orc,
+		model: func(c *cluster, p config.Policy) config.Model {
+			return config.Model{Buckets: []config.Bucket{plainBucket("all", ids(c.plain), p)}}
+		},
+		serving: func(c *cluster) []string { return ids(c.plain) },
+	}
 }
 
 // routing runs every workload of opts.Workloads under every policy of opts.Policies on
@@ -45,7 +60,7 @@ func (h *harness) routing(ctx context.Context) ([]*report.Scenario, error) {
 		if o.Target != "" {
 			sc.Deployment = fmt.Sprintf("router at %s; oracle assumes %d engines × %d cache tokens; %s", o.Target, o.Engines, o.EngineCache, h.arrivals())
 			sc.TimeBase, sc.Speedup = report.TimeWall, 1
-			row, err := h.targetRow(ctx, wl, orc)
+			row, err := h.targetRow(ctx, wl, orc, load{})
 			if err != nil {
 				return out, err
 			}
@@ -53,13 +68,7 @@ func (h *harness) routing(ctx context.Context) ([]*report.Scenario, error) {
 		} else {
 			sc.Deployment = h.plainDeployment(o.Engines) + "; router: one bucket, the policy under test; " + h.arrivals()
 			sc.SlowWorkers = o.slowEngines()
-			pr := policyRun{
-				scenario: report.ScenarioRouting, wl: wl, spec: clusterSpec{plain: o.Engines}, oracles: orc,
-				model: func(c *cluster, p config.Policy) config.Model {
-					return config.Model{Buckets: []config.Bucket{plainBucket("all", ids(c.plain), p)}}
-				},
-				serving: func(c *cluster) []string { return ids(c.plain) },
-			}
+			pr := o.plainRun(report.ScenarioRouting, wl, orc)
 			for _, spec := range o.Policies {
 				row, err := h.policyRow(ctx, pr, spec)
 				if err != nil {
@@ -202,7 +211,7 @@ func (h *harness) policyRow(ctx context.Context, pr policyRun, spec PolicySpec) 
 	m, err := h.measure(ctx, load{
 		label: o.flavorPrefix() + pr.scenario + " " + pr.wl.Name + " " + spec.Name, urls: []string{r.url}, reqs: pr.wl.Requests,
 		stream: !o.NoStream, simulated: true, concurrency: h.concurrency(DefaultConcurrency),
-		maxRequests: o.Requests, duration: o.Duration,
+		maxRequests: o.Requests, duration: o.Duration, path: pr.path, replay: pr.replay,
 	})
 	if err != nil {
 		return row, err
@@ -221,14 +230,19 @@ func (h *harness) policyRow(ctx context.Context, pr policyRun, spec PolicySpec) 
 	return row, nil
 }
 
-// targetRow measures the router at opts.Target as one row.
-func (h *harness) targetRow(ctx context.Context, wl *workload.Workload, orc *oracles) (report.Row, error) {
+// targetRow measures the router at opts.Target as one row; route (path, replay) says how
+// requests are sent when not as closed-loop chat requests.
+func (h *harness) targetRow(ctx context.Context, wl *workload.Workload, orc *oracles, route load) (report.Row, error) {
 	o := &h.opts
 	row := report.Row{Name: "target"}
+	scenario := report.ScenarioRouting
+	if wl.Replay {
+		scenario = report.ScenarioTrace
+	}
 	m, err := h.measure(ctx, load{
-		label: "routing " + wl.Name + " target", urls: []string{o.Target}, reqs: wl.Requests,
+		label: scenario + " " + wl.Name + " target", urls: []string{o.Target}, reqs: wl.Requests,
 		stream: !o.NoStream, simulated: false, concurrency: h.concurrency(DefaultConcurrency),
-		maxRequests: o.Requests, duration: o.Duration,
+		maxRequests: o.Requests, duration: o.Duration, path: route.path, replay: route.replay,
 	})
 	if err != nil {
 		return row, err

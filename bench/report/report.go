@@ -17,6 +17,7 @@ const (
 	ScenarioPD       = "pd"
 	ScenarioBuckets  = "buckets"
 	ScenarioMailbox  = "mailbox"
+	ScenarioTrace    = "trace"
 )
 
 // Time bases of a scenario's figures.

@@ -25,6 +25,9 @@ type benchFlags struct {
 	jsonPath, chartDir                                                   string
 	quiet, verbose, noStream                                             bool
 	opts                                                                 harness.Options
+	// set holds the flags given on the command line: the trace scenario has its own
+	// defaults for --engine-cache and --duration.
+	set map[string]bool
 }
 
 func newBenchFlagSet(stderr io.Writer) (*flag.FlagSet, *benchFlags) {
@@ -32,7 +35,7 @@ func newBenchFlagSet(stderr io.Writer) (*flag.FlagSet, *benchFlags) {
 	o := &f.opts
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&f.scenario, "scenario", report.ScenarioRouting, "scenarios to run, comma-separated: "+strings.Join(harness.Scenarios(), ", ")+", or all")
+	fs.StringVar(&f.scenario, "scenario", report.ScenarioRouting, "scenarios to run, comma-separated: "+strings.Join(harness.Scenarios(), ", ")+", trace, or all (every one but trace)")
 	fs.StringVar(&o.Target, "target", "", "measure the router at this URL instead of starting engines and a router (routing scenario only; one row, wall time)")
 	fs.StringVar(&o.Model, "model", harness.DefaultModel, "model name served by the engines and requested")
 
@@ -40,13 +43,13 @@ func newBenchFlagSet(stderr io.Writer) (*flag.FlagSet, *benchFlags) {
 	fs.IntVar(&o.Prefill, "prefill", harness.DefaultPrefillEngines, "prefill engines of the pd scenario")
 	fs.IntVar(&o.Decode, "decode", harness.DefaultDecodeEngines, "decode engines of the pd scenario")
 	fs.Float64Var(&o.Speedup, "speedup", harness.DefaultSpeedup, "engine simulation speedup: simulated time runs this many times faster than wall time; routing, pd and buckets report simulated time")
-	fs.IntVar(&o.EngineCache, "engine-cache", harness.DefaultEngineCache, "KV cache capacity of each engine, in tokens")
+	fs.IntVar(&o.EngineCache, "engine-cache", harness.DefaultEngineCache, "KV cache capacity (and context length) of each engine, in tokens; trace default "+strconv.Itoa(harness.DefaultTraceEngineCache))
 	fs.IntVar(&o.MaxRunning, "max-running", 64, "max_running_requests of each engine")
 	fs.StringVar(&f.flavors, "flavor", "sglang", "engine flavours, comma-separated, each running every scenario: sglang (SGLang API, load from /v1/loads) or vllm (vLLM API, load scraped from /metrics, workers declared flavor vllm)")
 	fs.StringVar(&f.engineSpeeds, "engine-speeds", "", "relative speed of each plain engine, comma-separated, one per engine (e.g. 1,1,1,0.2: the last five times slower); empty: all 1")
 
-	fs.DurationVar(&o.Duration, "duration", harness.DefaultDuration, "wall-time bound of each measured row (each policy, variant or mailbox size)")
-	fs.IntVar(&o.Requests, "requests", 0, "request bound of each row; 0: the whole workload (routing, pd, buckets), none (overhead), --mailbox-requests (mailbox)")
+	fs.DurationVar(&o.Duration, "duration", harness.DefaultDuration, "wall-time bound of each measured row (each policy, variant or mailbox size); trace default: none (the replay ends the row)")
+	fs.IntVar(&o.Requests, "requests", 0, "request bound of each row; 0: the whole workload (routing, pd, buckets, trace), none (overhead), --mailbox-requests (mailbox); trace: its first N requests")
 	fs.IntVar(&o.Concurrency, "concurrency", 0, "closed-loop clients; 0: 16 (overhead 32, mailbox 512)")
 	fs.Float64Var(&o.Rate, "rate", 0, "open-loop Poisson arrivals at this many requests per simulated second instead of a closed loop (routing, pd, buckets)")
 	fs.BoolVar(&f.noStream, "no-stream", false, "send non-streaming requests (time to first token is then the whole response)")
@@ -77,6 +80,12 @@ func newBenchFlagSet(stderr io.Writer) (*flag.FlagSet, *benchFlags) {
 	fs.IntVar(&zr.PromptLen, "zero-prompt-len", 1024, "zero_reuse: prompt length, tokens")
 	fs.IntVar(&zr.OutputLen, "zero-output-len", 32, "zero_reuse: output length, tokens")
 
+	fs.StringVar(&o.Trace, "trace", harness.DefaultTrace, "trace scenario: the request trace to replay, Mooncake JSON Lines (timestamp ms, input_length, output_length, hash_ids)")
+	fs.IntVar(&o.TraceBlockSize, "trace-block-size", harness.DefaultTraceBlockSize, "trace scenario: tokens per hash ID of the trace")
+	fs.BoolVar(&o.TraceChat, "trace-chat", false, "trace scenario: send prompts as chat text of the built-in tokenizer instead of token IDs on /generate (vLLM flavour: /v1/completions)")
+	fs.IntVar(&o.TraceMaxOutput, "trace-max-output", 0, "trace scenario: cap each request's output length, tokens; 0: as recorded")
+	fs.Float64Var(&o.TimeScale, "time-scale", 1, "trace scenario: divide the recorded arrival times by this (2: twice the request rate)")
+
 	fs.StringVar(&f.jsonPath, "json", "", "also write the report as JSON to this file")
 	fs.StringVar(&f.chartDir, "chart", "", "also write one SVG chart per scenario into this directory")
 	fs.BoolVar(&f.quiet, "quiet", false, "no progress line on stderr")
@@ -96,6 +105,8 @@ the report for machines and an SVG chart per scenario. Scenarios:
   pd        the prefill group's policy on a PD bucket (shared_prefix workload)
   buckets   the long-context mix on one pool against length buckets, per length class
   mailbox   an overload burst at each actors.mailbox size: accepted req/s, 429 rate, p99
+  trace     a request trace (--trace) replayed open-loop at its recorded times under each
+            policy of --policies, with the oracle; run it by name (all leaves it out)
 
 flags:
 `)
@@ -175,6 +186,13 @@ func (f *benchFlags) options(stderr io.Writer) (harness.Options, error) {
 		o.EngineSpeeds = append(o.EngineSpeeds, x)
 	}
 	o.NoStream = f.noStream
+	// Left at their defaults, the cache and the row bound are the scenarios' own.
+	if !f.set["engine-cache"] {
+		o.EngineCache = 0
+	}
+	if !f.set["duration"] {
+		o.Duration = 0
+	}
 	if !f.quiet {
 		o.Progress = stderr
 	}
@@ -223,6 +241,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if fs.NArg() > 0 {
 		return fmt.Errorf("%w: unexpected argument %q", errBenchFlags, fs.Arg(0))
 	}
+	f.set = map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
 	opts, err := f.options(stderr)
 	if err != nil {
 		printProblems(stderr, err)

@@ -135,3 +135,36 @@ func TestBenchDemo(t *testing.T) {
 		t.Error("--duration 0s accepted")
 	}
 }
+
+// TestBenchTrace replays a trace written here through the command: its table and chart,
+// and the trace flags' errors.
+func TestBenchTrace(t *testing.T) {
+	dir := t.TempDir()
+	trace := filepath.Join(dir, "two.jsonl")
+	lines := `{"timestamp": 0, "input_length": 1500, "output_length": 4, "hash_ids": [1, 2, 3]}
+{"timestamp": 20, "input_length": 1100, "output_length": 3, "hash_ids": [9, 8, 7]}
+{"timestamp": 50, "input_length": 2000, "output_length": 5, "hash_ids": [1, 2, 3, 4]}
+`
+	if err := os.WriteFile(trace, []byte(lines), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := runBenchCmd(t, "--scenario", "trace", "--trace", trace, "--policies", "round_robin,cache_aware",
+		"--engines", "2", "--speedup", "10", "--time-scale", "2", "--chart", dir, "--quiet")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{"== trace: two ==", "3 requests over 0.1 s", "÷ 2", "round_robin", "cache_aware", "oracle",
+		"chart: " + filepath.Join(dir, "trace-two.svg")} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	code, _, errOut = runBenchCmd(t, "--scenario", "trace", "--trace", trace, "--time-scale", "-1", "--trace-block-size", "-2")
+	if code != 1 || !strings.Contains(errOut, "time_scale") || !strings.Contains(errOut, "trace_block_size") {
+		t.Errorf("bad trace flags: exit %d: %s", code, errOut)
+	}
+	code, _, errOut = runBenchCmd(t, "--scenario", "trace", "--trace", trace, "--trace-block-size", "256", "--quiet")
+	if code != 1 || !strings.Contains(errOut, "line 1") || !strings.Contains(errOut, "--trace-block-size") {
+		t.Errorf("wrong block size: exit %d: %s", code, errOut)
+	}
+}
