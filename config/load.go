@@ -147,6 +147,11 @@ func loadEnv(k *koanf.Koanf, environ []string) error {
 		if ferr.Path == name+" ()" {
 			ferr.Path = name
 		}
+		if ferr.Kind == ErrUnknownKey {
+			// Other programs' variables never start with the prefix; one that does and names
+			// nothing is most likely a typo, which must not pass unnoticed.
+			ferr.Msg += " (an unknown " + EnvPrefix + "* variable stops the start: unset it or correct its name)"
+		}
 		p.errs = append(p.errs, ferr)
 		return "", nil
 	}

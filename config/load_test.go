@@ -112,15 +112,15 @@ func TestLoadEnvErrors(t *testing.T) {
 	}
 	_, err := Load(nil, env)
 	want := map[string]bool{
-		"SWITCHYARD_SERVER__PROT (server.prot): unknown key":                                                           true,
-		`SWITCHYARD_SERVER__PORT (server.port): expected an integer, got "abc"`:                                        true,
-		"SWITCHYARD_WORKERS (workers): is a list; set it in the config file":                                           true,
-		"SWITCHYARD_SERVER (server): is a section, not a key; set the keys inside it":                                  true,
-		`SWITCHYARD_LOAD__FRESHNESS (load.freshness): invalid duration "5" (use a form such as "500ms", "5s" or "1m")`: true,
-		"SWITCHYARD_: invalid variable name (empty level; '__' separates levels)":                                      true,
-		"SWITCHYARD_SERVER____PORT: invalid variable name (empty level; '__' separates levels)":                        true,
-		"SWITCHYARD_SERVER.PORT: invalid variable name (use letters, digits and '_'; '__' separates levels)":           true,
-		"SWITCHYARD_SERVER__PORT__X (server.port.x): unknown key":                                                      true,
+		"SWITCHYARD_SERVER__PROT (server.prot): unknown key (an unknown SWITCHYARD_* variable stops the start: unset it or correct its name)":                                                 true,
+		`SWITCHYARD_SERVER__PORT (server.port): expected an integer, got "abc"`:                                                                                                               true,
+		"SWITCHYARD_WORKERS (workers): is a list; set it in the config file":                                                                                                                  true,
+		"SWITCHYARD_SERVER (server): is a section, not a key; set the keys inside it":                                                                                                         true,
+		`SWITCHYARD_LOAD__FRESHNESS (load.freshness): invalid duration "5" (use a form such as "500ms", "5s" or "1m")`:                                                                        true,
+		"SWITCHYARD_: invalid variable name (empty level; '__' separates levels) (an unknown SWITCHYARD_* variable stops the start: unset it or correct its name)":                            true,
+		"SWITCHYARD_SERVER____PORT: invalid variable name (empty level; '__' separates levels) (an unknown SWITCHYARD_* variable stops the start: unset it or correct its name)":              true,
+		"SWITCHYARD_SERVER.PORT: invalid variable name (use letters, digits and '_'; '__' separates levels) (an unknown SWITCHYARD_* variable stops the start: unset it or correct its name)": true,
+		"SWITCHYARD_SERVER__PORT__X (server.port.x): unknown key (an unknown SWITCHYARD_* variable stops the start: unset it or correct its name)":                                            true,
 	}
 	got := errLines(err)
 	if len(got) != len(want) {
