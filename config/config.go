@@ -424,7 +424,10 @@ type Affinity struct {
 
 // CacheAware tunes the cache_aware policy.
 type CacheAware struct {
-	// Source is "local" (the router's own index) or "remote" (an indexer). Default local.
+	// Source is "local" (the router's own index of the engines' KV events), "remote" (a
+	// switchyard indexer) or "approximate" (a prefix tree of the requests the router itself
+	// dispatched, for engines that publish no KV events: sgl-router's cache-aware policy,
+	// tuned by cache_aware.approximate). Default local.
 	Source string `koanf:"source" json:"source"`
 	// RemoteURL is the indexer's base URL: required when source is remote, rejected when
 	// it is local. Default: none.
@@ -460,6 +463,37 @@ type CacheAware struct {
 	PressureGuard int `koanf:"pressure_guard" json:"pressure_guard" unit:"waiting requests"`
 	// MinLoadChoices is k of the power-of-k fallback on a miss; at least 2. Default 2.
 	MinLoadChoices int `koanf:"min_load_choices" json:"min_load_choices" unit:"engines"`
+	// Approximate tunes source approximate, with the meanings of sgl-router's cache-aware
+	// flags; the keys above do not apply to it.
+	Approximate ApproximateCache `koanf:"approximate" json:"approximate"`
+}
+
+// ApproximateCache tunes cache_aware with source approximate: a prefix tree, per model, of
+// the prompts the router dispatched (token IDs with a tokenizer, else the prompt's text),
+// whose holders are the engines each prompt went to.
+type ApproximateCache struct {
+	// CacheThreshold is the share of the prompt an engine must hold, more than which the
+	// request goes to the engine holding the longest prefix; at or below it, to the engine
+	// holding the least (sgl-router's --cache-threshold), in [0, 1]. Default 0.3.
+	CacheThreshold float64 `koanf:"cache_threshold" json:"cache_threshold" unit:"matched / prompt length"`
+	// BalanceAbsThreshold: the group is imbalanced, and a request goes to the engine with
+	// the fewest requests in flight whatever it holds, when the most and the least loaded
+	// engines differ by more than this many in-flight requests and balance_rel_threshold
+	// holds too (sgl-router's --balance-abs-threshold); at least 0. Default 64.
+	BalanceAbsThreshold int `koanf:"balance_abs_threshold" json:"balance_abs_threshold" unit:"requests"`
+	// BalanceRelThreshold: the second condition of imbalance, the most loaded engine's
+	// in-flight count above this multiple of the least loaded one's (sgl-router's
+	// --balance-rel-threshold); at least 1. Default 1.5.
+	BalanceRelThreshold float64 `koanf:"balance_rel_threshold" json:"balance_rel_threshold" unit:"ratio"`
+	// EvictionInterval is the period of the eviction that trims every engine's part of the
+	// tree to max_tree_size, least recently used prefixes first (sgl-router's
+	// --eviction-interval-secs). Default 120s.
+	EvictionInterval time.Duration `koanf:"eviction_interval" json:"eviction_interval"`
+	// MaxTreeSize is how much of the tree one engine keeps after an eviction, in tokens (or
+	// bytes of text without a tokenizer) (sgl-router's --max-tree-size). Between evictions
+	// the whole tree never holds more than twice this per engine: beyond, it is trimmed at
+	// once. At least 1024. Default 4194304 (2^22; sgl-router's is 2^26).
+	MaxTreeSize int `koanf:"max_tree_size" json:"max_tree_size" unit:"tokens per engine"`
 }
 
 // Health configures active health checks and circuit breakers.

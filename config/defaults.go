@@ -70,6 +70,13 @@ func Default() *Config {
 			SwitchMargin:       256,
 			PressureGuard:      4,
 			MinLoadChoices:     2,
+			Approximate: ApproximateCache{
+				CacheThreshold:      0.3,
+				BalanceAbsThreshold: 64,
+				BalanceRelThreshold: 1.5,
+				EvictionInterval:    120 * time.Second,
+				MaxTreeSize:         1 << 22,
+			},
 		},
 		Health: Health{
 			Interval:           5 * time.Second,
@@ -129,6 +136,8 @@ const (
 
 	CacheSourceLocal  = "local"
 	CacheSourceRemote = "remote"
+	// CacheSourceApproximate is a prefix tree of the requests the router dispatched.
+	CacheSourceApproximate = "approximate"
 
 	LogLevelDebug = "debug"
 	LogLevelInfo  = "info"

@@ -447,6 +447,10 @@ func (c *Config) validateCacheAware(p *problems) {
 		if ca.RemoteURL != "" {
 			p.add("cache_aware.remote_url", ErrInvalid, "only used with cache_aware.source remote")
 		}
+	case CacheSourceApproximate:
+		if ca.RemoteURL != "" {
+			p.add("cache_aware.remote_url", ErrInvalid, "only used with cache_aware.source remote")
+		}
 	case CacheSourceRemote:
 		if ca.RemoteURL == "" {
 			p.add("cache_aware.remote_url", ErrInvalid, "required when cache_aware.source is remote")
@@ -454,7 +458,7 @@ func (c *Config) validateCacheAware(p *problems) {
 			p.add("cache_aware.remote_url", ErrInvalid, msg)
 		}
 	default:
-		p.add("cache_aware.source", ErrInvalid, fmt.Sprintf("unknown source %q (local or remote)", ca.Source))
+		p.add("cache_aware.source", ErrInvalid, fmt.Sprintf("unknown source %q (local, remote or approximate)", ca.Source))
 	}
 	positive(p, "cache_aware.query_timeout", ca.QueryTimeout)
 	atLeast(p, "cache_aware.max_inflight_queries", int64(ca.MaxInflightQueries), 1)
@@ -477,6 +481,16 @@ func (c *Config) validateCacheAware(p *problems) {
 	atLeast(p, "cache_aware.switch_margin", int64(ca.SwitchMargin), 0)
 	atLeast(p, "cache_aware.pressure_guard", int64(ca.PressureGuard), 0)
 	atLeast(p, "cache_aware.min_load_choices", int64(ca.MinLoadChoices), 2)
+	ap := ca.Approximate
+	if !(ap.CacheThreshold >= 0 && ap.CacheThreshold <= 1) {
+		p.add("cache_aware.approximate.cache_threshold", ErrInvalid, fmt.Sprintf("must be in [0, 1], got %v", ap.CacheThreshold))
+	}
+	atLeast(p, "cache_aware.approximate.balance_abs_threshold", int64(ap.BalanceAbsThreshold), 0)
+	if !(ap.BalanceRelThreshold >= 1) {
+		p.add("cache_aware.approximate.balance_rel_threshold", ErrInvalid, fmt.Sprintf("must be at least 1, got %v", ap.BalanceRelThreshold))
+	}
+	positive(p, "cache_aware.approximate.eviction_interval", ap.EvictionInterval)
+	atLeast(p, "cache_aware.approximate.max_tree_size", int64(ap.MaxTreeSize), 1024)
 }
 
 func (c *Config) validateHealth(p *problems) {

@@ -368,7 +368,8 @@ func TestValidate(t *testing.T) {
 		{name: "cache_aware numbers", mutate: func(c *Config) {
 			c.CacheAware = CacheAware{Source: CacheSourceLocal, MinMatchedTokens: -1, MinMatchRatio: 1.5,
 				MinCandidates: 0, CandidateRatio: 0, MaxCandidates: -1, WorkerQueueLimit: -1,
-				SaturationFloor: -0.1, SwitchMargin: -1, PressureGuard: -1, MinLoadChoices: 1}
+				SaturationFloor: -0.1, SwitchMargin: -1, PressureGuard: -1, MinLoadChoices: 1,
+				Approximate: Default().CacheAware.Approximate}
 		}, want: []string{
 			"cache_aware.query_timeout: must be a positive duration, got 0s",
 			"cache_aware.max_inflight_queries: must be at least 1, got 0",
@@ -396,7 +397,23 @@ func TestValidate(t *testing.T) {
 			c.CacheAware.MaxCandidates = c.CacheAware.MinCandidates
 		}},
 		{name: "cache_aware unknown source", mutate: func(c *Config) { c.CacheAware.Source = "redis" },
-			want: []string{`cache_aware.source: unknown source "redis" (local or remote)`}},
+			want: []string{`cache_aware.source: unknown source "redis" (local, remote or approximate)`}},
+		{name: "cache_aware approximate", mutate: func(c *Config) {
+			c.CacheAware.Source = CacheSourceApproximate
+		}},
+		{name: "cache_aware approximate with remote URL and bad knobs", mutate: func(c *Config) {
+			c.CacheAware.Source = CacheSourceApproximate
+			c.CacheAware.RemoteURL = "http://127.0.0.1:9000"
+			c.CacheAware.Approximate = ApproximateCache{CacheThreshold: 1.2, BalanceAbsThreshold: -1,
+				BalanceRelThreshold: 0.5, MaxTreeSize: 10}
+		}, want: []string{
+			"cache_aware.remote_url: only used with cache_aware.source remote",
+			"cache_aware.approximate.cache_threshold: must be in [0, 1], got 1.2",
+			"cache_aware.approximate.balance_abs_threshold: must be at least 0, got -1",
+			"cache_aware.approximate.balance_rel_threshold: must be at least 1, got 0.5",
+			"cache_aware.approximate.eviction_interval: must be a positive duration, got 0s",
+			"cache_aware.approximate.max_tree_size: must be at least 1024, got 10",
+		}},
 		{name: "cache_aware remote without URL", mutate: func(c *Config) { c.CacheAware.Source = CacheSourceRemote },
 			want: []string{"cache_aware.remote_url: required when cache_aware.source is remote"}},
 		{name: "cache_aware remote bad URL", mutate: func(c *Config) {
