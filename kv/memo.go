@@ -28,6 +28,14 @@ func (r *PrefixResult) MatchedTokens(worker string) int64 {
 	return r.Lookup.Tokens(worker)
 }
 
+// QueryTokens returns the length of the prompt looked up (0 unless the lookup was answered).
+func (r *PrefixResult) QueryTokens() int {
+	if r.Err != nil {
+		return 0
+	}
+	return r.Lookup.QueryTokens
+}
+
 // Status reports whether the lookup was answered (ok), and otherwise whether the source was
 // unavailable or the query was rejected (err).
 func (r *PrefixResult) Status() (ok, unavailable bool, err error) {
@@ -133,6 +141,14 @@ func (m *PrefixMemo) MatchedTokens(worker string) int64 {
 		return 0
 	}
 	return m.res[0].MatchedTokens(worker)
+}
+
+// QueryTokens answers from the first source resolved (0 before any lookup).
+func (m *PrefixMemo) QueryTokens() int {
+	if m == nil || m.n == 0 {
+		return 0
+	}
+	return m.res[0].QueryTokens()
 }
 
 // Status answers from the first source resolved; before any lookup (or on a nil memo) the
