@@ -40,11 +40,13 @@ type CacheOptions struct {
 //
 // Safe for concurrent use.
 type CacheState struct {
-	source  kv.CacheSource
-	index   *kv.Index
-	manager *kv.Manager
-	timeout time.Duration
-	prepare map[string]bool // models with a cache_aware group
+	source     kv.CacheSource
+	index      *kv.Index
+	approx     *kv.ApproxIndex
+	evictEvery time.Duration
+	manager    *kv.Manager
+	timeout    time.Duration
+	prepare    map[string]bool // models with a cache_aware group
 }
 
 // NeedsCache reports whether any group's effective policy is cache_aware.
@@ -76,7 +78,9 @@ func cacheModels(cfg *config.Config) map[string]bool {
 	return out
 }
 
-// NewCacheState builds the cache state cfg describes: cache_aware.source local (an index of
+// NewCacheState builds the cache state cfg describes: cache_aware.source approximate (a
+// prefix tree of the dispatched prompts on kv.shards approximate-tree actors, bounded by
+// cache_aware.approximate.max_tree_size), local (an index of
 // kv.shards shards on index shard actors, bounded by kv.max_blocks, fed by subscriptions to
 // every configured worker of a model with a cache_aware group unless kv.enabled is false,
 // and by the kv.bind_endpoint SUB) or
@@ -99,6 +103,17 @@ func NewCacheState(cfg *config.Config, opts CacheOptions) (*CacheState, error) {
 			return nil, fmt.Errorf("cannot build the cache state: %w", err)
 		}
 		cs.source = r
+		return cs, nil
+	case config.CacheSourceApproximate:
+		ap := cfg.CacheAware.Approximate
+		io := IndexOptionsFrom(cfg)
+		io.Logger, io.Metrics = opts.Logger, opts.Metrics
+		x, err := kv.NewApproxIndex(kv.ApproxConfig{Shards: cfg.KV.Shards, MaxTreeSize: ap.MaxTreeSize,
+			Host: ApproxHost(io), Metrics: opts.Metrics, Logger: opts.Logger})
+		if err != nil {
+			return nil, fmt.Errorf("cannot build the cache state: %w", err)
+		}
+		cs.approx, cs.source, cs.evictEvery = x, x, ap.EvictionInterval
 		return cs, nil
 	case config.CacheSourceLocal, "":
 	default:
@@ -163,8 +178,21 @@ func ManagerConfigFrom(cfg *config.Config, x *kv.Index, log *slog.Logger, onAppl
 // Source is the prefix source for engine.Deps.Cache.
 func (c *CacheState) Source() kv.CacheSource { return c.source }
 
-// Index is the local index, nil with a remote source.
+// Index is the local index, nil with a remote or approximate source.
 func (c *CacheState) Index() *kv.Index { return c.index }
+
+// Approximate is the approximate prefix tree, nil unless cache_aware.source is approximate.
+func (c *CacheState) Approximate() *kv.ApproxIndex { return c.approx }
+
+// Record tells the approximate source that the request of memo was dispatched to worker
+// (its prompt's symbols are then held by worker). A no-op with another source or without
+// a memo.
+func (c *CacheState) Record(memo *kv.PrefixMemo, worker string) {
+	if c.approx == nil || memo == nil {
+		return
+	}
+	c.approx.Record(memo.Model(), worker, memo.Tokens())
+}
 
 // Manager is the local index's subscriptions, nil with a remote source or kv.enabled false.
 func (c *CacheState) Manager() *kv.Manager { return c.manager }
@@ -199,8 +227,21 @@ func (c *CacheState) Resolve(ctx context.Context, memo *kv.PrefixMemo) *kv.Prefi
 }
 
 // Run follows the workers' KV events until ctx is done, then closes every subscription
-// socket; without subscriptions (remote source, kv.enabled false) it only waits for ctx.
+// socket; with the approximate source it evicts every cache_aware.approximate.
+// eviction_interval; otherwise (remote source, kv.enabled false) it only waits for ctx.
 func (c *CacheState) Run(ctx context.Context) error {
+	if c.approx != nil {
+		t := time.NewTicker(c.evictEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-t.C:
+				c.approx.Evict()
+			}
+		}
+	}
 	if c.manager == nil {
 		<-ctx.Done()
 		return nil
@@ -221,6 +262,8 @@ func (c *CacheState) AddWorker(spec kv.WorkerSpec) error {
 // RemoveWorker stops following a removed worker and drops its entries.
 func (c *CacheState) RemoveWorker(id string) {
 	switch {
+	case c.approx != nil:
+		c.approx.RemoveWorker(id)
 	case c.manager != nil:
 		c.manager.RemoveWorker(id)
 	case c.index != nil:
@@ -230,6 +273,9 @@ func (c *CacheState) RemoveWorker(id string) {
 
 // Close stops the index's shard actors. Run must have returned.
 func (c *CacheState) Close() error {
+	if c.approx != nil {
+		return c.approx.Close()
+	}
 	if c.index == nil {
 		return nil
 	}
