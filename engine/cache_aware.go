@@ -56,6 +56,9 @@ type CacheAwareSettings struct {
 	// MinLoadChoices is k of the power-of-k fallback (at least 2); k at or above the pool
 	// size chooses the exact minimum.
 	MinLoadChoices int
+	// Approx, when set, selects the approximate source's algorithm (pickApprox), which the
+	// settings above do not tune.
+	Approx *ApproxSettings
 }
 
 // CacheAwareSettingsFromConfig converts the configured tuning.
@@ -71,6 +74,7 @@ func CacheAwareSettingsFromConfig(c config.CacheAware) CacheAwareSettings {
 		SwitchMargin:     int64(c.SwitchMargin),
 		PressureGuard:    int64(c.PressureGuard),
 		MinLoadChoices:   c.MinLoadChoices,
+		Approx:           approxSettingsFromConfig(c),
 	}
 }
 
@@ -97,10 +101,11 @@ const (
 	outcomeCandidate cacheOutcome = iota
 	outcomePin
 	outcomeFallback
+	outcomeBalance
 	numCacheOutcomes
 )
 
-var cacheOutcomeNames = [numCacheOutcomes]string{ReasonCacheCandidate, ReasonSaturationPin, ReasonCacheMissFallback}
+var cacheOutcomeNames = [numCacheOutcomes]string{ReasonCacheCandidate, ReasonSaturationPin, ReasonCacheMissFallback, ReasonLoadBalance}
 
 // missReason says why a pick fell back to the load fallback.
 type missReason uint8
@@ -142,7 +147,7 @@ func NewCacheAwareMetrics(set *metrics.Set) *CacheAwareMetrics {
 
 // CacheAwareCounts are cache_aware's decision counters.
 type CacheAwareCounts struct {
-	Candidate, Pin, Fallback uint64
+	Candidate, Pin, Fallback, Balance uint64
 	// Fallbacks by reason.
 	NoLookup, Unavailable, NoHolder, BelowThreshold, Queued, Rejected uint64
 	// SourceUnavailable counts picks that found the prefix source unavailable.
@@ -153,7 +158,7 @@ type CacheAwareCounts struct {
 func (m *CacheAwareMetrics) Counts() CacheAwareCounts {
 	return CacheAwareCounts{
 		Candidate: m.decisions[outcomeCandidate].Get(), Pin: m.decisions[outcomePin].Get(),
-		Fallback: m.decisions[outcomeFallback].Get(),
+		Fallback: m.decisions[outcomeFallback].Get(), Balance: m.decisions[outcomeBalance].Get(),
 		NoLookup: m.misses[missNoLookup].Get(), Unavailable: m.misses[missUnavailable].Get(),
 		NoHolder: m.misses[missNoHolder].Get(), BelowThreshold: m.misses[missBelowThreshold].Get(),
 		Queued: m.misses[missQueued].Get(), Rejected: m.misses[missRejected].Get(),
@@ -246,10 +251,10 @@ func (p *CacheAware) Pick(c []*Worker, req *PickRequest) (Pick, error) {
 	if len(c) == 0 {
 		return Pick{}, pickErr(OutcomeNoCandidates, req.Stage, req.BucketID, "")
 	}
-	var snap *load.Snapshot
-	if p.loads != nil {
-		snap = p.loads.Load()
+	if p.cfg.Approx != nil {
+		return p.pickApprox(c, req)
 	}
+	snap := p.snapshot()
 	now := nowOf(req)
 	pm, miss, err := p.prefix(req)
 	if err != nil {
@@ -266,6 +271,14 @@ func (p *CacheAware) Pick(c []*Worker, req *PickRequest) (Pick, error) {
 		}
 	}
 	return p.fallback(c, req, snap, now, rejections, miss)
+}
+
+// snapshot returns the load table's current snapshot, nil without one.
+func (p *CacheAware) snapshot() *load.Snapshot {
+	if p.loads == nil {
+		return nil
+	}
+	return p.loads.Load()
 }
 
 // prefix returns the request's prefix matches for this policy's source, or why there are

@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"switchyard/load"
@@ -45,6 +46,9 @@ func policyFactories() map[string]func(adm EngineAdmission, loads LoadReader) Po
 		PolicyCacheAware: func(adm EngineAdmission, loads LoadReader) Policy {
 			return NewCacheAware(adm, loads, nil, testCacheSettings(), testRNG(), nil)
 		},
+		PolicyCacheAware + "/approximate": func(adm EngineAdmission, loads LoadReader) Policy {
+			return NewCacheAware(adm, loads, nil, approxSettings(), testRNG(), nil)
+		},
 	}
 }
 
@@ -52,7 +56,7 @@ func TestPolicyContract(t *testing.T) {
 	for name, mk := range policyFactories() {
 		t.Run(name, func(t *testing.T) {
 			for _, stage := range []Stage{StagePlain, StagePrefill, StageDecode} {
-				if stage == StageDecode && name == PolicyCacheAware {
+				if stage == StageDecode && strings.HasPrefix(name, PolicyCacheAware) {
 					continue // plain and prefill only; cache_aware_test checks the decode refusal
 				}
 				t.Run(stage.String(), func(t *testing.T) { policyContract(t, mk, stage) })
