@@ -7,6 +7,7 @@ import (
 
 	"switchyard/actors"
 	"switchyard/config"
+	"switchyard/engine"
 	"switchyard/kv"
 	"switchyard/tokenizer"
 )
@@ -30,8 +31,8 @@ func newCacheState(cfg *config.Config, opts Options) (*actors.CacheState, error)
 // engines the built-in tokenizer's IDs match nothing they cache, so every pick falls back on
 // load; models.<name>.tokenizer.path names the engine's tokenizer.
 func defaultCacheTokenizers(cs *actors.CacheState, toks map[string]*promptTokenizer, logger *slog.Logger) {
-	if cs == nil {
-		return
+	if cs == nil || cs.Approximate() != nil {
+		return // the approximate source matches the prompt's text when there is no tokenizer
 	}
 	names := make([]string, 0, len(toks))
 	for name, pt := range toks {
@@ -60,6 +61,42 @@ func (s *Server) preparePrefix(ex *exchange, model string, ids []uint32) *kv.Pre
 	ex.memo.Reset(model, ids)
 	s.cache.Resolve(context.Background(), &ex.memo)
 	return &ex.memo
+}
+
+// approxSymbols appends to dst the symbols the approximate source keys a request without
+// token IDs by: the bytes of its text as the client sent it (JSON-escaped; every request
+// escapes alike), for a chat each message's role and content in order, otherwise the single
+// prompt. A batch has none.
+func approxSymbols(dst []uint32, f *requestFacts) []uint32 {
+	switch {
+	case f.kind == routeChat:
+		for _, m := range f.messages {
+			_ = m.members(func(key []byte, v jsonValue) error {
+				if keyIs(key, "role") || keyIs(key, "content") {
+					dst = kv.TextSymbols(dst, v.raw)
+				}
+				return nil
+			})
+		}
+	case len(f.prompts) == 1 && f.batch == 0:
+		dst = kv.TextSymbols(dst, f.prompts[0].raw)
+	}
+	return dst[:min(len(dst), kv.MaxApproxSymbols)]
+}
+
+// recordDispatch tells the approximate source where the request of ex went: its plain or
+// prefill engine now holds its prompt. A no-op with another source or without a lookup.
+func (s *Server) recordDispatch(ex *exchange, pick *engine.BucketPick) {
+	if s.cache == nil || ex.breq.Prefix == nil {
+		return
+	}
+	w := pick.Plain.Worker
+	if pick.IsPD() {
+		w = pick.Prefill.Worker
+	}
+	if w != nil {
+		s.cache.Record(&ex.memo, w.ID)
+	}
 }
 
 // Cache returns the router's cache state (prefix source, and with a local source the index

@@ -105,6 +105,8 @@ type exchange struct {
 	memo kv.PrefixMemo
 	// att is the request's attempt loop.
 	att attempts
+	// symbols are the prompt's text as the approximate source keys it, without a tokenizer.
+	symbols []uint32
 }
 
 func (ex *exchange) trim() {
@@ -128,6 +130,9 @@ func (ex *exchange) trim() {
 	}
 	if cap(ex.facts.tokenIDs) > maxPooledBuf/4 {
 		ex.facts.tokenIDs = nil
+	}
+	if cap(ex.symbols) > maxPooledBuf/4 {
+		ex.symbols = nil
 	}
 	clear(ex.facts.messages)
 	clear(ex.facts.prompts)
@@ -253,8 +258,15 @@ func (s *Server) serveInference(ctx *fasthttp.RequestCtx, kind routeKind, ex *ex
 		RoutingKey:   hdr.string(fwdRouting),
 		Now:          start,
 	}
-	if mr.prefix && len(ids) > 0 {
-		ex.breq.Prefix = s.preparePrefix(ex, mr.name, ids)
+	if mr.prefix {
+		seq := ids
+		if len(seq) == 0 && mr.tok == nil && s.cache.Approximate() != nil {
+			ex.symbols = approxSymbols(ex.symbols[:0], f)
+			seq = ex.symbols
+		}
+		if len(seq) > 0 {
+			ex.breq.Prefix = s.preparePrefix(ex, mr.name, seq)
+		}
 	}
 	return s.attempt(ctx, kind, ex, mr, body, &hdr, start, o)
 }
@@ -310,6 +322,7 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 		}
 		att.n++
 		s.metrics.selected(mr.metrics, &pick)
+		s.recordDispatch(ex, &pick)
 		d := dispatch{s: s, ctx: ctx, kind: kind, body: body, facts: &ex.facts, pick: pick, adm: adm, hdr: *hdr, start: start,
 			mm: mr.metrics, dl: att.deadline(), ticket: o.ticket, att: att}
 		var failed *failedAnswer

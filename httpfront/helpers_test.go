@@ -531,6 +531,19 @@ func do(t *testing.T, req *http.Request) response {
 	return response{status: resp.StatusCode, header: resp.Header, body: b}
 }
 
+// doMethod sends a request of method with no body.
+func doMethod(t *testing.T, method, url string, headers ...string) response {
+	t.Helper()
+	req, err := http.NewRequest(method, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	return do(t, req)
+}
+
 func get(t *testing.T, url string, headers ...string) response {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodGet, url, nil)
