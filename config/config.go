@@ -502,6 +502,14 @@ type Health struct {
 	Interval time.Duration `koanf:"interval" json:"interval"`
 	// Timeout bounds one health check. Default 2s.
 	Timeout time.Duration `koanf:"timeout" json:"timeout"`
+	// StartupTimeout bounds how long the router waits for an engine it must learn the model
+	// of: a worker added through POST /workers without a model, and, with sgl-router's
+	// command line (serve --compat sgl-router), the engines of a launch that names no model
+	// (sgl-router's --worker-startup-timeout-secs). Default 600s.
+	StartupTimeout time.Duration `koanf:"startup_timeout" json:"startup_timeout"`
+	// StartupCheckInterval is the wait between two attempts to reach such an engine
+	// (sgl-router's --worker-startup-check-interval). Default 5s (sgl-router's is 30s).
+	StartupCheckInterval time.Duration `koanf:"startup_check_interval" json:"startup_check_interval"`
 	// Endpoint is the route a health check asks with GET, answered 200 by a healthy engine
 	// (sgl-router's --health-check-endpoint); it starts with "/". Default "/health".
 	Endpoint string `koanf:"endpoint" json:"endpoint"`
@@ -561,6 +569,12 @@ type Upstream struct {
 	// health checks, introspection and load polls alike. workers[].tls overrides it per
 	// worker. Default: none (the system's roots, no client certificate).
 	TLS UpstreamTLS `koanf:"tls" json:"tls"`
+	// APIKey, when set, is sent to every engine as "Authorization: Bearer KEY" — on
+	// dispatch, health checks, introspection and load polls — in place of the client's
+	// Authorization header (sgl-router's --api-key, the key of the workers). It is not the
+	// router's own key: that is server.api_key. Default: none (the client's header is
+	// forwarded unless server.api_key is set).
+	APIKey string `koanf:"api_key" json:"api_key"`
 }
 
 // UpstreamTLS is the client TLS of the router's connections to https:// workers: whom the

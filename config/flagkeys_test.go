@@ -12,7 +12,7 @@ import (
 // the configuration reference) which keys it sets, or when FlagKeys names a flag that
 // does not exist.
 func TestFlagKeysCoverEveryFlag(t *testing.T) {
-	notKeys := map[string]bool{"config": true, "set": true, "worker-urls": true, "model": true, "filter": true, "affinity-mode": true}
+	notKeys := map[string]bool{"compat": true, "config": true, "set": true, "worker-urls": true, "model": true, "filter": true, "affinity-mode": true}
 	listed := map[string]bool{}
 	for _, fk := range FlagKeys() {
 		listed[fk.Flag] = true

@@ -30,6 +30,8 @@ type cliOptions struct {
 	filters       []string
 	affinityMode  string
 	visited       map[string]bool
+	// sgl is sgl-router's command line (serve --compat sgl-router); nil otherwise.
+	sgl *sglLaunch
 }
 
 // keyFlag is a flag that sets one scalar configuration key.
@@ -277,6 +279,7 @@ func newFlagSet(o *cliOptions) *flag.FlagSet {
 	fs.Var(&int64Flag{dst: &o.maxInFlight}, "max-in-flight", "sets admission.max_inflight_requests to `N` on every policy (default_policy, model stage defaults, group policies)")
 	fs.Var(&listFlag{dst: &o.filters}, "filter", "comma-separated admission `FILTERS`; only overloaded, which needs --max-in-flight")
 	fs.StringVar(&o.affinityMode, "affinity-mode", "strict", "affinity `MODE`; only strict (admitted-binding reuse) remains")
+	fs.String("compat", "", "read sgl-router's command line: --compat "+CompatSGLRouter+" (see --compat "+CompatSGLRouter+" --help)")
 	return fs
 }
 
@@ -298,6 +301,12 @@ func formatDefault(v reflect.Value) string {
 // parseFlags parses args and rejects dropped or inconsistent options.
 func parseFlags(args []string) (*cliOptions, error) {
 	o := &cliOptions{visited: make(map[string]bool)}
+	if compatMode(args) {
+		if err := parseCompat(args, o); err != nil {
+			return nil, err
+		}
+		return o, nil
+	}
 	fs := newFlagSet(o)
 	var p problems
 	// Dropped flags are not defined on fs: take them out first so that every dropped
@@ -381,10 +390,28 @@ func checkPolicyFlag(p *problems, o *cliOptions, name, value string, role Role) 
 	}
 }
 
+// compatMode reports whether args hold --compat (before any "--"): they are then read as
+// the compatibility mode's command line.
+func compatMode(args []string) bool {
+	for _, a := range args {
+		if a == "--" {
+			return false
+		}
+		if a == "--compat" || a == "-compat" || strings.HasPrefix(a, "--compat=") || strings.HasPrefix(a, "-compat=") {
+			return true
+		}
+	}
+	return false
+}
+
 // apply applies the flags that act on the decoded configuration; they take precedence
 // over everything else.
 func (o *cliOptions) apply(cfg *Config) error {
 	var p problems
+	if o.sgl != nil {
+		o.sgl.apply(&p, cfg, o.model, o.sgl.sourceSet)
+		return p.err()
+	}
 	if o.visited["worker-urls"] {
 		if len(cfg.Workers) > 0 || len(cfg.Models) > 0 {
 			p.add("--worker-urls", ErrInvalid, "cannot be combined with workers or models from --config or the environment; list the workers in the file instead")

@@ -65,6 +65,11 @@ func Load(args []string, environ []string) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
+	return load(opts, environ)
+}
+
+// load builds the configuration of a parsed command line.
+func load(opts *cliOptions, environ []string) (*Config, error) {
 	k := koanf.New(".")
 	if opts.configPath != "" {
 		format, err := FormatOf(opts.configPath)

@@ -497,6 +497,8 @@ func (c *Config) validateHealth(p *problems) {
 	h := c.Health
 	positive(p, "health.interval", h.Interval)
 	positive(p, "health.timeout", h.Timeout)
+	positive(p, "health.startup_timeout", h.StartupTimeout)
+	positive(p, "health.startup_check_interval", h.StartupCheckInterval)
 	if !strings.HasPrefix(h.Endpoint, "/") || strings.ContainsAny(h.Endpoint, " ?#") {
 		p.add("health.endpoint", ErrInvalid, fmt.Sprintf("must be a path starting with /, got %q", h.Endpoint))
 	}

@@ -425,6 +425,8 @@ func TestValidate(t *testing.T) {
 		{name: "health", mutate: func(c *Config) { c.Health = Health{} }, want: []string{
 			"health.interval: must be a positive duration, got 0s",
 			"health.timeout: must be a positive duration, got 0s",
+			"health.startup_timeout: must be a positive duration, got 0s",
+			"health.startup_check_interval: must be a positive duration, got 0s",
 			`health.endpoint: must be a path starting with /, got ""`,
 			"health.failure_threshold: must be at least 1, got 0",
 			"health.success_threshold: must be at least 1, got 0",
