@@ -161,7 +161,7 @@ func New(set *engine.WorkerSet, opts Options) *Fleet {
 		clock:   opts.Clock,
 		logger:  opts.Logger,
 		metrics: opts.Metrics,
-		t:       &transport{set: opts.Upstream, dial: opts.Dial, tls: opts.TLS},
+		t:       newTransport(opts.Upstream, opts.Dial, opts.TLS),
 		members: map[string]*Member{},
 	}
 	for k := KindConnLimit; k <= KindResources; k++ {

@@ -97,6 +97,8 @@ type transport struct {
 	dial  DialFunc
 	tls   *tls.Config
 	conns connSet
+	// auth is the Authorization value of upstream.api_key ("Bearer KEY"); nil without one.
+	auth []byte
 	// routerErrors counts failures the router caused, by kind.
 	routerErrors [KindResources + 1]*metrics.Counter
 }
@@ -172,6 +174,18 @@ func newUpstream(t *transport, hostPort, serverName string, isTLS bool, own *tls
 	return u
 }
 
+// authorizationKey is the canonical Authorization header name.
+var authorizationKey = []byte(fasthttp.HeaderAuthorization)
+
+// newTransport returns the transport of set: the upstream.api_key header built once.
+func newTransport(set config.Upstream, dial DialFunc, tlsCfg *tls.Config) *transport {
+	t := &transport{set: set, dial: dial, tls: tlsCfg}
+	if set.APIKey != "" {
+		t.auth = []byte("Bearer " + set.APIKey)
+	}
+	return t
+}
+
 // HostPort is the engine's host:port (the Host header of every request to it).
 func (u *Upstream) HostPort() string { return u.hostPort }
 
@@ -203,6 +217,10 @@ func (u *Upstream) CloseIdle() {
 }
 
 func (u *Upstream) do(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) error {
+	if u.t.auth != nil {
+		// The workers' key (sgl-router's --api-key) replaces whatever the client sent.
+		req.Header.SetCanonical(authorizationKey, u.t.auth)
+	}
 	err := hc.DoDeadline(req, resp, deadline)
 	if err == nil {
 		return nil

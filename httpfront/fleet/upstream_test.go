@@ -15,6 +15,7 @@ import (
 	"math/big"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
 	"sync"
@@ -183,7 +184,7 @@ func testUpstream(t *testing.T, addr string, set config.Upstream, dial DialFunc,
 		dial = defaultDial
 	}
 	ms := metrics.NewSet()
-	tr := &transport{set: set, dial: dial, tls: tlsCfg}
+	tr := newTransport(set, dial, tlsCfg)
 	for k := KindConnLimit; k <= KindResources; k++ {
 		tr.routerErrors[k] = ms.NewCounter(MetricRouterErrors + `{kind="` + k.MetricLabel() + `"}`)
 	}
@@ -461,4 +462,50 @@ func testCertificates(t *testing.T) (*x509.Certificate, *tls.Config) {
 		t.Fatal(err)
 	}
 	return ca, &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}, MinVersion: tls.VersionTLS12}
+}
+
+// TestUpstreamAPIKey: with upstream.api_key every request to the engine — dispatch and
+// probes alike — carries it as the bearer key, in place of the client's.
+func TestUpstreamAPIKey(t *testing.T) {
+	auth := make(chan string, 4)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		auth <- r.URL.Path + " " + r.Header.Get("Authorization")
+		fmt.Fprint(w, `{}`)
+	}))
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	u, _ := testUpstream(t, addr, config.Upstream{APIKey: "sk-workers"}, nil, nil)
+	req := fasthttp.AcquireRequest()
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.SetRequestURI("/v1/chat/completions")
+	req.Header.SetHost(u.HostPort())
+	req.Header.Set("Authorization", "Bearer client-key")
+	if err := u.Do(req, resp, time.Now().Add(5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-auth; got != "/v1/chat/completions Bearer sk-workers" {
+		t.Errorf("dispatch carried %q", got)
+	}
+	err := load.Fetch(context.Background(), u.Probe(), srv.URL+"/health", "*/*", 5*time.Second, 1024,
+		func(int, []byte) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := <-auth; got != "/health Bearer sk-workers" {
+		t.Errorf("probe carried %q", got)
+	}
+	// Without the setting, the client's header goes through untouched.
+	u2, _ := testUpstream(t, addr, config.Upstream{}, nil, nil)
+	req.SetRequestURI("/v1/chat/completions")
+	req.Header.SetHost(u2.HostPort())
+	req.Header.Set("Authorization", "Bearer client-key")
+	if err := u2.Do(req, resp, time.Now().Add(5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-auth; got != "/v1/chat/completions Bearer client-key" {
+		t.Errorf("dispatch without a workers' key carried %q", got)
+	}
 }
