@@ -16,6 +16,11 @@ import (
 func approxConfig(engines ...*fakeEngine) *config.Config {
 	cfg := baseConfig()
 	cfg.CacheAware.Source = config.CacheSourceApproximate
+	// One shard: a request's lookup then follows the recording of every request before it
+	// (mailbox order), so that the engines' shares of the tree it reads are up to date.
+	// With several shards a record may still be queued on another shard: the tree is an
+	// approximation either way.
+	cfg.KV.Shards = 1
 	for _, e := range engines {
 		cfg.Workers = append(cfg.Workers, plainWorker(e.id, e.url, "llama"))
 	}
