@@ -133,7 +133,10 @@ type Fleet struct {
 	members map[string]*Member // guarded by mu
 	ctx     context.Context    // lifetime of health loops, set by Start
 	started bool
-	wg      sync.WaitGroup
+	stopped bool
+	// jobs are the additions under way or failed recently, by URL (AddLater); guarded by mu.
+	jobs map[string]*job
+	wg   sync.WaitGroup
 }
 
 // New returns a Fleet publishing into set.
@@ -274,6 +277,9 @@ func (f *Fleet) Add(ctx context.Context, spec Spec, introspect bool) (*Member, e
 
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.stopped {
+		return nil, fmt.Errorf("cannot add worker %q: %w", spec.ID, errStopped)
+	}
 	if f.members[spec.ID] != nil {
 		return nil, fmt.Errorf("cannot add worker %q: %w", spec.ID, ErrWorkerExists)
 	}
@@ -388,8 +394,15 @@ func (f *Fleet) startupCheck(ctx context.Context, m *Member) {
 	f.publish(m)
 }
 
-// Stop ends every health loop, timer and telemetry and waits for them.
+// Stop ends every health loop, timer, telemetry and addition under way, and waits for
+// them. No worker is added afterwards.
 func (f *Fleet) Stop() {
+	f.mu.Lock()
+	f.stopped = true
+	for _, j := range f.jobs {
+		j.cancel()
+	}
+	f.mu.Unlock()
 	for _, m := range f.Members() {
 		f.stopMember(m)
 	}
