@@ -19,6 +19,8 @@ type fakeTelemetry struct {
 	mu      sync.Mutex
 	started map[string]TelemetrySource
 	stopped []string
+	// added, when set, receives the ID of every worker whose telemetry starts.
+	added chan string
 }
 
 func (f *fakeTelemetry) StartWorker(src TelemetrySource) error {
@@ -28,6 +30,9 @@ func (f *fakeTelemetry) StartWorker(src TelemetrySource) error {
 		f.started = map[string]TelemetrySource{}
 	}
 	f.started[src.WorkerID] = src
+	if f.added != nil {
+		f.added <- src.WorkerID
+	}
 	return nil
 }
 
@@ -175,7 +180,7 @@ func TestAdminWorkersAPI(t *testing.T) {
 		t.Fatalf("admin without key: %d", r.status)
 	}
 	c := newFakeEngine(t, "C", "llama")
-	r := post(t, ts.url+"/workers", `{"url":"`+c.url+`","id":"C"}`, key...)
+	r := post(t, ts.url+"/workers", `{"url":"`+c.url+`","id":"C","model":"llama"}`, key...)
 	if r.status != 201 {
 		t.Fatalf("add: %d %s", r.status, r.body)
 	}
@@ -184,7 +189,7 @@ func TestAdminWorkersAPI(t *testing.T) {
 	if v.Model != "llama" || v.Role != "plain" || !v.Introspected {
 		t.Fatalf("introspected view %+v", v)
 	}
-	if r := post(t, ts.url+"/workers", `{"url":"`+c.url+`","id":"C"}`, key...); r.status != 409 {
+	if r := post(t, ts.url+"/workers", `{"url":"`+c.url+`","id":"C","model":"llama"}`, key...); r.status != 409 {
 		t.Fatalf("duplicate add: %d", r.status)
 	}
 	if r := post(t, ts.url+"/workers", `{"url":"ftp://x"}`, key...); r.status != 400 {
