@@ -71,6 +71,22 @@ func (e *Engine) handle(ctx *fasthttp.RequestCtx) {
 		if e.method(ctx, "GET") {
 			e.serveMetrics(ctx)
 		}
+	case "/get_model_info":
+		if e.method(ctx, "GET") {
+			e.serveModelInfo(ctx)
+		}
+	case "/v1/embeddings":
+		if e.method(ctx, "POST") {
+			e.serveEmbeddings(ctx)
+		}
+	case "/v1/rerank", "/rerank":
+		if e.method(ctx, "POST") {
+			e.serveRerank(ctx)
+		}
+	case "/v1/responses":
+		if e.method(ctx, "POST") {
+			e.serveResponses(ctx)
+		}
 	case "/tokenize":
 		if e.method(ctx, "POST") {
 			e.serveTokenize(ctx)
@@ -121,9 +137,9 @@ func isMockControl(path string) bool { return len(path) > 6 && path[:6] == "/moc
 func (e *Engine) serves(path string) bool {
 	switch path {
 	case "/generate", "/health_generate", "/server_info", "/get_server_info", "/get_load", "/v1/loads",
-		"/flush_cache", "/abort_request":
+		"/flush_cache", "/abort_request", "/get_model_info":
 		return e.cfg.Flavor == FlavorSGLang
-	case "/tokenize", "/detokenize", "/version", "/reset_prefix_cache":
+	case "/version", "/reset_prefix_cache", "/rerank":
 		return e.cfg.Flavor == FlavorVLLM
 	}
 	return true

@@ -43,7 +43,7 @@ func TestBadInput(t *testing.T) {
 		{"room type", "POST", "/generate", map[string]any{"text": "x", "bootstrap_host": "h", "bootstrap_room": "r"}, 400, "bootstrap_room"},
 		{"room without host", "POST", "/generate", map[string]any{"text": "x", "bootstrap_room": 1}, 400, "bootstrap_host"},
 		{"unknown route", "GET", "/v2/nothing", nil, 404, "not found"},
-		{"unknown POST route", "POST", "/v1/embeddings", map[string]any{}, 404, "not found"},
+		{"unknown POST route", "POST", "/v1/audio/speech", map[string]any{}, 404, "not found"},
 		{"wrong method", "GET", "/v1/chat/completions", nil, 405, "not allowed"},
 		{"wrong method on load", "POST", "/get_load", nil, 405, "not allowed"},
 		{"abort without rid", "POST", "/abort_request", map[string]any{}, 400, "rid"},
