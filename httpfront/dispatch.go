@@ -207,7 +207,7 @@ func (s *Server) serveInference(ctx *fasthttp.RequestCtx, kind routeKind, ex *ex
 		return s.fail(ctx, o, e)
 	}
 	mr := s.only
-	if len(f.model) > 0 || kind != routeGenerate {
+	if len(f.model) > 0 || kind.needsModel() {
 		mr = s.models[string(f.model)]
 	}
 	if mr == nil {
@@ -258,7 +258,7 @@ func (s *Server) serveInference(ctx *fasthttp.RequestCtx, kind routeKind, ex *ex
 		RoutingKey:   hdr.string(fwdRouting),
 		Now:          start,
 	}
-	if mr.prefix {
+	if mr.prefix && kind.generates() {
 		seq := ids
 		if len(seq) == 0 && mr.tok == nil && s.cache.Approximate() != nil {
 			ex.symbols = approxSymbols(ex.symbols[:0], f)
@@ -325,8 +325,14 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 		s.recordDispatch(ex, &pick)
 		d := dispatch{s: s, ctx: ctx, kind: kind, body: body, facts: &ex.facts, pick: pick, adm: adm, hdr: *hdr, start: start,
 			mm: mr.metrics, dl: att.deadline(), ticket: o.ticket, att: att}
+		if pick.IsPD() && !kind.generates() {
+			// A route that generates nothing goes to one engine: the pair's prefill engine.
+			d.adm.tDecode.Done(fleet.OutcomeNeutral)
+			d.pick = engine.BucketPick{BucketID: pick.BucketID, Plain: pick.Prefill}
+			d.adm = picked{plain: adm.prefill, tPlain: adm.tPrefill}
+		}
 		var failed *failedAnswer
-		if pick.IsPD() {
+		if d.pick.IsPD() {
 			o, failed = d.pd(ex, o)
 		} else {
 			o, failed = d.plain(o)

@@ -75,6 +75,7 @@ type fakeEngine struct {
 	// peers lists "<path> <client certificate CN>" for every request over TLS ("-" when
 	// the client showed no certificate).
 	peers []string
+	paths []string
 }
 
 type engineOpt func(*fakeEngine)
@@ -192,6 +193,14 @@ func (e *fakeEngine) kill() {
 	})
 }
 
+// requested returns "METHOD /path" of every request the engine served beyond /health and
+// introspection.
+func (e *fakeEngine) requested() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]string(nil), e.paths...)
+}
+
 func (e *fakeEngine) received() ([][]byte, []http.Header) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -251,6 +260,7 @@ func (e *fakeEngine) handle(ctx *fasthttp.RequestCtx) {
 	e.mu.Lock()
 	e.bodies = append(e.bodies, body)
 	e.headers = append(e.headers, h)
+	e.paths = append(e.paths, string(ctx.Method())+" "+string(ctx.Path()))
 	e.mu.Unlock()
 	if e.delay != nil {
 		<-e.delay

@@ -152,11 +152,15 @@ const (
 	otherReadiness
 	otherMetrics
 	otherAdmin
+	otherModelInfo
+	otherServerInfo
+	otherFlushCache
 	otherUnknown
 	numOtherRoutes
 )
 
-var otherRouteNames = [numOtherRoutes]string{"/v1/models", "/health", "/readiness", "/metrics", "/workers", "other"}
+var otherRouteNames = [numOtherRoutes]string{"/v1/models", "/health", "/readiness", "/metrics", "/workers",
+	"/get_model_info", "/get_server_info", "/flush_cache", "other"}
 
 func newServerMetrics(set *metrics.Set, resolvers map[string]*engine.BucketResolver, retryable []int) *serverMetrics {
 	m := &serverMetrics{

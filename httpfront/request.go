@@ -12,12 +12,31 @@ const (
 	routeChat routeKind = iota
 	routeCompletions
 	routeGenerate
+	routeResponses
+	routeEmbeddings
+	routeRerank
+	routeTokenize
+	routeDetokenize
 	numRoutes
 )
 
-var routePaths = [numRoutes]string{"/v1/chat/completions", "/v1/completions", "/generate"}
+// routePaths are the engine routes the requests of each kind are sent to (the router's
+// /rerank goes to the engine's /v1/rerank too).
+var routePaths = [numRoutes]string{"/v1/chat/completions", "/v1/completions", "/generate", "/v1/responses",
+	"/v1/embeddings", "/v1/rerank", "/tokenize", "/detokenize"}
 
 func (k routeKind) String() string { return routePaths[k] }
+
+// generates reports whether the route generates tokens: a prefill/decode pair serves it
+// (with its bootstrap fields) and cache_aware looks its prompt up. The others go to one
+// engine, the prefill one of a pd bucket.
+func (k routeKind) generates() bool { return k <= routeResponses }
+
+// needsModel reports whether the body must name its model; without one, the others go to
+// the only model.
+func (k routeKind) needsModel() bool {
+	return k == routeChat || k == routeCompletions || k == routeResponses || k == routeEmbeddings
+}
 
 // maxBatch bounds the items of one batch request (each gets its own bootstrap room).
 const maxBatch = 4096
@@ -69,6 +88,9 @@ func (f *requestFacts) reset(kind routeKind) {
 // 400 error for anything a client must fix.
 func parseRequest(kind routeKind, body []byte, f *requestFacts) *apiError {
 	f.reset(kind)
+	if kind > routeGenerate {
+		return parseAuxRequest(kind, body, f)
+	}
 	i := skipWS(body, 0)
 	if i >= len(body) || body[i] != '{' {
 		if _, _, err := scanValue(body, 0, 0); err != nil {
@@ -372,8 +394,11 @@ func (f *requestFacts) parsePrompt(v jsonValue, name string) *apiError {
 // parseText reads a string or a non-empty list of strings (a batch).
 func (f *requestFacts) parseText(v jsonValue) *apiError {
 	name := "text"
-	if f.kind == routeCompletions {
+	switch f.kind {
+	case routeCompletions, routeTokenize:
 		name = "prompt"
+	case routeEmbeddings, routeResponses:
+		name = "input"
 	}
 	if v.kind == kindString {
 		f.prompts = append(f.prompts, v)
@@ -528,4 +553,137 @@ func parseSamplingParams(v jsonValue, maxNew *int64) *apiError {
 		return nil
 	})
 	return perr
+}
+
+// parseAuxRequest validates the body of a route beside chat, completions and /generate:
+// /v1/responses (model, input, stream, max_output_tokens), /v1/embeddings (model, input),
+// /v1/rerank (query, documents), /tokenize (prompt) and /detokenize (tokens). Its input is
+// counted by the body-size estimate, or the tokenizer for the text inputs of responses and
+// embeddings.
+func parseAuxRequest(kind routeKind, body []byte, f *requestFacts) *apiError {
+	i := skipWS(body, 0)
+	if i >= len(body) || body[i] != '{' {
+		if _, _, err := scanValue(body, 0, 0); err != nil {
+			return errBadJSON
+		}
+		return errNotObject
+	}
+	var (
+		perr                *apiError
+		modelRaw            jsonValue
+		haveInput           bool
+		haveQuery, haveDocs bool
+		maxOutput           int64 = -1
+	)
+	end, err := scanObject(body, i, 1, func(key []byte, v jsonValue) error {
+		if perr != nil {
+			return nil
+		}
+		switch {
+		case keyIs(key, "model"):
+			if v.kind == kindNull {
+				return nil
+			}
+			if v.kind != kindString {
+				perr = paramError(CodeInvalidParameter, "model", "model must be a string")
+				return nil
+			}
+			modelRaw = v
+		case keyIs(key, "stream") && kind == routeResponses:
+			perr = boolParam(v, "stream", &f.stream)
+		case keyIs(key, "max_output_tokens") && kind == routeResponses:
+			perr = intParam(v, "max_output_tokens", 1, &maxOutput)
+		case keyIs(key, "input") && kind == routeResponses:
+			if v.kind == kindNull {
+				return nil
+			}
+			haveInput = true
+			switch v.kind {
+			case kindString:
+				f.prompts = append(f.prompts, v)
+			case kindArray:
+				// A list of input items (messages, tool outputs): counted by size.
+			default:
+				perr = paramError(CodeMissingPrompt, "input", "input must be a string or a list of input items")
+			}
+		case keyIs(key, "input") && kind == routeEmbeddings:
+			if v.kind == kindNull {
+				return nil
+			}
+			haveInput = true
+			perr = f.parsePrompt(v, "input")
+		case keyIs(key, "prompt") && kind == routeTokenize:
+			if v.kind == kindNull {
+				return nil
+			}
+			haveInput = true
+			if v.kind != kindString && v.kind != kindArray {
+				perr = paramError(CodeMissingPrompt, "prompt", "prompt must be a string or a list of strings")
+			}
+		case keyIs(key, "tokens") && kind == routeDetokenize:
+			if v.kind == kindNull {
+				return nil
+			}
+			haveInput = true
+			perr = f.parseTokenInput(v, "tokens")
+		case keyIs(key, "query") && kind == routeRerank:
+			if v.kind != kindString {
+				perr = paramError(CodeMissingPrompt, "query", "query must be a string")
+				return nil
+			}
+			haveQuery = true
+		case keyIs(key, "documents") && kind == routeRerank:
+			n := 0
+			if v.kind == kindArray {
+				_ = v.elems(func(int, jsonValue) error { n++; return nil })
+			}
+			if v.kind != kindArray || n == 0 {
+				perr = paramError(CodeMissingPrompt, "documents", "documents must be a non-empty list")
+				return nil
+			}
+			haveDocs = true
+		}
+		return nil
+	})
+	if err != nil || skipWS(body, end) != len(body) {
+		return errBadJSON
+	}
+	if perr != nil {
+		return perr
+	}
+	if modelRaw.kind == kindString {
+		f.scratch = appendUnquoted(f.scratch[:0], modelRaw.raw)
+		f.model = f.scratch
+		if len(f.model) == 0 {
+			return paramError(CodeMissingModel, "model", "model must not be empty")
+		}
+	}
+	if kind.needsModel() && len(f.model) == 0 {
+		return paramError(CodeMissingModel, "model", "you must provide a model parameter")
+	}
+	switch kind {
+	case routeResponses, routeEmbeddings:
+		if !haveInput {
+			return paramError(CodeMissingPrompt, "input", "you must provide an input parameter")
+		}
+	case routeTokenize:
+		if !haveInput {
+			return paramError(CodeMissingPrompt, "prompt", "you must provide a prompt parameter")
+		}
+		f.tokenCount = -1 // counted by size: tokenizing it twice would be for nothing
+	case routeDetokenize:
+		if !haveInput {
+			return paramError(CodeMissingPrompt, "tokens", "you must provide a tokens parameter")
+		}
+		f.tokenIDs, f.tokenCount, f.batch = f.tokenIDs[:0], -1, 0 // token IDs to decode, not a prompt
+	case routeRerank:
+		if !haveQuery {
+			return paramError(CodeMissingPrompt, "query", "you must provide a query parameter")
+		}
+		if !haveDocs {
+			return paramError(CodeMissingPrompt, "documents", "you must provide a documents parameter")
+		}
+	}
+	f.maxTokens = maxOutput
+	return nil
 }

@@ -73,6 +73,33 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	case "/generate":
 		s.inference(ctx, routeGenerate)
 		return
+	case "/v1/responses":
+		s.inference(ctx, routeResponses)
+		return
+	case "/v1/embeddings":
+		s.inference(ctx, routeEmbeddings)
+		return
+	case "/v1/rerank", "/rerank":
+		s.inference(ctx, routeRerank)
+		return
+	case "/tokenize":
+		s.inference(ctx, routeTokenize)
+		return
+	case "/detokenize":
+		s.inference(ctx, routeDetokenize)
+		return
+	case "/get_model_info":
+		s.metrics.other[otherModelInfo].Inc()
+		s.modelInfo(ctx)
+		return
+	case "/get_server_info":
+		s.metrics.other[otherServerInfo].Inc()
+		s.serverInfo(ctx)
+		return
+	case "/flush_cache":
+		s.metrics.other[otherFlushCache].Inc()
+		s.flushCache(ctx)
+		return
 	case "/v1/models":
 		s.metrics.other[otherModels].Inc()
 		if !ctx.IsGet() {
@@ -84,9 +111,9 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			return
 		}
 		ctx.SetContentType("application/json")
-		ctx.SetBody(s.modelsJS)
+		ctx.SetBody(s.modelsBody())
 		return
-	case "/health":
+	case "/health", "/liveness":
 		s.metrics.other[otherHealth].Inc()
 		ctx.SetContentType("application/json")
 		ctx.SetBodyString(`{"status":"ok"}`)

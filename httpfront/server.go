@@ -126,17 +126,16 @@ type Server struct {
 	cache   *actors.CacheState
 	workers *fleet.Fleet
 	// tele is the workers' load ingestion (nil with Options.NoTelemetry).
-	tele     Telemetry
-	wset     *engine.WorkerSet
-	tracker  *load.Tracker
-	loads    *load.Table
-	set      *metrics.Set
-	metrics  *serverMetrics
-	models   map[string]*modelRoute
-	only     *modelRoute // the single configured model, for /generate without "model"
-	modelsJS []byte      // GET /v1/models body
-	dec      decoders
-	exPool   sync.Pool // *exchange
+	tele    Telemetry
+	wset    *engine.WorkerSet
+	tracker *load.Tracker
+	loads   *load.Table
+	set     *metrics.Set
+	metrics *serverMetrics
+	models  map[string]*modelRoute
+	only    *modelRoute // the single configured model, for /generate without "model"
+	dec     decoders
+	exPool  sync.Pool // *exchange
 
 	// fwd are the forwarded client header names (allow-list and affinity headers).
 	fwd forwardNames
@@ -297,7 +296,6 @@ func (s *Server) build() error {
 	if len(names) == 1 {
 		s.only = s.models[names[0]]
 	}
-	s.modelsJS = modelsBody(names)
 
 	sel, err := actors.NewSelector(resolvers, ws, cfg.Actors, opts.Logger)
 	if err != nil {

@@ -255,7 +255,7 @@ func (f *requestFacts) inputTokens(pt *promptTokenizer, body []byte, text *[]byt
 		}
 		return f.tokenCount, nil, nil
 	}
-	if pt == nil {
+	if pt == nil || len(f.prompts) == 0 && f.kind != routeChat {
 		return estimateTokens(len(body)), nil, nil
 	}
 	switch {
