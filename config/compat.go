@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -653,6 +654,17 @@ func (c *CommandLine) StartupWait() (timeout, interval time.Duration) {
 		}
 	}
 	return timeout, interval
+}
+
+// Setting returns the text a flag of the command line gave key (the last one), if any.
+func (c *CommandLine) Setting(key string) (string, bool) {
+	segs := strings.Split(key, ".")
+	for i := len(c.opts.sets) - 1; i >= 0; i-- {
+		if s := c.opts.sets[i]; slices.Equal(s.segs, segs) {
+			return fmt.Sprint(s.value), true
+		}
+	}
+	return "", false
 }
 
 // Load builds the configuration as Load does, from the parsed command line.

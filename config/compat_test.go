@@ -164,6 +164,12 @@ func TestCompatStartupWait(t *testing.T) {
 	if to, iv := cl.StartupWait(); to != 45*time.Second || iv != 3*time.Second {
 		t.Errorf("StartupWait = %s, %s", to, iv)
 	}
+	if v, ok := cl.Setting("health.startup_timeout"); !ok || v != "45s" {
+		t.Errorf("Setting = %q, %v", v, ok)
+	}
+	if _, ok := cl.Setting("upstream.api_key"); ok {
+		t.Errorf("a key no flag set")
+	}
 	if _, err := cl.Load(nil); err == nil || !strings.Contains(err.Error(), "--model") {
 		t.Errorf("Load without the model: %v", err)
 	}

@@ -30,6 +30,18 @@ func runCheck(_ context.Context, args []string, stdout, stderr io.Writer) error 
 // flag.ErrHelp).
 func loadConfig(args []string, stdout, stderr io.Writer, usage ...string) (*config.Config, error) {
 	cfg, err := config.Load(args, os.Environ())
+	return checkLoaded(cfg, err, stdout, stderr, usage...)
+}
+
+// checkLoaded is loadConfig's second half, for a configuration loaded (cfg, err) by other
+// means (serve's, which may first ask sgl-router's workers for their model). On --help
+// after --compat sgl-router it prints sgl-router's flags instead of config.Usage.
+func checkLoaded(cfg *config.Config, err error, stdout, stderr io.Writer, usage ...string) (*config.Config, error) {
+	if errors.Is(err, config.ErrCompatHelp) {
+		fmt.Fprintln(stdout, "usage: switchyard serve --compat "+config.CompatSGLRouter+" [sgl-router flags]")
+		config.CompatUsage(stdout)
+		return nil, err
+	}
 	if errors.Is(err, flag.ErrHelp) {
 		for _, line := range usage {
 			fmt.Fprintln(stdout, line)

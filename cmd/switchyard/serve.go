@@ -8,22 +8,26 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
+	"github.com/valyala/fasthttp"
 
 	"switchyard/bench/harness"
 	"switchyard/bench/mockengine"
 	"switchyard/config"
 	"switchyard/httpfront"
+	"switchyard/httpfront/fleet"
+	"switchyard/load"
 )
 
 // runServe is the serve subcommand: it loads and validates the configuration, builds the
 // front end and serves until ctx is cancelled (SIGINT/SIGTERM), then drains gracefully.
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	cfg, err := loadConfig(args, stdout, stderr, "usage: switchyard serve [--config FILE] [flags]")
+	cfg, err := loadServe(ctx, args, stdout, stderr)
 	if err != nil {
 		return err
 	}
@@ -50,6 +54,46 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 // so that Prometheus and Grafana treat counters as counters. The metrics library keeps this
 // switch process-wide; the binary's commands that serve /metrics turn it on.
 func exposeMetricKinds() { metrics.ExposeMetadata(true) }
+
+// loadServe builds serve's configuration. sgl-router's command line names no model: the
+// workers it lists are asked which one they serve first, waiting for them as sgl-router
+// does at start-up (--worker-startup-timeout-secs, --worker-startup-check-interval).
+func loadServe(ctx context.Context, args []string, stdout, stderr io.Writer) (*config.Config, error) {
+	const usage = "usage: switchyard serve [--config FILE] [flags]"
+	cl, err := config.ParseCommandLine(args)
+	if err != nil {
+		return checkLoaded(nil, err, stdout, stderr, usage)
+	}
+	if urls := cl.NeedsModel(); len(urls) > 0 {
+		timeout, interval := cl.StartupWait()
+		fmt.Fprintf(stderr, "switchyard: asking %d engines which model they serve (up to %s)\n", len(urls), timeout)
+		client := &fasthttp.Client{Name: "switchyard", NoDefaultUserAgentHeader: true, MaxConnsPerHost: 2}
+		defer client.CloseIdleConnections()
+		var doer load.Doer = client
+		if key, ok := cl.Setting("upstream.api_key"); ok && key != "" {
+			doer = bearerDoer{client, "Bearer " + key}
+		}
+		model, err := fleet.WaitForModel(ctx, doer, urls, timeout, interval, nil)
+		if err != nil {
+			fmt.Fprintf(stderr, "cannot learn the model the workers serve: %v\n", err)
+			return nil, errReported
+		}
+		cl.SetModel(model)
+	}
+	cfg, err := cl.Load(os.Environ())
+	return checkLoaded(cfg, err, stdout, stderr, usage)
+}
+
+// bearerDoer sends every request with an Authorization header (the workers' key).
+type bearerDoer struct {
+	c    load.Doer
+	auth string
+}
+
+func (b bearerDoer) DoDeadline(req *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) error {
+	req.Header.Set(fasthttp.HeaderAuthorization, b.auth)
+	return b.c.DoDeadline(req, resp, deadline)
+}
 
 func logLevel(s string) slog.Level {
 	switch s {
