@@ -33,6 +33,9 @@ func knownScenarios() []string { return append(Scenarios(), report.ScenarioTrace
 type PolicySpec struct {
 	Name   string
 	Policy config.Policy
+	// CacheSource, for cache_aware, is the router's cache_aware.source ("" keeps the
+	// default, local: the engines' KV events).
+	CacheSource string
 }
 
 // DefaultPolicies returns the routing scenario's policies: every policy Switchyard has.
@@ -54,9 +57,10 @@ func mustPolicies(list string) []PolicySpec {
 	return p
 }
 
-// ParsePolicies parses a comma-separated policy list. An entry is a policy name, or
+// ParsePolicies parses a comma-separated policy list. An entry is a policy name,
 // "sticky:FALLBACK" for sticky with that fallback (round_robin, random, power_of_two or
-// load_based).
+// load_based), or "cache_aware:SOURCE" for cache_aware with that prefix source (local, the
+// engines' KV events, or approximate, the router's tree of what it dispatched).
 func ParsePolicies(list string) ([]PolicySpec, error) {
 	var out []PolicySpec
 	var errs []error
@@ -71,11 +75,17 @@ func ParsePolicies(list string) ([]PolicySpec, error) {
 			continue
 		}
 		spec := PolicySpec{Name: item, Policy: config.Policy{Type: name}}
-		if hasFallback {
-			if name != config.PolicySticky {
-				errs = append(errs, fmt.Errorf("%w: policies: %q: only sticky takes a fallback", ErrInvalidOptions, item))
+		switch {
+		case hasFallback && name == config.PolicyCacheAware:
+			if fallback != config.CacheSourceLocal && fallback != config.CacheSourceApproximate {
+				errs = append(errs, fmt.Errorf("%w: policies: %q: cache_aware takes a source, local or approximate", ErrInvalidOptions, item))
 				continue
 			}
+			spec.CacheSource = fallback
+		case hasFallback && name != config.PolicySticky:
+			errs = append(errs, fmt.Errorf("%w: policies: %q: only sticky takes a fallback (and cache_aware a source)", ErrInvalidOptions, item))
+			continue
+		case hasFallback:
 			spec.Policy.Fallback = fallback
 		}
 		if slices.ContainsFunc(out, func(s PolicySpec) bool { return s.Name == spec.Name }) {

@@ -23,6 +23,10 @@ func TestParsePolicies(t *testing.T) {
 		{name: "sticky fallback", list: "sticky,sticky:power_of_two", want: []PolicySpec{
 			{Name: "sticky", Policy: config.Policy{Type: "sticky"}},
 			{Name: "sticky:power_of_two", Policy: config.Policy{Type: "sticky", Fallback: "power_of_two"}}}},
+		{name: "cache_aware source", list: "cache_aware,cache_aware:approximate", want: []PolicySpec{
+			{Name: "cache_aware", Policy: config.Policy{Type: "cache_aware"}},
+			{Name: "cache_aware:approximate", Policy: config.Policy{Type: "cache_aware"}, CacheSource: "approximate"}}},
+		{name: "bad cache source", list: "cache_aware:remote", wantErr: []string{"cache_aware takes a source"}},
 		{name: "unknown and duplicate", list: "fused_score,random,random,random:x", wantErr: []string{`unknown policy "fused_score"`, `"random" listed twice`, "only sticky takes a fallback"}},
 		{name: "empty", list: " , ", wantErr: []string{"empty list"}},
 	}

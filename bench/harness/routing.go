@@ -198,6 +198,9 @@ func (h *harness) policyRow(ctx context.Context, pr policyRun, spec PolicySpec) 
 	defer func() { err = errors.Join(err, c.close()) }()
 	cfg := o.routerConfig(c)
 	cfg.Models = map[string]config.Model{o.Model: pr.model(c, spec.Policy)}
+	if spec.CacheSource != "" {
+		cfg.CacheAware.Source = spec.CacheSource
+	}
 	r, err := o.startRouter(ctx, cfg)
 	if errors.Is(err, errRouterBuild) {
 		row.Skipped = skipReason(err)

@@ -56,7 +56,7 @@ func newBenchFlagSet(stderr io.Writer) (*flag.FlagSet, *benchFlags) {
 	fs.Uint64Var(&o.Seed, "seed", harness.DefaultSeed, "seed of the workloads, the arrivals and the router's policies")
 	fs.DurationVar(&o.RequestTimeout, "timeout", harness.DefaultRequestTimeout, "bound on one request")
 
-	fs.StringVar(&f.policies, "policies", names(harness.DefaultPolicies()), "routing scenario policies, in order; sticky:FALLBACK picks sticky's fallback")
+	fs.StringVar(&f.policies, "policies", names(harness.DefaultPolicies()), "routing scenario policies, in order; sticky:FALLBACK picks sticky's fallback, cache_aware:approximate the router's own prefix tree")
 	fs.StringVar(&f.pdPolicies, "pd-policies", names(harness.DefaultPDPolicies()), "pd scenario prefill-group policies (decode uses power_of_two)")
 	fs.StringVar(&f.workloads, "workloads", strings.Join(harness.DefaultWorkloads(), ","), "routing scenario workloads: "+strings.Join(workload.Names(), ", "))
 	fs.StringVar(&f.mailboxSizes, "mailbox-sizes", ints(harness.DefaultMailboxSizes()), "mailbox scenario actors.mailbox sizes (bucket and group)")
