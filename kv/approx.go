@@ -101,7 +101,7 @@ func (s *ApproxShard) insert(model, worker string, seq []uint32) {
 	t.insert(seq, t.tenant(worker, s.idx.resident))
 	// The bound between evictions: twice the budget of every tenant of the tree.
 	if limit := 2 * s.budget * int64(max(len(t.tenantIdx), 1)); t.total > limit {
-		s.idx.inline.Add(uint64(t.evict(s.budget)))
+		s.idx.inline.AddInt64(t.evict(s.budget))
 	}
 }
 
@@ -113,7 +113,7 @@ func (s *ApproxShard) remove(worker string) {
 
 func (s *ApproxShard) evict() {
 	for _, t := range s.trees {
-		s.idx.evicted.Add(uint64(t.evict(s.budget)))
+		s.idx.evicted.AddInt64(t.evict(s.budget))
 	}
 }
 
@@ -184,13 +184,13 @@ type ApproxConfig struct {
 
 // Metric names of the approximate source.
 const (
-	metricApproxSymbols   = "switchyard_cache_approx_symbols"
-	metricApproxNodes     = "switchyard_cache_approx_nodes"
-	metricApproxRecorded  = "switchyard_cache_approx_recorded_total"
-	metricApproxDropped   = "switchyard_cache_approx_dropped_total"
-	metricApproxEvicted   = `switchyard_cache_approx_evicted_symbols_total{trigger="interval"}`
-	metricApproxInline    = `switchyard_cache_approx_evicted_symbols_total{trigger="bound"}`
-	metricApproxUnanswerd = "switchyard_cache_approx_lookups_unavailable_total"
+	metricApproxSymbols     = "switchyard_cache_approx_symbols"
+	metricApproxNodes       = "switchyard_cache_approx_nodes"
+	metricApproxRecorded    = "switchyard_cache_approx_recorded_total"
+	metricApproxDropped     = "switchyard_cache_approx_dropped_total"
+	metricApproxEvicted     = `switchyard_cache_approx_evicted_symbols_total{trigger="interval"}`
+	metricApproxInline      = `switchyard_cache_approx_evicted_symbols_total{trigger="bound"}`
+	metricApproxUnavailable = "switchyard_cache_approx_lookups_unavailable_total"
 )
 
 // ApproxIndex is the approximate prefix source (a CacheSource): Record adds a dispatched
@@ -206,7 +206,7 @@ type ApproxIndex struct {
 	mu       sync.Mutex
 	counters atomic.Pointer[map[string]*atomic.Int64]
 
-	recorded, dropped, evicted, inline, unavailable atomic.Uint64
+	recorded, dropped, evicted, inline, unavailable *metrics.Counter
 	queries                                         sync.Pool // *ApproxQuery
 }
 
@@ -250,12 +250,17 @@ func NewApproxIndex(cfg ApproxConfig) (*ApproxIndex, error) {
 		}
 		return float64(n)
 	})
-	x.gauge(metricApproxRecorded, func() float64 { return float64(x.recorded.Load()) })
-	x.gauge(metricApproxDropped, func() float64 { return float64(x.dropped.Load()) })
-	x.gauge(metricApproxEvicted, func() float64 { return float64(x.evicted.Load()) })
-	x.gauge(metricApproxInline, func() float64 { return float64(x.inline.Load()) })
-	x.gauge(metricApproxUnanswerd, func() float64 { return float64(x.unavailable.Load()) })
+	x.recorded = x.counter(metricApproxRecorded)
+	x.dropped = x.counter(metricApproxDropped)
+	x.evicted = x.counter(metricApproxEvicted)
+	x.inline = x.counter(metricApproxInline)
+	x.unavailable = x.counter(metricApproxUnavailable)
 	return x, nil
+}
+
+func (x *ApproxIndex) counter(name string) *metrics.Counter {
+	x.names = append(x.names, name)
+	return x.set.GetOrCreateCounter(name)
 }
 
 func (x *ApproxIndex) gauge(name string, f func() float64) {
@@ -328,10 +333,10 @@ func (x *ApproxIndex) Record(model, worker string, seq []uint32) {
 	seq = seq[:min(len(seq), MaxApproxSymbols)]
 	op := &ApproxInsert{Model: model, Worker: worker, Seq: append([]uint32(nil), seq...)}
 	if err := x.host.Post(x.shardOf(model, seq), op); err != nil {
-		x.dropped.Add(1)
+		x.dropped.Inc()
 		return
 	}
-	x.recorded.Add(1)
+	x.recorded.Inc()
 }
 
 // Lookup implements CacheSource: every worker holding a recorded prefix of tokens, and
@@ -349,7 +354,7 @@ func (x *ApproxIndex) Lookup(ctx context.Context, model string, tokens []uint32,
 	q.Matches = q.Matches[:0]
 	if err := x.host.Ask(ctx, x.shardOf(model, tokens), q); err != nil {
 		// The shard may still write q: it is not pooled again.
-		x.unavailable.Add(1)
+		x.unavailable.Inc()
 		if errors.Is(err, ErrRejected) {
 			return err
 		}
@@ -393,8 +398,8 @@ type ApproxStats struct {
 
 // Stats returns the index's counters.
 func (x *ApproxIndex) Stats() ApproxStats {
-	return ApproxStats{Recorded: x.recorded.Load(), Dropped: x.dropped.Load(), EvictedSymbols: x.evicted.Load(),
-		BoundEvictedSymbols: x.inline.Load(), Unavailable: x.unavailable.Load(), Symbols: x.Symbols()}
+	return ApproxStats{Recorded: x.recorded.Get(), Dropped: x.dropped.Get(), EvictedSymbols: x.evicted.Get(),
+		BoundEvictedSymbols: x.inline.Get(), Unavailable: x.unavailable.Get(), Symbols: x.Symbols()}
 }
 
 // Close stops the host (when it is an io.Closer) and unregisters the metrics.
