@@ -670,6 +670,16 @@ func (c *CommandLine) Setting(key string) (string, bool) {
 // Load builds the configuration as Load does, from the parsed command line.
 func (c *CommandLine) Load(environ []string) (*Config, error) { return load(c.opts, environ) }
 
+// SGLRouterFlags returns the names (without dashes) of every sgl-router flag the
+// compatibility mode knows, mapped or refused.
+func SGLRouterFlags() []string {
+	var out []string
+	for _, f := range sglFlags() {
+		out = append(out, f.name)
+	}
+	return out
+}
+
 // CompatUsage writes sgl-router's flags and how Switchyard maps each to w.
 func CompatUsage(w io.Writer) {
 	fmt.Fprintf(w, "switchyard serve --compat %s reads sgl-router's command line:\n\n", CompatSGLRouter)
