@@ -2,6 +2,7 @@ package config
 
 import (
 	"os"
+	"strings"
 	"testing"
 )
 
@@ -43,6 +44,38 @@ func FuzzDecode(f *testing.F) {
 					_ = cfg.EffectivePolicy(name, RoleDecode, pd.Decode)
 				}
 			}
+		}
+	})
+}
+
+// FuzzCompatCommandLine feeds arbitrary argument lists (NUL-separated) to sgl-router's
+// command line: parsing never panics, and what parses loads (with a model) or fails with
+// errors that name what is wrong.
+func FuzzCompatCommandLine(f *testing.F) {
+	for _, s := range []string{
+		"--worker-urls\x00http://127.0.0.1:1\x00http://127.0.0.1:2\x00--policy\x00cache_aware",
+		"--pd-disaggregation\x00--prefill\x00http://127.0.0.1:1\x009001\x00--decode\x00http://127.0.0.1:2",
+		"--max-concurrent-requests\x00-1\x00--retry-max-retries=3\x00--worker-urls=http://a:1,http://b:2",
+		"--prefill\x00http://x\x00none\x00extra\x00--dp-aware\x00--help",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		args := append([]string{"--compat", CompatSGLRouter}, strings.Split(s, "\x00")...)
+		cl, err := ParseCommandLine(args)
+		if err != nil {
+			for _, fe := range fieldErrors(err) {
+				if fe.Msg == "" {
+					t.Fatalf("an error without a message: %v", err)
+				}
+			}
+			return
+		}
+		if len(cl.NeedsModel()) > 0 {
+			cl.SetModel("m")
+		}
+		if cfg, err := cl.Load(nil); err == nil {
+			_ = cfg.Validate()
 		}
 	})
 }

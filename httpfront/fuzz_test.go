@@ -16,6 +16,11 @@ var fuzzSeeds = []string{
 	`{"a":[{"b":[{"c":[1e10,-0.5e-3,true,false,null]}]}]}`,
 	`{"model":"m"`,
 	`[`,
+	`{"model":"m","input":["a","b"]}`,
+	`{"model":"m","input":[{"role":"user","content":"hi"}],"stream":true,"max_output_tokens":4}`,
+	`{"query":"q","documents":["a","b"],"top_n":1}`,
+	`{"prompt":"hello"}`,
+	`{"tokens":[1,2,3]}`,
 }
 
 // FuzzParseRequest checks that request parsing never panics, accepts only valid JSON objects,
@@ -43,7 +48,7 @@ func FuzzParseRequest(f *testing.F) {
 		if err := json.Unmarshal(body, &obj); err != nil {
 			t.Fatalf("accepted a non-object %q: %v", body, err)
 		}
-		if k != routeGenerate && len(facts.model) == 0 {
+		if k.needsModel() && len(facts.model) == 0 {
 			t.Fatal("accepted a request without a model")
 		}
 		n, _, _ := facts.inputTokens(nil, body, nil)
