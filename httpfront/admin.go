@@ -86,8 +86,8 @@ func (s *Server) getWorker(ctx *fasthttp.RequestCtx, ref string) {
 		writeJSON(ctx, fasthttp.StatusOK, s.view(m))
 		return
 	}
-	if st, ok := s.workers.Job(ref); ok {
-		writeJSON(ctx, fasthttp.StatusOK, pendingView{URL: st.WorkerURL, JobStatus: st})
+	if st, id, ok := s.workers.Job(ref); ok {
+		writeJSON(ctx, fasthttp.StatusOK, pendingView{ID: id, URL: st.WorkerURL, JobStatus: st})
 		return
 	}
 	writeError(ctx, newAPIError(CodeWorkerNotFound, "no worker "+strconv.Quote(ref)))
@@ -95,6 +95,7 @@ func (s *Server) getWorker(ctx *fasthttp.RequestCtx, ref string) {
 
 // pendingView is a worker whose addition has not completed, as GET /workers/{url} shows it.
 type pendingView struct {
+	ID        string          `json:"id"`
 	URL       string          `json:"url"`
 	IsHealthy bool            `json:"is_healthy"`
 	JobStatus fleet.JobStatus `json:"job_status"`
@@ -263,11 +264,6 @@ func (s *Server) addWorker(ctx *fasthttp.RequestCtx) {
 	}
 	// The request goroutine waits for introspection (bounded by the health timeout); the
 	// admin API is not on the hot path.
-	if s.workers.MemberByURL(spec.URL) != nil {
-		// One worker per URL: sgl-router's clients name workers by URL.
-		writeError(ctx, newAPIError(CodeWorkerExists, fmt.Sprintf("a worker already has the URL %s", spec.URL)))
-		return
-	}
 	m, err := s.workers.Add(context.Background(), spec, true)
 	switch {
 	case errors.Is(err, ErrWorkerExists):

@@ -213,7 +213,7 @@ func TestAddLater(t *testing.T) {
 		t.Errorf("ID %q, want %q", id, want)
 	}
 	<-clock.scheduled // the first attempt failed: the job waits
-	if st, ok := f.Job(e.url); !ok || st.Status != JobProcessing || st.JobType != JobAddWorker || st.WorkerURL != e.url+"/" {
+	if st, jid, ok := f.Job(e.url); !ok || jid != id || st.Status != JobProcessing || st.JobType != JobAddWorker || st.WorkerURL != e.url+"/" {
 		t.Errorf("job %+v %v", st, ok)
 	}
 	if _, err := f.AddLater(Spec{URL: e.url}); !errors.Is(err, ErrWorkerExists) {
@@ -226,7 +226,7 @@ func TestAddLater(t *testing.T) {
 	if w == nil || w.Model != "served" || !w.Healthy() {
 		t.Fatalf("added %+v", w)
 	}
-	if _, ok := f.Job(e.url); ok {
+	if _, _, ok := f.Job(e.url); ok {
 		t.Errorf("a finished addition keeps a job")
 	}
 	if m := f.MemberByURL(e.url + "/"); m == nil || m.ID() != id {
@@ -246,7 +246,7 @@ func TestAddLater(t *testing.T) {
 	<-clock.scheduled
 	clock.Advance(10 * time.Second)
 	waitLog(t, logs, "cannot add worker")
-	st, ok := f.Job("dead")
+	st, _, ok := f.Job("dead")
 	if !ok || st.Status != JobFailed || !strings.Contains(st.Message, "within 15s") {
 		t.Fatalf("failed job %+v %v", st, ok)
 	}
@@ -254,7 +254,7 @@ func TestAddLater(t *testing.T) {
 		t.Error("a worker whose engine never answered was added")
 	}
 	clock.Advance(jobFailureTTL + time.Second)
-	if _, ok := f.Job(dead.url); ok {
+	if _, _, ok := f.Job(dead.url); ok {
 		t.Error("a failed job outlived its TTL")
 	}
 	if _, err := f.AddLater(Spec{URL: "ftp://x"}); !errors.Is(err, ErrInvalidWorker) {

@@ -196,25 +196,25 @@ func (f *Fleet) pruneJobsLocked() {
 	}
 }
 
-// Job returns the status of the addition of the worker at url (or with ID url), if one is
-// under way or failed recently.
-func (f *Fleet) Job(urlOrID string) (JobStatus, bool) {
+// Job returns the status of the addition of the worker at url (or with ID url), and the ID
+// the worker will have, if an addition is under way or failed recently.
+func (f *Fleet) Job(urlOrID string) (st JobStatus, id string, ok bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.pruneJobsLocked()
 	if j := f.jobs[normalizeURL(urlOrID)]; j != nil {
-		return j.status, true
+		return j.status, j.id, true
 	}
 	for _, j := range f.jobs {
 		if j.id == urlOrID {
-			return j.status, true
+			return j.status, j.id, true
 		}
 	}
-	return JobStatus{}, false
+	return JobStatus{}, "", false
 }
 
-// MemberByURL returns the worker whose URL is url (compared without a trailing slash), or
-// nil.
+// MemberByURL returns the worker whose URL is url (compared without a trailing slash), the
+// one of lowest ID when several share it, or nil.
 func (f *Fleet) MemberByURL(url string) *Member {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -222,10 +222,11 @@ func (f *Fleet) MemberByURL(url string) *Member {
 }
 
 func (f *Fleet) memberByURLLocked(url string) *Member {
+	var found *Member
 	for _, m := range f.members {
-		if normalizeURL(m.url) == url {
-			return m
+		if normalizeURL(m.url) == url && (found == nil || m.id < found.id) {
+			found = m
 		}
 	}
-	return nil
+	return found
 }
