@@ -40,7 +40,7 @@ func equalFoldASCII(b []byte, s string) bool {
 
 // RouteAccess says what a group of routes requires of a request, as logged at start-up.
 type RouteAccess struct {
-	// Routes names the group: "data plane (/v1/*, /generate)", "admin (/workers)", "/metrics".
+	// Routes names the group: "data plane (/v1/*, /generate)", "admin (/workers, /flush_cache)", "/metrics".
 	Routes string
 	// Access is what protects them: a bearer key (and which), open (and why), or refused.
 	Access string
@@ -77,7 +77,7 @@ func accessRules(cfg config.Server, addr net.Addr) (data, admin, metrics routeAc
 	if cfg.APIKey == "" {
 		data.desc.Access = "open (no server.api_key)"
 	}
-	admin.desc.Routes = "admin (/workers)"
+	admin.desc.Routes = "admin (/workers, /flush_cache)"
 	switch {
 	case cfg.AdminAPIKey != "":
 		admin.key, admin.desc.Access = cfg.AdminAPIKey, "bearer key server.admin_api_key"

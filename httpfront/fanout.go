@@ -215,14 +215,15 @@ func compareBool(a, b bool) int {
 
 // flushCache answers POST /flush_cache: every engine is asked to flush its prefix cache
 // (/flush_cache; a vLLM-flavoured one /reset_prefix_cache), and each one's answer is
-// reported. 200 when every engine flushed, else 502 with the same report. An engine that
-// flushed holds nothing any more: the approximate source forgets what it held.
+// reported. 200 when every engine flushed, else 502 with the same report. It is an admin
+// route. An engine that flushed holds nothing any more: the approximate source forgets what
+// it held.
 func (s *Server) flushCache(ctx *fasthttp.RequestCtx) {
 	if !ctx.IsPost() && !ctx.IsGet() {
 		writeError(ctx, errMethodNotAllowed)
 		return
 	}
-	if e := checkKey(ctx, s.cfg.Server.AdminAPIKey); e != nil {
+	if e := s.adminAccess.check(ctx); e != nil {
 		writeError(ctx, e)
 		return
 	}

@@ -244,7 +244,7 @@ func TestRunServeQuickStart(t *testing.T) {
 			t.Fatalf("route access lines: %q", access)
 		}
 	}
-	for i, want := range []string{"data plane (/v1/*, /generate): open", "admin (/workers):", "/metrics:"} {
+	for i, want := range []string{"data plane (/v1/*, /generate): open", "admin (/workers, /flush_cache):", "/metrics:"} {
 		if !strings.Contains(strings.Join(strings.Fields(access[i]), " "), want) {
 			t.Errorf("access line %d %q lacks %q", i, access[i], want)
 		}
