@@ -197,6 +197,12 @@ func (f *Fleet) Members() []*Member {
 // Start checks it. The worker's telemetry starts, and, for a worker added at run time, its
 // KV-event subscriptions.
 func (f *Fleet) Add(ctx context.Context, spec Spec, introspect bool) (*Member, error) {
+	return f.add(ctx, spec, introspect, "")
+}
+
+// add is Add; a non-empty job is the URL of the background addition (AddLater) that adds
+// the worker, whose job status ends as the worker is registered.
+func (f *Fleet) add(ctx context.Context, spec Spec, introspect bool, job string) (*Member, error) {
 	if spec.URL == "" {
 		return nil, fmt.Errorf("cannot add worker: %w: url is required", ErrInvalidWorker)
 	}
@@ -289,6 +295,9 @@ func (f *Fleet) Add(ctx context.Context, spec Spec, introspect bool) (*Member, e
 	f.set.SetHealthy(w.ID, m.eligible())
 	f.members[spec.ID] = m
 	added = true
+	if job != "" {
+		delete(f.jobs, job) // the worker answers for itself from now on
+	}
 	m.ungauge = f.workerGauges(m)
 	m.mu.Lock()
 	f.followTelemetryLocked(m)

@@ -141,7 +141,7 @@ func (f *Fleet) runAdd(ctx context.Context, url string, spec Spec, hostPort stri
 			spec.Model = model // no introspection: the model /v1/models or /get_model_info named
 		}
 	}
-	_, err = f.Add(ctx, spec, true)
+	_, err = f.add(ctx, spec, true, url)
 	return err
 }
 
@@ -153,8 +153,8 @@ func (f *Fleet) setJob(url, status, msg string) {
 	}
 }
 
-// finishJob ends url's job: a success forgets it (the worker is registered), a failure is
-// kept for jobFailureTTL.
+// finishJob ends url's job: a failure is kept for jobFailureTTL; a success was forgotten as
+// the worker was registered (add).
 func (f *Fleet) finishJob(url string, err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
