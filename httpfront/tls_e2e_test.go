@@ -178,9 +178,10 @@ func TestMutualTLSEndToEnd(t *testing.T) {
 		t.Fatal("no load poll reached the engine")
 	}
 
-	// A worker added through the admin API takes upstream.tls too.
+	// A worker added through the admin API takes upstream.tls too (given its model, it is
+	// introspected before the answer; without one it would be added in the background).
 	b := newFakeEngine(t, "B", "llama", withTLS(p.server))
-	if r := post(t, ts.url+"/workers", `{"url":"`+b.url+`","id":"B"}`); r.status != 201 ||
+	if r := post(t, ts.url+"/workers", `{"url":"`+b.url+`","id":"B","model":"llama"}`); r.status != 201 ||
 		!contains(r.body, `"introspected":true`) || !contains(r.body, `"healthy":true`) {
 		t.Fatalf("add an https worker: %d %s", r.status, r.body)
 	}
