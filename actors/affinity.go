@@ -31,14 +31,12 @@ const (
 
 // Affinity metric names. Per-scope series carry model, bucket and stage labels.
 const (
-	metricAffinityBindings   = "switchyard_affinity_bindings"
-	metricAffinityLookups    = "switchyard_affinity_lookups_total"
-	metricAffinityBinds      = "switchyard_affinity_binds_total"
-	metricAffinityRemoved    = "switchyard_affinity_removed_total"
-	metricAffinityRejections = "switchyard_affinity_mailbox_rejections_total"
-	metricAffinityTimeouts   = "switchyard_affinity_timeouts_total"
-	metricAffinityPanics     = "switchyard_affinity_panics_total"
-	metricAffinityScopes     = "switchyard_affinity_scopes"
+	metricAffinityBindings = "switchyard_affinity_bindings"
+	metricAffinityLookups  = "switchyard_affinity_lookups_total"
+	metricAffinityBinds    = "switchyard_affinity_binds_total"
+	metricAffinityRemoved  = "switchyard_affinity_removed_total"
+	metricAffinityTimeouts = "switchyard_affinity_timeouts_total"
+	metricAffinityScopes   = "switchyard_affinity_scopes"
 )
 
 // AffinityOptions configure an AffinityStore. Zero fields take the defaults (config.Default's
@@ -57,16 +55,14 @@ type AffinityOptions struct {
 	// Now is the clock of sweeps (RunSweeper) and of calls that carry no time. Default
 	// time.Now.
 	Now func() time.Time
-	// Logger receives the store's and Proto.Actor's logs. Default: discarded.
+	// Logger receives the store's logs. Default: the System's.
 	Logger *slog.Logger
+	// System is the actor system the scope actors run on; their mailbox rejections and
+	// panics count under kind "affinity". Default: a private one, closed by Close.
+	System *System
 	// Metrics is the set the store registers its series in (see the metric* names).
 	// Default: a private set.
 	Metrics *metrics.Set
-	// OnMessage, when set, sees each command an actor is about to handle, on that actor's
-	// goroutine. It is the seam of tests that hold an actor busy (it may block: the mailbox
-	// then fills) or make it fail (it may panic: the actor restarts, as after a bug).
-	// Default: none.
-	OnMessage func(msg any)
 }
 
 // AffinityOptionsFrom returns the options configured by cfg: affinity.idle_timeout,
@@ -101,10 +97,11 @@ type AffinityStore struct {
 	logger      *slog.Logger
 	metrics     *series.Owned // every series of the store and its scopes, unregistered by Close
 
-	sys      *actor.ActorSystem
+	sys      *System
+	closeSys func()
 	root     *actor.RootContext
 	host     *host
-	counters kindCounters // mailbox rejections and panics of every scope actor
+	counters *kindCounters // mailbox rejections and panics of every scope actor
 	timeouts *metrics.Counter
 
 	mu     sync.Mutex // serializes spawning, Close and metric registration
@@ -114,7 +111,6 @@ type AffinityStore struct {
 	calls     sync.Pool // *affinityCall
 	closed    atomic.Bool
 	closedErr *engine.PickError
-	onMessage func(msg any) // AffinityOptions.OnMessage
 }
 
 var _ engine.AffinityStore = (*AffinityStore)(nil)
@@ -129,7 +125,6 @@ func NewAffinityStore(opts AffinityOptions) *AffinityStore {
 		now:         opts.Now,
 		logger:      opts.Logger,
 		metrics:     series.Own(opts.Metrics),
-		onMessage:   opts.OnMessage,
 		host:        newHost(),
 	}
 	// A zero option takes config.Default's value; the call timeout is a quarter of the
@@ -151,6 +146,9 @@ func NewAffinityStore(opts AffinityOptions) *AffinityStore {
 	if s.now == nil {
 		s.now = time.Now
 	}
+	if s.logger == nil && opts.System != nil {
+		s.logger = opts.System.Logger()
+	}
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)
 	}
@@ -159,12 +157,11 @@ func NewAffinityStore(opts AffinityOptions) *AffinityStore {
 	s.closedErr = &engine.PickError{Outcome: engine.OutcomeInternal, Detail: "affinity store is shut down", Err: ErrAffinityClosed}
 	s.calls.New = func() any { return newAffinityCall() }
 	s.timeouts = s.metrics.Counter(metricAffinityTimeouts)
-	s.counters = newKindCounters(s.metrics, metricAffinityRejections, metricAffinityPanics)
 	s.metrics.Gauge(metricAffinityScopes, func() float64 { return float64(len(*s.scopes.Load())) })
 
-	s.sys = newActorSystem(s.logger)
-	s.root = s.sys.Root
-	subscribeDeadLetters(s.sys, &engine.PickError{Outcome: engine.OutcomeInternal, Detail: "affinity scope actor stopped", Err: ErrStopped})
+	s.sys, s.closeSys = systemOr(opts.System, s.logger)
+	s.root = s.sys.root
+	s.counters = &s.sys.counters.kinds[KindAffinity]
 	return s
 }
 
@@ -325,8 +322,8 @@ func (s *AffinityStore) Close() {
 		}
 	}
 	s.host.shutdown()
-	s.sys.Shutdown()
 	s.metrics.Unregister()
+	s.closeSys()
 }
 
 // scopeFor returns the scope's host, spawning its actor on first use.
@@ -380,21 +377,12 @@ func (s *AffinityStore) roundTrip(h *scopeHost, c *affinityCall, msg any, timeou
 		s.release(c)
 		return s.closedErr
 	}
-	c.timer.Reset(timeout)
+	c.arm(timeout)
 	s.root.Send(h.pid, msg)
-	select {
-	case <-c.reply:
-		c.timer.Stop()
+	if _, ok := c.wait(); ok {
 		return nil
-	case <-c.timer.C:
 	}
-	// Slow path: deadline missed. A reply may have raced the timer.
-	select {
-	case <-c.reply:
-		return nil
-	default:
-	}
-	c.abandoned.Store(true)
+	// Slow path: deadline missed; c is abandoned (never pooled again).
 	s.timeouts.Inc()
 	return h.timeoutErr
 }
@@ -466,7 +454,7 @@ func (s *AffinityStore) newScopeHost(scope engine.AffinityScope, n int) *scopeHo
 // actors are always restarted after a failure, never stopped.
 func (h *scopeHost) props() *actor.Props {
 	s := h.store
-	mb := newMailbox(s.mailboxSize, s.host, &s.counters,
+	mb := newMailbox(s.mailboxSize, s.host, s.counters,
 		&engine.PickError{Outcome: engine.OutcomeOverloaded, Stage: h.scope.Stage, BucketID: h.scope.BucketID,
 			Detail: "affinity scope actor " + h.scope.String() + " mailbox is full"},
 		&engine.PickError{Outcome: engine.OutcomeInternal, Stage: h.scope.Stage, BucketID: h.scope.BucketID,
@@ -524,9 +512,7 @@ func (a *affinityScopeActor) handle(cmd affinityCommand) {
 			panic(r) // let Proto.Actor restart the actor
 		}
 	}()
-	if hook := a.h.store.onMessage; hook != nil {
-		hook(cmd)
-	}
+	a.h.store.sys.observed(KindAffinity, cmd)
 	cmd.apply(a.table)
 	replied = true
 	c.done()
@@ -648,10 +634,10 @@ var (
 )
 
 // affinityCall is the pooled state of one round trip to a scope actor: the command, its
-// result slot and a reply channel of capacity 1. The caller fills one command and sends it;
-// the actor (or a mailbox refusing the command) writes the result and signals reply exactly
-// once; the caller owns the call again once it has received from reply.
+// result slot and the call. The caller fills one command and sends it; the actor (or a
+// mailbox refusing the command) writes the result and answers the call exactly once.
 type affinityCall struct {
+	call[struct{}]
 	lookup LookupBinding
 	bind   Bind
 	inval  InvalidateWorker
@@ -661,20 +647,15 @@ type affinityCall struct {
 	bindRes   BindResult
 	invalRes  InvalidateWorkerResult
 	sweepRes  SweepResult
-
-	reply chan struct{}
-	timer *time.Timer
-	// abandoned is set by a caller that gave up waiting; actors skip such calls.
-	abandoned atomic.Bool
 }
 
 func newAffinityCall() *affinityCall {
-	c := &affinityCall{reply: make(chan struct{}, 1), timer: time.NewTimer(time.Hour)}
-	c.timer.Stop()
+	c := &affinityCall{}
+	c.init(1)
 	return c
 }
 
-func (c *affinityCall) done() { c.reply <- struct{}{} }
+func (c *affinityCall) done() { c.answer(struct{}{}) }
 
 // reset drops the call's references before it returns to the pool.
 func (c *affinityCall) reset() {

@@ -49,6 +49,9 @@ func newAffStore(t testing.TB, opts AffinityOptions) (*AffinityStore, *affClock,
 	if opts.Metrics == nil {
 		opts.Metrics = metrics.NewSet()
 	}
+	if opts.System == nil {
+		opts.System, _ = newObservedSystem(t, opts.Metrics)
+	}
 	s := NewAffinityStore(opts)
 	t.Cleanup(s.Close)
 	return s, clk, opts.Metrics
@@ -395,7 +398,7 @@ func TestAffinityStoreLRUBoundIsCounted(t *testing.T) {
 	}
 }
 
-// blockingHook returns an OnMessage observer that blocks the scope actor on a command for key
+// blockingHook returns an Observe hook that blocks the scope actor on a command for key
 // until release is closed, signalling entered first.
 func blockingHook(key string) (hook func(any), entered chan struct{}, release chan struct{}) {
 	entered, release = make(chan struct{}, 1), make(chan struct{})
@@ -409,10 +412,9 @@ func blockingHook(key string) (hook func(any), entered chan struct{}, release ch
 }
 
 func TestAffinityStoreFullMailboxRejectsFast(t *testing.T) {
-	hook := new(msgHook)
-	s, clk, set := newAffStore(t, AffinityOptions{Mailbox: 1, CallTimeout: time.Minute, OnMessage: hook.observe})
-	block, entered, release := blockingHook("block")
-	hook.set(block)
+	s, clk, set := newAffStore(t, AffinityOptions{Mailbox: 1, CallTimeout: time.Minute})
+	hook, entered, release := blockingHook("block")
+	obsOf(t, s.sys).set(hook)
 	mustLookup(t, s, affScope, "warm-up", clk.Now()) // spawn the scope
 	blocked := make(chan error, 1)
 	go func() {
@@ -449,7 +451,7 @@ func TestAffinityStoreFullMailboxRejectsFast(t *testing.T) {
 	if _, err := s.Lookup(affScope, "q", clk.Now()); engine.OutcomeOf(err) != engine.OutcomeOverloaded {
 		t.Fatalf("lookup on a full mailbox: %v", err)
 	}
-	if got := metricValue(t, set, metricAffinityRejections); got != float64(refused+1) {
+	if got := metricValue(t, set, metricMailboxRejections+`{kind="affinity"}`); got != float64(refused+1) {
 		t.Fatalf("rejections = %v, want %d", got, refused+1)
 	}
 	close(release)
@@ -469,10 +471,9 @@ func TestAffinityStoreFullMailboxRejectsFast(t *testing.T) {
 }
 
 func TestAffinityStoreDeadline(t *testing.T) {
-	hook := new(msgHook)
-	s, clk, set := newAffStore(t, AffinityOptions{CallTimeout: 250 * time.Millisecond, OnMessage: hook.observe})
+	s, clk, set := newAffStore(t, AffinityOptions{CallTimeout: 250 * time.Millisecond})
 	block, entered, release := blockingHook("block")
-	hook.set(block)
+	obsOf(t, s.sys).set(block)
 	mustBind(t, s, affScope, "warm-up", "", "W1", clk.Now()) // spawns the scope
 	// The command that holds the actor is sent raw, without a deadline: a call that missed
 	// its deadline before the actor took it would be skipped, and never hold it.
@@ -502,7 +503,7 @@ func TestAffinityStoreDeadline(t *testing.T) {
 	}
 	// Through a policy the deadline is a Timeout pick error that stops the bucket loop.
 	block, entered, release = blockingHook("stuck-session")
-	hook.set(block)
+	obsOf(t, s.sys).set(block)
 	defer close(release)
 	_, err := engine.NewSessionAware(nil, nil, s, rand.New(rand.NewPCG(1, 1))).Pick(workers("w", 2, engine.StagePlain),
 		&engine.PickRequest{BucketRequest: affRequest(clk, "stuck-session", ""), Stage: engine.StagePlain, BucketID: "b"})
@@ -513,11 +514,12 @@ func TestAffinityStoreDeadline(t *testing.T) {
 }
 
 func TestAffinityStorePanicRestartsTheScope(t *testing.T) {
-	s, clk, set := newAffStore(t, AffinityOptions{OnMessage: func(msg any) {
+	s, clk, set := newAffStore(t, AffinityOptions{})
+	obsOf(t, s.sys).set(func(msg any) {
 		if m, ok := msg.(*LookupBinding); ok && m.Key == "panic" {
 			panic("test: marked command")
 		}
-	}})
+	})
 	mustBind(t, s, affScope, "k", "", "W1", clk.Now())
 	_, err := s.Lookup(affScope, "panic", clk.Now())
 	if !errors.Is(err, ErrPanicked) || engine.OutcomeOf(err) != engine.OutcomeInternal {
@@ -530,7 +532,7 @@ func TestAffinityStorePanicRestartsTheScope(t *testing.T) {
 	if w := mustBind(t, s, affScope, "k", "", "W2", clk.Now()); w != "W2" {
 		t.Fatalf("bind after restart = %q", w)
 	}
-	if got := metricValue(t, set, metricAffinityPanics); got != 1 {
+	if got := metricValue(t, set, metricActorPanics+`{kind="affinity"}`); got != 1 {
 		t.Fatalf("panics = %v", got)
 	}
 	if got := metricValue(t, set, metricAffinityBindings+`{model="llama",bucket="b",stage="plain"}`); got != 1 {
@@ -539,7 +541,8 @@ func TestAffinityStorePanicRestartsTheScope(t *testing.T) {
 }
 
 func TestAffinityStoreClose(t *testing.T) {
-	s, clk, set := newAffStore(t, AffinityOptions{})
+	// The store's own series go with it; the actor families belong to the System.
+	s, clk, set := newAffStore(t, AffinityOptions{System: NewSystem(SystemOptions{})})
 	mustBind(t, s, affScope, "k", "", "W1", clk.Now())
 	s.Close()
 	s.Close()
@@ -656,7 +659,7 @@ func TestAffinityThroughSelector(t *testing.T) {
 // newAffSelector hosts resolvers on actors and closes the selector when the test ends.
 func newAffSelector(t testing.TB, rs map[string]*engine.BucketResolver, wset *engine.WorkerSet) *Selector {
 	t.Helper()
-	sel, err := NewSelector(rs, wset, config.Actors{}, nil)
+	sel, err := NewSelector(rs, wset, config.Actors{}, SelectorOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/VictoriaMetrics/metrics"
 	"github.com/asynkron/protoactor-go/actor"
 
 	"switchyard/config"
@@ -97,7 +98,8 @@ func resolvers(buckets ...*engine.Bucket) map[string]*engine.BucketResolver {
 // newTestSelector builds a Selector and closes it when the test ends.
 func newTestSelector(t testing.TB, ws *engine.WorkerSet, cfg config.Actors, logger *slog.Logger, buckets ...*engine.Bucket) *Selector {
 	t.Helper()
-	s, err := NewSelector(resolvers(buckets...), ws, cfg, logger)
+	sys, _ := newObservedSystem(t, nil, logger)
+	s, err := NewSelector(resolvers(buckets...), ws, cfg, SelectorOptions{System: sys, Logger: logger})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,14 +160,48 @@ func suspendMailbox() any { return &actor.SuspendMailbox{} }
 
 func resumeMailbox() any { return &actor.ResumeMailbox{} }
 
-// msgHook is an OnMessage observer (IndexOptions, AffinityOptions) whose behaviour a test
-// sets and changes while the actors run.
-type msgHook struct{ f atomic.Pointer[func(any)] }
+// observer is a test's handle on a System's Observe seam: set swaps the function every
+// actor runs before a command (nil: none).
+type observer struct{ f atomic.Pointer[func(any)] }
 
-func (h *msgHook) observe(msg any) {
-	if f := h.f.Load(); f != nil {
+func (o *observer) set(f func(msg any)) {
+	if f == nil {
+		o.f.Store(nil)
+		return
+	}
+	o.f.Store(&f)
+}
+
+func (o *observer) observe(_ Kind, msg any) {
+	if f := o.f.Load(); f != nil {
 		(*f)(msg)
 	}
 }
 
-func (h *msgHook) set(f func(any)) { h.f.Store(&f) }
+// newObservedSystem returns a System (closed when the test ends, after the components the
+// test closes itself) whose Observe runs what the returned observer is set to.
+func newObservedSystem(t testing.TB, set *metrics.Set, logger ...*slog.Logger) (*System, *observer) {
+	t.Helper()
+	o := &observer{}
+	opts := SystemOptions{Metrics: set, Observe: o.observe}
+	if len(logger) > 0 {
+		opts.Logger = logger[0]
+	}
+	sys := NewSystem(opts)
+	t.Cleanup(sys.Close)
+	observers.Store(sys, o)
+	return sys, o
+}
+
+// observers maps the test Systems to their observers (see obsOf).
+var observers sync.Map // *System → *observer
+
+// obsOf returns the observer of a System made by newObservedSystem.
+func obsOf(t testing.TB, sys *System) *observer {
+	t.Helper()
+	o, ok := observers.Load(sys)
+	if !ok {
+		t.Fatal("BUG: the component does not run on an observed system")
+	}
+	return o.(*observer)
+}

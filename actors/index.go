@@ -21,27 +21,23 @@ import (
 // ErrIndexClosed: the IndexShards were closed.
 var ErrIndexClosed = errors.New("index shards closed")
 
-// Index shard metric names.
-const (
-	metricIndexRejections = "switchyard_kv_shard_mailbox_rejections_total"
-	metricIndexPanics     = "switchyard_kv_shard_panics_total"
-	metricIndexTimeouts   = "switchyard_kv_shard_match_timeouts_total"
-)
+// metricIndexTimeouts counts lookups whose shards did not all answer in time. Mailbox
+// rejections and panics of the shard actors count in the actor families, kind
+// "index_shard".
+const metricIndexTimeouts = "switchyard_kv_shard_match_timeouts_total"
 
 // IndexOptions configure IndexShards. Zero fields take the defaults.
 type IndexOptions struct {
 	// Mailbox is each shard actor's mailbox size, in messages. Default: config.Default's
 	// actors.mailbox.index_shard.
 	Mailbox int
-	// Logger receives the shards' and Proto.Actor's logs. Default: discarded.
+	// Logger receives the shards' logs. Default: the System's.
 	Logger *slog.Logger
+	// System is the actor system the shard actors run on. Default: a private one, closed
+	// by Close.
+	System *System
 	// Metrics is the set the shards register their series in. Default: a private set.
 	Metrics *metrics.Set
-	// OnMessage, when set, sees each command an actor is about to handle, on that actor's
-	// goroutine. It is the seam of tests that hold an actor busy (it may block: the mailbox
-	// then fills) or make it fail (it may panic: the actor restarts, as after a bug).
-	// Default: none.
-	OnMessage func(msg any)
 }
 
 // IndexOptionsFrom returns the options configured by cfg (actors.mailbox.index_shard); the
@@ -68,12 +64,13 @@ func IndexHost(opts IndexOptions) func(shards []*kv.Shard) (kv.ShardHost, error)
 //
 // All methods are safe for concurrent use. Close stops every actor.
 type IndexShards struct {
-	sys      *actor.ActorSystem
+	sys      *System
+	closeSys func()
 	root     *actor.RootContext
 	host     *host
 	logger   *slog.Logger
 	metrics  *series.Owned // unregistered by Close
-	counters kindCounters
+	counters *kindCounters
 	timeouts *metrics.Counter
 	shards   []*indexShardHost
 
@@ -81,7 +78,6 @@ type IndexShards struct {
 	closeMu   sync.Mutex
 	closed    atomic.Bool
 	closedErr error
-	onMessage func(msg any) // IndexOptions.OnMessage
 }
 
 var _ kv.ShardHost = (*IndexShards)(nil)
@@ -91,22 +87,28 @@ func NewIndexShards(shards []*kv.Shard, opts IndexOptions) (*IndexShards, error)
 	if opts.Mailbox <= 0 {
 		opts.Mailbox = config.Default().Actors.Mailbox.IndexShard
 	}
+	if opts.Logger == nil && opts.System != nil {
+		opts.Logger = opts.System.Logger()
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	if opts.Metrics == nil {
 		opts.Metrics = metrics.NewSet()
 	}
-	s := &IndexShards{host: newHost(), logger: opts.Logger, metrics: series.Own(opts.Metrics), onMessage: opts.OnMessage,
+	s := &IndexShards{host: newHost(), logger: opts.Logger, metrics: series.Own(opts.Metrics),
 		closedErr: fmt.Errorf("cannot reach index shard: %w", ErrIndexClosed)}
 	n := len(shards)
-	s.calls.New = func() any { return &matchCall{msgs: make([]MatchPrefix, 0, n), reply: make(chan error, n)} }
+	s.calls.New = func() any {
+		c := &matchCall{msgs: make([]MatchPrefix, 0, n)}
+		c.init(n)
+		return c
+	}
 	s.timeouts = s.metrics.Counter(metricIndexTimeouts)
-	s.counters = newKindCounters(s.metrics, metricIndexRejections, metricIndexPanics)
 
-	s.sys = newActorSystem(opts.Logger)
-	s.root = s.sys.Root
-	subscribeDeadLetters(s.sys, &engine.PickError{Outcome: engine.OutcomeInternal, Detail: "index shard actor stopped", Err: ErrStopped})
+	s.sys, s.closeSys = systemOr(opts.System, opts.Logger)
+	s.root = s.sys.root
+	s.counters = &s.sys.counters.kinds[KindIndexShard]
 	for i, sh := range shards {
 		h := &indexShardHost{owner: s, shard: sh, index: i, name: fmt.Sprintf("index-shard:%d", i), mailboxSize: opts.Mailbox,
 			maxPending: opts.Mailbox}
@@ -191,32 +193,21 @@ func (s *IndexShards) Match(ctx context.Context, qs []*kv.ShardQuery) error {
 		c.sent++
 		s.root.Send(s.shards[i].pid, &c.msgs[len(c.msgs)-1])
 	}
-	return c.wait(ctx)
+	return c.collect(ctx)
 }
 
-// wait collects every shard's answer, or gives up when ctx ends (the call is then
+// collect collects every shard's answer, or gives up when ctx ends (the call is then
 // abandoned: never pooled again, so a late answer lands in a call nobody reuses).
-func (c *matchCall) wait(ctx context.Context) error {
+func (c *matchCall) collect(ctx context.Context) error {
 	var firstErr error
 	for got := 0; got < c.sent; got++ {
-		// Fast path: the answer is already there.
-		select {
-		case err := <-c.reply:
-			if err != nil && firstErr == nil {
-				firstErr = err
-			}
-			continue
-		default:
-		}
-		select {
-		case err := <-c.reply:
-			if err != nil && firstErr == nil {
-				firstErr = err
-			}
-		case <-ctx.Done():
-			c.abandoned.Store(true)
+		err, ok := c.waitCtx(ctx)
+		if !ok {
 			c.owner.timeouts.Inc()
 			return fmt.Errorf("index shards did not answer %d of %d queries: %w", c.sent-got, c.sent, ctx.Err())
+		}
+		if err != nil && firstErr == nil {
+			firstErr = err
 		}
 	}
 	s := c.owner
@@ -259,8 +250,8 @@ func (s *IndexShards) Close() error {
 		}
 	}
 	s.host.shutdown()
-	s.sys.Shutdown()
 	s.metrics.Unregister()
+	s.closeSys()
 	return nil
 }
 
@@ -284,7 +275,7 @@ type indexShardHost struct {
 // restarted after a failure, never stopped.
 func (h *indexShardHost) props() *actor.Props {
 	s := h.owner
-	mb := newMailbox(h.mailboxSize, s.host, &s.counters,
+	mb := newMailbox(h.mailboxSize, s.host, s.counters,
 		&engine.PickError{Outcome: engine.OutcomeOverloaded, Detail: h.name + " mailbox is full"},
 		&engine.PickError{Outcome: engine.OutcomeInternal, Detail: h.name + " stopped", Err: ErrStopped})
 	return actor.PropsFromProducer(func() actor.Actor { return &indexShardActor{h: h, mb: mb} },
@@ -316,7 +307,7 @@ func (a *indexShardActor) Receive(ctx actor.Context) {
 		a.guard(msg, c, func() {
 			a.applyQueued()
 			a.h.shard.Match(msg.Query)
-			c.reply <- nil
+			c.answer(nil)
 		})
 	case *PruneOwners:
 		a.guard(msg, nil, func() {
@@ -351,14 +342,12 @@ func (a *indexShardActor) guard(msg any, c *matchCall, f func()) {
 			s.logger.Error("index shard actor panicked; restarting it with an empty shard",
 				slog.String("shard", a.h.name), slog.Any("panic", r), slog.String("stack", string(debug.Stack())))
 			if c != nil && !replied {
-				c.reply <- fmt.Errorf("%s failed: %w", a.h.name, ErrPanicked)
+				c.answer(fmt.Errorf("%s failed: %w", a.h.name, ErrPanicked))
 			}
 			panic(r)
 		}
 	}()
-	if hook := a.h.owner.onMessage; hook != nil {
-		hook(msg)
-	}
+	a.h.owner.sys.observed(KindIndexShard, msg)
 	f()
 	replied = true
 }
@@ -389,10 +378,10 @@ func (m *ApplyEvents) reject(*engine.PickError) { m.refused.Store(true) }
 func (m *PruneOwners) reject(*engine.PickError) { m.refused.Store(true) }
 func (m *MatchPrefix) reject(err *engine.PickError) {
 	if err.Outcome == engine.OutcomeOverloaded {
-		m.call.reply <- fmt.Errorf("%s: %w", err.Detail, kv.ErrShardBusy)
+		m.call.answer(fmt.Errorf("%s: %w", err.Detail, kv.ErrShardBusy))
 		return
 	}
-	m.call.reply <- err
+	m.call.answer(err)
 }
 
 var (
@@ -401,14 +390,13 @@ var (
 	_ rejecter = (*PruneOwners)(nil)
 )
 
-// matchCall is the pooled state of one lookup's fan-out: its messages and a reply channel
-// with room for one answer per shard.
+// matchCall is the pooled state of one lookup's fan-out: its messages and a call with room
+// for one answer per shard.
 type matchCall struct {
-	owner     *IndexShards
-	msgs      []MatchPrefix
-	sent      int
-	reply     chan error
-	abandoned atomic.Bool
+	call[error]
+	owner *IndexShards
+	msgs  []MatchPrefix
+	sent  int
 }
 
 func (c *matchCall) reset() {

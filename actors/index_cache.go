@@ -20,6 +20,8 @@ type CacheOptions struct {
 	Logger *slog.Logger
 	// Metrics receives the switchyard_kv_* series. Default: a private set.
 	Metrics *metrics.Set
+	// System is the actor system the index shard actors run on. Default: a private one.
+	System *System
 	// OnApplied, when set, is called after each KV-event batch is applied (see
 	// kv.ManagerConfig.OnApplied). For tests and tracing; it must not block.
 	OnApplied func(worker string, rank int, seq uint64)
@@ -120,7 +122,7 @@ func NewCacheState(cfg *config.Config, opts CacheOptions) (*CacheState, error) {
 		return nil, fmt.Errorf("cannot build the cache state: unknown cache_aware.source %q", cfg.CacheAware.Source)
 	}
 	io := IndexOptionsFrom(cfg)
-	io.Logger, io.Metrics = opts.Logger, opts.Metrics
+	io.Logger, io.Metrics, io.System = opts.Logger, opts.Metrics, opts.System
 	x, err := kv.NewIndex(kv.IndexConfig{Shards: cfg.KV.Shards, MaxBlocks: cfg.KV.MaxBlocks, HashCacheChunks: cfg.KV.HashCacheChunks,
 		LookupTimeout: cfg.CacheAware.QueryTimeout, Host: IndexHost(io), Metrics: km})
 	if err != nil {

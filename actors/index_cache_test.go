@@ -157,7 +157,7 @@ func startCacheHarness(t *testing.T, cfg *config.Config) *cacheHarness {
 		t.Fatal(err)
 	}
 	h.resolver = resolvers["m"]
-	h.sel, err = NewSelector(resolvers, ws, cfg.Actors, nil)
+	h.sel, err = NewSelector(resolvers, ws, cfg.Actors, SelectorOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

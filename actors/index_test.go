@@ -11,17 +11,11 @@ import (
 
 // actorIndex returns a kv.Index whose shards run on index shard actors, and those actors.
 func actorIndex(t *testing.T, shards, mailbox int) (*kv.Index, *IndexShards) {
-	x, h, _ := hookedIndex(t, shards, mailbox)
-	return x, h
-}
-
-// hookedIndex is actorIndex whose shard actors call the returned hook before each message.
-func hookedIndex(t *testing.T, shards, mailbox int) (*kv.Index, *IndexShards, *msgHook) {
 	t.Helper()
 	var hosted *IndexShards
-	hook := new(msgHook)
 	x, err := kv.NewIndex(kv.IndexConfig{Shards: shards, MaxBlocks: 1 << 20, Host: func(s []*kv.Shard) (kv.ShardHost, error) {
-		h, err := NewIndexShards(s, IndexOptions{Mailbox: mailbox, OnMessage: hook.observe})
+		sys, _ := newObservedSystem(t, nil)
+		h, err := NewIndexShards(s, IndexOptions{Mailbox: mailbox, System: sys})
 		hosted = h
 		return h, err
 	}})
@@ -29,7 +23,7 @@ func hookedIndex(t *testing.T, shards, mailbox int) (*kv.Index, *IndexShards, *m
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = x.Close() })
-	return x, hosted, hook
+	return x, hosted
 }
 
 func prompt(base, n int) []uint32 {
@@ -87,10 +81,10 @@ func TestIndexShardsServeTheIndex(t *testing.T) {
 
 // blockShards makes every shard actor wait on release before handling a message; entered
 // receives one value per message an actor started handling.
-func blockShards(hook *msgHook) (entered <-chan struct{}, release func()) {
+func blockShards(t testing.TB, h *IndexShards) (entered <-chan struct{}, release func()) {
 	ch := make(chan struct{})
 	in := make(chan struct{}, 64)
-	hook.set(func(any) {
+	obsOf(t, h.sys).set(func(any) {
 		in <- struct{}{}
 		<-ch
 	})
@@ -104,9 +98,9 @@ func blockShards(hook *msgHook) (entered <-chan struct{}, release func()) {
 }
 
 func TestIndexShardsRejectFastWhenFull(t *testing.T) {
-	x, h, hook := hookedIndex(t, 1, 1)
+	x, h := actorIndex(t, 1, 1)
 	ids, _ := x.SetWorker("a", "m", 1, 16)
-	entered, release := blockShards(hook)
+	entered, release := blockShards(t, h)
 	defer release()
 	// The first batch occupies the actor; the next ones fill the mailbox until one is refused.
 	write := func(hash int64) int {
@@ -156,11 +150,11 @@ func TestIndexShardsRejectFastWhenFull(t *testing.T) {
 }
 
 func TestIndexShardsLookupDeadline(t *testing.T) {
-	x, _, hook := hookedIndex(t, 2, 64)
+	x, h := actorIndex(t, 2, 64)
 	if _, err := x.SetWorker("a", "m", 1, 16); err != nil {
 		t.Fatal(err)
 	}
-	_, release := blockShards(hook)
+	_, release := blockShards(t, h)
 	defer release()
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // the deadline has passed
@@ -175,14 +169,14 @@ func TestIndexShardsLookupDeadline(t *testing.T) {
 }
 
 func TestIndexShardsRestartAfterPanic(t *testing.T) {
-	x, h, hook := hookedIndex(t, 1, 64)
+	x, h := actorIndex(t, 1, 64)
 	tokens := prompt(0, 64)
 	holdPrompt(t, x, "a", tokens)
 	if got, _ := matched(t, x, tokens); got["a"] != 64 {
 		t.Fatalf("before: %v", got)
 	}
 	panicked := make(chan struct{})
-	hook.set(func(msg any) {
+	obsOf(t, h.sys).set(func(msg any) {
 		if _, ok := msg.(*MatchPrefix); ok {
 			select {
 			case <-panicked:

@@ -19,12 +19,16 @@ const (
 	KindBucket Kind = iota
 	KindGroup
 	KindTelemetry
+	KindAffinity
+	KindIndexShard
+	KindPartition
 	numKinds
 )
 
-var kindNames = [numKinds]string{"bucket", "group", "telemetry"}
+var kindNames = [numKinds]string{"bucket", "group", "telemetry", "affinity", "index_shard", "affinity_partition"}
 
-// String returns the kind's name as used in configuration (actors.mailbox.<kind>) and metrics.
+// String returns the kind's name as used in configuration (actors.mailbox.<kind>) and in the
+// kind label of the actor metrics.
 func (k Kind) String() string {
 	if k < numKinds {
 		return kindNames[k]
@@ -32,35 +36,12 @@ func (k Kind) String() string {
 	return "unknown"
 }
 
-// Actor failure counters of the selection and telemetry actors, by kind.
-const (
-	metricMailboxRejections = "switchyard_actor_mailbox_rejections_total"
-	metricActorPanics       = "switchyard_actor_panics_total"
-)
-
-// Counters are the actors' failure counts per kind: the counters
-// switchyard_actor_mailbox_rejections_total{kind} and switchyard_actor_panics_total{kind} on a
-// set of their own (Set), which the owner of /metrics exposes. All methods are safe for
-// concurrent use.
+// Counters are the actors' failure counts per kind, registered as
+// switchyard_actor_mailbox_rejections_total{kind} and switchyard_actor_panics_total{kind}.
+// All methods are safe for concurrent use.
 type Counters struct {
-	set   *metrics.Set
 	kinds [numKinds]kindCounters
 }
-
-// NewCounters creates the counters of every kind on a new set.
-func NewCounters() *Counters {
-	c := &Counters{set: metrics.NewSet()}
-	for k := range numKinds {
-		c.kinds[k] = kindCounters{
-			rejected: c.set.NewCounter(series.Name(metricMailboxRejections, "kind", k.String())),
-			panics:   c.set.NewCounter(series.Name(metricActorPanics, "kind", k.String())),
-		}
-	}
-	return c
-}
-
-// Set is the set that holds the counters.
-func (c *Counters) Set() *metrics.Set { return c.set }
 
 // kindCounters are the failure counters of one kind of actor.
 type kindCounters struct {
@@ -68,17 +49,24 @@ type kindCounters struct {
 	panics   *metrics.Counter
 }
 
-// newKindCounters creates the rejection and panic counters of one kind of actor on o.
-func newKindCounters(o *series.Owned, rejected, panics string) kindCounters {
-	return kindCounters{rejected: o.Counter(rejected), panics: o.Counter(panics)}
+// newCounters registers every kind's counters in set.
+func newCounters(set *metrics.Set) *Counters {
+	c := &Counters{}
+	for k := range numKinds {
+		c.kinds[k] = kindCounters{
+			rejected: set.GetOrCreateCounter(series.Name(metricMailboxRejections, "kind", k.String())),
+			panics:   set.GetOrCreateCounter(series.Name(metricActorPanics, "kind", k.String())),
+		}
+	}
+	return c
 }
 
 // Rejected is the number of messages refused by a full (or stopped) mailbox of kind k. A
-// refused pick was answered with OutcomeOverloaded (or OutcomeInternal when stopped); a
-// refused event (a load report) was dropped.
+// refused command was answered with OutcomeOverloaded (or OutcomeInternal when stopped); a
+// refused event (a load report, an index write) was dropped.
 func (c *Counters) Rejected(k Kind) uint64 { return c.kinds[k].rejected.Get() }
 
-// Panics is the number of panics recovered in actors of kind k (each failed one request and
+// Panics is the number of panics recovered in actors of kind k (each failed one command and
 // restarted the actor).
 func (c *Counters) Panics(k Kind) uint64 { return c.kinds[k].panics.Get() }
 

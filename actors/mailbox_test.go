@@ -7,7 +7,6 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"switchyard/engine"
-	"switchyard/load/series"
 )
 
 // probe is a test command that records how it was refused.
@@ -35,9 +34,11 @@ func (a *blockingActor) Receive(ctx actor.Context) {
 }
 
 func TestMailboxRejectsFastWhenFull(t *testing.T) {
-	sys := newActorSystem(nil)
+	own := NewSystem(SystemOptions{})
+	defer own.Close()
+	sys := own.sys
 	h := newHost()
-	kc := newKindCounters(series.Own(nil), "rejected_total", "panics_total")
+	kc := own.counters.kinds[KindGroup]
 	overloaded := &engine.PickError{Outcome: engine.OutcomeOverloaded, Detail: "full"}
 	stopped := &engine.PickError{Outcome: engine.OutcomeInternal, Detail: "stopped", Err: ErrStopped}
 	const size = 2
@@ -93,7 +94,6 @@ func TestMailboxRejectsFastWhenFull(t *testing.T) {
 		t.Fatalf("refusal after close = %v, want ErrStopped", err)
 	}
 	h.shutdown()
-	sys.Shutdown()
 }
 
 func TestKindNames(t *testing.T) {

@@ -1,9 +1,6 @@
 package actors
 
 import (
-	"sync/atomic"
-	"time"
-
 	"github.com/asynkron/protoactor-go/actor"
 
 	"switchyard/engine"
@@ -41,48 +38,35 @@ type PickEnginesResult struct {
 }
 
 // pickCall is the pooled state of one PickEngines round trip: both command messages, the
-// result slot, a reply channel and the deadline timer.
+// result slot and the call (reply channel and deadline).
 //
 // Ownership moves with the message: the caller fills engines and sends it; the bucket actor
 // fills engine and forwards it; group actors write result (the prefill pick, then the
-// final result) and exactly one of them — or a mailbox refusing the message — sends
-// &result on reply. The caller owns the call again once it has received from reply. The
-// deadline timer sends &expired on reply (capacity 2: the reply and the expiry never
-// block). A caller that stops waiting sets abandoned and never returns the call to the pool,
-// so a late reply lands in a call nobody reuses.
+// final result) and exactly one of them — or a mailbox refusing the message — answers the
+// call with &result.
 type pickCall struct {
+	call[*PickEnginesResult]
 	engines PickEngines
 	engine  PickEngine
 	result  PickEnginesResult
-	expired PickEnginesResult // marker: the deadline passed
-	reply   chan *PickEnginesResult
-	timer   *time.Timer // sends &expired on reply when it fires
-	// abandoned is set by a caller that gave up waiting; actors skip such calls.
-	abandoned atomic.Bool
 }
 
 func newPickCall() *pickCall {
-	c := &pickCall{reply: make(chan *PickEnginesResult, 2)}
-	c.timer = time.AfterFunc(time.Hour, c.expire)
-	c.timer.Stop()
+	c := &pickCall{}
+	c.init(1)
 	c.engines.call = c
 	c.engine.call = c
 	return c
 }
 
-// expire runs on the timer's goroutine when the deadline passes.
-func (c *pickCall) expire() { c.reply <- &c.expired }
-
 // fail replies with err, discarding any partial selection.
 func (c *pickCall) fail(err error) {
 	c.result = PickEnginesResult{Err: err}
-	c.reply <- &c.result
+	c.answer(&c.result)
 }
 
 // finish replies with the selection in result.
-func (c *pickCall) finish() {
-	c.reply <- &c.result
-}
+func (c *pickCall) finish() { c.answer(&c.result) }
 
 // reset drops the call's references before it returns to the pool.
 func (c *pickCall) reset() {

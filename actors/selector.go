@@ -31,7 +31,8 @@ var (
 // children, one group actor per engine group. PickEngines and Select are safe for concurrent
 // use by any number of request goroutines.
 type Selector struct {
-	sys      *actor.ActorSystem
+	sys      *System
+	closeSys func()
 	root     *actor.RootContext
 	host     *host
 	workers  *engine.WorkerSet
@@ -65,8 +66,6 @@ type bucketHost struct {
 	mb                     atomic.Pointer[mailbox] // the current incarnation's mailbox
 	invalid                *engine.PickError       // reply of a bucket without its groups
 	internal               *engine.PickError       // reply to a pick that hit a bucket actor panic
-	// testHook, when set (tests only), runs before a pick is forwarded.
-	testHook func(req *engine.BucketRequest)
 }
 
 // groupHost is what a group actor's incarnations share: the *engine.EngineGroup (membership
@@ -80,23 +79,35 @@ type groupHost struct {
 	mb          atomic.Pointer[mailbox] // the current incarnation's mailbox
 }
 
+// SelectorOptions are a Selector's collaborators beyond the configuration.
+type SelectorOptions struct {
+	// System is the actor system the bucket and group actors run on. Default: a private
+	// one, closed by Close.
+	System *System
+	// Logger receives the actors' logs. Default: the System's.
+	Logger *slog.Logger
+}
+
 // NewSelector spawns the actors for every bucket of resolvers. workers is the registry the
 // group actors pick from; cfg sizes the mailboxes and the pick deadline (zero values take
 // the defaults). A group shared by two buckets is refused: a group is owned by one actor.
-func NewSelector(resolvers map[string]*engine.BucketResolver, workers *engine.WorkerSet, cfg config.Actors, logger *slog.Logger) (*Selector, error) {
+func NewSelector(resolvers map[string]*engine.BucketResolver, workers *engine.WorkerSet, cfg config.Actors, opts SelectorOptions) (*Selector, error) {
 	if workers == nil {
 		return nil, errors.New("cannot create selector: nil worker set")
+	}
+	logger := opts.Logger
+	if logger == nil && opts.System != nil {
+		logger = opts.System.Logger()
 	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	s := &Selector{
-		host:     newHost(),
-		workers:  workers,
-		timeout:  cfg.PickTimeout,
-		logger:   logger,
-		buckets:  make(map[*engine.Bucket]*bucketHost),
-		counters: NewCounters(),
+		host:    newHost(),
+		workers: workers,
+		timeout: cfg.PickTimeout,
+		logger:  logger,
+		buckets: make(map[*engine.Bucket]*bucketHost),
 	}
 	// A zero setting takes config.Default's value.
 	d := config.Default().Actors
@@ -166,9 +177,9 @@ func NewSelector(resolvers map[string]*engine.BucketResolver, workers *engine.Wo
 		return nil, err
 	}
 
-	s.sys = newActorSystem(logger)
-	s.root = s.sys.Root
-	subscribeDeadLetters(s.sys, &engine.PickError{Outcome: engine.OutcomeInternal, Detail: "actor stopped", Err: ErrStopped})
+	s.sys, s.closeSys = systemOr(opts.System, logger)
+	s.root = s.sys.root
+	s.counters = s.sys.counters
 	hosts := make([]*bucketHost, 0, len(s.buckets))
 	for _, bh := range s.buckets {
 		hosts = append(hosts, bh)
@@ -232,28 +243,17 @@ func (s *Selector) PickEngines(b *engine.Bucket, req *engine.BucketRequest) (eng
 func (s *Selector) start(bh *bucketHost, req *engine.BucketRequest) *pickCall {
 	c := s.calls.Get().(*pickCall)
 	c.engines.Request = req
-	c.timer.Reset(s.timeout)
+	c.arm(s.timeout)
 	s.root.Send(bh.pid, &c.engines)
 	return c
 }
 
-// await waits for c's reply until its deadline. Fast path: one channel receive; the
-// deadline timer answers on the same channel, so no select is needed.
+// await waits for c's reply until its deadline.
 func (s *Selector) await(bh *bucketHost, c *pickCall) (engine.BucketPick, error) {
-	r := <-c.reply
-	if r != &c.expired {
-		if !c.timer.Stop() {
-			<-c.reply // the deadline fired meanwhile: take its marker before reuse
-		}
+	if r, ok := c.wait(); ok {
 		return s.release(c, r)
 	}
-	// Slow path: deadline missed. A reply may have raced the timer.
-	select {
-	case r = <-c.reply:
-		return s.release(c, r)
-	default:
-	}
-	c.abandoned.Store(true) // never pooled again: a late reply cannot reach a reused call
+	// Slow path: deadline missed; c is abandoned (never pooled again).
 	return engine.BucketPick{}, &engine.PickError{Outcome: engine.OutcomeTimeout, Stage: bh.stage, BucketID: bh.id,
 		Detail: "no reply within " + s.timeout.String()}
 }
@@ -313,7 +313,7 @@ func (s *Selector) Close() {
 			}
 		}
 		s.host.shutdown()
-		s.sys.Shutdown()
+		s.closeSys()
 	})
 }
 
@@ -403,9 +403,7 @@ func (a *bucketActor) pickEngines(ctx actor.Context, msg *PickEngines) {
 		c.fail(a.h.invalid)
 		return
 	}
-	if a.h.testHook != nil {
-		a.h.testHook(msg.Request)
-	}
+	a.h.sel.sys.observed(KindBucket, msg)
 	c.engine = PickEngine{Request: msg.Request, BucketID: a.h.id, Decode: a.decode, call: c}
 	target := a.plain
 	if a.prefill != nil {

@@ -362,7 +362,7 @@ func TestNewSelectorRefusesSharedGroup(t *testing.T) {
 	g := engine.NewEngineGroup(testModel, engine.StagePlain, nil, engine.NewRoundRobin(nil, nil))
 	a := &engine.Bucket{ID: "a", MaxInput: 10, MaxContext: engine.Unbounded, Plain: g}
 	b := &engine.Bucket{ID: "b", MaxInput: 20, MaxContext: engine.Unbounded, Plain: g}
-	if _, err := NewSelector(resolvers(a, b), workerSet(t, ws), config.Actors{}, nil); err == nil {
+	if _, err := NewSelector(resolvers(a, b), workerSet(t, ws), config.Actors{}, SelectorOptions{}); err == nil {
 		t.Fatal("NewSelector accepted a group shared by two buckets")
 	}
 }
@@ -391,7 +391,7 @@ func TestPickEnginesForeignAndMisconfiguredBuckets(t *testing.T) {
 func TestCloseStopsActors(t *testing.T) {
 	ws := workers("W", 1, engine.StagePlain)
 	b := plainBucket("short", 4096, engine.NewRoundRobin(nil, nil), nil)
-	s, err := NewSelector(resolvers(b), workerSet(t, ws), config.Actors{}, nil)
+	s, err := NewSelector(resolvers(b), workerSet(t, ws), config.Actors{}, SelectorOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -409,7 +409,7 @@ func TestCloseStopsActors(t *testing.T) {
 	}
 	// A message reaching a stopped actor is answered at once, not left to its deadline.
 	c := s.calls.Get().(*pickCall)
-	c.timer.Reset(time.Minute)
+	c.arm(time.Minute)
 	s.root.Send(s.buckets[b].pid, &c.engines)
 	if _, err := s.await(s.buckets[b], c); !errors.Is(err, ErrStopped) {
 		t.Fatalf("error of a send to a stopped actor = %v, want ErrStopped", err)
@@ -423,11 +423,11 @@ func TestBucketActorPanicRestartsItAndItsGroups(t *testing.T) {
 	b := pdBucket("pd", 4096, pol, engine.NewRoundRobin(nil, nil), nil, nil)
 	s := newTestSelector(t, workerSet(t, ps, ds), config.Actors{PickTimeout: time.Minute}, nil, b)
 	bh := s.buckets[b]
-	bh.testHook = func(req *engine.BucketRequest) {
-		if req.SessionKey == markPanic {
+	obsOf(t, s.sys).set(func(msg any) {
+		if m, ok := msg.(*PickEngines); ok && m.Request.SessionKey == markPanic {
 			panic("test: bucket actor failure")
 		}
-	}
+	})
 	if _, err := s.PickEngines(b, request(10)); err != nil {
 		t.Fatal(err)
 	}

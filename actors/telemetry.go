@@ -55,7 +55,7 @@ type AddWorker struct {
 	// Counters are the worker's router-local counters (dispatch counts at ingest); may be nil.
 	Counters *load.Counters
 
-	reply chan *AddWorkerResult
+	call *call[*AddWorkerResult]
 }
 
 // AddWorkerResult is the reply to AddWorker.
@@ -65,7 +65,7 @@ type AddWorkerResult struct{ Err error }
 type RemoveWorker struct {
 	WorkerID string
 
-	reply chan *RemoveWorkerResult
+	call *call[*RemoveWorkerResult]
 }
 
 // RemoveWorkerResult is the reply to RemoveWorker.
@@ -77,7 +77,7 @@ type RemoveWorkerResult struct{ Err error }
 type PublishLoads struct {
 	Force bool
 
-	reply chan *PublishLoadsResult
+	call *call[*PublishLoadsResult] // nil for the periodic tick
 }
 
 // PublishLoadsResult is the reply to PublishLoads: the snapshot now in the table.
@@ -86,19 +86,31 @@ type PublishLoadsResult struct {
 	Err      error
 }
 
-func (m *AddWorker) reject(err *engine.PickError) { answer(m.reply, &AddWorkerResult{Err: err}) }
+func (m *AddWorker) reject(err *engine.PickError) { answer(m.call, &AddWorkerResult{Err: err}) }
 
-func (m *RemoveWorker) reject(err *engine.PickError) { answer(m.reply, &RemoveWorkerResult{Err: err}) }
+func (m *RemoveWorker) reject(err *engine.PickError) { answer(m.call, &RemoveWorkerResult{Err: err}) }
 
-func (m *PublishLoads) reject(err *engine.PickError) { answer(m.reply, &PublishLoadsResult{Err: err}) }
+func (m *PublishLoads) reject(err *engine.PickError) { answer(m.call, &PublishLoadsResult{Err: err}) }
 
-// answer sends r on reply (capacity 1) unless reply is nil or already answered, so the
-// panic path can answer a command without knowing whether it was answered.
-func answer[R any](reply chan *R, r *R) {
-	select {
-	case reply <- r:
-	default:
+// answer offers r to c unless c is nil (a reply-less command).
+func answer[R any](c *call[*R], r *R) {
+	if c != nil {
+		c.offer(r)
 	}
+}
+
+// errTelemetryTimeout is the reply of a telemetry command the actor did not answer in time.
+var errTelemetryTimeout = &engine.PickError{Outcome: engine.OutcomeTimeout, Detail: "telemetry actor did not reply within " + adminCallTimeout.String()}
+
+// ask sends msg, whose call is c, and waits for the reply at most adminCallTimeout.
+func ask[R any](t *Telemetry, c *call[*R], msg any) (*R, error) {
+	c.arm(adminCallTimeout)
+	t.sys.root.Send(t.pid, msg)
+	r, ok := c.wait()
+	if !ok {
+		return nil, errTelemetryTimeout
+	}
+	return r, nil
 }
 
 var (
@@ -127,17 +139,17 @@ type TelemetryOptions struct {
 	// Client sends the polls of workers whose WorkerSource names no client of its own.
 	// Default: the load package's.
 	Client load.Doer
-	// Logger receives telemetry and Proto.Actor logs. Default: discarded.
+	// Logger receives telemetry logs. Default: the System's.
 	Logger *slog.Logger
-	// Counters, when set, receives the telemetry actor's failure counts (KindTelemetry), so
-	// one Counters (a Selector's) can serve every actor kind's metrics. Default: private.
-	Counters *Counters
 	// GaugeLimits bound what a load-gauge publisher may send (kv.max_message_bytes).
 	// Default: zmtp's (16 MiB).
 	GaugeLimits zmtp.Limits
 	// Metrics receives switchyard_zmq_peer_drops_total{component="load_gauge"}. Default:
 	// private.
 	Metrics *metrics.Set
+	// System is the actor system the telemetry actor runs on; its mailbox rejections and
+	// panics count under kind "telemetry". Default: a private one, closed by Close.
+	System *System
 }
 
 // WorkerSource is what Telemetry needs to follow one engine's load.
@@ -210,7 +222,8 @@ type Telemetry struct {
 	logger     *slog.Logger
 	now        func() time.Time
 
-	sys      *actor.ActorSystem
+	sys      *System
+	closeSys func()
 	pid      *actor.PID
 	host     *host
 	th       *telemetryHost
@@ -259,6 +272,9 @@ func NewTelemetry(table *load.Table, opts TelemetryOptions) (*Telemetry, error) 
 	if table == nil {
 		return nil, errors.New("cannot create telemetry: nil load table")
 	}
+	if opts.Logger == nil && opts.System != nil {
+		opts.Logger = opts.System.Logger()
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -288,10 +304,8 @@ func NewTelemetry(table *load.Table, opts TelemetryOptions) (*Telemetry, error) 
 		feeds:      make(map[string]*feed),
 		tick:       &PublishLoads{},
 	}
-	t.counters = opts.Counters
-	if t.counters == nil {
-		t.counters = NewCounters()
-	}
+	t.sys, t.closeSys = systemOr(opts.System, opts.Logger)
+	t.counters = t.sys.counters
 	t.th = &telemetryHost{
 		agg:      load.NewAggregator(opts.Load.Freshness),
 		table:    table,
@@ -304,15 +318,13 @@ func NewTelemetry(table *load.Table, opts TelemetryOptions) (*Telemetry, error) 
 	mb := newMailbox(sizeOr(opts.Mailbox, config.Default().Actors.Mailbox.Telemetry), t.host, t.th.counters,
 		&engine.PickError{Outcome: engine.OutcomeOverloaded, Detail: "telemetry actor mailbox is full"},
 		&engine.PickError{Outcome: engine.OutcomeInternal, Detail: "telemetry actor stopped", Err: ErrStopped})
-	t.sys = newActorSystem(opts.Logger)
-	subscribeDeadLetters(t.sys, &engine.PickError{Outcome: engine.OutcomeInternal, Detail: "actor stopped", Err: ErrStopped})
 	props := actor.PropsFromProducer(func() actor.Actor { return &telemetryActor{h: t.th, mb: mb} },
 		actor.WithMailbox(mb.producer()),
 		actor.WithGuardian(actor.RestartingSupervisorStrategy()))
-	pid, err := t.sys.Root.SpawnNamed(props, "telemetry")
+	pid, err := t.sys.root.SpawnNamed(props, "telemetry")
 	if err != nil {
 		t.host.shutdown()
-		t.sys.Shutdown()
+		t.closeSys()
 		return nil, fmt.Errorf("cannot spawn telemetry actor: %w", err)
 	}
 	t.pid = pid
@@ -333,7 +345,7 @@ func NewTelemetry(table *load.Table, opts TelemetryOptions) (*Telemetry, error) 
 			case <-t.ctx.Done():
 				return
 			case <-ticks:
-				t.sys.Root.Send(t.pid, t.tick)
+				t.sys.root.Send(t.pid, t.tick)
 			}
 		}
 	})
@@ -372,10 +384,13 @@ func (t *Telemetry) AddWorker(src WorkerSource) error {
 	if err != nil {
 		return fmt.Errorf("cannot add worker %q to telemetry: %w", src.ID, err)
 	}
-	reply := make(chan *AddWorkerResult, 1)
-	t.sys.Root.Send(t.pid, &AddWorker{WorkerID: src.ID, DPSize: src.DPSize, Counters: src.Counters, reply: reply})
-	if r := <-reply; r.Err != nil {
-		return fmt.Errorf("cannot add worker %q to telemetry: %w", src.ID, r.Err)
+	c := newCall[*AddWorkerResult]()
+	r, err := ask(t, c, &AddWorker{WorkerID: src.ID, DPSize: src.DPSize, Counters: src.Counters, call: c})
+	if err == nil {
+		err = r.Err
+	}
+	if err != nil {
+		return fmt.Errorf("cannot add worker %q to telemetry: %w", src.ID, err)
 	}
 	ctx, cancel := context.WithCancel(t.ctx)
 	f.cancel = cancel
@@ -417,7 +432,7 @@ func (t *Telemetry) transports(src WorkerSource, f *feed) ([]func(context.Contex
 				Logger:   t.logger,
 				Now:      t.now,
 				Deliver: func(id string, r load.RankReport) {
-					t.sys.Root.Send(t.pid, &LoadReported{WorkerID: id, Reports: []load.RankReport{r}})
+					t.sys.root.Send(t.pid, &LoadReported{WorkerID: id, Reports: []load.RankReport{r}})
 				},
 				Limits:  t.opts.GaugeLimits,
 				Metrics: t.gaugeDrops,
@@ -458,7 +473,7 @@ func (t *Telemetry) transports(src WorkerSource, f *feed) ([]func(context.Contex
 		Logger:       t.logger,
 		Now:          t.now,
 		Deliver: func(id string, reps []load.RankReport, err error) {
-			t.sys.Root.Send(t.pid, &LoadReported{WorkerID: id, Reports: reps, Err: err})
+			t.sys.root.Send(t.pid, &LoadReported{WorkerID: id, Reports: reps, Err: err})
 		},
 	})
 	if err != nil {
@@ -507,10 +522,13 @@ func (t *Telemetry) RemoveWorker(id string) error {
 	delete(t.feeds, id)
 	f.cancel()
 	f.wg.Wait()
-	reply := make(chan *RemoveWorkerResult, 1)
-	t.sys.Root.Send(t.pid, &RemoveWorker{WorkerID: id, reply: reply})
-	if r := <-reply; r.Err != nil {
-		return fmt.Errorf("cannot remove worker %q from telemetry: %w", id, r.Err)
+	c := newCall[*RemoveWorkerResult]()
+	r, err := ask(t, c, &RemoveWorker{WorkerID: id, call: c})
+	if err == nil {
+		err = r.Err
+	}
+	if err != nil {
+		return fmt.Errorf("cannot remove worker %q from telemetry: %w", id, err)
 	}
 	return nil
 }
@@ -529,9 +547,11 @@ func (t *Telemetry) Workers() []string {
 // Flush rebuilds and publishes the table now, after every report already queued, and
 // returns the published snapshot.
 func (t *Telemetry) Flush() (*load.Snapshot, error) {
-	reply := make(chan *PublishLoadsResult, 1)
-	t.sys.Root.Send(t.pid, &PublishLoads{Force: true, reply: reply})
-	r := <-reply
+	c := newCall[*PublishLoadsResult]()
+	r, err := ask(t, c, &PublishLoads{Force: true, call: c})
+	if err != nil {
+		return nil, err
+	}
 	return r.Snapshot, r.Err
 }
 
@@ -548,11 +568,11 @@ func (t *Telemetry) Close() {
 	t.mu.Unlock()
 	t.cancel()
 	t.wg.Wait()
-	if _, err := t.sys.Root.StopFuture(t.pid).Result(); err != nil {
+	if _, err := t.sys.root.StopFuture(t.pid).Result(); err != nil {
 		t.logger.Warn("telemetry actor did not confirm stop", slog.Any("error", err))
 	}
 	t.host.shutdown()
-	t.sys.Shutdown()
+	t.closeSys()
 }
 
 // telemetryActor owns the load.Aggregator: it ingests reports and worker changes and
@@ -592,11 +612,11 @@ func (a *telemetryActor) Receive(ctx actor.Context) {
 	case *AddWorker:
 		h.agg.SetWorker(m.WorkerID, m.DPSize, m.Counters)
 		h.dirty = true
-		answer(m.reply, &AddWorkerResult{})
+		answer(m.call, &AddWorkerResult{})
 	case *RemoveWorker:
 		h.agg.RemoveWorker(m.WorkerID)
 		h.dirty = true
-		answer(m.reply, &RemoveWorkerResult{})
+		answer(m.call, &RemoveWorkerResult{})
 	case *PublishLoads:
 		now := h.now()
 		if m.Force || h.dirty || now.Sub(h.lastBuild) >= h.refresh {
@@ -605,7 +625,7 @@ func (a *telemetryActor) Receive(ctx actor.Context) {
 			h.lastBuild = now
 			h.publishes.Add(1)
 		}
-		answer(m.reply, &PublishLoadsResult{Snapshot: h.table.Load()})
+		answer(m.call, &PublishLoadsResult{Snapshot: h.table.Load()})
 	case *actor.Stopped:
 		a.mb.close()
 	}

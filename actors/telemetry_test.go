@@ -56,11 +56,13 @@ func newTestTelemetry(t *testing.T, clk *fakeClock, opts TelemetryOptions) (*Tel
 // publish asks the actor for an unforced publish (what a tick does) and waits for it.
 func publish(t *testing.T, tel *Telemetry) *load.Snapshot {
 	t.Helper()
-	reply := make(chan *PublishLoadsResult, 1)
-	tel.sys.Root.Send(tel.pid, &PublishLoads{reply: reply})
-	r := <-reply
-	if r.Err != nil {
-		t.Fatal(r.Err)
+	c := newCall[*PublishLoadsResult]()
+	r, err := ask(tel, c, &PublishLoads{call: c})
+	if err == nil {
+		err = r.Err
+	}
+	if err != nil {
+		t.Fatal(err)
 	}
 	return r.Snapshot
 }
@@ -191,7 +193,7 @@ func TestTelemetryPollsHTTPAndPublishes(t *testing.T) {
 func TestTelemetryCoalescesPublishes(t *testing.T) {
 	clk := &fakeClock{t: telT0}
 	tel, table := newTestTelemetry(t, clk, TelemetryOptions{RefreshInterval: time.Second})
-	send := func(msg any) { tel.sys.Root.Send(tel.pid, msg) }
+	send := func(msg any) { tel.sys.root.Send(tel.pid, msg) }
 	publishes := func() uint64 { return tel.Stats().Publishes }
 
 	publish(t, tel) // first build (the clock is past the zero lastBuild)
@@ -202,10 +204,9 @@ func TestTelemetryCoalescesPublishes(t *testing.T) {
 	}
 
 	// Worker changes and reports mark the table dirty; one tick publishes them all.
-	reply := make(chan *AddWorkerResult, 1)
-	send(&AddWorker{WorkerID: "W1", DPSize: 1, reply: reply})
-	if r := <-reply; r.Err != nil {
-		t.Fatal(r.Err)
+	c := newCall[*AddWorkerResult]()
+	if r, err := ask(tel, c, &AddWorker{WorkerID: "W1", DPSize: 1, call: c}); err != nil || r.Err != nil {
+		t.Fatal(err, r)
 	}
 	send(&LoadReported{WorkerID: "W1", Reports: []load.RankReport{report(1, telT0)}})
 	send(&LoadReported{WorkerID: "W1", Reports: []load.RankReport{report(2, telT0)}})
@@ -326,10 +327,10 @@ func (p *gaugePub) publish(r load.RankReport) {
 
 func TestTelemetrySubscribesToEveryGaugeEndpoint(t *testing.T) {
 	clk := &fakeClock{t: telT0}
-	shared := NewCounters()
-	tel, _ := newTestTelemetry(t, clk, TelemetryOptions{Load: config.LoadSettings{Source: config.LoadSourceAuto}, Counters: shared})
-	if tel.Counters() != shared {
-		t.Fatal("Counters option not used")
+	sys, _ := newObservedSystem(t, nil)
+	tel, _ := newTestTelemetry(t, clk, TelemetryOptions{Load: config.LoadSettings{Source: config.LoadSourceAuto}, System: sys})
+	if tel.Counters() != sys.Counters() {
+		t.Fatal("System option not used")
 	}
 	pubs := []*gaugePub{newGaugePub(t), newGaugePub(t)} // one publisher per DP rank
 	err := tel.AddWorker(WorkerSource{ID: "W1", URL: "http://127.0.0.1:1", DPSize: 2,

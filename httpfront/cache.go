@@ -18,11 +18,11 @@ import (
 // per request, in the handler goroutine, for the prompt's prefix matches.
 
 // newCacheState builds the cache state when some group's policy is cache_aware, else nil.
-func newCacheState(cfg *config.Config, opts Options) (*actors.CacheState, error) {
+func newCacheState(cfg *config.Config, opts Options, sys *actors.System) (*actors.CacheState, error) {
 	if !actors.NeedsCache(cfg) {
 		return nil, nil
 	}
-	return actors.NewCacheState(cfg, actors.CacheOptions{Logger: opts.Logger, Metrics: opts.Metrics})
+	return actors.NewCacheState(cfg, actors.CacheOptions{Logger: opts.Logger, Metrics: opts.Metrics, System: sys})
 }
 
 // defaultCacheTokenizers gives every model whose requests need a prefix lookup and that has

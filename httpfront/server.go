@@ -120,6 +120,8 @@ type Server struct {
 	// metricsLn serves /metrics apart from the data plane; nil when server.metrics_port is
 	// not set.
 	metricsLn *metricsListener
+	// sys is the process's one actor system: every actor of the server runs on it.
+	sys *actors.System
 	// affinity holds the session and routing-key bindings of session_aware and sticky.
 	affinity *actors.AffinityStore
 	// cache is cache_aware's prefix source and KV-event subscriptions; nil without one.
@@ -245,12 +247,14 @@ func (s *Server) build() error {
 		return err
 	}
 	s.wset = ws
+	s.sys = actors.NewSystem(actors.SystemOptions{Logger: opts.Logger, Metrics: opts.Metrics})
+	s.life.add("actor system", s.sys.Close)
 	aopts := actors.AffinityOptionsFrom(cfg)
-	aopts.Now, aopts.Logger, aopts.Metrics = opts.Now, opts.Logger, opts.Metrics
+	aopts.Now, aopts.Logger, aopts.Metrics, aopts.System = opts.Now, opts.Logger, opts.Metrics, s.sys
 	s.affinity = actors.NewAffinityStore(aopts)
 	s.life.add("affinity store", s.affinity.Close)
 	deps := engine.Deps{Loads: opts.Loads, Seed: opts.Seed, Affinity: s.affinity, Metrics: opts.Metrics}
-	if s.cache, err = newCacheState(cfg, opts); err != nil {
+	if s.cache, err = newCacheState(cfg, opts, s.sys); err != nil {
 		return err
 	}
 	if s.cache != nil {
@@ -297,21 +301,20 @@ func (s *Server) build() error {
 		s.only = s.models[names[0]]
 	}
 
-	sel, err := actors.NewSelector(resolvers, ws, cfg.Actors, opts.Logger)
+	sel, err := actors.NewSelector(resolvers, ws, cfg.Actors, actors.SelectorOptions{System: s.sys, Logger: opts.Logger})
 	if err != nil {
 		return err
 	}
 	s.sel = sel
 	s.life.add("selection actors", sel.Close)
-	s.registerActorMetrics(sel)
 
 	if opts.Telemetry == nil && !opts.NoTelemetry {
 		tel, err := actors.NewTelemetry(opts.Loads, actors.TelemetryOptions{
-			Load:     cfg.Load,
-			Mailbox:  cfg.Actors.Mailbox.Telemetry,
-			Now:      opts.Now,
-			Logger:   opts.Logger,
-			Counters: sel.Counters(),
+			Load:    cfg.Load,
+			Mailbox: cfg.Actors.Mailbox.Telemetry,
+			Now:     opts.Now,
+			Logger:  opts.Logger,
+			System:  s.sys,
 			// The load gauge shares kv.max_message_bytes, the one bound on ZeroMQ messages.
 			GaugeLimits: zmtp.Limits{MaxMessage: cfg.KV.MaxMessageBytes},
 			Metrics:     opts.Metrics,
@@ -388,12 +391,6 @@ type fasthttpLogger struct{ l *slog.Logger }
 
 func (f fasthttpLogger) Printf(format string, args ...any) {
 	f.l.Debug("fasthttp", slog.String("message", fmt.Sprintf(format, args...)))
-}
-
-// registerActorMetrics exposes the selection and telemetry actors' failure counters, kept on
-// a set of their own, with the server's.
-func (s *Server) registerActorMetrics(sel *actors.Selector) {
-	s.set.RegisterMetricsWriter(sel.Counters().Set().WritePrometheus)
 }
 
 func modelsBody(names []string) []byte {

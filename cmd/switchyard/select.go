@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"text/tabwriter"
 	"time"
 
@@ -51,7 +50,7 @@ func runSelect(_ context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	sel, err := actors.NewSelector(resolvers, set, cfg.Actors, slog.New(slog.DiscardHandler))
+	sel, err := actors.NewSelector(resolvers, set, cfg.Actors, actors.SelectorOptions{})
 	if err != nil {
 		return err
 	}
