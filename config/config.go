@@ -54,6 +54,8 @@ type Config struct {
 	DefaultPolicy Policy `koanf:"default_policy" json:"default_policy"`
 	// Log configures the router's own logging.
 	Log Log `koanf:"log" json:"log"`
+	// Cluster joins router replicas into one cluster. Off by default.
+	Cluster Cluster `koanf:"cluster" json:"cluster"`
 }
 
 // Log configures the router's own logging.

@@ -103,6 +103,7 @@ func Default() *Config {
 		Retry:         defaultRetry(),
 		DefaultPolicy: Policy{Type: PolicyRoundRobin},
 		Log:           Log{Level: LogLevelInfo},
+		Cluster:       defaultCluster(),
 	}
 }
 

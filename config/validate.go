@@ -38,6 +38,7 @@ func (c *Config) Validate() error {
 	c.validateLoad(&p)
 	c.validateKV(&p)
 	c.validateAffinity(&p)
+	c.validateCluster(&p)
 	c.validateCacheAware(&p)
 	c.validateHealth(&p)
 	c.validateRetry(&p)
