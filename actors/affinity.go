@@ -265,40 +265,7 @@ func (s *AffinityStore) Sweep(now time.Time) (int, error) {
 // closed. The caller owns the ticker (time.NewTicker(cfg.Affinity.SweepInterval).C) and the
 // goroutine running RunSweeper; a panicking sweep is logged and the loop goes on.
 func (s *AffinityStore) RunSweeper(ctx context.Context, ticks <-chan time.Time) {
-	var lastErr string
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case _, ok := <-ticks:
-			if !ok {
-				return
-			}
-		}
-		msg := s.sweepOnce()
-		if msg != lastErr && msg != "" {
-			s.logger.Warn("affinity sweep failed", slog.String("error", msg))
-		}
-		lastErr = msg
-	}
-}
-
-// sweepOnce runs one sweep, turning a panic into an error message.
-func (s *AffinityStore) sweepOnce() (msg string) {
-	defer func() {
-		if r := recover(); r != nil {
-			msg = fmt.Sprintf("sweep panicked: %v", r)
-			s.logger.Error("affinity sweep panicked", slog.Any("panic", r), slog.String("stack", string(debug.Stack())))
-		}
-	}()
-	n, err := s.Sweep(s.now())
-	if s.logger.Enabled(context.Background(), slog.LevelDebug) {
-		s.logger.Debug("affinity sweep", slog.Int("expired", n))
-	}
-	if err != nil {
-		return err.Error()
-	}
-	return ""
+	runSweeper(ctx, ticks, s.logger, func() (int, error) { return s.Sweep(s.now()) })
 }
 
 // Close stops every scope actor (their bindings are dropped), waits for them, and shuts the
@@ -638,6 +605,8 @@ var (
 // mailbox refusing the command) writes the result and answers the call exactly once.
 type affinityCall struct {
 	call[struct{}]
+	// scope is the command's scope when it goes to a cluster partition (which holds many).
+	scope  engine.AffinityScope
 	lookup LookupBinding
 	bind   Bind
 	inval  InvalidateWorker
@@ -659,6 +628,7 @@ func (c *affinityCall) done() { c.answer(struct{}{}) }
 
 // reset drops the call's references before it returns to the pool.
 func (c *affinityCall) reset() {
+	c.scope = engine.AffinityScope{}
 	c.lookup, c.bind, c.inval, c.sweep = LookupBinding{}, Bind{}, InvalidateWorker{}, Sweep{}
 	c.lookupRes, c.bindRes, c.invalRes, c.sweepRes = LookupBindingResult{}, BindResult{}, InvalidateWorkerResult{}, SweepResult{}
 }

@@ -3,6 +3,7 @@ package actors
 import (
 	"log/slog"
 	"sync"
+	"sync/atomic"
 
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/asynkron/protoactor-go/actor"
@@ -45,6 +46,8 @@ type System struct {
 	set      *metrics.Set
 	counters *Counters
 	observe  func(Kind, any)
+	// cluster, when this system hosts one, is shut down (with the actor system) by Close.
+	cluster atomic.Pointer[Cluster]
 
 	closeOnce sync.Once
 }
@@ -103,7 +106,11 @@ func (s *System) observed(k Kind, msg any) {
 // Close stops their actors and waits for them). Close is idempotent.
 func (s *System) Close() {
 	s.closeOnce.Do(func() {
-		s.sys.Shutdown()
+		if c := s.cluster.Load(); c != nil {
+			c.Close() // leaves the cluster and shuts the actor system down
+		} else {
+			s.sys.Shutdown()
+		}
 		for k := range numKinds {
 			s.set.UnregisterMetric(series.Name(metricMailboxRejections, "kind", k.String()))
 			s.set.UnregisterMetric(series.Name(metricActorPanics, "kind", k.String()))

@@ -67,14 +67,37 @@ type Counters struct {
 	inflight     atomic.Int64
 	dispatched   atomic.Uint64
 	lastDispatch atomic.Int64 // unix nanoseconds
+	// The other router replicas' counts of the worker (a cluster shares them); 0 alone.
+	peerInflight   atomic.Int64
+	peerDispatched atomic.Uint64
 }
 
-// InFlight is the number of requests the router has dispatched to the worker and not yet
-// finished.
-func (c *Counters) InFlight() int64 { return c.inflight.Load() }
+// InFlight is the number of requests the router — with a cluster, every replica — has
+// dispatched to the worker and not yet finished.
+func (c *Counters) InFlight() int64 { return c.inflight.Load() + c.peerInflight.Load() }
 
-// Dispatched is the total number of dispatches to the worker.
-func (c *Counters) Dispatched() uint64 { return c.dispatched.Load() }
+// LocalInFlight is the number of requests this router replica has dispatched to the worker
+// and not yet finished.
+func (c *Counters) LocalInFlight() int64 { return c.inflight.Load() }
+
+// Dispatched is the total number of dispatches to the worker, by every replica of a cluster.
+func (c *Counters) Dispatched() uint64 { return c.dispatched.Load() + c.peerDispatched.Load() }
+
+// LocalDispatched is the number of dispatches to the worker by this router replica.
+func (c *Counters) LocalDispatched() uint64 { return c.dispatched.Load() }
+
+// SetPeers records the other replicas' counts of the worker: their in-flight requests now
+// and their dispatches so far. The dispatch total never moves backwards (a replica that
+// leaves keeps its past dispatches counted), so dispatch corrections stay non-negative.
+func (c *Counters) SetPeers(inflight int64, dispatched uint64) {
+	c.peerInflight.Store(max(inflight, 0))
+	for {
+		old := c.peerDispatched.Load()
+		if dispatched <= old || c.peerDispatched.CompareAndSwap(old, dispatched) {
+			return
+		}
+	}
+}
 
 // LastDispatch is the time of the latest dispatch, or the zero time.
 func (c *Counters) LastDispatch() time.Time {

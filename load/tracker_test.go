@@ -145,3 +145,18 @@ func TestReleaseStale(t *testing.T) {
 		t.Fatalf("a %d outstanding %d", a.InFlight(), tr.Outstanding())
 	}
 }
+
+func TestCountersPeers(t *testing.T) {
+	var c Counters
+	c.inflight.Store(2)
+	c.dispatched.Store(5)
+	c.SetPeers(3, 10)
+	if c.InFlight() != 5 || c.LocalInFlight() != 2 || c.Dispatched() != 15 || c.LocalDispatched() != 5 {
+		t.Fatalf("inflight %d (local %d), dispatched %d (local %d)", c.InFlight(), c.LocalInFlight(), c.Dispatched(), c.LocalDispatched())
+	}
+	// A replica leaving lowers the in-flight count but never the dispatch total.
+	c.SetPeers(-1, 4)
+	if c.InFlight() != 2 || c.Dispatched() != 15 {
+		t.Fatalf("after a peer left: inflight %d, dispatched %d", c.InFlight(), c.Dispatched())
+	}
+}

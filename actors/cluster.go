@@ -1,0 +1,647 @@
+package actors
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"net"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/asynkron/protoactor-go/cluster"
+	"github.com/asynkron/protoactor-go/cluster/clusterproviders/automanaged"
+	"github.com/asynkron/protoactor-go/cluster/clusterproviders/etcd"
+	"github.com/asynkron/protoactor-go/cluster/identitylookup/disthash"
+	"github.com/asynkron/protoactor-go/remote"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"switchyard/actors/clusterpb"
+	"switchyard/config"
+	"switchyard/engine"
+)
+
+// partitionKind is the cluster kind of the affinity partition grains.
+const partitionKind = "affinity-partition"
+
+// Gossip state keys of a replica.
+const (
+	gossipInflight = "switchyard-inflight"
+	gossipWorkers  = "switchyard-workers"
+	gossipLeaving  = "switchyard-leaving"
+)
+
+// Cluster metric names (per replica).
+const (
+	metricClusterMembers       = "switchyard_cluster_members"
+	metricClusterPartitions    = "switchyard_cluster_partitions_owned"
+	metricClusterLookups       = "switchyard_cluster_binding_requests_total"
+	metricClusterRemoteLatency = "switchyard_cluster_remote_request_duration_seconds"
+	metricClusterHandoff       = "switchyard_cluster_handoff_bindings_total"
+)
+
+// ErrClusterUnavailable: no member could serve a partition (the cluster has no members, or
+// the owner did not answer).
+var ErrClusterUnavailable = errors.New("cluster unavailable")
+
+// ClusterOptions are a Cluster's collaborators beyond the configuration.
+type ClusterOptions struct {
+	// Affinity sizes the partition tables (idle timeout, bindings per scope, mailbox) and
+	// gives the clock; its CallTimeout bounds a lookup whose owner is this replica.
+	Affinity AffinityOptions
+	// Counters returns the router-local counters of every worker, for the fleet-wide
+	// in-flight counts (engine.WorkerSet's workers). Default: none shared.
+	Counters func() map[string]CountersOf
+	// OnWorkerChange applies a worker change made on another replica (or learnt late). It
+	// is called on the gossip goroutine, one change at a time. Default: none.
+	OnWorkerChange func(WorkerChange)
+	// Metrics receives the switchyard_cluster_* series. Default: the System's set.
+	Metrics *metrics.Set
+	// Logger receives the cluster's logs. Default: the System's.
+	Logger *slog.Logger
+}
+
+// CountersOf is what the cluster reads and writes of one worker's router-local counters
+// (*load.Counters).
+type CountersOf interface {
+	LocalInFlight() int64
+	LocalDispatched() uint64
+	SetPeers(inflight int64, dispatched uint64)
+}
+
+// WorkerChange is a change of the fleet made through the admin API of some replica: a
+// worker added (Spec, the admin API's JSON body) or removed.
+type WorkerChange struct {
+	WorkerID string
+	Removed  bool
+	Spec     []byte
+	// Version orders the changes of one worker ID across replicas; Origin (the member ID
+	// that made it) breaks ties.
+	Version int64
+	Origin  string
+}
+
+// Cluster joins this router to the other replicas as one Proto.Actor cluster (remote on
+// cluster.listen, membership through the automanaged or etcd provider, grains placed by
+// rendezvous hashing through disthash). It serves:
+//
+//   - Affinity: an engine.AffinityStore whose bindings live in cluster.partitions partition
+//     grains; a key's partition is a hash of the key, so every replica resolves a key to the
+//     same grain, owned by one member. A lookup whose owner is this replica stays in
+//     process (the pooled call of the local store); elsewhere it is one remote round trip.
+//   - Fleet-wide counters: every gossip interval each replica publishes its router-local
+//     in-flight and dispatch counts per worker, and adds the others' into its counters.
+//   - Worker changes: PublishWorkerChange shares an admin change; every replica applies the
+//     latest change of each worker ID through ClusterOptions.OnWorkerChange.
+//
+// Leave hands this replica's partitions to their next owners before the process stops.
+type Cluster struct {
+	sys     *System
+	cfg     config.Cluster
+	opts    ClusterOptions
+	logger  *slog.Logger
+	set     *metrics.Set
+	c       *cluster.Cluster
+	timeout time.Duration // remote round trip
+	idle    time.Duration
+	perPart int // bindings per scope per partition
+
+	identities []string // partition → grain identity
+	placement  atomic.Pointer[placement]
+	// local holds the partitions whose grain runs on this replica, by partition.
+	local []atomic.Pointer[partitionHost]
+
+	calls sync.Pool // *affinityCall
+	stats statsByScope
+	// host owns the partition grains' mailbox goroutines; nextMailbox hands the mailbox
+	// Proto.Actor made for a spawn to the actor it makes next (both run on the placement
+	// actor's goroutine, one spawn at a time).
+	host        *host
+	nextMailbox atomic.Pointer[mailbox]
+
+	lookups, remote, remoteFailed *metrics.Counter
+	remoteLatency                 *metrics.Histogram
+	handedOff                     *metrics.Counter
+	names                         []string
+
+	mu       sync.Mutex // guards the fields below
+	leaving  map[string]bool
+	suspects map[string]bool // addresses that failed a remote call since the last topology
+	members  []*cluster.Member
+	peers    map[string]*clusterpb.InflightCounts // member ID → its last counts
+	changes  map[string]WorkerChange              // worker ID → latest change known
+	pending  []WorkerChange                       // changes learnt, not yet applied
+
+	subs   []*eventSub
+	stop   chan struct{}
+	wg     sync.WaitGroup
+	closed atomic.Bool
+	left   atomic.Bool
+}
+
+// eventSub is an event stream subscription to cancel on Close.
+type eventSub struct{ unsubscribe func() }
+
+// placement is one topology's partition owners: address per partition, and whether it is
+// this replica.
+type placement struct {
+	owners []string
+	self   string
+	// pids caches the grain PID of each partition for this placement.
+	pids []atomic.Pointer[actor.PID]
+	n    int // members
+}
+
+// NewCluster starts remote on sys's actor system, joins the cluster cfg names and returns
+// once this replica is a member. sys must be the process's System; Close (or Leave, then
+// Close) stops the cluster and shuts sys down.
+func NewCluster(sys *System, cfg config.Cluster, opts ClusterOptions) (cl *Cluster, err error) {
+	if sys == nil {
+		return nil, errors.New("cannot start cluster: nil actor system")
+	}
+	if cfg.Partitions <= 0 {
+		cfg.Partitions = 64
+	}
+	if opts.Logger == nil {
+		opts.Logger = sys.Logger()
+	}
+	if opts.Metrics == nil {
+		opts.Metrics = sys.set
+	}
+	ao := opts.Affinity
+	if ao.IdleTimeout <= 0 {
+		ao.IdleTimeout = DefaultAffinityIdleTimeout
+	}
+	if ao.MaxBindings <= 0 {
+		ao.MaxBindings = DefaultAffinityMaxBindings
+	}
+	if ao.Mailbox <= 0 {
+		ao.Mailbox = DefaultAffinityMailbox
+	}
+	if ao.CallTimeout <= 0 {
+		ao.CallTimeout = DefaultAffinityCallTimeout
+	}
+	if ao.Now == nil {
+		ao.Now = time.Now
+	}
+	opts.Affinity = ao
+	c := &Cluster{
+		sys:      sys,
+		cfg:      cfg,
+		opts:     opts,
+		logger:   opts.Logger,
+		set:      opts.Metrics,
+		timeout:  cfg.RequestTimeout,
+		idle:     ao.IdleTimeout,
+		perPart:  max(1, (ao.MaxBindings+cfg.Partitions-1)/cfg.Partitions),
+		local:    make([]atomic.Pointer[partitionHost], cfg.Partitions),
+		leaving:  map[string]bool{},
+		suspects: map[string]bool{},
+		peers:    map[string]*clusterpb.InflightCounts{},
+		changes:  map[string]WorkerChange{},
+		stop:     make(chan struct{}),
+		host:     newHost(),
+	}
+	if c.timeout <= 0 {
+		c.timeout = ao.CallTimeout
+	}
+	c.stats.init(c.set, &c.names)
+	c.identities = make([]string, cfg.Partitions)
+	for i := range c.identities {
+		c.identities[i] = strconv.Itoa(i)
+	}
+	c.calls.New = func() any { return newAffinityCall() }
+	c.lookups = c.counter(metricClusterLookups + `{owner="local"}`)
+	c.remote = c.counter(metricClusterLookups + `{owner="remote"}`)
+	c.remoteFailed = c.counter(metricClusterLookups + `{owner="remote_failed"}`)
+	c.handedOff = c.counter(metricClusterHandoff)
+	c.names = append(c.names, metricClusterRemoteLatency)
+	c.remoteLatency = c.set.GetOrCreateHistogram(metricClusterRemoteLatency)
+	c.gauge(metricClusterMembers, func() float64 {
+		if p := c.placement.Load(); p != nil {
+			return float64(p.n)
+		}
+		return 0
+	})
+	c.gauge(metricClusterPartitions, func() float64 {
+		n := 0
+		for i := range c.local {
+			if c.local[i].Load() != nil {
+				n++
+			}
+		}
+		return float64(n)
+	})
+
+	provider, err := c.provider()
+	if err != nil {
+		c.unregister()
+		return nil, err
+	}
+	host, port, err := splitHostPort(cfg.Listen)
+	if err != nil {
+		c.unregister()
+		return nil, fmt.Errorf("cannot start cluster: cluster.listen: %w", err)
+	}
+	var ropts []remote.ConfigOption
+	if cfg.Advertise != "" {
+		ropts = append(ropts, remote.WithAdvertisedHost(cfg.Advertise))
+	}
+	kind := cluster.NewKind(partitionKind, actor.PropsFromProducer(func() actor.Actor { return newPartitionActor(c, c.nextMailbox.Swap(nil)) },
+		actor.WithMailbox(func() actor.Mailbox {
+			// Proto.Actor spawns grains itself: each activation gets a fresh mailbox.
+			mb := newMailbox(ao.Mailbox, c.host, &sys.counters.kinds[KindPartition],
+				&engine.PickError{Outcome: engine.OutcomeOverloaded, Detail: "affinity partition mailbox is full"},
+				&engine.PickError{Outcome: engine.OutcomeInternal, Detail: "affinity partition stopped", Err: ErrStopped})
+			c.nextMailbox.Store(mb)
+			return mb
+		})))
+	ccfg := cluster.Configure(cfg.Name, provider, disthash.New(), remote.Configure(host, port, ropts...),
+		cluster.WithKinds(kind), cluster.WithRequestTimeout(c.timeout), cluster.WithRequestLog(false))
+	ccfg.GossipInterval = cfg.GossipInterval
+	c.c = cluster.New(sys.sys, ccfg)
+
+	c.subscribe()
+	if err := c.startMember(); err != nil {
+		c.unsubscribe()
+		c.unregister()
+		return nil, err
+	}
+	sys.cluster.Store(c)
+	c.wg.Add(1)
+	go c.gossipLoop()
+	return c, nil
+}
+
+// startMember starts remote and joins; Proto.Actor panics on a provider or listen failure.
+func (c *Cluster) startMember() (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("cannot start cluster member: %v", r)
+		}
+	}()
+	c.c.StartMember()
+	c.refreshPlacement()
+	return nil
+}
+
+// provider builds the membership provider cluster.provider names.
+func (c *Cluster) provider() (cluster.ClusterProvider, error) {
+	switch c.cfg.Provider {
+	case config.ClusterProviderAutomanaged, "":
+		return automanaged.NewWithConfig(c.cfg.RefreshInterval, c.cfg.ProviderPort, c.cfg.Members...), nil
+	case config.ClusterProviderEtcd:
+		p, err := etcd.NewWithConfig(c.cfg.EtcdPrefix, clientv3.Config{Endpoints: c.cfg.EtcdEndpoints, DialTimeout: 5 * time.Second})
+		if err != nil {
+			return nil, fmt.Errorf("cannot start cluster: etcd: %w", err)
+		}
+		return p, nil
+	}
+	return nil, fmt.Errorf("cannot start cluster: unknown provider %q", c.cfg.Provider)
+}
+
+func splitHostPort(s string) (string, int, error) {
+	h, p, err := net.SplitHostPort(s)
+	if err != nil {
+		return "", 0, err
+	}
+	n, err := strconv.Atoi(p)
+	if err != nil {
+		return "", 0, fmt.Errorf("bad port %q", p)
+	}
+	return h, n, nil
+}
+
+// Address is this replica's remote address (host:port).
+func (c *Cluster) Address() string { return c.sys.sys.Address() }
+
+// MemberID is this replica's member ID.
+func (c *Cluster) MemberID() string { return c.sys.sys.ID }
+
+// Members returns the addresses of the current members, sorted.
+func (c *Cluster) Members() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]string, 0, len(c.members))
+	for _, m := range c.members {
+		out = append(out, m.Address())
+	}
+	slices.Sort(out)
+	return out
+}
+
+// subscribe follows topology changes, gossip updates and failed endpoints.
+func (c *Cluster) subscribe() {
+	s := c.sys.sys.EventStream.Subscribe(func(evt any) {
+		switch e := evt.(type) {
+		case *cluster.ClusterTopology:
+			c.mu.Lock()
+			c.members = slices.Clone(e.Members)
+			clear(c.suspects)
+			for _, m := range e.Left {
+				delete(c.leaving, m.Id)
+				if pc := c.peers[m.Id]; pc != nil {
+					// Its in-flight requests are over for this replica's accounting; its
+					// dispatches stay counted (see load.Counters.SetPeers).
+					for _, w := range pc.Workers {
+						w.Inflight = 0
+					}
+				}
+			}
+			c.mu.Unlock()
+			c.refreshPlacement()
+			c.applyPeers()
+		case *cluster.GossipUpdate:
+			c.onGossip(e)
+		case *remote.EndpointTerminatedEvent:
+			c.suspect(e.Address)
+		}
+	})
+	c.subs = append(c.subs, &eventSub{unsubscribe: func() { c.sys.sys.EventStream.Unsubscribe(s) }})
+}
+
+func (c *Cluster) unsubscribe() {
+	for _, s := range c.subs {
+		s.unsubscribe()
+	}
+	c.subs = nil
+}
+
+// suspect excludes addr from placement until the next topology change: a member whose
+// endpoint failed is treated as gone, as the provider will soon confirm.
+func (c *Cluster) suspect(addr string) {
+	if addr == "" || addr == c.Address() {
+		return
+	}
+	c.mu.Lock()
+	known := c.suspects[addr]
+	c.suspects[addr] = true
+	c.mu.Unlock()
+	if !known {
+		c.logger.Warn("cluster member unreachable; its partitions move to the next owners", slog.String("member", addr))
+		c.refreshPlacement()
+	}
+}
+
+// refreshPlacement recomputes every partition's owner by rendezvous hashing (the hash
+// disthash places grains with) over the members that are neither leaving nor suspect.
+func (c *Cluster) refreshPlacement() {
+	c.mu.Lock()
+	var ms cluster.Members
+	for _, m := range c.members {
+		if c.leaving[m.Id] || c.suspects[m.Address()] {
+			continue
+		}
+		ms = append(ms, m)
+	}
+	n := len(c.members)
+	c.mu.Unlock()
+	self := c.Address()
+	if len(ms) == 0 {
+		// Not a member yet (or alone and leaving): this replica serves its own requests.
+		ms = cluster.Members{{Host: "self", Id: c.MemberID(), Kinds: []string{partitionKind}}}
+		n = max(n, 1)
+	}
+	rdv := cluster.NewRendezvous()
+	rdv.UpdateMembers(ms)
+	p := &placement{owners: make([]string, len(c.identities)), self: self, n: n,
+		pids: make([]atomic.Pointer[actor.PID], len(c.identities))}
+	for i, id := range c.identities {
+		o := rdv.GetByClusterIdentity(&cluster.ClusterIdentity{Identity: id, Kind: partitionKind})
+		if o == "self:0" {
+			o = self
+		}
+		p.owners[i] = o
+	}
+	c.placement.Store(p)
+}
+
+// partitionOf returns key's partition: FNV-1a of the key, so that every scope of one session
+// (prefill and decode, every bucket) lives in one grain.
+func (c *Cluster) partitionOf(key string) int {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(key))
+	return int(h.Sum64() % uint64(len(c.identities)))
+}
+
+// pidOf returns partition p's grain PID under pl, activating it through its owner's
+// partition activator on first use.
+func (c *Cluster) pidOf(pl *placement, p int, timeout time.Duration) (*actor.PID, error) {
+	if pid := pl.pids[p].Load(); pid != nil {
+		return pid, nil
+	}
+	// Slow path: first use of the partition under this placement.
+	owner := pl.owners[p]
+	if owner == "" {
+		return nil, fmt.Errorf("partition %d has no owner: %w", p, ErrClusterUnavailable)
+	}
+	if owner == pl.self {
+		if h := c.local[p].Load(); h != nil {
+			pl.pids[p].Store(h.pid)
+			return h.pid, nil
+		}
+	}
+	activator := actor.NewPID(owner, disthash.PartitionActivatorActorName)
+	res, err := c.sys.root.RequestFuture(activator, &cluster.ActivationRequest{
+		ClusterIdentity: cluster.NewClusterIdentity(c.identities[p], partitionKind)}, timeout).Result()
+	if err != nil {
+		c.suspect(owner)
+		return nil, fmt.Errorf("cannot activate partition %d on %s: %w: %w", p, owner, ErrClusterUnavailable, err)
+	}
+	ar, ok := res.(*cluster.ActivationResponse)
+	if !ok || ar.Pid == nil {
+		return nil, fmt.Errorf("cannot activate partition %d on %s: %w", p, owner, ErrClusterUnavailable)
+	}
+	pl.pids[p].Store(ar.Pid)
+	return ar.Pid, nil
+}
+
+// counter registers a cluster-wide counter.
+func (c *Cluster) counter(name string) *metrics.Counter {
+	c.names = append(c.names, name)
+	return c.set.GetOrCreateCounter(name)
+}
+
+// gauge registers a cluster-wide gauge.
+func (c *Cluster) gauge(name string, f func() float64) {
+	c.names = append(c.names, name)
+	c.set.GetOrCreateGauge(name, f)
+}
+
+func (c *Cluster) unregister() {
+	for _, n := range c.names {
+		c.set.UnregisterMetric(n)
+	}
+	c.names = nil
+}
+
+// Leave hands every partition this replica owns to its next owner and waits until every
+// other member routes around this replica, within ctx (cluster.handoff_timeout). Call it
+// once no request of this replica is in flight (after the HTTP drain); Close then leaves the
+// membership. Bindings a failed hand-off could not move are logged and counted as lost.
+func (c *Cluster) Leave(ctx context.Context) error {
+	if c.left.Swap(true) {
+		return nil
+	}
+	me := c.MemberID()
+	c.mu.Lock()
+	c.leaving[me] = true
+	c.mu.Unlock()
+	c.refreshPlacement() // owners without this replica
+	pl := c.placement.Load()
+	var errs []error
+	for p := range c.local {
+		h := c.local[p].Load()
+		if h == nil {
+			continue
+		}
+		target := pl.owners[p]
+		if target == pl.self || target == "" {
+			continue // alone: nobody to hand to
+		}
+		cl := newCall[error]()
+		cl.arm(c.cfg.HandoffTimeout)
+		c.sys.root.Send(h.pid, &handOff{target: target, call: cl})
+		err, ok := cl.wait()
+		if !ok {
+			err = fmt.Errorf("partition %d: hand-off to %s timed out", p, target)
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	// Tell the others, and wait until each lists this replica as leaving.
+	c.publishLeaving()
+	if err := c.awaitLeavingSeen(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		c.logger.Error("cluster hand-off incomplete", slog.Any("error", err))
+		return fmt.Errorf("cannot hand off every partition: %w", err)
+	}
+	return nil
+}
+
+// awaitLeavingSeen waits until every other member's gossip lists this replica as leaving.
+func (c *Cluster) awaitLeavingSeen(ctx context.Context) error {
+	me := c.MemberID()
+	tick := time.NewTicker(max(c.cfg.GossipInterval/2, time.Millisecond))
+	defer tick.Stop()
+	for {
+		state, err := c.c.Gossip.GetState(gossipLeaving)
+		if err == nil {
+			missing := 0
+			for _, m := range c.memberIDs() {
+				if m == me {
+					continue
+				}
+				kv := state[m]
+				var lm clusterpb.LeavingMembers
+				if kv == nil || kv.Value == nil || kv.Value.UnmarshalTo(&lm) != nil || !slices.Contains(lm.Ids, me) {
+					missing++
+				}
+			}
+			if missing == 0 {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("members did not confirm the leave: %w", ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+func (c *Cluster) memberIDs() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]string, 0, len(c.members))
+	for _, m := range c.members {
+		out = append(out, m.Id)
+	}
+	return out
+}
+
+// publishLeaving publishes the members this replica knows are leaving.
+func (c *Cluster) publishLeaving() {
+	c.mu.Lock()
+	ids := make([]string, 0, len(c.leaving))
+	for id := range c.leaving {
+		ids = append(ids, id)
+	}
+	c.mu.Unlock()
+	slices.Sort(ids)
+	c.c.Gossip.SetState(gossipLeaving, &clusterpb.LeavingMembers{Ids: ids})
+}
+
+// Close stops the gossip loop, leaves the membership (gracefully: the provider deregisters
+// this replica; its grains stop) and shuts the actor system down. Components on the System
+// must be closed first. Without a prior Leave, partitions are not handed off: their
+// bindings are re-created on the next owners as requests arrive.
+func (c *Cluster) Close() {
+	if c.closed.Swap(true) {
+		return
+	}
+	close(c.stop)
+	c.wg.Wait()
+	c.unsubscribe()
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				c.logger.Warn("cluster shutdown panicked", slog.Any("panic", r))
+			}
+		}()
+		c.c.Shutdown(true)
+	}()
+	c.host.shutdown()
+	c.unregister()
+	c.stats.unregister(c.set)
+}
+
+// statsByScope are the per-scope binding series shared by every partition grain of this
+// replica.
+type statsByScope struct {
+	mu     sync.Mutex
+	m      map[engine.AffinityScope]*scopeStats
+	names  *[]string
+	series []string
+}
+
+func (s *statsByScope) init(_ *metrics.Set, names *[]string) {
+	s.m = map[engine.AffinityScope]*scopeStats{}
+	s.names = names
+}
+
+func (s *statsByScope) of(set *metrics.Set, scope engine.AffinityScope) *scopeStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if st := s.m[scope]; st != nil {
+		return st
+	}
+	labels := `model="` + labelValue(scope.Model) + `",bucket="` + labelValue(scope.BucketID) + `",stage="` + scope.Stage.String() + `"`
+	st := newScopeStats(labels, func(name string) *metrics.Counter {
+		s.series = append(s.series, name)
+		return set.GetOrCreateCounter(name)
+	}, func(name string, f func() float64) {
+		s.series = append(s.series, name)
+		set.GetOrCreateGauge(name, f)
+	})
+	s.m[scope] = st
+	return st
+}
+
+func (s *statsByScope) unregister(set *metrics.Set) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, n := range s.series {
+		set.UnregisterMetric(n)
+	}
+	s.series = nil
+}

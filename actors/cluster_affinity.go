@@ -1,0 +1,483 @@
+package actors
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"strconv"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/asynkron/protoactor-go/cluster"
+
+	"switchyard/actors/clusterpb"
+	"switchyard/engine"
+)
+
+var _ engine.AffinityStore = (*Cluster)(nil)
+
+// Lookup implements engine.AffinityStore: one round trip to the key's partition grain, in
+// process when this replica owns it.
+func (c *Cluster) Lookup(scope engine.AffinityScope, key string, now time.Time) (string, error) {
+	if now.IsZero() {
+		now = c.opts.Affinity.Now()
+	}
+	p := c.partitionOf(key)
+	r, err := c.request(p, scope, func(ac *affinityCall) affinityCommand {
+		ac.lookup = LookupBinding{Key: key, Now: now, call: ac}
+		return &ac.lookup
+	}, func(ac *affinityCall) (string, bool, error) {
+		return ac.lookupRes.WorkerID, false, ac.lookupRes.Err
+	}, &clusterpb.LookupBinding{Scope: pbScope(scope), Key: key, NowUnixNano: now.UnixNano()})
+	return r.worker, err
+}
+
+// Bind implements engine.AffinityStore: a compare-and-set in one round trip to the key's
+// partition grain.
+func (c *Cluster) Bind(scope engine.AffinityScope, key, expect, workerID string, now time.Time) (string, bool, error) {
+	if now.IsZero() {
+		now = c.opts.Affinity.Now()
+	}
+	p := c.partitionOf(key)
+	r, err := c.request(p, scope, func(ac *affinityCall) affinityCommand {
+		ac.bind = Bind{Key: key, Expect: expect, WorkerID: workerID, Now: now, call: ac}
+		return &ac.bind
+	}, func(ac *affinityCall) (string, bool, error) {
+		return ac.bindRes.WorkerID, ac.bindRes.Set, ac.bindRes.Err
+	}, &clusterpb.Bind{Scope: pbScope(scope), Key: key, Expect: expect, WorkerId: workerID, NowUnixNano: now.UnixNano()})
+	return r.worker, r.set, err
+}
+
+type bindingAnswer struct {
+	worker string
+	set    bool
+}
+
+// request runs one binding command on partition p: in process with a pooled call when this
+// replica owns p (fast path), else as one remote request. A failed owner is suspected and
+// the command retried once on the next owner, within the same deadline.
+func (c *Cluster) request(p int, scope engine.AffinityScope, local func(*affinityCall) affinityCommand,
+	result func(*affinityCall) (string, bool, error), msg any) (bindingAnswer, error) {
+	if c.closed.Load() {
+		return bindingAnswer{}, &engine.PickError{Outcome: engine.OutcomeInternal, Stage: scope.Stage, BucketID: scope.BucketID,
+			Detail: "cluster is shut down", Err: ErrAffinityClosed}
+	}
+	deadline := time.Now().Add(c.timeout)
+	var lastErr error
+	for range 2 {
+		left := time.Until(deadline)
+		if left <= 0 {
+			break
+		}
+		pl := c.placement.Load()
+		pid, err := c.pidOf(pl, p, left)
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		if pid.Address == pl.self {
+			// Fast path: this replica owns the partition; a pooled call, no serialization.
+			c.lookups.Inc()
+			ac := c.calls.Get().(*affinityCall)
+			ac.scope = scope
+			cmd := local(ac)
+			ac.arm(c.opts.Affinity.CallTimeout)
+			c.sys.root.Send(pid, cmd)
+			if _, ok := ac.wait(); !ok {
+				return bindingAnswer{}, &engine.PickError{Outcome: engine.OutcomeTimeout, Stage: scope.Stage, BucketID: scope.BucketID,
+					Detail: "affinity partition " + strconv.Itoa(p) + " did not reply within " + c.opts.Affinity.CallTimeout.String()}
+			}
+			w, set, err := result(ac)
+			ac.reset()
+			c.calls.Put(ac)
+			if errors.Is(err, ErrStopped) {
+				// The grain stopped (it moved): ask again under the next placement.
+				pl.pids[p].Store(nil)
+				lastErr = err
+				continue
+			}
+			return bindingAnswer{w, set}, err
+		}
+		// Slow path: one remote round trip.
+		c.remote.Inc()
+		start := time.Now()
+		res, err := c.sys.root.RequestFuture(pid, msg, time.Until(deadline)).Result()
+		c.remoteLatency.UpdateDuration(start)
+		if err != nil {
+			c.remoteFailed.Inc()
+			pl.pids[p].CompareAndSwap(pid, nil)
+			if !errors.Is(err, actor.ErrDeadLetter) {
+				c.suspect(pid.Address)
+			}
+			lastErr = err
+			continue
+		}
+		br, ok := res.(*clusterpb.BindingResult)
+		if !ok {
+			lastErr = fmt.Errorf("unexpected reply %T", res)
+			continue
+		}
+		if br.Outcome != 0 {
+			return bindingAnswer{}, &engine.PickError{Outcome: engine.Outcome(br.Outcome), Stage: scope.Stage, BucketID: scope.BucketID,
+				Detail: br.Detail}
+		}
+		return bindingAnswer{br.WorkerId, br.Set}, nil
+	}
+	out := engine.OutcomeTimeout
+	if lastErr != nil && !errors.Is(lastErr, actor.ErrTimeout) && !errors.Is(lastErr, context.DeadlineExceeded) {
+		out = engine.OutcomeInternal
+	}
+	return bindingAnswer{}, &engine.PickError{Outcome: out, Stage: scope.Stage, BucketID: scope.BucketID,
+		Detail: "cannot reach affinity partition " + strconv.Itoa(p), Err: errors.Join(ErrClusterUnavailable, lastErr)}
+}
+
+// InvalidateWorker drops every binding to workerID in the partitions this replica owns and
+// returns how many were removed. Each replica invalidates its own partitions when it
+// applies a worker removal (worker changes reach every replica).
+func (c *Cluster) InvalidateWorker(workerID string) (int, error) {
+	return c.eachLocal(func(ac *affinityCall) affinityCommand {
+		ac.inval = InvalidateWorker{WorkerID: workerID, call: ac}
+		return &ac.inval
+	}, func(ac *affinityCall) (int, error) { return ac.invalRes.Removed, ac.invalRes.Err })
+}
+
+// Sweep drops the bindings expired at now from the partitions this replica owns.
+func (c *Cluster) Sweep(now time.Time) (int, error) {
+	if now.IsZero() {
+		now = c.opts.Affinity.Now()
+	}
+	return c.eachLocal(func(ac *affinityCall) affinityCommand {
+		ac.sweep = Sweep{Now: now, call: ac}
+		return &ac.sweep
+	}, func(ac *affinityCall) (int, error) { return ac.sweepRes.Expired, ac.sweepRes.Err })
+}
+
+// RunSweeper sweeps the local partitions on every tick until ctx is done (see
+// AffinityStore.RunSweeper).
+func (c *Cluster) RunSweeper(ctx context.Context, ticks <-chan time.Time) {
+	runSweeper(ctx, ticks, c.logger, func() (int, error) { return c.Sweep(c.opts.Affinity.Now()) })
+}
+
+// eachLocal runs a command on every local partition grain.
+func (c *Cluster) eachLocal(cmd func(*affinityCall) affinityCommand, result func(*affinityCall) (int, error)) (int, error) {
+	n := 0
+	var errs []error
+	for p := range c.local {
+		h := c.local[p].Load()
+		if h == nil {
+			continue
+		}
+		ac := c.calls.Get().(*affinityCall)
+		m := cmd(ac)
+		ac.arm(max(c.opts.Affinity.CallTimeout, minAffinityAdminTimeout))
+		c.sys.root.Send(h.pid, m)
+		if _, ok := ac.wait(); !ok {
+			errs = append(errs, fmt.Errorf("affinity partition %d did not reply", p))
+			continue
+		}
+		k, err := result(ac)
+		ac.reset()
+		c.calls.Put(ac)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("affinity partition %d: %w", p, err))
+			continue
+		}
+		n += k
+	}
+	return n, errors.Join(errs...)
+}
+
+func pbScope(s engine.AffinityScope) *clusterpb.Scope {
+	return &clusterpb.Scope{Model: s.Model, Bucket: s.BucketID, Stage: int32(s.Stage)}
+}
+
+func scopeOf(s *clusterpb.Scope) engine.AffinityScope {
+	if s == nil {
+		return engine.AffinityScope{}
+	}
+	return engine.AffinityScope{Model: s.Model, BucketID: s.Bucket, Stage: engine.Stage(s.Stage)}
+}
+
+// partitionHost is a running partition grain of this replica.
+type partitionHost struct {
+	pid *actor.PID
+}
+
+// handOff tells a partition grain to give its bindings to the grain of the same partition
+// on target (a member address), then forward every later command there. Sent by Leave.
+type handOff struct {
+	target string
+	call   *call[error]
+}
+
+// partitionActor is an affinity partition grain: the bindings of every scope whose keys
+// hash to its partition. Proto.Actor activates it on the owner (disthash placement); a
+// grain whose partition moves to another member (a member joined) hands its bindings to the
+// new owner as it stops, and on a graceful leave (handOff) before the replica goes.
+type partitionActor struct {
+	c       *Cluster
+	mb      *mailbox
+	p       int
+	self    *partitionHost
+	tables  map[engine.AffinityScope]*bindingTable
+	forward *actor.PID // set once the bindings were handed off
+}
+
+var _ actor.Actor = (*partitionActor)(nil)
+
+func newPartitionActor(c *Cluster, mb *mailbox) *partitionActor {
+	return &partitionActor{c: c, mb: mb, p: -1, tables: map[engine.AffinityScope]*bindingTable{}}
+}
+
+// table returns scope's table, creating it.
+func (a *partitionActor) table(scope engine.AffinityScope) *bindingTable {
+	t := a.tables[scope]
+	if t == nil {
+		t = newBindingTable(a.c.idle, a.c.perPart, a.c.stats.of(a.c.set, scope))
+		a.tables[scope] = t
+	}
+	return t
+}
+
+// Receive implements actor.Actor. A panic fails the command that hit it, is logged and
+// counted (kind affinity_partition), and empties the partition (its tables cannot be
+// trusted); the grain is not restarted.
+func (a *partitionActor) Receive(ctx actor.Context) {
+	msg := ctx.Message()
+	defer func() {
+		if r := recover(); r != nil {
+			a.c.sys.counters.kinds[KindPartition].panics.Inc()
+			a.c.logger.Error("affinity partition panicked; failing its command and emptying it",
+				slog.Int("partition", a.p), slog.Any("panic", r), slog.String("stack", string(debug.Stack())))
+			a.clear()
+			fail := &engine.PickError{Outcome: engine.OutcomeInternal, Detail: "affinity partition failed", Err: ErrPanicked}
+			switch m := msg.(type) {
+			case affinityCommand:
+				m.reject(fail)
+			case *clusterpb.LookupBinding, *clusterpb.Bind:
+				ctx.Respond(&clusterpb.BindingResult{Outcome: int32(engine.OutcomeInternal), Detail: fail.Detail})
+			case *handOff:
+				m.call.offer(fail)
+			}
+		}
+	}()
+	switch m := msg.(type) {
+	case affinityCommand:
+		a.local(ctx, m)
+	case *clusterpb.LookupBinding:
+		if a.forward != nil {
+			ctx.Forward(a.forward)
+			return
+		}
+		a.c.sys.observed(KindPartition, m)
+		w := a.table(scopeOf(m.Scope)).lookup(m.Key, m.NowUnixNano)
+		ctx.Respond(&clusterpb.BindingResult{WorkerId: w})
+	case *clusterpb.Bind:
+		if a.forward != nil {
+			ctx.Forward(a.forward)
+			return
+		}
+		a.c.sys.observed(KindPartition, m)
+		w, set := a.table(scopeOf(m.Scope)).bind(m.Key, m.Expect, m.WorkerId, m.NowUnixNano)
+		ctx.Respond(&clusterpb.BindingResult{WorkerId: w, Set: set})
+	case *clusterpb.HandOffBindings:
+		ctx.Respond(&clusterpb.HandOffBindingsResult{Adopted: int32(a.adopt(m.Bindings))})
+	case *handOff:
+		m.call.offer(a.handOffTo(ctx, m.target))
+	case *cluster.ClusterInit:
+		if m.Identity != nil {
+			if p, err := strconv.Atoi(m.Identity.Identity); err == nil && p >= 0 && p < len(a.c.local) {
+				a.p = p
+				a.self = &partitionHost{pid: ctx.Self()}
+				a.c.local[p].Store(a.self)
+			}
+		}
+	case *actor.Stopping:
+		a.onStopping(ctx)
+	case *actor.Stopped:
+		if a.p >= 0 {
+			a.c.local[a.p].CompareAndSwap(a.self, nil)
+		}
+		a.clear()
+		if a.mb != nil {
+			a.mb.close()
+		}
+	}
+}
+
+// local applies a command of this replica's own requests.
+func (a *partitionActor) local(ctx actor.Context, cmd affinityCommand) {
+	ac := cmd.callOf()
+	if ac.abandoned.Load() {
+		return
+	}
+	a.c.sys.observed(KindPartition, cmd)
+	switch m := cmd.(type) {
+	case *InvalidateWorker:
+		n := 0
+		for _, t := range a.tables {
+			n += t.invalidate(m.WorkerID)
+		}
+		ac.invalRes = InvalidateWorkerResult{Removed: n}
+	case *Sweep:
+		n := 0
+		for _, t := range a.tables {
+			n += t.sweep(m.Now.UnixNano())
+		}
+		ac.sweepRes = SweepResult{Expired: n}
+	default:
+		if a.forward != nil {
+			// Handed off: this replica is leaving; ask the new owner on its behalf.
+			a.forwardLocal(ctx, ac, cmd)
+		} else {
+			cmd.apply(a.table(ac.scope))
+		}
+	}
+	ac.done()
+}
+
+// forwardLocal runs a lookup or bind of this replica on the grain the bindings went to.
+func (a *partitionActor) forwardLocal(ctx actor.Context, ac *affinityCall, cmd affinityCommand) {
+	var msg any
+	switch m := cmd.(type) {
+	case *LookupBinding:
+		msg = &clusterpb.LookupBinding{Scope: pbScope(ac.scope), Key: m.Key, NowUnixNano: m.Now.UnixNano()}
+	case *Bind:
+		msg = &clusterpb.Bind{Scope: pbScope(ac.scope), Key: m.Key, Expect: m.Expect, WorkerId: m.WorkerID, NowUnixNano: m.Now.UnixNano()}
+	default:
+		return
+	}
+	res, err := ctx.RequestFuture(a.forward, msg, a.c.timeout).Result()
+	br, _ := res.(*clusterpb.BindingResult)
+	var fail error
+	if err != nil || br == nil {
+		fail = &engine.PickError{Outcome: engine.OutcomeTimeout, Stage: ac.scope.Stage, BucketID: ac.scope.BucketID,
+			Detail: "the partition's new owner did not reply"}
+		br = &clusterpb.BindingResult{}
+	}
+	switch cmd.(type) {
+	case *LookupBinding:
+		ac.lookupRes = LookupBindingResult{WorkerID: br.WorkerId, Err: fail}
+	case *Bind:
+		ac.bindRes = BindResult{WorkerID: br.WorkerId, Set: br.Set, Err: fail}
+	}
+}
+
+// bindings returns every live binding of the partition at now.
+func (a *partitionActor) bindings(now int64) []*clusterpb.Binding {
+	var out []*clusterpb.Binding
+	for scope, t := range a.tables {
+		ps := pbScope(scope)
+		for b := t.tail; b != nil; b = b.prev {
+			if now-b.lastUse < t.idle {
+				out = append(out, &clusterpb.Binding{Scope: ps, Key: b.key, WorkerId: b.worker, LastUseUnixNano: b.lastUse})
+			}
+		}
+	}
+	return out
+}
+
+// adopt takes handed-off bindings; a key this grain already holds keeps its binding (it was
+// set after the hand-off began).
+func (a *partitionActor) adopt(bs []*clusterpb.Binding) int {
+	n := 0
+	for _, b := range bs {
+		t := a.table(scopeOf(b.Scope))
+		if t.live(b.Key, b.LastUseUnixNano) != nil {
+			continue
+		}
+		if _, set := t.bind(b.Key, "", b.WorkerId, b.LastUseUnixNano); set {
+			n++
+		}
+	}
+	a.c.handedOff.Add(n)
+	return n
+}
+
+// handOffTo activates the partition's grain on target, gives it the bindings and forwards
+// everything there from now on.
+func (a *partitionActor) handOffTo(ctx actor.Context, target string) error {
+	if a.forward != nil {
+		return nil
+	}
+	activator := actor.NewPID(target, "partition-activator")
+	res, err := ctx.RequestFuture(activator, &cluster.ActivationRequest{
+		ClusterIdentity: cluster.NewClusterIdentity(strconv.Itoa(a.p), partitionKind)}, a.c.cfg.HandoffTimeout).Result()
+	if err != nil {
+		return fmt.Errorf("partition %d: cannot activate on %s: %w", a.p, target, err)
+	}
+	ar, ok := res.(*cluster.ActivationResponse)
+	if !ok || ar.Pid == nil {
+		return fmt.Errorf("partition %d: no activation on %s", a.p, target)
+	}
+	bs := a.bindings(a.c.opts.Affinity.Now().UnixNano())
+	if len(bs) > 0 {
+		if _, err := ctx.RequestFuture(ar.Pid, &clusterpb.HandOffBindings{Partition: int32(a.p), Bindings: bs},
+			a.c.cfg.HandoffTimeout).Result(); err != nil {
+			return fmt.Errorf("partition %d: %d bindings not handed to %s: %w", a.p, len(bs), target, err)
+		}
+	}
+	a.forward = ar.Pid
+	a.c.logger.Info("affinity partition handed off", slog.Int("partition", a.p), slog.String("to", target), slog.Int("bindings", len(bs)))
+	return nil
+}
+
+// onStopping hands the bindings on when the grain stops because its partition moved to
+// another member (a member joined), not when the whole replica stops.
+func (a *partitionActor) onStopping(ctx actor.Context) {
+	if a.forward != nil || a.p < 0 || a.c.closed.Load() || len(a.tables) == 0 {
+		return
+	}
+	pl := a.c.placement.Load()
+	if target := pl.owners[a.p]; target != "" && target != pl.self {
+		if err := a.handOffTo(ctx, target); err != nil {
+			a.c.logger.Warn("affinity partition moved without its bindings", slog.Any("error", err))
+		}
+	}
+}
+
+func (a *partitionActor) clear() {
+	for _, t := range a.tables {
+		t.clear()
+	}
+	clear(a.tables)
+}
+
+// runSweeper calls sweep on every tick until ctx is done or ticks is closed; a panicking
+// sweep is logged and the loop goes on. A failure is logged when its message changes.
+func runSweeper(ctx context.Context, ticks <-chan time.Time, logger *slog.Logger, sweep func() (int, error)) {
+	var lastErr string
+	once := func() (msg string) {
+		defer func() {
+			if r := recover(); r != nil {
+				msg = fmt.Sprintf("sweep panicked: %v", r)
+				logger.Error("affinity sweep panicked", slog.Any("panic", r), slog.String("stack", string(debug.Stack())))
+			}
+		}()
+		n, err := sweep()
+		if logger.Enabled(context.Background(), slog.LevelDebug) {
+			logger.Debug("affinity sweep", slog.Int("expired", n))
+		}
+		if err != nil {
+			return err.Error()
+		}
+		return ""
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case _, ok := <-ticks:
+			if !ok {
+				return
+			}
+		}
+		msg := once()
+		if msg != lastErr && msg != "" {
+			logger.Warn("affinity sweep failed", slog.String("error", msg))
+		}
+		lastErr = msg
+	}
+}

@@ -1,0 +1,357 @@
+package actors
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/cluster"
+
+	"switchyard/config"
+	"switchyard/engine"
+	"switchyard/load"
+)
+
+// clusterWait bounds every wait of the cluster tests on membership and gossip.
+const clusterWait = 20 * time.Second
+
+// freePorts returns n TCP ports the OS chose on loopback (the automanaged provider needs
+// every member's port before any starts).
+func freePorts(t testing.TB, n int) []int {
+	t.Helper()
+	var out []int
+	var lns []net.Listener
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns = append(lns, ln)
+		out = append(out, ln.Addr().(*net.TCPAddr).Port)
+	}
+	for _, ln := range lns {
+		_ = ln.Close()
+	}
+	return out
+}
+
+// testMember is one in-process replica: its System, Cluster, and a channel that ticks on
+// every topology or gossip event it sees.
+type testMember struct {
+	sys      *System
+	cl       *Cluster
+	events   chan struct{}
+	counters map[string]*load.Counters
+	changes  chan WorkerChange
+	closed   bool
+}
+
+func testClusterConfig(ports []int, i int) config.Cluster {
+	cfg := config.Default().Cluster
+	cfg.Enabled = true
+	cfg.Name = fmt.Sprintf("test-%d", ports[0])
+	cfg.ProviderPort = ports[i]
+	for _, p := range ports {
+		cfg.Members = append(cfg.Members, fmt.Sprintf("127.0.0.1:%d", p))
+	}
+	cfg.Partitions = 16
+	cfg.RefreshInterval = 100 * time.Millisecond
+	cfg.GossipInterval = 20 * time.Millisecond
+	cfg.RequestTimeout = time.Second
+	cfg.HandoffTimeout = 5 * time.Second
+	return cfg
+}
+
+// startMembers starts n members of one automanaged cluster concurrently and waits until
+// each sees all of them. Every member is closed when the test ends.
+func startMembers(t *testing.T, n int, workers ...string) []*testMember {
+	t.Helper()
+	ports := freePorts(t, n)
+	ms := make([]*testMember, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		m := &testMember{events: make(chan struct{}, 1), counters: map[string]*load.Counters{}, changes: make(chan WorkerChange, 64)}
+		for _, w := range workers {
+			m.counters[w] = new(load.Counters)
+		}
+		m.sys = NewSystem(SystemOptions{})
+		m.sys.sys.EventStream.Subscribe(func(evt any) {
+			switch evt.(type) {
+			case *cluster.ClusterTopology, *cluster.GossipUpdate:
+				select {
+				case m.events <- struct{}{}:
+				default:
+				}
+			}
+		})
+		ms[i] = m
+		wg.Go(func() {
+			m.cl, errs[i] = NewCluster(m.sys, testClusterConfig(ports, i), ClusterOptions{
+				Counters: func() map[string]CountersOf {
+					out := map[string]CountersOf{}
+					for id, c := range m.counters {
+						out[id] = c
+					}
+					return out
+				},
+				OnWorkerChange: func(wc WorkerChange) { m.changes <- wc },
+			})
+		})
+	}
+	wg.Wait()
+	t.Cleanup(func() {
+		var wg sync.WaitGroup
+		for _, m := range ms {
+			wg.Go(m.close)
+		}
+		wg.Wait()
+	})
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("member %d: %v", i, err)
+		}
+	}
+	for i, m := range ms {
+		m.waitFor(t, fmt.Sprintf("member %d sees %d members", i, n), func() bool { return len(m.cl.Members()) == n })
+	}
+	return ms
+}
+
+func (m *testMember) close() {
+	if m.closed {
+		return
+	}
+	m.closed = true
+	if m.cl != nil {
+		m.cl.Close()
+	}
+	m.sys.Close()
+}
+
+// waitFor waits until cond holds, re-checking it on every topology or gossip event the
+// member sees (and at least every 50ms, as some conditions follow a provider's poll).
+func (m *testMember) waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.NewTimer(clusterWait)
+	defer deadline.Stop()
+	recheck := time.NewTicker(50 * time.Millisecond)
+	defer recheck.Stop()
+	for !cond() {
+		select {
+		case <-m.events:
+		case <-recheck.C:
+		case <-deadline.C:
+			t.Fatalf("%s: not within %v", what, clusterWait)
+		}
+	}
+}
+
+var clusterScope = engine.AffinityScope{Model: testModel, BucketID: "b", Stage: engine.StagePlain}
+
+func TestClusterMembersAgreeOnBindings(t *testing.T) {
+	ms := startMembers(t, 3)
+	now := time.Now()
+	const keys = 64
+	for k := range keys {
+		key := fmt.Sprintf("session-%d", k)
+		w, set, err := ms[k%3].cl.Bind(clusterScope, key, "", fmt.Sprintf("W%d", k%5), now)
+		if err != nil || !set {
+			t.Fatalf("bind %s: %q %v %v", key, w, set, err)
+		}
+	}
+	for i, m := range ms {
+		for k := range keys {
+			key := fmt.Sprintf("session-%d", k)
+			got, err := m.cl.Lookup(clusterScope, key, now)
+			if err != nil || got != fmt.Sprintf("W%d", k%5) {
+				t.Fatalf("member %d: lookup %s = %q, %v", i, key, got, err)
+			}
+		}
+	}
+	// A compare-and-set from another replica sees the binding in force.
+	if w, set, err := ms[1].cl.Bind(clusterScope, "session-0", "", "W9", now); err != nil || set || w != "W0" {
+		t.Fatalf("conflicting bind = %q, %v, %v; want the binding in force W0", w, set, err)
+	}
+	local, remote := ms[0].cl.lookups.Get(), ms[0].cl.remote.Get()
+	if local == 0 || remote == 0 {
+		t.Fatalf("member 0 made %d local and %d remote requests; want both (16 partitions over 3 members)", local, remote)
+	}
+}
+
+func TestClusterConcurrentFirstBindsConverge(t *testing.T) {
+	ms := startMembers(t, 2)
+	now := time.Now()
+	for k := range 20 {
+		key := fmt.Sprintf("race-%d", k)
+		var sets atomic.Int32
+		got := make([]string, 2)
+		var wg sync.WaitGroup
+		for i, m := range ms {
+			wg.Go(func() {
+				w, set, err := m.cl.Bind(clusterScope, key, "", fmt.Sprintf("M%d", i), now)
+				if err != nil {
+					t.Error(err)
+				}
+				if set {
+					sets.Add(1)
+				}
+				got[i] = w
+			})
+		}
+		wg.Wait()
+		if sets.Load() != 1 || got[0] != got[1] {
+			t.Fatalf("%s: %d binds set, members see %q; want exactly one winner both see", key, sets.Load(), got)
+		}
+	}
+}
+
+func TestClusterGracefulLeaveLosesNoBinding(t *testing.T) {
+	ms := startMembers(t, 3)
+	now := time.Now()
+	const keys = 200
+	for k := range keys {
+		if _, _, err := ms[0].cl.Bind(clusterScope, fmt.Sprintf("s%d", k), "", fmt.Sprintf("W%d", k%7), now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	leaver := ms[2]
+	owned := 0
+	for p := range leaver.cl.local {
+		if leaver.cl.local[p].Load() != nil {
+			owned++
+		}
+	}
+	if owned == 0 {
+		t.Fatal("the leaving member owns no partition; the test proves nothing")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), clusterWait)
+	defer cancel()
+	if err := leaver.cl.Leave(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// While it is still a member, the survivors already route around it.
+	for k := range keys {
+		key := fmt.Sprintf("s%d", k)
+		if got, err := ms[1].cl.Lookup(clusterScope, key, now); err != nil || got != fmt.Sprintf("W%d", k%7) {
+			t.Fatalf("during the leave: lookup %s = %q, %v", key, got, err)
+		}
+	}
+	leaver.close()
+	for _, m := range ms[:2] {
+		m.waitFor(t, "the survivors see 2 members", func() bool { return len(m.cl.Members()) == 2 })
+	}
+	lost := 0
+	for k := range keys {
+		key := fmt.Sprintf("s%d", k)
+		for _, m := range ms[:2] {
+			got, err := m.cl.Lookup(clusterScope, key, now)
+			if err != nil {
+				t.Fatalf("after the leave: %v", err)
+			}
+			if got != fmt.Sprintf("W%d", k%7) {
+				lost++
+			}
+		}
+	}
+	if lost != 0 {
+		t.Fatalf("%d lookups lost their binding after a graceful leave", lost)
+	}
+	if ms[0].cl.handedOff.Get()+ms[1].cl.handedOff.Get() == 0 {
+		t.Fatal("no binding was handed off")
+	}
+}
+
+func TestClusterCrashedOwnerPartitionsReactivate(t *testing.T) {
+	ms := startMembers(t, 3)
+	now := time.Now()
+	for k := range 60 {
+		if _, _, err := ms[0].cl.Bind(clusterScope, fmt.Sprintf("c%d", k), "", "W1", now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Close without Leave: the member's grains stop with their bindings, as in a crash.
+	ms[2].close()
+	for _, m := range ms[:2] {
+		m.waitFor(t, "the survivors see 2 members", func() bool { return len(m.cl.Members()) == 2 })
+	}
+	kept, missing := 0, 0
+	for k := range 60 {
+		key := fmt.Sprintf("c%d", k)
+		got, err := ms[1].cl.Lookup(clusterScope, key, now)
+		if err != nil {
+			t.Fatalf("lookup after the crash: %v", err)
+		}
+		switch got {
+		case "W1":
+			kept++
+		case "":
+			missing++
+			// The policy binds again on a miss: the partition is live on a survivor.
+			if w, set, err := ms[0].cl.Bind(clusterScope, key, "", "W2", now); err != nil || !set || w != "W2" {
+				t.Fatalf("rebind %s: %q %v %v", key, w, set, err)
+			}
+		}
+	}
+	if kept == 0 || missing == 0 {
+		t.Fatalf("kept %d, missing %d: want the survivors' partitions kept and the crashed member's re-created empty", kept, missing)
+	}
+}
+
+func TestClusterSharesInflightCounts(t *testing.T) {
+	ms := startMembers(t, 3, "W1", "W2")
+	tracker := load.NewTracker()
+	t0 := time.Now()
+	g1 := tracker.Acquire(ms[0].counters["W1"], t0)
+	g2 := tracker.Acquire(ms[1].counters["W1"], t0)
+	g3 := tracker.Acquire(ms[1].counters["W2"], t0)
+	ms[2].waitFor(t, "member 2 sees the fleet's in-flight requests", func() bool {
+		return ms[2].counters["W1"].InFlight() == 2 && ms[2].counters["W2"].InFlight() == 1
+	})
+	if ms[2].counters["W1"].LocalInFlight() != 0 || ms[2].counters["W1"].Dispatched() != 2 {
+		t.Fatalf("member 2: local %d, dispatched %d", ms[2].counters["W1"].LocalInFlight(), ms[2].counters["W1"].Dispatched())
+	}
+	ms[0].waitFor(t, "member 0 counts member 1's requests", func() bool { return ms[0].counters["W1"].InFlight() == 2 })
+	g1.Release()
+	g2.Release()
+	g3.Release()
+	ms[2].waitFor(t, "the fleet's requests finished", func() bool {
+		return ms[2].counters["W1"].InFlight() == 0 && ms[2].counters["W2"].InFlight() == 0
+	})
+}
+
+func TestClusterPropagatesWorkerChanges(t *testing.T) {
+	ms := startMembers(t, 3)
+	ms[0].cl.PublishWorkerChange("W7", false, []byte(`{"id":"W7","url":"http://127.0.0.1:1"}`))
+	for i, m := range ms[1:] {
+		select {
+		case wc := <-m.changes:
+			if wc.WorkerID != "W7" || wc.Removed || string(wc.Spec) != `{"id":"W7","url":"http://127.0.0.1:1"}` || wc.Origin != ms[0].cl.MemberID() {
+				t.Fatalf("member %d applied %+v", i+1, wc)
+			}
+		case <-time.After(clusterWait):
+			t.Fatalf("member %d never applied the change", i+1)
+		}
+	}
+	// A later removal made on another replica wins everywhere.
+	ms[2].cl.PublishWorkerChange("W7", true, nil)
+	for _, m := range []*testMember{ms[0], ms[1]} {
+		select {
+		case wc := <-m.changes:
+			if wc.WorkerID != "W7" || !wc.Removed {
+				t.Fatalf("applied %+v, want the removal", wc)
+			}
+		case <-time.After(clusterWait):
+			t.Fatal("the removal never arrived")
+		}
+	}
+	select {
+	case wc := <-ms[0].changes:
+		t.Fatalf("the origin re-applied a change: %+v", wc)
+	default:
+	}
+}
