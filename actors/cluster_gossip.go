@@ -161,6 +161,9 @@ func (c *Cluster) changesState() *clusterpb.WorkerChanges {
 // applyChanges hands the changes gossip brought to OnWorkerChange, and republishes the
 // merged state so that a replica joining later learns them from any member.
 func (c *Cluster) applyChanges() {
+	if c.left.Load() {
+		return // leaving: the fleet is no longer this replica's to change
+	}
 	c.mu.Lock()
 	todo := c.pending
 	c.pending = nil

@@ -108,15 +108,11 @@ func (s *Server) deleteWorker(ctx *fasthttp.RequestCtx, ref string) {
 		return
 	}
 	id := m.ID()
-	if err := s.workers.Remove(id); err != nil {
+	if err := s.removeWorker(id); err != nil {
 		writeError(ctx, newAPIError(CodeWorkerNotFound, "no worker "+strconv.Quote(ref)))
 		return
 	}
-	if n, err := s.affinity.InvalidateWorker(id); err != nil {
-		s.logger.Warn("cannot invalidate the removed worker's affinity bindings", slog.String("worker", id), slog.Any("error", err))
-	} else if n > 0 {
-		s.logger.Info("invalidated affinity bindings", slog.String("worker", id), slog.Int("bindings", n))
-	}
+	s.publishWorkerChange(id, true, nil)
 	writeJSON(ctx, fasthttp.StatusOK, map[string]any{"removed": id, "success": true,
 		"message": "worker " + id + " (" + m.URL() + ") removed"})
 }
@@ -279,6 +275,7 @@ func (s *Server) addWorker(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, newAPIError(CodeInternal, err.Error()))
 		return
 	}
+	s.publishWorkerChange(m.ID(), false, &spec)
 	writeJSON(ctx, fasthttp.StatusCreated, s.view(m))
 }
 
@@ -300,6 +297,7 @@ func (s *Server) addWorkerLater(ctx *fasthttp.RequestCtx, spec WorkerSpec) {
 		writeError(ctx, newAPIError(CodeShuttingDown, err.Error()))
 		return
 	}
+	s.publishWorkerChange(id, false, &spec) // the other replicas learn its model themselves
 	location := "/workers/" + url.PathEscape(spec.URL)
 	ctx.Response.Header.Set(fasthttp.HeaderLocation, location)
 	writeJSON(ctx, fasthttp.StatusAccepted, map[string]any{"status": "accepted", "worker_id": id, "url": spec.URL,

@@ -44,7 +44,11 @@ func (s *Server) run(ctx context.Context) error {
 			}
 		})
 	}
-	return s.serve(ctx)
+	err := s.serve(ctx)
+	// The drain is over: a cluster replica hands its bindings to the others before its
+	// parts stop.
+	s.leaveCluster()
+	return err
 }
 
 // serve runs the fasthttp server until ctx is done (or Serve fails), then drains.

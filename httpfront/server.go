@@ -123,7 +123,9 @@ type Server struct {
 	// sys is the process's one actor system: every actor of the server runs on it.
 	sys *actors.System
 	// affinity holds the session and routing-key bindings of session_aware and sticky.
-	affinity *actors.AffinityStore
+	affinity affinityStore
+	// cluster joins the other router replicas; nil unless cluster.enabled.
+	cluster *actors.Cluster
 	// cache is cache_aware's prefix source and KV-event subscriptions; nil without one.
 	cache   *actors.CacheState
 	workers *fleet.Fleet
@@ -251,7 +253,9 @@ func (s *Server) build() error {
 	s.life.add("actor system", s.sys.Close)
 	aopts := actors.AffinityOptionsFrom(cfg)
 	aopts.Now, aopts.Logger, aopts.Metrics, aopts.System = opts.Now, opts.Logger, opts.Metrics, s.sys
-	s.affinity = actors.NewAffinityStore(aopts)
+	if s.affinity, err = s.newAffinityStore(aopts); err != nil {
+		return err
+	}
 	s.life.add("affinity store", s.affinity.Close)
 	deps := engine.Deps{Loads: opts.Loads, Seed: opts.Seed, Affinity: s.affinity, Metrics: opts.Metrics}
 	if s.cache, err = newCacheState(cfg, opts, s.sys); err != nil {

@@ -1,0 +1,269 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"switchyard/bench/mockengine"
+)
+
+// clusterWait bounds each wait of the multi-process cluster test.
+const clusterWait = 60 * time.Second
+
+// replica is one router process of the test cluster.
+type replica struct {
+	cmd    *exec.Cmd
+	base   string
+	stderr *bytes.Buffer
+	done   chan error
+}
+
+// reservePorts returns n loopback ports the OS chose (the automanaged provider needs every
+// replica's port before any starts).
+func reservePorts(t *testing.T, n int) []int {
+	t.Helper()
+	var lns []net.Listener
+	var out []int
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns = append(lns, ln)
+		out = append(out, ln.Addr().(*net.TCPAddr).Port)
+	}
+	for _, ln := range lns {
+		_ = ln.Close()
+	}
+	return out
+}
+
+// buildSwitchyard builds the binary into a temporary directory.
+func buildSwitchyard(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "switchyard")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// startReplicas starts n router processes forming one automanaged cluster in front of the
+// engines (session_aware, every engine a plain worker), and waits until every replica is
+// ready and sees n members. Every process is killed when the test ends.
+func startReplicas(t *testing.T, bin string, n int, engines []*mockengine.Engine) []*replica {
+	t.Helper()
+	ports := reservePorts(t, 3*n) // HTTP, provider
+	var members []string
+	for i := range n {
+		members = append(members, fmt.Sprintf("127.0.0.1:%d", ports[n+i]))
+	}
+	var workers, ids strings.Builder
+	for _, e := range engines {
+		fmt.Fprintf(&workers, "  - {id: %s, url: %q, model: %s, role: plain, dp_size: 1}\n", e.WorkerID(), e.URL(), affModel)
+		fmt.Fprintf(&ids, "%s, ", e.WorkerID())
+	}
+	rs := make([]*replica, n)
+	for i := range n {
+		cfg := fmt.Sprintf(`server: {host: 127.0.0.1, port: %d, drain_timeout: 10s}
+workers:
+%smodels:
+  %s:
+    buckets:
+      - id: all
+        groups: {plain: {worker_ids: [%s], policy: {type: session_aware}}}
+health: {interval: 1h}
+log: {level: info}
+cluster:
+  enabled: true
+  name: e2e
+  listen: 127.0.0.1:0
+  provider: automanaged
+  provider_port: %d
+  members: [%s]
+  partitions: 32
+  refresh_interval: 200ms
+  gossip_interval: 50ms
+  request_timeout: 500ms
+  handoff_timeout: 20s
+`, ports[i], workers.String(), affModel, strings.TrimSuffix(ids.String(), ", "), ports[n+i], strings.Join(members, ", "))
+		path := filepath.Join(t.TempDir(), "switchyard.yaml")
+		if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		r := &replica{base: fmt.Sprintf("http://127.0.0.1:%d", ports[i]), stderr: new(bytes.Buffer), done: make(chan error, 1)}
+		r.cmd = exec.Command(bin, "serve", "--config", path)
+		r.cmd.Stdout = io.Discard
+		r.cmd.Stderr = &syncWriter{w: r.stderr}
+		if err := r.cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		go func() { r.done <- r.cmd.Wait() }()
+		rs[i] = r
+	}
+	t.Cleanup(func() {
+		for i, r := range rs {
+			if r.cmd.ProcessState == nil {
+				_ = r.cmd.Process.Kill()
+				<-r.done
+			}
+			if t.Failed() {
+				t.Logf("replica %d stderr (tail):\n%s", i, tail(r.stderr.String(), 3000))
+			}
+		}
+	})
+	for i, r := range rs {
+		waitUntil(t, fmt.Sprintf("replica %d sees %d members", i, n), func() bool {
+			return metricOf(r.base, "switchyard_cluster_members") == float64(n)
+		})
+	}
+	return rs
+}
+
+// syncWriter serializes writes to w (the process's stderr copier and the test's reads).
+type syncWriter struct {
+	mu sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+// metricOf reads one series from base's /metrics, or -1.
+func metricOf(base, series string) float64 {
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(raw), "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			var f float64
+			if _, err := fmt.Sscan(v, &f); err == nil {
+				return f
+			}
+		}
+	}
+	return -1
+}
+
+// waitUntil polls cond (it reads other processes' state over HTTP) until it holds, for at
+// most clusterWait.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(clusterWait)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, clusterWait)
+		}
+		pause(20 * time.Millisecond)
+	}
+}
+
+// TestClusterReplicasShareSessions runs three router processes as one cluster: turns of
+// each session sent to random replicas all land on the session's engine; a replica stopped
+// with SIGTERM hands its bindings over (no session moves, no client error); after a SIGKILL
+// of another, the survivor serves every session again.
+func TestClusterReplicasShareSessions(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and runs three processes")
+	}
+	bin := buildSwitchyard(t)
+	engines := []*mockengine.Engine{affEngine(t, "E0"), affEngine(t, "E1"), affEngine(t, "E2"), affEngine(t, "E3")}
+	rs := startReplicas(t, bin, 3, engines)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*clusterWait)
+	defer cancel()
+	rng := rand.New(rand.NewPCG(7, 7))
+	const sessions = 24
+	engineOf := map[string]string{}
+	history := map[string][]affMessage{}
+	// turn sends one turn of session s to replica r and checks it lands on its engine.
+	turn := func(s string, r *replica) (moved bool) {
+		t.Helper()
+		history[s] = append(history[s], userTurn(len(history[s])))
+		rep := affChat(ctx, t, r.base, s, history[s])
+		history[s] = append(history[s], affMessage{Role: "assistant", Content: rep.content})
+		if prev, ok := engineOf[s]; ok && prev != rep.worker {
+			engineOf[s] = rep.worker
+			return true
+		}
+		engineOf[s] = rep.worker
+		return false
+	}
+	live := rs
+	for range 3 {
+		for k := range sessions {
+			if turn(fmt.Sprintf("s%d", k), live[rng.IntN(len(live))]) {
+				t.Fatalf("session s%d moved to another engine with every replica up", k)
+			}
+		}
+	}
+
+	// Graceful stop: SIGTERM, then traffic to the two others only. No binding is lost.
+	if err := rs[2].cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-rs[2].done:
+		if err != nil {
+			t.Fatalf("replica 2 exited with %v after SIGTERM", err)
+		}
+	case <-time.After(clusterWait):
+		t.Fatal("replica 2 did not stop after SIGTERM")
+	}
+	if !strings.Contains(rs[2].stderr.String(), "bindings handed off") {
+		t.Fatalf("replica 2 did not report its hand-off:\n%s", tail(rs[2].stderr.String(), 2000))
+	}
+	live = rs[:2]
+	for range 2 {
+		for k := range sessions {
+			if turn(fmt.Sprintf("s%d", k), live[rng.IntN(len(live))]) {
+				t.Fatalf("session s%d lost its binding after a graceful stop", k)
+			}
+		}
+	}
+
+	// Crash: SIGKILL replica 1; once replica 0 sees it gone, every session is served again.
+	if err := rs[1].cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-rs[1].done
+	waitUntil(t, "replica 0 sees the crash", func() bool { return metricOf(rs[0].base, "switchyard_cluster_members") == 1 })
+	moved := 0
+	for k := range sessions {
+		if turn(fmt.Sprintf("s%d", k), rs[0]) {
+			moved++
+		}
+	}
+	t.Logf("after the crash of one replica of 3 (then 2): %d of %d sessions moved engine", moved, sessions)
+	for k := range sessions {
+		if turn(fmt.Sprintf("s%d", k), rs[0]) {
+			t.Fatalf("session s%d moved again after its binding was re-created", k)
+		}
+	}
+}
