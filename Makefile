@@ -27,7 +27,7 @@ build: ## build bin/switchyard (version-stamped)
 # Programs some tests run for real (command → Debian package). `make testdeps` installs the
 # missing ones with apt-get where it can (root, Debian); a test whose program is missing fails
 # under CI=true and says loudly what it skipped otherwise.
-TEST_PROGRAMS ?= promtool:prometheus nginx:nginx
+TEST_PROGRAMS ?= promtool:prometheus nginx:nginx etcd:etcd-server
 
 .PHONY: testdeps
 testdeps: ## install the programs some tests run (Debian packages, where possible)
@@ -50,7 +50,7 @@ test: testdeps testdata-tokenizers testdata-openai docs-check ## run every test 
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 	$(GO) test -race -count=1 -tags purego $(PUREGO_PKGS)
 
-test-short: testdata-tokenizers testdata-openai ## run the tests without the race detector
+test-short: testdeps testdata-tokenizers testdata-openai ## run the tests without the race detector
 	$(GO) test -count=1 $(PKGS)
 
 bench: testdata-tokenizers ## run the Go benchmarks (BENCH=regexp, BENCHTIME=1s)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"net"
 	"slices"
@@ -21,6 +20,7 @@ import (
 	"github.com/asynkron/protoactor-go/cluster/identitylookup/disthash"
 	"github.com/asynkron/protoactor-go/remote"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"switchyard/actors/clusterpb"
 	"switchyard/config"
@@ -297,7 +297,10 @@ func (c *Cluster) provider() (cluster.ClusterProvider, error) {
 	case config.ClusterProviderAutomanaged, "":
 		return automanaged.NewWithConfig(c.cfg.RefreshInterval, c.cfg.ProviderPort, c.cfg.Members...), nil
 	case config.ClusterProviderEtcd:
-		p, err := etcd.NewWithConfig(c.cfg.EtcdPrefix, clientv3.Config{Endpoints: c.cfg.EtcdEndpoints, DialTimeout: 5 * time.Second})
+		// The provider never reads its lease keep-alive channel, so the client would warn
+		// about it every second: its own logger is silenced (failures surface as errors).
+		p, err := etcd.NewWithConfig(c.cfg.EtcdPrefix, clientv3.Config{Endpoints: c.cfg.EtcdEndpoints, DialTimeout: 5 * time.Second,
+			Logger: zap.NewNop()})
 		if err != nil {
 			return nil, fmt.Errorf("cannot start cluster: etcd: %w", err)
 		}
@@ -425,9 +428,13 @@ func (c *Cluster) refreshPlacement() {
 // partitionOf returns key's partition: FNV-1a of the key, so that every scope of one session
 // (prefill and decode, every bucket) lives in one grain.
 func (c *Cluster) partitionOf(key string) int {
-	h := fnv.New64a()
-	_, _ = h.Write([]byte(key))
-	return int(h.Sum64() % uint64(len(c.identities)))
+	const offset, prime = 14695981039346656037, 1099511628211 // FNV-1a, 64 bits
+	h := uint64(offset)
+	for i := 0; i < len(key); i++ {
+		h ^= uint64(key[i])
+		h *= prime
+	}
+	return int(h % uint64(len(c.identities)))
 }
 
 // pidOf returns partition p's grain PID under pl, activating it through its owner's

@@ -24,13 +24,7 @@ func (c *Cluster) Lookup(scope engine.AffinityScope, key string, now time.Time) 
 	if now.IsZero() {
 		now = c.opts.Affinity.Now()
 	}
-	p := c.partitionOf(key)
-	r, err := c.request(p, scope, func(ac *affinityCall) affinityCommand {
-		ac.lookup = LookupBinding{Key: key, Now: now, call: ac}
-		return &ac.lookup
-	}, func(ac *affinityCall) (string, bool, error) {
-		return ac.lookupRes.WorkerID, false, ac.lookupRes.Err
-	}, &clusterpb.LookupBinding{Scope: pbScope(scope), Key: key, NowUnixNano: now.UnixNano()})
+	r, err := c.request(scope, bindingOp{key: key, now: now})
 	return r.worker, err
 }
 
@@ -40,14 +34,15 @@ func (c *Cluster) Bind(scope engine.AffinityScope, key, expect, workerID string,
 	if now.IsZero() {
 		now = c.opts.Affinity.Now()
 	}
-	p := c.partitionOf(key)
-	r, err := c.request(p, scope, func(ac *affinityCall) affinityCommand {
-		ac.bind = Bind{Key: key, Expect: expect, WorkerID: workerID, Now: now, call: ac}
-		return &ac.bind
-	}, func(ac *affinityCall) (string, bool, error) {
-		return ac.bindRes.WorkerID, ac.bindRes.Set, ac.bindRes.Err
-	}, &clusterpb.Bind{Scope: pbScope(scope), Key: key, Expect: expect, WorkerId: workerID, NowUnixNano: now.UnixNano()})
+	r, err := c.request(scope, bindingOp{bind: true, key: key, expect: expect, worker: workerID, now: now})
 	return r.worker, r.set, err
+}
+
+// bindingOp is a lookup, or a bind when bind is set.
+type bindingOp struct {
+	bind                bool
+	key, expect, worker string
+	now                 time.Time
 }
 
 type bindingAnswer struct {
@@ -55,75 +50,55 @@ type bindingAnswer struct {
 	set    bool
 }
 
-// request runs one binding command on partition p: in process with a pooled call when this
-// replica owns p (fast path), else as one remote request. A failed owner is suspected and
-// the command retried once on the next owner, within the same deadline.
-func (c *Cluster) request(p int, scope engine.AffinityScope, local func(*affinityCall) affinityCommand,
-	result func(*affinityCall) (string, bool, error), msg any) (bindingAnswer, error) {
+// request runs one binding command on the key's partition: in process with a pooled call
+// when this replica owns it (fast path: no allocation), else as one remote request. A
+// failed owner is suspected and the command retried once on the next owner, within the
+// same deadline.
+func (c *Cluster) request(scope engine.AffinityScope, op bindingOp) (bindingAnswer, error) {
 	if c.closed.Load() {
 		return bindingAnswer{}, &engine.PickError{Outcome: engine.OutcomeInternal, Stage: scope.Stage, BucketID: scope.BucketID,
 			Detail: "cluster is shut down", Err: ErrAffinityClosed}
 	}
-	deadline := time.Now().Add(c.timeout)
+	p := c.partitionOf(op.key)
+	var deadline time.Time
 	var lastErr error
-	for range 2 {
+	for attempt := range 2 {
+		pl := c.placement.Load()
+		if pid := pl.pids[p].Load(); attempt == 0 && pid != nil && pid.Address == pl.self {
+			// Fast path: this replica owns the partition and its grain is known.
+			a, err, again := c.requestLocal(pl, p, pid, scope, op)
+			if !again {
+				return a, err
+			}
+			lastErr = err
+			continue
+		}
+		// Slow path: first use under this placement, or another owner.
+		if deadline.IsZero() {
+			deadline = time.Now().Add(c.timeout)
+		}
 		left := time.Until(deadline)
 		if left <= 0 {
 			break
 		}
-		pl := c.placement.Load()
 		pid, err := c.pidOf(pl, p, left)
 		if err != nil {
 			lastErr = err
 			continue
 		}
 		if pid.Address == pl.self {
-			// Fast path: this replica owns the partition; a pooled call, no serialization.
-			c.lookups.Inc()
-			ac := c.calls.Get().(*affinityCall)
-			ac.scope = scope
-			cmd := local(ac)
-			ac.arm(c.opts.Affinity.CallTimeout)
-			c.sys.root.Send(pid, cmd)
-			if _, ok := ac.wait(); !ok {
-				return bindingAnswer{}, &engine.PickError{Outcome: engine.OutcomeTimeout, Stage: scope.Stage, BucketID: scope.BucketID,
-					Detail: "affinity partition " + strconv.Itoa(p) + " did not reply within " + c.opts.Affinity.CallTimeout.String()}
-			}
-			w, set, err := result(ac)
-			ac.reset()
-			c.calls.Put(ac)
-			if errors.Is(err, ErrStopped) {
-				// The grain stopped (it moved): ask again under the next placement.
-				pl.pids[p].Store(nil)
-				lastErr = err
-				continue
-			}
-			return bindingAnswer{w, set}, err
-		}
-		// Slow path: one remote round trip.
-		c.remote.Inc()
-		start := time.Now()
-		res, err := c.sys.root.RequestFuture(pid, msg, time.Until(deadline)).Result()
-		c.remoteLatency.UpdateDuration(start)
-		if err != nil {
-			c.remoteFailed.Inc()
-			pl.pids[p].CompareAndSwap(pid, nil)
-			if !errors.Is(err, actor.ErrDeadLetter) {
-				c.suspect(pid.Address)
+			a, err, again := c.requestLocal(pl, p, pid, scope, op)
+			if !again {
+				return a, err
 			}
 			lastErr = err
 			continue
 		}
-		br, ok := res.(*clusterpb.BindingResult)
-		if !ok {
-			lastErr = fmt.Errorf("unexpected reply %T", res)
-			continue
+		a, err := c.requestRemote(pl, p, pid, scope, op, deadline)
+		if err == nil || !errors.Is(err, ErrClusterUnavailable) {
+			return a, err
 		}
-		if br.Outcome != 0 {
-			return bindingAnswer{}, &engine.PickError{Outcome: engine.Outcome(br.Outcome), Stage: scope.Stage, BucketID: scope.BucketID,
-				Detail: br.Detail}
-		}
-		return bindingAnswer{br.WorkerId, br.Set}, nil
+		lastErr = err
 	}
 	out := engine.OutcomeTimeout
 	if lastErr != nil && !errors.Is(lastErr, actor.ErrTimeout) && !errors.Is(lastErr, context.DeadlineExceeded) {
@@ -131,6 +106,74 @@ func (c *Cluster) request(p int, scope engine.AffinityScope, local func(*affinit
 	}
 	return bindingAnswer{}, &engine.PickError{Outcome: out, Stage: scope.Stage, BucketID: scope.BucketID,
 		Detail: "cannot reach affinity partition " + strconv.Itoa(p), Err: errors.Join(ErrClusterUnavailable, lastErr)}
+}
+
+// requestLocal runs op on this replica's grain of partition p with a pooled call; again
+// reports a grain that stopped meanwhile (it moved): the caller asks the next placement.
+func (c *Cluster) requestLocal(pl *placement, p int, pid *actor.PID, scope engine.AffinityScope, op bindingOp) (bindingAnswer, error, bool) {
+	c.lookups.Inc()
+	ac := c.calls.Get().(*affinityCall)
+	ac.scope = scope
+	var cmd affinityCommand
+	if op.bind {
+		ac.bind = Bind{Key: op.key, Expect: op.expect, WorkerID: op.worker, Now: op.now, call: ac}
+		cmd = &ac.bind
+	} else {
+		ac.lookup = LookupBinding{Key: op.key, Now: op.now, call: ac}
+		cmd = &ac.lookup
+	}
+	ac.arm(c.opts.Affinity.CallTimeout)
+	c.sys.root.Send(pid, cmd)
+	if _, ok := ac.wait(); !ok {
+		return bindingAnswer{}, &engine.PickError{Outcome: engine.OutcomeTimeout, Stage: scope.Stage, BucketID: scope.BucketID,
+			Detail: "affinity partition " + strconv.Itoa(p) + " did not reply within " + c.opts.Affinity.CallTimeout.String()}, false
+	}
+	var a bindingAnswer
+	var err error
+	if op.bind {
+		a, err = bindingAnswer{ac.bindRes.WorkerID, ac.bindRes.Set}, ac.bindRes.Err
+	} else {
+		a, err = bindingAnswer{worker: ac.lookupRes.WorkerID}, ac.lookupRes.Err
+	}
+	ac.reset()
+	c.calls.Put(ac)
+	if errors.Is(err, ErrStopped) {
+		pl.pids[p].CompareAndSwap(pid, nil)
+		return bindingAnswer{}, err, true
+	}
+	return a, err, false
+}
+
+// requestRemote runs op on another member's grain: one remote request until deadline. A
+// failure wraps ErrClusterUnavailable (the caller may retry on the next owner).
+func (c *Cluster) requestRemote(pl *placement, p int, pid *actor.PID, scope engine.AffinityScope, op bindingOp, deadline time.Time) (bindingAnswer, error) {
+	c.remote.Inc()
+	var msg any
+	if op.bind {
+		msg = &clusterpb.Bind{Scope: pbScope(scope), Key: op.key, Expect: op.expect, WorkerId: op.worker, NowUnixNano: op.now.UnixNano()}
+	} else {
+		msg = &clusterpb.LookupBinding{Scope: pbScope(scope), Key: op.key, NowUnixNano: op.now.UnixNano()}
+	}
+	start := time.Now()
+	res, err := c.sys.root.RequestFuture(pid, msg, time.Until(deadline)).Result()
+	c.remoteLatency.UpdateDuration(start)
+	if err != nil {
+		c.remoteFailed.Inc()
+		pl.pids[p].CompareAndSwap(pid, nil)
+		if !errors.Is(err, actor.ErrDeadLetter) {
+			c.suspect(pid.Address)
+		}
+		return bindingAnswer{}, fmt.Errorf("partition %d on %s: %w: %w", p, pid.Address, ErrClusterUnavailable, err)
+	}
+	br, ok := res.(*clusterpb.BindingResult)
+	if !ok {
+		return bindingAnswer{}, fmt.Errorf("partition %d on %s: unexpected reply %T: %w", p, pid.Address, res, ErrClusterUnavailable)
+	}
+	if br.Outcome != 0 {
+		return bindingAnswer{}, &engine.PickError{Outcome: engine.Outcome(br.Outcome), Stage: scope.Stage, BucketID: scope.BucketID,
+			Detail: br.Detail}
+	}
+	return bindingAnswer{br.WorkerId, br.Set}, nil
 }
 
 // InvalidateWorker drops every binding to workerID in the partitions this replica owns and

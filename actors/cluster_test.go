@@ -68,7 +68,7 @@ func testClusterConfig(ports []int, i int) config.Cluster {
 
 // startMembers starts n members of one automanaged cluster concurrently and waits until
 // each sees all of them. Every member is closed when the test ends.
-func startMembers(t *testing.T, n int, workers ...string) []*testMember {
+func startMembers(t testing.TB, n int, workers ...string) []*testMember {
 	t.Helper()
 	ports := freePorts(t, n)
 	ms := make([]*testMember, n)
@@ -135,7 +135,7 @@ func (m *testMember) close() {
 
 // waitFor waits until cond holds, re-checking it on every topology or gossip event the
 // member sees (and at least every 50ms, as some conditions follow a provider's poll).
-func (m *testMember) waitFor(t *testing.T, what string, cond func() bool) {
+func (m *testMember) waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.NewTimer(clusterWait)
 	defer deadline.Stop()

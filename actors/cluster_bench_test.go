@@ -1,0 +1,60 @@
+package actors
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+)
+
+// BenchmarkClusterLookup measures a binding lookup through the cluster store of a
+// two-member cluster on loopback, for keys whose partition this member owns (in process)
+// and keys the other member owns (one remote round trip), beside the local store
+// (AffinityStore, the single-router baseline). p99-µs is the 99th percentile of one lookup.
+func BenchmarkClusterLookup(b *testing.B) {
+	ms := startMembers(b, 2)
+	now := time.Now()
+	pl := ms[0].cl.placement.Load()
+	var local, remote []string
+	for k := 0; len(local) < 64 || len(remote) < 64; k++ {
+		key := fmt.Sprintf("bench-%d", k)
+		if pl.owners[ms[0].cl.partitionOf(key)] == pl.self {
+			local = append(local, key)
+		} else {
+			remote = append(remote, key)
+		}
+		if _, _, err := ms[0].cl.Bind(clusterScope, key, "", "W1", now); err != nil {
+			b.Fatal(err)
+		}
+	}
+	store, _, _ := newAffStore(b, AffinityOptions{})
+	for _, key := range local {
+		if _, _, err := store.Bind(clusterScope, key, "", "W1", now); err != nil {
+			b.Fatal(err)
+		}
+	}
+	run := func(b *testing.B, lookup func(key string) (string, error), keys []string) {
+		lat := make([]time.Duration, 0, b.N)
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := range b.N {
+			start := time.Now()
+			if w, err := lookup(keys[i%len(keys)]); err != nil || w != "W1" {
+				b.Fatalf("lookup = %q, %v", w, err)
+			}
+			lat = append(lat, time.Since(start))
+		}
+		b.StopTimer()
+		slices.Sort(lat)
+		b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds())/1e3, "p99-µs")
+	}
+	b.Run("local-store", func(b *testing.B) {
+		run(b, func(k string) (string, error) { return store.Lookup(clusterScope, k, now) }, local)
+	})
+	b.Run("cluster/owner-local", func(b *testing.B) {
+		run(b, func(k string) (string, error) { return ms[0].cl.Lookup(clusterScope, k, now) }, local)
+	})
+	b.Run("cluster/owner-remote", func(b *testing.B) {
+		run(b, func(k string) (string, error) { return ms[0].cl.Lookup(clusterScope, k, now) }, remote)
+	})
+}
