@@ -25,6 +25,7 @@ import (
 	"switchyard/actors/clusterpb"
 	"switchyard/config"
 	"switchyard/engine"
+	"switchyard/load/series"
 )
 
 // partitionKind is the cluster kind of the affinity partition grains.
@@ -174,18 +175,19 @@ func NewCluster(sys *System, cfg config.Cluster, opts ClusterOptions) (cl *Clust
 	if opts.Metrics == nil {
 		opts.Metrics = sys.set
 	}
-	ao := opts.Affinity
+	// A zero affinity option takes config.Default's value, as in NewAffinityStore.
+	ao, d := opts.Affinity, config.Default()
 	if ao.IdleTimeout <= 0 {
-		ao.IdleTimeout = DefaultAffinityIdleTimeout
+		ao.IdleTimeout = d.Affinity.IdleTimeout
 	}
 	if ao.MaxBindings <= 0 {
-		ao.MaxBindings = DefaultAffinityMaxBindings
+		ao.MaxBindings = d.Affinity.MaxBindings
 	}
 	if ao.Mailbox <= 0 {
-		ao.Mailbox = DefaultAffinityMailbox
+		ao.Mailbox = d.Actors.Mailbox.Affinity
 	}
 	if ao.CallTimeout <= 0 {
-		ao.CallTimeout = DefaultAffinityCallTimeout
+		ao.CallTimeout = d.Actors.PickTimeout / 4
 	}
 	if ao.Now == nil {
 		ao.Now = time.Now
@@ -211,7 +213,7 @@ func NewCluster(sys *System, cfg config.Cluster, opts ClusterOptions) (cl *Clust
 	if c.timeout <= 0 {
 		c.timeout = ao.CallTimeout
 	}
-	c.stats.init(c.set, &c.names)
+	c.stats.init(c.set)
 	c.identities = make([]string, cfg.Partitions)
 	for i := range c.identities {
 		c.identities[i] = strconv.Itoa(i)
@@ -609,46 +611,31 @@ func (c *Cluster) Close() {
 	}()
 	c.host.shutdown()
 	c.unregister()
-	c.stats.unregister(c.set)
+	c.stats.unregister()
 }
 
 // statsByScope are the per-scope binding series shared by every partition grain of this
 // replica.
 type statsByScope struct {
-	mu     sync.Mutex
-	m      map[engine.AffinityScope]*scopeStats
-	names  *[]string
-	series []string
+	mu sync.Mutex
+	m  map[engine.AffinityScope]*scopeStats
+	o  *series.Owned
 }
 
-func (s *statsByScope) init(_ *metrics.Set, names *[]string) {
+func (s *statsByScope) init(set *metrics.Set) {
 	s.m = map[engine.AffinityScope]*scopeStats{}
-	s.names = names
+	s.o = series.Own(set)
 }
 
-func (s *statsByScope) of(set *metrics.Set, scope engine.AffinityScope) *scopeStats {
+func (s *statsByScope) of(scope engine.AffinityScope) *scopeStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if st := s.m[scope]; st != nil {
 		return st
 	}
-	labels := `model="` + labelValue(scope.Model) + `",bucket="` + labelValue(scope.BucketID) + `",stage="` + scope.Stage.String() + `"`
-	st := newScopeStats(labels, func(name string) *metrics.Counter {
-		s.series = append(s.series, name)
-		return set.GetOrCreateCounter(name)
-	}, func(name string, f func() float64) {
-		s.series = append(s.series, name)
-		set.GetOrCreateGauge(name, f)
-	})
+	st := newScopeStats(s.o, "model", scope.Model, "bucket", scope.BucketID, "stage", scope.Stage.String())
 	s.m[scope] = st
 	return st
 }
 
-func (s *statsByScope) unregister(set *metrics.Set) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, n := range s.series {
-		set.UnregisterMetric(n)
-	}
-	s.series = nil
-}
+func (s *statsByScope) unregister() { s.o.Unregister() }

@@ -278,7 +278,7 @@ func newPartitionActor(c *Cluster, mb *mailbox) *partitionActor {
 func (a *partitionActor) table(scope engine.AffinityScope) *bindingTable {
 	t := a.tables[scope]
 	if t == nil {
-		t = newBindingTable(a.c.idle, a.c.perPart, a.c.stats.of(a.c.set, scope))
+		t = newBindingTable(a.c.idle, a.c.perPart, a.c.stats.of(scope))
 		a.tables[scope] = t
 	}
 	return t
