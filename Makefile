@@ -49,6 +49,7 @@ PUREGO_PKGS ?= ./kv/...
 test: testdeps testdata-tokenizers testdata-openai docs-check ## run every test with the race detector (after docs-check; PUREGO_PKGS again with -tags purego)
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 	$(GO) test -race -count=1 -tags purego $(PUREGO_PKGS)
+	$(GO) test -count=1 -timeout 10m -run 'Cluster' ./actors  # without -race: see actors/cluster_test.go
 
 test-short: testdeps testdata-tokenizers testdata-openai ## run the tests without the race detector
 	$(GO) test -count=1 $(PKGS)
