@@ -18,8 +18,18 @@
 //     LoadReported events; it rebuilds the load.Table snapshot at most once per publish
 //     interval when something changed, and at least once per refresh interval.
 //     Telemetry.Status says which source each worker's load comes from.
-//   - The bounded mailbox every actor here uses, and the per-kind Counters of mailbox
-//     rejections and recovered panics.
+//   - System: the process's one Proto.Actor system. Every component above runs on it (a
+//     component built without one makes a private System), with the one bounded mailbox
+//     implementation (plugged in through Proto.Actor's mailbox hook) and one Counters of
+//     mailbox rejections and recovered panics per Kind, registered as
+//     switchyard_actor_mailbox_rejections_total{kind} and switchyard_actor_panics_total{kind}.
+//     SystemOptions.Observe is the test seam that runs before each command.
+//   - call: the one request/reply type (reply channel with the deadline answering on it,
+//     abandoned flag), embedded in the pooled command structs of every component.
+//   - Cluster (cluster.enabled): remote and cluster on the System, the affinity partition
+//     grains (an engine.AffinityStore shared by every replica), binding hand-off on a
+//     graceful leave, and the gossip of per-worker counters and worker changes. Its
+//     messages are protobuf (package clusterpb), Proto.Actor remote's wire format.
 //
 // # Concurrency model
 //
