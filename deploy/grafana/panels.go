@@ -145,19 +145,11 @@ var Switchyard = Dashboard{
 				Description: "Engines refused by an admission cap, by the cap; the request moves on to the next bucket.",
 				Queries:     []Query{{Expr: sumRate("limit", "switchyard_admission_rejections_total", inst), Legend: "{{limit}}"}}},
 			{Title: "Mailbox rejections", Unit: "ops", Stack: true,
-				Description: "Messages refused by a full actor mailbox. A bucket, group or affinity refusal answers the request 429 overloaded (raise actors.mailbox.* if this is not a burst you want to shed); telemetry drops a load report; a KV index shard drops events.",
-				Queries: []Query{
-					{Expr: sumRate("kind", "switchyard_actor_mailbox_rejections_total", inst), Legend: "{{kind}}"},
-					{Expr: sumRate("", "switchyard_affinity_mailbox_rejections_total", inst), Legend: "affinity"},
-					{Expr: sumRate("", "switchyard_kv_shard_mailbox_rejections_total", inst), Legend: "kv index shard"},
-				}},
+				Description: "Messages refused by a full actor mailbox. A bucket, group or affinity refusal answers the request 429 overloaded (raise actors.mailbox.* if this is not a burst you want to shed); telemetry drops a load report; a KV index shard (index_shard) drops events; affinity_partition is a cluster replica's binding partitions.",
+				Queries:     []Query{{Expr: sumRate("kind", "switchyard_actor_mailbox_rejections_total", inst), Legend: "{{kind}}"}}},
 			{Title: "Actor panics", Unit: "ops",
 				Description: "Actors restarted after a panic (the request that hit one got a 500). Should stay at zero.",
-				Queries: []Query{
-					{Expr: sumRate("kind", "switchyard_actor_panics_total", inst), Legend: "{{kind}}"},
-					{Expr: sumRate("", "switchyard_affinity_panics_total", inst), Legend: "affinity"},
-					{Expr: sumRate("", "switchyard_kv_shard_panics_total", inst), Legend: "kv index shard"},
-				}},
+				Queries:     []Query{{Expr: sumRate("kind", "switchyard_actor_panics_total", inst), Legend: "{{kind}}"}}},
 		}},
 		{Title: "Engines", Panels: []Panel{
 			{Title: "Healthy engines by model and role", Unit: "short", Width: 12,
