@@ -48,13 +48,16 @@ type CacheState struct {
 	evictEvery time.Duration
 	manager    *kv.Manager
 	timeout    time.Duration
-	prepare    map[string]bool // models with a cache_aware group
+	prepare    map[string]bool // models whose requests need a prefix lookup (cacheModels)
 }
 
-// NeedsCache reports whether any group's effective policy is cache_aware.
+// NeedsCache reports whether any group's effective policy is cache_aware, or session_aware
+// or sticky with affinity.prefix_rebind.
 func NeedsCache(cfg *config.Config) bool { return len(cacheModels(cfg)) > 0 }
 
-// cacheModels returns the models with at least one cache_aware group.
+// cacheModels returns the models whose requests need a prefix lookup: at least one
+// cache_aware group, or (with affinity.prefix_rebind) a session_aware or sticky group on
+// plain or prefill engines.
 func cacheModels(cfg *config.Config) map[string]bool {
 	type roleGroup struct {
 		role config.Role
@@ -71,8 +74,13 @@ func cacheModels(cfg *config.Config) map[string]bool {
 				groups = append(groups, roleGroup{config.RolePrefill, b.Groups.PD.Prefill})
 			}
 			for _, g := range groups {
-				if cfg.EffectivePolicy(name, g.role, g.g).Type == config.PolicyCacheAware {
+				switch cfg.EffectivePolicy(name, g.role, g.g).Type {
+				case config.PolicyCacheAware:
 					out[name] = true
+				case config.PolicySessionAware, config.PolicySticky:
+					if cfg.Affinity.PrefixRebind {
+						out[name] = true // a lost binding returns to the prefix holder
+					}
 				}
 			}
 		}
@@ -140,7 +148,7 @@ func NewCacheState(cfg *config.Config, opts CacheOptions) (*CacheState, error) {
 	cs.manager = m
 	for _, w := range cfg.Workers {
 		if !cs.prepare[w.Model] {
-			continue // no cache_aware group reads this worker's blocks
+			continue // no group reads this worker's blocks
 		}
 		if err := m.AddWorker(WorkerSpecFrom(w)); err != nil {
 			_ = x.Close()
@@ -200,7 +208,7 @@ func (c *CacheState) Record(memo *kv.PrefixMemo, worker string) {
 func (c *CacheState) Manager() *kv.Manager { return c.manager }
 
 // NeedsPrefix reports whether requests for model need a prefix lookup (one of its groups
-// runs cache_aware).
+// runs cache_aware, or an affinity policy with affinity.prefix_rebind).
 func (c *CacheState) NeedsPrefix(model string) bool { return c.prepare[model] }
 
 // Prepare makes the request's one prefix lookup, in the request goroutine before any pick

@@ -372,6 +372,24 @@ func TestNeedsCache(t *testing.T) {
 	if !got["pd"] || got["plain"] || !NeedsCache(cfg) {
 		t.Fatalf("cache models %v", got)
 	}
+
+	// With affinity.prefix_rebind, a session_aware or sticky group on plain or prefill
+	// engines needs the index too; one on decode engines only does not.
+	sa, st := config.Policy{Type: config.PolicySessionAware}, config.Policy{Type: config.PolicySticky}
+	cfg.Models = map[string]config.Model{
+		"session": {Buckets: []config.Bucket{{ID: "b", Groups: config.Groups{Plain: &config.Group{Policy: &sa}}}}},
+		"sticky": {Policies: config.StagePolicies{Prefill: &st}, Buckets: []config.Bucket{{ID: "b",
+			Groups: config.Groups{PD: &config.PDGroups{Prefill: &config.Group{}, Decode: &config.Group{}}}}}},
+		"decode": {Policies: config.StagePolicies{Decode: &sa}, Buckets: []config.Bucket{{ID: "b",
+			Groups: config.Groups{PD: &config.PDGroups{Prefill: &config.Group{}, Decode: &config.Group{}}}}}},
+	}
+	if NeedsCache(cfg) {
+		t.Fatalf("affinity groups need no index without prefix_rebind: %v", cacheModels(cfg))
+	}
+	cfg.Affinity.PrefixRebind = true
+	if got := cacheModels(cfg); !got["session"] || !got["sticky"] || got["decode"] {
+		t.Fatalf("cache models with prefix_rebind %v", got)
+	}
 }
 
 // TestTwoRoutersShareAnIndexer: an indexer (kv.IndexerHandler over its own subscriptions)

@@ -422,6 +422,12 @@ type Affinity struct {
 	SweepInterval time.Duration `koanf:"sweep_interval" json:"sweep_interval"`
 	// MaxBindings bounds the bindings per scope; LRU beyond. Default 100,000.
 	MaxBindings int `koanf:"max_bindings" json:"max_bindings" unit:"bindings per scope"`
+	// PrefixRebind binds a session or routing key that has no live binding (new, expired,
+	// evicted, or lost with a crashed cluster replica's partition) to the engine holding the
+	// longest cached prefix of the request, at least cache_aware.min_matched_tokens, within
+	// admission, before the policy's fallback chooses. It builds the KV-event prefix index
+	// for models with a session_aware or sticky group (plain or prefill). Default false.
+	PrefixRebind bool `koanf:"prefix_rebind" json:"prefix_rebind"`
 }
 
 // CacheAware tunes the cache_aware policy.

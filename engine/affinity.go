@@ -1,12 +1,14 @@
 package engine
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"errors"
 	"slices"
 	"strings"
 	"time"
 
+	"switchyard/kv"
 	"switchyard/load"
 )
 
@@ -64,6 +66,10 @@ const (
 	ReasonHit = "hit"
 	// ReasonRemap: the routing key's engine left the candidates; it was pinned to a new one.
 	ReasonRemap = "remap"
+	// ReasonPrefixHolder: the key had no live binding (new, expired, or lost with a crashed
+	// cluster replica's partition); it was bound to the candidate holding the request's
+	// longest cached prefix rather than the fallback's choice (affinity.prefix_rebind).
+	ReasonPrefixHolder = "prefix_holder"
 )
 
 // MaxAffinityKeyBytes is the longest session or routing key stored as is. A longer key (a
@@ -106,6 +112,33 @@ type affinity struct {
 	loads     LoadReader
 	fallback  Policy
 	reasons   affinityReasons
+
+	// prefixSource, when set, makes a key without a live binding prefer the prefix holder
+	// (PreferPrefixHolders); holders is its scratch (one goroutine owns the policy).
+	prefixOn     bool
+	prefixSource kv.CacheSource
+	prefixMin    int64
+	holders      []prefixHolder
+}
+
+// prefixHolder is a candidate holding part of the request's prompt in its cache.
+type prefixHolder struct {
+	w       *Worker
+	matched int64
+}
+
+// PreferPrefixHolders makes a key that has no live binding in scope (a new key, an expired
+// or evicted binding, or one lost with a crashed cluster replica's partition) bind to the
+// candidate holding the longest cached prefix of the request, at least minMatchedTokens,
+// that passes this policy's admission (reason prefix_holder), before asking the fallback.
+// The matches come from the request's prefix memo (req.Prefix) resolved against source
+// (the process's cache source; nil reads req.Prefix as it is);
+// without a memo, or when no candidate holds enough, the fallback chooses as before. A
+// session whose binding is lost therefore returns to the engine that still caches its
+// conversation. Call it once, at construction.
+func (a *affinity) PreferPrefixHolders(source kv.CacheSource, minMatchedTokens int64) {
+	a.prefixOn, a.prefixSource = true, source
+	a.prefixMin = max(minMatchedTokens, 1)
 }
 
 // pick runs the affinity selection for key (possibly "") over the candidates c.
@@ -140,24 +173,32 @@ func (a *affinity) pick(c []*Worker, req *PickRequest, key string) (Pick, error)
 		return finish(a.admission, a.loads, w, req, a.reasons.reuse)
 	}
 
-	// Slow path: a new key, or a binding outside the candidates. The fallback chooses with
-	// default admission, then this policy checks its engine; a binding follows admission.
-	p, err := a.fallback.Pick(c, req)
-	if err != nil {
-		return Pick{}, err
-	}
-	w := candidateByID(c, workerID(p.Worker))
-	if w == nil || w != p.Worker {
-		return Pick{}, pickErr(OutcomeOutsideCandidates, req.Stage, req.BucketID,
-			"fallback "+a.fallback.Name()+" returned an engine outside its candidates")
-	}
-	if err := admit(a.admission, w, observeFor(a.admission, a.loads, w, req), req); err != nil {
-		return Pick{}, err
+	// Slow path: a new key, or a binding outside the candidates. The prefix holder (when
+	// configured) or else the fallback chooses with default admission, then this policy
+	// checks its engine; a binding follows admission.
+	w, fromPrefix := a.prefixHolder(c, req), true
+	if w == nil {
+		fromPrefix = false
+		p, err := a.fallback.Pick(c, req)
+		if err != nil {
+			return Pick{}, err
+		}
+		w = candidateByID(c, workerID(p.Worker))
+		if w == nil || w != p.Worker {
+			return Pick{}, pickErr(OutcomeOutsideCandidates, req.Stage, req.BucketID,
+				"fallback "+a.fallback.Name()+" returned an engine outside its candidates")
+		}
+		if err := admit(a.admission, w, observeFor(a.admission, a.loads, w, req), req); err != nil {
+			return Pick{}, err
+		}
 	}
 	expect := bound
 	for range maxBindAttempts {
 		reason := ReasonAssigned
-		if expect != "" {
+		switch {
+		case fromPrefix:
+			reason = ReasonPrefixHolder
+		case expect != "":
 			reason = a.reasons.rebound
 		}
 		got, set, err := a.store.Bind(scope, key, expect, w.ID, now)
@@ -182,6 +223,42 @@ func (a *affinity) pick(c []*Worker, req *PickRequest, key string) (Pick, error)
 	// Contention never settled. w is an admitted candidate: serve the request unbound rather
 	// than fail it; the next request of the key binds again.
 	return Pick{Worker: w, Reason: ReasonAssigned}, nil
+}
+
+// prefixHolder returns the admitted candidate holding the longest cached prefix of the
+// request (at least prefixMin tokens; ties to the lower ID), or nil: not configured, no
+// prefix lookup, none holds enough, or every holder fails admission. A rejected or
+// unavailable lookup is not an error here: the fallback chooses.
+func (a *affinity) prefixHolder(c []*Worker, req *PickRequest) *Worker {
+	if !a.prefixOn {
+		return nil
+	}
+	pm, _, err := prefixOf(req, a.prefixSource)
+	if pm == nil || err != nil {
+		return nil
+	}
+	hs := a.holders[:0]
+	for _, w := range c {
+		m := pm.MatchedTokens(w.ID)
+		if req.InputTokens > 0 {
+			m = min(m, req.InputTokens)
+		}
+		if m >= a.prefixMin {
+			hs = append(hs, prefixHolder{w: w, matched: m})
+		}
+	}
+	a.holders = hs
+	// Candidates come sorted by ID, so a stable sort on matched keeps the lower ID first.
+	slices.SortStableFunc(hs, func(x, y prefixHolder) int { return cmp.Compare(y.matched, x.matched) })
+	for i := range hs {
+		w := hs[i].w
+		if admit(a.admission, w, observeFor(a.admission, a.loads, w, req), req) == nil {
+			clear(a.holders)
+			return w
+		}
+	}
+	clear(a.holders)
+	return nil
 }
 
 // observeFor reads w's observation for adm, or nothing when there is no admission to feed.

@@ -284,6 +284,17 @@ func (p *CacheAware) snapshot() *load.Snapshot {
 // prefix returns the request's prefix matches for this policy's source, or why there are
 // none; err is a rejected query.
 func (p *CacheAware) prefix(req *PickRequest) (PrefixMatcher, missReason, error) {
+	pm, miss, err := prefixOf(req, p.source)
+	if miss == missUnavailable {
+		p.metrics.unavailable.Inc()
+	}
+	return pm, miss, err
+}
+
+// prefixOf returns the request's prefix matches from source (the one lookup the handler
+// prepared in req.Prefix, made here on first use when source is the local index), or why
+// there are none; err is a rejected query. Shared by cache_aware and the affinity policies.
+func prefixOf(req *PickRequest, source kv.CacheSource) (PrefixMatcher, missReason, error) {
 	if req.BucketRequest == nil || req.Prefix == nil {
 		return nil, missNoLookup, nil
 	}
@@ -292,14 +303,13 @@ func (p *CacheAware) prefix(req *PickRequest) (PrefixMatcher, missReason, error)
 	if isMemo && memo == nil {
 		return nil, missNoLookup, nil // a typed nil: no lookup was prepared
 	}
-	if isMemo && p.source != nil {
-		if r, ok := memo.Resolved(p.source); ok {
+	if isMemo && source != nil {
+		if r, ok := memo.Resolved(source); ok {
 			pm = r
-		} else if idx, ok := p.source.(*kv.Index); ok {
+		} else if idx, ok := source.(*kv.Index); ok {
 			// A local index answers on first use: CPU work on the index shards, no network.
 			pm = memo.Resolve(context.Background(), idx)
 		} else {
-			p.metrics.unavailable.Inc()
 			return nil, missUnavailable, nil
 		}
 	}
@@ -308,7 +318,6 @@ func (p *CacheAware) prefix(req *PickRequest) (PrefixMatcher, missReason, error)
 	case err != nil:
 		return nil, 0, err
 	case !ok && unavailable:
-		p.metrics.unavailable.Inc()
 		return nil, missUnavailable, nil
 	case !ok:
 		return nil, missNoLookup, nil

@@ -22,8 +22,9 @@ type Deps struct {
 	// Affinity is the shared session and routing-key binding store of session_aware and
 	// sticky. Nil makes those policies an InvalidConfiguration.
 	Affinity AffinityStore
-	// Cache is the prefix source of cache_aware: the local index (*kv.Index) or the remote
-	// indexer client (*kv.RemoteSource). Nil makes cache_aware an InvalidConfiguration.
+	// Cache is the prefix source of cache_aware, and of session_aware and sticky with
+	// affinity.prefix_rebind: the local index (*kv.Index) or the remote indexer client
+	// (*kv.RemoteSource). Nil makes cache_aware an InvalidConfiguration.
 	Cache kv.CacheSource
 	// Metrics receives the policies' metrics (cache_aware decisions). Nil keeps them private.
 	Metrics *metrics.Set
@@ -174,7 +175,9 @@ func (b *builder) affinityPolicy(pc config.Policy, adm EngineAdmission, stage St
 		return nil, fmt.Errorf("%s.type: policy %q needs an affinity store: %w", path, pc.Type, ErrInvalidConfiguration)
 	}
 	if pc.Type == PolicySessionAware {
-		return NewSessionAware(adm, b.deps.Loads, b.deps.Affinity, b.rng()), nil
+		p := NewSessionAware(adm, b.deps.Loads, b.deps.Affinity, b.rng())
+		b.preferPrefix(&p.affinity, stage)
+		return p, nil
 	}
 	fb := pc.Fallback
 	if fb == "" {
@@ -189,7 +192,17 @@ func (b *builder) affinityPolicy(pc config.Policy, adm EngineAdmission, stage St
 	if err != nil {
 		return nil, err
 	}
-	return NewSticky(adm, b.deps.Loads, b.deps.Affinity, fallback), nil
+	p := NewSticky(adm, b.deps.Loads, b.deps.Affinity, fallback)
+	b.preferPrefix(&p.affinity, stage)
+	return p, nil
+}
+
+// preferPrefix turns on affinity.prefix_rebind for an affinity policy of a plain or prefill
+// group when the process has a cache source (decode engines are not indexed).
+func (b *builder) preferPrefix(a *affinity, stage Stage) {
+	if b.cfg.Affinity.PrefixRebind && b.deps.Cache != nil && stage != StageDecode {
+		a.PreferPrefixHolders(b.deps.Cache, int64(b.cfg.CacheAware.MinMatchedTokens))
+	}
 }
 
 // cacheAware builds cache_aware from the configuration's cache_aware section; it is valid on

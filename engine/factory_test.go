@@ -1,11 +1,13 @@
 package engine
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"testing"
 
 	"switchyard/config"
+	"switchyard/kv"
 )
 
 const factoryYAML = `
@@ -116,5 +118,74 @@ func TestBuildResolversRejectsUnavailablePolicy(t *testing.T) {
 	_, err := BuildResolvers(cfg, Deps{})
 	if !errors.Is(err, ErrInvalidConfiguration) {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+// noCache is a prefix source that never answers (the factory only hands it on).
+type noCache struct{}
+
+func (noCache) Lookup(context.Context, string, []uint32, *kv.Lookup) error { return kv.ErrUnavailable }
+
+// TestBuildResolversPrefixRebind: affinity.prefix_rebind turns on the prefix-holder
+// preference of session_aware and sticky on plain and prefill groups when the process has
+// a cache source, never on decode groups.
+func TestBuildResolversPrefixRebind(t *testing.T) {
+	const y = `
+workers:
+  - {id: P1, url: "http://127.0.0.1:1", model: llama, role: prefill}
+  - {id: D1, url: "http://127.0.0.1:2", model: llama, role: decode}
+  - {id: Q1, url: "http://127.0.0.1:3", model: qwen}
+models:
+  llama:
+    buckets:
+      - id: pd
+        groups:
+          pd:
+            prefill: {policy: {type: sticky}}
+            decode: {policy: {type: session_aware}}
+  qwen:
+    buckets:
+      - id: only
+        groups:
+          plain: {policy: {type: session_aware}}
+`
+	cfg, err := config.Decode([]byte(y), config.FormatYAML)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefixOn := func(g *EngineGroup) bool {
+		switch p := g.Policy().(type) {
+		case *SessionAware:
+			return p.prefixOn
+		case *Sticky:
+			return p.prefixOn
+		}
+		t.Fatalf("policy %T", g.Policy())
+		return false
+	}
+	for _, tt := range []struct {
+		name                   string
+		rebind                 bool
+		cache                  kv.CacheSource
+		prefill, decode, plain bool
+	}{
+		{"off by default", false, noCache{}, false, false, false},
+		{"on with a cache source", true, noCache{}, true, false, true},
+		{"without a cache source nothing to read", true, nil, false, false, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg.Affinity.PrefixRebind = tt.rebind
+			if err := cfg.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			rs, err := BuildResolvers(cfg, Deps{Seed: 1, Affinity: newMemAffinity(), Cache: tt.cache})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pd, plain := rs["llama"].Buckets()[0], rs["qwen"].Buckets()[0]
+			if got := [3]bool{prefixOn(pd.Prefill), prefixOn(pd.Decode), prefixOn(plain.Plain)}; got != [3]bool{tt.prefill, tt.decode, tt.plain} {
+				t.Fatalf("prefix preference (prefill, decode, plain) = %v, want %v", got, [3]bool{tt.prefill, tt.decode, tt.plain})
+			}
+		})
 	}
 }

@@ -155,3 +155,106 @@ func fallbackAdmission(p Policy) EngineAdmission {
 	}
 	return AdmissionLimits{MaxRunning: -1}
 }
+
+// TestAffinityMissingBindingPrefersPrefixHolder: with PreferPrefixHolders, a key without a
+// live binding (new, expired, or lost with a crashed replica's partition) binds to the
+// admitted candidate holding the longest cached prefix of the request; without a usable
+// holder the fallback chooses as before. Both affinity policies share the rule.
+func TestAffinityMissingBindingPrefersPrefixHolder(t *testing.T) {
+	tests := []struct {
+		name     string
+		prefer   bool
+		min      int64
+		matched  map[string]int64 // by worker index
+		status   *fakePrefix      // overrides the lookup's status
+		bound    string           // the key's binding before the pick ("" none)
+		busy     []int            // workers at the in-flight cap
+		want     string           // worker ID, or "" for any fallback choice
+		wantWhy  string
+		notWorks []string // workers the pick must not return
+	}{
+		{name: "the longest holder wins", prefer: true, min: 64,
+			matched: map[string]int64{"w1": 300, "w2": 900}, want: "w2", wantWhy: ReasonPrefixHolder},
+		{name: "a tie goes to the lower ID", prefer: true, min: 64,
+			matched: map[string]int64{"w3": 500, "w1": 500}, want: "w1", wantWhy: ReasonPrefixHolder},
+		{name: "a holder at its cap yields to the next one", prefer: true, min: 64, busy: []int{2},
+			matched: map[string]int64{"w1": 300, "w2": 900}, want: "w1", wantWhy: ReasonPrefixHolder},
+		{name: "every holder at its cap: the fallback chooses", prefer: true, min: 64, busy: []int{1, 2},
+			matched: map[string]int64{"w1": 300, "w2": 900}, wantWhy: ReasonAssigned, notWorks: []string{"w1", "w2"}},
+		{name: "below the minimum: the fallback chooses", prefer: true, min: 1000,
+			matched: map[string]int64{"w2": 900}, wantWhy: ReasonAssigned},
+		{name: "an out-of-group binding is replaced by the holder", prefer: true, min: 64, bound: "gone",
+			matched: map[string]int64{"w3": 900}, want: "w3", wantWhy: ReasonPrefixHolder},
+		{name: "a live binding wins over a longer holder", prefer: true, min: 64, bound: "w0",
+			matched: map[string]int64{"w3": 900}, want: "w0", wantWhy: "reuse"},
+		{name: "an unavailable lookup: the fallback chooses", prefer: true, min: 64,
+			matched: map[string]int64{"w3": 900}, status: &fakePrefix{unavailable: true}, wantWhy: ReasonAssigned},
+		{name: "a rejected lookup: the fallback chooses", prefer: true, min: 64,
+			matched: map[string]int64{"w3": 900}, status: &fakePrefix{err: errors.New("bad tokens")}, wantWhy: ReasonAssigned},
+		{name: "not configured: the fallback chooses", prefer: false,
+			matched: map[string]int64{"w3": 900}, wantWhy: ReasonAssigned},
+	}
+	for _, kind := range []string{PolicySessionAware, PolicySticky} {
+		for _, tt := range tests {
+			t.Run(kind+"/"+tt.name, func(t *testing.T) {
+				tr := load.NewTracker()
+				ws := make([]*Worker, 4)
+				for i := range ws {
+					id := "w" + string(rune('0'+i))
+					ws[i] = NewWorker(id, "http://127.0.0.1:1", "llama", StagePlain, tr.Counters(id))
+				}
+				for _, i := range tt.busy {
+					inflight(t, tr, ws[i], 1)
+				}
+				adm := admissionOf(AdmissionLimits{MaxInFlight: 1})
+				store := newMemAffinity()
+				scope := AffinityScope{Model: "llama", BucketID: "b", Stage: StagePlain}
+				if tt.bound != "" {
+					store.scope(scope)["k"] = tt.bound
+				}
+				var p Policy
+				var a *affinity
+				reuse := ReasonSessionPrimary
+				switch kind {
+				case PolicySessionAware:
+					s := NewSessionAware(adm, nil, store, testRNG())
+					p, a = s, &s.affinity
+				default:
+					s := NewSticky(adm, nil, store, NewRoundRobin(nil, nil))
+					p, a, reuse = s, &s.affinity, ReasonHit
+				}
+				if tt.prefer {
+					a.PreferPrefixHolders(nil, tt.min)
+				}
+				pm := &fakePrefix{matched: tt.matched}
+				if tt.status != nil {
+					pm.unavailable, pm.err = tt.status.unavailable, tt.status.err
+				}
+				req := &PickRequest{BucketRequest: &BucketRequest{Model: "llama", InputTokens: 1000, ExpectedPeak: -1, Now: t0,
+					SessionKey: "k", RoutingKey: "k", Prefix: pm}, Stage: StagePlain, BucketID: "b"}
+				got, err := p.Pick(ws, req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				why := tt.wantWhy
+				if why == "reuse" {
+					why = reuse
+				}
+				if got.Reason != why {
+					t.Fatalf("reason %q, want %q (picked %s)", got.Reason, why, got.Worker.ID)
+				}
+				if tt.want != "" && got.Worker.ID != tt.want {
+					t.Fatalf("picked %s, want %s", got.Worker.ID, tt.want)
+				}
+				for _, no := range tt.notWorks {
+					if got.Worker.ID == no {
+						t.Fatalf("picked %s, which is at its cap", no)
+					}
+				}
+				if b := store.scope(scope)["k"]; b != got.Worker.ID {
+					t.Fatalf("binding %q after the pick, want %q", b, got.Worker.ID)
+				}
+			})
+		}
+	}
+}

@@ -13,11 +13,13 @@ import (
 )
 
 // Cache-aware wiring: the cache state (prefix index and KV-event subscriptions, or the
-// remote indexer client) is built by New when a group runs cache_aware, followed by Run for
+// remote indexer client) is built by New when a group runs cache_aware (or an affinity
+// policy with affinity.prefix_rebind), followed by Run for
 // the server's lifetime, told about workers the admin API adds or removes, and asked once
 // per request, in the handler goroutine, for the prompt's prefix matches.
 
-// newCacheState builds the cache state when some group's policy is cache_aware, else nil.
+// newCacheState builds the cache state when some group's policy is cache_aware, or
+// session_aware or sticky with affinity.prefix_rebind, else nil.
 func newCacheState(cfg *config.Config, opts Options, sys *actors.System) (*actors.CacheState, error) {
 	if !actors.NeedsCache(cfg) {
 		return nil, nil
@@ -47,7 +49,7 @@ func defaultCacheTokenizers(cs *actors.CacheState, toks map[string]*promptTokeni
 	simple := tokenizer.NewSimple()
 	for _, name := range names {
 		toks[name] = newPromptTokenizer(simple, false)
-		logger.Warn("cache_aware model has no tokenizer: prompts are tokenized with the built-in tokenizer, "+
+		logger.Warn("model needing prefix lookups (cache_aware or affinity.prefix_rebind) has no tokenizer: prompts are tokenized with the built-in tokenizer, "+
 			"whose blocks only engines using it (the mock engine) hold; set its tokenizer.path to the engine's tokenizer",
 			slog.String("model", name), slog.String("key", config.ModelPath(name)+".tokenizer.path"))
 	}

@@ -101,7 +101,7 @@ type modelRoute struct {
 	tok      *promptTokenizer // nil: the body-size estimate
 	metrics  *modelMetrics
 	stages   []engine.Stage // stages some bucket requires, for readiness
-	prefix   bool           // some group runs cache_aware: requests make a prefix lookup
+	prefix   bool           // requests make a prefix lookup (cache_aware, affinity.prefix_rebind)
 }
 
 // Server is Switchyard's HTTP front end: fasthttp routes, request preparation, selection
@@ -126,7 +126,8 @@ type Server struct {
 	affinity affinityStore
 	// cluster joins the other router replicas; nil unless cluster.enabled.
 	cluster *actors.Cluster
-	// cache is cache_aware's prefix source and KV-event subscriptions; nil without one.
+	// cache is the prefix source (cache_aware, affinity.prefix_rebind) and KV-event
+	// subscriptions; nil without one.
 	cache   *actors.CacheState
 	workers *fleet.Fleet
 	// tele is the workers' load ingestion (nil with Options.NoTelemetry).
