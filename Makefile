@@ -46,10 +46,19 @@ testdeps: ## install the programs some tests run (Debian packages, where possibl
 # without the SHA extensions) on a CPU that has the fast ones.
 PUREGO_PKGS ?= ./kv/...
 
-test: testdeps testdata-tokenizers testdata-openai docs-check ## run every test with the race detector (after docs-check; PUREGO_PKGS again with -tags purego)
+# The in-process cluster tests (actors/cluster_test.go, actors/etcd_test.go: build tag !race)
+# run in a third step, without the race detector. They start several Proto.Actor cluster
+# members, and Proto.Actor (v0.0.0-20240822202345, the newest version the module proxy
+# serves) races inside itself: gossip state rewritten while its remote sender marshals it, an
+# unlocked block list and member list, shutdown of its endpoints, the etcd provider's
+# shutdown flag, and per-process globals (grpclog's logger, the gossip shuffle's rand). None
+# is in Switchyard's code; the detector fails any test that starts a member. The list with
+# stack locations is in docs/cluster.md (Testing). Everything else, including the
+# multi-process cluster test, runs under -race in the first step.
+test: testdeps testdata-tokenizers testdata-openai docs-check ## run every test with the race detector (after docs-check; PUREGO_PKGS again with -tags purego), then the cluster tests without it
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 	$(GO) test -race -count=1 -tags purego $(PUREGO_PKGS)
-	$(GO) test -count=1 -timeout 10m -run 'Cluster' ./actors  # without -race: see actors/cluster_test.go
+	$(GO) test -count=1 -timeout 10m -run 'Cluster' ./actors
 
 test-short: testdeps testdata-tokenizers testdata-openai ## run the tests without the race detector
 	$(GO) test -count=1 $(PKGS)

@@ -131,13 +131,17 @@ type Cluster struct {
 	handedOff                     *metrics.Counter
 	names                         []string
 
-	mu       sync.Mutex // guards the fields below
-	leaving  map[string]bool
-	suspects map[string]bool // addresses that failed a remote call since the last topology
-	members  []*cluster.Member
-	peers    map[string]*clusterpb.InflightCounts // member ID → its last counts
-	changes  map[string]WorkerChange              // worker ID → latest change known
-	pending  []WorkerChange                       // changes learnt, not yet applied
+	mu      sync.Mutex // guards the fields below
+	leaving map[string]bool
+	// leavingAcks is each other member's latest gossiped list of members it knows are
+	// leaving (by member ID); gossipSeen is poked when it or the topology changes.
+	leavingAcks map[string][]string
+	gossipSeen  chan struct{}
+	suspects    map[string]bool // addresses that failed a remote call since the last topology
+	members     []*cluster.Member
+	peers       map[string]*clusterpb.InflightCounts // member ID → its last counts
+	changes     map[string]WorkerChange              // worker ID → latest change known
+	pending     []WorkerChange                       // changes learnt, not yet applied
 
 	subs   []*eventSub
 	stop   chan struct{}
@@ -194,21 +198,23 @@ func NewCluster(sys *System, cfg config.Cluster, opts ClusterOptions) (cl *Clust
 	}
 	opts.Affinity = ao
 	c := &Cluster{
-		sys:      sys,
-		cfg:      cfg,
-		opts:     opts,
-		logger:   opts.Logger,
-		set:      opts.Metrics,
-		timeout:  cfg.RequestTimeout,
-		idle:     ao.IdleTimeout,
-		perPart:  max(1, (ao.MaxBindings+cfg.Partitions-1)/cfg.Partitions),
-		local:    make([]atomic.Pointer[partitionHost], cfg.Partitions),
-		leaving:  map[string]bool{},
-		suspects: map[string]bool{},
-		peers:    map[string]*clusterpb.InflightCounts{},
-		changes:  map[string]WorkerChange{},
-		stop:     make(chan struct{}),
-		host:     newHost(),
+		sys:         sys,
+		cfg:         cfg,
+		opts:        opts,
+		logger:      opts.Logger,
+		set:         opts.Metrics,
+		timeout:     cfg.RequestTimeout,
+		idle:        ao.IdleTimeout,
+		perPart:     max(1, (ao.MaxBindings+cfg.Partitions-1)/cfg.Partitions),
+		local:       make([]atomic.Pointer[partitionHost], cfg.Partitions),
+		leaving:     map[string]bool{},
+		suspects:    map[string]bool{},
+		leavingAcks: map[string][]string{},
+		gossipSeen:  make(chan struct{}, 1),
+		peers:       map[string]*clusterpb.InflightCounts{},
+		changes:     map[string]WorkerChange{},
+		stop:        make(chan struct{}),
+		host:        newHost(),
 	}
 	if c.timeout <= 0 {
 		c.timeout = ao.CallTimeout
@@ -351,6 +357,7 @@ func (c *Cluster) subscribe() {
 			clear(c.suspects)
 			for _, m := range e.Left {
 				delete(c.leaving, m.Id)
+				delete(c.leavingAcks, m.Id)
 				if pc := c.peers[m.Id]; pc != nil {
 					// Its in-flight requests are over for this replica's accounting; its
 					// dispatches stay counted (see load.Counters.SetPeers).
@@ -362,6 +369,7 @@ func (c *Cluster) subscribe() {
 			c.mu.Unlock()
 			c.refreshPlacement()
 			c.applyPeers()
+			c.poke()
 		case *cluster.GossipUpdate:
 			c.onGossip(e)
 		case *remote.EndpointTerminatedEvent:
@@ -538,33 +546,36 @@ func (c *Cluster) Leave(ctx context.Context) error {
 }
 
 // awaitLeavingSeen waits until every other member's gossip lists this replica as leaving.
+// The acknowledgements come from the gossip update events (onGossip), never from
+// Gossip.GetState: that hands out the gossip actor's own entries, which it rewrites in place
+// while the caller reads them.
 func (c *Cluster) awaitLeavingSeen(ctx context.Context) error {
 	me := c.MemberID()
-	tick := time.NewTicker(max(c.cfg.GossipInterval/2, time.Millisecond))
-	defer tick.Stop()
 	for {
-		state, err := c.c.Gossip.GetState(gossipLeaving)
-		if err == nil {
-			missing := 0
-			for _, m := range c.memberIDs() {
-				if m == me {
-					continue
-				}
-				kv := state[m]
-				var lm clusterpb.LeavingMembers
-				if kv == nil || kv.Value == nil || kv.Value.UnmarshalTo(&lm) != nil || !slices.Contains(lm.Ids, me) {
-					missing++
-				}
+		c.mu.Lock()
+		missing := 0
+		for _, m := range c.members {
+			if m.Id != me && !slices.Contains(c.leavingAcks[m.Id], me) {
+				missing++
 			}
-			if missing == 0 {
-				return nil
-			}
+		}
+		c.mu.Unlock()
+		if missing == 0 {
+			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("members did not confirm the leave: %w", ctx.Err())
-		case <-tick.C:
+			return fmt.Errorf("%d members did not confirm the leave: %w", missing, ctx.Err())
+		case <-c.gossipSeen:
 		}
+	}
+}
+
+// poke wakes awaitLeavingSeen after a gossip or topology change.
+func (c *Cluster) poke() {
+	select {
+	case c.gossipSeen <- struct{}{}:
+	default:
 	}
 }
 

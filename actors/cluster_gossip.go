@@ -87,6 +87,7 @@ func (c *Cluster) onGossip(u *cluster.GossipUpdate) {
 			return
 		}
 		c.mu.Lock()
+		c.leavingAcks[u.MemberID] = m.Ids
 		learnt := false
 		for _, id := range m.Ids {
 			if !c.leaving[id] {
@@ -95,6 +96,7 @@ func (c *Cluster) onGossip(u *cluster.GossipUpdate) {
 			}
 		}
 		c.mu.Unlock()
+		c.poke()
 		if learnt {
 			c.refreshPlacement()
 			c.publishLeaving() // the acknowledgement the leaving replica waits for

@@ -1,9 +1,10 @@
 //go:build !race
 
 // The in-process cluster tests run without the race detector: Proto.Actor's cluster
-// (v0.0.0-20240822202345) races inside itself — gossip state marshalled while its actor
-// writes it, the remote block list, grpclog's global logger set by every remote.Start —
-// and the detector fails any test that starts a member. make test runs them separately.
+// (v0.0.0-20240822202345, the newest the module proxy serves) races inside itself (gossip
+// state, block list, member list, endpoint shutdown, the etcd provider, grpclog's global
+// logger), and the detector fails any test that starts a member. make test runs them in a
+// second step; docs/cluster.md (Testing) lists the races with their stack locations.
 
 package actors
 
