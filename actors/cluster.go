@@ -261,7 +261,7 @@ func NewCluster(sys *System, cfg config.Cluster, opts ClusterOptions) (cl *Clust
 	if cfg.Advertise != "" {
 		ropts = append(ropts, remote.WithAdvertisedHost(cfg.Advertise))
 	}
-	kind := cluster.NewKind(partitionKind, actor.PropsFromProducer(func() actor.Actor { return newPartitionActor(c, c.nextMailbox.Swap(nil)) },
+	kind := partitionKindOf(actor.PropsFromProducer(func() actor.Actor { return newPartitionActor(c, c.nextMailbox.Swap(nil)) },
 		actor.WithMailbox(func() actor.Mailbox {
 			// Proto.Actor spawns grains itself: each activation gets a fresh mailbox.
 			mb := newMailbox(ao.Mailbox, c.host, &sys.counters.kinds[KindPartition],
@@ -285,6 +285,14 @@ func NewCluster(sys *System, cfg config.Cluster, opts ClusterOptions) (cl *Clust
 	c.wg.Add(1)
 	go c.gossipLoop()
 	return c, nil
+}
+
+// partitionKindOf is the partition grains' cluster kind. It is built without
+// cluster.NewKind, whose receiver middleware wraps every message a grain receives in an
+// envelope (one allocation per binding lookup) only to act on Started and Stopped; the
+// partition actor does that itself (partitionActor.Receive).
+func partitionKindOf(props *actor.Props) *cluster.Kind {
+	return &cluster.Kind{Kind: partitionKind, Props: props}
 }
 
 // startMember starts remote and joins; Proto.Actor panics on a provider or listen failure.

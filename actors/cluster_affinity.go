@@ -262,6 +262,7 @@ type handOff struct {
 type partitionActor struct {
 	c       *Cluster
 	mb      *mailbox
+	id      *cluster.ClusterIdentity
 	p       int
 	self    *partitionHost
 	tables  map[engine.AffinityScope]*bindingTable
@@ -329,9 +330,12 @@ func (a *partitionActor) Receive(ctx actor.Context) {
 		ctx.Respond(&clusterpb.HandOffBindingsResult{Adopted: int32(a.adopt(m.Bindings))})
 	case *handOff:
 		m.call.offer(a.handOffTo(ctx, m.target))
-	case *cluster.ClusterInit:
-		if m.Identity != nil {
-			if p, err := strconv.Atoi(m.Identity.Identity); err == nil && p >= 0 && p < len(a.c.local) {
+	case *actor.Started:
+		// The grain's kind carries no cluster middleware (see partitionKindOf): what it
+		// would do on start and stop is done here.
+		if id := cluster.GetClusterIdentity(ctx); id != nil {
+			a.id = id
+			if p, err := strconv.Atoi(id.Identity); err == nil && p >= 0 && p < len(a.c.local) {
 				a.p = p
 				a.self = &partitionHost{pid: ctx.Self()}
 				a.c.local[p].Store(a.self)
@@ -342,6 +346,13 @@ func (a *partitionActor) Receive(ctx actor.Context) {
 	case *actor.Stopped:
 		if a.p >= 0 {
 			a.c.local[a.p].CompareAndSwap(a.self, nil)
+		}
+		if a.id != nil {
+			// The identity lookup forgets the activation, so the next request activates
+			// the partition anew.
+			cl := cluster.GetCluster(ctx.ActorSystem())
+			cl.ActorSystem.EventStream.Publish(&cluster.ActivationTerminating{Pid: ctx.Self(), ClusterIdentity: a.id})
+			cl.PidCache.RemoveByValue(a.id.Identity, a.id.Kind, ctx.Self())
 		}
 		a.clear()
 		if a.mb != nil {

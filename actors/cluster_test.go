@@ -363,3 +363,32 @@ func TestClusterPropagatesWorkerChanges(t *testing.T) {
 	default:
 	}
 }
+
+// TestClusterLocalOwnerAllocations: a lookup whose partition this member owns costs what the
+// single-router store's does: no allocation (the grain's kind carries no cluster middleware,
+// which would wrap every message in an envelope).
+func TestClusterLocalOwnerAllocations(t *testing.T) {
+	ms := startMembers(t, 2)
+	now := time.Now()
+	pl := ms[0].cl.placement.Load()
+	key := ""
+	for k := 0; key == ""; k++ {
+		if c := fmt.Sprintf("alloc-%d", k); pl.owners[ms[0].cl.partitionOf(c)] == pl.self {
+			key = c
+		}
+	}
+	if _, set, err := ms[0].cl.Bind(clusterScope, key, "", "W1", now); err != nil || !set {
+		t.Fatal(set, err)
+	}
+	before := ms[0].cl.lookups.Get()
+	if n := testing.AllocsPerRun(1000, func() {
+		if w, err := ms[0].cl.Lookup(clusterScope, key, now); err != nil || w != "W1" {
+			t.Fatal(w, err)
+		}
+	}); n != 0 {
+		t.Fatalf("local-owner lookup: %v allocs, want 0", n)
+	}
+	if ms[0].cl.lookups.Get() == before {
+		t.Fatal("the lookups did not take the local path")
+	}
+}
