@@ -63,8 +63,9 @@ func buildSwitchyard(t *testing.T) string {
 }
 
 // startReplicas starts n router processes forming one automanaged cluster in front of the
-// engines (session_aware, every engine a plain worker), and waits until every replica is
-// ready and sees n members. Every process is killed when the test ends.
+// engines (session_aware with affinity.prefix_rebind, every engine a plain worker), and
+// waits until every replica is ready, sees n members and indexes every engine's KV events.
+// Every process is killed when the test ends.
 func startReplicas(t *testing.T, bin string, n int, engines []*mockengine.Engine) []*replica {
 	t.Helper()
 	ports := reservePorts(t, 3*n) // HTTP, provider
@@ -88,6 +89,8 @@ workers:
         groups: {plain: {worker_ids: [%s], policy: {type: session_aware}}}
 health: {interval: 1h}
 log: {level: info}
+affinity: {prefix_rebind: true}
+cache_aware: {min_matched_tokens: 64}
 cluster:
   enabled: true
   name: e2e
@@ -131,7 +134,40 @@ cluster:
 			return metricOf(r.base, "switchyard_cluster_members") == float64(n)
 		})
 	}
+	// A KV-event subscriber misses what engines publish before it has joined: warm every
+	// subscription up with requests straight to the engines until each replica's index
+	// has every engine.
+	for k := 0; ; k++ {
+		all := true
+		for _, r := range rs {
+			all = all && metricOf(r.base, "switchyard_kv_index_owners") == float64(len(engines))
+		}
+		if all {
+			break
+		}
+		if k > 500 {
+			t.Fatal("the replicas' indexes never saw every engine's KV events")
+		}
+		for _, e := range engines {
+			affChat(context.Background(), t, e.URL(), "", []affMessage{{Role: "user", Content: fmt.Sprintf("warm-up %d of %s", k, e.WorkerID())}})
+		}
+		pause(20 * time.Millisecond)
+	}
 	return rs
+}
+
+// kvEngine starts a mock engine answering at once that publishes its KV events.
+func kvEngine(t *testing.T, id string) *mockengine.Engine {
+	t.Helper()
+	e, err := mockengine.Start(context.Background(), mockengine.Config{
+		WorkerID: id, Model: affModel, ZeroCost: true, CacheTokens: 1 << 16,
+		KVEvents: mockengine.KVEvents{Replay: true}, LoadPublish: mockengine.LoadPublish{Disabled: true},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Close() })
+	return e
 }
 
 // syncWriter serializes writes to w (the process's stderr copier and the test's reads).
@@ -186,15 +222,17 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 }
 
 // TestClusterReplicasShareSessions runs three router processes as one cluster: turns of
-// each session sent to random replicas all land on the session's engine; a replica stopped
-// with SIGTERM hands its bindings over (no session moves, no client error); after a SIGKILL
-// of another, the survivor serves every session again.
+// each session sent to random replicas all land on the session's engine. After a SIGKILL of
+// one replica, whose partitions' bindings are lost, at least 90% of the sessions return to
+// their engine (affinity.prefix_rebind binds them again to the engine caching their
+// conversation); a replica then stopped with SIGTERM hands its bindings over (no session
+// moves, no client error).
 func TestClusterReplicasShareSessions(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary and runs three processes")
 	}
 	bin := buildSwitchyard(t)
-	engines := []*mockengine.Engine{affEngine(t, "E0"), affEngine(t, "E1"), affEngine(t, "E2"), affEngine(t, "E3")}
+	engines := []*mockengine.Engine{kvEngine(t, "E0"), kvEngine(t, "E1"), kvEngine(t, "E2"), kvEngine(t, "E3")}
 	rs := startReplicas(t, bin, 3, engines)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*clusterWait)
 	defer cancel()
@@ -202,7 +240,8 @@ func TestClusterReplicasShareSessions(t *testing.T) {
 	const sessions = 24
 	engineOf := map[string]string{}
 	history := map[string][]affMessage{}
-	// turn sends one turn of session s to replica r and checks it lands on its engine.
+	// turn sends one turn of session s to replica r and reports whether it left the
+	// session's engine.
 	turn := func(s string, r *replica) (moved bool) {
 		t.Helper()
 		history[s] = append(history[s], userTurn(len(history[s])))
@@ -224,7 +263,37 @@ func TestClusterReplicasShareSessions(t *testing.T) {
 		}
 	}
 
-	// Graceful stop: SIGTERM, then traffic to the two others only. No binding is lost.
+	// Crash: SIGKILL replica 1. Once the survivors see it gone, its partitions re-activate
+	// empty on them, and each session whose binding was lost is bound again to the engine
+	// holding its conversation.
+	if err := rs[1].cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-rs[1].done
+	live = []*replica{rs[0], rs[2]}
+	for i, r := range live {
+		waitUntil(t, fmt.Sprintf("survivor %d sees the crash", i), func() bool { return metricOf(r.base, "switchyard_cluster_members") == 2 })
+	}
+	moved := 0
+	for k := range sessions {
+		if turn(fmt.Sprintf("s%d", k), live[rng.IntN(len(live))]) {
+			moved++
+		}
+	}
+	rebound := metricOf(rs[0].base, `switchyard_selections_total{model="`+affModel+`",bucket="all",group="plain",policy="session_aware",reason="prefix_holder"}`) +
+		metricOf(rs[2].base, `switchyard_selections_total{model="`+affModel+`",bucket="all",group="plain",policy="session_aware",reason="prefix_holder"}`)
+	t.Logf("after the crash of one replica of 3: %d of %d sessions moved engine (%.0f%% returned); %v bindings re-created on the prefix holder",
+		moved, sessions, 100*float64(sessions-moved)/sessions, rebound)
+	if moved*10 > sessions {
+		t.Fatalf("%d of %d sessions moved engine after the crash; want at least 90%% back on their engine", moved, sessions)
+	}
+	for k := range sessions {
+		if turn(fmt.Sprintf("s%d", k), live[rng.IntN(len(live))]) {
+			t.Fatalf("session s%d moved again after its binding was re-created", k)
+		}
+	}
+
+	// Graceful stop: SIGTERM replica 2, then traffic to replica 0 only. No binding is lost.
 	if err := rs[2].cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -239,31 +308,11 @@ func TestClusterReplicasShareSessions(t *testing.T) {
 	if !strings.Contains(rs[2].stderr.String(), "bindings handed off") {
 		t.Fatalf("replica 2 did not report its hand-off:\n%s", tail(rs[2].stderr.String(), 2000))
 	}
-	live = rs[:2]
 	for range 2 {
 		for k := range sessions {
-			if turn(fmt.Sprintf("s%d", k), live[rng.IntN(len(live))]) {
+			if turn(fmt.Sprintf("s%d", k), rs[0]) {
 				t.Fatalf("session s%d lost its binding after a graceful stop", k)
 			}
-		}
-	}
-
-	// Crash: SIGKILL replica 1; once replica 0 sees it gone, every session is served again.
-	if err := rs[1].cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	<-rs[1].done
-	waitUntil(t, "replica 0 sees the crash", func() bool { return metricOf(rs[0].base, "switchyard_cluster_members") == 1 })
-	moved := 0
-	for k := range sessions {
-		if turn(fmt.Sprintf("s%d", k), rs[0]) {
-			moved++
-		}
-	}
-	t.Logf("after the crash of one replica of 3 (then 2): %d of %d sessions moved engine", moved, sessions)
-	for k := range sessions {
-		if turn(fmt.Sprintf("s%d", k), rs[0]) {
-			t.Fatalf("session s%d moved again after its binding was re-created", k)
 		}
 	}
 }
