@@ -53,7 +53,8 @@ type bindingAnswer struct {
 // request runs one binding command on the key's partition: in process with a pooled call
 // when this replica owns it (fast path: no allocation), else as one remote request. A
 // failed owner is suspected and the command retried once on the next owner, within the
-// same deadline.
+// same deadline (cluster.request_timeout): the first attempt gets half of it, so that a
+// crashed owner, which answers nothing, leaves the retry time to succeed.
 func (c *Cluster) request(scope engine.AffinityScope, op bindingOp) (bindingAnswer, error) {
 	if c.closed.Load() {
 		return bindingAnswer{}, &engine.PickError{Outcome: engine.OutcomeInternal, Stage: scope.Stage, BucketID: scope.BucketID,
@@ -81,7 +82,14 @@ func (c *Cluster) request(scope engine.AffinityScope, op bindingOp) (bindingAnsw
 		if left <= 0 {
 			break
 		}
-		pid, err := c.pidOf(pl, p, left)
+		// The first attempt may take half the budget: an owner that crashed answers
+		// nothing, and the retry on the next owner needs the other half.
+		budget := left
+		if attempt == 0 {
+			budget = left / 2
+		}
+		attemptDeadline := time.Now().Add(budget)
+		pid, err := c.pidOf(pl, p, budget)
 		if err != nil {
 			lastErr = err
 			continue
@@ -94,7 +102,7 @@ func (c *Cluster) request(scope engine.AffinityScope, op bindingOp) (bindingAnsw
 			lastErr = err
 			continue
 		}
-		a, err := c.requestRemote(pl, p, pid, scope, op, deadline)
+		a, err := c.requestRemote(pl, p, pid, scope, op, attemptDeadline)
 		if err == nil || !errors.Is(err, ErrClusterUnavailable) {
 			return a, err
 		}

@@ -78,6 +78,12 @@ func testClusterConfig(ports []int, i int) config.Cluster {
 // each sees all of them. Every member is closed when the test ends.
 func startMembers(t testing.TB, n int, workers ...string) []*testMember {
 	t.Helper()
+	return startMembersWith(t, n, func(int) SystemOptions { return SystemOptions{} }, workers...)
+}
+
+// startMembersWith is startMembers with member i's actor system built from sysOpts(i).
+func startMembersWith(t testing.TB, n int, sysOpts func(i int) SystemOptions, workers ...string) []*testMember {
+	t.Helper()
 	ports := freePorts(t, n)
 	ms := make([]*testMember, n)
 	errs := make([]error, n)
@@ -87,7 +93,7 @@ func startMembers(t testing.TB, n int, workers ...string) []*testMember {
 		for _, w := range workers {
 			m.counters[w] = new(load.Counters)
 		}
-		m.sys = NewSystem(SystemOptions{})
+		m.sys = NewSystem(sysOpts(i))
 		m.sys.sys.EventStream.Subscribe(func(evt any) {
 			switch evt.(type) {
 			case *cluster.ClusterTopology, *cluster.GossipUpdate:
@@ -390,5 +396,48 @@ func TestClusterLocalOwnerAllocations(t *testing.T) {
 	}
 	if ms[0].cl.lookups.Get() == before {
 		t.Fatal("the lookups did not take the local path")
+	}
+}
+
+// TestClusterRetriesOnTheNextOwnerWhenTheOwnerHangs: a partition owner that answers
+// nothing (a crashed replica before the membership notices) costs the first attempt at most
+// half of cluster.request_timeout; the member then suspects it and the retry on the next
+// owner answers within the same deadline.
+func TestClusterRetriesOnTheNextOwnerWhenTheOwnerHangs(t *testing.T) {
+	release := make(chan struct{})
+	var hung atomic.Bool
+	ms := startMembersWith(t, 3, func(i int) SystemOptions {
+		if i != 2 {
+			return SystemOptions{}
+		}
+		return SystemOptions{Observe: func(k Kind, msg any) {
+			if k == KindPartition && hung.Load() {
+				<-release // member 2's partition grains hang
+			}
+		}}
+	})
+	defer close(release)
+	pl := ms[0].cl.placement.Load()
+	key := ""
+	for k := 0; key == ""; k++ {
+		if c := fmt.Sprintf("hang-%d", k); pl.owners[ms[0].cl.partitionOf(c)] == ms[2].cl.Address() {
+			key = c
+		}
+	}
+	now := time.Now()
+	if _, set, err := ms[0].cl.Bind(clusterScope, key, "", "W1", now); err != nil || !set {
+		t.Fatal(set, err)
+	}
+	hung.Store(true)
+	start := time.Now()
+	got, err := ms[0].cl.Lookup(clusterScope, key, now)
+	if err != nil {
+		t.Fatalf("lookup with its owner hung: %v (after %v)", err, time.Since(start))
+	}
+	if got != "" {
+		t.Fatalf("lookup = %q, want a miss on the next owner (the hung owner's bindings are out of reach)", got)
+	}
+	if d := time.Since(start); d > ms[0].cl.timeout {
+		t.Fatalf("lookup took %v, more than cluster.request_timeout %v", d, ms[0].cl.timeout)
 	}
 }

@@ -223,7 +223,8 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 
 // TestClusterReplicasShareSessions runs three router processes as one cluster: turns of
 // each session sent to random replicas all land on the session's engine. After a SIGKILL of
-// one replica, whose partitions' bindings are lost, at least 90% of the sessions return to
+// one replica, whose partitions' bindings are lost, every turn sent at once (before the
+// membership notices) is answered, and at least 90% of the sessions return to
 // their engine (affinity.prefix_rebind binds them again to the engine caching their
 // conversation); a replica then stopped with SIGTERM hands its bindings over (no session
 // moves, no client error).
@@ -244,6 +245,11 @@ func TestClusterReplicasShareSessions(t *testing.T) {
 	// session's engine.
 	turn := func(s string, r *replica) (moved bool) {
 		t.Helper()
+		if history[s] == nil {
+			// Each session's conversation is its own from the first token: sessions share
+			// no cached prefix, so prefix_rebind cannot pile them onto one engine.
+			history[s] = []affMessage{{Role: "system", Content: s + strings.Repeat(" is a conversation of its own, session "+s+".", 8)}}
+		}
 		history[s] = append(history[s], userTurn(len(history[s])))
 		rep := affChat(ctx, t, r.base, s, history[s])
 		history[s] = append(history[s], affMessage{Role: "assistant", Content: rep.content})
@@ -262,6 +268,13 @@ func TestClusterReplicasShareSessions(t *testing.T) {
 			}
 		}
 	}
+	used := map[string]int{}
+	for _, e := range engineOf {
+		used[e]++
+	}
+	if len(used) < 3 {
+		t.Fatalf("sessions by engine %v: want them spread over the engines", used)
+	}
 
 	// Crash: SIGKILL replica 1. Once the survivors see it gone, its partitions re-activate
 	// empty on them, and each session whose binding was lost is bound again to the engine
@@ -271,9 +284,8 @@ func TestClusterReplicasShareSessions(t *testing.T) {
 	}
 	<-rs[1].done
 	live = []*replica{rs[0], rs[2]}
-	for i, r := range live {
-		waitUntil(t, fmt.Sprintf("survivor %d sees the crash", i), func() bool { return metricOf(r.base, "switchyard_cluster_members") == 2 })
-	}
+	// The next turns go out at once, before the membership provider notices: a request
+	// whose partition the crashed replica owned is retried on the next owner in time.
 	moved := 0
 	for k := range sessions {
 		if turn(fmt.Sprintf("s%d", k), live[rng.IntN(len(live))]) {
@@ -286,6 +298,9 @@ func TestClusterReplicasShareSessions(t *testing.T) {
 		moved, sessions, 100*float64(sessions-moved)/sessions, rebound)
 	if moved*10 > sessions {
 		t.Fatalf("%d of %d sessions moved engine after the crash; want at least 90%% back on their engine", moved, sessions)
+	}
+	for i, r := range live {
+		waitUntil(t, fmt.Sprintf("survivor %d sees the crash", i), func() bool { return metricOf(r.base, "switchyard_cluster_members") == 2 })
 	}
 	for k := range sessions {
 		if turn(fmt.Sprintf("s%d", k), live[rng.IntN(len(live))]) {
