@@ -52,6 +52,8 @@ func Run(ctx context.Context, opts Options) (*report.Report, error) {
 				scs, err = h.mailbox(ctx)
 			case report.ScenarioTrace:
 				scs, err = h.trace(ctx)
+			case report.ScenarioReplicas:
+				scs, err = h.replicas(ctx)
 			}
 			if h.opts.showFlavor() {
 				for _, sc := range scs {
@@ -115,6 +117,7 @@ type settings struct {
 	TraceChat       bool      `json:"trace_chat,omitempty"`
 	TraceMaxOutput  int       `json:"trace_max_output,omitempty"`
 	TimeScale       float64   `json:"time_scale,omitempty"`
+	Replicas        int       `json:"replicas,omitempty"`
 	EngineSpeeds    []float64 `json:"engine_speeds,omitempty"`
 	Flavors         []string  `json:"flavors"`
 	Costs           struct {
@@ -138,7 +141,7 @@ func (o Options) settings() settings {
 		Speedup: o.Speedup, EngineCache: o.EngineCache, MaxRunning: o.MaxRunning, PageSize: o.PageSize,
 		DurationS: o.Duration.Seconds(), Requests: o.Requests, Concurrency: o.Concurrency, Rate: o.Rate, Stream: !o.NoStream,
 		Seed: o.Seed, Policies: names(o.Policies), PDPolicies: names(o.PDPolicies), Workloads: o.Workloads,
-		MailboxSizes: o.MailboxSizes, MailboxRequests: o.MailboxRequests, EngineSpeeds: o.EngineSpeeds, Flavors: o.Flavors,
+		MailboxSizes: o.MailboxSizes, MailboxRequests: o.MailboxRequests, Replicas: o.replicasSetting(), EngineSpeeds: o.EngineSpeeds, Flavors: o.Flavors,
 	}
 	if slices.Contains(o.Scenarios, report.ScenarioTrace) {
 		s.Trace, s.TraceBlockSize, s.TraceChat, s.TraceMaxOutput, s.TimeScale = o.Trace, o.TraceBlockSize, o.TraceChat, o.TraceMaxOutput, o.TimeScale
@@ -154,6 +157,7 @@ func (o Options) settings() settings {
 type load struct {
 	label       string // progress label
 	urls        []string
+	route       func(i int) string // chooses request i's URL; nil rotates over urls
 	reqs        []workload.Request
 	stream      bool
 	simulated   bool // convert Rate from simulated to wall time
@@ -171,6 +175,7 @@ type load struct {
 func (h *harness) measure(ctx context.Context, l load) (*loadgen.Measurement, error) {
 	cfg := loadgen.Config{
 		URLs:        l.urls,
+		Route:       l.route,
 		Model:       h.opts.Model,
 		Stream:      l.stream,
 		Concurrency: l.concurrency,
@@ -338,4 +343,13 @@ func (p *progress) note(format string, args ...any) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	fmt.Fprintf(p.w, format+"\n", args...)
+}
+
+// replicasSetting is the replica count the report's settings show: only when the replicas
+// scenario runs.
+func (o *Options) replicasSetting() int {
+	if slices.Contains(o.Scenarios, report.ScenarioReplicas) {
+		return o.Replicas
+	}
+	return 0
 }

@@ -22,7 +22,8 @@ var ErrInvalidOptions = errors.New("invalid bench options")
 // Scenarios returns every scenario name in the order "all" runs them. The trace scenario
 // is not among them: it runs when named (it needs a trace file).
 func Scenarios() []string {
-	return []string{report.ScenarioOverhead, report.ScenarioRouting, report.ScenarioPD, report.ScenarioBuckets, report.ScenarioMailbox}
+	return []string{report.ScenarioOverhead, report.ScenarioRouting, report.ScenarioPD, report.ScenarioBuckets, report.ScenarioMailbox,
+		report.ScenarioReplicas}
 }
 
 // knownScenarios are the names Options.Scenarios accepts.
@@ -107,14 +108,16 @@ func policyNames() []string {
 
 // Defaults of Options.
 const (
-	DefaultEngines            = 4
-	DefaultSpeedup            = 4
-	DefaultEngineCache        = 32768
-	DefaultDuration           = 20 * time.Second
-	DefaultConcurrency        = 16
-	DefaultOverheadClients    = 32
-	DefaultMailboxClients     = 512
-	DefaultMailboxRequests    = 20000
+	DefaultEngines         = 4
+	DefaultSpeedup         = 4
+	DefaultEngineCache     = 32768
+	DefaultDuration        = 20 * time.Second
+	DefaultConcurrency     = 16
+	DefaultOverheadClients = 32
+	DefaultMailboxClients  = 512
+	DefaultMailboxRequests = 20000
+	// DefaultReplicas is the replicas scenario's router processes.
+	DefaultReplicas           = 3
 	DefaultPrefillEngines     = 2
 	DefaultDecodeEngines      = 2
 	DefaultModel              = "bench"
@@ -225,6 +228,12 @@ type Options struct {
 	MailboxRequests int
 	// RequestTimeout bounds one request. Default 2 minutes.
 	RequestTimeout time.Duration
+	// Replicas is the replicas scenario's number of router processes. Default 3.
+	Replicas int
+	// ReplicaCommand runs one router process of the replicas scenario; the harness appends
+	// "--config FILE". switchyard bench sets it to its own binary's serve command. Required
+	// by the replicas scenario.
+	ReplicaCommand []string
 
 	// Progress receives the progress line; nil prints none.
 	Progress io.Writer
@@ -317,6 +326,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.RequestTimeout == 0 {
 		o.RequestTimeout = DefaultRequestTimeout
+	}
+	if o.Replicas == 0 {
+		o.Replicas = DefaultReplicas
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -420,6 +432,14 @@ func (o Options) Validate() error {
 	for _, m := range o.MailboxSizes {
 		if m < 1 {
 			bad("mailbox_sizes", "%d must be at least 1", m)
+		}
+	}
+	if slices.Contains(o.Scenarios, report.ScenarioReplicas) {
+		if o.Replicas < 2 || o.Replicas > 16 {
+			bad("replicas", "%d is outside 2..16", o.Replicas)
+		}
+		if len(o.ReplicaCommand) == 0 || o.ReplicaCommand[0] == "" {
+			bad("replica_command", "the replicas scenario needs the command that runs a router (switchyard bench sets it)")
 		}
 	}
 	if o.MailboxRequests < 1 {

@@ -69,7 +69,9 @@ func TestOptionsValidate(t *testing.T) {
 		want []string
 	}{
 		{"defaults", Options{}, nil},
-		{"every scenario", Options{Scenarios: Scenarios()}, nil},
+		{"every scenario", Options{Scenarios: Scenarios(), ReplicaCommand: []string{"switchyard", "serve"}}, nil},
+		{"replicas without a router command", Options{Scenarios: []string{"replicas"}, Replicas: 1},
+			[]string{"replicas: 1 is outside 2..16", "replica_command: the replicas scenario needs the command"}},
 		{"bad values", Options{Scenarios: []string{"nope"}, Engines: -1, Speedup: -2, Duration: -1, Rate: -1, Workloads: []string{"x"}, MailboxSizes: []int{0}},
 			[]string{`unknown scenario "nope"`, "engines", "speedup", "duration", "rate", `unknown workload "x"`, "mailbox_sizes"}},
 		{"target with engines of its own", Options{Target: "http://127.0.0.1:1", Scenarios: []string{"overhead"}}, []string{"cannot run against --target"}},

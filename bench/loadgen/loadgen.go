@@ -32,6 +32,10 @@ type Config struct {
 	// URLs are the base URLs requests go to ("http://127.0.0.1:8080"), in rotation: one
 	// router, or the engines themselves for a direct run. Required.
 	URLs []string
+	// Route, when set, chooses the base URL of request i (its index in the run) instead of
+	// the rotation over URLs: a load balancer in front of several routers. It is called
+	// from the clients' goroutines, once per request sent, and must return one of URLs.
+	Route func(i int) string
 	// Path is the route. Default "/v1/chat/completions". The body follows the route:
 	// chat messages (a trace request's prompt as one user message of its text), or, for a
 	// trace request's token IDs, SGLang's native "/generate" (input_ids, sampling_params)
@@ -408,7 +412,13 @@ func (r *runner) issue(ctx context.Context, i int, res *Result) {
 		}
 	}
 	r.issued.Add(1)
-	url := r.cfg.URLs[i%len(r.cfg.URLs)] + r.cfg.Path
+	base := ""
+	if r.cfg.Route != nil {
+		base = r.cfg.Route(i)
+	} else {
+		base = r.cfg.URLs[i%len(r.cfg.URLs)]
+	}
+	url := base + r.cfg.Path
 	var body []byte
 	if r.rendered != nil {
 		body = r.rendered[i%len(r.reqs)]

@@ -380,3 +380,41 @@ func TestConfigValidate(t *testing.T) {
 		t.Errorf("no requests: %v", err)
 	}
 }
+
+// TestRouteChoosesTheURL: with Route, each request goes to the URL Route returns for its
+// index, not to the rotation.
+func TestRouteChoosesTheURL(t *testing.T) {
+	var hits [2]atomic.Int64
+	var srvs [2]*httptest.Server
+	for k := range srvs {
+		srvs[k] = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			hits[k].Add(1)
+			io.WriteString(w, `{"choices":[{"message":{"content":"x"}}],"usage":{"prompt_tokens":1,"completion_tokens":1}}`)
+		}))
+		defer srvs[k].Close()
+	}
+	urls := []string{srvs[0].URL, srvs[1].URL}
+	var mu sync.Mutex
+	routed := map[int]bool{}
+	route := func(i int) string {
+		mu.Lock()
+		routed[i] = true
+		mu.Unlock()
+		if i < 5 {
+			return urls[1] // the first five to the second server, then the first only
+		}
+		return urls[0]
+	}
+	m, err := Measure(context.Background(), Config{URLs: urls, Route: route, Model: "m", Concurrency: 2}, requests(8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range m.Results {
+		if !r.OK() {
+			t.Fatalf("result %+v", r)
+		}
+	}
+	if hits[0].Load() != 3 || hits[1].Load() != 5 || len(routed) != 8 {
+		t.Fatalf("hits %d and %d, %d requests routed; want 3 and 5 of 8", hits[0].Load(), hits[1].Load(), len(routed))
+	}
+}

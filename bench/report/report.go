@@ -18,6 +18,7 @@ const (
 	ScenarioBuckets  = "buckets"
 	ScenarioMailbox  = "mailbox"
 	ScenarioTrace    = "trace"
+	ScenarioReplicas = "replicas"
 )
 
 // Time bases of a scenario's figures.
@@ -138,6 +139,31 @@ type Row struct {
 	CPUSecondsPer1K float64 `json:"cpu_s_per_1k,omitempty"`
 	// Truncated is set when the duration bound ended the row before its request bound.
 	Truncated bool `json:"truncated,omitempty"`
+	// Replicas holds a replicas row's cluster figures.
+	Replicas *ReplicaFigures `json:"replicas,omitempty"`
+}
+
+// ReplicaFigures are the figures of one replicas row: router processes in front of one
+// fleet, each session's turns spread over them at random.
+type ReplicaFigures struct {
+	// Replicas is the number of router processes at the start.
+	Replicas int `json:"replicas"`
+	// Agreement is the share of a session's turns (after its first) that landed on the
+	// engine of its previous turn; AgreementAfterCrash the same over the turns sent after
+	// the crash, or -1 without one.
+	Agreement           float64 `json:"session_agreement"`
+	AgreementAfterCrash float64 `json:"session_agreement_after_crash"`
+	// HitRateVsSingle is the row's hit rate as a fraction of the single router's (the
+	// scenario's first row), or 0 when unknown.
+	HitRateVsSingle float64 `json:"hit_rate_vs_single"`
+	// CrashErrors are failed requests sent to the crashed replica (in flight on it when it
+	// died); OtherErrors every other failure.
+	CrashErrors int `json:"crash_errors"`
+	OtherErrors int `json:"other_errors"`
+	// CPUSecondsPer1K is each replica's process CPU time per 1,000 requests it was sent.
+	CPUSecondsPer1K []float64 `json:"router_cpu_s_per_1k"`
+	// Events say what happened mid-run ("stopped r2 (SIGTERM) at request 160").
+	Events []string `json:"events,omitempty"`
 }
 
 // VsOracle is the row's hit rate as a fraction of its oracle's, or 0 when unknown.

@@ -29,6 +29,8 @@ func WriteTable(w io.Writer, s *Scenario) error {
 		overheadTable(tw, s)
 	case ScenarioMailbox:
 		mailboxTable(tw, s)
+	case ScenarioReplicas:
+		replicasTable(tw, s)
 	default:
 		policyTable(tw, s)
 	}
@@ -59,6 +61,11 @@ func WriteTable(w io.Writer, s *Scenario) error {
 	for i := range s.Rows {
 		if r := &s.Rows[i]; r.Skipped != "" {
 			fmt.Fprintf(&b, "skipped %s: %s\n", r.Name, r.Skipped)
+		}
+	}
+	for i := range s.Rows {
+		if r := &s.Rows[i]; r.Replicas != nil && len(r.Replicas.Events) > 0 {
+			fmt.Fprintf(&b, "events %s: %s\n", r.Name, strings.Join(r.Replicas.Events, "; "))
 		}
 	}
 	for _, n := range s.Notes {
@@ -169,4 +176,33 @@ func RejectRate(m *Summary) float64 {
 		return 0
 	}
 	return float64(m.ErrorsByStatus["429"]) / float64(m.Requests)
+}
+
+func replicasTable(tw io.Writer, s *Scenario) {
+	fmt.Fprintln(tw, "ROUTERS\tREQS\tERR\ton crashed\tAGREE\tafter crash\tHIT\tvs 1 ROUTER\tTTFT p50\tp90\tE2E p90\tCPU s/1k req per router\t")
+	for i := range s.Rows {
+		r := &s.Rows[i]
+		if r.Skipped != "" || r.Summary == nil || r.Replicas == nil {
+			fmt.Fprintf(tw, "%s\tskipped\t\t\t\t\t\t\t\t\t\t\t\n", r.Name)
+			continue
+		}
+		m, f := r.Summary, r.Replicas
+		name := r.Name
+		if r.Truncated {
+			name += "*"
+		}
+		after, vs := "-", "-"
+		if f.AgreementAfterCrash >= 0 {
+			after = pct(f.AgreementAfterCrash)
+		}
+		if f.HitRateVsSingle > 0 {
+			vs = pct(f.HitRateVsSingle)
+		}
+		cpu := make([]string, len(f.CPUSecondsPer1K))
+		for k, v := range f.CPUSecondsPer1K {
+			cpu[k] = fmt.Sprintf("%.3f", v)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", name, m.Requests, f.OtherErrors, f.CrashErrors,
+			pct(f.Agreement), after, pct(m.HitRate), vs, num(m.TTFT.P50), num(m.TTFT.P90), num(m.E2E.P90), strings.Join(cpu, " "))
+	}
 }

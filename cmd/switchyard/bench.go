@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -22,7 +23,7 @@ import (
 type benchFlags struct {
 	scenario, policies, pdPolicies, workloads, mailboxSizes, longClasses string
 	flavors, engineSpeeds                                                string
-	jsonPath, chartDir                                                   string
+	jsonPath, chartDir, routerBinary                                     string
 	quiet, verbose, noStream                                             bool
 	opts                                                                 harness.Options
 	// set holds the flags given on the command line: the trace scenario has its own
@@ -61,6 +62,8 @@ func newBenchFlagSet(stderr io.Writer) (*flag.FlagSet, *benchFlags) {
 	fs.StringVar(&f.workloads, "workloads", strings.Join(harness.DefaultWorkloads(), ","), "routing scenario workloads: "+strings.Join(workload.Names(), ", "))
 	fs.StringVar(&f.mailboxSizes, "mailbox-sizes", ints(harness.DefaultMailboxSizes()), "mailbox scenario actors.mailbox sizes (bucket and group)")
 	fs.IntVar(&o.MailboxRequests, "mailbox-requests", harness.DefaultMailboxRequests, "requests in each mailbox row's burst")
+	fs.IntVar(&o.Replicas, "replicas", harness.DefaultReplicas, "replicas scenario: router processes forming one cluster")
+	fs.StringVar(&f.routerBinary, "router-binary", "", "replicas scenario: the switchyard binary each router process runs (default: this one)")
 
 	sp, mt, lc, zr := &o.Workload.SharedPrefix, &o.Workload.MultiTurn, &o.Workload.LongContext, &o.Workload.ZeroReuse
 	fs.IntVar(&sp.Groups, "groups", 32, "shared_prefix: number of shared system prompts")
@@ -107,6 +110,10 @@ the report for machines and an SVG chart per scenario. Scenarios:
   mailbox   an overload burst at each actors.mailbox size: accepted req/s, 429 rate, p99
   trace     a request trace (--trace) replayed open-loop at its recorded times under each
             policy of --policies, with the oracle; run it by name (all leaves it out)
+  replicas  multi_turn through 1 router, then --replicas router processes as one cluster
+            (each turn to a random one), then the same with one stopped (SIGTERM) and one
+            killed (SIGKILL) mid-run: session agreement, hit rate vs 1 router, TTFT,
+            router CPU per 1,000 requests per process
 
 flags:
 `)
@@ -159,6 +166,15 @@ func (f *benchFlags) options(stderr io.Writer) (harness.Options, error) {
 		errs = append(errs, err)
 	}
 	o.Workloads = splitList(f.workloads)
+	if slices.Contains(o.Scenarios, report.ScenarioReplicas) {
+		bin := f.routerBinary
+		if bin == "" {
+			if bin, err = os.Executable(); err != nil {
+				errs = append(errs, fmt.Errorf("%w: cannot find this binary for the replicas scenario (pass --router-binary): %w", errBenchFlags, err))
+			}
+		}
+		o.ReplicaCommand = []string{bin, "serve"}
+	}
 	o.MailboxSizes = nil
 	for _, s := range splitList(f.mailboxSizes) {
 		n, err := strconv.Atoi(s)

@@ -168,3 +168,61 @@ func TestBenchTrace(t *testing.T) {
 		t.Errorf("wrong block size: exit %d: %s", code, errOut)
 	}
 }
+
+// TestBenchReplicas runs the replicas scenario on router processes of this package's
+// binary: turns spread at random over three replicas stay on their session's engine, the
+// hit rate matches one router's, and a replica stopped gracefully then another killed
+// mid-run cost no request but those in flight on the killed one.
+func TestBenchReplicas(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and runs router processes")
+	}
+	bin := buildSwitchyard(t)
+	jsonPath := filepath.Join(t.TempDir(), "report.json")
+	code, out, errOut := runBenchCmd(t, "--scenario", "replicas", "--router-binary", bin, "--engines", "3",
+		"--users", "16", "--turns", "6", "--concurrency", "8", "--duration", "2m", "--json", jsonPath, "--quiet")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{"== replicas: multi_turn ==", "1 router", "3 replicas", "3, stop + crash", "events 3, stop + crash: stopped r2 (SIGTERM)"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	b, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Scenarios []struct {
+			Rows []struct {
+				Name     string                     `json:"name"`
+				Summary  struct{ Requests, OK int } `json:"summary"`
+				Replicas struct {
+					Replicas            int       `json:"replicas"`
+					Agreement           float64   `json:"session_agreement"`
+					AgreementAfterCrash float64   `json:"session_agreement_after_crash"`
+					HitRateVsSingle     float64   `json:"hit_rate_vs_single"`
+					CrashErrors         int       `json:"crash_errors"`
+					OtherErrors         int       `json:"other_errors"`
+					CPU                 []float64 `json:"router_cpu_s_per_1k"`
+				} `json:"replicas"`
+			} `json:"rows"`
+		} `json:"scenarios"`
+	}
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Scenarios) != 1 || len(rep.Scenarios[0].Rows) != 3 {
+		t.Fatalf("report %+v", rep)
+	}
+	for i, r := range rep.Scenarios[0].Rows {
+		f := r.Replicas
+		if r.Summary.Requests != 96 || f.OtherErrors != 0 || f.Agreement < 0.9 || f.HitRateVsSingle < 0.9 || len(f.CPU) != f.Replicas {
+			t.Errorf("row %d %s: %d requests, figures %+v", i, r.Name, r.Summary.Requests, f)
+		}
+		if i == 2 && (f.AgreementAfterCrash < 0.9 || f.CrashErrors > 8) {
+			t.Errorf("after the crash: agreement %v, %d errors on the crashed replica (at most its 8 clients' requests)", f.AgreementAfterCrash, f.CrashErrors)
+		}
+	}
+}
