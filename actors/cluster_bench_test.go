@@ -10,9 +10,15 @@ package actors
 
 import (
 	"fmt"
+	"io"
+	"net"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"switchyard/actors/clusterpb"
 )
 
 // BenchmarkClusterLookup measures a binding lookup through the cluster store of a
@@ -64,5 +70,64 @@ func BenchmarkClusterLookup(b *testing.B) {
 	})
 	b.Run("cluster/owner-remote", func(b *testing.B) {
 		run(b, func(k string) (string, error) { return ms[0].cl.Lookup(clusterScope, k, now) }, remote)
+	})
+	// Baselines of the remote lookup: the same request and reply through Proto.Actor's
+	// remote to a plain actor on the other member (no cluster, no partition table), and
+	// the same bytes as a TCP round trip on loopback.
+	echo, err := ms[1].sys.sys.Root.SpawnNamed(actor.PropsFromFunc(func(ctx actor.Context) {
+		if _, ok := ctx.Message().(*clusterpb.LookupBinding); ok {
+			ctx.Respond(&clusterpb.BindingResult{WorkerId: "W1"})
+		}
+	}), "bench-echo")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("baseline/proto-actor-remote-request", func(b *testing.B) {
+		msg := &clusterpb.LookupBinding{Scope: pbScope(clusterScope), Key: remote[0], NowUnixNano: now.UnixNano()}
+		run(b, func(string) (string, error) {
+			res, err := ms[0].sys.sys.Root.RequestFuture(echo, msg, time.Second).Result()
+			if err != nil {
+				return "", err
+			}
+			return res.(*clusterpb.BindingResult).WorkerId, nil
+		}, remote)
+	})
+	b.Run("baseline/tcp-loopback-round-trip", func(b *testing.B) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer ln.Close()
+		go func() {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			buf := make([]byte, 64)
+			for {
+				if _, err := io.ReadFull(c, buf); err != nil {
+					return
+				}
+				if _, err := c.Write(buf); err != nil {
+					return
+				}
+			}
+		}()
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close()
+		buf := make([]byte, 64)
+		run(b, func(string) (string, error) {
+			if _, err := c.Write(buf); err != nil {
+				return "", err
+			}
+			if _, err := io.ReadFull(c, buf); err != nil {
+				return "", err
+			}
+			return "W1", nil
+		}, remote)
 	})
 }
