@@ -519,26 +519,58 @@ func (c *Cluster) Leave(ctx context.Context) error {
 	c.leaving[me] = true
 	c.mu.Unlock()
 	c.refreshPlacement() // owners without this replica
-	pl := c.placement.Load()
+	// Every partition hands off at once (each is its own actor); a partition whose target
+	// failed is tried once more on its next owner (the target is suspected), all within
+	// ctx (cluster.handoff_timeout).
 	var errs []error
+	todo := make([]int, 0, len(c.local))
 	for p := range c.local {
-		h := c.local[p].Load()
-		if h == nil {
-			continue
+		if c.local[p].Load() != nil {
+			todo = append(todo, p)
 		}
-		target := pl.owners[p]
-		if target == pl.self || target == "" {
-			continue // alone: nobody to hand to
+	}
+	for round := 0; round < 2 && len(todo) > 0; round++ {
+		pl := c.placement.Load()
+		timeout := c.cfg.HandoffTimeout
+		if d, ok := ctx.Deadline(); ok {
+			timeout = min(timeout, time.Until(d))
 		}
-		cl := newCall[error]()
-		cl.arm(c.cfg.HandoffTimeout)
-		c.sys.root.Send(h.pid, &handOff{target: target, call: cl})
-		err, ok := cl.wait()
-		if !ok {
-			err = fmt.Errorf("partition %d: hand-off to %s timed out", p, target)
+		if timeout <= 0 {
+			errs = append(errs, fmt.Errorf("%d partitions not handed off: %w", len(todo), context.DeadlineExceeded))
+			break
 		}
-		if err != nil {
-			errs = append(errs, err)
+		type pending struct {
+			p      int
+			target string
+			call   *call[error]
+		}
+		var sent []pending
+		for _, p := range todo {
+			h := c.local[p].Load()
+			target := pl.owners[p]
+			if h == nil || target == pl.self || target == "" {
+				continue // stopped meanwhile, or alone: nobody to hand to
+			}
+			cl := newCall[error]()
+			cl.arm(timeout)
+			c.sys.root.Send(h.pid, &handOff{target: target, timeout: timeout, call: cl})
+			sent = append(sent, pending{p, target, cl})
+		}
+		todo = todo[:0]
+		var failed []error
+		for _, s := range sent {
+			err, ok := s.call.wait()
+			if !ok {
+				err = fmt.Errorf("partition %d: hand-off to %s timed out", s.p, s.target)
+			}
+			if err != nil {
+				failed = append(failed, err)
+				todo = append(todo, s.p)
+				c.suspect(s.target)
+			}
+		}
+		if len(todo) == 0 || round == 1 {
+			errs = append(errs, failed...)
 		}
 	}
 	// Tell the others, and wait until each lists this replica as leaving.

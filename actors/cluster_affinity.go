@@ -259,8 +259,9 @@ type partitionHost struct {
 // handOff tells a partition grain to give its bindings to the grain of the same partition
 // on target (a member address), then forward every later command there. Sent by Leave.
 type handOff struct {
-	target string
-	call   *call[error]
+	target  string
+	timeout time.Duration // bounds each request of the hand-off
+	call    *call[error]
 }
 
 // partitionActor is an affinity partition grain: the bindings of every scope whose keys
@@ -335,9 +336,10 @@ func (a *partitionActor) Receive(ctx actor.Context) {
 		w, set := a.table(scopeOf(m.Scope)).bind(m.Key, m.Expect, m.WorkerId, m.NowUnixNano)
 		ctx.Respond(&clusterpb.BindingResult{WorkerId: w, Set: set})
 	case *clusterpb.HandOffBindings:
+		a.c.sys.observed(KindPartition, m)
 		ctx.Respond(&clusterpb.HandOffBindingsResult{Adopted: int32(a.adopt(m.Bindings))})
 	case *handOff:
-		m.call.offer(a.handOffTo(ctx, m.target))
+		m.call.offer(a.handOffTo(ctx, m.target, m.timeout))
 	case *actor.Started:
 		// The grain's kind carries no cluster middleware (see partitionKindOf): what it
 		// would do on start and stop is done here.
@@ -460,13 +462,13 @@ func (a *partitionActor) adopt(bs []*clusterpb.Binding) int {
 
 // handOffTo activates the partition's grain on target, gives it the bindings and forwards
 // everything there from now on.
-func (a *partitionActor) handOffTo(ctx actor.Context, target string) error {
+func (a *partitionActor) handOffTo(ctx actor.Context, target string, timeout time.Duration) error {
 	if a.forward != nil {
 		return nil
 	}
 	activator := actor.NewPID(target, "partition-activator")
 	res, err := ctx.RequestFuture(activator, &cluster.ActivationRequest{
-		ClusterIdentity: cluster.NewClusterIdentity(strconv.Itoa(a.p), partitionKind)}, a.c.cfg.HandoffTimeout).Result()
+		ClusterIdentity: cluster.NewClusterIdentity(strconv.Itoa(a.p), partitionKind)}, timeout).Result()
 	if err != nil {
 		return fmt.Errorf("partition %d: cannot activate on %s: %w", a.p, target, err)
 	}
@@ -477,7 +479,7 @@ func (a *partitionActor) handOffTo(ctx actor.Context, target string) error {
 	bs := a.bindings(a.c.opts.Affinity.Now().UnixNano())
 	if len(bs) > 0 {
 		if _, err := ctx.RequestFuture(ar.Pid, &clusterpb.HandOffBindings{Partition: int32(a.p), Bindings: bs},
-			a.c.cfg.HandoffTimeout).Result(); err != nil {
+			timeout).Result(); err != nil {
 			return fmt.Errorf("partition %d: %d bindings not handed to %s: %w", a.p, len(bs), target, err)
 		}
 	}
@@ -494,7 +496,7 @@ func (a *partitionActor) onStopping(ctx actor.Context) {
 	}
 	pl := a.c.placement.Load()
 	if target := pl.owners[a.p]; target != "" && target != pl.self {
-		if err := a.handOffTo(ctx, target); err != nil {
+		if err := a.handOffTo(ctx, target, a.c.cfg.HandoffTimeout); err != nil {
 			a.c.logger.Warn("affinity partition moved without its bindings", slog.Any("error", err))
 		}
 	}

@@ -19,6 +19,8 @@ import (
 
 	"github.com/asynkron/protoactor-go/cluster"
 
+	"switchyard/actors/clusterpb"
+
 	"switchyard/config"
 	"switchyard/engine"
 	"switchyard/load"
@@ -439,5 +441,52 @@ func TestClusterRetriesOnTheNextOwnerWhenTheOwnerHangs(t *testing.T) {
 	}
 	if d := time.Since(start); d > ms[0].cl.timeout {
 		t.Fatalf("lookup took %v, more than cluster.request_timeout %v", d, ms[0].cl.timeout)
+	}
+}
+
+// TestClusterLeaveIsBoundedWhenANewOwnerHangs: a leaving member hands every partition off
+// at once, so a new owner that answers nothing costs the leave cluster.handoff_timeout (the
+// caller's deadline) in all, not that much per partition.
+func TestClusterLeaveIsBoundedWhenANewOwnerHangs(t *testing.T) {
+	release := make(chan struct{})
+	ms := startMembersWith(t, 3, func(i int) SystemOptions {
+		if i != 2 {
+			return SystemOptions{}
+		}
+		return SystemOptions{Observe: func(k Kind, msg any) {
+			if _, ok := msg.(*clusterpb.HandOffBindings); ok {
+				<-release // member 2 never adopts a hand-off
+			}
+		}}
+	})
+	defer close(release)
+	now := time.Now()
+	for k := range 64 { // bindings in every partition
+		if _, _, err := ms[1].cl.Bind(clusterScope, fmt.Sprintf("leave-%d", k), "", "W1", now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	owned := 0
+	pl := ms[1].cl.placement.Load()
+	for p := range ms[1].cl.local {
+		if ms[1].cl.local[p].Load() != nil && pl.owners[p] == pl.self {
+			owned++
+		}
+	}
+	if owned < 2 {
+		t.Skipf("member 1 owns %d partitions; the test needs several", owned)
+	}
+	const budget = 2 * time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	defer cancel()
+	start := time.Now()
+	err := ms[1].cl.Leave(ctx)
+	took := time.Since(start)
+	if err == nil {
+		t.Fatal("the leave succeeded although member 2 adopted nothing")
+	}
+	t.Logf("leave took %v (%d partitions owned)", took, owned)
+	if took > budget+time.Second {
+		t.Fatalf("the leave took %v with a %v deadline (%d partitions to hand off)", took, budget, owned)
 	}
 }

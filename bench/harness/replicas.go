@@ -446,26 +446,30 @@ func warmReplicas(ctx context.Context, c *cluster, procs []*replicaProc, model s
 	}
 }
 
-// stopReplicaProcs stops every process still running (SIGTERM, then SIGKILL after
-// replicaStopTimeout) and waits for each.
+// stopReplicaProcs stops every process still running: SIGTERM to all at once, then SIGKILL
+// to any still running replicaStopTimeout later. It waits for each.
 func stopReplicaProcs(procs []*replicaProc) error {
-	var errs []error
+	var running []*replicaProc
 	for _, p := range procs {
 		select {
 		case <-p.done:
-			continue
 		default:
+			_ = p.cmd.Process.Signal(syscall.SIGTERM)
+			running = append(running, p)
 		}
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		t := time.NewTimer(replicaStopTimeout)
+	}
+	var errs []error
+	deadline := time.NewTimer(replicaStopTimeout)
+	defer deadline.Stop()
+	for _, p := range running {
 		select {
 		case <-p.done:
-		case <-t.C:
+		case <-deadline.C:
+			deadline.Reset(0) // the others get no more time either
 			_ = p.cmd.Process.Kill()
 			<-p.done
 			errs = append(errs, fmt.Errorf("replica %s did not stop within %v; stderr: %s", p.name, replicaStopTimeout, p.stderr.String()))
 		}
-		t.Stop()
 	}
 	return errors.Join(errs...)
 }
