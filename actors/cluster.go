@@ -157,7 +157,10 @@ type eventSub struct{ unsubscribe func() }
 // this replica.
 type placement struct {
 	owners []string
-	self   string
+	// next is each partition's owner should its owner go: where a request whose owner did
+	// not answer is tried once (rendezvous over the members less the owner).
+	next []string
+	self string
 	// pids caches the grain PID of each partition for this placement.
 	pids []atomic.Pointer[actor.PID]
 	n    int // members
@@ -431,10 +434,24 @@ func (c *Cluster) refreshPlacement() {
 	}
 	rdv := cluster.NewRendezvous()
 	rdv.UpdateMembers(ms)
-	p := &placement{owners: make([]string, len(c.identities)), self: self, n: n,
+	// without[addr] places over the members less addr (next owners).
+	without := map[string]*cluster.Rendezvous{}
+	if len(ms) > 1 {
+		for k, m := range ms {
+			others := append(slices.Clone(ms[:k]), ms[k+1:]...)
+			r := cluster.NewRendezvous()
+			r.UpdateMembers(others)
+			without[m.Address()] = r
+		}
+	}
+	p := &placement{owners: make([]string, len(c.identities)), next: make([]string, len(c.identities)), self: self, n: n,
 		pids: make([]atomic.Pointer[actor.PID], len(c.identities))}
 	for i, id := range c.identities {
-		o := rdv.GetByClusterIdentity(&cluster.ClusterIdentity{Identity: id, Kind: partitionKind})
+		ci := &cluster.ClusterIdentity{Identity: id, Kind: partitionKind}
+		o := rdv.GetByClusterIdentity(ci)
+		if r := without[o]; r != nil {
+			p.next[i] = r.GetByClusterIdentity(ci)
+		}
 		if o == "self:0" {
 			o = self
 		}
@@ -463,27 +480,37 @@ func (c *Cluster) pidOf(pl *placement, p int, timeout time.Duration) (*actor.PID
 	}
 	// Slow path: first use of the partition under this placement.
 	owner := pl.owners[p]
-	if owner == "" {
-		return nil, fmt.Errorf("partition %d has no owner: %w", p, ErrClusterUnavailable)
-	}
 	if owner == pl.self {
 		if h := c.local[p].Load(); h != nil {
 			pl.pids[p].Store(h.pid)
 			return h.pid, nil
 		}
 	}
+	pid, err := c.activate(owner, p, timeout)
+	if err != nil {
+		return nil, err
+	}
+	pl.pids[p].Store(pid)
+	return pid, nil
+}
+
+// activate asks owner's partition activator for partition p's grain. A member that does not
+// answer is not suspected: slow is not gone (the membership provider and lost connections
+// decide that).
+func (c *Cluster) activate(owner string, p int, timeout time.Duration) (*actor.PID, error) {
+	if owner == "" {
+		return nil, fmt.Errorf("partition %d has no owner: %w", p, ErrClusterUnavailable)
+	}
 	activator := actor.NewPID(owner, disthash.PartitionActivatorActorName)
 	res, err := c.sys.root.RequestFuture(activator, &cluster.ActivationRequest{
 		ClusterIdentity: cluster.NewClusterIdentity(c.identities[p], partitionKind)}, timeout).Result()
 	if err != nil {
-		c.suspect(owner)
 		return nil, fmt.Errorf("cannot activate partition %d on %s: %w: %w", p, owner, ErrClusterUnavailable, err)
 	}
 	ar, ok := res.(*cluster.ActivationResponse)
 	if !ok || ar.Pid == nil {
 		return nil, fmt.Errorf("cannot activate partition %d on %s: %w", p, owner, ErrClusterUnavailable)
 	}
-	pl.pids[p].Store(ar.Pid)
 	return ar.Pid, nil
 }
 

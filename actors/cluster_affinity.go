@@ -52,9 +52,12 @@ type bindingAnswer struct {
 
 // request runs one binding command on the key's partition: in process with a pooled call
 // when this replica owns it (fast path: no allocation), else as one remote request. A
-// failed owner is suspected and the command retried once on the next owner, within the
-// same deadline (cluster.request_timeout): the first attempt gets half of it, so that a
-// crashed owner, which answers nothing, leaves the retry time to succeed.
+// command whose owner did not answer is tried once more, on the partition's next owner
+// (where the partition goes should its owner be gone), within the same deadline
+// (cluster.request_timeout): the first attempt gets half of it, since an owner that
+// crashed answers nothing until the membership notices. A grain that had stopped (it
+// moved) is asked again through its owner. Nothing here changes the placement: a slow
+// member is not a gone one.
 func (c *Cluster) request(scope engine.AffinityScope, op bindingOp) (bindingAnswer, error) {
 	if c.closed.Load() {
 		return bindingAnswer{}, &engine.PickError{Outcome: engine.OutcomeInternal, Stage: scope.Stage, BucketID: scope.BucketID,
@@ -63,6 +66,7 @@ func (c *Cluster) request(scope engine.AffinityScope, op bindingOp) (bindingAnsw
 	p := c.partitionOf(op.key)
 	var deadline time.Time
 	var lastErr error
+	failed := "" // the owner that did not answer the first attempt
 	for attempt := range 2 {
 		pl := c.placement.Load()
 		if pid := pl.pids[p].Load(); attempt == 0 && pid != nil && pid.Address == pl.self {
@@ -74,7 +78,7 @@ func (c *Cluster) request(scope engine.AffinityScope, op bindingOp) (bindingAnsw
 			lastErr = err
 			continue
 		}
-		// Slow path: first use under this placement, or another owner.
+		// Slow path: first use under this placement, another owner, or the retry.
 		if deadline.IsZero() {
 			deadline = time.Now().Add(c.timeout)
 		}
@@ -82,19 +86,23 @@ func (c *Cluster) request(scope engine.AffinityScope, op bindingOp) (bindingAnsw
 		if left <= 0 {
 			break
 		}
-		// The first attempt may take half the budget: an owner that crashed answers
-		// nothing, and the retry on the next owner needs the other half.
 		budget := left
 		if attempt == 0 {
 			budget = left / 2
 		}
 		attemptDeadline := time.Now().Add(budget)
-		pid, err := c.pidOf(pl, p, budget)
-		if err != nil {
-			lastErr = err
-			continue
+		var pid *actor.PID
+		var err error
+		if failed != "" && pl.owners[p] == failed && pl.next[p] != "" {
+			next := pl.next[p]
+			if next == "self:0" {
+				next = pl.self
+			}
+			pid, err = c.activate(next, p, budget) // not cached: the placement is unchanged
+		} else {
+			pid, err = c.pidOf(pl, p, budget)
 		}
-		if pid.Address == pl.self {
+		if err == nil && pid.Address == pl.self {
 			a, err, again := c.requestLocal(pl, p, pid, scope, op)
 			if !again {
 				return a, err
@@ -102,11 +110,17 @@ func (c *Cluster) request(scope engine.AffinityScope, op bindingOp) (bindingAnsw
 			lastErr = err
 			continue
 		}
-		a, err := c.requestRemote(pl, p, pid, scope, op, attemptDeadline)
-		if err == nil || !errors.Is(err, ErrClusterUnavailable) {
-			return a, err
+		var a bindingAnswer
+		if err == nil {
+			a, err = c.requestRemote(pl, p, pid, scope, op, attemptDeadline)
+			if err == nil || !errors.Is(err, ErrClusterUnavailable) {
+				return a, err
+			}
 		}
 		lastErr = err
+		if !errors.Is(err, actor.ErrDeadLetter) {
+			failed = pl.owners[p]
+		}
 	}
 	out := engine.OutcomeTimeout
 	if lastErr != nil && !errors.Is(lastErr, actor.ErrTimeout) && !errors.Is(lastErr, context.DeadlineExceeded) {
@@ -167,9 +181,8 @@ func (c *Cluster) requestRemote(pl *placement, p int, pid *actor.PID, scope engi
 	c.remoteLatency.UpdateDuration(start)
 	if err != nil {
 		c.remoteFailed.Inc()
-		pl.pids[p].CompareAndSwap(pid, nil)
-		if !errors.Is(err, actor.ErrDeadLetter) {
-			c.suspect(pid.Address)
+		if errors.Is(err, actor.ErrDeadLetter) {
+			pl.pids[p].CompareAndSwap(pid, nil) // the grain stopped: activate it anew
 		}
 		return bindingAnswer{}, fmt.Errorf("partition %d on %s: %w: %w", p, pid.Address, ErrClusterUnavailable, err)
 	}
