@@ -156,11 +156,11 @@ cluster:
 	return rs
 }
 
-// kvEngine starts a mock engine answering at once that publishes its KV events.
-func kvEngine(t *testing.T, id string) *mockengine.Engine {
+// kvEngine starts a mock engine of model answering at once that publishes its KV events.
+func kvEngine(t *testing.T, model, id string) *mockengine.Engine {
 	t.Helper()
 	e, err := mockengine.Start(context.Background(), mockengine.Config{
-		WorkerID: id, Model: affModel, ZeroCost: true, CacheTokens: 1 << 16,
+		WorkerID: id, Model: model, ZeroCost: true, CacheTokens: 1 << 16,
 		KVEvents: mockengine.KVEvents{Replay: true}, LoadPublish: mockengine.LoadPublish{Disabled: true},
 	})
 	if err != nil {
@@ -233,7 +233,7 @@ func TestClusterReplicasShareSessions(t *testing.T) {
 		t.Skip("builds the binary and runs three processes")
 	}
 	bin := buildSwitchyard(t)
-	engines := []*mockengine.Engine{kvEngine(t, "E0"), kvEngine(t, "E1"), kvEngine(t, "E2"), kvEngine(t, "E3")}
+	engines := []*mockengine.Engine{kvEngine(t, affModel, "E0"), kvEngine(t, affModel, "E1"), kvEngine(t, affModel, "E2"), kvEngine(t, affModel, "E3")}
 	rs := startReplicas(t, bin, 3, engines)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*clusterWait)
 	defer cancel()

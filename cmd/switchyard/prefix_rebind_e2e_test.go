@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -14,25 +13,6 @@ import (
 	"switchyard/bench/mockengine"
 	"switchyard/config"
 )
-
-// startRebindEngines starts n mock engines that publish KV events (so the router indexes
-// what they cache) and answer at once.
-func startRebindEngines(t *testing.T, n int) []*mockengine.Engine {
-	t.Helper()
-	out := make([]*mockengine.Engine, n)
-	for i := range out {
-		e, err := mockengine.Start(context.Background(), mockengine.Config{
-			WorkerID: "E" + strconv.Itoa(i), Model: cacheModel, ZeroCost: true, CacheTokens: 1 << 16,
-			KVEvents: mockengine.KVEvents{Replay: true}, LoadPublish: mockengine.LoadPublish{Disabled: true},
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = e.Close() })
-		out[i] = e
-	}
-	return out
-}
 
 // postSession sends one chat turn of session through base and returns the engine that
 // served it.
@@ -84,7 +64,10 @@ func selectionsBy(t *testing.T, base, reason string) float64 {
 // again to the engine that still caches its conversation, which the router's KV-event index
 // knows, instead of wherever the power_of_two fallback would send it.
 func TestAffinityLostBindingReturnsToPrefixHolder(t *testing.T) {
-	engines := startRebindEngines(t, 4)
+	engines := make([]*mockengine.Engine, 4)
+	for i := range engines {
+		engines[i] = kvEngine(t, cacheModel, "E"+strconv.Itoa(i))
+	}
 	cfg := cacheRouterConfig(engines)
 	cfg.Models[cacheModel].Buckets[0].Groups.Plain.Policy = &config.Policy{Type: config.PolicySessionAware}
 	cfg.Affinity.PrefixRebind = true
