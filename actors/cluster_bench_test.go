@@ -4,7 +4,7 @@
 // (v0.0.0-20240822202345, the newest the module proxy serves) races inside itself (gossip
 // state, block list, member list, endpoint shutdown, the etcd provider, grpclog's global
 // logger), and the detector fails any test that starts a member. make test runs them in a
-// second step; docs/cluster.md (Testing) lists the races with their stack locations.
+// separate step; docs/cluster.md (Testing) lists the races with their stack locations.
 
 package actors
 
