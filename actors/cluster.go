@@ -120,11 +120,9 @@ type Cluster struct {
 
 	calls sync.Pool // *affinityCall
 	stats statsByScope
-	// host owns the partition grains' mailbox goroutines; nextMailbox hands the mailbox
-	// Proto.Actor made for a spawn to the actor it makes next (both run on the placement
-	// actor's goroutine, one spawn at a time).
-	host        *host
-	nextMailbox atomic.Pointer[mailbox]
+	// host owns the partition grains' mailbox goroutines. Proto.Actor makes a grain's
+	// mailbox itself; the mailbox hands itself to its grain (mailboxOwner).
+	host *host
 
 	lookups, remote, remoteFailed *metrics.Counter
 	remoteLatency                 *metrics.Histogram
@@ -264,14 +262,13 @@ func NewCluster(sys *System, cfg config.Cluster, opts ClusterOptions) (cl *Clust
 	if cfg.Advertise != "" {
 		ropts = append(ropts, remote.WithAdvertisedHost(cfg.Advertise))
 	}
-	kind := partitionKindOf(actor.PropsFromProducer(func() actor.Actor { return newPartitionActor(c, c.nextMailbox.Swap(nil)) },
+	kind := partitionKindOf(actor.PropsFromProducer(func() actor.Actor { return newPartitionActor(c) },
 		actor.WithMailbox(func() actor.Mailbox {
-			// Proto.Actor spawns grains itself: each activation gets a fresh mailbox.
-			mb := newMailbox(ao.Mailbox, c.host, &sys.counters.kinds[KindPartition],
+			// Proto.Actor spawns grains itself: each activation gets a fresh mailbox, which
+			// hands itself to its grain (mailboxOwner) before the grain gets a message.
+			return newMailbox(ao.Mailbox, c.host, &sys.counters.kinds[KindPartition],
 				&engine.PickError{Outcome: engine.OutcomeOverloaded, Detail: "affinity partition mailbox is full"},
 				&engine.PickError{Outcome: engine.OutcomeInternal, Detail: "affinity partition stopped", Err: ErrStopped})
-			c.nextMailbox.Store(mb)
-			return mb
 		})))
 	ccfg := cluster.Configure(cfg.Name, provider, disthash.New(), remote.Configure(host, port, ropts...),
 		cluster.WithKinds(kind), cluster.WithRequestTimeout(c.timeout), cluster.WithRequestLog(false))

@@ -291,11 +291,17 @@ type partitionActor struct {
 	forward *actor.PID // set once the bindings were handed off
 }
 
-var _ actor.Actor = (*partitionActor)(nil)
+var (
+	_ actor.Actor  = (*partitionActor)(nil)
+	_ mailboxOwner = (*partitionActor)(nil)
+)
 
-func newPartitionActor(c *Cluster, mb *mailbox) *partitionActor {
-	return &partitionActor{c: c, mb: mb, p: -1, tables: map[engine.AffinityScope]*bindingTable{}}
+func newPartitionActor(c *Cluster) *partitionActor {
+	return &partitionActor{c: c, p: -1, tables: map[engine.AffinityScope]*bindingTable{}}
 }
+
+// setMailbox implements mailboxOwner: the grain closes its own mailbox when it stops.
+func (a *partitionActor) setMailbox(mb *mailbox) { a.mb = mb }
 
 // table returns scope's table, creating it.
 func (a *partitionActor) table(scope engine.AffinityScope) *bindingTable {

@@ -86,38 +86,19 @@ func startMembers(t testing.TB, n int, workers ...string) []*testMember {
 // startMembersWith is startMembers with member i's actor system built from sysOpts(i).
 func startMembersWith(t testing.TB, n int, sysOpts func(i int) SystemOptions, workers ...string) []*testMember {
 	t.Helper()
-	ports := freePorts(t, n)
+	return startMembersOf(t, freePorts(t, n), n, sysOpts, workers...)
+}
+
+// startMembersOf starts members 0..n-1 of the automanaged cluster whose member list is ports
+// (a later member may join on one of the ports left) and waits until each sees n members.
+func startMembersOf(t testing.TB, ports []int, n int, sysOpts func(i int) SystemOptions, workers ...string) []*testMember {
+	t.Helper()
 	ms := make([]*testMember, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range n {
-		m := &testMember{events: make(chan struct{}, 1), counters: map[string]*load.Counters{}, changes: make(chan WorkerChange, 64)}
-		for _, w := range workers {
-			m.counters[w] = new(load.Counters)
-		}
-		m.sys = NewSystem(sysOpts(i))
-		m.sys.sys.EventStream.Subscribe(func(evt any) {
-			switch evt.(type) {
-			case *cluster.ClusterTopology, *cluster.GossipUpdate:
-				select {
-				case m.events <- struct{}{}:
-				default:
-				}
-			}
-		})
-		ms[i] = m
-		wg.Go(func() {
-			m.cl, errs[i] = NewCluster(m.sys, testClusterConfig(ports, i), ClusterOptions{
-				Counters: func() map[string]CountersOf {
-					out := map[string]CountersOf{}
-					for id, c := range m.counters {
-						out[id] = c
-					}
-					return out
-				},
-				OnWorkerChange: func(wc WorkerChange) { m.changes <- wc },
-			})
-		})
+		ms[i] = newTestMember(sysOpts(i), workers)
+		wg.Go(func() { errs[i] = ms[i].start(ports, i) })
 	}
 	wg.Wait()
 	t.Cleanup(func() {
@@ -136,6 +117,40 @@ func startMembersWith(t testing.TB, n int, sysOpts func(i int) SystemOptions, wo
 		m.waitFor(t, fmt.Sprintf("member %d sees %d members", i, n), func() bool { return len(m.cl.Members()) == n })
 	}
 	return ms
+}
+
+// newTestMember builds a member's actor system; start joins it to the cluster.
+func newTestMember(opts SystemOptions, workers []string) *testMember {
+	m := &testMember{events: make(chan struct{}, 1), counters: map[string]*load.Counters{}, changes: make(chan WorkerChange, 64)}
+	for _, w := range workers {
+		m.counters[w] = new(load.Counters)
+	}
+	m.sys = NewSystem(opts)
+	m.sys.sys.EventStream.Subscribe(func(evt any) {
+		switch evt.(type) {
+		case *cluster.ClusterTopology, *cluster.GossipUpdate:
+			select {
+			case m.events <- struct{}{}:
+			default:
+			}
+		}
+	})
+	return m
+}
+
+// start makes m member i of the cluster whose member list is ports.
+func (m *testMember) start(ports []int, i int) (err error) {
+	m.cl, err = NewCluster(m.sys, testClusterConfig(ports, i), ClusterOptions{
+		Counters: func() map[string]CountersOf {
+			out := map[string]CountersOf{}
+			for id, c := range m.counters {
+				out[id] = c
+			}
+			return out
+		},
+		OnWorkerChange: func(wc WorkerChange) { m.changes <- wc },
+	})
+	return err
 }
 
 func (m *testMember) close() {
@@ -279,6 +294,57 @@ func TestClusterGracefulLeaveLosesNoBinding(t *testing.T) {
 	}
 	if ms[0].cl.handedOff.Get()+ms[1].cl.handedOff.Get() == 0 {
 		t.Fatal("no binding was handed off")
+	}
+}
+
+// TestClusterJoinHandsMovedPartitionsOver: a member joining takes over some partitions; the
+// grains that move hand their bindings to it, so every member still resolves every key to
+// its binding.
+func TestClusterJoinHandsMovedPartitionsOver(t *testing.T) {
+	ports := freePorts(t, 3)
+	ms := startMembersOf(t, ports, 2, func(int) SystemOptions { return SystemOptions{} })
+	now := time.Now()
+	const keys = 200
+	for k := range keys {
+		if _, _, err := ms[0].cl.Bind(clusterScope, fmt.Sprintf("j%d", k), "", fmt.Sprintf("W%d", k%7), now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	joiner := newTestMember(SystemOptions{}, nil)
+	t.Cleanup(joiner.close)
+	if err := joiner.start(ports, 2); err != nil {
+		t.Fatal(err)
+	}
+	all := append(ms, joiner)
+	for i, m := range all {
+		m.waitFor(t, fmt.Sprintf("member %d sees 3 members", i), func() bool { return len(m.cl.Members()) == 3 })
+	}
+	// The keys whose partition moved to the joiner, and the bindings it must adopt.
+	pl := joiner.cl.placement.Load()
+	moved := 0
+	for k := range keys {
+		if pl.owners[joiner.cl.partitionOf(fmt.Sprintf("j%d", k))] == pl.self {
+			moved++
+		}
+	}
+	if moved == 0 {
+		t.Fatal("no partition moved to the joining member; the test proves nothing")
+	}
+	joiner.waitFor(t, fmt.Sprintf("the joiner adopts %d bindings", moved), func() bool {
+		return joiner.cl.handedOff.Get() == uint64(moved)
+	})
+	for i, m := range all {
+		for k := range keys {
+			key := fmt.Sprintf("j%d", k)
+			if got, err := m.cl.Lookup(clusterScope, key, now); err != nil || got != fmt.Sprintf("W%d", k%7) {
+				p := m.cl.partitionOf(key)
+				for j, o := range all {
+					opl := o.cl.placement.Load()
+					t.Logf("member %d (%s): owner of partition %d = %s, local grain %v, handedOff %d", j, opl.self, p, opl.owners[p], o.cl.local[p].Load() != nil, o.cl.handedOff.Get())
+				}
+				t.Fatalf("member %d after the join: lookup %s = %q, %v", i, key, got, err)
+			}
+		}
 	}
 }
 

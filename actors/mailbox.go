@@ -80,12 +80,12 @@ type rejecter interface {
 // host owns the goroutines of a set of mailboxes.
 type host struct {
 	mu        sync.Mutex
-	mailboxes []*mailbox
+	mailboxes map[*mailbox]struct{} // running ones: a mailbox leaves when its goroutine ends
 	down      bool
 	wg        sync.WaitGroup
 }
 
-func newHost() *host { return &host{} }
+func newHost() *host { return &host{mailboxes: map[*mailbox]struct{}{}} }
 
 // start runs m's goroutine, or closes m at once when the host is shut down.
 func (h *host) start(m *mailbox) {
@@ -95,17 +95,27 @@ func (h *host) start(m *mailbox) {
 		m.close()
 		return
 	}
-	h.mailboxes = append(h.mailboxes, m)
+	h.mailboxes[m] = struct{}{}
 	h.wg.Add(1)
 	go m.loop()
+}
+
+// done forgets m once its goroutine has ended (a grain that stopped).
+func (h *host) done(m *mailbox) {
+	h.mu.Lock()
+	delete(h.mailboxes, m)
+	h.mu.Unlock()
+	h.wg.Done()
 }
 
 // shutdown closes every mailbox (refusing what is queued) and waits for their goroutines.
 func (h *host) shutdown() {
 	h.mu.Lock()
 	h.down = true
-	mbs := h.mailboxes
-	h.mailboxes = nil
+	mbs := make([]*mailbox, 0, len(h.mailboxes))
+	for m := range h.mailboxes {
+		mbs = append(mbs, m)
+	}
 	h.mu.Unlock()
 	for _, m := range mbs {
 		m.close()
@@ -233,9 +243,23 @@ func (m *mailbox) signal() {
 	}
 }
 
+// mailboxOwner is an actor whose mailbox Proto.Actor makes (a cluster grain): the mailbox
+// hands itself to the actor, which closes it when it stops.
+type mailboxOwner interface {
+	setMailbox(*mailbox)
+}
+
 // RegisterHandlers implements actor.Mailbox. The dispatcher is not used (see mailbox).
+// Proto.Actor calls it once per spawn, after making the actor and this mailbox and before
+// Start: the mailbox hands itself to an actor that is a mailboxOwner here, so that each
+// actor gets its own mailbox whatever the order in which the producers ran.
 func (m *mailbox) RegisterHandlers(invoker actor.MessageInvoker, _ actor.Dispatcher) {
 	m.invoker = invoker
+	if ctx, ok := invoker.(actor.Context); ok {
+		if o, ok := ctx.Actor().(mailboxOwner); ok {
+			o.setMailbox(m)
+		}
+	}
 }
 
 // Start implements actor.Mailbox: it starts the mailbox goroutine.
@@ -268,7 +292,7 @@ func (m *mailbox) drain() {
 }
 
 func (m *mailbox) loop() {
-	defer m.host.wg.Done()
+	defer m.host.done(m)
 	for m.run() {
 	}
 	if m.held != nil {

@@ -112,3 +112,71 @@ func TestKindNames(t *testing.T) {
 		}
 	}
 }
+
+// ownerActor is a mailboxOwner: it answers every *probe on reply and closes its own mailbox
+// when it stops, as a partition grain does.
+type ownerActor struct {
+	mb    *mailbox
+	reply chan *probe
+}
+
+func (a *ownerActor) setMailbox(mb *mailbox) { a.mb = mb }
+
+func (a *ownerActor) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *probe:
+		a.reply <- m
+	case *actor.Stopped:
+		a.mb.close()
+	}
+}
+
+// TestMailboxHandsItselfToItsActor: when Proto.Actor makes the mailboxes (a cluster kind's
+// props spawn every grain), each actor gets the mailbox made for it, so one that stops
+// closes its own mailbox and never another live actor's.
+func TestMailboxHandsItselfToItsActor(t *testing.T) {
+	own := NewSystem(SystemOptions{})
+	defer own.Close()
+	h := newHost()
+	defer h.shutdown()
+	kc := own.counters.kinds[KindPartition]
+	stopped := &engine.PickError{Outcome: engine.OutcomeInternal, Detail: "stopped", Err: ErrStopped}
+	var made []*ownerActor
+	props := actor.PropsFromProducer(func() actor.Actor {
+		a := &ownerActor{reply: make(chan *probe, 1)}
+		made = append(made, a) // spawns run one at a time on this goroutine
+		return a
+	}, actor.WithMailbox(func() actor.Mailbox {
+		return newMailbox(4, h, &kc, &engine.PickError{Outcome: engine.OutcomeOverloaded}, stopped)
+	}))
+	var pids []*actor.PID
+	for range 3 {
+		pids = append(pids, own.sys.Root.SpawnPrefix(props, "owner"))
+	}
+	for i, a := range made {
+		if a.mb == nil {
+			t.Fatalf("actor %d got no mailbox", i)
+		}
+		for j := range i {
+			if made[j].mb == a.mb {
+				t.Fatalf("actors %d and %d share a mailbox", j, i)
+			}
+		}
+	}
+	// The first stops and closes its mailbox; the others still answer.
+	if err := own.sys.Root.StopFuture(pids[0]).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	for i, pid := range pids[1:] {
+		p := newProbe()
+		own.sys.Root.Send(pid, p)
+		select {
+		case got := <-made[i+1].reply:
+			if got != p {
+				t.Fatalf("actor %d answered another probe", i+1)
+			}
+		case err := <-p.refused:
+			t.Fatalf("actor %d refused a probe after actor 0 stopped: %v", i+1, err)
+		}
+	}
+}
