@@ -47,6 +47,10 @@ const (
 	metricClusterHandoff       = "switchyard_cluster_handoff_bindings_total"
 )
 
+// remoteLatencyBuckets are the upper bounds (seconds) of the remote binding request
+// histogram: a loopback round trip is tens of microseconds, the request deadline a second.
+var remoteLatencyBuckets = []float64{0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}
+
 // ErrClusterUnavailable: no member could serve a partition (the cluster has no members, or
 // the owner did not answer).
 var ErrClusterUnavailable = errors.New("cluster unavailable")
@@ -125,7 +129,7 @@ type Cluster struct {
 	host *host
 
 	lookups, remote, remoteFailed *metrics.Counter
-	remoteLatency                 *metrics.Histogram
+	remoteLatency                 *metrics.PrometheusHistogram
 	handedOff                     *metrics.Counter
 	names                         []string
 
@@ -231,7 +235,7 @@ func NewCluster(sys *System, cfg config.Cluster, opts ClusterOptions) (cl *Clust
 	c.remoteFailed = c.counter(metricClusterLookups + `{owner="remote_failed"}`)
 	c.handedOff = c.counter(metricClusterHandoff)
 	c.names = append(c.names, metricClusterRemoteLatency)
-	c.remoteLatency = c.set.GetOrCreateHistogram(metricClusterRemoteLatency)
+	c.remoteLatency = c.set.GetOrCreatePrometheusHistogramExt(metricClusterRemoteLatency, remoteLatencyBuckets)
 	c.gauge(metricClusterMembers, func() float64 {
 		if p := c.placement.Load(); p != nil {
 			return float64(p.n)
