@@ -8,19 +8,11 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/VictoriaMetrics/metrics"
 	"github.com/asynkron/protoactor-go/actor"
 
 	"switchyard/config"
 	"switchyard/engine"
 	"switchyard/kv"
-	"switchyard/load/series"
-)
-
-// Approximate-tree shard metric names.
-const (
-	metricApproxRejections = "switchyard_cache_approx_shard_mailbox_rejections_total"
-	metricApproxPanics     = "switchyard_cache_approx_shard_panics_total"
 )
 
 // ApproxShards hosts the approximate prefix tree's shards (kv.ApproxShard) on actors, one
@@ -32,12 +24,12 @@ const (
 //
 // All methods are safe for concurrent use. Close stops every actor.
 type ApproxShards struct {
-	sys      *actor.ActorSystem
+	sys      *System
+	closeSys func() // closes sys when it is the shards' own
 	root     *actor.RootContext
 	host     *host
 	logger   *slog.Logger
-	metrics  *series.Owned // unregistered by Close
-	counters kindCounters
+	counters *kindCounters // the System's, kind approx_shard
 	pids     []*actor.PID
 	shards   []*kv.ApproxShard
 
@@ -58,20 +50,20 @@ func NewApproxShards(shards []*kv.ApproxShard, opts IndexOptions) (*ApproxShards
 	if opts.Mailbox <= 0 {
 		opts.Mailbox = config.Default().Actors.Mailbox.IndexShard
 	}
+	if opts.Logger == nil && opts.System != nil {
+		opts.Logger = opts.System.Logger()
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	if opts.Metrics == nil {
-		opts.Metrics = metrics.NewSet()
-	}
-	s := &ApproxShards{host: newHost(), logger: opts.Logger, metrics: series.Own(opts.Metrics), shards: shards}
-	s.counters = newKindCounters(s.metrics, metricApproxRejections, metricApproxPanics)
-	s.sys = newActorSystem(opts.Logger)
-	s.root = s.sys.Root
-	subscribeDeadLetters(s.sys, &engine.PickError{Outcome: engine.OutcomeInternal, Detail: "approximate tree shard actor stopped", Err: ErrStopped})
+	s := &ApproxShards{host: newHost(), logger: opts.Logger, shards: shards}
+	// Mailbox rejections and panics count in the actor families, kind approx_shard.
+	s.sys, s.closeSys = systemOr(opts.System, opts.Logger)
+	s.root = s.sys.root
+	s.counters = &s.sys.counters.kinds[KindApproxShard]
 	for i, sh := range shards {
 		name := fmt.Sprintf("approx-shard:%d", i)
-		mb := newMailbox(opts.Mailbox, s.host, &s.counters,
+		mb := newMailbox(opts.Mailbox, s.host, s.counters,
 			&engine.PickError{Outcome: engine.OutcomeOverloaded, Detail: name + " mailbox is full"},
 			&engine.PickError{Outcome: engine.OutcomeInternal, Detail: name + " stopped", Err: ErrStopped})
 		props := actor.PropsFromProducer(func() actor.Actor { return &approxShardActor{owner: s, shard: sh, name: name, mb: mb} },
@@ -141,8 +133,7 @@ func (s *ApproxShards) Close() error {
 		}
 	}
 	s.host.shutdown()
-	s.sys.Shutdown()
-	s.metrics.Unregister()
+	s.closeSys()
 	return nil
 }
 
@@ -160,9 +151,13 @@ var _ actor.Actor = (*approxShardActor)(nil)
 func (a *approxShardActor) Receive(ctx actor.Context) {
 	switch msg := ctx.Message().(type) {
 	case *ApplyApprox:
-		a.guard(nil, func() { a.shard.Apply(msg.Op) })
+		a.guard(nil, func() {
+			a.owner.sys.observed(KindApproxShard, msg)
+			a.shard.Apply(msg.Op)
+		})
 	case *MatchApprox:
 		a.guard(msg.reply, func() {
+			a.owner.sys.observed(KindApproxShard, msg)
 			a.shard.Match(msg.Query)
 			msg.reply <- nil
 		})
@@ -179,7 +174,7 @@ func (a *approxShardActor) guard(reply chan error, f func()) {
 	replied := false
 	defer func() {
 		if r := recover(); r != nil {
-			a.owner.counters.panics.Add(1)
+			a.owner.counters.panics.Inc()
 			a.owner.logger.Error("approximate tree shard actor panicked; restarting it with an empty shard",
 				slog.String("shard", a.name), slog.Any("panic", r), slog.String("stack", string(debug.Stack())))
 			if reply != nil && !replied {

@@ -20,7 +20,8 @@ type CacheOptions struct {
 	Logger *slog.Logger
 	// Metrics receives the switchyard_kv_* series. Default: a private set.
 	Metrics *metrics.Set
-	// System is the actor system the index shard actors run on. Default: a private one.
+	// System is the actor system the index (or approximate tree) shard actors run on.
+	// Default: a private one.
 	System *System
 	// OnApplied, when set, is called after each KV-event batch is applied (see
 	// kv.ManagerConfig.OnApplied). For tests and tracing; it must not block.
@@ -117,7 +118,7 @@ func NewCacheState(cfg *config.Config, opts CacheOptions) (*CacheState, error) {
 	case config.CacheSourceApproximate:
 		ap := cfg.CacheAware.Approximate
 		io := IndexOptionsFrom(cfg)
-		io.Logger, io.Metrics = opts.Logger, opts.Metrics
+		io.Logger, io.Metrics, io.System = opts.Logger, opts.Metrics, opts.System
 		x, err := kv.NewApproxIndex(kv.ApproxConfig{Shards: cfg.KV.Shards, MaxTreeSize: ap.MaxTreeSize,
 			Host: ApproxHost(io), Metrics: opts.Metrics, Logger: opts.Logger})
 		if err != nil {

@@ -22,10 +22,11 @@ const (
 	KindAffinity
 	KindIndexShard
 	KindPartition
+	KindApproxShard
 	numKinds
 )
 
-var kindNames = [numKinds]string{"bucket", "group", "telemetry", "affinity", "index_shard", "affinity_partition"}
+var kindNames = [numKinds]string{"bucket", "group", "telemetry", "affinity", "index_shard", "affinity_partition", "approx_shard"}
 
 // String returns the kind's name as used in configuration (actors.mailbox.<kind>) and in the
 // kind label of the actor metrics.
