@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 
 	"github.com/VictoriaMetrics/metrics"
+
+	"switchyard/load/series"
 )
 
 // The approximate source: for engines that publish no KV events, the router keeps a prefix
@@ -197,11 +199,10 @@ const (
 // prompt, Lookup returns every worker's longest recorded prefix of a prompt, Resident how
 // much of the tree a worker holds. Safe for concurrent use.
 type ApproxIndex struct {
-	shards []*ApproxShard
-	host   ApproxHost
-	logger *slog.Logger
-	set    *metrics.Set
-	names  []string
+	shards  []*ApproxShard
+	host    ApproxHost
+	logger  *slog.Logger
+	metrics *series.Owned // unregistered by Close
 
 	mu       sync.Mutex
 	counters atomic.Pointer[map[string]*atomic.Int64]
@@ -220,13 +221,10 @@ func NewApproxIndex(cfg ApproxConfig) (*ApproxIndex, error) {
 	if cfg.MaxTreeSize < 1024 {
 		return nil, fmt.Errorf("cannot build the approximate prefix tree: max tree size %d (at least 1024)", cfg.MaxTreeSize)
 	}
-	if cfg.Metrics == nil {
-		cfg.Metrics = metrics.NewSet()
-	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	x := &ApproxIndex{logger: cfg.Logger, set: cfg.Metrics}
+	x := &ApproxIndex{logger: cfg.Logger, metrics: series.Own(cfg.Metrics)}
 	x.counters.Store(&map[string]*atomic.Int64{})
 	x.queries.New = func() any { return &ApproxQuery{} }
 	budget := int64((cfg.MaxTreeSize + cfg.Shards - 1) / cfg.Shards)
@@ -242,30 +240,20 @@ func NewApproxIndex(cfg ApproxConfig) (*ApproxIndex, error) {
 		}
 		x.host = h
 	}
-	x.gauge(metricApproxSymbols, func() float64 { return float64(x.Symbols()) })
-	x.gauge(metricApproxNodes, func() float64 {
+	x.metrics.Gauge(metricApproxSymbols, func() float64 { return float64(x.Symbols()) })
+	x.metrics.Gauge(metricApproxNodes, func() float64 {
 		var n int64
 		for _, s := range x.shards {
 			n += s.nodes.Load()
 		}
 		return float64(n)
 	})
-	x.recorded = x.counter(metricApproxRecorded)
-	x.dropped = x.counter(metricApproxDropped)
-	x.evicted = x.counter(metricApproxEvicted)
-	x.inline = x.counter(metricApproxInline)
-	x.unavailable = x.counter(metricApproxUnavailable)
+	x.recorded = x.metrics.Counter(metricApproxRecorded)
+	x.dropped = x.metrics.Counter(metricApproxDropped)
+	x.evicted = x.metrics.Counter(metricApproxEvicted)
+	x.inline = x.metrics.Counter(metricApproxInline)
+	x.unavailable = x.metrics.Counter(metricApproxUnavailable)
 	return x, nil
-}
-
-func (x *ApproxIndex) counter(name string) *metrics.Counter {
-	x.names = append(x.names, name)
-	return x.set.GetOrCreateCounter(name)
-}
-
-func (x *ApproxIndex) gauge(name string, f func() float64) {
-	x.set.GetOrCreateGauge(name, f)
-	x.names = append(x.names, name)
 }
 
 // shardOf returns the shard of model's prompt seq.
@@ -408,9 +396,7 @@ func (x *ApproxIndex) Close() error {
 	if c, ok := x.host.(io.Closer); ok {
 		err = c.Close()
 	}
-	for _, n := range x.names {
-		x.set.UnregisterMetric(n)
-	}
+	x.metrics.Unregister()
 	return err
 }
 

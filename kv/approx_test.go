@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
+
+	"github.com/VictoriaMetrics/metrics"
 )
 
 func seqOf(vals ...uint32) []uint32 { return vals }
@@ -316,6 +319,32 @@ func TestApproxIndexRefusals(t *testing.T) {
 	}
 	if _, err := NewApproxIndex(ApproxConfig{Shards: 1, MaxTreeSize: 10}); err == nil {
 		t.Error("max tree size 10 accepted")
+	}
+}
+
+// TestApproxIndexCloseUnregisters: the index's series are on the set it was given while it
+// runs, and gone after Close (a rebuilt index registers them afresh).
+func TestApproxIndexCloseUnregisters(t *testing.T) {
+	set := metrics.NewSet()
+	x, err := NewApproxIndex(ApproxConfig{Shards: 2, MaxTreeSize: 1024, Metrics: set})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x.Record("m", "w", ramp(0, 10))
+	var b strings.Builder
+	set.WritePrometheus(&b)
+	for _, name := range []string{metricApproxSymbols + " 10", metricApproxRecorded + " 1", metricApproxNodes} {
+		if !strings.Contains(b.String(), name) {
+			t.Errorf("no %q while the index runs:\n%s", name, b.String())
+		}
+	}
+	if err := x.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b.Reset()
+	set.WritePrometheus(&b)
+	if strings.Contains(b.String(), "switchyard_cache_approx_") {
+		t.Errorf("series left after Close:\n%s", b.String())
 	}
 }
 
