@@ -115,14 +115,7 @@ func parseRequest(kind routeKind, body []byte, f *requestFacts) *apiError {
 		}
 		switch {
 		case keyIs(key, "model"):
-			if v.kind == kindNull {
-				return nil
-			}
-			if v.kind != kindString {
-				perr = paramError(CodeInvalidParameter, "model", "model must be a string")
-				return nil
-			}
-			modelRaw = v
+			perr = modelParam(v, &modelRaw)
 		case keyIs(key, "stream"):
 			perr = boolParam(v, "stream", &f.stream)
 		case keyIs(key, "max_tokens") && kind != routeGenerate:
@@ -208,6 +201,18 @@ func parseRequest(kind routeKind, body []byte, f *requestFacts) *apiError {
 			return paramError(CodeMissingPrompt, "text", "you must provide text or input_ids")
 		}
 		f.maxTokens = samplingMaxNew
+	}
+	return nil
+}
+
+// modelParam reads "model" into dst: a string, or null for none.
+func modelParam(v jsonValue, dst *jsonValue) *apiError {
+	switch v.kind {
+	case kindNull:
+	case kindString:
+		*dst = v
+	default:
+		return paramError(CodeInvalidParameter, "model", "model must be a string")
 	}
 	return nil
 }
@@ -581,14 +586,7 @@ func parseAuxRequest(kind routeKind, body []byte, f *requestFacts) *apiError {
 		}
 		switch {
 		case keyIs(key, "model"):
-			if v.kind == kindNull {
-				return nil
-			}
-			if v.kind != kindString {
-				perr = paramError(CodeInvalidParameter, "model", "model must be a string")
-				return nil
-			}
-			modelRaw = v
+			perr = modelParam(v, &modelRaw)
 		case keyIs(key, "stream") && kind == routeResponses:
 			perr = boolParam(v, "stream", &f.stream)
 		case keyIs(key, "max_output_tokens") && kind == routeResponses:
