@@ -42,12 +42,7 @@ func (s *Server) modelsBody() []byte {
 // modelInfo answers GET /get_model_info[?model=NAME] with the answer of one engine of the
 // model, chosen by the model's selection as a request of no length would be.
 func (s *Server) modelInfo(ctx *fasthttp.RequestCtx) {
-	if !ctx.IsGet() {
-		writeError(ctx, errMethodNotAllowed)
-		return
-	}
-	if e := checkKey(ctx, s.cfg.Server.APIKey); e != nil {
-		writeError(ctx, e)
+	if !s.clientGet(ctx) {
 		return
 	}
 	mr := s.only
@@ -145,12 +140,7 @@ func (s *Server) gather(call func(m *fleet.Member, g *gathered)) []gathered {
 // answers (plain or prefill engines first, by ID), which clients written for one engine read,
 // and under "workers" every engine's, or why it has none.
 func (s *Server) serverInfo(ctx *fasthttp.RequestCtx) {
-	if !ctx.IsGet() {
-		writeError(ctx, errMethodNotAllowed)
-		return
-	}
-	if e := checkKey(ctx, s.cfg.Server.APIKey); e != nil {
-		writeError(ctx, e)
+	if !s.clientGet(ctx) {
 		return
 	}
 	parts := s.gather(func(m *fleet.Member, g *gathered) {
@@ -273,4 +263,18 @@ func (s *Server) flushCache(ctx *fasthttp.RequestCtx) {
 	e := newAPIError(CodeUpstream, "not every engine flushed its cache")
 	body["error"] = map[string]any{"message": e.message, "type": e.class().typ, "param": nil, "code": e.code}
 	writeJSON(ctx, e.status(), body)
+}
+
+// clientGet admits a GET on a client route: it answers 405 to another method and 401 without
+// the client key (server.api_key), and then returns false.
+func (s *Server) clientGet(ctx *fasthttp.RequestCtx) bool {
+	if !ctx.IsGet() {
+		writeError(ctx, errMethodNotAllowed)
+		return false
+	}
+	if e := checkKey(ctx, s.cfg.Server.APIKey); e != nil {
+		writeError(ctx, e)
+		return false
+	}
+	return true
 }

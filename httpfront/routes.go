@@ -102,12 +102,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		return
 	case "/v1/models":
 		s.metrics.other[otherModels].Inc()
-		if !ctx.IsGet() {
-			writeError(ctx, errMethodNotAllowed)
-			return
-		}
-		if e := checkKey(ctx, s.cfg.Server.APIKey); e != nil {
-			writeError(ctx, e)
+		if !s.clientGet(ctx) {
 			return
 		}
 		ctx.SetContentType("application/json")
