@@ -119,8 +119,8 @@ func sglFlags() []sglFlag {
 		{name: "eviction-interval-secs", key: "cache_aware.approximate.eviction_interval", conv: secs},
 		{name: "eviction-interval", key: "cache_aware.approximate.eviction_interval", conv: secs, note: "the Rust binary's spelling of --eviction-interval-secs"},
 		{name: "max-tree-size", key: "cache_aware.approximate.max_tree_size"},
-		{name: "prometheus-host", key: "server.metrics_host", note: "no listener of its own in this build: /metrics is on the router's port"},
-		{name: "prometheus-port", key: "server.metrics_port", note: "no listener of its own in this build: /metrics is on the router's port"},
+		{name: "prometheus-host", key: "server.metrics_host", note: "the address of the metrics listener --prometheus-port opens"},
+		{name: "prometheus-port", key: "server.metrics_port", note: "/metrics on a listener of its own, the router's port then answers 404 there; without it /metrics is on the router's port"},
 		{name: "log-level", key: "log.level", conv: func(s string) (string, error) {
 			switch s {
 			case "warning":
@@ -130,9 +130,9 @@ func sglFlags() []sglFlag {
 			}
 			return s, nil
 		}, note: "warning is warn, critical is error"},
-		{name: "client-cert-path", key: "upstream.tls.cert_file", note: "no client certificate for workers in this build"},
-		{name: "client-key-path", key: "upstream.tls.key_file", note: "no client certificate for workers in this build"},
-		{name: "ca-cert-paths", kind: sglList, key: "upstream.tls.ca_files", note: "no certificate authorities for workers in this build"},
+		{name: "client-cert-path", key: "upstream.tls.cert_file", note: "the client certificate shown to https workers, with --client-key-path"},
+		{name: "client-key-path", key: "upstream.tls.key_file", note: "the key of --client-cert-path"},
+		{name: "ca-cert-paths", kind: sglList, key: "upstream.tls.ca_files", note: "authorities trusted for https workers beside the system's roots; several files"},
 		{name: "worker-startup-timeout-secs", key: "health.startup_timeout", conv: secs},
 		{name: "worker-startup-check-interval", key: "health.startup_check_interval", conv: secs},
 		{name: "shutdown-grace-period-secs", key: "server.drain_timeout", conv: secs},
@@ -175,6 +175,13 @@ func sglFlags() []sglFlag {
 		refuse("jwt-role-claim", "no equivalent"),
 		refuse("jwt-role-mapping", "no equivalent"),
 	}
+}
+
+// isListKey reports whether segs name a list of the schema (upstream.tls.ca_files): the
+// schema refuses a list key as a leaf.
+func isListKey(segs []string) bool {
+	_, _, ferr := schemaLeaf(segs)
+	return ferr != nil && ferr.Kind == ErrInvalid && strings.Contains(ferr.Msg, "list")
 }
 
 // sglPrefill is one --prefill URL [BOOTSTRAP_PORT].
@@ -420,8 +427,8 @@ func (l *sglLaunch) take(p *problems, o *cliOptions, f sglFlag, vals []string) {
 	segs := strings.Split(f.key, ".")
 	if f.kind == sglList {
 		// A list key (upstream.tls.ca_files): present in the schema as a list.
-		if _, _, ferr := schemaLeaf(segs); ferr == nil || ferr.Kind != ErrInvalid || !strings.Contains(ferr.Msg, "list") {
-			p.add(path, ErrDropped, f.note)
+		if !isListKey(segs) {
+			p.add(path, ErrDropped, "no list key "+f.key+" in this build")
 			return
 		}
 		list := make([]any, 0, len(vals))
@@ -433,8 +440,8 @@ func (l *sglLaunch) take(p *problems, o *cliOptions, f sglFlag, vals []string) {
 	}
 	_, typ, ferr := schemaLeaf(segs)
 	if ferr != nil {
-		// A key this build does not have yet.
-		p.add(path, ErrDropped, f.note)
+		// Not reached: TestCompatFlagKeysExist holds every flag's key to the schema.
+		p.add(path, ErrDropped, "no key "+f.key+" in this build")
 		return
 	}
 	text := ""
@@ -689,7 +696,7 @@ func CompatUsage(w io.Writer) {
 			fmt.Fprintf(w, "  --%-32s refused: %s\n", f.name, f.note)
 		case f.key != "":
 			fmt.Fprintf(w, "  --%-32s %s", f.name, f.key)
-			if f.note != "" && !strings.Contains(f.note, "this build") {
+			if f.note != "" {
 				fmt.Fprintf(w, " (%s)", f.note)
 			}
 			fmt.Fprintln(w)

@@ -152,6 +152,46 @@ func TestCompatResilienceFlags(t *testing.T) {
 	}
 }
 
+// TestCompatMetricsAndWorkerTLS: --prometheus-host and --prometheus-port open the separate
+// metrics listener (server.metrics_*), and the client-certificate flags are the TLS of the
+// connections to https workers (upstream.tls.*), --ca-cert-paths taking several files.
+func TestCompatMetricsAndWorkerTLS(t *testing.T) {
+	cfg := loadCompat(t, "--worker-urls https://127.0.0.1:30001 --prometheus-host 0.0.0.0 --prometheus-port 29000 "+
+		"--client-cert-path /etc/router/client.pem --client-key-path /etc/router/client.key "+
+		"--ca-cert-paths /etc/router/ca1.pem /etc/router/ca2.pem --port 30000")
+	if s := cfg.Server; s.MetricsHost != "0.0.0.0" || s.MetricsPort == nil || *s.MetricsPort != 29000 {
+		t.Errorf("metrics listener %q:%v", s.MetricsHost, s.MetricsPort)
+	}
+	u := cfg.Upstream.TLS
+	if u.CertFile != "/etc/router/client.pem" || u.KeyFile != "/etc/router/client.key" ||
+		!slices.Equal(u.CAFiles, []string{"/etc/router/ca1.pem", "/etc/router/ca2.pem"}) {
+		t.Errorf("upstream.tls %+v", u)
+	}
+	if cfg := loadCompat(t, "--worker-urls http://127.0.0.1:30001"); cfg.Server.MetricsPort != nil || !cfg.Upstream.TLS.IsZero() {
+		t.Errorf("without the flags: metrics port %v, upstream.tls %+v", cfg.Server.MetricsPort, cfg.Upstream.TLS)
+	}
+}
+
+// TestCompatFlagKeysExist: every sgl-router flag that maps onto a key names a key of the
+// schema (a list for a list flag), so that none is refused for want of its key.
+func TestCompatFlagKeysExist(t *testing.T) {
+	for _, f := range sglFlags() {
+		if f.key == "" {
+			continue
+		}
+		segs := strings.Split(f.key, ".")
+		if f.kind == sglList {
+			if !isListKey(segs) {
+				t.Errorf("--%s: %s is not a list key", f.name, f.key)
+			}
+			continue
+		}
+		if _, _, ferr := schemaLeaf(segs); ferr != nil {
+			t.Errorf("--%s: %s: %v", f.name, f.key, ferr)
+		}
+	}
+}
+
 func TestCompatStartupWait(t *testing.T) {
 	cl, err := ParseCommandLine([]string{"--compat", "sgl-router", "--worker-urls", "http://127.0.0.1:1",
 		"--worker-startup-timeout-secs", "45", "--worker-startup-check-interval", "3"})
