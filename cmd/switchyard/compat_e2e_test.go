@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -25,9 +26,19 @@ import (
 // test.
 func launch(t *testing.T, args ...string) string {
 	t.Helper()
-	c := startChild(t, 0, append([]string{"--compat", "sgl-router"}, args...)...)
-	return c.waitLine(t, servingLine)[1]
+	_, u := launchChild(t, args...)
+	return u
 }
+
+// launchChild is launch that also returns the process, to read what else it printed.
+func launchChild(t *testing.T, args ...string) (*child, string) {
+	t.Helper()
+	c := startChild(t, 0, append([]string{"--compat", "sgl-router"}, args...)...)
+	return c, c.waitLine(t, servingLine)[1]
+}
+
+// metricsListenerLine is serve's line for the metrics listener of server.metrics_port.
+var metricsListenerLine = regexp.MustCompile(`/metrics \(on (\S+), server\.metrics_port\)`)
 
 // exitOf runs bin with args to completion and returns its exit code and output.
 func exitOf(t *testing.T, args ...string) (int, string) {
@@ -112,6 +123,24 @@ func TestSGLRouterCommandLines(t *testing.T) {
 		}
 		if res := call(t, "POST", r+"/v1/embeddings", `{"model":"`+model+`","input":"x"}`); res.status != 200 || !strings.Contains(res.body, `"embedding"`) {
 			t.Errorf("embeddings: %d %s", res.status, res.body)
+		}
+	})
+
+	t.Run("metrics listener", func(t *testing.T) {
+		a := mock("m-a", mockengine.RolePlain)
+		c, r := launchChild(t, "--worker-urls", a.URL(), "--prometheus-host", "127.0.0.1", "--prometheus-port", "0",
+			"--host", "127.0.0.1", "--port", "0")
+		addr := c.waitLine(t, metricsListenerLine)[1]
+		waitReady(t, r)
+		if res := chatAt(t, r, model, "sys", "hi"); res.status != 200 {
+			t.Fatalf("chat: %d %s", res.status, res.body)
+		}
+		if res := call(t, "GET", "http://"+addr+"/metrics", ""); res.status != 200 ||
+			!strings.Contains(res.body, "switchyard_requests_total") {
+			t.Errorf("/metrics on the --prometheus-port listener %s: %d\n%.300s", addr, res.status, res.body)
+		}
+		if res := call(t, "GET", r+"/metrics", ""); res.status != 404 {
+			t.Errorf("/metrics on the router's port: %d, want 404", res.status)
 		}
 	})
 
