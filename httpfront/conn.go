@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"switchyard/httpfront/fleet"
 )
 
 // Lingering close: after an answer sent before the request body was read (413, 401, 503 at
@@ -28,7 +30,7 @@ const (
 )
 
 // clientConn is one accepted client connection. It moves deadlines lazily (see
-// lazyDeadline), bounds every write by server.write_timeout and by a limit a stream sets
+// fleet.LazyDeadline), bounds every write by server.write_timeout and by a limit a stream sets
 // (its request deadline), records its state for the tracker, and closes lingering when an
 // answer was sent before the request body was read. The zero value around a net.Conn is
 // usable: no write bound, no tracking.
@@ -43,58 +45,17 @@ type clientConn struct {
 	closed atomic.Bool
 
 	mu   sync.Mutex
-	r, w lazyDeadline
+	r, w fleet.LazyDeadline
 	// limit is an absolute write deadline set by a stream (its request deadline); zero: none.
 	limit time.Time
 }
 
 var _ net.Conn = (*clientConn)(nil)
 
-// lazyDeadline is one direction's deadlines: the one last set and the one armed on the
-// connection; zero is none.
-//
-// fasthttp moves a keep-alive connection's read deadline twice per request (the idle
-// timeout, then the read timeout), and every move is a runtime timer update: a measurable
-// part of the cost of a small request. Here a deadline later than the armed one is only
-// recorded; when the armed deadline fires first, the read or write re-arms the recorded
-// deadline and carries on, so an operation still times out exactly at the deadline last
-// set. A deadline earlier than the armed one is armed at once.
-type lazyDeadline struct{ want, armed time.Time }
-
-// set records t and reports whether it must be armed now: it is earlier than the armed
-// deadline, or none is armed. A later or cleared deadline waits for the armed one to fire.
-func (d *lazyDeadline) set(t time.Time) bool {
-	d.want = t
-	return d.arm(t)
-}
-
-// arm reports whether t must be armed now (it is earlier than the armed deadline, or none is
-// armed) and records it as armed if so.
-func (d *lazyDeadline) arm(t time.Time) bool {
-	if t.IsZero() || !d.armed.IsZero() && !t.Before(d.armed) {
-		return false
-	}
-	d.armed = t
-	return true
-}
-
-// fired handles the armed deadline firing and reports whether the operation goes on: the
-// deadline last set (or none) is armed, unless it has passed as well.
-func (d *lazyDeadline) fired(arm func(time.Time) error) bool {
-	if d.want.Equal(d.armed) {
-		return false // the deadline last set is the one that fired
-	}
-	d.armed = d.want
-	if err := arm(d.want); err != nil {
-		return false
-	}
-	return d.want.IsZero() || time.Now().Before(d.want)
-}
-
 func (c *clientConn) SetReadDeadline(t time.Time) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.r.set(t) {
+	if c.r.Set(t) {
 		return c.Conn.SetReadDeadline(t)
 	}
 	return nil
@@ -103,7 +64,7 @@ func (c *clientConn) SetReadDeadline(t time.Time) error {
 func (c *clientConn) SetWriteDeadline(t time.Time) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.w.set(t) {
+	if c.w.Set(t) {
 		return c.Conn.SetWriteDeadline(t)
 	}
 	return nil
@@ -123,7 +84,7 @@ func (c *clientConn) Read(b []byte) (int, error) {
 			return n, err
 		}
 		c.mu.Lock()
-		more := c.r.fired(c.Conn.SetReadDeadline)
+		more := c.r.Fired(c.Conn.SetReadDeadline)
 		c.mu.Unlock()
 		if !more {
 			return n, err
@@ -136,7 +97,7 @@ func (c *clientConn) setWriteLimit(t time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.limit = t
-	if c.w.arm(t) {
+	if c.w.Arm(t) {
 		_ = c.Conn.SetWriteDeadline(t)
 	}
 }
@@ -144,7 +105,7 @@ func (c *clientConn) setWriteLimit(t time.Time) {
 // writeDeadline is the deadline of a write that started at bound-writeTimeout: the earliest
 // of the deadline last set, the stream's limit and bound; zero is none. c.mu must be held.
 func (c *clientConn) writeDeadline(bound time.Time) time.Time {
-	dl := c.w.want
+	dl := c.w.Want
 	for _, t := range [...]time.Time{c.limit, bound} {
 		if !t.IsZero() && (dl.IsZero() || t.Before(dl)) {
 			dl = t
@@ -163,7 +124,7 @@ func (c *clientConn) Write(b []byte) (int, error) {
 	c.mu.Lock()
 	dl := c.writeDeadline(bound)
 	var err error
-	if c.w.arm(dl) {
+	if c.w.Arm(dl) {
 		err = c.Conn.SetWriteDeadline(dl)
 	}
 	c.mu.Unlock()
@@ -180,9 +141,9 @@ func (c *clientConn) Write(b []byte) (int, error) {
 		// An earlier write's deadline fired: arm this write's, unless it has passed.
 		c.mu.Lock()
 		dl := c.writeDeadline(bound)
-		more := !dl.IsZero() && time.Now().Before(dl) || dl.IsZero() && !c.w.armed.IsZero()
+		more := !dl.IsZero() && time.Now().Before(dl) || dl.IsZero() && !c.w.Armed.IsZero()
 		if more {
-			c.w.armed = dl
+			c.w.Armed = dl
 			more = c.Conn.SetWriteDeadline(dl) == nil
 		}
 		c.mu.Unlock()

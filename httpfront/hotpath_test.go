@@ -145,8 +145,8 @@ func TestLazyDeadlineConnRead(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if !c.r.armed.Equal(tt.wantArmed) {
-				t.Fatalf("armed %v, want %v", c.r.armed, tt.wantArmed)
+			if !c.r.Armed.Equal(tt.wantArmed) {
+				t.Fatalf("armed %v, want %v", c.r.Armed, tt.wantArmed)
 			}
 			if !tt.timeout {
 				if _, err := b.Write([]byte("x")); err != nil {
@@ -164,8 +164,8 @@ func TestLazyDeadlineConnRead(t *testing.T) {
 			if n != 1 || err != nil {
 				t.Fatalf("Read = %d, %v; want 1 byte", n, err)
 			}
-			if want := tt.deadlines; len(want) > 0 && !c.r.armed.Equal(want[len(want)-1]) {
-				t.Errorf("armed %v after the read, want the deadline last set", c.r.armed)
+			if want := tt.deadlines; len(want) > 0 && !c.r.Armed.Equal(want[len(want)-1]) {
+				t.Errorf("armed %v after the read, want the deadline last set", c.r.Armed)
 			}
 		})
 	}

@@ -27,6 +27,10 @@
 //     headers (upstream.response_header_timeout), a pool capped at
 //     upstream.max_conns_per_worker that fails at once when full. A request that fails on a
 //     reused connection before any byte of the answer is sent again once on a fresh one.
+//     Deadlines move lazily on the socket (LazyDeadline, below TLS): a request's later
+//     deadline is only recorded until the armed one fires, so a busy connection arms about
+//     one deadline per timeout period, not several per request; the router's client
+//     connections move theirs through the same LazyDeadline.
 //     Failures are *Error values whose Kind says whether the engine or the router is
 //     answerable; the router's own are counted in switchyard_router_errors_total and never
 //     charged to the engine. A TLS failure says whether the engine's certificate was not

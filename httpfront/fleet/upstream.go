@@ -325,6 +325,7 @@ func (u *Upstream) dialer(headerTimeout time.Duration) fasthttp.DialFuncWithTime
 		if err != nil {
 			return nil, &dialError{timeout: ct, err: err}
 		}
+		c = &lazyConn{Conn: c}
 		var note handshakeNote
 		if u.tls != nil {
 			tc := tls.Client(c, u.tls)

@@ -155,12 +155,20 @@ func (s *keepAliveServer) serve(w http.ResponseWriter, r *http.Request) {
 	if s.hold != nil {
 		<-s.hold
 	}
-	if s.slowBody > 0 {
+	pace := s.slowBody
+	switch r.URL.Path {
+	case "/hang": // no answer until the client hangs up
+		<-r.Context().Done()
+		return
+	case "/slow":
+		pace = slowPathPace
+	}
+	if pace > 0 {
 		w.Header().Set("Content-Type", "text/event-stream")
 		for i := range 4 {
 			fmt.Fprintf(w, "data: %d\n\n", i)
 			w.(http.Flusher).Flush()
-			time.Sleep(s.slowBody) // the engine's pace, not a wait for a condition
+			time.Sleep(pace) // the engine's pace, not a wait for a condition
 		}
 		return
 	}
@@ -197,14 +205,22 @@ func testUpstream(t *testing.T, addr string, set config.Upstream, dial DialFunc,
 	return u, tr
 }
 
+// slowPathPace is the gap between the 4 events the engine streams for path /slow.
+const slowPathPace = 60 * time.Millisecond
+
 // post sends one POST through u and returns its status and body.
 func post(u *Upstream, stream bool, deadline time.Duration) (int, string, error) {
+	return postTo(u, "/v1/chat/completions", stream, deadline)
+}
+
+// postTo is post to path: /slow streams 4 events slowPathPace apart, /hang never answers.
+func postTo(u *Upstream, path string, stream bool, deadline time.Duration) (int, string, error) {
 	req := fasthttp.AcquireRequest()
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
 	req.Header.SetMethod(fasthttp.MethodPost)
-	req.SetRequestURI("/v1/chat/completions")
+	req.SetRequestURI(path)
 	req.Header.SetHost(u.HostPort())
 	req.SetBodyString(`{"model":"m"}`)
 	resp.StreamBody = stream
