@@ -126,3 +126,45 @@ func BenchmarkUpstreamRoundTripBareBaseline(b *testing.B) {
 	defer hc.CloseIdleConnections()
 	benchRoundTrips(b, addr, hc.DoDeadline)
 }
+
+// BenchmarkEngineDeadlines moves an engine connection's deadlines as one request does (the
+// write deadline, the read deadline bounded by the response-header deadline, then the
+// request's own read deadline once the headers begin) on a loopback TCP connection: on the
+// socket itself (conn, the baseline) and through lazyConn (lazy).
+func BenchmarkEngineDeadlines(b *testing.B) {
+	for _, lazy := range []bool{false, true} {
+		name := "conn"
+		if lazy {
+			name = "lazy"
+		}
+		b.Run(name, func(b *testing.B) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer ln.Close()
+			go func() {
+				if c, err := ln.Accept(); err == nil {
+					defer c.Close()
+					_, _ = c.Read(make([]byte, 1)) // until the client closes
+				}
+			}()
+			raw, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				b.Fatal(err)
+			}
+			var c net.Conn = raw
+			if lazy {
+				c = &lazyConn{Conn: raw}
+			}
+			defer c.Close()
+			b.ReportAllocs()
+			for b.Loop() {
+				now := time.Now()
+				_ = c.SetWriteDeadline(now.Add(time.Minute))
+				_ = c.SetReadDeadline(now.Add(30 * time.Second))
+				_ = c.SetReadDeadline(now.Add(time.Minute))
+			}
+		})
+	}
+}
