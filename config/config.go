@@ -48,6 +48,8 @@ type Config struct {
 	Retry Retry `koanf:"retry" json:"retry"`
 	// Upstream configures the router's connections to engines.
 	Upstream Upstream `koanf:"upstream" json:"upstream"`
+	// Discovery configures the sources of workers beyond workers[] and the admin API.
+	Discovery Discovery `koanf:"discovery" json:"discovery"`
 	// DefaultPolicy is the policy of every group that sets no policy and whose model sets
 	// no default for the group's stage. Default round_robin with default admission (no caps).
 	// The --policy flag sets its type.

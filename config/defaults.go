@@ -101,6 +101,7 @@ func Default() *Config {
 			MaxConnsPerWorker:     4096,
 		},
 		Retry:         defaultRetry(),
+		Discovery:     defaultDiscovery(),
 		DefaultPolicy: Policy{Type: PolicyRoundRobin},
 		Log:           Log{Level: LogLevelInfo},
 		Cluster:       defaultCluster(),

@@ -43,6 +43,7 @@ func (c *Config) Validate() error {
 	c.validateHealth(&p)
 	c.validateRetry(&p)
 	c.validateUpstream(&p)
+	c.validateDiscovery(&p)
 	if !slices.Contains([]string{LogLevelDebug, LogLevelInfo, LogLevelWarn, LogLevelError}, c.Log.Level) {
 		p.add("log.level", ErrInvalid, fmt.Sprintf("unknown level %q (debug, info, warn or error)", c.Log.Level))
 	}
