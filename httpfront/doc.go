@@ -3,7 +3,9 @@
 // prefill/decode dispatch with SSE streaming, the worker admin API, /metrics, health and
 // graceful shutdown. The worker lifecycle (introspection, health checks, circuit breakers,
 // the upstream clients, telemetry and KV subscriptions of every worker) is its sub-package
-// httpfront/fleet.
+// httpfront/fleet; with discovery.kubernetes.enabled, Run also follows the engine pods of a
+// Kubernetes cluster (fleet.Kubernetes), adding and removing their workers as POST /workers
+// and DELETE /workers/{id} do.
 //
 // # Request flow
 //

@@ -36,6 +36,10 @@ func (s *Server) run(ctx context.Context) error {
 	s.life.add("health checks", stopHealth) // the workers part waits for the loops
 	s.life.spawn("guard janitor", s.runJanitor)
 	s.life.spawn("affinity sweeper", s.runSweeper)
+	if s.discovery != nil {
+		// Pods keep joining and leaving until the drain is over.
+		s.life.spawn("kubernetes discovery", s.discovery.Run)
+	}
 	if s.cache != nil {
 		// The KV-event subscriptions follow the engines until the drain is over.
 		s.life.spawn("KV-event subscriptions", func(ctx context.Context) {

@@ -130,6 +130,8 @@ type Server struct {
 	// subscriptions; nil without one.
 	cache   *actors.CacheState
 	workers *fleet.Fleet
+	// discovery finds workers among Kubernetes pods; nil unless discovery.kubernetes.enabled.
+	discovery *fleet.Kubernetes
 	// tele is the workers' load ingestion (nil with Options.NoTelemetry).
 	tele    Telemetry
 	wset    *engine.WorkerSet
@@ -346,6 +348,9 @@ func (s *Server) build() error {
 		if _, err := s.workers.Add(context.Background(), spec, false); err != nil {
 			return err
 		}
+	}
+	if s.discovery, err = s.newDiscovery(); err != nil {
+		return err
 	}
 
 	s.srv = &fasthttp.Server{

@@ -6,12 +6,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"switchyard/bench/mockengine"
 )
@@ -101,29 +99,7 @@ models:
     queue_size: 1
     buckets: [{id: all, groups: {plain: {policy: {type: round_robin}}}}]
 `, m1.URL(), m2.URL(), p1.URL(), d1.URL(), c1.WorkerID(), c1.URL(), cacheModel, c2.WorkerID(), c2.URL(), cacheModel, h1.URL(), f1.URL(), q1.URL(), cacheModel)
-	path := filepath.Join(t.TempDir(), "switchyard.yaml")
-	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	out := &lineWriter{lines: make(chan string, 16)}
-	done := make(chan error, 1)
-	go func() { done <- runServe(ctx, []string{"--config", path}, out, io.Discard) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("runServe: %v", err)
-		}
-	})
-	var base string
-	select {
-	case line := <-out.lines:
-		base = strings.TrimPrefix(line, "switchyard serving on ")
-	case err := <-done:
-		t.Fatalf("runServe: %v", err)
-	case <-time.After(cacheWait):
-		t.Fatal("no serving line")
-	}
+	base := runServeConfig(t, conf)
 	waitReady(t, base)
 	r := &observedRouter{base: base}
 

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -61,6 +63,36 @@ func startRouter(t testing.TB, cfg *config.Config) (*httpfront.Server, string) {
 	url := "http://" + srv.Addr().String()
 	waitReady(t, url)
 	return srv, url
+}
+
+// runServeConfig runs `switchyard serve --config` (runServe, as deployed) on the
+// configuration text conf until the end of the test, and returns its base URL once it
+// serves.
+func runServeConfig(t *testing.T, conf string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "switchyard.yaml")
+	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	out := &lineWriter{lines: make(chan string, 16)}
+	done := make(chan error, 1)
+	go func() { done <- runServe(ctx, []string{"--config", path}, out, io.Discard) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("runServe: %v", err)
+		}
+	})
+	select {
+	case line := <-out.lines:
+		return strings.TrimPrefix(line, "switchyard serving on ")
+	case err := <-done:
+		t.Fatalf("runServe: %v", err)
+	case <-time.After(cacheWait):
+		t.Fatal("no serving line")
+	}
+	return ""
 }
 
 // waitReady waits for /readiness to answer 200 (harness.WaitReady, the one readiness poll).

@@ -1,7 +1,7 @@
 // Package fleet is the router's worker lifecycle: where workers come from (the
-// configuration, the admin API), and for each worker its registry entry, its one
-// introspection, active health checks, circuit breaker, upstream HTTP client, telemetry and
-// KV-event subscriptions.
+// configuration, the admin API, Kubernetes pods), and for each worker its registry entry,
+// its one introspection, active health checks, circuit breaker, upstream HTTP client,
+// telemetry and KV-event subscriptions.
 //
 // # What it owns
 //
@@ -35,6 +35,15 @@
 //     answerable; the router's own are counted in switchyard_router_errors_total and never
 //     charged to the engine. A TLS failure says whether the engine's certificate was not
 //     trusted or the engine asked for a client certificate the router does not have.
+//   - Kubernetes discovery (Kubernetes): one client-go informer lists and watches the pods
+//     the role selectors of discovery.kubernetes choose (a REST client that knows only the
+//     core/v1 types, from a kubeconfig or the in-cluster service account); a pod becomes a
+//     worker of its role while it is Running and Ready, named "<pod>.<namespace>", its URL
+//     from the pod IP and the configured or named container port, its model from a label
+//     or introspection, its bootstrap port from an annotation. Its workers join and leave
+//     through a Sink: the router's own add (with introspection) and removal (in-flight
+//     requests finish, bindings and index entries are dropped), as the admin API's. It
+//     removes only the workers it added.
 //
 // # Concurrency model
 //
@@ -43,11 +52,14 @@
 // (MemberOf, a field read); Admit and Ticket.Done are atomic operations on the breaker, and
 // a state change republishes the worker's eligibility at once, so the next pick sees it.
 // Each worker's health loop owns its counters; the breaker's cool-down runs on the Clock's
-// timer. Upstream is safe for concurrent use.
+// timer. Upstream is safe for concurrent use. Kubernetes discovery's informer only queues
+// pod keys; a few reconciler goroutines (a client-go work queue: never two for one pod)
+// read the informer's cache and call the Sink.
 //
 // # What a caller must release
 //
 // Every Ticket from Admit must be ended with Done, on every path. Stop ends the health loops,
 // timers and telemetry and waits for them; CloseConnections closes every live upstream
-// connection (a drain's hard stop).
+// connection (a drain's hard stop). Kubernetes.Run returns when its context is done, its
+// informer and reconcilers stopped; the workers it added stay until the fleet stops.
 package fleet
