@@ -315,6 +315,7 @@ type k8sDeployment struct {
 			} `yaml:"metadata"`
 			Spec struct {
 				ServiceAccountName            string `yaml:"serviceAccountName"`
+				AutomountToken                *bool  `yaml:"automountServiceAccountToken"`
 				TerminationGracePeriodSeconds int    `yaml:"terminationGracePeriodSeconds"`
 				SecurityContext               struct {
 					RunAsNonRoot bool `yaml:"runAsNonRoot"`
@@ -527,6 +528,35 @@ func TestKubernetesManifests(t *testing.T) {
 	}
 	if httpPort == 0 || httpPort != cfg.Server.Port {
 		t.Errorf("container port http %d, server.port %d", httpPort, cfg.Server.Port)
+	}
+
+	// Kubernetes discovery: in-cluster, in the namespace the Role is bound in, with the
+	// service account's token mounted.
+	if k := cfg.Discovery.Kubernetes; k.Enabled {
+		if k.Kubeconfig != "" {
+			t.Errorf("discovery.kubernetes.kubeconfig %q: a pod uses its service account", k.Kubeconfig)
+		}
+		if k.Namespace == "" || k.Namespace != roleObj.Metadata.Namespace {
+			t.Errorf("discovery.kubernetes.namespace %q, the Role is bound in %q (every namespace needs a ClusterRole)",
+				k.Namespace, roleObj.Metadata.Namespace)
+		}
+		var saDoc struct {
+			AutomountToken *bool `yaml:"automountServiceAccountToken"`
+		}
+		if err := yaml.Unmarshal(sa.raw, &saDoc); err != nil {
+			t.Fatal(err)
+		}
+		pod := spec.AutomountToken
+		if !(pod != nil && *pod || pod == nil && (saDoc.AutomountToken == nil || *saDoc.AutomountToken)) {
+			show := func(b *bool) string {
+				if b == nil {
+					return "unset"
+				}
+				return strconv.FormatBool(*b)
+			}
+			t.Errorf("discovery is on but the service account token is not mounted (automountServiceAccountToken: pod %s, service account %s)",
+				show(pod), show(saDoc.AutomountToken))
+		}
 	}
 
 	// Probes, scraping and the Service use the router's port.
