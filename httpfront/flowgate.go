@@ -11,6 +11,7 @@ import (
 
 	"switchyard/config"
 	"switchyard/httpfront/flow"
+	"switchyard/httpfront/hangup"
 )
 
 // newGate returns the admission gate (rate limits, concurrency limits and queues) of cfg,
@@ -101,19 +102,16 @@ var _ flow.Watcher = (*clientWatch)(nil)
 // connection cannot be watched, the wait is bounded by the queue timeout alone.
 func (w *clientWatch) Watch() (<-chan struct{}, func()) {
 	ctx := (*fasthttp.RequestCtx)(w)
-	gone := make(chan struct{})
-	done := make(chan struct{})
-	if !watchConn(ctx.Conn(), gone, done) {
+	hw, ok := hangup.Start(ctx.Conn(), func(t time.Time) error {
+		if ctx.SetReadDeadline(t) != nil {
+			return ctx.Conn().SetReadDeadline(t) // a closed connection has woken it already
+		}
+		return nil
+	})
+	if !ok {
 		return nil, func() {}
 	}
-	return gone, func() {
-		past := time.Unix(1, 0)
-		if ctx.SetReadDeadline(past) != nil {
-			_ = ctx.Conn().SetReadDeadline(past) // a closed connection has woken it already
-		}
-		<-done
-		_ = ctx.SetReadDeadline(time.Time{})
-	}
+	return hw.Gone(), hw.Stop
 }
 
 // NetConn returns the connection c wraps.

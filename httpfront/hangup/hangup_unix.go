@@ -1,6 +1,6 @@
 //go:build unix
 
-package httpfront
+package hangup
 
 import (
 	"errors"
@@ -9,11 +9,11 @@ import (
 	"syscall"
 )
 
-// watchConn starts a goroutine that closes gone when c's peer closes or resets the
+// watch starts a goroutine that closes gone when c's peer closes or resets the
 // connection, and closes done when it ends; it reports false (and starts nothing) when c
 // gives no access to its socket. The goroutine ends when the peer leaves, when data arrives,
 // or when a read deadline passes.
-func watchConn(c net.Conn, gone, done chan struct{}) bool {
+func watch(c net.Conn, gone, done chan struct{}) bool {
 	rc := rawConn(c)
 	if rc == nil {
 		return false
