@@ -11,8 +11,9 @@
 //     completion_tokens, prompt_tokens_details.cached_tokens); GET /health,
 //     /health_generate, /server_info, /get_server_info, /v1/models, /get_load and /v1/loads
 //     (encoded by package load), /metrics (Prometheus text, sglang: names); POST /flush_cache
-//     and /abort_request. Every response carries
-//     X-Worker-Id. Malformed JSON and invalid sampling parameters get a 400 with an
+//     and /abort_request ({"rid"} or {"abort_all"}: the named requests stop at the next
+//     step boundary, as SGLang's do; a request's rid is its body's, or one of the engine's
+//     own). Every response carries X-Worker-Id. Malformed JSON and invalid sampling parameters get a 400 with an
 //     OpenAI-style error body, unknown routes a 404, a wrong method a 405; a handler panic
 //     becomes a 500 and is logged.
 //   - The vLLM flavour (Config.Flavor, --flavor vllm) serves what a vLLM OpenAI server serves
@@ -20,8 +21,12 @@
 //     /detokenize, /version, POST /reset_prefix_cache, and /metrics with vLLM's names
 //     (num_requests_running and _waiting, kv_cache_usage_perc, cache_config_info,
 //     prefix-cache and token counters), labelled model_name and engine (the DP rank); no
-//     /server_info, /get_load, /v1/loads, /generate or load gauge. The simulation, KV events
-//     and faults are the same for both flavours.
+//     /server_info, /get_load, /v1/loads, /generate or load gauge. A vLLM engine aborts a
+//     request as soon as its caller hangs up (the connection is watched, package
+//     httpfront/hangup, while the request runs); an SGLang engine keeps generating until
+//     /abort_request names it, or a stream's write fails. Aborts and WaitAborts count the
+//     aborted requests for tests. The simulation, KV events and faults are the same for
+//     both flavours.
 //   - The simulation, per data-parallel rank: prompts are tokenized with the project's
 //     tokenizer: the built-in Simple tokenizer by default (the router's too), or the Hugging
 //     Face tokenizer of --tokenizer (Config.TokenizerPath), whose chat template renders chat

@@ -58,6 +58,10 @@ type Engine struct {
 
 	jobsMu sync.Mutex
 	jobs   map[string]*job
+	// aborts counts the requests aborted (by /abort_request, a vLLM caller hanging up, or a
+	// stream whose client left); abortSig is closed and replaced at each.
+	aborts   uint64
+	abortSig chan struct{}
 
 	ridBase uint64
 	ridSeq  atomic.Uint64
@@ -81,15 +85,16 @@ func Start(ctx context.Context, cfg Config) (*Engine, error) {
 	}
 	cfg = cfg.withDefaults()
 	e := &Engine{
-		cfg:     cfg,
-		log:     cfg.Logger,
-		clock:   cfg.Clock,
-		tok:     cfg.Tokenizer,
-		words:   newWordTable(cfg.Tokenizer),
-		rng:     rand.New(rand.NewPCG(cfg.Seed, 0x5eed)),
-		sig:     make(chan struct{}),
-		jobs:    make(map[string]*job),
-		ridBase: splitmix64(cfg.Seed ^ uint64(time.Now().UnixNano())),
+		cfg:      cfg,
+		log:      cfg.Logger,
+		clock:    cfg.Clock,
+		tok:      cfg.Tokenizer,
+		words:    newWordTable(cfg.Tokenizer),
+		rng:      rand.New(rand.NewPCG(cfg.Seed, 0x5eed)),
+		sig:      make(chan struct{}),
+		jobs:     make(map[string]*job),
+		abortSig: make(chan struct{}),
+		ridBase:  splitmix64(cfg.Seed ^ uint64(time.Now().UnixNano())),
 	}
 	e.started = e.clock.Now()
 	e.ctx, e.cancel = context.WithCancel(context.Background())
@@ -544,6 +549,40 @@ func (e *Engine) FlushCache() bool {
 func (e *Engine) broadcastLocked() {
 	close(e.sig)
 	e.sig = make(chan struct{})
+}
+
+// Aborts is how many requests the engine has aborted: named by /abort_request, or stopped
+// because their caller left.
+func (e *Engine) Aborts() uint64 {
+	e.jobsMu.Lock()
+	defer e.jobsMu.Unlock()
+	return e.aborts
+}
+
+// WaitAborts waits until the engine has aborted at least n requests, or ctx is done.
+func (e *Engine) WaitAborts(ctx context.Context, n uint64) error {
+	for {
+		e.jobsMu.Lock()
+		got, sig := e.aborts, e.abortSig
+		e.jobsMu.Unlock()
+		if got >= n {
+			return nil
+		}
+		select {
+		case <-sig:
+		case <-ctx.Done():
+			return fmt.Errorf("mock engine %s: %d requests aborted, want %d: %w", e.workerID, got, n, ctx.Err())
+		}
+	}
+}
+
+// counted records one aborted request.
+func (e *Engine) counted() {
+	e.jobsMu.Lock()
+	e.aborts++
+	close(e.abortSig)
+	e.abortSig = make(chan struct{})
+	e.jobsMu.Unlock()
 }
 
 // changed returns a channel closed at the next fault change or restart.

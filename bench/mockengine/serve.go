@@ -11,6 +11,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"switchyard/httpfront/hangup"
 	"switchyard/kv"
 	"switchyard/load"
 )
@@ -152,6 +153,7 @@ func (e *Engine) abort(rid string, all bool) int {
 
 func (j *job) abort() {
 	j.abortOnce.Do(func() {
+		j.e.counted()
 		close(j.abortCh)
 		for _, s := range j.seqs {
 			s.aborted.Store(true)
@@ -321,8 +323,10 @@ func (e *Engine) serveInference(ctx *fasthttp.RequestCtx, api apiKind) {
 		return
 	}
 	j := e.newJob(req)
+	stopWatch := e.watchCaller(ctx, j)
 	if e.cfg.Role == RoleDecode {
 		if err := j.awaitPrefills(); err != nil {
+			stopWatch()
 			j.close()
 			switch {
 			case errors.Is(err, errClosed):
@@ -337,10 +341,13 @@ func (e *Engine) serveInference(ctx *fasthttp.RequestCtx, api apiKind) {
 		ctx.SetContentType("text/event-stream")
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
 		ctx.Response.ImmediateHeaderFlush = true
-		ctx.SetBodyStream(newSSEStream(j), -1)
+		st := newSSEStream(j)
+		st.stopWatch = stopWatch
+		ctx.SetBodyStream(st, -1)
 		return
 	}
 	defer j.close()
+	defer stopWatch()
 	if err := j.waitHang(); err != nil {
 		e.failBlocking(ctx, err)
 		return
@@ -372,6 +379,34 @@ func (e *Engine) serveInference(ctx *fasthttp.RequestCtx, api apiKind) {
 	ctx.SetStatusCode(fasthttp.StatusOK)
 	ctx.SetContentType("application/json")
 	ctx.Response.SetBodyRaw(out)
+}
+
+// watchCaller aborts j as soon as its caller hangs up, as vLLM does (its server cancels a
+// request whose client disconnected); the returned func ends the watch, and must run
+// before the connection is read again. An SGLang engine keeps generating until
+// /abort_request names the request (or a stream's next write fails).
+func (e *Engine) watchCaller(ctx *fasthttp.RequestCtx, j *job) (stop func()) {
+	if e.cfg.Flavor != FlavorVLLM {
+		return func() {}
+	}
+	w, ok := hangup.Start(ctx.Conn(), nil)
+	if !ok {
+		return func() {}
+	}
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		select {
+		case <-w.Gone():
+			j.abort()
+		case <-quit:
+		}
+	}()
+	return sync.OnceFunc(func() {
+		close(quit)
+		<-done
+		w.Stop()
+	})
 }
 
 // failBlocking answers a non-streaming request whose sequences failed.
@@ -422,6 +457,8 @@ type sseStream struct {
 	total    int
 	finished bool
 	fail     error
+	// stopWatch ends the watch of the caller's connection (vLLM flavour).
+	stopWatch func()
 }
 
 var errDropped = errors.New("connection dropped by fault injection")
@@ -466,6 +503,9 @@ var eventEnd = []byte("\n\n")
 
 // Close releases the job; fasthttp calls it when the response ends or the client goes.
 func (s *sseStream) Close() error {
+	if s.stopWatch != nil {
+		s.stopWatch()
+	}
 	s.j.close()
 	return nil
 }

@@ -1,0 +1,159 @@
+package mockengine
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+	"time"
+)
+
+// rawCall is one inference request on a connection of its own, so that the test decides
+// when the caller hangs up.
+type rawCall struct {
+	conn  net.Conn
+	lines chan string // the response, line by line, until the connection ends
+}
+
+func startCall(t *testing.T, e *Engine, path string, body map[string]any) *rawCall {
+	t.Helper()
+	b, err := json.Marshal(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", strings.TrimPrefix(e.URL(), "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if _, err := fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: engine\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", path, len(b), b); err != nil {
+		t.Fatal(err)
+	}
+	rc := &rawCall{conn: c, lines: make(chan string, 64)}
+	go func() {
+		defer close(rc.lines)
+		sc := bufio.NewScanner(c)
+		for sc.Scan() {
+			rc.lines <- sc.Text()
+		}
+	}()
+	return rc
+}
+
+// awaitLine ends the prefill step (its first token) and waits for a response line with
+// prefix.
+func (rc *rawCall) awaitLine(t *testing.T, clk *ManualClock, prefix string) {
+	t.Helper()
+	if err := clk.WaitForTimers(t.Context(), 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := clk.AdvanceToNext(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.After(testDeadline)
+	for {
+		select {
+		case l, ok := <-rc.lines:
+			if !ok {
+				t.Fatalf("the connection ended before a line %q", prefix)
+			}
+			if strings.HasPrefix(l, prefix) {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("no line %q", prefix)
+		}
+	}
+}
+
+// runningAfterOneStep lets the step in progress end, then reports the rank's running count
+// and the tokens it has generated, with the clock frozen again.
+func runningAfterOneStep(t *testing.T, e *Engine, clk *ManualClock, wantRunning int) int64 {
+	t.Helper()
+	if err := clk.WaitForTimers(t.Context(), 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := clk.AdvanceToNext(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if wantRunning > 0 {
+		// The next step has begun: the one that ended is fully applied.
+		if err := clk.WaitForTimers(t.Context(), 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var running int64
+	poll(t, fmt.Sprintf("running == %d after one step", wantRunning), func() bool {
+		reps, _ := e.reports()
+		running = reps[0].Running
+		return running == int64(wantRunning)
+	})
+	r := e.ranks[0]
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.stats.genTokens
+}
+
+// TestAbortStopsTheWork: a vLLM engine stops a request within one decode step of its caller
+// hanging up, streaming or not; an SGLang engine keeps generating until /abort_request names
+// the request, then stops within one step. Nothing moves the engine's clock but the test.
+func TestAbortStopsTheWork(t *testing.T) {
+	costs := &Costs{PrefillOverhead: time.Millisecond, DecodeStep: 10 * time.Millisecond}
+	for _, tt := range []struct {
+		name   string
+		flavor Flavor
+		stream bool
+	}{
+		{"vllm stream", FlavorVLLM, true},
+		{"vllm blocking", FlavorVLLM, false},
+		{"sglang blocking", FlavorSGLang, false},
+		{"sglang stream", FlavorSGLang, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			clk := NewManualClock(time.Unix(1_800_000_000, 0))
+			e := startEngine(t, Config{Clock: clk, Flavor: tt.flavor, Costs: costs, Model: "m",
+				KVEvents: KVEvents{Disabled: true}, LoadPublish: LoadPublish{Disabled: true}})
+			body := chatReq(tt.stream, 100)
+			body["rid"] = "req-1"
+			rc := startCall(t, e, "/v1/chat/completions", body)
+			if tt.stream {
+				rc.awaitLine(t, clk, `data: {`) // the first token reached the caller
+			} else {
+				runningAfterOneStep(t, e, clk, 1) // prefilled, decoding
+			}
+			_ = rc.conn.Close()
+			if tt.flavor == FlavorSGLang {
+				// The caller left, but nothing tells the engine until it writes (a stream) or
+				// is told.
+				tokens := runningAfterOneStep(t, e, clk, 1)
+				if got := e.Aborts(); got != 0 && !tt.stream {
+					t.Fatalf("%d aborts without /abort_request", got)
+				}
+				c := newClient(t)
+				if r := do(t, c, "POST", e.URL()+"/abort_request", map[string]any{"rid": "req-1"}); r.status != 200 {
+					t.Fatalf("/abort_request: %d %s", r.status, r.body)
+				}
+				ctx, cancel := context.WithTimeout(t.Context(), testDeadline)
+				defer cancel()
+				if err := e.WaitAborts(ctx, 1); err != nil {
+					t.Fatal(err)
+				}
+				if after := runningAfterOneStep(t, e, clk, 0); after > tokens+1 {
+					t.Errorf("%d tokens after the abort, want at most one step's", after-tokens)
+				}
+				return
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), testDeadline)
+			defer cancel()
+			if err := e.WaitAborts(ctx, 1); err != nil {
+				t.Fatal(err)
+			}
+			if tokens := runningAfterOneStep(t, e, clk, 0); tokens > 3 {
+				t.Errorf("%d tokens generated, want the first ones and at most one step after the caller left", tokens)
+			}
+		})
+	}
+}
