@@ -29,6 +29,13 @@ type Doer interface {
 // use's, or the request's wrapped as "cannot fetch URL: ...".
 func Fetch(ctx context.Context, c Doer, url, accept string, timeout time.Duration, maxBody int,
 	use func(status int, body []byte) error) error {
+	return Send(ctx, c, fasthttp.MethodGet, url, nil, accept, timeout, maxBody, use)
+}
+
+// Send is Fetch for any method: a request body (nil: none) is sent as application/json.
+// Errors read "cannot fetch URL: ..." whatever the method.
+func Send(ctx context.Context, c Doer, method, url string, body []byte, accept string, timeout time.Duration, maxBody int,
+	use func(status int, body []byte) error) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("cannot fetch %s: %w", url, err)
 	}
@@ -41,8 +48,12 @@ func Fetch(ctx context.Context, c Doer, url, accept string, timeout time.Duratio
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
 	req.SetRequestURI(url)
-	req.Header.SetMethod(fasthttp.MethodGet)
+	req.Header.SetMethod(method)
 	req.Header.Set(fasthttp.HeaderAccept, accept)
+	if body != nil {
+		req.Header.SetContentType("application/json")
+		req.SetBodyRaw(body)
+	}
 	// A streamed body is read under the limit below whatever the client's own limit is.
 	resp.StreamBody = true
 	if err := c.DoDeadline(req, resp, deadline); err != nil {
@@ -50,14 +61,14 @@ func Fetch(ctx context.Context, c Doer, url, accept string, timeout time.Duratio
 	}
 	buf := fetchBufs.Get().(*[]byte)
 	defer fetchBufs.Put(buf)
-	body, err := readBody((*buf)[:0], resp, maxBody)
+	got, err := readBody((*buf)[:0], resp, maxBody)
 	if err != nil {
 		return fmt.Errorf("cannot fetch %s: %w", url, err)
 	}
-	if cap(body) <= maxPooledFetch {
-		*buf = body
+	if cap(got) <= maxPooledFetch {
+		*buf = got
 	}
-	return use(resp.StatusCode(), body)
+	return use(resp.StatusCode(), got)
 }
 
 // maxPooledFetch bounds the buffers Fetch keeps for the next fetch.

@@ -116,6 +116,8 @@ type Upstream struct {
 	client   *fasthttp.HostClient
 	probe    *fasthttp.HostClient
 	stale    *metrics.Counter
+	// cancels are the cancellable dispatches in flight (Cancellable).
+	cancels cancels
 }
 
 func newUpstream(t *transport, hostPort, serverName string, isTLS bool, own *tls.Config, stale *metrics.Counter) *Upstream {
@@ -340,6 +342,7 @@ func (u *Upstream) dialer(headerTimeout time.Duration) fasthttp.DialFuncWithTime
 		}
 		uc := u.t.conns.track(c, headerTimeout)
 		uc.certAsked = note.certAsked
+		uc.cancels = &u.cancels
 		return uc, nil
 	}
 }
@@ -401,6 +404,9 @@ type upConn struct {
 	set  *connSet
 	ttfb time.Duration
 	addr *connAddr // made once: fasthttp asks for it on every request
+	// cancels is the registry of the upstream's cancellable dispatches, told of the
+	// dispatch each request on the connection carries.
+	cancels *cancels
 
 	requests       int   // requests begun on this connection
 	inRequest      bool  // a request is being written: nothing read since its first write
@@ -431,6 +437,9 @@ func (c *upConn) Write(b []byte) (int, error) {
 		if c.ttfb > 0 {
 			c.awaiting = true
 			c.start = time.Now()
+		}
+		if c.cancels != nil {
+			c.cancels.bindMarked(c, b)
 		}
 	}
 	return c.Conn.Write(b)
