@@ -50,6 +50,8 @@ type Config struct {
 	Upstream Upstream `koanf:"upstream" json:"upstream"`
 	// Discovery configures the sources of workers beyond workers[] and the admin API.
 	Discovery Discovery `koanf:"discovery" json:"discovery"`
+	// Abort configures how engines are stopped on requests whose client left or timed out.
+	Abort Abort `koanf:"abort" json:"abort"`
 	// DefaultPolicy is the policy of every group that sets no policy and whose model sets
 	// no default for the group's stage. Default round_robin with default admission (no caps).
 	// The --policy flag sets its type.

@@ -102,6 +102,7 @@ func Default() *Config {
 		},
 		Retry:         defaultRetry(),
 		Discovery:     defaultDiscovery(),
+		Abort:         defaultAbort(),
 		DefaultPolicy: Policy{Type: PolicyRoundRobin},
 		Log:           Log{Level: LogLevelInfo},
 		Cluster:       defaultCluster(),
