@@ -107,7 +107,7 @@ func (w *clientWatch) Watch() (<-chan struct{}, func()) {
 			return ctx.Conn().SetReadDeadline(t) // a closed connection has woken it already
 		}
 		return nil
-	})
+	}, nil)
 	if !ok {
 		return nil, func() {}
 	}

@@ -389,24 +389,11 @@ func (e *Engine) watchCaller(ctx *fasthttp.RequestCtx, j *job) (stop func()) {
 	if e.cfg.Flavor != FlavorVLLM {
 		return func() {}
 	}
-	w, ok := hangup.Start(ctx.Conn(), nil)
+	w, ok := hangup.Start(ctx.Conn(), nil, j.abort)
 	if !ok {
 		return func() {}
 	}
-	quit, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		select {
-		case <-w.Gone():
-			j.abort()
-		case <-quit:
-		}
-	}()
-	return sync.OnceFunc(func() {
-		close(quit)
-		<-done
-		w.Stop()
-	})
+	return sync.OnceFunc(w.Stop)
 }
 
 // failBlocking answers a non-streaming request whose sequences failed.

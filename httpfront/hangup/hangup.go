@@ -14,13 +14,14 @@ type Watch struct {
 
 // Start watches c until Stop; nil, false when c cannot be watched. setReadDeadline (nil:
 // c's own) is what Stop moves c's read deadline with, to wake the watch: a connection
-// wrapper that defers deadlines must arm one in the past at once.
-func Start(c net.Conn, setReadDeadline func(time.Time) error) (*Watch, bool) {
+// wrapper that defers deadlines must arm one in the past at once. onGone, when set, runs on
+// the watch's goroutine when the peer hangs up, before Gone is closed; Stop waits for it.
+func Start(c net.Conn, setReadDeadline func(time.Time) error, onGone func()) (*Watch, bool) {
 	if setReadDeadline == nil {
 		setReadDeadline = c.SetReadDeadline
 	}
 	w := &Watch{setDeadline: setReadDeadline, gone: make(chan struct{}), done: make(chan struct{})}
-	if !watch(c, w.gone, w.done) {
+	if !watch(c, w.gone, w.done, onGone) {
 		return nil, false
 	}
 	return w, true

@@ -36,7 +36,8 @@ func TestHangUp(t *testing.T) {
 	for _, how := range []string{"close", "reset"} {
 		t.Run(how, func(t *testing.T) {
 			s, c := pair(t)
-			w, ok := Start(s, nil)
+			called := false
+			w, ok := Start(s, nil, func() { called = true })
 			if !ok {
 				t.Fatal("a TCP connection cannot be watched")
 			}
@@ -53,6 +54,9 @@ func TestHangUp(t *testing.T) {
 				t.Fatal("the hang-up was not seen")
 			}
 			w.Stop()
+			if !called {
+				t.Error("onGone did not run")
+			}
 		})
 	}
 }
@@ -61,12 +65,12 @@ func TestHangUp(t *testing.T) {
 // are still there for the connection's owner; a stopped watch leaves the connection usable.
 func TestDataIsNotConsumed(t *testing.T) {
 	s, c := pair(t)
-	w, _ := Start(s, nil)
+	w, _ := Start(s, nil, nil)
 	w.Stop() // nothing happened
 	if w.Left() {
 		t.Fatal("a stopped watch reports a hang-up")
 	}
-	w, _ = Start(s, nil)
+	w, _ = Start(s, nil, nil)
 	if _, err := c.Write([]byte("GET / HTTP/1.1\r\n")); err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +89,7 @@ func TestNotASocket(t *testing.T) {
 	a, b := net.Pipe()
 	defer a.Close()
 	defer b.Close()
-	if _, ok := Start(a, nil); ok {
+	if _, ok := Start(a, nil, nil); ok {
 		t.Fatal("a pipe was watched")
 	}
 }

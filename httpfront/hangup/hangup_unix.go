@@ -13,7 +13,7 @@ import (
 // connection, and closes done when it ends; it reports false (and starts nothing) when c
 // gives no access to its socket. The goroutine ends when the peer leaves, when data arrives,
 // or when a read deadline passes.
-func watch(c net.Conn, gone, done chan struct{}) bool {
+func watch(c net.Conn, gone, done chan struct{}, onGone func()) bool {
 	rc := rawConn(c)
 	if rc == nil {
 		return false
@@ -40,6 +40,9 @@ func watch(c net.Conn, gone, done chan struct{}) bool {
 			left = true // the connection was closed
 		}
 		if left {
+			if onGone != nil {
+				onGone()
+			}
 			close(gone)
 		}
 	}()
