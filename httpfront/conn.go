@@ -61,6 +61,16 @@ func (c *clientConn) SetReadDeadline(t time.Time) error {
 	return nil
 }
 
+// setReadDeadlineNow arms t on the socket at once, also when it is later than the armed
+// deadline or zero: a watch of the raw socket (hangup) must see the deadline it sets, not a
+// past one left armed by a deadline moved lazily.
+func (c *clientConn) setReadDeadlineNow(t time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.r.want, c.r.armed = t, t
+	return c.Conn.SetReadDeadline(t)
+}
+
 func (c *clientConn) SetWriteDeadline(t time.Time) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -101,17 +101,27 @@ var _ flow.Watcher = (*clientWatch)(nil)
 // and clears that deadline again (the server sets its own before it next reads). Where the
 // connection cannot be watched, the wait is bounded by the queue timeout alone.
 func (w *clientWatch) Watch() (<-chan struct{}, func()) {
-	ctx := (*fasthttp.RequestCtx)(w)
-	hw, ok := hangup.Start(ctx.Conn(), func(t time.Time) error {
-		if ctx.SetReadDeadline(t) != nil {
-			return ctx.Conn().SetReadDeadline(t) // a closed connection has woken it already
-		}
-		return nil
-	}, nil)
+	hw, ok := watchConn((*fasthttp.RequestCtx)(w).Conn(), nil)
 	if !ok {
 		return nil, func() {}
 	}
 	return hw.Gone(), hw.Stop
+}
+
+// watchConn starts a hang-up watch of a request's client connection c while nothing reads
+// from it (hangup.Start; onGone runs on the watch's goroutine). The read deadline is cleared
+// first and moved at once, not lazily: a deadline left armed (a past one by an earlier
+// watch's Stop, or the request's read timeout) would end the watch without a word. The
+// server sets its own deadline again before it next reads.
+func watchConn(c net.Conn, onGone func()) (*hangup.Watch, bool) {
+	set := c.SetReadDeadline
+	if cc, ok := c.(*clientConn); ok {
+		set = cc.setReadDeadlineNow
+	}
+	if set(time.Time{}) != nil {
+		return nil, false // closed
+	}
+	return hangup.Start(c, set, onGone)
 }
 
 // NetConn returns the connection c wraps.

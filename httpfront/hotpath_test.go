@@ -256,3 +256,34 @@ func TestServerTimeoutsWithLazyDeadlines(t *testing.T) {
 		})
 	}
 }
+
+// TestWatchAfterWatch: a hang-up watch of a client connection after an earlier watch was
+// stopped (the flow queue's, then the dispatch's, then the stream's) and after the server
+// moved its read deadline still sees the client leave: the past deadline the first Stop
+// armed, which a lazily cleared deadline leaves on the socket, must not end the next watch.
+func TestWatchAfterWatch(t *testing.T) {
+	a, b := tcpPair(t)
+	c := &clientConn{Conn: a}
+	if err := c.SetReadDeadline(time.Now().Add(time.Hour)); err != nil { // the read timeout
+		t.Fatal(err)
+	}
+	w, ok := watchConn(c, nil)
+	if !ok {
+		t.Fatal("a TCP connection cannot be watched")
+	}
+	w.Stop()
+	if w.Left() {
+		t.Fatal("gone before the client left")
+	}
+	w, ok = watchConn(c, nil)
+	if !ok {
+		t.Fatal("the second watch did not start")
+	}
+	defer w.Stop()
+	_ = b.Close()
+	select {
+	case <-w.Gone():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the second watch did not see the client leave")
+	}
+}
