@@ -100,7 +100,9 @@ type exchange struct {
 	pd   []byte
 	fwd  []byte
 	text []byte
-	breq engine.BucketRequest
+	// ridBody is the body with the router's rid added (abort.go).
+	ridBody []byte
+	breq    engine.BucketRequest
 	// memo is the request's prefix lookup (cache_aware); breq.Prefix points to it.
 	memo kv.PrefixMemo
 	// att is the request's attempt loop.
@@ -122,6 +124,9 @@ func (ex *exchange) trim() {
 	if cap(ex.fwd) > maxPooledBuf {
 		ex.fwd = nil
 	}
+	if cap(ex.ridBody) > maxPooledBuf {
+		ex.ridBody = nil
+	}
 	if cap(ex.text) > maxPooledBuf {
 		ex.text = nil
 	}
@@ -136,6 +141,7 @@ func (ex *exchange) trim() {
 	}
 	clear(ex.facts.messages)
 	clear(ex.facts.prompts)
+	ex.facts.rid = jsonValue{}   // it aliases the body
 	ex.facts.chat = chatFields{} // it aliases the body
 }
 
@@ -335,7 +341,7 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 		if d.pick.IsPD() {
 			o, failed = d.pd(ex, o)
 		} else {
-			o, failed = d.plain(o)
+			o, failed = d.plain(ex, o)
 		}
 		if failed == nil {
 			att.setHeader(ctx)
@@ -427,6 +433,8 @@ type dispatch struct {
 	ticket flow.Ticket
 	// att is the request's attempt loop: it decides whether a failed dispatch is retried.
 	att *attempts
+	// rid is the request's ID on engines that abort by rid (abort.go).
+	rid rid
 }
 
 // timeout is the request's end-to-end timeout.
@@ -527,8 +535,10 @@ func isEventStream(resp *fasthttp.Response) bool {
 
 // plain forwards to the plain engine: buffered for a non-streaming request, relayed for a
 // stream. Guards are released and the ticket ended on every path. A failure the attempt
-// loop retries answers nothing and returns how it would have been answered.
-func (d *dispatch) plain(o outcome) (outcome, *failedAnswer) {
+// loop retries answers nothing and returns how it would have been answered. Until the
+// engine's answer (a stream's first bytes) arrives, the client is watched: a client that
+// leaves cancels the dispatch and aborts the engine's work.
+func (d *dispatch) plain(ex *exchange, o outcome) (outcome, *failedAnswer) {
 	s := d.s
 	w := d.pick.Plain.Worker
 	m, ticket := d.adm.plain, d.adm.tPlain
@@ -539,15 +549,54 @@ func (d *dispatch) plain(o outcome) (outcome, *failedAnswer) {
 	d.upstreamHeaders(req, m.Upstream().HostPort())
 	// The body outlives the upstream call (it is the client request's or the exchange's),
 	// so it is sent without a copy.
-	req.SetBodyRaw(d.body)
+	body := d.body
+	if s.prepareRID(d) {
+		ex.ridBody = append(appendRID(openObject(ex.ridBody[:0], body), &d.rid), '}')
+		body = ex.ridBody
+	}
+	req.SetBodyRaw(body)
 	resp.StreamBody = d.facts.stream
+	var (
+		cancel fleet.Cancel
+		ended  = noop
+	)
+	if s.cfg.Abort.Enabled {
+		cancel, ended = m.Upstream().Cancellable(req)
+	}
+	watch := s.watchClient(d.ctx, func() { s.abort(causeClientGone, d.rid.String(), engineStop{m: m, cancel: cancel}) })
 	// A stream's relay enforces the same absolute deadline.
 	err := m.Upstream().Do(req, resp, d.deadline())
 	fasthttp.ReleaseRequest(req)
+	var (
+		r    *relay
+		perr error
+	)
+	if err == nil && d.facts.stream && resp.StatusCode() == fasthttp.StatusOK && isEventStream(resp) {
+		// The stream's first bytes, still watched.
+		r = s.newRelay(d, o.mm, resp, w, ticket, guard, nil)
+		perr = r.prime()
+	}
+	ended()
+	if watch.stop() {
+		// Slow path: the client left before the answer (the watch stopped the engine);
+		// nobody reads what follows.
+		switch {
+		case r != nil:
+			r.abandon()
+		case err == nil && resp.StreamBody:
+			_ = resp.CloseBodyStream()
+		}
+		fasthttp.ReleaseResponse(resp)
+		guard.Release()
+		ticket.Done(fleet.OutcomeNeutral)
+		s.metrics.disconnects.Inc()
+		return s.fail(d.ctx, o, errClientLeft), nil
+	}
 	if err != nil {
 		fasthttp.ReleaseResponse(resp)
 		guard.Release()
 		e, verdict := s.upstreamFailure(w, err)
+		s.abortTimedOut(err, d.rid.String(), engineStop{m: m})
 		ticket.Done(verdict)
 		if d.retryFailed(err, sidePlain) {
 			return o, &failedAnswer{api: e, pick: d.pick}
@@ -564,15 +613,16 @@ func (d *dispatch) plain(o outcome) (outcome, *failedAnswer) {
 		ticket.Done(verdict)
 		return o, f
 	}
-	if d.facts.stream && status == fasthttp.StatusOK && isEventStream(resp) {
-		r := s.newRelay(d, o.mm, resp, w, ticket, guard, nil)
-		if err := r.prime(); err != nil {
+	if r != nil {
+		if perr != nil {
 			// Slow path: the engine failed before its stream's first byte.
-			return d.streamFailed(o, r, err, w, ticket, func() {
+			s.abortTimedOut(perr, d.rid.String(), engineStop{m: m})
+			return d.streamFailed(o, r, perr, w, ticket, func() {
 				fasthttp.ReleaseResponse(resp)
 				guard.Release()
 			}, sidePlain)
 		}
+		r.stop = m
 		d.ctx.SetStatusCode(status)
 		copyResponseHeaders(&d.ctx.Response.Header, resp)
 		d.routerHeaders()

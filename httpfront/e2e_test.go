@@ -234,12 +234,16 @@ func TestPDPrefillFailures(t *testing.T) {
 	}
 }
 
+// TestPDPrefillCompletesAfterClientLeaves: with abort.prefill_to_completion, a prefill
+// whose client left runs to completion and stays accounted meanwhile.
 func TestPDPrefillCompletesAfterClientLeaves(t *testing.T) {
 	p := newFakeEngine(t, "P", "llama", withMode("prefill"))
 	p.hold = make(chan struct{})
 	d := newFakeEngine(t, "D", "llama", withMode("decode"))
 	d.expectHost = "127.0.0.1"
-	ts := startServer(t, pdConfig(p, d, nil), Options{})
+	cfg := pdConfig(p, d, nil)
+	cfg.Abort.PrefillToCompletion = true
+	ts := startServer(t, cfg, Options{})
 
 	client := &http.Client{Timeout: 200 * time.Millisecond}
 	req, _ := http.NewRequest(http.MethodPost, ts.url+"/v1/chat/completions", strings.NewReader(chatBody("llama", "hi", "")))
@@ -256,7 +260,7 @@ func TestPDPrefillCompletesAfterClientLeaves(t *testing.T) {
 	if n := pw.Counters.InFlight(); n != 0 {
 		t.Fatalf("prefill in-flight = %d after it completed", n)
 	}
-	if p.hits.Load() != 1 {
-		t.Errorf("prefill hits %d", p.hits.Load())
+	if p.hits.Load() != 1 || p.aborts.Load() != 0 {
+		t.Errorf("prefill hits %d, aborts %d; want 1 and none", p.hits.Load(), p.aborts.Load())
 	}
 }

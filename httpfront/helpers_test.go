@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -50,6 +51,7 @@ type fakeEngine struct {
 	fail     atomic.Int32 // status answered to inference; 0 means normal
 	noInfo   atomic.Bool  // /server_info and /get_server_info answer 404
 	hits     atomic.Int64
+	aborts   atomic.Int64  // POST /abort_request calls
 	chunks   int           // stream chunks after the first
 	gate     chan struct{} // when set, a stream waits here after its first chunk
 	hold     chan struct{} // when set, a non-stream answer waits here
@@ -249,6 +251,10 @@ func (e *fakeEngine) handle(ctx *fasthttp.RequestCtx) {
 		b, _ := json.Marshal(info)
 		ctx.SetContentType("application/json")
 		ctx.SetBody(b)
+		return
+	}
+	if string(ctx.Path()) == fleet.PathAbort {
+		e.aborts.Add(1)
 		return
 	}
 	e.hits.Add(1)
@@ -726,4 +732,13 @@ func (l *closeSignalListener) Close() error {
 	err := l.Listener.Close()
 	l.once.Do(func() { close(l.closed) })
 	return err
+}
+
+// routerRID matches the "rid" member the router adds to a body for an engine with an abort
+// API when the client sent none (abort.go).
+var routerRID = regexp.MustCompile(`,?"rid":"switchyard-[0-9a-f]{32}"`)
+
+// withoutRouterRID is body without the rid the router added: what the client sent.
+func withoutRouterRID(body []byte) []byte {
+	return routerRID.ReplaceAll(body, nil)
 }

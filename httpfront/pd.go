@@ -24,6 +24,8 @@ type prefillResult struct {
 	err  error
 	// api, when set, is the client's error for a failure of the router's own.
 	api *apiError
+	// cancelled: the dispatch was cancelled (its client left).
+	cancelled bool
 }
 
 // injectBootstrap appends body with the PD bootstrap fields added (INTEROP "Prefill/decode
@@ -32,14 +34,7 @@ type prefillResult struct {
 // be a validated JSON object. Duplicate keys sent by the client are overridden: JSON readers
 // keep the last occurrence.
 func injectBootstrap(dst, body []byte, host string, port int, batch int) []byte {
-	end := len(body) - 1
-	for end >= 0 && body[end] != '}' {
-		end--
-	}
-	dst = append(dst, body[:end]...)
-	if i := skipWS(body, bytes.IndexByte(body, '{')+1); i < end {
-		dst = append(dst, ',')
-	}
+	dst = openObject(dst, body)
 	appendHost := func(dst []byte) []byte { return jsontext.AppendString(dst, host) }
 	appendPort := func(dst []byte) []byte {
 		if port <= 0 {
@@ -75,8 +70,10 @@ func injectBootstrap(dst, body []byte, host string, port int, batch int) []byte 
 // pd dispatches to the prefill and decode engines concurrently: the same JSON, with the
 // bootstrap fields, goes to both; the client gets the decode engine's answer, streamed when
 // asked, once the prefill engine has answered (so that no byte reaches the client before
-// the pair's outcome is known); the prefill request runs to completion on its own
-// goroutine even if the client leaves. A prefill 4xx is returned as is; a prefill 5xx or
+// the pair's outcome is known). The prefill request runs on its own goroutine. Until the
+// answer (a stream's first bytes) arrives, the client is watched: a client that leaves
+// stops both engines (only the decode with abort.prefill_to_completion, which lets the
+// prefill run to completion). A prefill 4xx is returned as is; a prefill 5xx or
 // transport failure is prefill_failed. A failure of either engine that the attempt loop
 // retries answers nothing: the pair is picked again, without the engine that failed.
 func (d *dispatch) pd(ex *exchange, o outcome) (outcome, *failedAnswer) {
@@ -85,6 +82,9 @@ func (d *dispatch) pd(ex *exchange, o outcome) (outcome, *failedAnswer) {
 	pm, dm := d.adm.prefill, d.adm.decode
 	tDecode := d.adm.tDecode
 	ex.pd = injectBootstrap(ex.pd[:0], d.body, pm.BootstrapHost(), pw.BootstrapPort, d.facts.batch)
+	if s.prepareRID(d) {
+		ex.pd = append(appendRID(append(ex.pd[:len(ex.pd)-1], ','), &d.rid), '}')
+	}
 	now := s.now()
 	gp := s.tracker.Acquire(pw.Counters, now)
 	gd := s.tracker.Acquire(dw.Counters, now)
@@ -92,14 +92,27 @@ func (d *dispatch) pd(ex *exchange, o outcome) (outcome, *failedAnswer) {
 
 	preq := fasthttp.AcquireRequest()
 	d.buildUpstream(preq, pm.Upstream().HostPort(), ex.pd)
+	dreq := fasthttp.AcquireRequest()
+	d.buildUpstream(dreq, dm.Upstream().HostPort(), ex.pd)
+	var (
+		pc, dc             fleet.Cancel
+		prefillEnded, dEnd = noop, noop
+	)
+	if s.cfg.Abort.Enabled {
+		pc, prefillEnded = pm.Upstream().Cancellable(preq)
+		dc, dEnd = dm.Upstream().Cancellable(dreq)
+	}
+	stops := []engineStop{{m: dm, cancel: dc}, {m: pm, cancel: pc}}
+	if s.cfg.Abort.PrefillToCompletion {
+		stops = stops[:1] // only the decode is stopped
+	}
+	watch := s.watchClient(d.ctx, func() { s.abort(causeClientGone, d.rid.String(), stops...) })
 	done := make(chan prefillResult, 1)
 	keepBody := d.facts.returnLogprob
 	s.bg.Add(1)
-	go s.runPrefill(pm, pw, d.adm.tPrefill, preq, gp, deadline, keepBody, done)
+	go s.runPrefill(pm, pw, d.adm.tPrefill, preq, gp, deadline, keepBody, pc, prefillEnded, done)
 
-	dreq := fasthttp.AcquireRequest()
 	dresp := fasthttp.AcquireResponse()
-	d.buildUpstream(dreq, dm.Upstream().HostPort(), ex.pd)
 	dresp.StreamBody = d.facts.stream
 	derr := dm.Upstream().Do(dreq, dresp, deadline)
 	fasthttp.ReleaseRequest(dreq)
@@ -111,6 +124,40 @@ func (d *dispatch) pd(ex *exchange, o outcome) (outcome, *failedAnswer) {
 		}
 		fasthttp.ReleaseResponse(dresp)
 		gd.Release()
+	}
+	var pLogprobs [][]byte
+	if keepBody && pr.err == nil {
+		pLogprobs = inputLogprobs(pr.body)
+	}
+	var (
+		r    *relay
+		perr error
+	)
+	if derr == nil && pr.err == nil && pr.status < 400 && d.facts.stream && dresp.StatusCode() == fasthttp.StatusOK && isEventStream(dresp) {
+		// The decode stream's first bytes, still watched.
+		var transform func(dst, ev []byte) []byte
+		if len(pLogprobs) > 0 {
+			transform = func(dst, ev []byte) []byte { return mergeEventLogprobs(dst, ev, pLogprobs) }
+		}
+		r = s.newRelay(d, o.mm, dresp, dw, tDecode, gd, transform)
+		perr = r.prime()
+	}
+	dEnd()
+	if watch.stop() {
+		// Slow path: the client left before the answer (the watch stopped the engines).
+		if r != nil {
+			r.abandon()
+		}
+		release()
+		tDecode.Done(fleet.OutcomeNeutral)
+		s.metrics.disconnects.Inc()
+		return s.fail(d.ctx, o, errClientLeft), nil
+	}
+	if pr.err != nil && !pr.cancelled {
+		// A router timeout: both engines may still be working.
+		s.abortTimedOut(pr.err, d.rid.String(), engineStop{m: dm}, engineStop{m: pm})
+	} else if derr != nil {
+		s.abortTimedOut(derr, d.rid.String(), engineStop{m: dm}, engineStop{m: pm})
 	}
 	switch {
 	case pr.err != nil || pr.status >= 500:
@@ -170,20 +217,13 @@ func (d *dispatch) pd(ex *exchange, o outcome) (outcome, *failedAnswer) {
 		tDecode.Done(verdict)
 		return o, f
 	}
-	var pLogprobs [][]byte
-	if keepBody {
-		pLogprobs = inputLogprobs(pr.body)
-	}
-	if d.facts.stream && status == fasthttp.StatusOK && isEventStream(dresp) {
-		var transform func(dst, ev []byte) []byte
-		if len(pLogprobs) > 0 {
-			transform = func(dst, ev []byte) []byte { return mergeEventLogprobs(dst, ev, pLogprobs) }
-		}
-		r := s.newRelay(d, o.mm, dresp, dw, tDecode, gd, transform)
-		if err := r.prime(); err != nil {
+	if r != nil {
+		if perr != nil {
 			// Slow path: the decode engine failed before its stream's first byte.
-			return d.streamFailed(o, r, err, dw, tDecode, release, sideDecode)
+			s.abortTimedOut(perr, d.rid.String(), engineStop{m: dm})
+			return d.streamFailed(o, r, perr, dw, tDecode, release, sideDecode)
 		}
+		r.stop = dm
 		d.ctx.SetStatusCode(status)
 		copyResponseHeaders(&d.ctx.Response.Header, dresp)
 		d.routerHeaders()
@@ -218,9 +258,10 @@ func (d *dispatch) pd(ex *exchange, o outcome) (outcome, *failedAnswer) {
 }
 
 // runPrefill sends the prefill request and reports how it ended. It owns req, guard and
-// ticket and runs to completion (bounded by the request deadline) whatever the client does.
+// ticket and runs to completion (bounded by the request deadline) unless cancel stops it (a
+// cancelled prefill is charged to nobody); ended ends the cancellable dispatch.
 func (s *Server) runPrefill(m *fleet.Member, w *engine.Worker, ticket fleet.Ticket, req *fasthttp.Request, guard *load.Guard,
-	deadline time.Time, keepBody bool, done chan<- prefillResult) {
+	deadline time.Time, keepBody bool, cancel fleet.Cancel, ended func(), done chan<- prefillResult) {
 	defer s.bg.Done()
 	var res prefillResult
 	verdict := fleet.OutcomeNeutral
@@ -236,7 +277,13 @@ func (s *Server) runPrefill(m *fleet.Member, w *engine.Worker, ticket fleet.Tick
 	}()
 	resp := fasthttp.AcquireResponse()
 	err := m.Upstream().Do(req, resp, deadline)
+	ended()
 	fasthttp.ReleaseRequest(req)
+	if err != nil && cancel.Cancelled() {
+		fasthttp.ReleaseResponse(resp)
+		res = prefillResult{err: err, api: errClientLeft, cancelled: true}
+		return
+	}
 	if err != nil {
 		var e *apiError
 		e, verdict = s.upstreamFailure(w, err)

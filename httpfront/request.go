@@ -68,6 +68,8 @@ type requestFacts struct {
 	tokenIDs []uint32
 	// chat holds what a chat template reads of a chat request besides the messages.
 	chat chatFields
+	// rid is the body's "rid" (SGLang's request ID), zero when absent.
+	rid jsonValue
 
 	scratch []byte
 }
@@ -154,6 +156,8 @@ func parseRequest(kind routeKind, body []byte, f *requestFacts) *apiError {
 			perr = parseSamplingParams(v, &samplingMaxNew)
 		case keyIs(key, "return_logprob") && kind == routeGenerate:
 			perr = boolParam(v, "return_logprob", &f.returnLogprob)
+		case keyIs(key, "rid"):
+			f.rid = v
 		}
 		return nil
 	})

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"slices"
 	"strconv"
@@ -155,8 +156,14 @@ type Server struct {
 	draining atomic.Bool
 	// hardStop is closed when the drain timeout passes: streams end at once.
 	hardStop chan struct{}
-	// bg tracks request-owned goroutines that outlive their handler (streams, prefill).
+	// bg tracks request-owned goroutines that outlive their handler (streams, prefill,
+	// abort-API calls).
 	bg sync.WaitGroup
+	// aborts counts the requests whose engines were stopped, by cause.
+	aborts abortMetrics
+	// ridBase and ridSeq make the rids the router sets (abort.go).
+	ridBase uint64
+	ridSeq  atomic.Uint64
 	// conns accepts, caps and tracks the client connections (on ln).
 	conns *clientListener
 	// budget bounds the request-body bytes held at once.
@@ -218,6 +225,8 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		fwd:      newForwardNames(cfg.Affinity.SessionHeader, cfg.Affinity.RoutingKeyHeader),
 	}
 	s.exPool.New = func() any { return new(exchange) }
+	s.ridBase = rand.Uint64()
+	s.aborts = newAbortMetrics(s.set)
 	budget := cfg.Server.MaxBodyBytesInFlight
 	if budget <= 0 {
 		budget = max(128<<20, s.maxBody())

@@ -75,6 +75,10 @@ type relay struct {
 	// transform rewrites one complete SSE event (PD logprob merge); nil relays events as they
 	// are.
 	transform func(dst, event []byte) []byte
+	// stop is the engine stopped when the stream ends early (the client left, a timeout):
+	// closing the body stream closes its connection; rid names the request to its abort API.
+	stop *fleet.Member
+	rid  string
 	// ticket is the request's concurrency slots, held until the stream ends.
 	ticket flow.Ticket
 
@@ -112,7 +116,16 @@ func (s *Server) newRelay(d *dispatch, mm *modelMetrics, resp *fasthttp.Response
 		conn:      conn,
 		transform: transform,
 		ticket:    d.ticket,
+		rid:       d.ridIfAborting(),
 	}
+}
+
+// ridIfAborting is the request's rid as a string when aborts are on, else "".
+func (d *dispatch) ridIfAborting() string {
+	if !d.s.cfg.Abort.Enabled {
+		return ""
+	}
+	return d.rid.String()
 }
 
 func (r *relay) read(out chan<- chunk) {
@@ -210,6 +223,14 @@ func (r *relay) run(w *bufio.Writer) {
 		defer r.conn.setWriteLimit(time.Time{})
 	}
 	chunks := r.chunks
+	// The client is watched: one that leaves ends the stream at once, not at the next write.
+	var gone <-chan struct{}
+	if r.conn != nil && s.cfg.Abort.Enabled {
+		if w, ok := watchConn(r.conn, nil); ok {
+			gone = w.Gone()
+			defer w.Stop()
+		}
+	}
 	hbEvery := s.opts.HeartbeatInterval
 	idleAfter := s.idleAfter()
 	hb := time.NewTimer(hbEvery)
@@ -271,6 +292,9 @@ loop:
 				break loop
 			}
 			hb.Reset(hbEvery)
+		case <-gone:
+			end = endClientGone
+			break loop
 		case <-idle.C:
 			end = endIdle
 			break loop
@@ -289,8 +313,17 @@ loop:
 		r.writeError(w, e)
 	}
 	// Cancel the upstream request unless it completed: closing an unfinished body stream
-	// closes its connection, which makes the engine abort the request.
+	// closes its connection, which makes an engine that watches it abort the request; one
+	// with an abort API is told.
 	_ = r.resp.CloseBodyStream()
+	switch end {
+	case endClientGone:
+		s.abort(causeClientGone, r.rid, engineStop{m: r.stop})
+	case endTimeout:
+		s.abort(causeTimeout, r.rid, engineStop{m: r.stop})
+	case endIdle:
+		s.abort(causeStreamIdle, r.rid, engineStop{m: r.stop})
+	}
 	for c := range chunks {
 		if c.b != nil {
 			putBuf(c.b)

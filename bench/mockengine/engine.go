@@ -551,6 +551,27 @@ func (e *Engine) broadcastLocked() {
 	e.sig = make(chan struct{})
 }
 
+// Running is the requests running on every rank, as the load reports count them.
+func (e *Engine) Running() int64 {
+	reps, _ := e.reports()
+	var n int64
+	for _, r := range reps {
+		n += r.Running
+	}
+	return n
+}
+
+// Waiting is the requests waiting on every rank (queued, or a decode waiting for its
+// prefill), as the load reports count them.
+func (e *Engine) Waiting() int64 {
+	reps, _ := e.reports()
+	var n int64
+	for _, r := range reps {
+		n += r.Waiting
+	}
+	return n
+}
+
 // Aborts is how many requests the engine has aborted: named by /abort_request, or stopped
 // because their caller left.
 func (e *Engine) Aborts() uint64 {

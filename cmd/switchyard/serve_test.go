@@ -36,10 +36,16 @@ func startMock(t testing.TB, cfg mockengine.Config) *mockengine.Engine {
 // in-flight gauge is back to zero afterwards.
 func startRouter(t testing.TB, cfg *config.Config) (*httpfront.Server, string) {
 	t.Helper()
+	return startRouterWith(t, cfg, httpfront.Options{HeartbeatInterval: 50 * time.Millisecond})
+}
+
+// startRouterWith is startRouter with opts.
+func startRouterWith(t testing.TB, cfg *config.Config, opts httpfront.Options) (*httpfront.Server, string) {
+	t.Helper()
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := httpfront.New(cfg, httpfront.Options{HeartbeatInterval: 50 * time.Millisecond})
+	srv, err := httpfront.New(cfg, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
