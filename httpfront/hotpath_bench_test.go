@@ -147,7 +147,15 @@ func BenchmarkBoundedWrite(b *testing.B) {
 // BenchmarkServePlainChat is a small non-streaming chat request through a Server to a
 // minimal engine on loopback, from parallel keep-alive clients: the whole request path,
 // client and engine included (allocs/op counts all three).
-func BenchmarkServePlainChat(b *testing.B) {
+// BenchmarkServePlainChat measures a small non-streaming request through the router, with
+// the defaults (aborts on: the client's connection watched and the dispatch cancellable
+// while the engine answers); BenchmarkServePlainChatNoAbort is its baseline with
+// abort.enabled false.
+func BenchmarkServePlainChat(b *testing.B) { benchServePlainChat(b, true) }
+
+func BenchmarkServePlainChatNoAbort(b *testing.B) { benchServePlainChat(b, false) }
+
+func benchServePlainChat(b *testing.B, abort bool) {
 	answer := []byte(`{"id":"c1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`)
 	eln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -171,6 +179,7 @@ func BenchmarkServePlainChat(b *testing.B) {
 	cfg.Server.Port = 0
 	cfg.Workers = []config.Worker{plainWorker("A", "http://"+eln.Addr().String(), "llama")}
 	cfg.Models = map[string]config.Model{"llama": {Buckets: []config.Bucket{plainBucket("all", nil, nil, "A")}}}
+	cfg.Abort.Enabled = abort
 	if err := cfg.Validate(); err != nil {
 		b.Fatal(err)
 	}
