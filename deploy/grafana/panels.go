@@ -186,6 +186,12 @@ var Switchyard = Dashboard{
 					{Expr: sumRate("worker", "switchyard_upstream_stale_connection_retries_total", inst), Legend: "stale retry {{worker}}"},
 					{Expr: sumRate("kind", "switchyard_router_errors_total", inst), Legend: "router {{kind}}"},
 				}},
+			{Title: "Aborts", Unit: "ops", Width: 8, Stack: true,
+				Description: "Requests whose engines were stopped because nobody waits for the answer any more, by cause: client_disconnect (the client left before or during the answer), timeout (server.request_timeout, upstream.response_header_timeout), stream_idle_timeout; and calls of an engine's abort API (SGLang's /abort_request) that failed.",
+				Queries: []Query{
+					{Expr: sumRate("cause", "switchyard_aborts_total", inst), Legend: "{{cause}}"},
+					{Expr: sumRate("", "switchyard_abort_api_errors_total", inst), Legend: "abort API failed"},
+				}},
 		}},
 		{Title: "KV cache and cache_aware", Panels: []Panel{
 			{Title: "cache_aware hit rate", Unit: "percentunit", Max: ptr(1),
