@@ -109,11 +109,18 @@ func (s *Server) prepareRID(d *dispatch) (inject bool) {
 	default:
 		return false // a list (a batch): the connection alone stops the engines
 	}
-	if !s.cfg.Abort.Enabled || d.facts.batch > 0 || !d.pickAbortsByAPI() {
+	if !s.cfg.Abort.Enabled || d.facts.batch > 0 || !ridRoute(d.kind) || !d.pickAbortsByAPI() {
 		return false
 	}
 	s.newRID(&d.rid)
 	return true
+}
+
+// ridRoute reports whether the router may add a rid to a request of kind: the generation
+// routes, whose SGLang request types take one (chat, completions, /generate). Other routes
+// are sent as the client wrote them; their connection alone stops the engine.
+func ridRoute(kind routeKind) bool {
+	return kind == routeChat || kind == routeCompletions || kind == routeGenerate
 }
 
 // pickAbortsByAPI reports whether an engine of the request's pick is stopped by its abort API.
