@@ -67,7 +67,7 @@ func (c *clientConn) SetReadDeadline(t time.Time) error {
 func (c *clientConn) setReadDeadlineNow(t time.Time) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.r.want, c.r.armed = t, t
+	c.r.Want, c.r.Armed = t, t
 	return c.Conn.SetReadDeadline(t)
 }
 
