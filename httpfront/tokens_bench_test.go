@@ -34,6 +34,50 @@ func multiTurnChat(turns, docBytes int) []byte {
 	return b
 }
 
+// multiTurnChatParts is multiTurnChat as the OpenAI SDKs send a conversation with tools:
+// contents as lists of text parts, and each assistant turn a tool call (arguments as a JSON
+// string) followed by its tool result. Such a conversation needs preparing for a text chat
+// template (parts joined, arguments parsed, null members dropped).
+func multiTurnChatParts(turns int) []byte {
+	type part struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	type call struct {
+		ID       string `json:"id"`
+		Type     string `json:"type"`
+		Function struct {
+			Name      string `json:"name"`
+			Arguments string `json:"arguments"`
+		} `json:"function"`
+	}
+	type msg struct {
+		Role       string  `json:"role"`
+		Content    any     `json:"content"`
+		ToolCalls  []call  `json:"tool_calls,omitempty"`
+		ToolCallID *string `json:"tool_call_id,omitempty"`
+		Name       *string `json:"name"`
+	}
+	msgs := []msg{{Role: "system", Content: []part{{"text", "You are Switchyard's assistant. Use the tools to look configuration keys up."}}}}
+	for i := range turns {
+		var c call
+		c.ID, c.Type = fmt.Sprintf("call_%d", i), "function"
+		c.Function.Name = "lookup_key"
+		c.Function.Arguments = fmt.Sprintf(`{"key": "models.llama.buckets[%d].limits.max", "explain": true}`, i)
+		id := c.ID
+		msgs = append(msgs,
+			msg{Role: "user", Content: []part{{"text", fmt.Sprintf("Question %d: what bounds bucket b%d?", i, i)}, {"text", "Answer with numbers like 3.14159, 東京 and 🚂."}}},
+			msg{Role: "assistant", Content: nil, ToolCalls: []call{c}},
+			msg{Role: "tool", Content: fmt.Sprintf(`{"value": %d, "unit": "tokens"}`, 4096*(i+1)), ToolCallID: &id},
+			msg{Role: "assistant", Content: []part{{"text", fmt.Sprintf("Bucket b%d takes prompts up to %d tokens.", i, 4096*(i+1))}}})
+	}
+	msgs = append(msgs, msg{Role: "user", Content: []part{{"text", "Summarize everything above in three bullet points."}}})
+	tools := []any{map[string]any{"type": "function", "function": map[string]any{"name": "lookup_key", "description": "Look a configuration key up.",
+		"parameters": map[string]any{"type": "object", "properties": map[string]any{"key": map[string]any{"type": "string"}, "explain": map[string]any{"type": "boolean"}}, "required": []string{"key"}}}}}
+	b, _ := json.Marshal(map[string]any{"model": "qwen", "messages": msgs, "tools": tools, "max_tokens": 256, "stream": true})
+	return b
+}
+
 // BenchmarkPrepareRequest measures request preparation (parse, validation, token counting and
 // the expected peak) with the Hugging Face tokenizers on multi-turn chats whose history the
 // prefix cache has seen (warm: the same body every iteration), beside the body-size estimate.
@@ -48,6 +92,7 @@ func BenchmarkPrepareRequest(b *testing.B) {
 		{"qwen3/chat-1turn", "qwen3", routeChat, multiTurnChat(0, 0)},
 		{"qwen3/chat-8turns", "qwen3", routeChat, multiTurnChat(8, 0)},
 		{"qwen3/chat-32turns", "qwen3", routeChat, multiTurnChat(32, 0)},
+		{"qwen3/chat-8turns-tools", "qwen3", routeChat, multiTurnChatParts(8)},
 		{"qwen3/chat-100k-tokens", "qwen3", routeChat, multiTurnChat(8, 400_000)},
 		{"llama3/chat-8turns", "llama3", routeChat, multiTurnChat(8, 0)},
 		{"qwen3/completions", "qwen3", routeCompletions, []byte(`{"model":"qwen","prompt":"Once upon a time in a classification yard, a hump engineer counted the cars.","max_tokens":64}`)},
