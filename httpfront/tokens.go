@@ -16,6 +16,7 @@ import (
 	"switchyard/config"
 	"switchyard/tokenizer"
 	"switchyard/tokenizer/hf"
+	"switchyard/tokenizer/jinja"
 )
 
 // estimateTokens is the body-size estimate of a prompt's length used when no tokenizer is
@@ -27,18 +28,18 @@ type appendEncoder interface {
 	AppendEncode(dst []uint32, text string) []uint32
 }
 
-// chatJSONEncoder renders a JSON array of OpenAI messages with the model's chat template and
-// encodes the rendering as the engine does (hf.Tokenizer).
-type chatJSONEncoder interface {
-	RenderChatJSON(messages []byte, opts hf.ChatOptions) (string, error)
+// chatEncoder renders OpenAI messages, decoded into template values, with the model's chat
+// template and encodes the rendering as the engine does (hf.Tokenizer).
+type chatEncoder interface {
+	RenderChatValues(v hf.ChatValues) (string, error)
 	AppendEncodePlain(dst []uint32, text string) []uint32
 	HasChatTemplate() bool
 }
 
 var (
-	_ appendEncoder   = (*hf.Tokenizer)(nil)
-	_ appendEncoder   = (*tokenizer.Simple)(nil)
-	_ chatJSONEncoder = (*hf.Tokenizer)(nil)
+	_ appendEncoder = (*hf.Tokenizer)(nil)
+	_ appendEncoder = (*tokenizer.Simple)(nil)
+	_ chatEncoder   = (*hf.Tokenizer)(nil)
 )
 
 // promptTokenizer is one model's tokenizer as request preparation uses it, with its optional
@@ -46,8 +47,8 @@ var (
 // body-size estimate.
 type promptTokenizer struct {
 	tk   tokenizer.Tokenizer
-	app  appendEncoder   // tk's Append form, or nil
-	chat chatJSONEncoder // tk's chat-JSON form when it has a chat template, or nil
+	app  appendEncoder // tk's Append form, or nil
+	chat chatEncoder   // tk's chat-values form when it has a chat template, or nil
 	// hfNoChat: tk is a Hugging Face tokenizer without a chat template, which cannot count a
 	// chat request.
 	hfNoChat bool
@@ -156,7 +157,7 @@ func newPromptTokenizer(tk tokenizer.Tokenizer, forward bool) *promptTokenizer {
 	}
 	pt := &promptTokenizer{tk: tk, forward: forward}
 	pt.app, _ = tk.(appendEncoder)
-	if c, ok := tk.(chatJSONEncoder); ok {
+	if c, ok := tk.(chatEncoder); ok {
 		if c.HasChatTemplate() {
 			pt.chat = c
 		} else {
@@ -260,7 +261,7 @@ func (f *requestFacts) inputTokens(pt *promptTokenizer, body []byte, text *[]byt
 	}
 	switch {
 	case f.kind == routeChat && pt.chat != nil:
-		ids, err := f.encodeChatJSON(pt.chat, text)
+		ids, err := f.encodeChat(pt.chat, text)
 		if err != nil {
 			if e := pt.failures.fail(stageChatTemplate, err); e != nil {
 				return 0, nil, e
@@ -313,8 +314,8 @@ func (f *requestFacts) inputTokens(pt *promptTokenizer, body []byte, text *[]byt
 // body; parseRequest fills them.
 type chatFields struct {
 	messages, tools, toolChoice, kwargs jsonValue
-	// prepare: some message may need appendChatMessages (a null member, a content that is
-	// absent or a list of parts, or tool calls whose arguments may be a JSON string).
+	// prepare: some message may need preparing (a null member, a content that is absent or
+	// a list of parts, or tool calls whose arguments may be a JSON string).
 	prepare bool
 }
 
@@ -329,13 +330,12 @@ func (c *chatFields) set(key []byte, v jsonValue) {
 	}
 }
 
-// encodeChatJSON encodes a chat request as the engine does: its messages prepared for a text
-// chat template as SGLang prepares them (see appendChatMessages; passed as sent when they
-// need nothing), with the generation prompt, its tools unless tool_choice is "none", and
-// its chat_template_kwargs as further template variables. scratch holds the prepared
-// messages.
-func (f *requestFacts) encodeChatJSON(chat chatJSONEncoder, scratch *[]byte) ([]uint32, error) {
-	prompt, err := f.renderChatJSON(chat, scratch)
+// encodeChat encodes a chat request as the engine does: its messages prepared for a text
+// chat template as SGLang prepares them (see chatValues), with the generation prompt, its
+// tools unless tool_choice is "none", and its chat_template_kwargs as further template
+// variables. scratch is reused for joining and unescaping strings.
+func (f *requestFacts) encodeChat(chat chatEncoder, scratch *[]byte) ([]uint32, error) {
+	prompt, err := f.renderChat(chat, scratch)
 	if err != nil {
 		return nil, err
 	}
@@ -343,22 +343,29 @@ func (f *requestFacts) encodeChatJSON(chat chatJSONEncoder, scratch *[]byte) ([]
 	return f.tokenIDs, nil
 }
 
-// renderChatJSON renders the chat request's prompt text as encodeChatJSON encodes it.
-func (f *requestFacts) renderChatJSON(chat chatJSONEncoder, scratch *[]byte) (string, error) {
+// renderChat renders the chat request's prompt text as encodeChat encodes it. The members
+// parseRequest located (and validated) are decoded into template values once: the messages
+// are not written out as JSON again to be parsed a second time.
+func (f *requestFacts) renderChat(chat chatEncoder, scratch *[]byte) (string, error) {
 	c := &f.chat
-	msgs := c.messages.raw
-	if c.prepare {
-		*scratch = appendChatMessages((*scratch)[:0], f.messages)
-		msgs = *scratch
+	v := hf.ChatValues{SizeHint: len(c.messages.raw) + len(c.tools.raw) + 256}
+	var err error
+	if v.Messages, err = chatValues(c.messages, f.messages, c.prepare, scratch); err != nil {
+		return "", fmt.Errorf("messages: %w", err)
 	}
-	var opts hf.ChatOptions
 	if c.tools.kind == kindArray && !(c.toolChoice.kind == kindString && string(c.toolChoice.raw) == `"none"`) {
-		opts.Tools = c.tools.raw
+		if v.Tools, err = jinja.DecodeJSON(c.tools.raw); err != nil {
+			return "", fmt.Errorf("tools: %w", err)
+		}
 	}
 	if c.kwargs.kind == kindObject {
-		opts.Extra = c.kwargs.raw
+		extra, err := jinja.DecodeJSON(c.kwargs.raw)
+		if err != nil {
+			return "", fmt.Errorf("chat_template_kwargs: %w", err)
+		}
+		v.Extra, _ = extra.(*jinja.Dict)
 	}
-	return chat.RenderChatJSON(msgs, opts)
+	return chat.RenderChatValues(v)
 }
 
 // RenderChat renders a /v1/chat/completions request body exactly as the router does to
@@ -372,71 +379,75 @@ func RenderChat(chat *hf.Tokenizer, body []byte) (string, []uint32, error) {
 		return "", nil, e
 	}
 	var scratch []byte
-	prompt, err := f.renderChatJSON(chat, &scratch)
+	prompt, err := f.renderChat(chat, &scratch)
 	if err != nil {
 		return "", nil, err
 	}
 	return prompt, chat.AppendEncodePlain(nil, prompt), nil
 }
 
-// appendChatMessages appends msgs as a JSON array prepared for a text chat template the way
-// SGLang prepares a chat request before applying the template: a null or absent content
-// becomes "", a list of content parts becomes its text parts joined by a space, members
-// whose value is null are dropped, and tool-call arguments given as a JSON string holding an
-// object are passed as that object (which the template then renders with tojson).
-func appendChatMessages(dst []byte, msgs []jsonValue) []byte {
-	dst = append(dst, '[')
+// chatValues decodes a chat request's messages (all, a validated JSON array; msgs, its
+// elements) into template values. When prepare is set they are prepared for a text chat
+// template the way SGLang prepares a chat request before applying the template: a null or
+// absent content becomes "", a list of content parts becomes its text parts joined by a
+// space, members whose value is null are dropped, and tool-call arguments given as a JSON
+// string holding an object are passed as that object (which the template then renders with
+// tojson). Every member is decoded once, from the request's bytes.
+func chatValues(all jsonValue, msgs []jsonValue, prepare bool, scratch *[]byte) ([]any, error) {
+	if !prepare {
+		v, err := jinja.DecodeJSON(all.raw)
+		list, _ := v.([]any)
+		return list, err
+	}
+	list := make([]any, len(msgs))
 	for i, m := range msgs {
-		if i > 0 {
-			dst = append(dst, ',')
-		}
-		dst = append(dst, '{')
-		n, hasContent := 0, false
-		_ = m.members(func(key []byte, v jsonValue) error {
+		d := jinja.NewDict(4)
+		hasContent := false
+		err := m.members(func(key []byte, v jsonValue) error {
 			isContent := keyIs(key, "content")
 			if v.kind == kindNull && !isContent {
 				return nil
 			}
-			if n > 0 {
-				dst = append(dst, ',')
+			name, err := jinja.DecodeJSONString(key)
+			if err != nil {
+				return err
 			}
-			n++
-			dst = append(dst, key...)
-			dst = append(dst, ':')
+			var val any
 			switch {
 			case isContent:
 				hasContent = true
-				dst = appendContentText(dst, v)
+				val, err = contentText(v, scratch)
 			case keyIs(key, "tool_calls") && v.kind == kindArray:
-				dst = appendToolCalls(dst, v)
+				val, err = toolCallValues(v, scratch)
 			default:
-				dst = append(dst, v.raw...)
+				val, err = jinja.DecodeJSON(v.raw)
 			}
-			return nil
+			d.Set(name, val)
+			return err
 		})
-		if !hasContent {
-			if n > 0 {
-				dst = append(dst, ',')
-			}
-			dst = append(dst, `"content":""`...)
+		if err != nil {
+			return nil, err
 		}
-		dst = append(dst, '}')
+		if !hasContent {
+			d.Set("content", "")
+		}
+		list[i] = d
 	}
-	return append(dst, ']')
+	return list, nil
 }
 
-// appendContentText appends a message content as a JSON string: a string as is, a list of
-// parts as the texts of its "text" parts joined by a space (escapes kept: the joined raw
-// strings stay valid JSON), anything else as "".
-func appendContentText(dst []byte, v jsonValue) []byte {
+// contentText returns a message content as a string: a string as is, a list of parts as the
+// texts of its "text" parts joined by a space, anything else as "". The joined parts are
+// decoded as one JSON string (escapes kept: the joined raw strings stay valid JSON).
+func contentText(v jsonValue, scratch *[]byte) (string, error) {
 	switch v.kind {
 	case kindString:
-		return append(dst, v.raw...)
+		return jinja.DecodeJSONString(v.raw)
 	case kindArray:
 	default:
-		return append(dst, `""`...)
+		return "", nil
 	}
-	dst = append(dst, '"')
+	dst := append((*scratch)[:0], '"')
 	first := true
 	_ = v.elems(func(_ int, part jsonValue) error {
 		if part.kind != kindObject {
@@ -462,7 +473,8 @@ func appendContentText(dst []byte, v jsonValue) []byte {
 		dst = append(dst, text.raw[1:len(text.raw)-1]...)
 		return nil
 	})
-	return append(dst, '"')
+	*scratch = append(dst, '"')
+	return jinja.DecodeJSONString(*scratch)
 }
 
 // toolCallArguments returns a tool call's function object and its arguments member (zero
@@ -489,69 +501,63 @@ func toolCallArguments(call jsonValue) (fn, args jsonValue) {
 	return fn, args
 }
 
-// appendToolCalls appends a tool_calls list with every function.arguments string that holds
+// toolCallValues decodes a tool_calls list with every function.arguments string that holds
 // a JSON object replaced by that object.
-func appendToolCalls(dst []byte, calls jsonValue) []byte {
-	dst = append(dst, '[')
-	_ = calls.elems(func(i int, call jsonValue) error {
-		if i > 0 {
-			dst = append(dst, ',')
-		}
+func toolCallValues(calls jsonValue, scratch *[]byte) ([]any, error) {
+	list := []any{}
+	err := calls.elems(func(_ int, call jsonValue) error {
 		if _, args := toolCallArguments(call); args.kind != kindString {
-			dst = append(dst, call.raw...)
-			return nil
+			v, err := jinja.DecodeJSON(call.raw)
+			list = append(list, v)
+			return err
 		}
-		dst = append(dst, '{')
-		n := 0
-		_ = call.members(func(k []byte, v jsonValue) error {
-			if n > 0 {
-				dst = append(dst, ',')
+		d := jinja.NewDict(3)
+		err := call.members(func(k []byte, v jsonValue) error {
+			name, err := jinja.DecodeJSONString(k)
+			if err != nil {
+				return err
 			}
-			n++
-			dst = append(dst, k...)
-			dst = append(dst, ':')
 			if !keyIs(k, "function") || v.kind != kindObject {
-				dst = append(dst, v.raw...)
-				return nil
+				val, err := jinja.DecodeJSON(v.raw)
+				d.Set(name, val)
+				return err
 			}
-			dst = append(dst, '{')
-			m := 0
-			_ = v.members(func(fk []byte, fv jsonValue) error {
-				if m > 0 {
-					dst = append(dst, ',')
+			fd := jinja.NewDict(2)
+			err = v.members(func(fk []byte, fv jsonValue) error {
+				fname, err := jinja.DecodeJSONString(fk)
+				if err != nil {
+					return err
 				}
-				m++
-				dst = append(dst, fk...)
-				dst = append(dst, ':')
+				var val any
 				if keyIs(fk, "arguments") && fv.kind == kindString {
-					dst = appendParsedArguments(dst, fv)
+					val, err = parsedArguments(fv, scratch)
 				} else {
-					dst = append(dst, fv.raw...)
+					val, err = jinja.DecodeJSON(fv.raw)
 				}
-				return nil
+				fd.Set(fname, val)
+				return err
 			})
-			dst = append(dst, '}')
-			return nil
+			d.Set(name, fd)
+			return err
 		})
-		dst = append(dst, '}')
-		return nil
+		list = append(list, d)
+		return err
 	})
-	return append(dst, ']')
+	return list, err
 }
 
-// appendParsedArguments appends the JSON object that the string s holds, or s itself when it
-// holds anything else (the engine refuses such a request).
-func appendParsedArguments(dst []byte, s jsonValue) []byte {
-	start := len(dst)
-	dst = appendUnquoted(dst, s.raw)
-	obj := dst[start:]
+// parsedArguments returns the JSON object that the string s holds, or s itself when it holds
+// anything else (the engine refuses such a request).
+func parsedArguments(s jsonValue, scratch *[]byte) (any, error) {
+	obj := appendUnquoted((*scratch)[:0], s.raw)
+	*scratch = obj
 	i := skipWS(obj, 0)
 	if i < len(obj) && obj[i] == '{' {
 		if v, end, err := scanValue(obj, i, 0); err == nil && v.kind == kindObject && skipWS(obj, end) == len(obj) {
-			return dst
+			return jinja.DecodeJSON(obj)
 		}
 	}
-	return append(dst[:start], s.raw...)
+	return jinja.DecodeJSONString(s.raw)
 }
 
 // promptText returns the text of the raw JSON string s without copying when it holds no

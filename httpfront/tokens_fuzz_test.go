@@ -2,15 +2,17 @@ package httpfront
 
 import (
 	"encoding/json"
+	"reflect"
 	"testing"
 
 	"switchyard/tokenizer"
+	"switchyard/tokenizer/jinja"
 )
 
 // FuzzPrepareTokens checks, for every accepted chat or /generate request, that the messages
-// prepared for a chat template are a valid JSON array of as many objects, each with a string
-// content, that preparing them again changes nothing, and that a forwarded /generate body is
-// a valid JSON object carrying input_ids and no text.
+// prepared for a chat template are as many dicts, each with a string content and no null
+// member, that messages parseRequest did not flag for preparing are decoded as sent, and
+// that a forwarded /generate body is a valid JSON object carrying input_ids and no text.
 func FuzzPrepareTokens(f *testing.F) {
 	seeds := []string{
 		`{"model":"m","messages":[{"role":"user","content":"hi"}]}`,
@@ -28,27 +30,34 @@ func FuzzPrepareTokens(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		var facts requestFacts
 		if parseRequest(routeChat, body, &facts) == nil {
-			prepared := appendChatMessages(nil, facts.messages)
-			var msgs []map[string]json.RawMessage
-			if err := json.Unmarshal(prepared, &msgs); err != nil {
-				t.Fatalf("prepared messages %s: %v", prepared, err)
+			var scratch []byte
+			prepared, err := chatValues(facts.chat.messages, facts.messages, true, &scratch)
+			if err != nil {
+				t.Fatalf("preparing %s: %v", facts.chat.messages.raw, err)
 			}
-			if len(msgs) != len(facts.messages) {
-				t.Fatalf("%d prepared messages, want %d", len(msgs), len(facts.messages))
+			if len(prepared) != len(facts.messages) {
+				t.Fatalf("%d prepared messages, want %d", len(prepared), len(facts.messages))
 			}
-			for _, m := range msgs {
-				var s string
-				if err := json.Unmarshal(m["content"], &s); err != nil {
-					t.Fatalf("prepared content %s is not a string", m["content"])
+			for _, m := range prepared {
+				d, ok := m.(*jinja.Dict)
+				if !ok {
+					t.Fatalf("prepared message %#v is not a dict", m)
+				}
+				if c, _ := d.Get("content"); reflect.TypeOf(c) != reflect.TypeFor[string]() {
+					t.Fatalf("prepared content %#v is not a string", c)
+				}
+				for _, k := range d.Keys() {
+					if v, _ := d.Get(k); v == nil {
+						t.Fatalf("prepared message keeps the null member %q", k)
+					}
 				}
 			}
-			var again []jsonValue
-			_ = jsonValue{kind: kindArray, raw: prepared}.elems(func(_ int, v jsonValue) error {
-				again = append(again, v)
-				return nil
-			})
-			if twice := appendChatMessages(nil, again); string(twice) != string(prepared) {
-				t.Fatalf("preparing twice changed\n  %s\ninto\n  %s", prepared, twice)
+			asSent, err := jinja.DecodeJSON(facts.chat.messages.raw)
+			if err != nil {
+				t.Fatalf("decoding %s: %v", facts.chat.messages.raw, err)
+			}
+			if !facts.chat.prepare && !reflect.DeepEqual(prepared, asSent) {
+				t.Fatalf("messages not flagged for preparing changed\n  %#v\ninto\n  %#v", asSent, prepared)
 			}
 		}
 		if parseRequest(routeGenerate, body, &facts) == nil && pt.forwards(&facts) {

@@ -20,6 +20,7 @@ import (
 	"switchyard/engine"
 	"switchyard/tokenizer"
 	"switchyard/tokenizer/hf"
+	"switchyard/tokenizer/jinja"
 )
 
 // The tokenizer tests use the real Qwen3 tokenizer files that make testdata-tokenizers
@@ -434,7 +435,7 @@ func TestTokenizerLoadErrors(t *testing.T) {
 	})
 }
 
-func TestAppendChatMessages(t *testing.T) {
+func TestChatValues(t *testing.T) {
 	tests := []struct {
 		name, messages, want string
 		prepare              bool // parseRequest flags the messages for preparing
@@ -459,8 +460,23 @@ func TestAppendChatMessages(t *testing.T) {
 			if f.chat.prepare != tt.prepare {
 				t.Errorf("prepare flag %v, want %v", f.chat.prepare, tt.prepare)
 			}
-			if got := string(appendChatMessages(nil, f.messages)); got != tt.want {
-				t.Errorf("prepared\n  %s\nwant\n  %s", got, tt.want)
+			var scratch []byte
+			got, err := chatValues(f.chat.messages, f.messages, true, &scratch)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, err := jinja.DecodeJSON([]byte(tt.want))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("prepared\n  %#v\nwant\n  %#v", got, want)
+			}
+			if !tt.prepare {
+				// Unflagged messages are decoded as sent, to the same values.
+				if asSent, err := chatValues(f.chat.messages, f.messages, false, &scratch); err != nil || !reflect.DeepEqual(asSent, want) {
+					t.Errorf("as sent %#v (%v), want %#v", asSent, err, want)
+				}
 			}
 		})
 	}

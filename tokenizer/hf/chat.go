@@ -105,6 +105,38 @@ func (t *Tokenizer) EncodeChat(messages []tokenizer.Message) ([]uint32, error) {
 	return t.EncodePlain(s), nil
 }
 
+// ChatValues is a conversation already decoded into template values (jinja.DecodeJSON's):
+// the router builds them from the request it has parsed, without a second JSON parse.
+type ChatValues struct {
+	// Messages are the OpenAI chat messages, each a *jinja.Dict, passed to the template as
+	// they are.
+	Messages []any
+	// Tools is the list of tool definitions passed to the template as tools, or nil.
+	Tools any
+	// Extra holds further template variables (e.g. enable_thinking), or nil.
+	Extra *jinja.Dict
+	// NoGenerationPrompt renders add_generation_prompt=False.
+	NoGenerationPrompt bool
+	// SizeHint is the expected length of the rendering in bytes, 0 for none.
+	SizeHint int
+}
+
+// RenderChatValues renders a conversation given as template values with the model's chat
+// template.
+func (t *Tokenizer) RenderChatValues(v ChatValues) (string, error) {
+	if t.chat == nil {
+		return "", fmt.Errorf("cannot apply chat template: %w", ErrNoChatTemplate)
+	}
+	if len(v.Messages) == 0 {
+		return "", fmt.Errorf("cannot apply chat template: %w", tokenizer.ErrNoMessages)
+	}
+	s, err := t.chat.render(v.Messages, v.Tools, !v.NoGenerationPrompt, v.Extra, max(v.SizeHint, 256))
+	if err != nil {
+		return "", fmt.Errorf("cannot apply chat template: %w", err)
+	}
+	return s, nil
+}
+
 // RenderChatJSON renders a JSON array of OpenAI chat messages, passed to the template as they
 // are (every field, in order: tool_calls, reasoning_content, content parts...).
 func (t *Tokenizer) RenderChatJSON(messages []byte, opts ChatOptions) (string, error) {
@@ -119,30 +151,22 @@ func (t *Tokenizer) RenderChatJSON(messages []byte, opts ChatOptions) (string, e
 	if !ok {
 		return "", fmt.Errorf("cannot apply chat template: messages: %w: want a JSON array", ErrInvalidMessages)
 	}
-	if len(items) == 0 {
-		return "", fmt.Errorf("cannot apply chat template: %w", tokenizer.ErrNoMessages)
-	}
-	var tools any
+	v := ChatValues{Messages: items, NoGenerationPrompt: opts.NoGenerationPrompt, SizeHint: len(messages) + len(opts.Tools) + 256}
 	if len(bytes.TrimSpace(opts.Tools)) > 0 {
-		if tools, err = decodeJSONValue(opts.Tools); err != nil {
+		if v.Tools, err = decodeJSONValue(opts.Tools); err != nil {
 			return "", fmt.Errorf("cannot apply chat template: tools: %w", err)
 		}
 	}
-	var extra *jinja.Dict
 	if len(bytes.TrimSpace(opts.Extra)) > 0 {
-		v, err := decodeJSONValue(opts.Extra)
+		e, err := decodeJSONValue(opts.Extra)
 		if err != nil {
 			return "", fmt.Errorf("cannot apply chat template: extra: %w", err)
 		}
-		if extra, ok = v.(*jinja.Dict); !ok {
+		if v.Extra, ok = e.(*jinja.Dict); !ok {
 			return "", fmt.Errorf("cannot apply chat template: extra: %w: want a JSON object", ErrInvalidMessages)
 		}
 	}
-	s, err := t.chat.render(items, tools, !opts.NoGenerationPrompt, extra, len(messages)+len(opts.Tools)+256)
-	if err != nil {
-		return "", fmt.Errorf("cannot apply chat template: %w", err)
-	}
-	return s, nil
+	return t.RenderChatValues(v)
 }
 
 // EncodeChatJSON returns the token IDs of RenderChatJSON's rendering (see EncodeChat).

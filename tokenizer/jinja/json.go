@@ -34,6 +34,23 @@ func DecodeJSON(data []byte) (any, error) {
 	return v, nil
 }
 
+// DecodeJSONString decodes one JSON string, quotes included, as DecodeJSON decodes strings
+// (an object key, a member already located by a caller's own scan).
+func DecodeJSONString(data []byte) (string, error) {
+	p := jsonParser{data: data}
+	if len(data) == 0 || data[0] != '"' {
+		return "", fmt.Errorf("%w: %v", ErrInvalidJSON, p.errorf("want a string"))
+	}
+	s, err := p.str()
+	if err == nil && p.i != len(p.data) {
+		err = p.errorf("trailing data")
+	}
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", ErrInvalidJSON, err)
+	}
+	return s, nil
+}
+
 // maxJSONDepth bounds the nesting of decoded JSON.
 const maxJSONDepth = 1000
 

@@ -47,3 +47,22 @@ func TestDecodeJSONValue(t *testing.T) {
 		})
 	}
 }
+
+// TestDecodeJSONString: a lone string decodes as DecodeJSON decodes it; anything else, or a
+// string followed by more, is an ErrInvalidJSON.
+func TestDecodeJSONString(t *testing.T) {
+	for _, in := range []string{`"plain"`, `"a\"b\\c\/d\n\t\u00e9\ud83d\ude00"`, `"\ud800x"`, "\"a\xffb\"", `""`} {
+		want, err := DecodeJSON([]byte(in))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, err := DecodeJSONString([]byte(in)); err != nil || got != want {
+			t.Errorf("DecodeJSONString(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, in := range []string{``, `1`, `"a" `, `"a"b"`, `"abc`, "\"a\nb\"", `["a"]`} {
+		if got, err := DecodeJSONString([]byte(in)); !errors.Is(err, ErrInvalidJSON) {
+			t.Errorf("DecodeJSONString(%q) = %q, %v; want an ErrInvalidJSON", in, got, err)
+		}
+	}
+}
