@@ -35,8 +35,8 @@ const maxBatchOps = 4096
 
 // IndexConfig configures an Index.
 type IndexConfig struct {
-	// Shards is the number of shards. Default (0 or less): one per core, GOMAXPROCS. On the
-	// 2-core reference machine, 2 shard actors ingest and look up faster than 8.
+	// Shards is the number of shards. Default (0 or less): one per core, GOMAXPROCS (more
+	// shard actors than cores only add hand-offs; docs/benchmarks.md).
 	Shards int
 	// MaxBlocks bounds the resident blocks over all shards; past it, the least recently
 	// used (CLOCK approximation) are evicted. Default DefaultMaxBlocks (4,000,000).

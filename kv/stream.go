@@ -11,7 +11,7 @@ import (
 // takes about as long as the hashing alone.
 //
 // The roles follow the scheduler. A new goroutine waits for an idle core to wake up and take
-// it (on the reference virtual machine about 100 µs, sometimes milliseconds), so the lookup
+// it (long on a virtual machine whose cores are busy; docs/benchmarks.md), so the lookup
 // goroutine, already running, does the work that cannot wait (the chain), and the helper
 // catches up once it runs, matching being faster. The helper sends to the shards, so the
 // shard actors it wakes run beside it. It sleeps while it waits for hashes, never spins: the
@@ -20,15 +20,15 @@ import (
 // matches the rest itself, so a lookup never waits for a wake-up.
 const (
 	// streamMinBlocks is how many blocks must remain after the first wave for a lookup to
-	// stream (1,024 blocks: about 75 µs of hashing in 16-token blocks).
+	// stream: their hashing outlasts the helper's wake-up.
 	streamMinBlocks = 1024
 	// streamChunk is how many blocks the lookup goroutine hashes between progress reports.
 	streamChunk = 64
 	// streamWave is the least the helper asks the shards about at once (unless the hashing
 	// is over), and streamMaxWave the most: the helper keeps close behind the hashing, so
 	// the wave left after it is short. Each wave may wake the helper; when the system runs
-	// it on the hashing core, fewer wake-ups cost less (512 against 256: p99 of a 100k-token
-	// lookup 895-909 µs against 949-989, p50 the same).
+	// it on the hashing core, fewer wake-ups cost less (512 against 256 lowers the p99 of a
+	// 100k-token lookup; docs/benchmarks.md).
 	streamWave    = 512
 	streamMaxWave = 1024
 )
