@@ -36,7 +36,8 @@ func (c clockedEngine) step(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), cacheWait)
 	defer cancel()
 	if err := c.clk.WaitForTimers(ctx, 1); err != nil {
-		t.Fatalf("%s: no step begins: %v", c.e.WorkerID(), err)
+		t.Fatalf("%s: no step begins: %v (running %d, waiting %d, aborted %d)", c.e.WorkerID(), err,
+			c.e.Running(), c.e.Waiting(), c.e.Aborts())
 	}
 	if _, err := c.clk.AdvanceToNext(ctx); err != nil {
 		t.Fatal(err)
