@@ -53,7 +53,9 @@ type rankAgg struct {
 	rep        RankReport // latest report; Fields includes HasPrefillQueue when queueMs is valid
 	has        bool
 	dispatches uint64 // Counters.Dispatched() when rep was ingested
-	queueMs    float64
+	// pendingReqs and pendingTokens are Counters.PendingPrefill() when rep was ingested.
+	pendingReqs, pendingTokens int64
+	queueMs                    float64
 
 	// base is the previous counter sample throughput is measured against.
 	baseOK       bool
@@ -172,8 +174,9 @@ func (a *Aggregator) Ingest(id string, r RankReport) {
 	rk.has = true
 	if w.counters != nil {
 		rk.dispatches = w.counters.Dispatched()
+		rk.pendingReqs, rk.pendingTokens = w.counters.PendingPrefill()
 	} else {
-		rk.dispatches = 0
+		rk.dispatches, rk.pendingReqs, rk.pendingTokens = 0, 0, 0
 	}
 	w.dirty = true
 }
@@ -212,6 +215,7 @@ func (a *Aggregator) aggregate(w *workerAgg) snapEntry {
 	o.Fields = ^Field(0)
 	var oldest time.Time
 	dispatches := uint64(math.MaxUint64)
+	pendingReqs, pendingTokens := int64(math.MaxInt64), int64(math.MaxInt64)
 	for i := range w.ranks {
 		rk := &w.ranks[i]
 		if !rk.has {
@@ -229,6 +233,8 @@ func (a *Aggregator) aggregate(w *workerAgg) snapEntry {
 			oldest = r.At
 		}
 		dispatches = min(dispatches, rk.dispatches)
+		pendingReqs = min(pendingReqs, rk.pendingReqs)
+		pendingTokens = min(pendingTokens, rk.pendingTokens)
 	}
 	// A metric some rank lacks is unknown for the worker, never a partial sum.
 	if o.Fields&HasRunning == 0 {
@@ -251,6 +257,7 @@ func (a *Aggregator) aggregate(w *workerAgg) snapEntry {
 	}
 	o.CapturedAt = oldest
 	o.DispatchesAtCapture = dispatches
+	o.PendingRequestsAtCapture, o.PendingTokensAtCapture = max(pendingReqs, 0), max(pendingTokens, 0)
 	e.complete = true
 	e.freshUntil = addNanosSat(unixNanoSat(oldest), int64(a.freshness))
 	return e
@@ -259,7 +266,7 @@ func (a *Aggregator) aggregate(w *workerAgg) snapEntry {
 // Snapshot builds a new immutable Snapshot of every registered worker at now. Per worker
 // it holds the aggregate over its DP ranks: sums of the counts, the oldest capture time,
 // the fields every rank reported, the largest prefill queue estimate (only when every rank
-// has one) and the lowest dispatch count recorded at ingest. Aggregates of unchanged
+// has one) and the lowest dispatch count and pending prefill recorded at ingest. Aggregates of unchanged
 // workers are reused, and so is the ID index while membership is unchanged; the entries are
 // always a new copy, so earlier Snapshots stay valid.
 func (a *Aggregator) Snapshot(now time.Time) *Snapshot {

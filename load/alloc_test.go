@@ -17,6 +17,22 @@ func TestAllocationBudget(t *testing.T) {
 	}); n > 1 {
 		t.Errorf("Acquire+Release: %v allocs, want <= 1 (the Guard)", n)
 	}
+	if n := testing.AllocsPerRun(1000, func() {
+		g := tr.AcquirePrefill(c, now, 100)
+		g.FirstToken()
+		g.Release()
+	}); n > 1 {
+		t.Errorf("AcquirePrefill+FirstToken+Release: %v allocs, want <= 1 (the Guard)", n)
+	}
+	var o Observation
+	if n := testing.AllocsPerRun(1000, func() {
+		c.Rates().Prefill.Observe(1000, 0.05)
+		c.Rates().Decode.Observe(3, 0.01)
+		_, _ = EstimateTTFT(&o, c, 1000)
+		_, _ = EstimateTPOT(&o, c)
+	}); n != 0 {
+		t.Errorf("learning and estimating: %v allocs, want 0", n)
+	}
 	if n := testing.AllocsPerRun(1000, func() { _ = tr.Counters("w") }); n != 0 {
 		t.Errorf("Counters (existing): %v allocs, want 0", n)
 	}

@@ -23,7 +23,16 @@
 //     Missing, stale or rank-incomplete load is the zero Observation — unknown, never zero
 //     load. Table publishes the current Snapshot.
 //   - Router-local accounting: Tracker hands out one Counters per worker (in-flight,
-//     dispatch count, latest dispatch time) and the Guards that hold in-flight slots.
+//     dispatch count, latest dispatch time, pending prefill) and the Guards that hold
+//     in-flight slots; a Guard from AcquirePrefill also holds a pending-prefill slot until
+//     the request's first token (Guard.FirstToken).
+//   - SLO estimates: each Counters carries the worker's learned Rates, two cost Lines fitted
+//     online to what the router observes of its own requests (time to first token against
+//     prefill work in tokens, time per output token against decode load in requests), and
+//     EstimateTTFT / EstimateTPOT turn a load Observation, the counters and a request's
+//     uncached tokens into the request's expected latencies (PrefillWork and DecodeLoad say
+//     how the queue ahead is counted). Learning and estimating take no lock and do not
+//     allocate.
 //
 // # Concurrency model
 //

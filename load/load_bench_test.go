@@ -261,3 +261,47 @@ func BenchmarkPollPrometheus(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkEstimate is the SLO estimate of one engine, as a bucket ordering makes it for
+// every candidate, beside its baseline: the snapshot read every pick already makes.
+func BenchmarkEstimate(b *testing.B) {
+	now := time.Now()
+	a := NewAggregator(time.Minute)
+	tr := NewTracker()
+	c := tr.Counters("w")
+	a.SetWorker("w", 1, c)
+	a.Ingest("w", nativeRep(0, now, 8, 3, 5000, 100000, 4000))
+	tab := NewTable()
+	tab.Store(a.Snapshot(now))
+	c.Rates().Prefill.Observe(5000, 0.25)
+	c.Rates().Decode.Observe(9, 0.009)
+	b.Run("baseline-observe", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_ = tab.Load().Observe("w", now)
+		}
+	})
+	b.Run("observe+estimate", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			o := tab.Load().Observe("w", now)
+			_, _ = EstimateTTFT(&o, c, 1000)
+			_, _ = EstimateTPOT(&o, c)
+		}
+	})
+	b.Run("learn", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			c.Rates().Prefill.Observe(5000, 0.25)
+			c.Rates().Decode.Observe(9, 0.009)
+		}
+	})
+	b.Run("acquire-prefill", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			g := tr.AcquirePrefill(c, now, 1000)
+			g.FirstToken()
+			g.Release()
+		}
+	})
+}

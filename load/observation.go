@@ -41,6 +41,12 @@ type Observation struct {
 	// DispatchesAtCapture is the worker's dispatch count when the report was ingested; the
 	// difference to Counters.Dispatched corrects for dispatches made since.
 	DispatchesAtCapture uint64
+	// PendingRequestsAtCapture and PendingTokensAtCapture are the router's own requests
+	// waiting for their first token on the worker, and their uncached prompt tokens
+	// (Counters.PendingPrefill), when the report was ingested: the part of the reported
+	// queue the router sent itself, which the SLO estimate replaces by its current value.
+	PendingRequestsAtCapture int64
+	PendingTokensAtCapture   int64
 }
 
 // Has reports whether every field in f was reported.
@@ -70,6 +76,11 @@ type Counters struct {
 	// The other router replicas' counts of the worker (a cluster shares them); 0 alone.
 	peerInflight   atomic.Int64
 	peerDispatched atomic.Uint64
+	// pendingReqs and pendingTokens count the requests dispatched for prefill (Guards from
+	// Tracker.AcquirePrefill) that have no first token yet, and their uncached tokens.
+	pendingReqs   atomic.Int64
+	pendingTokens atomic.Int64
+	rates         Rates
 }
 
 // InFlight is the number of requests the router — with a cluster, every replica — has
@@ -98,6 +109,16 @@ func (c *Counters) SetPeers(inflight int64, dispatched uint64) {
 		}
 	}
 }
+
+// PendingPrefill is the number of requests the router dispatched to the worker for
+// prefill whose first token has not arrived yet, and the sum of their uncached prompt
+// tokens.
+func (c *Counters) PendingPrefill() (requests, tokens int64) {
+	return c.pendingReqs.Load(), c.pendingTokens.Load()
+}
+
+// Rates are the worker's learned service rates.
+func (c *Counters) Rates() *Rates { return &c.rates }
 
 // LastDispatch is the time of the latest dispatch, or the zero time.
 func (c *Counters) LastDispatch() time.Time {

@@ -27,12 +27,16 @@ type guardShard struct {
 	_    [40]byte // keep neighbouring shards off one cache line
 }
 
-// Guard holds one in-flight slot on a worker's Counters, from Acquire until Release.
+// Guard holds one in-flight slot on a worker's Counters, from Acquire until Release. A
+// Guard from AcquirePrefill also holds a pending-prefill slot until FirstToken or Release.
 type Guard struct {
 	released atomic.Bool
-	c        *Counters
-	shard    *guardShard
-	at       int64 // unix nanoseconds of Acquire
+	// prefillOpen is set while the guard holds its pending-prefill slot of prefill tokens.
+	prefillOpen atomic.Bool
+	prefill     int64
+	c           *Counters
+	shard       *guardShard
+	at          int64 // unix nanoseconds of Acquire
 	// prev and next link live guards within shard; guarded by shard.mu.
 	prev, next *Guard
 }
@@ -55,6 +59,14 @@ func (t *Tracker) Counters(id string) *Counters {
 // Release on the returned Guard when the request finishes, on every path. Fast path: one
 // small allocation and an uncontended shard lock.
 func (t *Tracker) Acquire(c *Counters, now time.Time) *Guard {
+	return t.AcquirePrefill(c, now, -1)
+}
+
+// AcquirePrefill is Acquire for a request the worker prefills (a plain or prefill engine)
+// with uncached prompt tokens: until the guard's FirstToken or Release, the request counts
+// in the worker's pending prefill (Counters.PendingPrefill). Negative tokens acquire a
+// plain guard, as Acquire does.
+func (t *Tracker) AcquirePrefill(c *Counters, now time.Time, uncached int64) *Guard {
 	if c == nil {
 		panic("BUG: load: Acquire with nil Counters")
 	}
@@ -64,6 +76,12 @@ func (t *Tracker) Acquire(c *Counters, now time.Time) *Guard {
 	c.lastDispatch.Store(ns)
 	sh := &t.shards[rand.Uint32()&(guardShards-1)]
 	g := &Guard{c: c, shard: sh, at: ns}
+	if uncached >= 0 {
+		g.prefill = uncached
+		g.prefillOpen.Store(true)
+		c.pendingReqs.Add(1)
+		c.pendingTokens.Add(uncached)
+	}
 	sh.mu.Lock()
 	g.next = sh.head
 	if sh.head != nil {
@@ -82,11 +100,23 @@ func (g *Guard) Release() {
 	if g == nil || !g.released.CompareAndSwap(false, true) {
 		return
 	}
+	g.FirstToken()
 	g.c.inflight.Add(-1)
 	sh := g.shard
 	sh.mu.Lock()
 	sh.unlink(g)
 	sh.mu.Unlock()
+}
+
+// FirstToken gives the guard's pending-prefill slot back: the request's first token
+// arrived, so its prefill is no longer ahead of anyone. Only the first call (or Release)
+// has an effect; it does nothing on a guard from Acquire or on nil.
+func (g *Guard) FirstToken() {
+	if g == nil || !g.prefillOpen.CompareAndSwap(true, false) {
+		return
+	}
+	g.c.pendingReqs.Add(-1)
+	g.c.pendingTokens.Add(-g.prefill)
 }
 
 // unlink removes g from the live list; sh.mu must be held.
@@ -116,6 +146,7 @@ func (t *Tracker) ReleaseStale(now time.Time, maxAge time.Duration) int {
 		for g := sh.head; g != nil; {
 			next := g.next
 			if g.at < cutoff && g.released.CompareAndSwap(false, true) {
+				g.FirstToken()
 				g.c.inflight.Add(-1)
 				sh.unlink(g)
 				released++

@@ -1,0 +1,264 @@
+package load
+
+import (
+	"math"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+)
+
+func within(got, want, rel float64) bool {
+	return math.Abs(got-want) <= rel*math.Abs(want)
+}
+
+// TestLineLearnsBaseAndSlope fits a line to noisy observations of y = 12ms + 50µs·x over a
+// wide range of x: both parameters come out within a few percent.
+func TestLineLearnsBaseAndSlope(t *testing.T) {
+	const base, slope = 0.012, 50e-6
+	rng := rand.New(rand.NewPCG(1, 2))
+	var l Line
+	for range 5000 {
+		x := 200 + rng.Float64()*20000
+		noise := 1 + 0.05*(rng.Float64()*2-1)
+		l.Observe(x, (base+slope*x)*noise)
+	}
+	b, s, n := l.Params()
+	if n != 5000 {
+		t.Fatalf("n = %d", n)
+	}
+	if !within(b, base, 0.25) || !within(s, slope, 0.05) {
+		t.Fatalf("base %.4fs slope %.2gs/token, want about %.4fs and %.2g", b, s, base, slope)
+	}
+	for _, x := range []float64{500, 4000, 16000} {
+		y, ok := l.At(x)
+		if !ok || !within(y, base+slope*x, 0.08) {
+			t.Errorf("At(%v) = %v, %v; want about %v", x, y, ok, base+slope*x)
+		}
+	}
+}
+
+// TestLineConstantX: when x barely varies the split between base and slope is not
+// identifiable, but the prediction at that x is still the observed value.
+func TestLineConstantX(t *testing.T) {
+	var l Line
+	for i := range 200 {
+		l.Observe(1000+float64(i%3), 0.062)
+	}
+	if y, _ := l.At(1001); !within(y, 0.062, 0.02) {
+		t.Fatalf("At(1001) = %v, want about 0.062", y)
+	}
+}
+
+// TestLineFollowsAChange: the line moves to a new regime within tens of observations.
+func TestLineFollowsAChange(t *testing.T) {
+	var l Line
+	for range 100 {
+		l.Observe(1000, 0.05)
+	}
+	for range 60 {
+		l.Observe(1000, 0.2)
+	}
+	if y, _ := l.At(1000); !within(y, 0.2, 0.1) {
+		t.Fatalf("after the change At(1000) = %v, want about 0.2", y)
+	}
+}
+
+func TestLineBadAndOutlyingObservations(t *testing.T) {
+	var l Line
+	if _, ok := l.At(10); ok {
+		t.Fatal("an empty line predicts")
+	}
+	for _, v := range [][2]float64{{-1, 1}, {1, -1}, {math.NaN(), 1}, {1, math.NaN()}, {math.Inf(1), 1}, {1, math.Inf(1)}} {
+		l.Observe(v[0], v[1])
+	}
+	if _, _, n := l.Params(); n != 0 {
+		t.Fatalf("bad observations were counted: n = %d", n)
+	}
+	for range 50 {
+		l.Observe(100, 0.1)
+	}
+	l.Observe(100, 1000) // one stalled request
+	y, _ := l.At(100)
+	if y > 0.1*(1+lineGain*(lineClip-1))+1e-9 {
+		t.Fatalf("one outlier moved the prediction to %v", y)
+	}
+	// x = 0 on a fresh line is all base.
+	var z Line
+	z.Observe(0, 0.01)
+	if b, s, _ := z.Params(); b != 0.01 || s != 0 {
+		t.Fatalf("first observation at x=0: base %v slope %v", b, s)
+	}
+}
+
+// TestLineConcurrent observes from several goroutines: the parameters stay finite and
+// non-negative and every observation is counted.
+func TestLineConcurrent(t *testing.T) {
+	var l Line
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(g), 9))
+			for range 2000 {
+				x := rng.Float64() * 10000
+				l.Observe(x, 0.01+x*40e-6)
+			}
+		})
+	}
+	wg.Wait()
+	b, s, n := l.Params()
+	if n != 8000 || b < 0 || s < 0 || math.IsNaN(b) || math.IsNaN(s) {
+		t.Fatalf("base %v slope %v n %d", b, s, n)
+	}
+}
+
+func TestGuardPendingPrefill(t *testing.T) {
+	tr := NewTracker()
+	c := tr.Counters("w")
+	g1 := tr.AcquirePrefill(c, t0, 300)
+	g2 := tr.AcquirePrefill(c, t0, 50)
+	g3 := tr.Acquire(c, t0) // a decode engine's guard holds no prefill
+	if r, tok := c.PendingPrefill(); r != 2 || tok != 350 {
+		t.Fatalf("pending %d requests, %d tokens; want 2, 350", r, tok)
+	}
+	g1.FirstToken()
+	g1.FirstToken()
+	if r, tok := c.PendingPrefill(); r != 1 || tok != 50 {
+		t.Fatalf("after a first token: %d, %d; want 1, 50", r, tok)
+	}
+	g1.Release() // its prefill slot is already back
+	g2.Release() // releases both slots
+	g3.FirstToken()
+	g3.Release()
+	if r, tok := c.PendingPrefill(); r != 0 || tok != 0 || c.InFlight() != 0 {
+		t.Fatalf("after release: pending %d, %d, in flight %d", r, tok, c.InFlight())
+	}
+	// A leaked guard's prefill slot goes back with its in-flight slot.
+	tr.AcquirePrefill(c, t0, 70)
+	if n := tr.ReleaseStale(t0.Add(2*time.Hour), time.Hour); n != 1 {
+		t.Fatalf("ReleaseStale released %d", n)
+	}
+	if r, tok := c.PendingPrefill(); r != 0 || tok != 0 {
+		t.Fatalf("after ReleaseStale: %d, %d", r, tok)
+	}
+	var nilGuard *Guard
+	nilGuard.FirstToken()
+}
+
+// TestGuardFirstTokenRacesRelease: the prefill slot goes back exactly once whoever wins.
+func TestGuardFirstTokenRacesRelease(t *testing.T) {
+	tr := NewTracker()
+	c := tr.Counters("w")
+	for range 200 {
+		g := tr.AcquirePrefill(c, t0, 10)
+		var wg sync.WaitGroup
+		wg.Go(g.FirstToken)
+		wg.Go(g.Release)
+		wg.Go(g.FirstToken)
+		wg.Wait()
+	}
+	if r, tok := c.PendingPrefill(); r != 0 || tok != 0 || c.InFlight() != 0 {
+		t.Fatalf("pending %d, %d, in flight %d", r, tok, c.InFlight())
+	}
+}
+
+func TestAggregatorPendingAtCapture(t *testing.T) {
+	tr := NewTracker()
+	c := tr.Counters("w")
+	a := NewAggregator(time.Minute)
+	a.SetWorker("w", 2, c)
+	g := tr.AcquirePrefill(c, t0, 400)
+	a.Ingest("w", nativeRep(0, t0, 1, 1, 10, 100, 900))
+	g.FirstToken()
+	a.Ingest("w", nativeRep(1, t0, 1, 0, 10, 100, 0))
+	o := a.Snapshot(t0).Observe("w", t0)
+	// The lowest over the ranks: rank 1 was ingested after the first token.
+	if o.PendingRequestsAtCapture != 0 || o.PendingTokensAtCapture != 0 {
+		t.Fatalf("pending at capture %d, %d; want the ranks' minimum 0, 0", o.PendingRequestsAtCapture, o.PendingTokensAtCapture)
+	}
+	a.SetWorker("w", 1, c)
+	g2 := tr.AcquirePrefill(c, t0, 250)
+	defer g2.Release()
+	a.Ingest("w", nativeRep(0, t0, 1, 1, 10, 100, 900))
+	o = a.Snapshot(t0).Observe("w", t0)
+	if o.PendingRequestsAtCapture != 1 || o.PendingTokensAtCapture != 250 {
+		t.Fatalf("pending at capture %d, %d; want 1, 250", o.PendingRequestsAtCapture, o.PendingTokensAtCapture)
+	}
+	g.Release()
+}
+
+func TestPrefillWorkAndDecodeLoad(t *testing.T) {
+	tr := NewTracker()
+	c := tr.Counters("w")
+	g := tr.AcquirePrefill(c, t0, 1000) // the router's own pending prefill: 1 request, 1000 tokens
+	defer g.Release()
+	tests := []struct {
+		name       string
+		o          Observation
+		uncached   int64
+		work, load float64
+	}{
+		{name: "unknown load: the router's own pending work", uncached: 200, work: 1200, load: 2},
+		{
+			name: "waiting uncached less the router's share at capture",
+			o: Observation{Fields: HasNative | HasWaitingUncached | HasRunning, WaitingUncachedTokens: 5000,
+				PendingTokensAtCapture: 1000, Running: 7},
+			uncached: 200, work: 1000 + 4000 + 200, load: 8,
+		},
+		{
+			name: "the router's share at capture larger than reported",
+			o: Observation{Fields: HasNative | HasWaitingUncached, WaitingUncachedTokens: 100,
+				PendingTokensAtCapture: 1000},
+			uncached: 10, work: 1010, load: 2,
+		},
+		{
+			name:     "waiting requests only (a Prometheus scrape): others' requests at this request's size",
+			o:        Observation{Fields: HasWaiting | HasRunning, Waiting: 4, PendingRequestsAtCapture: 1, Running: 0},
+			uncached: 300, work: 1000 + 3*300 + 300, load: 2,
+		},
+		{name: "negative uncached counts as none", uncached: -5, work: 1000, load: 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := PrefillWork(&tt.o, c, tt.uncached); got != tt.work {
+				t.Errorf("PrefillWork = %v, want %v", got, tt.work)
+			}
+			if got := DecodeLoad(&tt.o, c); got != tt.load {
+				t.Errorf("DecodeLoad = %v, want %v", got, tt.load)
+			}
+		})
+	}
+}
+
+func TestEstimates(t *testing.T) {
+	var c Counters
+	if _, ok := EstimateTTFT(&Observation{}, &c, 100); ok {
+		t.Fatal("TTFT estimated with nothing known")
+	}
+	if _, ok := EstimateTPOT(&Observation{}, &c); ok {
+		t.Fatal("TPOT estimated with nothing known")
+	}
+	// The engine's own prefill rate is the prior: 2000 waiting tokens take 100ms.
+	o := Observation{Fields: HasNative | HasWaitingUncached | HasPrefillQueue, WaitingUncachedTokens: 2000, PrefillQueueMs: 100}
+	if got, ok := EstimateTTFT(&o, &c, 1000); !ok || !within(got, 0.150, 1e-9) {
+		t.Fatalf("prior TTFT = %v, %v; want 0.150", got, ok)
+	}
+	// Once learned, the line wins.
+	c.Rates().Prefill.Observe(3000, 0.3)
+	if got, ok := EstimateTTFT(&o, &c, 1000); !ok || !within(got, 0.3, 1e-9) {
+		t.Fatalf("learned TTFT = %v, %v; want 0.3", got, ok)
+	}
+	c.Rates().Decode.Observe(4, 0.02)
+	o.Fields |= HasRunning
+	o.Running = 3
+	if got, ok := EstimateTPOT(&o, &c); !ok || !within(got, 0.02, 1e-9) {
+		t.Fatalf("TPOT = %v, %v; want 0.02", got, ok)
+	}
+	if tps := c.Rates().PrefillTokensPerSecond(); !within(tps, 10000, 1e-9) {
+		t.Fatalf("PrefillTokensPerSecond = %v", tps)
+	}
+	var empty Rates
+	if empty.PrefillTokensPerSecond() != 0 {
+		t.Fatal("an empty line has a throughput")
+	}
+}
