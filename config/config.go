@@ -190,6 +190,12 @@ type Worker struct {
 	// the global one (cert_file and key_file as a pair). Only for an https:// url. Default:
 	// none (upstream.tls).
 	TLS *UpstreamTLS `koanf:"tls" json:"tls"`
+	// Labels are the worker's labels, name to value, that a prefill/decode bucket's
+	// groups.pd.compatibility compares (for example zone: us-east-1a). A configured label
+	// wins over the same label introspected from /server_info (transfer_backend,
+	// page_size, kv_cache_dtype, tp_size). Names are letters, digits, '_', '-', '.' or '/'.
+	// Default: none (the introspected labels only).
+	Labels map[string]string `koanf:"labels" json:"labels"`
 }
 
 // Model is one model's routing: default policies per stage and its buckets.
@@ -209,6 +215,26 @@ type Model struct {
 	// QueueTimeout is the longest one of this model's requests waits for its slot; 0 takes
 	// server.queue_timeout. Default 0.
 	QueueTimeout time.Duration `koanf:"queue_timeout" json:"queue_timeout"`
+	// SLO holds the model's default latency targets.
+	SLO SLO `koanf:"slo" json:"slo"`
+	// BucketOrder is how the model's compatible buckets are ordered for a request:
+	// capacity (ascending capacity, then rank, then ID) or slo (for a request with a
+	// latency target: the buckets expected to meet it first, in capacity order, then the
+	// others by least expected violation; a request without a target keeps capacity
+	// order). Default capacity.
+	BucketOrder string `koanf:"bucket_order" json:"bucket_order"`
+}
+
+// SLO are a model's default latency targets, for the requests that do not carry their own
+// in the x-slo-ttft-ms and x-slo-tpot-ms headers. A target decides the bucket order under
+// bucket_order slo and is counted as met or missed in the SLO metrics.
+type SLO struct {
+	// TTFTMs is the time-to-first-token target, in milliseconds, more than 0 and at most
+	// 10,000,000. Default: none.
+	TTFTMs *float64 `koanf:"ttft_ms" json:"ttft_ms" unit:"milliseconds"`
+	// TPOTMs is the time-per-output-token target (the mean gap between output tokens after
+	// the first), in milliseconds, more than 0 and at most 10,000,000. Default: none.
+	TPOTMs *float64 `koanf:"tpot_ms" json:"tpot_ms" unit:"milliseconds"`
 }
 
 // ModelPath returns the configuration path of model name, as FieldError paths spell it:
@@ -299,6 +325,12 @@ type PDGroups struct {
 	Prefill *Group `koanf:"prefill" json:"prefill"`
 	// Decode is the decode group. Required.
 	Decode *Group `koanf:"decode" json:"decode"`
+	// Compatibility lists the worker labels a prefill engine and a decode engine must share
+	// to form a pair (for example [transfer_backend, page_size, zone]): the decode engine
+	// is picked among those whose every listed label equals the chosen prefill engine's (a
+	// label a worker lacks counts as empty). Default: none (any prefill and decode engine
+	// of the model pair).
+	Compatibility []string `koanf:"compatibility" json:"compatibility"`
 }
 
 // Group is an engine group: its membership and its policy.

@@ -131,7 +131,7 @@ const (
 	KVHashRekey  = "rekey"
 )
 
-// Load sources, cache sources, sticky fallbacks and log levels, as written in configuration.
+// Load sources, cache sources, bucket orders and log levels, as written in configuration.
 const (
 	LoadSourceHTTP = "http"
 	LoadSourceZMQ  = "zmq"
@@ -144,8 +144,27 @@ const (
 	// CacheSourceApproximate is a prefix tree of the requests the router dispatched.
 	CacheSourceApproximate = "approximate"
 
+	BucketOrderCapacity = "capacity"
+	BucketOrderSLO      = "slo"
+
 	LogLevelDebug = "debug"
 	LogLevelInfo  = "info"
 	LogLevelWarn  = "warn"
 	LogLevelError = "error"
 )
+
+// Worker labels that introspection reads from an engine's /server_info (SGLang server
+// arguments): the KV transfer backend of prefill/decode disaggregation
+// (disaggregation_transfer_backend), the KV page size, the KV cache data type and the
+// tensor-parallel size. Any other label comes from configuration only.
+const (
+	LabelTransferBackend = "transfer_backend"
+	LabelPageSize        = "page_size"
+	LabelKVCacheDType    = "kv_cache_dtype"
+	LabelTPSize          = "tp_size"
+)
+
+// IntrospectedLabels returns the labels introspection may fill, in documentation order.
+func IntrospectedLabels() []string {
+	return []string{LabelTransferBackend, LabelPageSize, LabelKVCacheDType, LabelTPSize}
+}

@@ -167,6 +167,13 @@ func (c *Config) validateWorkers(p *problems) map[string]int {
 		default:
 			p.add(path+".kv_hash_scheme", ErrInvalid, fmt.Sprintf("unknown scheme %q (auto, sglang or rekey)", w.KVHashScheme))
 		}
+		for _, k := range sortedKeys(w.Labels) {
+			if msg := checkLabelName(k); msg != "" {
+				p.add(joinKey(path+".labels", k), ErrInvalid, msg)
+			} else if len(w.Labels[k]) > maxLabelValue {
+				p.add(joinKey(path+".labels", k), ErrInvalid, fmt.Sprintf("value is %d bytes long, more than %d", len(w.Labels[k]), maxLabelValue))
+			}
+		}
 		k := firsts[w.Model]
 		if k == nil {
 			k = &kinds{plain: -1, pd: -1}
@@ -209,6 +216,12 @@ func (c *Config) validateModel(p *problems, name string, workers map[string]int)
 	}
 	validateTokenizer(p, path+".tokenizer", m.Tokenizer)
 	validateModelFlow(p, path, m)
+	validateSLO(p, path+".slo", m.SLO)
+	switch m.BucketOrder {
+	case "", BucketOrderCapacity, BucketOrderSLO:
+	default:
+		p.add(path+".bucket_order", ErrInvalid, fmt.Sprintf("unknown order %q (capacity or slo)", m.BucketOrder))
+	}
 	ids := make(map[string]int, len(m.Buckets))
 	for i := range m.Buckets {
 		b := &m.Buckets[i]
@@ -297,6 +310,7 @@ func (c *Config) validateGroups(p *problems, path, model string, g Groups, worke
 		} else {
 			c.validateGroup(p, path+".pd.decode", model, RoleDecode, g.PD.Decode, workers)
 		}
+		c.validateCompatibility(p, path+".pd", model, g.PD, workers)
 	}
 }
 
@@ -526,6 +540,142 @@ func (c *Config) validateUpstream(p *problems) {
 	}
 	atLeast(p, "upstream.max_conns_per_worker", int64(u.MaxConnsPerWorker), 1)
 	validateTLS(p, "upstream.tls", &u.TLS)
+}
+
+// maxLabelValue bounds a worker label's value, in bytes.
+const maxLabelValue = 256
+
+// checkLabelName returns why s is not a label name, or "".
+func checkLabelName(s string) string {
+	if s == "" {
+		return "label name must not be empty"
+	}
+	if len(s) > 63 {
+		return fmt.Sprintf("label name %q is longer than 63 bytes", s)
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("_-./", c) >= 0) {
+			return fmt.Sprintf("label name %q holds %q (use letters, digits, '_', '-', '.' or '/')", s, c)
+		}
+	}
+	return ""
+}
+
+// maxTargetMs bounds an SLO target, in milliseconds (about 2.8 hours).
+const maxTargetMs = 10_000_000
+
+func validateSLO(p *problems, path string, s SLO) {
+	for _, t := range []struct {
+		key string
+		v   *float64
+	}{{"ttft_ms", s.TTFTMs}, {"tpot_ms", s.TPOTMs}} {
+		if t.v != nil && !(*t.v > 0 && *t.v <= maxTargetMs) {
+			p.add(path+"."+t.key, ErrInvalid, fmt.Sprintf("must be more than 0 and at most %d milliseconds, got %v", maxTargetMs, *t.v))
+		}
+	}
+}
+
+// validateCompatibility checks a PD bucket's compatibility labels and that its prefill and
+// decode members can form at least one pair. Only what configuration says is judged: a
+// label that introspection may fill (IntrospectedLabels, on a worker that is not vllm) and
+// that a worker's configuration does not set can be anything, so it never rules a pair out
+// here; groups whose members come from the admin API (no configured member) are not judged.
+func (c *Config) validateCompatibility(p *problems, path, model string, pd *PDGroups, workers map[string]int) {
+	seen := make(map[string]int, len(pd.Compatibility))
+	bad := false
+	for i, k := range pd.Compatibility {
+		ipath := joinIndex(path+".compatibility", i)
+		if msg := checkLabelName(k); msg != "" {
+			p.add(ipath, ErrInvalid, msg)
+			bad = true
+			continue
+		}
+		if prev, dup := seen[k]; dup {
+			p.add(ipath, ErrInvalid, fmt.Sprintf("duplicate label %q (also compatibility[%d])", k, prev))
+			continue
+		}
+		seen[k] = i
+	}
+	if bad || len(pd.Compatibility) == 0 || pd.Prefill == nil || pd.Decode == nil {
+		return
+	}
+	pre := c.groupWorkers(model, RolePrefill, pd.Prefill, workers)
+	dec := c.groupWorkers(model, RoleDecode, pd.Decode, workers)
+	if len(pre) == 0 || len(dec) == 0 {
+		return
+	}
+	for _, pw := range pre {
+		for _, dw := range dec {
+			if mayPair(pw, dw, pd.Compatibility) {
+				return
+			}
+		}
+	}
+	describe := func(ws []*Worker) string {
+		parts := make([]string, 0, min(len(ws), 4))
+		for i, w := range ws {
+			if i == 3 {
+				parts = append(parts, fmt.Sprintf("and %d more", len(ws)-3))
+				break
+			}
+			var ls []string
+			for _, k := range pd.Compatibility {
+				if v, ok := w.Labels[k]; ok {
+					ls = append(ls, k+"="+v)
+				} else if !mayIntrospect(w, k) {
+					ls = append(ls, k+" unset")
+				}
+			}
+			parts = append(parts, w.ID+" ("+strings.Join(ls, ", ")+")")
+		}
+		return strings.Join(parts, ", ")
+	}
+	p.add(path+".compatibility", ErrInvalid, fmt.Sprintf(
+		"no prefill member can ever pair with a decode member: prefill %s; decode %s", describe(pre), describe(dec)))
+}
+
+// groupWorkers returns the configured workers a group holds: its worker_ids, or every
+// configured worker of the model and role. Unknown IDs are skipped (reported elsewhere).
+func (c *Config) groupWorkers(model string, role Role, g *Group, workers map[string]int) []*Worker {
+	var out []*Worker
+	if g.WorkerIDs != nil {
+		for _, id := range *g.WorkerIDs {
+			if i, ok := workers[id]; ok {
+				out = append(out, &c.Workers[i])
+			}
+		}
+		return out
+	}
+	for i := range c.Workers {
+		if w := &c.Workers[i]; w.Model == model && w.Role == role {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// mayPair reports whether a prefill and a decode worker may share every label of keys, as
+// far as configuration tells: a label both configure must be equal; a label a worker can
+// not get from introspection (any but IntrospectedLabels, or any on a vllm worker, which has
+// no /server_info) counts as empty when unset.
+func mayPair(pw, dw *Worker, keys []string) bool {
+	for _, k := range keys {
+		pv, pok := pw.Labels[k]
+		dv, dok := dw.Labels[k]
+		if !pok && mayIntrospect(pw, k) || !dok && mayIntrospect(dw, k) {
+			continue // the unset side may learn the label from its engine
+		}
+		if pv != dv {
+			return false
+		}
+	}
+	return true
+}
+
+// mayIntrospect reports whether w's engine may report label k in /server_info.
+func mayIntrospect(w *Worker, k string) bool {
+	return w.Flavor != FlavorVLLM && slices.Contains(IntrospectedLabels(), k)
 }
 
 // checkHTTPURL returns why s is not an http(s) URL with a host, or "".

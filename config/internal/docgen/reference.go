@@ -167,8 +167,8 @@ func (b *builder) field(s *section, parent reflect.Type, f reflect.StructField, 
 	fd := b.fieldDoc(parent, f, path, !section)
 	r := row{key: path, unit: f.Tag.Get("unit"), def: fd.def, meaning: fd.meaning, typ: typeName(f.Type), scalar: isScalar(ft)}
 	switch {
-	case isScalar(ft) || (ft.Kind() == reflect.Slice && structOf(ft) == nil):
-		if envOK && ft.Kind() != reflect.Slice {
+	case isScalar(ft) || ((ft.Kind() == reflect.Slice || ft.Kind() == reflect.Map) && structOf(ft) == nil):
+		if envOK && isScalar(ft) {
 			r.env = "`" + envName(path) + "`"
 			r.flag = "`--set " + path + "=…`"
 		}
@@ -332,6 +332,9 @@ func typeName(t reflect.Type) string {
 		}
 		return "list of " + typeName(t.Elem()) + "s"
 	case reflect.Map:
+		if structOf(t) == nil {
+			return "mapping of " + typeName(t.Elem()) + "s"
+		}
 		return "mapping by name"
 	case reflect.Struct:
 		return "mapping"
