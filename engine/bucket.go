@@ -18,6 +18,9 @@ type Bucket struct {
 	Plain   *EngineGroup
 	Prefill *EngineGroup
 	Decode  *EngineGroup
+	// Compat is a PD bucket's pairing rule: the decode engine is picked among those
+	// compatible with the chosen prefill engine. Empty: any pair.
+	Compat Compatibility
 }
 
 // IsPD reports whether the bucket selects a prefill/decode pair.
@@ -41,14 +44,17 @@ type BucketPick struct {
 	Plain    Pick
 	Prefill  Pick
 	Decode   Pick
+	// Order is the rule that ordered the compatible buckets the selection came from.
+	Order BucketOrder
 }
 
 // IsPD reports whether the selection is a prefill/decode pair.
 func (p *BucketPick) IsPD() bool { return p.Prefill.Worker != nil }
 
 // PickEngines returns the bucket's complete selection for req: the plain pick, or the
-// prefill pick then the decode pick. A decode failure discards the tentative prefill pick;
-// failures keep their stage. The bucket and its groups must be used by one goroutine at a time.
+// prefill pick then the decode pick among the decode engines compatible with it (Compat).
+// A decode failure, no compatible decode engine included, discards the tentative prefill
+// pick; failures keep their stage. The bucket and its groups must be used by one goroutine at a time.
 func (b *Bucket) PickEngines(reg *Registry, req *BucketRequest) (BucketPick, error) {
 	if !b.IsPD() {
 		if b.Plain == nil {
@@ -67,7 +73,7 @@ func (b *Bucket) PickEngines(reg *Registry, req *BucketRequest) (BucketPick, err
 	if err != nil {
 		return BucketPick{}, err
 	}
-	dp, err := b.Decode.Pick(reg, b.ID, req)
+	dp, err := b.Decode.PickFor(reg, b.ID, req, pp.Worker, b.Compat)
 	if err != nil {
 		return BucketPick{}, err
 	}

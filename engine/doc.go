@@ -12,12 +12,23 @@
 // a prefill/decode pair never mixes buckets, and affinity bindings that point at a failed
 // engine are rebound by their policy's own rule for an engine that is not a candidate.
 //
+// Two rules refine the bucket loop without changing its invariants. The slo bucket order
+// (BucketResolver.Order, OrderBySLO) reorders a request's compatible buckets by how far each
+// is expected to miss the request's latency targets (Bucket.Estimate, from the load
+// package's estimates); it only orders, so every compatible bucket is still tried in turn.
+// PD compatibility (Bucket.Compat) restricts a decode pick to the engines whose labels match
+// the chosen prefill engine's (EngineGroup.PickFor); when none does, the attempt fails with
+// OutcomePDIncompatible and the loop moves on to the next bucket, discarding the prefill
+// pick, so a pair still always comes from one bucket.
+//
 // Everything here is synchronous and deterministic for a given state and seed; nothing does
 // I/O. Anything that waits on the network (tokenization, remote prefix lookups) is resolved by
 // the caller before a pick and carried in the BucketRequest.
 //
 // Concurrency: BucketResolver and Registry are immutable and safe for concurrent use;
-// WorkerSet publishes registry snapshots behind an atomic pointer. An EngineGroup, its policy
+// WorkerSet publishes registry snapshots behind an atomic pointer. Bucket.Estimate and
+// EngineGroup.HealthyMembers read only immutable group facts, atomics and snapshots, so the
+// request goroutine orders buckets without asking any actor. An EngineGroup, its policy
 // and a Bucket's PickEngines are owned by one goroutine at a time — in the router, by their
 // group actor (package actors) — and keep per-group state (cursors, random sources, scratch
 // buffers) without locks. Router-local counters (load.Counters) are atomic.

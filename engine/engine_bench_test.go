@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"switchyard/load"
 )
@@ -62,6 +63,49 @@ func BenchmarkBucketPickEngines(b *testing.B) {
 					if _, err := bk.PickEngines(set.Load(), req); err != nil {
 						b.Fatal(err)
 					}
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkResolveAndOrder is the per-request cost of the bucket order: Resolve alone (the
+// capacity order, the baseline) and Resolve plus the slo rule, which estimates every engine
+// of every compatible bucket, over 2 and 4 buckets of 8 engines each.
+func BenchmarkResolveAndOrder(b *testing.B) {
+	for _, nb := range []int{2, 4} {
+		var all []*Worker
+		var buckets []*Bucket
+		reports := map[*Worker]load.RankReport{}
+		for i := range nb {
+			var ids []string
+			for j := range 8 {
+				w := NewWorker(fmt.Sprintf("b%dw%d", i, j), "http://127.0.0.1:1", "llama", StagePlain, nil)
+				w.Counters.Rates().Prefill.Observe(float64(1000*(j+1)), 0.05*float64(i+1))
+				w.Counters.Rates().Decode.Observe(4, 0.01)
+				reports[w] = native(int64(j), int64(i), int64(100*j), 10)
+				all = append(all, w)
+				ids = append(ids, w.ID)
+			}
+			buckets = append(buckets, &Bucket{ID: fmt.Sprint("b", i), Rank: i, MaxInput: Unbounded, MaxContext: Unbounded,
+				Plain: NewEngineGroup("llama", StagePlain, ids, NewRoundRobin(nil, nil))})
+		}
+		set := mustSet(b, all)
+		tab := loadTable(b, reports)
+		capRes := NewBucketResolver("llama", buckets)
+		sloRes := NewBucketResolver("llama", buckets, WithSLOOrder(tab))
+		req := &BucketRequest{Model: "llama", InputTokens: 1000, ExpectedPeak: -1, Now: t0,
+			SLO: SLOTargets{TTFT: 100 * time.Millisecond}}
+		dst := make([]*Bucket, 0, nb)
+		for _, tc := range []struct {
+			name string
+			res  *BucketResolver
+		}{{"capacity", capRes}, {"slo", sloRes}} {
+			b.Run(fmt.Sprintf("buckets=%d/%s", nb, tc.name), func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					bs, _ := tc.res.Resolve(dst[:0], req.InputTokens, req.ExpectedPeak)
+					tc.res.Order(bs, req, set.Load())
 				}
 			})
 		}

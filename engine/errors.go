@@ -31,6 +31,11 @@ const (
 	OutcomeTimeout
 	// OutcomeInternal: the actor serving the pick failed (panicked) on this request.
 	OutcomeInternal
+	// OutcomePDIncompatible: no decode engine of the bucket shares the compatibility labels
+	// of the chosen prefill engine (groups.pd.compatibility); the tentative prefill pick is
+	// discarded and the bucket loop moves on. Rejections names the prefill engine with the
+	// limit "pd_incompatible".
+	OutcomePDIncompatible
 )
 
 var outcomeNames = [...]string{
@@ -44,6 +49,7 @@ var outcomeNames = [...]string{
 	OutcomeOverloaded:           "overloaded",
 	OutcomeTimeout:              "timeout",
 	OutcomeInternal:             "internal",
+	OutcomePDIncompatible:       "pd_incompatible",
 }
 
 // String returns the outcome's snake_case name, used in metrics and error codes.
@@ -67,6 +73,7 @@ var (
 	ErrOverloaded           = errors.New("overloaded")
 	ErrTimeout              = errors.New("selection timed out")
 	ErrInternal             = errors.New("internal selection failure")
+	ErrPDIncompatible       = errors.New("no compatible decode engine")
 
 	// ErrDuplicateWorker is returned when a worker ID is added twice.
 	ErrDuplicateWorker = errors.New("duplicate worker ID")
@@ -84,6 +91,7 @@ var outcomeErrs = [...]error{
 	OutcomeOverloaded:           ErrOverloaded,
 	OutcomeTimeout:              ErrTimeout,
 	OutcomeInternal:             ErrInternal,
+	OutcomePDIncompatible:       ErrPDIncompatible,
 }
 
 // Rejection records one admission rejection: which engine, in which bucket and stage, and the
@@ -158,10 +166,11 @@ func (e *PickError) Unwrap() []error {
 }
 
 // Advances reports whether the bucket loop moves on to the next bucket after this failure
-// (missing candidates or admission rejection) rather than stopping.
+// (missing candidates, admission rejection, no compatible decode engine) rather than
+// stopping.
 func (e *PickError) Advances() bool {
 	switch e.Outcome {
-	case OutcomeNoCandidates, OutcomeAdmissionRejected, OutcomeNoAdmissibleEngine:
+	case OutcomeNoCandidates, OutcomeAdmissionRejected, OutcomeNoAdmissibleEngine, OutcomePDIncompatible:
 		return true
 	}
 	return false

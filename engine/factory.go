@@ -3,7 +3,9 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 
 	"github.com/VictoriaMetrics/metrics"
 
@@ -44,6 +46,9 @@ func WorkersFromConfig(cfg *config.Config, counters func(id string) *load.Counte
 			c = counters(wc.ID)
 		}
 		w := NewWorker(wc.ID, wc.URL, wc.Model, stage, c)
+		if len(wc.Labels) > 0 {
+			w.Labels = maps.Clone(wc.Labels)
+		}
 		if wc.BootstrapPort != nil {
 			w.BootstrapPort = *wc.BootstrapPort
 		}
@@ -76,7 +81,11 @@ func BuildResolvers(cfg *config.Config, deps Deps) (map[string]*BucketResolver, 
 			}
 			buckets = append(buckets, bk)
 		}
-		out[name] = NewBucketResolver(name, buckets)
+		var opts []ResolverOption
+		if m.BucketOrder == config.BucketOrderSLO {
+			opts = append(opts, WithSLOOrder(deps.Loads))
+		}
+		out[name] = NewBucketResolver(name, buckets, opts...)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
@@ -109,6 +118,9 @@ func (b *builder) bucket(model string, m *config.Model, bc *config.Bucket, path 
 		bk.Prefill, errP = b.group(model, m, StagePrefill, bc.Groups.PD.Prefill, path+".groups.pd.prefill")
 		bk.Decode, errD = b.group(model, m, StageDecode, bc.Groups.PD.Decode, path+".groups.pd.decode")
 		err = errors.Join(errP, errD)
+		if len(bc.Groups.PD.Compatibility) > 0 {
+			bk.Compat = slices.Clone(Compatibility(bc.Groups.PD.Compatibility))
+		}
 	default:
 		err = fmt.Errorf("%s.groups: need exactly one of plain or pd (with prefill and decode)", path)
 	}

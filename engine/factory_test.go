@@ -189,3 +189,54 @@ models:
 		})
 	}
 }
+
+// TestBuildResolversSLOAndCompatibility: bucket_order slo gives the resolver the slo rule,
+// groups.pd.compatibility becomes the bucket's rule, and worker labels are copied.
+func TestBuildResolversSLOAndCompatibility(t *testing.T) {
+	cfg, err := config.Decode([]byte(`
+workers:
+  - {id: P1, url: "http://127.0.0.1:1", model: llama, role: prefill, labels: {transfer_backend: nixl}}
+  - {id: D1, url: "http://127.0.0.1:2", model: llama, role: decode, labels: {transfer_backend: nixl}}
+  - {id: Q1, url: "http://127.0.0.1:3", model: qwen}
+models:
+  llama:
+    bucket_order: slo
+    buckets:
+      - id: b
+        groups: {pd: {prefill: {}, decode: {}, compatibility: [transfer_backend]}}
+  qwen:
+    buckets:
+      - id: only
+        groups: {plain: {}}
+`), config.FormatYAML)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	workers, err := WorkersFromConfig(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Workers[0].Labels["transfer_backend"] = "changed" // the worker keeps its own copy
+	set := mustSet(t, workers)
+	if got := set.Load().Worker("P1").Label("transfer_backend"); got != "nixl" {
+		t.Fatalf("P1 label %q", got)
+	}
+	rs, err := BuildResolvers(cfg, Deps{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := rs["llama"].Buckets()[0]
+	if !slices.Equal(b.Compat, Compatibility{"transfer_backend"}) {
+		t.Fatalf("compat %v", b.Compat)
+	}
+	req := &BucketRequest{Model: "llama", InputTokens: 1, ExpectedPeak: -1, SLO: SLOTargets{TTFT: 1}}
+	if o := rs["llama"].Order(rs["llama"].Buckets(), req, set.Load()); o != OrderSLO {
+		t.Fatalf("llama order %v", o)
+	}
+	if o := rs["qwen"].Order(rs["qwen"].Buckets(), req, set.Load()); o != OrderCapacity {
+		t.Fatalf("qwen order %v", o)
+	}
+}

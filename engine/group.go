@@ -1,6 +1,9 @@
 package engine
 
-import "fmt"
+import (
+	"fmt"
+	"sync/atomic"
+)
 
 // EngineGroup owns one role group's membership and its policy. Pick resolves the live
 // candidates (model, health, stage, membership; sorted by ID), invokes the policy, and
@@ -21,6 +24,22 @@ type EngineGroup struct {
 	req        PickRequest
 	// kept is the scratch of a retried request's candidates without its excluded engines.
 	kept []*Worker
+	// partner and rule are set by PickFor for the duration of one decode pick: the chosen
+	// prefill engine and the bucket's compatibility rule; compatible is the scratch of the
+	// candidates that pass it.
+	partner    *Worker
+	rule       Compatibility
+	compatible []*Worker
+
+	// shared caches the healthy members of one registry snapshot for readers outside the
+	// group's owner (SLO estimates); replaced, never modified, when the snapshot changes.
+	shared atomic.Pointer[sharedMembers]
+}
+
+// sharedMembers are a group's healthy members in one registry snapshot.
+type sharedMembers struct {
+	reg     *Registry
+	workers []*Worker
 }
 
 // NewEngineGroup returns a group of model and stage using policy. memberIDs nil means every
@@ -72,6 +91,73 @@ func (g *EngineGroup) refresh(reg *Registry) {
 	}
 }
 
+// Member reports whether w belongs to the group's membership (every worker when the group
+// names none). It reads only what construction set, so any goroutine may call it; model,
+// stage and health are not checked.
+func (g *EngineGroup) Member(w *Worker) bool {
+	if g.members == nil {
+		return true
+	}
+	_, ok := g.members[w.ID]
+	return ok
+}
+
+// HealthyMembers returns the group's healthy members in reg, sorted by ID: what
+// Candidates returns, for any goroutine. The slice is shared and must not be modified; it
+// is computed once per registry snapshot.
+func (g *EngineGroup) HealthyMembers(reg *Registry) []*Worker {
+	if m := g.shared.Load(); m != nil && m.reg == reg {
+		return m.workers
+	}
+	// Slow path: the registry changed since the last call.
+	var ws []*Worker
+	if reg != nil {
+		for _, w := range reg.Healthy(g.model, g.stage) {
+			if g.Member(w) {
+				ws = append(ws, w)
+			}
+		}
+	}
+	g.shared.Store(&sharedMembers{reg: reg, workers: ws})
+	return ws
+}
+
+// Model returns the group's model.
+func (g *EngineGroup) Model() string { return g.model }
+
+// PickFor is a decode group's Pick for a PD pair: the candidates are the group's engines
+// that rule pairs with the chosen prefill engine. When none is, it fails with
+// OutcomePDIncompatible (the bucket loop moves on, discarding the prefill pick). An empty
+// rule or a nil prefill engine is Pick.
+func (g *EngineGroup) PickFor(reg *Registry, bucketID string, req *BucketRequest, prefill *Worker, rule Compatibility) (Pick, error) {
+	if prefill == nil || len(rule) == 0 {
+		return g.Pick(reg, bucketID, req)
+	}
+	g.partner, g.rule = prefill, rule
+	defer func() { g.partner, g.rule = nil, nil }()
+	return g.Pick(reg, bucketID, req)
+}
+
+// keepCompatible returns the candidates of c that g.rule pairs with g.partner, in c's
+// order, in the group's scratch (valid until the next pick).
+func (g *EngineGroup) keepCompatible(c []*Worker) []*Worker {
+	g.compatible = g.compatible[:0]
+	for _, w := range c {
+		if g.rule.Pairs(g.partner, w) {
+			g.compatible = append(g.compatible, w)
+		}
+	}
+	return g.compatible
+}
+
+// incompatible is the failure of a decode pick that found no engine g.rule pairs with
+// g.partner.
+func (g *EngineGroup) incompatible(bucketID string) *PickError {
+	return &PickError{Outcome: OutcomePDIncompatible, Stage: g.stage, BucketID: bucketID,
+		Rejections: []Rejection{{BucketID: bucketID, Stage: g.stage, WorkerID: g.partner.ID, Limit: LimitPDIncompatible}},
+		Detail:     "no decode engine shares " + g.rule.describe(g.partner) + " with prefill engine " + g.partner.ID}
+}
+
 // Pick selects one engine for req from the group's candidates in reg. The engines that
 // failed for a retried request (req.Retry.Excluded) are not candidates: the policy never sees
 // them, so an affinity binding that points at one is rebound by its policy's rules, and a
@@ -96,13 +182,20 @@ func (g *EngineGroup) Pick(reg *Registry, bucketID string, req *BucketRequest) (
 			return Pick{}, pickErr(OutcomeNoCandidates, g.stage, bucketID, "every eligible engine of the group failed for this request")
 		}
 	}
+	if g.partner != nil {
+		// A PD decode pick: only engines compatible with the prefill engine.
+		if c = g.keepCompatible(c); len(c) == 0 {
+			return Pick{}, g.incompatible(bucketID)
+		}
+	}
 	g.req = PickRequest{BucketRequest: req, Stage: g.stage, BucketID: bucketID}
 	p, err := g.policy.Pick(c, &g.req)
 	g.req.BucketRequest = nil // do not retain the request
 	if err != nil {
 		return Pick{}, err
 	}
-	if _, ok := g.inSet[p.Worker]; !ok || p.Worker == nil || ex.Has(p.Worker) {
+	if _, ok := g.inSet[p.Worker]; !ok || p.Worker == nil || ex.Has(p.Worker) ||
+		g.partner != nil && !g.rule.Pairs(g.partner, p.Worker) {
 		id := "<nil>"
 		if p.Worker != nil {
 			id = p.Worker.ID

@@ -62,6 +62,9 @@ type BucketRequest struct {
 	// Retry is zero on a first attempt; RetryAfter fills it when a dispatch failed, and the
 	// next selection follows the retry rule (same bucket first, failed engines excluded).
 	Retry Retry
+	// SLO are the request's latency targets (zero: none); they order the buckets of a
+	// model whose bucket_order is slo.
+	SLO SLOTargets
 }
 
 // HasPeak reports whether the expected peak is known.

@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+
+	"switchyard/load"
 )
 
 // BucketResolver holds one model's buckets in selection order and filters them by request
@@ -11,11 +13,24 @@ import (
 type BucketResolver struct {
 	model   string
 	buckets []*Bucket // ordered by capacity, then rank, then ID
+	// slo, when set, orders the buckets of a request with latency targets by expected
+	// violation (OrderBySLO), reading loads.
+	slo   bool
+	loads LoadReader
+}
+
+// ResolverOption configures a BucketResolver.
+type ResolverOption func(*BucketResolver)
+
+// WithSLOOrder makes Order apply the slo rule (OrderBySLO) with the engine loads of loads
+// (nil: none reported).
+func WithSLOOrder(loads LoadReader) ResolverOption {
+	return func(r *BucketResolver) { r.slo, r.loads = true, loads }
 }
 
 // NewBucketResolver orders buckets by ascending capacity (the lesser of the input upper bound
 // and the context capacity; unbounded last), then rank, then ID.
-func NewBucketResolver(model string, buckets []*Bucket) *BucketResolver {
+func NewBucketResolver(model string, buckets []*Bucket, opts ...ResolverOption) *BucketResolver {
 	sorted := slices.Clone(buckets)
 	slices.SortStableFunc(sorted, func(a, b *Bucket) int {
 		if c := cmp.Compare(a.Capacity(), b.Capacity()); c != 0 {
@@ -26,7 +41,27 @@ func NewBucketResolver(model string, buckets []*Bucket) *BucketResolver {
 		}
 		return cmp.Compare(a.ID, b.ID)
 	})
-	return &BucketResolver{model: model, buckets: sorted}
+	r := &BucketResolver{model: model, buckets: sorted}
+	for _, o := range opts {
+		o(r)
+	}
+	return r
+}
+
+// Order applies the resolver's bucket order to buckets, a Resolve result, in place, and
+// returns the rule that ordered them: OrderSLO when the resolver orders by SLO and req
+// carries a target, else OrderCapacity (Resolve's order, unchanged). reg is the registry
+// the estimates read. It never removes a bucket.
+func (r *BucketResolver) Order(buckets []*Bucket, req *BucketRequest, reg *Registry) BucketOrder {
+	if !r.slo || !req.SLO.Any() {
+		return OrderCapacity
+	}
+	var snap *load.Snapshot
+	if r.loads != nil {
+		snap = r.loads.Load()
+	}
+	OrderBySLO(buckets, req, reg, snap)
+	return OrderSLO
 }
 
 // Model returns the resolver's model.

@@ -33,6 +33,9 @@ type Worker struct {
 	// publishing the worker), so that dispatch reaches the engine's client and breaker from
 	// a pick without a lookup. Nil for workers built elsewhere; engine never reads it.
 	Handle any
+	// Labels are the worker's labels (configured, else introspected) that PD compatibility
+	// compares; nil when none. Never modified once the worker is published.
+	Labels map[string]string
 
 	healthy atomic.Bool
 }
@@ -46,6 +49,9 @@ func NewWorker(id, url, model string, stage Stage, counters *load.Counters) *Wor
 	w.healthy.Store(true)
 	return w
 }
+
+// Label returns the worker's label name, or "" when it has none.
+func (w *Worker) Label(name string) string { return w.Labels[name] }
 
 // Healthy reports the worker's current health.
 func (w *Worker) Healthy() bool { return w.healthy.Load() }
