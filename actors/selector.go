@@ -71,10 +71,12 @@ type bucketHost struct {
 // groupHost is what a group actor's incarnations share: the *engine.EngineGroup (membership
 // and the policy with its state, kept across restarts) and the group's fixed labels.
 type groupHost struct {
-	sel         *Selector
-	group       *engine.EngineGroup
-	bucketID    string
-	stage       engine.Stage
+	sel      *Selector
+	group    *engine.EngineGroup
+	bucketID string
+	stage    engine.Stage
+	// compat is a decode group's pairing rule (its bucket's Compat).
+	compat      engine.Compatibility
 	mailboxSize int
 	mb          atomic.Pointer[mailbox] // the current incarnation's mailbox
 }
@@ -160,6 +162,7 @@ func NewSelector(resolvers map[string]*engine.BucketResolver, workers *engine.Wo
 				case g == b.Prefill:
 					bh.prefill = gh
 				default:
+					gh.compat = b.Compat
 					bh.decode = gh
 				}
 			}
@@ -273,18 +276,23 @@ func bucketID(b *engine.Bucket) string {
 	return b.ID
 }
 
-// Select resolves req's compatible buckets and runs the bucket loop (engine.SelectEngines)
-// with PickEngines as the attempt: the first complete selection wins; missing candidates and
-// admission rejections move on to the next bucket. A retried request (req.RetryAfter)
-// resumes at the bucket of its failed attempt, without the engines that failed.
+// Select resolves req's compatible buckets, orders them by the resolver's rule
+// (BucketResolver.Order: capacity, or slo for a request with latency targets) and runs the
+// bucket loop (engine.SelectEngines) with PickEngines as the attempt: the first complete
+// selection wins; missing candidates, admission rejections and PD incompatibility move on
+// to the next bucket. The selection records the order's rule. A retried request
+// (req.RetryAfter) resumes at the bucket of its failed attempt, in this order, without the
+// engines that failed.
 func (s *Selector) Select(resolver *engine.BucketResolver, req *engine.BucketRequest) (engine.BucketPick, error) {
 	bp := s.bufs.Get().(*[]*engine.Bucket)
 	buckets, err := resolver.Resolve((*bp)[:0], req.InputTokens, req.ExpectedPeak)
 	if err == nil {
+		order := resolver.Order(buckets, req, s.workers.Load())
 		var pick engine.BucketPick
 		pick, err = engine.SelectEngines(buckets, req, func(b *engine.Bucket) (engine.BucketPick, error) {
 			return s.PickEngines(b, req)
 		})
+		pick.Order = order
 		if err == nil {
 			clear(buckets)
 			*bp = buckets[:0]
@@ -449,7 +457,17 @@ func (a *groupActor) pickEngine(ctx actor.Context, msg *PickEngine) {
 			panic(r) // let Proto.Actor restart the actor
 		}
 	}()
-	p, err := a.h.group.Pick(a.h.sel.workers.Load(), msg.BucketID, msg.Request)
+	reg := a.h.sel.workers.Load()
+	var (
+		p   engine.Pick
+		err error
+	)
+	if a.h.stage == engine.StageDecode {
+		// Among the decode engines compatible with the prefill engine picked just before.
+		p, err = a.h.group.PickFor(reg, msg.BucketID, msg.Request, c.result.Pick.Prefill.Worker, a.h.compat)
+	} else {
+		p, err = a.h.group.Pick(reg, msg.BucketID, msg.Request)
+	}
 	owned = false
 	if err != nil {
 		c.fail(err)

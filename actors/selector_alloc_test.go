@@ -28,6 +28,17 @@ func TestSelectorAllocations(t *testing.T) {
 	retried.RetryAfter(&engine.BucketPick{BucketID: "pd", Prefill: engine.Pick{Worker: ps[0]}, Decode: engine.Pick{Worker: ds[0]}}, engine.StageDecode)
 	retriedPlain := request(100)
 	retriedPlain.RetryAfter(&engine.BucketPick{BucketID: "plain", Plain: engine.Pick{Worker: ws[0]}}, engine.StagePlain)
+	// The slo order with a target, and a PD bucket with a compatibility rule.
+	plain2 := plainBucket("plain2", 4096, engine.NewRoundRobin(nil, nil), nil)
+	pdc := pdBucket("pdc", 8192, engine.NewRoundRobin(nil, nil), engine.NewRoundRobin(nil, nil), nil, nil)
+	pdc.Compat = engine.Compatibility{"transfer_backend"}
+	for _, w := range append(append([]*engine.Worker{}, ps...), ds...) {
+		w.Labels = map[string]string{"transfer_backend": "nixl"}
+	}
+	s2 := newTestSelector(t, workerSet(t, ws, ps, ds), config.Actors{}, nil, plain2, pdc)
+	sloRes := engine.NewBucketResolver(testModel, []*engine.Bucket{plain2, pdc}, engine.WithSLOOrder(nil))
+	sloReq := request(100)
+	sloReq.SLO.TTFT = 1
 
 	tests := []struct {
 		name string
@@ -38,6 +49,8 @@ func TestSelectorAllocations(t *testing.T) {
 		{"plain Select", func() (engine.BucketPick, error) { return s.Select(res, req) }},
 		{"retried PD PickEngines", func() (engine.BucketPick, error) { return s.PickEngines(pd, retried) }},
 		{"retried plain Select", func() (engine.BucketPick, error) { return s.Select(res, retriedPlain) }},
+		{"slo-ordered Select", func() (engine.BucketPick, error) { return s2.Select(sloRes, sloReq) }},
+		{"PD PickEngines with compatibility", func() (engine.BucketPick, error) { return s2.PickEngines(pdc, req) }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
