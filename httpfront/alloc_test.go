@@ -2,7 +2,14 @@
 
 package httpfront
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/valyala/fasthttp"
+
+	"switchyard/engine"
+	"switchyard/load"
+)
 
 // TestParseRequestAllocations locks in an allocation-free request parse on the hot path.
 func TestParseRequestAllocations(t *testing.T) {
@@ -42,4 +49,30 @@ func TestInjectBootstrapAllocations(t *testing.T) {
 	if allocs != 0 {
 		t.Errorf("%.1f allocations, want 0", allocs)
 	}
+}
+
+// TestSLOAllocations: reading the target headers and making the dispatch-time estimates
+// allocate nothing.
+func TestSLOAllocations(t *testing.T) {
+	with := parseRequestHeader(t, "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nX-Slo-Ttft-Ms: 250.5\r\nX-Slo-Tpot-Ms: 20\r\n\r\n")
+	without := parseRequestHeader(t, "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\n\r\n")
+	for name, h := range map[string]*fasthttp.RequestHeader{"with targets": with, "without": without} {
+		if n := testing.AllocsPerRun(200, func() {
+			if _, e := sloTargets(h, engine.SLOTargets{}); e != nil {
+				t.Fatal(e)
+			}
+		}); n != 0 {
+			t.Errorf("sloTargets %s: %v allocs, want 0", name, n)
+		}
+	}
+	w := engine.NewWorker("A", "http://127.0.0.1:1", "llama", engine.StagePlain, nil)
+	s := &Server{opts: Options{Loads: load.NewTable()}}
+	mr := &modelRoute{metrics: &modelMetrics{slo: &sloModelMetrics{buckets: map[string]*sloBucketMetrics{}}}}
+	req := &engine.BucketRequest{Model: "llama", InputTokens: 100}
+	pick := &engine.BucketPick{BucketID: "b", Plain: engine.Pick{Worker: w}}
+	var tr sloTrack
+	if n := testing.AllocsPerRun(200, func() { tr = s.sloStart(mr, req, pick) }); n != 0 {
+		t.Errorf("sloStart: %v allocs, want 0", n)
+	}
+	_ = tr
 }

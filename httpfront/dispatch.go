@@ -255,6 +255,10 @@ func (s *Server) serveInference(ctx *fasthttp.RequestCtx, kind routeKind, ex *ex
 	if e != nil {
 		return s.fail(ctx, o, e)
 	}
+	targets, e := sloTargets(&ctx.Request.Header, mr.slo)
+	if e != nil {
+		return s.fail(ctx, o, e)
+	}
 	ex.breq = engine.BucketRequest{
 		Model:        mr.name,
 		InputTokens:  input,
@@ -263,6 +267,7 @@ func (s *Server) serveInference(ctx *fasthttp.RequestCtx, kind routeKind, ex *ex
 		SessionKey:   hdr.string(fwdSession),
 		RoutingKey:   hdr.string(fwdRouting),
 		Now:          start,
+		SLO:          targets,
 	}
 	if mr.prefix && kind.generates() {
 		seq := ids
@@ -334,9 +339,10 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 		if pick.IsPD() && !kind.generates() {
 			// A route that generates nothing goes to one engine: the pair's prefill engine.
 			d.adm.tDecode.Done(fleet.OutcomeNeutral)
-			d.pick = engine.BucketPick{BucketID: pick.BucketID, Plain: pick.Prefill}
+			d.pick = engine.BucketPick{BucketID: pick.BucketID, Plain: pick.Prefill, Order: pick.Order}
 			d.adm = picked{plain: adm.prefill, tPlain: adm.tPrefill}
 		}
+		d.slo = s.sloStart(mr, &ex.breq, &d.pick)
 		var failed *failedAnswer
 		if d.pick.IsPD() {
 			o, failed = d.pd(ex, o)
@@ -435,6 +441,8 @@ type dispatch struct {
 	att *attempts
 	// rid is the request's ID on engines that abort by rid (abort.go).
 	rid rid
+	// slo is the request's SLO estimates and, for a stream, what its relay records.
+	slo sloTrack
 }
 
 // timeout is the request's end-to-end timeout.
@@ -514,7 +522,10 @@ var (
 	keyBucket        = []byte(headerBucket)
 )
 
-func (d *dispatch) routerHeaders() { setRouterHeaders(&d.ctx.Response.Header, &d.pick) }
+func (d *dispatch) routerHeaders() {
+	setRouterHeaders(&d.ctx.Response.Header, &d.pick)
+	d.slo.headers(&d.ctx.Response.Header)
+}
 
 // setRouterHeaders names the bucket and engines of p on a response.
 func setRouterHeaders(h *fasthttp.ResponseHeader, p *engine.BucketPick) {
@@ -542,8 +553,9 @@ func (d *dispatch) plain(ex *exchange, o outcome) (outcome, *failedAnswer) {
 	s := d.s
 	w := d.pick.Plain.Worker
 	m, ticket := d.adm.plain, d.adm.tPlain
-	// The request's start time stamps the guard: one clock read less per request.
-	guard := s.tracker.Acquire(w.Counters, d.start)
+	// The request's start time stamps the guard: one clock read less per request. Until its
+	// first token the request is pending prefill on the engine.
+	guard := s.tracker.AcquirePrefill(w.Counters, d.start, d.slo.uncached)
 	req := fasthttp.AcquireRequest()
 	resp := fasthttp.AcquireResponse()
 	d.upstreamHeaders(req, m.Upstream().HostPort())

@@ -81,6 +81,21 @@
 // engine's tokenizer; a request with no token IDs (a batch) makes no lookup and falls back
 // on load.
 //
+// # SLO targets, estimates and PD labels
+//
+// A request's latency targets are its x-slo-ttft-ms and x-slo-tpot-ms headers, else its
+// model's slo defaults (BucketRequest.SLO); they order the buckets of a model whose
+// bucket_order is slo (in actors.Selector.Select). At dispatch the handler makes the
+// request's estimates for the engines it was given (load.EstimateTTFT on the prefilling
+// engine, load.EstimateTPOT on the decoding one) and holds the prefilling engine's
+// pending-prefill slot (load.Tracker.AcquirePrefill) until the first token. A stream's relay
+// feeds what it observes back: the time to first token into the prefilling engine's
+// learned rates, the mean gap between data events into the decoding engine's; then it counts
+// the targets met or missed by bucket. A request with a target gets its estimates and the
+// bucket order rule in response headers. Non-streamed responses teach nothing and are not
+// judged (their first token is not observed). Worker labels for PD compatibility are the
+// configured ones over those introspected from /server_info.
+//
 // # Concurrency model
 //
 // Client connections come through a listener wrapper (conns.go) that caps them (in all and

@@ -252,7 +252,7 @@ func selectionError(err error) *apiError {
 	switch pe.Outcome {
 	case engine.OutcomeNoMatchingBucket:
 		return newAPIError(CodeNoMatchingBucket, "no bucket of this model supports the request's length")
-	case engine.OutcomeNoCandidates, engine.OutcomeNoAdmissibleEngine, engine.OutcomeAdmissionRejected:
+	case engine.OutcomeNoCandidates, engine.OutcomeNoAdmissibleEngine, engine.OutcomeAdmissionRejected, engine.OutcomePDIncompatible:
 		msg := "no engine is available"
 		if pe.Outcome != engine.OutcomeNoCandidates {
 			msg = "every compatible engine rejected the request"

@@ -51,16 +51,17 @@ type fakeEngine struct {
 	fail     atomic.Int32 // status answered to inference; 0 means normal
 	noInfo   atomic.Bool  // /server_info and /get_server_info answer 404
 	hits     atomic.Int64
-	aborts   atomic.Int64  // POST /abort_request calls
-	chunks   int           // stream chunks after the first
-	gate     chan struct{} // when set, a stream waits here after its first chunk
-	hold     chan struct{} // when set, a non-stream answer waits here
-	delay    chan struct{} // when set, every inference request waits here before anything (fail included)
-	entered  chan struct{} // when set, receives as a held non-stream request starts waiting
-	streamed chan struct{} // receives after a stream's first chunk was flushed
-	gone     chan struct{} // receives when a stream write fails (client side closed)
-	silent   bool          // a gated stream sends nothing while it waits
-	flood    bool          // after its first chunk, a stream sends 64 KiB events until the write fails
+	aborts   atomic.Int64   // POST /abort_request calls
+	chunks   int            // stream chunks after the first
+	gate     chan struct{}  // when set, a stream waits here after its first chunk
+	hold     chan struct{}  // when set, a non-stream answer waits here
+	delay    chan struct{}  // when set, every inference request waits here before anything (fail included)
+	entered  chan struct{}  // when set, receives as a held non-stream request starts waiting
+	streamed chan struct{}  // receives after a stream's first chunk was flushed
+	gone     chan struct{}  // receives when a stream write fails (client side closed)
+	silent   bool           // a gated stream sends nothing while it waits
+	flood    bool           // after its first chunk, a stream sends 64 KiB events until the write fails
+	info     map[string]any // extra /server_info fields
 	// tls, when set, makes the engine serve https with it (withTLS).
 	tls *tls.Config
 	// raw records the first byte of every connection (TLS engines).
@@ -126,6 +127,19 @@ func (c *firstByteConn) Read(b []byte) (int, error) {
 	}
 	return n, err
 }
+
+// withInfo adds fields to the engine's /server_info answer.
+func withInfo(kv ...any) engineOpt {
+	return func(e *fakeEngine) {
+		if e.info == nil {
+			e.info = map[string]any{}
+		}
+		for i := 0; i+1 < len(kv); i += 2 {
+			e.info[kv[i].(string)] = kv[i+1]
+		}
+	}
+}
+
 func withGate() engineOpt {
 	return func(e *fakeEngine) { e.gate = make(chan struct{}) }
 }
@@ -247,6 +261,9 @@ func (e *fakeEngine) handle(ctx *fasthttp.RequestCtx) {
 		}
 		if e.mode == "prefill" {
 			info["disaggregation_bootstrap_port"] = e.bootstrapPort
+		}
+		for k, v := range e.info {
+			info[k] = v
 		}
 		b, _ := json.Marshal(info)
 		ctx.SetContentType("application/json")

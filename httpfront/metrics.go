@@ -119,6 +119,8 @@ type modelMetrics struct {
 	routes [numRoutes]*routeModelMetrics
 	// groups[bucketID][stage]
 	groups map[string]*[3]*groupMetrics
+	// slo holds the SLO handles (attainment by bucket, estimate ratios, bucket orders).
+	slo *sloModelMetrics
 }
 
 // serverMetrics holds every handle of one Server.
@@ -128,7 +130,7 @@ type serverMetrics struct {
 	unknown *modelMetrics            // requests for no configured model
 	other   [numOtherRoutes]*metrics.Counter
 
-	failures [engine.OutcomeInternal + 1]*metrics.Counter
+	failures [engine.OutcomePDIncompatible + 1]*metrics.Counter
 
 	admMu     sync.RWMutex
 	admission map[string]*metrics.Counter
@@ -176,7 +178,7 @@ func newServerMetrics(set *metrics.Set, resolvers map[string]*engine.BucketResol
 	for i, r := range otherRouteNames {
 		m.other[i] = set.NewCounter(metricRequests + `{route="` + r + `",model="none"}`)
 	}
-	for o := engine.OutcomeNoMatchingBucket; o <= engine.OutcomeInternal; o++ {
+	for o := engine.OutcomeNoMatchingBucket; o <= engine.OutcomePDIncompatible; o++ {
 		m.failures[o] = set.NewCounter(metricSelectionFailures + `{outcome="` + o.String() + `"}`)
 	}
 	for _, l := range []string{"max_running_requests", "max_waiting_requests", "max_kv_tokens", "max_pending_prefill_tokens", "max_inflight_requests"} {
@@ -205,6 +207,7 @@ func (m *serverMetrics) newModel(name string, r *engine.BucketResolver) *modelMe
 	if r == nil {
 		return mm
 	}
+	mm.slo = newSLOModelMetrics(m.set, model, r)
 	for _, b := range r.Buckets() {
 		var gs [3]*groupMetrics
 		for _, g := range b.Groups() {
@@ -234,6 +237,7 @@ func (m *serverMetrics) tokenizerErrors(model string) [numTokenizerStages]*metri
 
 // selected counts a complete selection.
 func (m *serverMetrics) selected(mm *modelMetrics, p *engine.BucketPick) {
+	mm.slo.ordered(p.Order)
 	gs := mm.groups[p.BucketID]
 	if gs == nil {
 		return

@@ -86,7 +86,7 @@ func (d *dispatch) pd(ex *exchange, o outcome) (outcome, *failedAnswer) {
 		ex.pd = append(appendRID(append(ex.pd[:len(ex.pd)-1], ','), &d.rid), '}')
 	}
 	now := s.now()
-	gp := s.tracker.Acquire(pw.Counters, now)
+	gp := s.tracker.AcquirePrefill(pw.Counters, now, d.slo.uncached) // pending until the prefill answers
 	gd := s.tracker.Acquire(dw.Counters, now)
 	deadline := d.deadline()
 

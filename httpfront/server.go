@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"slices"
@@ -103,6 +104,7 @@ type modelRoute struct {
 	metrics  *modelMetrics
 	stages   []engine.Stage // stages some bucket requires, for readiness
 	prefix   bool           // requests make a prefix lookup (cache_aware, affinity.prefix_rebind)
+	slo      engine.SLOTargets
 }
 
 // Server is Switchyard's HTTP front end: fasthttp routes, request preparation, selection
@@ -288,7 +290,7 @@ func (s *Server) build() error {
 	names := make([]string, 0, len(resolvers))
 	for name, r := range resolvers {
 		mr := &modelRoute{name: name, resolver: r, tok: toks[name], metrics: s.metrics.models[name],
-			prefix: s.cache != nil && s.cache.NeedsPrefix(name)}
+			prefix: s.cache != nil && s.cache.NeedsPrefix(name), slo: modelTargets(cfg.Models[name].SLO)}
 		if mr.tok != nil {
 			onError := cfg.Models[name].Tokenizer.OnError
 			reject := onError == config.TokenizerOnErrorReject || (onError == "" && mr.prefix)
@@ -353,7 +355,7 @@ func (s *Server) build() error {
 		spec := WorkerSpec{ID: wc.ID, URL: wc.URL, Model: wc.Model, Role: string(wc.Role),
 			BootstrapPort: wc.BootstrapPort, DPSize: wc.DPSize, LoadPublish: wc.LoadPublish, KVEvents: wc.KVEvents,
 			Flavor: wc.Flavor, MetricsPath: wc.MetricsPath, KVReplay: wc.KVReplay, KVBlockSize: wc.KVBlockSize,
-			KVHashScheme: wc.KVHashScheme, TLS: clientTLS.Workers[i]}
+			KVHashScheme: wc.KVHashScheme, TLS: clientTLS.Workers[i], Labels: maps.Clone(wc.Labels)}
 		if _, err := s.workers.Add(context.Background(), spec, false); err != nil {
 			return err
 		}

@@ -96,6 +96,8 @@ type relay struct {
 	first  *[]byte
 	// idle and dl are the stream's idle and deadline timers, started by prime.
 	idle, dl *time.Timer
+	// slo records the stream's first token and token gaps (SLO estimates and metrics).
+	slo sloTrack
 }
 
 func (s *Server) newRelay(d *dispatch, mm *modelMetrics, resp *fasthttp.Response, w *engine.Worker, et fleet.Ticket,
@@ -117,6 +119,7 @@ func (s *Server) newRelay(d *dispatch, mm *modelMetrics, resp *fasthttp.Response
 		transform: transform,
 		ticket:    d.ticket,
 		rid:       d.ridIfAborting(),
+		slo:       d.slo,
 	}
 }
 
@@ -186,7 +189,10 @@ func (r *relay) prime() error {
 			return &fleet.Error{Kind: fleet.KindTransport, Detail: "failed before its stream's first event", Err: c.err}
 		}
 		r.first = c.b
-		r.mm.routes[r.kind].ttft.Update(since(r.start, r.s.now()))
+		now := r.s.now()
+		r.mm.routes[r.kind].ttft.Update(since(r.start, now))
+		r.guard.FirstToken()
+		r.slo.chunk(*c.b, now)
 		r.idle.Reset(idleAfter)
 		return nil
 	case <-r.idle.C:
@@ -272,6 +278,7 @@ loop:
 				}
 				break loop
 			}
+			r.slo.chunk(*c.b, s.now())
 			r.relayChunk(w, *c.b)
 			putBuf(c.b)
 			if err := w.Flush(); err != nil {
@@ -329,6 +336,7 @@ loop:
 			putBuf(c.b)
 		}
 	}
+	r.slo.end(end == endEOF)
 	r.finish(end)
 }
 

@@ -7,9 +7,10 @@
 //
 //   - Introspection: Introspect fetches /server_info (then /get_server_info) with the one
 //     bounded GET (load.Fetch) and DecodeInfo is the router's one decoder of it, lenient where
-//     engines differ. Its Info feeds the registry (model, role, bootstrap port, DP size), the
-//     telemetry (DP size, load-gauge endpoints) and the KV subscriptions (publishers, block
-//     size); every wildcard endpoint host is resolved by kv.EndpointHost. KVDiscoverer serves
+//     engines differ. Its Info feeds the registry (model, role, bootstrap port, DP size, and
+//     the PD compatibility labels, which configured ones override), the telemetry (DP size,
+//     load-gauge endpoints) and the KV subscriptions (publishers, block size); every wildcard
+//     endpoint host is resolved by kv.EndpointHost. KVDiscoverer serves
 //     the same introspection to `switchyard indexer` (kv.Discoverer).
 //   - Health: one loop per worker asks /health every health.interval; failure and success
 //     thresholds move the verdict. A check that failed for a reason of the router's own (no

@@ -41,6 +41,11 @@ const (
 	MetricStaleRetries   = "switchyard_upstream_stale_connection_retries_total"
 	MetricRouterErrors   = "switchyard_router_errors_total"
 	MetricLoadSource     = "switchyard_worker_load_source"
+	// The learned service rates of the SLO estimates (load.Rates).
+	MetricLearnedTTFTBase       = "switchyard_worker_learned_ttft_base_seconds"
+	MetricLearnedPrefill        = "switchyard_worker_learned_prefill_tokens_per_second"
+	MetricLearnedTPOTBase       = "switchyard_worker_learned_tpot_base_seconds"
+	MetricLearnedTPOTPerRequest = "switchyard_worker_learned_tpot_per_request_seconds"
 )
 
 // Telemetry starts and stops the load ingestion of one worker (HTTP polling of /v1/loads or
@@ -517,7 +522,7 @@ func (f *Fleet) observeHealth(ctx context.Context, m *Member, ok bool, err error
 }
 
 // reintrospect introspects m and applies what it learns: the registry entry when a fact
-// dispatch needs changed (model, role, bootstrap port, DP size), the telemetry when the
+// dispatch needs changed (model, role, bootstrap port, DP size, labels), the telemetry when the
 // DP size or the load gauges changed, the KV subscriptions when the publishers changed.
 func (f *Fleet) reintrospect(ctx context.Context, m *Member) {
 	if !m.spec.introspects() {
@@ -550,7 +555,8 @@ func (f *Fleet) reintrospect(ctx context.Context, m *Member) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if w.BootstrapPort != old.BootstrapPort || w.DPSize != old.DPSize || w.Model != old.Model || w.Stage != old.Stage {
+	if w.BootstrapPort != old.BootstrapPort || w.DPSize != old.DPSize || w.Model != old.Model || w.Stage != old.Stage ||
+		!maps.Equal(w.Labels, old.Labels) {
 		f.set.Remove(m.id)
 		if err := f.set.Add(w); err != nil {
 			f.logger.Error("cannot republish introspected worker", slog.String("worker", m.id), slog.Any("error", err))
@@ -588,6 +594,7 @@ func (f *Fleet) buildWorker(m *Member, info *Info) (*engine.Worker, error) {
 	}
 	w := engine.NewWorker(spec.ID, spec.URL, model, stage, f.opts.Tracker.Counters(spec.ID))
 	w.Handle = m
+	w.Labels = mergeLabels(info, spec.Labels)
 	switch {
 	case spec.BootstrapPort != nil:
 		w.BootstrapPort = *spec.BootstrapPort
@@ -609,6 +616,22 @@ func (f *Fleet) buildWorker(m *Member, info *Info) (*engine.Worker, error) {
 			slog.String("worker", spec.ID), slog.String("configured", string(role)), slog.String("introspected", info.Mode))
 	}
 	return w, nil
+}
+
+// mergeLabels returns a worker's labels: the introspected ones (info may be nil) with the
+// configured ones over them; nil when there are none.
+func mergeLabels(info *Info, configured map[string]string) map[string]string {
+	var out map[string]string
+	if info != nil && len(info.Labels) > 0 {
+		out = maps.Clone(info.Labels)
+	}
+	if len(configured) > 0 {
+		if out == nil {
+			out = make(map[string]string, len(configured))
+		}
+		maps.Copy(out, configured)
+	}
+	return out
 }
 
 // followTelemetryLocked (re)starts m's telemetry when what it follows changed; m.mu held.
@@ -754,6 +777,19 @@ func (f *Fleet) workerGauges(m *Member) func() {
 	f.metrics.GetOrCreateGauge(names[0], func() float64 { return float64(m.worker.Load().Counters.InFlight()) })
 	f.metrics.GetOrCreateGauge(names[1], func() float64 { return b2f(m.worker.Load().Healthy()) })
 	f.metrics.GetOrCreateGauge(names[2], func() float64 { return float64(m.breaker.State()) })
+	// The learned rates of the SLO estimates (load.Rates), read at scrape time.
+	for _, g := range []struct {
+		name string
+		f    func(r *load.Rates) float64
+	}{
+		{MetricLearnedTTFTBase, func(r *load.Rates) float64 { b, _, _ := r.Prefill.Params(); return b }},
+		{MetricLearnedPrefill, func(r *load.Rates) float64 { return r.PrefillTokensPerSecond() }},
+		{MetricLearnedTPOTBase, func(r *load.Rates) float64 { b, _, _ := r.Decode.Params(); return b }},
+		{MetricLearnedTPOTPerRequest, func(r *load.Rates) float64 { _, s, _ := r.Decode.Params(); return s }},
+	} {
+		names = append(names, g.name+l)
+		f.metrics.GetOrCreateGauge(g.name+l, func() float64 { return g.f(m.worker.Load().Counters.Rates()) })
+	}
 	if ls, ok := f.opts.Telemetry.(LoadSourcer); ok {
 		for _, src := range load.Sources() {
 			n := series.Name(MetricLoadSource, "worker", m.id, "source", src.String())

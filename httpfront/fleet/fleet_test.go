@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -496,5 +497,44 @@ func TestDeclaredKVFactsReachTheSubscription(t *testing.T) {
 		if _, err := f.Add(context.Background(), bad, true); !errors.Is(err, ErrInvalidWorker) {
 			t.Errorf("%+v: %v", bad, err)
 		}
+	}
+}
+
+// TestLabelsFromIntrospectionAndConfiguration: a worker's PD compatibility labels are the
+// ones its /server_info reports with its configured ones over them; a configured worker
+// learns the introspected ones when its health loop starts, and GET /workers' view shows
+// them.
+func TestLabelsFromIntrospectionAndConfiguration(t *testing.T) {
+	e := newTestEngine(t, `{"model_path":"llama","disaggregation_mode":"decode","page_size":32,
+		"disaggregation_transfer_backend":"nixl","tp_size":2}`)
+	f, ws := testFleet(t, nil, nil, nil)
+	spec := Spec{URL: e.url, ID: "D", Labels: map[string]string{"transfer_backend": "mooncake", "zone": "a"}}
+	m, err := f.Add(context.Background(), spec, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"transfer_backend": "mooncake", "zone": "a", "tp_size": "2", "page_size": "32"}
+	if got := ws.Load().Worker("D").Labels; !maps.Equal(got, want) {
+		t.Fatalf("labels %v, want %v", got, want)
+	}
+	if v := m.View(); !maps.Equal(v.Labels, want) || v.Learned.PrefillSamples != 0 || v.PendingPrefill.Requests != 0 {
+		t.Fatalf("view %+v", v)
+	}
+
+	// Added without introspection: the configured labels at first, the introspected ones
+	// once a health round has introspected it (the worker is republished).
+	f2, ws2 := testFleet(t, nil, nil, nil)
+	m2, err := f2.Add(context.Background(), Spec{URL: e.url, ID: "D", Model: "llama", Role: "decode",
+		Labels: map[string]string{"zone": "b"}}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ws2.Load().Worker("D").Labels; !maps.Equal(got, map[string]string{"zone": "b"}) {
+		t.Fatalf("before introspection %v", got)
+	}
+	f2.CheckOnce(context.Background(), m2)
+	want2 := map[string]string{"zone": "b", "transfer_backend": "nixl", "tp_size": "2", "page_size": "32"}
+	if got := ws2.Load().Worker("D").Labels; !maps.Equal(got, want2) {
+		t.Fatalf("after introspection %v, want %v", got, want2)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"switchyard/config"
 	"switchyard/kv"
 )
 
@@ -51,6 +52,10 @@ type Info struct {
 	// LoadEndpoint is a top-level load_publish_endpoint ("tcp://host:port"), the rank-0
 	// load gauge when kv_events names no load port; "" when not reported.
 	LoadEndpoint string
+	// Labels are the PD compatibility labels the engine reports (config.IntrospectedLabels):
+	// transfer_backend (disaggregation_transfer_backend), page_size, kv_cache_dtype and
+	// tp_size, each when reported; nil when none is.
+	Labels map[string]string
 }
 
 // KVInfo is the kv_events section of the server info (or, without one, the engine's own
@@ -177,7 +182,16 @@ type wireInfo struct {
 	KVEvents        json.RawMessage `json:"kv_events"`
 	KVEventsConfig  json.RawMessage `json:"kv_events_config"`
 	LoadEndpoint    json.RawMessage `json:"load_publish_endpoint"`
+	TransferBackend json.RawMessage `json:"disaggregation_transfer_backend"`
+	KVCacheDType    json.RawMessage `json:"kv_cache_dtype"`
+	TPSize          json.RawMessage `json:"tp_size"`
 }
+
+// Bounds of the decoded labels.
+const (
+	maxLabelValue = 256
+	maxTPSize     = 1 << 16
+)
 
 // wireKV is a kv_events section (or the engine's kv_events_config).
 type wireKV struct {
@@ -237,6 +251,9 @@ func DecodeInfo(body []byte) (Info, error) {
 	if info.PageSize, err = optInt(w.PageSize, 0, maxPageSize); err != nil {
 		return Info{}, field("page_size", err)
 	}
+	if info.Labels, err = decodeLabels(&w, info.PageSize); err != nil {
+		return Info{}, fmt.Errorf("%w: %w", ErrIntrospection, err)
+	}
 	section := w.KVEvents
 	if isNull(section) {
 		section = w.KVEventsConfig
@@ -255,6 +272,48 @@ func DecodeInfo(body []byte) (Info, error) {
 		}
 	}
 	return info, nil
+}
+
+// decodeLabels reads the PD compatibility labels of w (page size already decoded). They
+// decide which engines may pair, so one that cannot be read fails the decode.
+func decodeLabels(w *wireInfo, pageSize int) (map[string]string, error) {
+	var labels map[string]string
+	set := func(name, v string) error {
+		if v = strings.TrimSpace(v); v == "" {
+			return nil
+		}
+		if len(v) > maxLabelValue {
+			return fmt.Errorf("%s: longer than %d bytes", name, maxLabelValue)
+		}
+		if labels == nil {
+			labels = make(map[string]string, 4)
+		}
+		labels[name] = v
+		return nil
+	}
+	backend, err := optString(w.TransferBackend)
+	if err != nil {
+		return nil, fmt.Errorf("disaggregation_transfer_backend: %w", err)
+	}
+	dtype, err := optString(w.KVCacheDType)
+	if err != nil {
+		return nil, fmt.Errorf("kv_cache_dtype: %w", err)
+	}
+	tp, err := optInt(w.TPSize, 0, maxTPSize)
+	if err != nil {
+		return nil, fmt.Errorf("tp_size: %w", err)
+	}
+	num := func(n int) string {
+		if n <= 0 {
+			return ""
+		}
+		return strconv.Itoa(n)
+	}
+	if err := errors.Join(set(config.LabelTransferBackend, backend), set(config.LabelKVCacheDType, dtype),
+		set(config.LabelTPSize, num(tp)), set(config.LabelPageSize, num(pageSize))); err != nil {
+		return nil, err
+	}
+	return labels, nil
 }
 
 // decodeKV decodes a kv_events section: an object, or a string holding one.

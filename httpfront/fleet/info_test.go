@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -22,13 +24,21 @@ func TestDecodeInfo(t *testing.T) {
 		want    Info
 		kv      *KVInfo
 		kvErr   bool
+		labels  map[string]string
 		wantErr bool
 	}{
 		{name: "sglang prefill", body: `{"model_path":"/m/llama","served_model_name":null,"disaggregation_mode":"prefill",
 			"disaggregation_bootstrap_port":"8998","dp_size":2,"page_size":16,
 			"kv_events":{"publisher":"zmq","endpoint_host":"*","endpoint_port_base":5557,"load_endpoint_port_base":5600,"block_size":16,"dp_size":2}}`,
-			want: Info{ModelPath: "/m/llama", Mode: "prefill", BootstrapPort: 8998, DPSize: 2, PageSize: 16},
-			kv:   &KVInfo{Publisher: "zmq", Host: "*", PortBase: 5557, ReplayHost: "*", BlockSize: 16, DPSize: 2, LoadPortBase: 5600}},
+			want:   Info{ModelPath: "/m/llama", Mode: "prefill", BootstrapPort: 8998, DPSize: 2, PageSize: 16},
+			kv:     &KVInfo{Publisher: "zmq", Host: "*", PortBase: 5557, ReplayHost: "*", BlockSize: 16, DPSize: 2, LoadPortBase: 5600},
+			labels: map[string]string{"page_size": "16"}},
+		{name: "PD compatibility labels, as SGLang's server arguments name them", body: `{"model_path":"m","disaggregation_mode":"decode",
+			"page_size":64,"disaggregation_transfer_backend":"nixl","kv_cache_dtype":"fp8_e4m3","tp_size":"4"}`,
+			want:   Info{ModelPath: "m", Mode: "decode", PageSize: 64},
+			labels: map[string]string{"transfer_backend": "nixl", "kv_cache_dtype": "fp8_e4m3", "tp_size": "4", "page_size": "64"}},
+		{name: "null labels are absent", body: `{"model_path":"m","disaggregation_transfer_backend":null,"tp_size":null,"kv_cache_dtype":""}`,
+			want: Info{ModelPath: "m"}},
 		{name: "port base as a string", body: `{"served_model_name":"qwen","disaggregation_mode":"null","dp_size":"1",
 			"kv_events":{"publisher":"zmq","endpoint_port_base":"5557","dp_size":"1"}}`,
 			want: Info{ServedModelName: "qwen", DPSize: 1},
@@ -42,7 +52,7 @@ func TestDecodeInfo(t *testing.T) {
 		{name: "served model name list", body: `{"model_path":"/p","served_model_name":["alias","other"]}`,
 			want: Info{ModelPath: "/p", ServedModelName: "alias"}},
 		{name: "integral float and padded string", body: `{"model_path":"m","dp_size":2.0,"page_size":" 32 "}`,
-			want: Info{ModelPath: "m", DPSize: 2, PageSize: 32}},
+			want: Info{ModelPath: "m", DPSize: 2, PageSize: 32}, labels: map[string]string{"page_size": "32"}},
 		{name: "mode in capitals", body: `{"model_path":"m","disaggregation_mode":"Decode"}`, want: Info{ModelPath: "m", Mode: "decode"}},
 		{name: "top-level load endpoint", body: `{"model_path":"m","load_publish_endpoint":"tcp://*:7000"}`,
 			want: Info{ModelPath: "m", LoadEndpoint: "tcp://*:7000"}},
@@ -58,6 +68,11 @@ func TestDecodeInfo(t *testing.T) {
 		{name: "port out of range", body: `{"disaggregation_bootstrap_port":70000}`, wantErr: true},
 		{name: "fractional page size", body: `{"page_size":1.5}`, wantErr: true},
 		{name: "model path not a string", body: `{"model_path":7}`, wantErr: true},
+		{name: "transfer backend not a string", body: `{"disaggregation_transfer_backend":7}`, wantErr: true},
+		{name: "kv cache dtype not a string", body: `{"kv_cache_dtype":["a"]}`, wantErr: true},
+		{name: "negative tp size", body: `{"tp_size":-2}`, wantErr: true},
+		{name: "tp size not a number", body: `{"tp_size":"x"}`, wantErr: true},
+		{name: "label past its bound", body: `{"kv_cache_dtype":"` + strings.Repeat("x", 300) + `"}`, wantErr: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -71,9 +86,12 @@ func TestDecodeInfo(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			gotKV, gotKVErr := info.KV, info.KVErr
-			info.KV, info.KVErr = nil, nil
-			if info != tt.want {
+			gotKV, gotKVErr, gotLabels := info.KV, info.KVErr, info.Labels
+			info.KV, info.KVErr, info.Labels = nil, nil, nil
+			if !maps.Equal(gotLabels, tt.labels) {
+				t.Errorf("labels %v, want %v", gotLabels, tt.labels)
+			}
+			if !reflect.DeepEqual(info, tt.want) {
 				t.Errorf("info %+v, want %+v", info, tt.want)
 			}
 			if (gotKVErr != nil) != tt.kvErr {
@@ -175,6 +193,7 @@ func FuzzDecodeInfo(f *testing.F) {
 	f.Add([]byte(`{"model_path":"m","disaggregation_mode":"prefill","disaggregation_bootstrap_port":8998,"dp_size":2,"kv_events":{"endpoint_host":"*","load_endpoint_port_base":1}}`), "http://127.0.0.1:30000")
 	f.Add([]byte(`{"kv_events":{"endpoint":"tcp://*:5557","replay_endpoint":null}}`), "http://localhost")
 	f.Add([]byte(`{"kv_events":"zmq"}`), "")
+	f.Add([]byte(`{"model_path":"m","disaggregation_transfer_backend":"nixl","kv_cache_dtype":"auto","tp_size":8,"page_size":64}`), "")
 	f.Fuzz(func(t *testing.T, body []byte, url string) {
 		info, err := DecodeInfo(body)
 		if err != nil {
@@ -182,6 +201,11 @@ func FuzzDecodeInfo(f *testing.F) {
 		}
 		if info.DPSize < 0 || info.DPSize > maxDPSize || info.BootstrapPort < 0 || info.BootstrapPort > 65535 || info.PageSize < 0 {
 			t.Fatalf("%+v", info)
+		}
+		for k, v := range info.Labels {
+			if v == "" || len(v) > maxLabelValue {
+				t.Fatalf("label %s=%q", k, v)
+			}
 		}
 		for _, ep := range info.GaugeEndpoints(url) {
 			if _, _, err := kv.SplitEndpoint(ep); err != nil {

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
+	"reflect"
 	"strconv"
 	"sync"
 	"time"
@@ -521,11 +523,12 @@ func (k *Kubernetes) specOf(p *corev1.Pod, role config.Role) (*Spec, string) {
 // PodWorkerID is the worker ID of a discovered pod: "<name>.<namespace>".
 func PodWorkerID(namespace, name string) string { return name + "." + namespace }
 
-// sameSpec reports whether two discovered workers are the same worker.
+// sameSpec reports whether two discovered workers are the same worker: equal fields, the
+// bootstrap port and labels compared by value.
 func sameSpec(a, b Spec) bool {
-	if (a.BootstrapPort == nil) != (b.BootstrapPort == nil) || a.BootstrapPort != nil && *a.BootstrapPort != *b.BootstrapPort {
+	if !maps.Equal(a.Labels, b.Labels) {
 		return false
 	}
-	a.BootstrapPort, b.BootstrapPort = nil, nil
-	return a == b
+	a.Labels, b.Labels = nil, nil
+	return reflect.DeepEqual(a, b)
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"strings"
 	"sync"
 	"testing"
@@ -453,4 +454,34 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+// TestSameSpecComparesLabelsAndPortsByValue: a discovered worker whose labels or bootstrap
+// port change is a different worker; equal values in distinct maps and pointers are not.
+func TestSameSpecComparesLabelsAndPortsByValue(t *testing.T) {
+	p1, p2, p3 := 8998, 8998, 9000
+	base := Spec{ID: "p.ns", URL: "http://10.0.0.1:30000", Role: "prefill", BootstrapPort: &p1,
+		Labels: map[string]string{"transfer_backend": "mooncake"}}
+	same := base
+	same.BootstrapPort = &p2
+	same.Labels = map[string]string{"transfer_backend": "mooncake"}
+	if !sameSpec(base, same) {
+		t.Fatal("equal specs in distinct maps and pointers differ")
+	}
+	otherLabels := same
+	otherLabels.Labels = map[string]string{"transfer_backend": "nixl"}
+	otherPort := same
+	otherPort.BootstrapPort = &p3
+	noPort := same
+	noPort.BootstrapPort = nil
+	otherURL := same
+	otherURL.URL = "http://10.0.0.2:30000"
+	for name, s := range map[string]Spec{"labels": otherLabels, "port": otherPort, "no port": noPort, "url": otherURL} {
+		if sameSpec(base, s) {
+			t.Errorf("%s: a changed spec is the same", name)
+		}
+	}
+	if !maps.Equal(base.Labels, map[string]string{"transfer_backend": "mooncake"}) || *base.BootstrapPort != 8998 {
+		t.Fatal("sameSpec changed its arguments' maps or pointers")
+	}
 }

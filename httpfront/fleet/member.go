@@ -44,6 +44,9 @@ type Spec struct {
 	// TLS is the client TLS of an https:// worker that has its own (workers[].tls); nil
 	// takes the Fleet's (Options.TLS). Never from a POST /workers body.
 	TLS *tls.Config `json:"-"`
+	// Labels are the worker's labels for PD compatibility (groups.pd.compatibility); each
+	// wins over the same label introspected from /server_info.
+	Labels map[string]string `json:"labels"`
 }
 
 // introspects reports whether the worker's engine has /server_info to ask.
@@ -176,6 +179,31 @@ type View struct {
 	Introspected  bool   `json:"introspected"`
 	// Flavor is the configured flavour (auto, sglang, vllm).
 	Flavor string `json:"flavor"`
+	// Labels are the worker's PD compatibility labels (configured over introspected).
+	Labels map[string]string `json:"labels"`
+	// PendingPrefill is the router's requests on the worker that have no first token yet.
+	PendingPrefill PendingView `json:"pending_prefill"`
+	// Learned are the worker's learned service rates (SLO estimates).
+	Learned LearnedView `json:"learned"`
+}
+
+// PendingView is a worker's pending prefill: the requests the router sent it that have no
+// first token yet, and their uncached prompt tokens.
+type PendingView struct {
+	Requests int64 `json:"requests"`
+	Tokens   int64 `json:"tokens"`
+}
+
+// LearnedView is a worker's learned rates: time to first token = ttft_base_ms + prefill
+// tokens / prefill_tokens_per_second; time per output token = tpot_base_ms +
+// tpot_per_request_ms × decode requests. Zero before the first observation (samples 0).
+type LearnedView struct {
+	TTFTBaseMs             float64 `json:"ttft_base_ms"`
+	PrefillTokensPerSecond float64 `json:"prefill_tokens_per_second"`
+	PrefillSamples         uint64  `json:"prefill_samples"`
+	TPOTBaseMs             float64 `json:"tpot_base_ms"`
+	TPOTPerRequestMs       float64 `json:"tpot_per_request_ms"`
+	DecodeSamples          uint64  `json:"decode_samples"`
 }
 
 // View returns the worker's admin view.
@@ -194,7 +222,14 @@ func (m *Member) View() View {
 		DPSize:       w.DPSize,
 		Introspected: m.info.Load() != nil,
 		Flavor:       cmp.Or(m.spec.Flavor, config.FlavorAuto),
+		Labels:       w.Labels,
 	}
+	v.PendingPrefill.Requests, v.PendingPrefill.Tokens = w.Counters.PendingPrefill()
+	r := w.Counters.Rates()
+	base, _, n := r.Prefill.Params()
+	v.Learned.TTFTBaseMs, v.Learned.PrefillTokensPerSecond, v.Learned.PrefillSamples = 1000*base, r.PrefillTokensPerSecond(), n
+	base, slope, n := r.Decode.Params()
+	v.Learned.TPOTBaseMs, v.Learned.TPOTPerRequestMs, v.Learned.DecodeSamples = 1000*base, 1000*slope, n
 	if w.BootstrapPort > 0 {
 		p := w.BootstrapPort
 		v.BootstrapPort = &p

@@ -1,0 +1,222 @@
+package httpfront
+
+import (
+	"encoding/json"
+	"strconv"
+	"strings"
+	"testing"
+
+	"switchyard/config"
+	"switchyard/load"
+)
+
+// twoBucketConfig is one model with two plain buckets of the same lengths: "a" (rank 0,
+// engine A, first in capacity order) and "b" (rank 1, engine B).
+func twoBucketConfig(a, b *fakeEngine, order string, slo config.SLO) *config.Config {
+	cfg := baseConfig()
+	cfg.Workers = []config.Worker{plainWorker("A", a.url, "llama"), plainWorker("B", b.url, "llama")}
+	ba, bb := plainBucket("a", nil, nil, "A"), plainBucket("b", nil, nil, "B")
+	bb.Rank = 1
+	cfg.Models = map[string]config.Model{"llama": {Buckets: []config.Bucket{ba, bb}, BucketOrder: order, SLO: slo}}
+	return cfg
+}
+
+func TestSLOTargetHeaders(t *testing.T) {
+	a, b := newFakeEngine(t, "A", "llama"), newFakeEngine(t, "B", "llama")
+	ts := startServer(t, twoBucketConfig(a, b, config.BucketOrderSLO, config.SLO{}), Options{NoTelemetry: true})
+	for _, tt := range []struct{ header, value string }{
+		{"x-slo-ttft-ms", "0"}, {"x-slo-ttft-ms", "-5"}, {"X-SLO-TPOT-MS", "fast"}, {"x-slo-tpot-ms", "1e9"},
+		{"x-slo-ttft-ms", "NaN"}, {"x-slo-ttft-ms", "Inf"},
+	} {
+		r := post(t, ts.url+"/v1/chat/completions", chatBody("llama", "hi", ""), tt.header, tt.value)
+		var body struct {
+			Error struct{ Code, Param string }
+		}
+		_ = json.Unmarshal(r.body, &body)
+		if r.status != 400 || body.Error.Code != CodeInvalidParameter || body.Error.Param != strings.ToLower(tt.header) {
+			t.Errorf("%s: %s: status %d body %s", tt.header, tt.value, r.status, r.body)
+		}
+	}
+	// Valid targets: the answer carries the order rule; without a target it does not.
+	r := post(t, ts.url+"/v1/chat/completions", chatBody("llama", "hi", ""), "x-slo-ttft-ms", "250.5", "x-slo-tpot-ms", "20")
+	if r.status != 200 || r.header.Get("X-Switchyard-Bucket-Order") != "slo" {
+		t.Fatalf("status %d headers %v", r.status, r.header)
+	}
+	if r = post(t, ts.url+"/v1/chat/completions", chatBody("llama", "hi", "")); r.header.Get("X-Switchyard-Bucket-Order") != "" {
+		t.Fatalf("a request without a target got %v", r.header)
+	}
+	if a.hits.Load() != 2 || b.hits.Load() != 0 {
+		t.Fatalf("hits A %d B %d: nothing learned, both buckets are equal, capacity order keeps A first", a.hits.Load(), b.hits.Load())
+	}
+}
+
+// TestSLOOrderPrefersTheBucketExpectedToMeet: with the rates the router learned, a request
+// with a TTFT target goes to the bucket expected to meet it; the response says what was
+// expected; capacity order, a request without a target, or a model's default target
+// behave as configured.
+func TestSLOOrderPrefersTheBucketExpectedToMeet(t *testing.T) {
+	tests := []struct {
+		name    string
+		order   string
+		slo     config.SLO
+		headers []string
+		want    string  // bucket
+		wantEst float64 // X-Switchyard-Estimated-Ttft-Ms per input token; 0: no header
+	}{
+		{name: "slo order, header target", order: config.BucketOrderSLO, headers: []string{"x-slo-ttft-ms", "200"}, want: "b", wantEst: 0.05},
+		{name: "slo order, model default target", order: config.BucketOrderSLO, slo: config.SLO{TTFTMs: ptr(200.0)}, want: "b", wantEst: 0.05},
+		{name: "slo order, every bucket meets: capacity order", order: config.BucketOrderSLO, headers: []string{"x-slo-ttft-ms", "5000"}, want: "a", wantEst: 2},
+		{name: "slo order, no target", order: config.BucketOrderSLO, want: "a"},
+		{name: "capacity order", order: "", headers: []string{"x-slo-ttft-ms", "200"}, want: "a", wantEst: 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a, b := newFakeEngine(t, "A", "llama"), newFakeEngine(t, "B", "llama")
+			tr := load.NewTracker()
+			// Learned so far: A takes 2s per 1,000 prefill tokens, B 50ms.
+			tr.Counters("A").Rates().Prefill.Observe(1000, 2)
+			tr.Counters("B").Rates().Prefill.Observe(1000, 0.05)
+			ts := startServer(t, twoBucketConfig(a, b, tt.order, tt.slo), Options{NoTelemetry: true, Tracker: tr})
+			body := chatBody("llama", strings.Repeat("word ", 1000), "")
+			input := float64(len(body)) / 4 // the body-size estimate, without a tokenizer
+			r := post(t, ts.url+"/v1/chat/completions", body, tt.headers...)
+			if r.status != 200 || r.header.Get(headerBucket) != tt.want {
+				t.Fatalf("status %d bucket %q, want %q", r.status, r.header.Get(headerBucket), tt.want)
+			}
+			est := r.header.Get("X-Switchyard-Estimated-Ttft-Ms")
+			if tt.wantEst == 0 && est != "" || tt.wantEst != 0 && !sameMs(est, tt.wantEst*input) {
+				t.Fatalf("estimated TTFT %q ms, want about %.1f", est, tt.wantEst*input)
+			}
+		})
+	}
+}
+
+// sameMs reports whether the header value got is want milliseconds, within 1%.
+func sameMs(got string, want float64) bool {
+	g, err := strconv.ParseFloat(got, 64)
+	return err == nil && g >= want*0.99 && g <= want*1.01
+}
+
+// TestSLOLearningAndAttainment: streams teach the engine's rates (GET /workers shows them),
+// the estimate-ratio histograms fill, and a request's targets are counted met or missed by
+// bucket.
+func TestSLOLearningAndAttainment(t *testing.T) {
+	a, b := newFakeEngine(t, "A", "llama"), newFakeEngine(t, "B", "llama")
+	ts := startServer(t, twoBucketConfig(a, b, "", config.SLO{}), Options{NoTelemetry: true})
+	stream := chatBody("llama", "hello there", `"stream":true`)
+	for range 3 {
+		if r := post(t, ts.url+"/v1/chat/completions", stream, "x-slo-ttft-ms", "10000000"); r.status != 200 {
+			t.Fatalf("status %d", r.status)
+		}
+	}
+	if r := post(t, ts.url+"/v1/chat/completions", stream, "x-slo-ttft-ms", "0.000001"); r.status != 200 {
+		t.Fatalf("status %d", r.status)
+	}
+	// A non-streamed request teaches nothing and is not judged.
+	if r := post(t, ts.url+"/v1/chat/completions", chatBody("llama", "hi", ""), "x-slo-ttft-ms", "0.000001"); r.status != 200 {
+		t.Fatalf("status %d", r.status)
+	}
+	rates := ts.tracker.Counters("A").Rates()
+	if _, _, n := rates.Prefill.Params(); n != 4 {
+		t.Fatalf("prefill samples %d, want 4", n)
+	}
+	if _, _, n := rates.Decode.Params(); n != 4 {
+		t.Fatalf("decode samples %d, want 4 (four tokens a stream)", n)
+	}
+	if req, tok := ts.tracker.Counters("A").PendingPrefill(); req != 0 || tok != 0 {
+		t.Fatalf("pending prefill %d, %d after every request ended", req, tok)
+	}
+
+	var list struct {
+		Workers []workerView `json:"workers"`
+	}
+	if err := json.Unmarshal(get(t, ts.url+"/workers").body, &list); err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Workers) != 2 || list.Workers[0].ID != "A" || list.Workers[0].Learned.PrefillSamples != 4 ||
+		list.Workers[0].Learned.DecodeSamples != 4 || list.Workers[1].Learned.PrefillSamples != 0 {
+		t.Fatalf("workers %+v", list.Workers)
+	}
+
+	m := string(get(t, ts.url+"/metrics").body)
+	for _, want := range []string{
+		`switchyard_slo_met_total{model="llama",bucket="a"} 3`,
+		`switchyard_slo_missed_total{model="llama",bucket="a",target="ttft"} 1`,
+		`switchyard_slo_missed_total{model="llama",bucket="a",target="tpot"} 0`,
+		`switchyard_slo_met_total{model="llama",bucket="b"} 0`,
+		`switchyard_slo_estimate_ratio_count{model="llama",target="ttft"} 3`, // the first stream had no estimate yet
+		`switchyard_bucket_orders_total{model="llama",order="capacity"} 5`,
+		`switchyard_worker_learned_prefill_tokens_per_second{worker="A"}`,
+		`switchyard_worker_learned_tpot_base_seconds{worker="B"} 0`,
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+}
+
+// TestPDCompatibilityFromIntrospection: the transfer backends the engines report in
+// /server_info become their labels; the decode engine is always the prefill engine's
+// partner; when the only fitting bucket has no compatible decode engine, the 503 names
+// pd_incompatible.
+func TestPDCompatibilityFromIntrospection(t *testing.T) {
+	p1 := newFakeEngine(t, "P1", "llama", withMode("prefill"), withInfo("disaggregation_transfer_backend", "nixl", "tp_size", 2))
+	p2 := newFakeEngine(t, "P2", "llama", withMode("prefill"), withInfo("disaggregation_transfer_backend", "mooncake"))
+	d1 := newFakeEngine(t, "D1", "llama", withMode("decode"), withInfo("disaggregation_transfer_backend", "mooncake"))
+	d2 := newFakeEngine(t, "D2", "llama", withMode("decode"), withInfo("disaggregation_transfer_backend", "nixl"))
+	for _, d := range []*fakeEngine{d1, d2} {
+		d.expectHost = "127.0.0.1"
+	}
+	cfg := baseConfig()
+	cfg.Workers = []config.Worker{
+		{ID: "P1", URL: p1.url, Model: "llama", Role: config.RolePrefill, DPSize: 1},
+		{ID: "P2", URL: p2.url, Model: "llama", Role: config.RolePrefill, DPSize: 1, Labels: map[string]string{"zone": "a"}},
+		{ID: "D1", URL: d1.url, Model: "llama", Role: config.RoleDecode, DPSize: 1},
+		{ID: "D2", URL: d2.url, Model: "llama", Role: config.RoleDecode, DPSize: 1},
+	}
+	cfg.Models = map[string]config.Model{"llama": {Buckets: []config.Bucket{{ID: "pd", Groups: config.Groups{PD: &config.PDGroups{
+		Prefill: &config.Group{}, Decode: &config.Group{}, Compatibility: []string{config.LabelTransferBackend},
+	}}}}}}
+	ts := startServer(t, cfg, Options{NoTelemetry: true})
+
+	partner := map[string]string{"P1": "D2", "P2": "D1"}
+	seen := map[string]int{}
+	for i := range 40 {
+		r := post(t, ts.url+"/v1/chat/completions", chatBody("llama", "hi", ""))
+		p, d := r.header.Get(headerPrefillWorker), r.header.Get(headerWorker)
+		if r.status != 200 || partner[p] != d {
+			t.Fatalf("request %d: status %d pair %s+%s body %s", i, r.status, p, d, r.body)
+		}
+		seen[p]++
+	}
+	if seen["P1"] == 0 || seen["P2"] == 0 {
+		t.Fatalf("prefill engines used %v", seen)
+	}
+	var list struct {
+		Workers []workerView `json:"workers"`
+	}
+	_ = json.Unmarshal(get(t, ts.url+"/workers").body, &list)
+	got := map[string]map[string]string{}
+	for _, w := range list.Workers {
+		got[w.ID] = w.Labels
+	}
+	if got["P1"]["transfer_backend"] != "nixl" || got["P1"]["tp_size"] != "2" || got["P1"]["page_size"] != "16" ||
+		got["P2"]["zone"] != "a" || got["D1"]["transfer_backend"] != "mooncake" {
+		t.Fatalf("labels %v", got)
+	}
+
+	// D2 goes: P1 has no partner left. Its attempts fail with pd_incompatible in the body.
+	ts.wset.SetHealthy("D2", false)
+	for range 4 {
+		r := post(t, ts.url+"/v1/chat/completions", chatBody("llama", "hi", ""))
+		if r.status == 200 {
+			if r.header.Get(headerPrefillWorker) != "P2" || r.header.Get(headerWorker) != "D1" {
+				t.Fatalf("pair %s+%s", r.header.Get(headerPrefillWorker), r.header.Get(headerWorker))
+			}
+			continue
+		}
+		if r.status != 503 || r.errorCode() != CodeNoAvailableEngine || !contains(r.body, `"worker":"P1","limit":"pd_incompatible"`) {
+			t.Fatalf("status %d body %s", r.status, r.body)
+		}
+	}
+}
