@@ -49,6 +49,8 @@ type commandFlags struct {
 	restartEvery, restartDowntime                  time.Duration
 	hang                                           bool
 	tokenizer                                      string
+	transferBackend, kvCacheDType                  string
+	tpSize                                         int
 }
 
 func newFlagSet(stderr io.Writer) (*flag.FlagSet, *commandFlags) {
@@ -66,6 +68,9 @@ func newFlagSet(stderr io.Writer) (*flag.FlagSet, *commandFlags) {
 	fs.StringVar(&f.flavor, "flavor", string(FlavorSGLang), "HTTP API imitated: sglang (OpenAI routes, /generate, /server_info, /get_load, /v1/loads, load gauge, /metrics with sglang: names) or vllm (OpenAI routes, /tokenize, /metrics with vllm: names; no /server_info, no /get_load, no load gauge)")
 	fs.IntVar(&f.bootstrapPort, "bootstrap-port", DefaultBootstrapPort, "prefill engines: bootstrap server port of the first engine, +i for engine i; decode engines: the port used when a request's bootstrap_port is null")
 	fs.IntVar(&f.pageSize, "page-size", 16, "KV page (block) size in tokens")
+	fs.StringVar(&f.transferBackend, "transfer-backend", "mooncake", "KV transfer backend /server_info reports (disaggregation_transfer_backend); a decode engine refuses a prefill engine of another backend")
+	fs.StringVar(&f.kvCacheDType, "kv-cache-dtype", "auto", "KV cache data type /server_info reports (kv_cache_dtype)")
+	fs.IntVar(&f.tpSize, "tp-size", 1, "tensor-parallel size /server_info reports (tp_size)")
 	fs.IntVar(&f.cacheTokens, "cache-tokens", 131072, "KV cache capacity per DP rank, in tokens")
 	fs.IntVar(&f.contextLength, "context-length", 32768, "maximum prompt plus output tokens of one request")
 	fs.IntVar(&f.maxRunning, "max-running", 64, "max_running_requests per DP rank; more requests wait in the queue")
@@ -194,6 +199,7 @@ func (f *commandFlags) config(stderr io.Writer) (Config, error) {
 	cfg := Config{
 		Host: f.host, Port: f.port, WorkerID: f.workerID, Model: f.model, Role: Role(f.role), Flavor: Flavor(f.flavor),
 		PageSize: f.pageSize, CacheTokens: f.cacheTokens, ContextLength: f.contextLength,
+		TransferBackend: f.transferBackend, KVCacheDType: f.kvCacheDType, TPSize: f.tpSize,
 		MaxRunning: f.maxRunning, MaxPrefillTokens: f.maxPrefillTokens, DPSize: f.dpSize,
 		Speedup: f.speedup, ZeroCost: f.zeroCost, EventPerWrite: f.eventPerWrite, DefaultMaxTokens: f.defaultMaxTokens,
 		Costs: &Costs{

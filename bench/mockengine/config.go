@@ -61,6 +61,17 @@ type Config struct {
 	DefaultBootstrapPort int
 	// PageSize is the KV page (block) size in tokens. Default 16.
 	PageSize int
+	// TransferBackend is the KV transfer backend of prefill/decode disaggregation that
+	// /server_info reports (disaggregation_transfer_backend). A decode engine refuses the
+	// KV of a prefill engine with another backend (the transfer fails with a 500), as
+	// engines of two backends cannot exchange KV. Default "mooncake" (SGLang's).
+	TransferBackend string
+	// KVCacheDType is the KV cache data type /server_info reports (kv_cache_dtype).
+	// Default "auto".
+	KVCacheDType string
+	// TPSize is the tensor-parallel size /server_info reports (tp_size); the simulation does
+	// not depend on it. Default 1.
+	TPSize int
 	// CacheTokens is the KV capacity per DP rank, in tokens. Default 131072.
 	CacheTokens int
 	// ContextLength caps prompt plus output tokens of one request. Default 32768.
@@ -259,6 +270,15 @@ func (c Config) withDefaults() Config {
 	if c.PageSize == 0 {
 		c.PageSize = 16
 	}
+	if c.TransferBackend == "" {
+		c.TransferBackend = "mooncake"
+	}
+	if c.KVCacheDType == "" {
+		c.KVCacheDType = "auto"
+	}
+	if c.TPSize == 0 {
+		c.TPSize = 1
+	}
 	if c.CacheTokens == 0 {
 		c.CacheTokens = 131072
 	}
@@ -348,6 +368,7 @@ func (c Config) Validate() error {
 		}
 	}
 	positive("page_size", c.PageSize)
+	positive("tp_size", c.TPSize)
 	positive("cache_tokens", c.CacheTokens)
 	positive("context_length", c.ContextLength)
 	positive("max_running", c.MaxRunning)

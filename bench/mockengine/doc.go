@@ -57,8 +57,10 @@
 //     bootstrap_host and bootstrap_room (400), long-polls the named prefill engine for the
 //     room (bootstrap_port null means Config.DefaultBootstrapPort), and fails with a 500
 //     naming room and peer on a refused connection, a timeout (Config.PDTimeout), a failed
-//     prefill or a prompt of a different length. While it waits the request counts as
-//     waiting in the load reports.
+//     prefill, a prompt of a different length or a prefill engine of another KV transfer
+//     backend (Config.TransferBackend, reported in /server_info as
+//     disaggregation_transfer_backend beside kv_cache_dtype, tp_size and page_size). While it
+//     waits the request counts as waiting in the load reports.
 //   - Fault injection (Faults): fail the first N requests, a failure rate, a fixed status,
 //     added latency, a connection dropped after N tokens, a hang before the first token,
 //     unhealthy health checks (now or after a delay), withheld events, and restarts (every

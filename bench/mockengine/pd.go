@@ -24,7 +24,9 @@ type roomInfo struct {
 	Status       string `json:"status"`
 	PromptTokens int    `json:"prompt_tokens"`
 	CachedTokens int    `json:"cached_tokens"`
-	Error        string `json:"error,omitempty"`
+	// TransferBackend is the prefill engine's KV transfer backend.
+	TransferBackend string `json:"transfer_backend,omitempty"`
+	Error           string `json:"error,omitempty"`
 }
 
 // roomRegistry records the bootstrap rooms whose prefill finished, and wakes the decode
@@ -215,6 +217,9 @@ func (e *Engine) awaitPrefill(bi bootstrapInfo, promptLen int) (roomInfo, error)
 		}
 		if r.info.PromptTokens != promptLen {
 			return fail("prefill had %d prompt tokens, decode has %d", r.info.PromptTokens, promptLen)
+		}
+		if r.info.TransferBackend != e.cfg.TransferBackend {
+			return fail("prefill engine's transfer backend %q is not this engine's %q", r.info.TransferBackend, e.cfg.TransferBackend)
 		}
 		return r.info, nil
 	case <-t.C():

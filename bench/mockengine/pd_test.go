@@ -1,6 +1,7 @@
 package mockengine
 
 import (
+	"encoding/json"
 	"net"
 	"strconv"
 	"strings"
@@ -176,4 +177,41 @@ func TestPDFailsVisibly(t *testing.T) {
 			t.Errorf("%d %s, want a failure naming port 8998", r.status, r.body)
 		}
 	})
+}
+
+// TestPDTransferBackends: /server_info reports the engines' PD compatibility facts as
+// SGLang's server arguments name them, and a decode engine refuses the KV of a prefill
+// engine with another transfer backend, while one of the same backend takes it.
+func TestPDTransferBackends(t *testing.T) {
+	p := startEngine(t, Config{Role: RolePrefill, ZeroCost: true, TransferBackend: "nixl", KVCacheDType: "fp8_e4m3", TPSize: 4, PageSize: 32})
+	dSame := startEngine(t, Config{Role: RoleDecode, ZeroCost: true, TransferBackend: "nixl", PageSize: 32})
+	dOther := startEngine(t, Config{Role: RoleDecode, ZeroCost: true, PageSize: 32}) // mooncake, the default
+	c := newClient(t)
+
+	info := do(t, c, "GET", p.URL()+"/server_info", nil)
+	var fields map[string]any
+	if err := json.Unmarshal(info.body, &fields); err != nil {
+		t.Fatal(err)
+	}
+	if fields["disaggregation_transfer_backend"] != "nixl" || fields["kv_cache_dtype"] != "fp8_e4m3" ||
+		fields["tp_size"] != 4.0 || fields["page_size"] != 32.0 {
+		t.Fatalf("server_info %v", fields)
+	}
+	if r := do(t, c, "GET", dOther.URL()+"/server_info", nil); !strings.Contains(string(r.body), `"disaggregation_transfer_backend":"mooncake"`) {
+		t.Fatalf("default backend: %s", r.body)
+	}
+
+	for room, d := range map[uint64]*Engine{11: dSame, 12: dOther} {
+		body := pdBody(ids(1, 40), "127.0.0.1", p.BootstrapPort(), room)
+		if r := do(t, c, "POST", p.URL()+"/generate", body); r.status != 200 {
+			t.Fatalf("prefill: %d %s", r.status, r.body)
+		}
+		r := do(t, c, "POST", d.URL()+"/generate", body)
+		if d == dSame && r.status != 200 {
+			t.Errorf("same backend: %d %s", r.status, r.body)
+		}
+		if d == dOther && (r.status != 500 || !strings.Contains(string(r.body), `transfer backend \"nixl\" is not this engine's \"mooncake\"`)) {
+			t.Errorf("other backend: %d %s, want a 500 naming both backends", r.status, r.body)
+		}
+	}
 }

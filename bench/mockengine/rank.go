@@ -460,7 +460,8 @@ func (r *rank) complete(s *seq, err error, now time.Time) {
 	s.finished.Store(true)
 	if s.hasRoom && r.e.rooms != nil {
 		if err == nil {
-			r.e.rooms.complete(s.room, roomInfo{PromptTokens: len(s.prompt), CachedTokens: int(s.cached.Load())})
+			r.e.rooms.complete(s.room, roomInfo{PromptTokens: len(s.prompt), CachedTokens: int(s.cached.Load()),
+				TransferBackend: r.e.cfg.TransferBackend})
 		} else {
 			r.e.rooms.fail(s.room, err.Error())
 		}
