@@ -14,8 +14,11 @@
 //     the process's CPU time), routing (one workload under each policy of a list, with the
 //     oracle's bound on the hit rate), pd (the prefill group's policy compared on a PD
 //     bucket), buckets (the long-context mix on one pool against length buckets, per
-//     length class) and mailbox (an overload burst at several actors.mailbox sizes:
-//     accepted throughput, 429 rate, p99).
+//     length class), mailbox (an overload burst at several actors.mailbox sizes:
+//     accepted throughput, 429 rate, p99) and slo (two buckets over the same lengths, one
+//     also fed background load sent to its engines directly; requests with a TTFT target,
+//     arriving open loop, under capacity and slo bucket order: SLO attainment, goodput,
+//     TTFT percentiles and the router's TTFT estimates against the observed TTFT).
 //   - Policy lists as data (PolicySpec, ParsePolicies): a policy the router cannot build
 //     yet becomes a skipped row carrying the reason, not a failed run.
 //   - The progress line on the progress writer during every measured row.

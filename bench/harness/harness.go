@@ -54,6 +54,8 @@ func Run(ctx context.Context, opts Options) (*report.Report, error) {
 				scs, err = h.trace(ctx)
 			case report.ScenarioReplicas:
 				scs, err = h.replicas(ctx)
+			case report.ScenarioSLO:
+				scs, err = h.slo(ctx)
 			}
 			if h.opts.showFlavor() {
 				for _, sc := range scs {
@@ -120,7 +122,13 @@ type settings struct {
 	Replicas        int       `json:"replicas,omitempty"`
 	EngineSpeeds    []float64 `json:"engine_speeds,omitempty"`
 	Flavors         []string  `json:"flavors"`
-	Costs           struct {
+	SLO             struct {
+		TTFTMs              float64 `json:"ttft_ms"`
+		Rate                float64 `json:"rate"`
+		BackgroundRate      float64 `json:"background_rate"`
+		BackgroundPromptLen int     `json:"background_prompt_len"`
+	} `json:"slo"`
+	Costs struct {
 		PrefillOverheadMs  float64 `json:"prefill_overhead_ms"`
 		PrefillPerTokenUs  float64 `json:"prefill_per_token_us"`
 		DecodeStepMs       float64 `json:"decode_step_ms"`
@@ -146,6 +154,8 @@ func (o Options) settings() settings {
 	if slices.Contains(o.Scenarios, report.ScenarioTrace) {
 		s.Trace, s.TraceBlockSize, s.TraceChat, s.TraceMaxOutput, s.TimeScale = o.Trace, o.TraceBlockSize, o.TraceChat, o.TraceMaxOutput, o.TimeScale
 	}
+	s.SLO.TTFTMs = float64(o.SLOTTFT) / float64(time.Millisecond)
+	s.SLO.Rate, s.SLO.BackgroundRate, s.SLO.BackgroundPromptLen = o.SLORate, o.SLOBackgroundRate, o.SLOBackgroundPromptLen
 	s.Costs.PrefillOverheadMs = float64(o.Costs.PrefillOverhead) / float64(time.Millisecond)
 	s.Costs.PrefillPerTokenUs = float64(o.Costs.PrefillPerToken) / float64(time.Microsecond)
 	s.Costs.DecodeStepMs = float64(o.Costs.DecodeStep) / float64(time.Millisecond)
@@ -155,12 +165,15 @@ func (o Options) settings() settings {
 
 // load describes one measured run of a row.
 type load struct {
-	label       string // progress label
-	urls        []string
-	route       func(i int) string // chooses request i's URL; nil rotates over urls
-	reqs        []workload.Request
-	stream      bool
-	simulated   bool // convert Rate from simulated to wall time
+	label     string // progress label
+	urls      []string
+	route     func(i int) string // chooses request i's URL; nil rotates over urls
+	reqs      []workload.Request
+	stream    bool
+	simulated bool // convert Rate from simulated to wall time
+	// rate, when positive, is this load's own open-loop rate in requests per simulated
+	// second (instead of Options.Rate).
+	rate        float64
 	concurrency int
 	maxRequests int
 	repeat      bool
@@ -187,7 +200,10 @@ func (h *harness) measure(ctx context.Context, l load) (*loadgen.Measurement, er
 		Path:        l.path,
 		Replay:      l.replay,
 	}
-	if l.simulated && h.opts.Rate > 0 {
+	switch {
+	case l.rate > 0:
+		cfg.Rate = l.rate * h.opts.Speedup
+	case l.simulated && h.opts.Rate > 0:
 		cfg.Rate = h.opts.Rate * h.opts.Speedup
 	}
 	if h.progress != nil {

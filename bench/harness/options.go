@@ -23,7 +23,7 @@ var ErrInvalidOptions = errors.New("invalid bench options")
 // is not among them: it runs when named (it needs a trace file).
 func Scenarios() []string {
 	return []string{report.ScenarioOverhead, report.ScenarioRouting, report.ScenarioPD, report.ScenarioBuckets, report.ScenarioMailbox,
-		report.ScenarioReplicas}
+		report.ScenarioReplicas, report.ScenarioSLO}
 }
 
 // knownScenarios are the names Options.Scenarios accepts.
@@ -226,6 +226,18 @@ type Options struct {
 	MailboxSizes []int
 	// MailboxRequests is the size of each mailbox row's burst. Default 20000.
 	MailboxRequests int
+	// SLOTTFT is the slo scenario's time-to-first-token target, in simulated time. Default
+	// DefaultSLOTTFT.
+	SLOTTFT time.Duration
+	// SLORate is the slo scenario's foreground rate, requests per simulated second. Default
+	// DefaultSLORate.
+	SLORate float64
+	// SLOBackgroundRate is the slo scenario's background rate per loaded engine, requests
+	// per simulated second. Default DefaultSLOBackgroundRate.
+	SLOBackgroundRate float64
+	// SLOBackgroundPromptLen is the slo scenario's background prompt length, in tokens.
+	// Default DefaultSLOBackgroundPromptLen.
+	SLOBackgroundPromptLen int
 	// RequestTimeout bounds one request. Default 2 minutes.
 	RequestTimeout time.Duration
 	// Replicas is the replicas scenario's number of router processes. Default 3.
@@ -329,6 +341,18 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Replicas == 0 {
 		o.Replicas = DefaultReplicas
+	}
+	if o.SLOTTFT == 0 {
+		o.SLOTTFT = DefaultSLOTTFT
+	}
+	if o.SLORate == 0 {
+		o.SLORate = DefaultSLORate
+	}
+	if o.SLOBackgroundRate == 0 {
+		o.SLOBackgroundRate = DefaultSLOBackgroundRate
+	}
+	if o.SLOBackgroundPromptLen == 0 {
+		o.SLOBackgroundPromptLen = DefaultSLOBackgroundPromptLen
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -444,6 +468,22 @@ func (o Options) Validate() error {
 	}
 	if o.MailboxRequests < 1 {
 		bad("mailbox_requests", "%d must be at least 1", o.MailboxRequests)
+	}
+	if slices.Contains(o.Scenarios, report.ScenarioSLO) {
+		if o.Engines < 2 {
+			bad("engines", "the slo scenario needs at least 2 engines (one bucket with background load, one without)")
+		}
+		if o.SLOTTFT < 0 {
+			bad("slo_ttft", "%v is negative", o.SLOTTFT)
+		}
+		for name, v := range map[string]float64{"slo_rate": o.SLORate, "slo_background_rate": o.SLOBackgroundRate} {
+			if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
+				bad(name, "%v must be a finite non-negative number", v)
+			}
+		}
+		if o.SLOBackgroundPromptLen < 1 || o.SLOBackgroundPromptLen+64+sloBackgroundOutputLen > o.EngineCache {
+			bad("slo_background_prompt_len", "%d must be at least 1 and fit the engine cache (%d tokens) with its output", o.SLOBackgroundPromptLen, o.EngineCache)
+		}
 	}
 	if slices.Contains(o.Scenarios, report.ScenarioBuckets) || slices.Contains(o.Workloads, workload.NameLongContext) {
 		longest := 0

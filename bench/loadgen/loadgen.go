@@ -183,6 +183,9 @@ type Result struct {
 	PrefillWorker string `json:"prefill_worker,omitempty"`
 	// Bucket is the bucket the router chose (X-Switchyard-Bucket).
 	Bucket string `json:"bucket,omitempty"`
+	// EstimatedTTFT is the router's estimate of the time to first token made at dispatch
+	// (X-Switchyard-Estimated-Ttft-Ms, sent for a request with an SLO target); 0 when none.
+	EstimatedTTFT time.Duration `json:"estimated_ttft_ns,omitempty"`
 	// PromptTokens, CachedTokens and CompletionTokens come from the response's usage.
 	PromptTokens     int `json:"prompt_tokens"`
 	CachedTokens     int `json:"cached_tokens"`

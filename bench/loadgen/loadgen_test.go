@@ -141,6 +141,7 @@ func TestMeasureStreaming(t *testing.T) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.Header().Set("X-Worker-Id", "engine-7")
 		w.Header().Set("X-Switchyard-Bucket", "short")
+		w.Header().Set("X-Switchyard-Estimated-Ttft-Ms", "12.5")
 		io.WriteString(w, sseBody)
 	}))
 	defer srv.Close()
@@ -157,7 +158,8 @@ func TestMeasureStreaming(t *testing.T) {
 	}
 	for i, r := range m.Results {
 		if !r.OK() || r.Index != i || r.Class != reqs[i].Class || r.Worker != "engine-7" || r.Bucket != "short" ||
-			r.PromptTokens != 40 || r.CachedTokens != 32 || r.CompletionTokens != 3 || r.TTFT <= 0 || r.E2E < r.TTFT {
+			r.PromptTokens != 40 || r.CachedTokens != 32 || r.CompletionTokens != 3 || r.TTFT <= 0 || r.E2E < r.TTFT ||
+			r.EstimatedTTFT != 12500*time.Microsecond {
 			t.Errorf("result %d: %+v", i, r)
 		}
 	}
@@ -175,6 +177,7 @@ func TestMeasureNonStreaming(t *testing.T) {
 		}
 		w.Header().Set("X-Switchyard-Worker", "w1")
 		w.Header().Set("X-Switchyard-Prefill-Worker", "p1")
+		w.Header().Set("X-Switchyard-Estimated-Ttft-Ms", "not a number")
 		if n.Add(1)%2 == 0 {
 			w.WriteHeader(http.StatusTooManyRequests)
 			io.WriteString(w, `{"error":{"message":"full","type":"overloaded_error","code":"overloaded"}}`)
@@ -196,7 +199,8 @@ func TestMeasureNonStreaming(t *testing.T) {
 		switch {
 		case r.OK():
 			okN++
-			if r.Worker != "w1" || r.PrefillWorker != "p1" || r.PromptTokens != 9 || r.CachedTokens != 4 || r.CompletionTokens != 2 || r.TTFT != r.E2E {
+			if r.Worker != "w1" || r.PrefillWorker != "p1" || r.PromptTokens != 9 || r.CachedTokens != 4 || r.CompletionTokens != 2 || r.TTFT != r.E2E ||
+				r.EstimatedTTFT != 0 {
 				t.Errorf("ok result %+v", r)
 			}
 		case r.Status == 429 && r.Error == "overloaded":

@@ -23,6 +23,7 @@ const (
 	headerRouterWorker  = "X-Switchyard-Worker"
 	headerPrefillWorker = "X-Switchyard-Prefill-Worker"
 	headerBucket        = "X-Switchyard-Bucket"
+	headerEstimatedTTFT = "X-Switchyard-Estimated-Ttft-Ms"
 	headerEngineWorker  = "X-Worker-Id"
 )
 
@@ -159,6 +160,7 @@ func (s *fastSender) do(_ context.Context, url string, body []byte, r *workload.
 	}
 	res.PrefillWorker = string(resp.Header.Peek(headerPrefillWorker))
 	res.Bucket = string(resp.Header.Peek(headerBucket))
+	res.EstimatedTTFT = parseMs(resp.Header.Peek(headerEstimatedTTFT))
 	if res.Status != fasthttp.StatusOK {
 		res.Error = errorCode(res.Status, resp.Body())
 		return
@@ -170,6 +172,18 @@ func (s *fastSender) do(_ context.Context, url string, body []byte, r *workload.
 	}
 	env.fill(res)
 	res.TTFT = res.E2E
+}
+
+// parseMs reads a router header holding milliseconds; 0 when absent or unreadable.
+func parseMs(v []byte) time.Duration {
+	if len(v) == 0 {
+		return 0
+	}
+	ms, err := strconv.ParseFloat(string(v), 64)
+	if err != nil || !(ms > 0) || ms > 1e9 {
+		return 0
+	}
+	return time.Duration(ms * float64(time.Millisecond))
 }
 
 func transportError(err error) string {
@@ -244,6 +258,7 @@ func (s *streamSender) do(ctx context.Context, url string, body []byte, r *workl
 	}
 	res.PrefillWorker = resp.Header.Get(headerPrefillWorker)
 	res.Bucket = resp.Header.Get(headerBucket)
+	res.EstimatedTTFT = parseMs([]byte(resp.Header.Get(headerEstimatedTTFT)))
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 		res.E2E = s.cfg.Now().Sub(start)

@@ -19,6 +19,7 @@ const (
 	ScenarioMailbox  = "mailbox"
 	ScenarioTrace    = "trace"
 	ScenarioReplicas = "replicas"
+	ScenarioSLO      = "slo"
 )
 
 // Time bases of a scenario's figures.
@@ -141,6 +142,8 @@ type Row struct {
 	Truncated bool `json:"truncated,omitempty"`
 	// Replicas holds a replicas row's cluster figures.
 	Replicas *ReplicaFigures `json:"replicas,omitempty"`
+	// SLO holds the slo scenario's attainment and estimate figures.
+	SLO *SLOSummary `json:"slo,omitempty"`
 }
 
 // ReplicaFigures are the figures of one replicas row: router processes in front of one

@@ -163,3 +163,32 @@ func TestFilter(t *testing.T) {
 		t.Errorf("got %+v", got)
 	}
 }
+
+func TestSummarizeSLO(t *testing.T) {
+	ms := func(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }
+	results := []loadgen.Result{
+		{Status: 200, TTFT: ms(50), EstimatedTTFT: ms(55), Bucket: "b"},   // met, ratio 1.1
+		{Status: 200, TTFT: ms(100), EstimatedTTFT: ms(60), Bucket: "b"},  // met (at the target), ratio 0.6
+		{Status: 200, TTFT: ms(150), EstimatedTTFT: ms(150), Bucket: "a"}, // missed, ratio 1
+		{Status: 200, TTFT: ms(40), Bucket: "b"},                          // met, no estimate
+		{Status: 503, Error: "no_available_engine"},                       // missed
+	}
+	s := SummarizeSLO(results, ms(100), 2, 2*time.Second)
+	if s.TargetTTFTMs != 200 || s.Met != 3 || s.Attainment != 0.6 || s.GoodputPerS != 0.75 {
+		t.Fatalf("attainment %+v", s)
+	}
+	if s.Buckets["a"] != 1 || s.Buckets["b"] != 3 || len(s.Buckets) != 2 {
+		t.Fatalf("buckets %v", s.Buckets)
+	}
+	// Ratios 0.6, 1, 1.1: two of three within ±30%.
+	if s.EstimateRatio.N != 3 || s.RatioP10 != 0.6 || s.EstimateRatio.P50 != 1 || math.Abs(s.Within30-2.0/3) > 1e-9 {
+		t.Fatalf("ratios %+v p10 %v within %v", s.EstimateRatio, s.RatioP10, s.Within30)
+	}
+	// Estimated p50 120ms (60 × 2) against observed p50 200ms (100 × 2).
+	if s.Estimated.P50 != 120 || math.Abs(s.MedianError-(-0.4)) > 1e-9 {
+		t.Fatalf("estimated %+v median error %v", s.Estimated, s.MedianError)
+	}
+	if e := SummarizeSLO(nil, ms(100), 1, 0); e.Attainment != 0 || e.EstimateRatio.N != 0 {
+		t.Fatalf("empty %+v", e)
+	}
+}

@@ -232,6 +232,36 @@ func buildChart(s *Scenario) chart {
 				{name: "p99", values: col(func(m *Summary) float64 { return m.E2E.P99 })},
 			}},
 		}
+	case ScenarioSLO:
+		slo := func(f func(*SLOSummary) float64) []float64 {
+			out := make([]float64, len(s.Rows))
+			for i := range s.Rows {
+				if o := s.Rows[i].SLO; o != nil {
+					out[i] = f(o)
+				} else {
+					out[i] = math.NaN()
+				}
+			}
+			return out
+		}
+		c.panels = []panel{
+			{title: "SLO attainment (share of requests within the TTFT target)", format: fmtPct, series: []series{
+				{name: "attainment", values: slo(func(o *SLOSummary) float64 { return o.Attainment })}}},
+			{title: "Goodput and throughput (requests " + rate + ")", format: fmtNum, series: []series{
+				{name: "goodput", values: slo(func(o *SLOSummary) float64 { return o.GoodputPerS })},
+				{name: "req/s", values: col(func(m *Summary) float64 { return m.RequestsPerS })},
+			}},
+			{title: "Time to first token (" + msUnit + ")", format: fmtNum, series: []series{
+				{name: "p50", values: col(func(m *Summary) float64 { return m.TTFT.P50 })},
+				{name: "p90", values: col(func(m *Summary) float64 { return m.TTFT.P90 })},
+				{name: "p99", values: col(func(m *Summary) float64 { return m.TTFT.P99 })},
+			}},
+			{title: "Estimated / observed TTFT (1 is exact)", format: fmtX, series: []series{
+				{name: "p10", values: slo(func(o *SLOSummary) float64 { return o.RatioP10 })},
+				{name: "p50", values: slo(func(o *SLOSummary) float64 { return o.EstimateRatio.P50 })},
+				{name: "p90", values: slo(func(o *SLOSummary) float64 { return o.EstimateRatio.P90 })},
+			}},
+		}
 	default:
 		hit := panel{title: "Cache hit rate (cached / prompt tokens)", format: fmtPct, series: []series{{name: "hit rate", values: col(func(m *Summary) float64 { return m.HitRate })}}}
 		if s.Oracle != nil {

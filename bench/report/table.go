@@ -31,6 +31,8 @@ func WriteTable(w io.Writer, s *Scenario) error {
 		mailboxTable(tw, s)
 	case ScenarioReplicas:
 		replicasTable(tw, s)
+	case ScenarioSLO:
+		sloTable(tw, s)
 	default:
 		policyTable(tw, s)
 	}
@@ -205,4 +207,32 @@ func replicasTable(tw io.Writer, s *Scenario) {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", name, m.Requests, f.OtherErrors, f.CrashErrors,
 			pct(f.Agreement), after, pct(m.HitRate), vs, num(m.TTFT.P50), num(m.TTFT.P90), num(m.E2E.P90), strings.Join(cpu, " "))
 	}
+}
+
+func sloTable(tw io.Writer, s *Scenario) {
+	fmt.Fprintln(tw, "ORDER\tREQS\tERR\tREQ/S\tSLO MET\tGOODPUT/S\tTTFT p50\tp90\tp99\tEST p50\tEST/OBS p10\tp50\tp90\tWITHIN 30%\tBUCKETS\t")
+	for i := range s.Rows {
+		r := &s.Rows[i]
+		if r.Skipped != "" || r.SLO == nil {
+			fmt.Fprintf(tw, "%s\tskipped\t\t\t\t\t\t\t\t\t\t\t\t\t\t\n", r.Name)
+			continue
+		}
+		m, o := r.Summary, r.SLO
+		name := r.Name
+		if r.Truncated {
+			name += "*"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.2f\t%.2f\t%.2f\t%s\t%s\t\n", name, m.Requests, m.ErrorCount(),
+			num(m.RequestsPerS), pct(o.Attainment), num(o.GoodputPerS), num(m.TTFT.P50), num(m.TTFT.P90), num(m.TTFT.P99),
+			num(o.Estimated.P50), o.RatioP10, o.EstimateRatio.P50, o.EstimateRatio.P90, pct(o.Within30), bucketCounts(o.Buckets))
+	}
+}
+
+// bucketCounts lists requests by bucket, "a:12 b:30".
+func bucketCounts(m map[string]int) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, fmt.Sprintf("%s:%d", k, m[k]))
+	}
+	return strings.Join(parts, " ")
 }

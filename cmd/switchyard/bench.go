@@ -64,6 +64,10 @@ func newBenchFlagSet(stderr io.Writer) (*flag.FlagSet, *benchFlags) {
 	fs.IntVar(&o.MailboxRequests, "mailbox-requests", harness.DefaultMailboxRequests, "requests in each mailbox row's burst")
 	fs.IntVar(&o.Replicas, "replicas", harness.DefaultReplicas, "replicas scenario: router processes forming one cluster")
 	fs.StringVar(&f.routerBinary, "router-binary", "", "replicas scenario: the switchyard binary each router process runs (default: this one)")
+	fs.DurationVar(&o.SLOTTFT, "slo-ttft", harness.DefaultSLOTTFT, "slo scenario: the foreground requests' time-to-first-token target, simulated time")
+	fs.Float64Var(&o.SLORate, "slo-rate", harness.DefaultSLORate, "slo scenario: foreground open-loop arrivals, requests per simulated second")
+	fs.Float64Var(&o.SLOBackgroundRate, "slo-background-rate", harness.DefaultSLOBackgroundRate, "slo scenario: background arrivals per engine of the loaded bucket, requests per simulated second")
+	fs.IntVar(&o.SLOBackgroundPromptLen, "slo-background-prompt-len", harness.DefaultSLOBackgroundPromptLen, "slo scenario: background prompt length, tokens")
 
 	sp, mt, lc, zr := &o.Workload.SharedPrefix, &o.Workload.MultiTurn, &o.Workload.LongContext, &o.Workload.ZeroReuse
 	fs.IntVar(&sp.Groups, "groups", 32, "shared_prefix: number of shared system prompts")
@@ -79,7 +83,7 @@ func newBenchFlagSet(stderr io.Writer) (*flag.FlagSet, *benchFlags) {
 	fs.IntVar(&lc.Requests, "long-requests", 600, "long_context: requests")
 	fs.StringVar(&f.longClasses, "long-classes", classes(workload.DefaultLengthClasses()), "long_context: length classes NAME:MIN-MAX:WEIGHT, comma-separated")
 	fs.IntVar(&lc.OutputLen, "long-output-len", 32, "long_context: output length, tokens")
-	fs.IntVar(&zr.Requests, "zero-requests", 1000, "zero_reuse: requests")
+	fs.IntVar(&zr.Requests, "zero-requests", 1000, "zero_reuse (and the slo scenario's foreground): requests")
 	fs.IntVar(&zr.PromptLen, "zero-prompt-len", 1024, "zero_reuse: prompt length, tokens")
 	fs.IntVar(&zr.OutputLen, "zero-output-len", 32, "zero_reuse: output length, tokens")
 
@@ -114,6 +118,9 @@ the report for machines and an SVG chart per scenario. Scenarios:
             (each turn to a random one), then the same with one stopped (SIGTERM) and one
             killed (SIGKILL) mid-run: session agreement, hit rate vs 1 router, TTFT,
             router CPU per 1,000 requests per process
+  slo       two buckets over the same lengths, one also fed background load; requests
+            with a TTFT target under capacity and slo bucket order: SLO attainment,
+            goodput, TTFT percentiles and the router's TTFT estimate error
 
 flags:
 `)
