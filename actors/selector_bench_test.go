@@ -150,3 +150,55 @@ func BenchmarkSelect(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSelectOrder measures Selector.Select over two plain buckets of 8 engines each
+// (power_of_two, fresh native reports, learned rates): capacity order (the baseline) beside
+// the slo order for a request with a TTFT target, which estimates all 16 engines before the
+// round trip; and a PD bucket of 8+8 engines with and without a compatibility rule.
+func BenchmarkSelectOrder(b *testing.B) {
+	now := time.Now()
+	a, c := workers("A", 8, engine.StagePlain), workers("B", 8, engine.StagePlain)
+	for _, w := range append(append([]*engine.Worker{}, a...), c...) {
+		w.Counters.Rates().Prefill.Observe(1000, 0.05)
+		w.Counters.Rates().Decode.Observe(4, 0.01)
+	}
+	loads := benchLoads(now, a, c)
+	ids := func(ws []*engine.Worker) []string {
+		var out []string
+		for _, w := range ws {
+			out = append(out, w.ID)
+		}
+		return out
+	}
+	ba := plainBucket("a", 4096, benchPolicy(engine.PolicyPowerOfTwo, loads, 1), ids(a))
+	bb := plainBucket("b", 4096, benchPolicy(engine.PolicyPowerOfTwo, loads, 2), ids(c))
+	bb.Rank = 1
+	ps, ds := workers("P", 8, engine.StagePrefill), workers("D", 8, engine.StageDecode)
+	for i, w := range append(append([]*engine.Worker{}, ps...), ds...) {
+		w.Labels = map[string]string{"transfer_backend": []string{"nixl", "mooncake"}[i%2]}
+	}
+	pdLoads := benchLoads(now, ps, ds)
+	pdPlainRule := pdBucket("pd", 4096, benchPolicy(engine.PolicyPowerOfTwo, pdLoads, 3), benchPolicy(engine.PolicyPowerOfTwo, pdLoads, 4), ids(ps), ids(ds))
+	pdRule := pdBucket("pdc", 4096, benchPolicy(engine.PolicyPowerOfTwo, pdLoads, 5), benchPolicy(engine.PolicyPowerOfTwo, pdLoads, 6), ids(ps), ids(ds))
+	pdRule.Compat = engine.Compatibility{"transfer_backend"}
+	s := newTestSelector(b, workerSet(b, a, c, ps, ds), config.Actors{}, nil, ba, bb, pdPlainRule, pdRule)
+	req := &engine.BucketRequest{Model: testModel, InputTokens: 1000, ExpectedPeak: -1, Now: now,
+		SLO: engine.SLOTargets{TTFT: 200 * time.Millisecond}}
+	for _, tc := range []struct {
+		name string
+		res  *engine.BucketResolver
+	}{
+		{"plain/capacity", engine.NewBucketResolver(testModel, []*engine.Bucket{ba, bb})},
+		{"plain/slo", engine.NewBucketResolver(testModel, []*engine.Bucket{ba, bb}, engine.WithSLOOrder(loads))},
+		{"pd/no-rule", engine.NewBucketResolver(testModel, []*engine.Bucket{pdPlainRule})},
+		{"pd/compatibility", engine.NewBucketResolver(testModel, []*engine.Bucket{pdRule})},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				p, err := s.Select(tc.res, req)
+				checkPick(b, p, err)
+			}
+		})
+	}
+}

@@ -5,6 +5,7 @@ package load
 import (
 	"testing"
 	"time"
+	"unsafe"
 )
 
 // TestAllocationBudget locks in the request-path allocation budget.
@@ -51,5 +52,13 @@ func TestAllocationBudget(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(1000, func() { a.Ingest("w", nativeRep(0, now, 1, 2, 3, 4, 5)) }); n != 0 {
 		t.Errorf("Ingest: %v allocs, want 0", n)
+	}
+}
+
+// TestGuardSize keeps a Guard in the 48-byte allocation class: the pending-prefill slot
+// must not make every request's guard a larger allocation.
+func TestGuardSize(t *testing.T) {
+	if n := unsafe.Sizeof(Guard{}); n > 48 {
+		t.Fatalf("Guard is %d bytes, want at most 48", n)
 	}
 }

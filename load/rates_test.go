@@ -143,6 +143,15 @@ func TestGuardPendingPrefill(t *testing.T) {
 	}
 	var nilGuard *Guard
 	nilGuard.FirstToken()
+	// An absurd token count is clamped, and given back as clamped.
+	big := tr.AcquirePrefill(c, t0, 1<<40)
+	if _, tok := c.PendingPrefill(); tok != math.MaxInt32 {
+		t.Fatalf("pending tokens %d, want the clamp %d", tok, math.MaxInt32)
+	}
+	big.Release()
+	if r, tok := c.PendingPrefill(); r != 0 || tok != 0 {
+		t.Fatalf("after the clamped guard: %d, %d", r, tok)
+	}
 }
 
 // TestGuardFirstTokenRacesRelease: the prefill slot goes back exactly once whoever wins.

@@ -1,6 +1,7 @@
 package load
 
 import (
+	"math"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -30,16 +31,23 @@ type guardShard struct {
 // Guard holds one in-flight slot on a worker's Counters, from Acquire until Release. A
 // Guard from AcquirePrefill also holds a pending-prefill slot until FirstToken or Release.
 type Guard struct {
-	released atomic.Bool
-	// prefillOpen is set while the guard holds its pending-prefill slot of prefill tokens.
-	prefillOpen atomic.Bool
-	prefill     int64
-	c           *Counters
-	shard       *guardShard
-	at          int64 // unix nanoseconds of Acquire
+	// state holds guardReleased once the guard was released, and guardPrefill while it
+	// holds its pending-prefill slot of prefill tokens: one word, so that a Guard stays in
+	// the 48-byte allocation class.
+	state   atomic.Uint32
+	prefill int32
+	c       *Counters
+	shard   *guardShard
+	at      int64 // unix nanoseconds of Acquire
 	// prev and next link live guards within shard; guarded by shard.mu.
 	prev, next *Guard
 }
+
+// Guard state bits.
+const (
+	guardReleased uint32 = 1 << iota
+	guardPrefill
+)
 
 // NewTracker returns an empty Tracker.
 func NewTracker() *Tracker { return &Tracker{} }
@@ -65,7 +73,7 @@ func (t *Tracker) Acquire(c *Counters, now time.Time) *Guard {
 // AcquirePrefill is Acquire for a request the worker prefills (a plain or prefill engine)
 // with uncached prompt tokens: until the guard's FirstToken or Release, the request counts
 // in the worker's pending prefill (Counters.PendingPrefill). Negative tokens acquire a
-// plain guard, as Acquire does.
+// plain guard, as Acquire does; tokens beyond 2^31−1 count as that.
 func (t *Tracker) AcquirePrefill(c *Counters, now time.Time, uncached int64) *Guard {
 	if c == nil {
 		panic("BUG: load: Acquire with nil Counters")
@@ -77,10 +85,10 @@ func (t *Tracker) AcquirePrefill(c *Counters, now time.Time, uncached int64) *Gu
 	sh := &t.shards[rand.Uint32()&(guardShards-1)]
 	g := &Guard{c: c, shard: sh, at: ns}
 	if uncached >= 0 {
-		g.prefill = uncached
-		g.prefillOpen.Store(true)
+		g.prefill = int32(min(uncached, math.MaxInt32))
+		g.state.Store(guardPrefill)
 		c.pendingReqs.Add(1)
-		c.pendingTokens.Add(uncached)
+		c.pendingTokens.Add(int64(g.prefill))
 	}
 	sh.mu.Lock()
 	g.next = sh.head
@@ -97,10 +105,9 @@ func (t *Tracker) AcquirePrefill(c *Counters, now time.Time, uncached int64) *Gu
 // sequential or concurrent calls (and ReleaseStale), has an effect; Release on a nil Guard
 // does nothing.
 func (g *Guard) Release() {
-	if g == nil || !g.released.CompareAndSwap(false, true) {
+	if g == nil || !g.claim() {
 		return
 	}
-	g.FirstToken()
 	g.c.inflight.Add(-1)
 	sh := g.shard
 	sh.mu.Lock()
@@ -112,11 +119,41 @@ func (g *Guard) Release() {
 // arrived, so its prefill is no longer ahead of anyone. Only the first call (or Release)
 // has an effect; it does nothing on a guard from Acquire or on nil.
 func (g *Guard) FirstToken() {
-	if g == nil || !g.prefillOpen.CompareAndSwap(true, false) {
+	if g == nil {
 		return
 	}
+	for {
+		s := g.state.Load()
+		if s&guardPrefill == 0 {
+			return
+		}
+		if g.state.CompareAndSwap(s, s&^guardPrefill) {
+			g.givePrefill()
+			return
+		}
+	}
+}
+
+// claim marks the guard released and gives its pending-prefill slot back if it still held
+// one; it reports whether this call released the guard (false when it already was).
+func (g *Guard) claim() bool {
+	for {
+		s := g.state.Load()
+		if s&guardReleased != 0 {
+			return false
+		}
+		if g.state.CompareAndSwap(s, guardReleased) {
+			if s&guardPrefill != 0 {
+				g.givePrefill()
+			}
+			return true
+		}
+	}
+}
+
+func (g *Guard) givePrefill() {
 	g.c.pendingReqs.Add(-1)
-	g.c.pendingTokens.Add(-g.prefill)
+	g.c.pendingTokens.Add(-int64(g.prefill))
 }
 
 // unlink removes g from the live list; sh.mu must be held.
@@ -145,8 +182,7 @@ func (t *Tracker) ReleaseStale(now time.Time, maxAge time.Duration) int {
 		sh.mu.Lock()
 		for g := sh.head; g != nil; {
 			next := g.next
-			if g.at < cutoff && g.released.CompareAndSwap(false, true) {
-				g.FirstToken()
+			if g.at < cutoff && g.claim() {
 				g.c.inflight.Add(-1)
 				sh.unlink(g)
 				released++
