@@ -66,6 +66,12 @@ func (h *harness) slo(ctx context.Context) ([]*report.Scenario, error) {
 		}
 		sc.Rows = append(sc.Rows, row)
 	}
+	for i := range sc.Rows {
+		if sc.Rows[i].Truncated {
+			sc.Notes = append(sc.Notes, "* the duration bound ended the row before the whole workload was sent; both rows send the same open-loop arrivals for the same time")
+			break
+		}
+	}
 	sc.Notes = append(sc.Notes,
 		"SLO MET is the share of foreground requests whose first token came within the target (a failed request misses); GOODPUT/S counts them per second",
 		"EST is the router's TTFT estimate at dispatch (X-Switchyard-Estimated-Ttft-Ms); EST/OBS its ratio to the TTFT the client observed, per request; WITHIN 30% the share within ±30%",
