@@ -44,8 +44,10 @@ models:
           plain: {}
 `
 
-func TestBuildResolvers(t *testing.T) {
-	cfg, err := config.Decode([]byte(factoryYAML), config.FormatYAML)
+// configWorkers decodes and validates a YAML configuration and builds its workers.
+func configWorkers(t *testing.T, doc string) (*config.Config, []*Worker) {
+	t.Helper()
+	cfg, err := config.Decode([]byte(doc), config.FormatYAML)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,6 +58,11 @@ func TestBuildResolvers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return cfg, workers
+}
+
+func TestBuildResolvers(t *testing.T) {
+	cfg, workers := configWorkers(t, factoryYAML)
 	set := mustSet(t, workers)
 	reg := set.Load()
 	if w := reg.Worker("P1"); w.BootstrapPort != 8998 || w.Stage != StagePrefill {
@@ -193,7 +200,7 @@ models:
 // TestBuildResolversSLOAndCompatibility: bucket_order slo gives the resolver the slo rule,
 // groups.pd.compatibility becomes the bucket's rule, and worker labels are copied.
 func TestBuildResolversSLOAndCompatibility(t *testing.T) {
-	cfg, err := config.Decode([]byte(`
+	cfg, workers := configWorkers(t, `
 workers:
   - {id: P1, url: "http://127.0.0.1:1", model: llama, role: prefill, labels: {transfer_backend: nixl}}
   - {id: D1, url: "http://127.0.0.1:2", model: llama, role: decode, labels: {transfer_backend: nixl}}
@@ -208,17 +215,7 @@ models:
     buckets:
       - id: only
         groups: {plain: {}}
-`), config.FormatYAML)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	workers, err := WorkersFromConfig(cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	cfg.Workers[0].Labels["transfer_backend"] = "changed" // the worker keeps its own copy
 	set := mustSet(t, workers)
 	if got := set.Load().Worker("P1").Label("transfer_backend"); got != "nixl" {

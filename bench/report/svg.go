@@ -192,16 +192,25 @@ func buildChart(s *Scenario) chart {
 		}
 		c.labels = append(c.labels, label)
 	}
-	col := func(f func(*Summary) float64) []float64 {
+	// rowCol is one value per row, NaN where a row has none; col and slo read the summaries.
+	rowCol := func(f func(*Row) (float64, bool)) []float64 {
 		out := make([]float64, len(s.Rows))
 		for i := range s.Rows {
-			if m := s.Rows[i].Summary; m != nil {
-				out[i] = f(m)
+			if v, ok := f(&s.Rows[i]); ok {
+				out[i] = v
 			} else {
 				out[i] = math.NaN()
 			}
 		}
 		return out
+	}
+	col := func(f func(*Summary) float64) []float64 {
+		return rowCol(func(r *Row) (float64, bool) {
+			if r.Summary == nil {
+				return 0, false
+			}
+			return f(r.Summary), true
+		})
 	}
 	switch s.Name {
 	case ScenarioOverhead:
@@ -234,15 +243,12 @@ func buildChart(s *Scenario) chart {
 		}
 	case ScenarioSLO:
 		slo := func(f func(*SLOSummary) float64) []float64 {
-			out := make([]float64, len(s.Rows))
-			for i := range s.Rows {
-				if o := s.Rows[i].SLO; o != nil {
-					out[i] = f(o)
-				} else {
-					out[i] = math.NaN()
+			return rowCol(func(r *Row) (float64, bool) {
+				if r.SLO == nil {
+					return 0, false
 				}
-			}
-			return out
+				return f(r.SLO), true
+			})
 		}
 		c.panels = []panel{
 			{title: "SLO attainment (share of requests within the TTFT target)", format: fmtPct, series: []series{
