@@ -193,8 +193,9 @@ type Worker struct {
 	// Labels are the worker's labels, name to value, that a prefill/decode bucket's
 	// groups.pd.compatibility compares (for example zone: us-east-1a). A configured label
 	// wins over the same label introspected from /server_info (transfer_backend,
-	// page_size, kv_cache_dtype, tp_size). Names are letters, digits, '_', '-', '.' or '/'.
-	// Default: none (the introspected labels only).
+	// page_size, kv_cache_dtype, tp_size). At most 64; names are letters, digits, '_', '-',
+	// '.' or '/' (at most 63 bytes), values at most 256 bytes. Default: none (the introspected
+	// labels only).
 	Labels map[string]string `koanf:"labels" json:"labels"`
 }
 

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -89,6 +90,11 @@ func TestValidateSLOAndCompatibility(t *testing.T) {
 			"models.llama.buckets[0].groups.pd.compatibility: no prefill member can ever pair with a decode member: " +
 				"prefill P1 (transfer_backend=nixl); decode D1 (transfer_backend unset)",
 		}},
+		{name: "too many labels", mutate: func(c *Config) {
+			for i := range MaxLabels + 1 {
+				label(c, "Q1", "l"+strconv.Itoa(i), "v")
+			}
+		}, want: []string{"workers[2].labels: 65 labels, more than 64"}},
 		{name: "groups of admin-API workers are not judged", mutate: func(c *Config) {
 			pd(c, 0).Prefill.WorkerIDs = &[]string{}
 			pd(c, 0).Compatibility = []string{"zone"}

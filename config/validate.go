@@ -167,11 +167,12 @@ func (c *Config) validateWorkers(p *problems) map[string]int {
 		default:
 			p.add(path+".kv_hash_scheme", ErrInvalid, fmt.Sprintf("unknown scheme %q (auto, sglang or rekey)", w.KVHashScheme))
 		}
+		if len(w.Labels) > MaxLabels {
+			p.add(path+".labels", ErrInvalid, fmt.Sprintf("%d labels, more than %d", len(w.Labels), MaxLabels))
+		}
 		for _, k := range sortedKeys(w.Labels) {
-			if msg := checkLabelName(k); msg != "" {
+			if msg := CheckLabel(k, w.Labels[k]); msg != "" {
 				p.add(joinKey(path+".labels", k), ErrInvalid, msg)
-			} else if len(w.Labels[k]) > maxLabelValue {
-				p.add(joinKey(path+".labels", k), ErrInvalid, fmt.Sprintf("value is %d bytes long, more than %d", len(w.Labels[k]), maxLabelValue))
 			}
 		}
 		k := firsts[w.Model]
@@ -542,8 +543,23 @@ func (c *Config) validateUpstream(p *problems) {
 	validateTLS(p, "upstream.tls", &u.TLS)
 }
 
-// maxLabelValue bounds a worker label's value, in bytes.
-const maxLabelValue = 256
+// Bounds of a worker's labels: how many, and a value's length in bytes.
+const (
+	MaxLabels     = 64
+	maxLabelValue = 256
+)
+
+// CheckLabel returns why name=value is not a worker label, or "": the one check of
+// workers[].labels and of the labels of a worker the admin API adds.
+func CheckLabel(name, value string) string {
+	if msg := checkLabelName(name); msg != "" {
+		return msg
+	}
+	if len(value) > maxLabelValue {
+		return fmt.Sprintf("value is %d bytes long, more than %d", len(value), maxLabelValue)
+	}
+	return ""
+}
 
 // checkLabelName returns why s is not a label name, or "".
 func checkLabelName(s string) string {

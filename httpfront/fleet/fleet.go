@@ -226,7 +226,7 @@ func (f *Fleet) add(ctx context.Context, spec Spec, introspect bool, job string)
 	if spec.MetricsPath != "" && spec.MetricsPath[0] != '/' {
 		return nil, fmt.Errorf("cannot add worker %q: %w: metrics_path %q is not an absolute path", spec.ID, ErrInvalidWorker, spec.MetricsPath)
 	}
-	if err := checkKVFacts(spec); err != nil {
+	if err := errors.Join(checkKVFacts(spec), checkLabels(spec)); err != nil {
 		return nil, fmt.Errorf("cannot add worker %q: %w: %w", spec.ID, ErrInvalidWorker, err)
 	}
 	if f.Member(spec.ID) != nil {
@@ -710,6 +710,20 @@ func checkKVFacts(spec Spec) error {
 	case "", config.KVHashAuto, config.KVHashSGLang, config.KVHashRekey:
 	default:
 		return fmt.Errorf("unknown kv_hash_scheme %q (auto, sglang or rekey)", spec.KVHashScheme)
+	}
+	return nil
+}
+
+// checkLabels checks the labels a worker declares, as config.Validate does for the
+// configuration's workers.
+func checkLabels(spec Spec) error {
+	if len(spec.Labels) > config.MaxLabels {
+		return fmt.Errorf("%d labels, more than %d", len(spec.Labels), config.MaxLabels)
+	}
+	for _, k := range slices.Sorted(maps.Keys(spec.Labels)) {
+		if msg := config.CheckLabel(k, spec.Labels[k]); msg != "" {
+			return fmt.Errorf("labels.%s: %s", k, msg)
+		}
 	}
 	return nil
 }

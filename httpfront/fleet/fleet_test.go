@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -533,6 +534,12 @@ func TestLabelsFromIntrospectionAndConfiguration(t *testing.T) {
 		t.Fatalf("before introspection %v", got)
 	}
 	f2.CheckOnce(context.Background(), m2)
+	// Labels the admin API sends are checked as configured ones are.
+	for _, bad := range []map[string]string{{"a b": "x"}, {"": "x"}, {"zone": strings.Repeat("v", 300)}} {
+		if _, err := f2.Add(context.Background(), Spec{URL: e.url, ID: "X", Model: "llama", Labels: bad}, false); !errors.Is(err, ErrInvalidWorker) {
+			t.Errorf("labels %v: %v", bad, err)
+		}
+	}
 	want2 := map[string]string{"zone": "b", "transfer_backend": "nixl", "tp_size": "2", "page_size": "32"}
 	if got := ws2.Load().Worker("D").Labels; !maps.Equal(got, want2) {
 		t.Fatalf("after introspection %v, want %v", got, want2)
