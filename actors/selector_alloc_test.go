@@ -33,7 +33,7 @@ func TestSelectorAllocations(t *testing.T) {
 	pdc := pdBucket("pdc", 8192, engine.NewRoundRobin(nil, nil), engine.NewRoundRobin(nil, nil), nil, nil)
 	pdc.Compat = engine.Compatibility{"transfer_backend"}
 	for _, w := range append(append([]*engine.Worker{}, ps...), ds...) {
-		w.Labels = map[string]string{"transfer_backend": "nixl"}
+		w.SetLabels(map[string]string{"transfer_backend": "nixl"})
 	}
 	s2 := newTestSelector(t, workerSet(t, ws, ps, ds), config.Actors{}, nil, plain2, pdc)
 	sloRes := engine.NewBucketResolver(testModel, []*engine.Bucket{plain2, pdc}, engine.WithSLOOrder(nil))

@@ -175,7 +175,7 @@ func BenchmarkSelectOrder(b *testing.B) {
 	bb.Rank = 1
 	ps, ds := workers("P", 8, engine.StagePrefill), workers("D", 8, engine.StageDecode)
 	for i, w := range append(append([]*engine.Worker{}, ps...), ds...) {
-		w.Labels = map[string]string{"transfer_backend": []string{"nixl", "mooncake"}[i%2]}
+		w.SetLabels(map[string]string{"transfer_backend": []string{"nixl", "mooncake"}[i%2]})
 	}
 	pdLoads := benchLoads(now, ps, ds)
 	pdPlainRule := pdBucket("pd", 4096, benchPolicy(engine.PolicyPowerOfTwo, pdLoads, 3), benchPolicy(engine.PolicyPowerOfTwo, pdLoads, 4), ids(ps), ids(ds))

@@ -16,7 +16,7 @@ import (
 func TestSelectPDCompatibility(t *testing.T) {
 	sp, sd := workers("SP", 2, engine.StagePrefill), workers("SD", 3, engine.StageDecode)
 	lp, ld := workers("LP", 1, engine.StagePrefill), workers("LD", 1, engine.StageDecode)
-	label := func(w *engine.Worker, backend string) { w.Labels = map[string]string{"transfer_backend": backend} }
+	label := func(w *engine.Worker, backend string) { w.SetLabels(map[string]string{"transfer_backend": backend}) }
 	label(sp[0], "nixl")
 	label(sp[1], "mooncake")
 	label(sd[0], "mooncake")

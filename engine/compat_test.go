@@ -13,7 +13,7 @@ func labelled(t *testing.T, s Stage, prefix string, backends ...string) []*Worke
 	ws := testWorkers(t, "llama", s, prefix, len(backends))
 	for i, b := range backends {
 		if b != "" {
-			ws[i].Labels = map[string]string{"transfer_backend": b, "zone": "a"}
+			ws[i].SetLabels(map[string]string{"transfer_backend": b, "zone": "a"})
 		}
 	}
 	return ws
@@ -72,8 +72,8 @@ func TestPDPairsAreCompatible(t *testing.T) {
 			t.Fatalf("pick %d: %v", i, err)
 		}
 		if p.Prefill.Worker.Label("transfer_backend") != p.Decode.Worker.Label("transfer_backend") {
-			t.Fatalf("pick %d: incompatible pair %s (%s) + %s (%s)", i, p.Prefill.Worker, p.Prefill.Worker.Labels,
-				p.Decode.Worker, p.Decode.Worker.Labels)
+			t.Fatalf("pick %d: incompatible pair %s (%s) + %s (%s)", i, p.Prefill.Worker, p.Prefill.Worker.Labels(),
+				p.Decode.Worker, p.Decode.Worker.Labels())
 		}
 		seen[p.Decode.Worker.Label("transfer_backend")]++
 	}

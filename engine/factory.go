@@ -47,7 +47,7 @@ func WorkersFromConfig(cfg *config.Config, counters func(id string) *load.Counte
 		}
 		w := NewWorker(wc.ID, wc.URL, wc.Model, stage, c)
 		if len(wc.Labels) > 0 {
-			w.Labels = maps.Clone(wc.Labels)
+			w.SetLabels(maps.Clone(wc.Labels))
 		}
 		if wc.BootstrapPort != nil {
 			w.BootstrapPort = *wc.BootstrapPort

@@ -12,7 +12,7 @@ import (
 
 // Worker is one engine. Its identity fields never change after construction; health is an
 // atomic flag flipped through WorkerSet.SetHealthy, which also republishes the registry so
-// that groups see the change. A *Worker is stable for the worker's lifetime: a removed and
+// that groups see the change; labels are an atomic snapshot (SetLabels) read at every pick. A *Worker is stable for the worker's lifetime: a removed and
 // re-added worker is a new *Worker even with the same ID.
 type Worker struct {
 	// ID is the stable worker ID.
@@ -33,9 +33,10 @@ type Worker struct {
 	// publishing the worker), so that dispatch reaches the engine's client and breaker from
 	// a pick without a lookup. Nil for workers built elsewhere; engine never reads it.
 	Handle any
-	// Labels are the worker's labels (configured, else introspected) that PD compatibility
-	// compares; nil when none. Never modified once the worker is published.
-	Labels map[string]string
+	// labels are the worker's labels (configured over introspected) that PD compatibility
+	// compares; nil when none. Like health, they may change while the worker is published
+	// (SetLabels: re-introspection learned new ones) without making it a new worker.
+	labels atomic.Pointer[map[string]string]
 
 	healthy atomic.Bool
 }
@@ -51,7 +52,31 @@ func NewWorker(id, url, model string, stage Stage, counters *load.Counters) *Wor
 }
 
 // Label returns the worker's label name, or "" when it has none.
-func (w *Worker) Label(name string) string { return w.Labels[name] }
+func (w *Worker) Label(name string) string {
+	if m := w.labels.Load(); m != nil {
+		return (*m)[name]
+	}
+	return ""
+}
+
+// Labels returns the worker's labels, nil when none. The map is shared: do not modify it.
+func (w *Worker) Labels() map[string]string {
+	if m := w.labels.Load(); m != nil {
+		return *m
+	}
+	return nil
+}
+
+// SetLabels replaces the worker's labels with m (nil or empty: none). m must not be
+// modified afterwards. A published worker's labels change at once for every pick that
+// reads them after the call; its identity (and so a retry's exclusion of it) stays.
+func (w *Worker) SetLabels(m map[string]string) {
+	if len(m) == 0 {
+		w.labels.Store(nil)
+		return
+	}
+	w.labels.Store(&m)
+}
 
 // Healthy reports the worker's current health.
 func (w *Worker) Healthy() bool { return w.healthy.Load() }

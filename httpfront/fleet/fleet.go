@@ -522,7 +522,8 @@ func (f *Fleet) observeHealth(ctx context.Context, m *Member, ok bool, err error
 }
 
 // reintrospect introspects m and applies what it learns: the registry entry when a fact
-// dispatch needs changed (model, role, bootstrap port, DP size, labels), the telemetry when the
+// dispatch needs changed (model, role, bootstrap port, DP size; new labels alone are set on
+// the published worker, which stays the same *engine.Worker), the telemetry when the
 // DP size or the load gauges changed, the KV subscriptions when the publishers changed.
 func (f *Fleet) reintrospect(ctx context.Context, m *Member) {
 	if !m.spec.introspects() {
@@ -555,8 +556,14 @@ func (f *Fleet) reintrospect(ctx context.Context, m *Member) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if w.BootstrapPort != old.BootstrapPort || w.DPSize != old.DPSize || w.Model != old.Model || w.Stage != old.Stage ||
-		!maps.Equal(w.Labels, old.Labels) {
+	switch {
+	case w.BootstrapPort == old.BootstrapPort && w.DPSize == old.DPSize && w.Model == old.Model && w.Stage == old.Stage:
+		// The same worker: new labels, if any, apply in place, so a request that excluded it
+		// after a failure still does, and no snapshot goes out without it.
+		if !maps.Equal(w.Labels(), old.Labels()) {
+			old.SetLabels(w.Labels())
+		}
+	default:
 		f.set.Remove(m.id)
 		if err := f.set.Add(w); err != nil {
 			f.logger.Error("cannot republish introspected worker", slog.String("worker", m.id), slog.Any("error", err))
@@ -594,7 +601,7 @@ func (f *Fleet) buildWorker(m *Member, info *Info) (*engine.Worker, error) {
 	}
 	w := engine.NewWorker(spec.ID, spec.URL, model, stage, f.opts.Tracker.Counters(spec.ID))
 	w.Handle = m
-	w.Labels = mergeLabels(info, spec.Labels)
+	w.SetLabels(mergeLabels(info, spec.Labels))
 	switch {
 	case spec.BootstrapPort != nil:
 		w.BootstrapPort = *spec.BootstrapPort

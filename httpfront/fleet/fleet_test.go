@@ -515,7 +515,7 @@ func TestLabelsFromIntrospectionAndConfiguration(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string]string{"transfer_backend": "mooncake", "zone": "a", "tp_size": "2", "page_size": "32"}
-	if got := ws.Load().Worker("D").Labels; !maps.Equal(got, want) {
+	if got := ws.Load().Worker("D").Labels(); !maps.Equal(got, want) {
 		t.Fatalf("labels %v, want %v", got, want)
 	}
 	if v := m.View(); !maps.Equal(v.Labels, want) || v.Learned.PrefillSamples != 0 || v.PendingPrefill.Requests != 0 {
@@ -523,17 +523,23 @@ func TestLabelsFromIntrospectionAndConfiguration(t *testing.T) {
 	}
 
 	// Added without introspection: the configured labels at first, the introspected ones
-	// once a health round has introspected it (the worker is republished).
+	// once a health round has introspected it. Only the labels changed, so the worker is
+	// the same *Worker: a request that excluded it after a failure still excludes it, and no
+	// snapshot is published without it.
 	f2, ws2 := testFleet(t, nil, nil, nil)
 	m2, err := f2.Add(context.Background(), Spec{URL: e.url, ID: "D", Model: "llama", Role: "decode",
 		Labels: map[string]string{"zone": "b"}}, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := ws2.Load().Worker("D").Labels; !maps.Equal(got, map[string]string{"zone": "b"}) {
+	before, reg := ws2.Load().Worker("D"), ws2.Load()
+	if got := before.Labels(); !maps.Equal(got, map[string]string{"zone": "b"}) {
 		t.Fatalf("before introspection %v", got)
 	}
 	f2.CheckOnce(context.Background(), m2)
+	if w := ws2.Load().Worker("D"); w != before || ws2.Load() != reg {
+		t.Fatal("a change of labels alone republished the worker")
+	}
 	// Labels the admin API sends are checked as configured ones are.
 	for _, bad := range []map[string]string{{"a b": "x"}, {"": "x"}, {"zone": strings.Repeat("v", 300)}} {
 		if _, err := f2.Add(context.Background(), Spec{URL: e.url, ID: "X", Model: "llama", Labels: bad}, false); !errors.Is(err, ErrInvalidWorker) {
@@ -541,7 +547,7 @@ func TestLabelsFromIntrospectionAndConfiguration(t *testing.T) {
 		}
 	}
 	want2 := map[string]string{"zone": "b", "transfer_backend": "nixl", "tp_size": "2", "page_size": "32"}
-	if got := ws2.Load().Worker("D").Labels; !maps.Equal(got, want2) {
+	if got := ws2.Load().Worker("D").Labels(); !maps.Equal(got, want2) {
 		t.Fatalf("after introspection %v, want %v", got, want2)
 	}
 }

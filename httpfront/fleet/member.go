@@ -222,7 +222,7 @@ func (m *Member) View() View {
 		DPSize:       w.DPSize,
 		Introspected: m.info.Load() != nil,
 		Flavor:       cmp.Or(m.spec.Flavor, config.FlavorAuto),
-		Labels:       w.Labels,
+		Labels:       w.Labels(),
 	}
 	v.PendingPrefill.Requests, v.PendingPrefill.Tokens = w.Counters.PendingPrefill()
 	r := w.Counters.Rates()
