@@ -178,9 +178,9 @@ func (s *Server) listWorkers(ctx *fasthttp.RequestCtx) {
 	writeJSON(ctx, fasthttp.StatusOK, map[string]any{"workers": views, "total": len(views), "stats": stats})
 }
 
-// addRequest is a POST /workers body: Switchyard's worker fields, sgl-router's names of
-// them (model_id, worker_type), and sgl-router's fields without an equivalent, refused
-// when set.
+// addRequest is a POST /workers body: Switchyard's worker fields (labels included: the PD
+// compatibility labels, sgl-router's labels object), sgl-router's names of them (model_id,
+// worker_type), and sgl-router's fields without an equivalent, refused when set.
 type addRequest struct {
 	WorkerSpec
 	ModelID    string `json:"model_id"`
@@ -189,7 +189,6 @@ type addRequest struct {
 	APIKey          *string         `json:"api_key"`
 	Priority        json.RawMessage `json:"priority"`
 	Cost            json.RawMessage `json:"cost"`
-	Labels          json.RawMessage `json:"labels"`
 	TokenizerPath   json.RawMessage `json:"tokenizer_path"`
 	ReasoningParser json.RawMessage `json:"reasoning_parser"`
 	ToolParser      json.RawMessage `json:"tool_parser"`
@@ -221,7 +220,7 @@ func (r *addRequest) spec(upstreamKey string) (WorkerSpec, error) {
 	for _, f := range []struct {
 		name string
 		v    json.RawMessage
-	}{{"priority", r.Priority}, {"cost", r.Cost}, {"labels", r.Labels}, {"tokenizer_path", r.TokenizerPath},
+	}{{"priority", r.Priority}, {"cost", r.Cost}, {"tokenizer_path", r.TokenizerPath},
 		{"reasoning_parser", r.ReasoningParser}, {"tool_parser", r.ToolParser}, {"chat_template", r.ChatTemplate}} {
 		if v := strings.TrimSpace(string(f.v)); v != "" && v != "null" && v != "{}" {
 			return spec, fmt.Errorf("%s: no equivalent in Switchyard", f.name)

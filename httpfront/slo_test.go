@@ -2,6 +2,7 @@ package httpfront
 
 import (
 	"encoding/json"
+	"maps"
 	"strconv"
 	"strings"
 	"testing"
@@ -218,5 +219,33 @@ func TestPDCompatibilityFromIntrospection(t *testing.T) {
 		if r.status != 503 || r.errorCode() != CodeNoAvailableEngine || !contains(r.body, `"worker":"P1","limit":"pd_incompatible"`) {
 			t.Fatalf("status %d body %s", r.status, r.body)
 		}
+	}
+}
+
+// TestAdminWorkerLabels: POST /workers takes a worker's PD compatibility labels (the
+// "labels" object, sgl-router's name too), checked as configured ones are, and GET
+// /workers/{id} shows them over the introspected ones.
+func TestAdminWorkerLabels(t *testing.T) {
+	a := newFakeEngine(t, "A", "llama")
+	cfg := baseConfig()
+	cfg.Workers = []config.Worker{plainWorker("A", a.url, "llama")}
+	cfg.Models = map[string]config.Model{"llama": {Buckets: []config.Bucket{{ID: "b", Groups: config.Groups{Plain: &config.Group{}}}}}}
+	ts := startServer(t, cfg, Options{NoTelemetry: true})
+
+	c := newFakeEngine(t, "C", "llama")
+	r := post(t, ts.url+"/workers", `{"url":"`+c.url+`","id":"C","model":"llama","labels":{"zone":"a","transfer_backend":"nixl"}}`)
+	if r.status != 201 {
+		t.Fatalf("add with labels: %d %s", r.status, r.body)
+	}
+	var v workerView
+	if r := get(t, ts.url+"/workers/C"); r.status != 200 || json.Unmarshal(r.body, &v) != nil {
+		t.Fatalf("GET: %d %s", r.status, r.body)
+	}
+	if want := map[string]string{"zone": "a", "transfer_backend": "nixl", "page_size": "16"}; !maps.Equal(v.Labels, want) {
+		t.Fatalf("labels %v, want %v", v.Labels, want)
+	}
+	if r := post(t, ts.url+"/workers", `{"url":"`+c.url+`","id":"C2","model":"llama","labels":{"a b":"x"}}`); r.status != 400 ||
+		!contains(r.body, "labels.a b") {
+		t.Fatalf("bad label: %d %s", r.status, r.body)
 	}
 }
