@@ -53,6 +53,42 @@ type Retry struct {
 	Bucket string
 	// Excluded are the engines that failed for this request.
 	Excluded Exclusions
+	// asked are the buckets the request's attempts asked without getting a selection; a
+	// retry does not ask them again. The bucket order may change between attempts
+	// (bucket_order slo), so the retry rule keeps the set, not a position.
+	asked askedBuckets
+}
+
+// maxAsked bounds the buckets one request remembers as asked; past it, a retry falls back to
+// the buckets after the failed one in the current order.
+const maxAsked = 16
+
+// askedBuckets is a fixed set of bucket IDs, carried without allocating.
+type askedBuckets struct {
+	n    int
+	full bool
+	ids  [maxAsked]string
+}
+
+func (a *askedBuckets) add(id string) {
+	if a.has(id) {
+		return
+	}
+	if a.n == len(a.ids) {
+		a.full = true
+		return
+	}
+	a.ids[a.n] = id
+	a.n++
+}
+
+func (a *askedBuckets) has(id string) bool {
+	for _, x := range a.ids[:a.n] {
+		if x == id {
+			return true
+		}
+	}
+	return false
 }
 
 // RetryAfter records that the dispatch of pick failed on its engine of stage failed, so that
@@ -81,18 +117,29 @@ func (r *BucketRequest) RetryAfter(pick *BucketPick, failed Stage) bool {
 	return true
 }
 
-// resume returns the part of buckets the bucket loop runs for req: all of them on a first
-// attempt; from the bucket of the failed attempt on for a retry. A retry whose bucket is not
-// among buckets (the caller resolved another request's buckets) is an invalid signal.
-func resume(buckets []*Bucket, req *BucketRequest) ([]*Bucket, *PickError) {
+// resume returns where the bucket loop starts for req: -1 on a first attempt (every bucket in
+// order); for a retry, the index in buckets of the failed attempt's bucket, which is asked
+// first, then the others its attempts have not asked (Retry.skips). A retry whose bucket is
+// not among buckets (the caller resolved another request's buckets) is an invalid signal.
+func resume(buckets []*Bucket, req *BucketRequest) (int, *PickError) {
 	if req == nil || req.Retry.Bucket == "" {
-		return buckets, nil
+		return -1, nil
 	}
 	for i, b := range buckets {
 		if b.ID == req.Retry.Bucket {
-			return buckets[i:], nil
+			return i, nil
 		}
 	}
-	return nil, &PickError{Outcome: OutcomeInvalidSignal, BucketID: req.Retry.Bucket,
+	return -1, &PickError{Outcome: OutcomeInvalidSignal, BucketID: req.Retry.Bucket,
 		Detail: "a retry resumes at a bucket that is not compatible with the request"}
+}
+
+// skips reports whether a retry resuming at buckets[at] leaves out buckets[i] (id): a bucket
+// its attempts asked already; when they asked more than it can remember, every bucket before
+// the failed one in this order.
+func (r *Retry) skips(i, at int, id string) bool {
+	if r.asked.full {
+		return i < at
+	}
+	return r.asked.has(id)
 }

@@ -245,6 +245,13 @@ func TestSelectEnginesResumesAtFailedBucket(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			req := breq("llama", 10, -1)
 			req.Retry.Bucket = tt.resume
+			// The first attempt, in this order, asked the buckets before the one it picked.
+			for _, b := range buckets {
+				if b.ID == tt.resume {
+					break
+				}
+				req.Retry.asked.add(b.ID)
+			}
 			var tried []string
 			p, err := SelectEngines(buckets, req, func(b *Bucket) (BucketPick, error) {
 				tried = append(tried, b.ID)
@@ -354,4 +361,74 @@ func workerIDs(ws []*Worker) []string {
 		out[i] = w.ID
 	}
 	return out
+}
+
+// TestRetryKeepsTheFirstAttemptsBuckets: a retry asks the failed bucket first, then every
+// compatible bucket its earlier attempts did not ask, in the order of this selection, and
+// never one they asked: with an order that changes between attempts (bucket_order slo), no
+// bucket is skipped and none is asked twice.
+func TestRetryKeepsTheFirstAttemptsBuckets(t *testing.T) {
+	b1, b2, b3 := bucket("b1", 0, 0, 100, 100), bucket("b2", 0, 0, 200, 200), bucket("b3", 0, 0, 300, 300)
+	req := breq("llama", 10, -1)
+	attempt := func(fail map[string]bool, tried *[]string) Attempt {
+		return func(b *Bucket) (BucketPick, error) {
+			*tried = append(*tried, b.ID)
+			if fail[b.ID] {
+				return BucketPick{}, &PickError{Outcome: OutcomeNoCandidates, BucketID: b.ID}
+			}
+			w := &Worker{ID: "w-" + b.ID}
+			return BucketPick{BucketID: b.ID, Plain: Pick{Worker: w}}, nil
+		}
+	}
+	// First attempt, order b3, b1, b2: b3 has no candidate, b1 is picked.
+	var tried []string
+	p, err := SelectEngines([]*Bucket{b3, b1, b2}, req, attempt(map[string]bool{"b3": true}, &tried))
+	if err != nil || p.BucketID != "b1" {
+		t.Fatalf("first attempt: %q %v (tried %v)", p.BucketID, err, tried)
+	}
+	// Its dispatch fails; b1 has nothing else. The retry's order is now b1, b2, b3.
+	if !req.RetryAfter(&p, StagePlain) {
+		t.Fatal("RetryAfter refused")
+	}
+	tried = nil
+	p, err = SelectEngines([]*Bucket{b1, b2, b3}, req, attempt(map[string]bool{"b1": true}, &tried))
+	if err != nil || p.BucketID != "b2" || !slices.Equal(tried, []string{"b1", "b2"}) {
+		t.Fatalf("retry: %q %v, tried %v, want b2 after [b1 b2]", p.BucketID, err, tried)
+	}
+	// The retry in order b2, b3, b1 after b2 failed too: b3 was asked by the first attempt,
+	// b1 by the second; only b2 again.
+	if !req.RetryAfter(&p, StagePlain) {
+		t.Fatal("RetryAfter refused")
+	}
+	tried = nil
+	_, err = SelectEngines([]*Bucket{b2, b3, b1}, req, attempt(map[string]bool{"b2": true}, &tried))
+	if !errors.Is(err, ErrNoCandidates) || !slices.Equal(tried, []string{"b2"}) {
+		t.Fatalf("third attempt: %v, tried %v, want only b2", err, tried)
+	}
+}
+
+// TestRetryAsksBucketsOrderedBeforeTheFailedOne: when the retry's order puts buckets the first
+// attempt never asked before the failed bucket, they are still asked after it.
+func TestRetryAsksBucketsOrderedBeforeTheFailedOne(t *testing.T) {
+	b1, b2, b3 := bucket("b1", 0, 0, 100, 100), bucket("b2", 0, 0, 200, 200), bucket("b3", 0, 0, 300, 300)
+	req := breq("llama", 10, -1)
+	var tried []string
+	pickIn := func(fail string) Attempt {
+		return func(b *Bucket) (BucketPick, error) {
+			tried = append(tried, b.ID)
+			if b.ID == fail {
+				return BucketPick{}, &PickError{Outcome: OutcomeNoCandidates, BucketID: b.ID}
+			}
+			return BucketPick{BucketID: b.ID, Plain: Pick{Worker: &Worker{ID: "w-" + b.ID}}}, nil
+		}
+	}
+	p, err := SelectEngines([]*Bucket{b1, b2, b3}, req, pickIn(""))
+	if err != nil || p.BucketID != "b1" || !req.RetryAfter(&p, StagePlain) {
+		t.Fatalf("first attempt: %q %v", p.BucketID, err)
+	}
+	tried = nil
+	p, err = SelectEngines([]*Bucket{b3, b2, b1}, req, pickIn("b1"))
+	if err != nil || p.BucketID != "b3" || !slices.Equal(tried, []string{"b1", "b3"}) {
+		t.Fatalf("retry: %q %v, tried %v, want b3 after [b1 b3]", p.BucketID, err, tried)
+	}
 }

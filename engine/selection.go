@@ -13,15 +13,15 @@ type Attempt func(b *Bucket) (BucketPick, error)
 // An empty bucket list is NoMatchingBucket.
 //
 // A retried request (req.Retry set by RetryAfter) resumes at the bucket its failed attempt
-// was picked from, so the same bucket is asked first and then only the later compatible
-// ones; its groups leave out the engines that failed (EngineGroup.Pick). Every attempt is
+// was picked from, so the same bucket is asked first and then only the compatible ones its
+// attempts have not asked (the order may differ between attempts); its groups leave out the engines that failed (EngineGroup.Pick). Every attempt is
 // still one complete selection from one bucket, so a prefill/decode pair never mixes
 // buckets. req may be nil (a first attempt).
 func SelectEngines(buckets []*Bucket, req *BucketRequest, attempt Attempt) (BucketPick, error) {
 	if len(buckets) == 0 {
 		return BucketPick{}, &PickError{Outcome: OutcomeNoMatchingBucket, Detail: "no bucket supports the requested length"}
 	}
-	buckets, perr := resume(buckets, req)
+	at, perr := resume(buckets, req)
 	if perr != nil {
 		return BucketPick{}, perr
 	}
@@ -29,7 +29,19 @@ func SelectEngines(buckets []*Bucket, req *BucketRequest, attempt Attempt) (Buck
 		rejections []Rejection
 		last       *PickError
 	)
-	for _, b := range buckets {
+	// The loop's order: a retry's failed bucket first (at), then the others in order.
+	for i := -1; i < len(buckets); i++ {
+		var b *Bucket
+		switch {
+		case i < 0 && at < 0:
+			continue
+		case i < 0:
+			b = buckets[at]
+		case at >= 0 && (i == at || req.Retry.skips(i, at, buckets[i].ID)):
+			continue
+		default:
+			b = buckets[i]
+		}
 		pick, err := attempt(b)
 		if err == nil {
 			return pick, nil
@@ -40,6 +52,9 @@ func SelectEngines(buckets []*Bucket, req *BucketRequest, attempt Attempt) (Buck
 		}
 		if !pe.Advances() {
 			return BucketPick{}, pe
+		}
+		if req != nil {
+			req.Retry.asked.add(b.ID)
 		}
 		rejections = append(rejections, pe.Rejections...)
 		last = pe
