@@ -481,6 +481,13 @@ type CacheAware struct {
 	QueryTimeout time.Duration `koanf:"query_timeout" json:"query_timeout"`
 	// MaxInflightQueries bounds concurrent remote lookups. Default 32.
 	MaxInflightQueries int `koanf:"max_inflight_queries" json:"max_inflight_queries" unit:"queries"`
+	// Decision is the decision rule: "latency" sends a request where its expected time to
+	// first token is lowest (queued prefill work plus the uncached part of its prompt, at
+	// the engine's learned rate), or "threshold" prefers a holder of at least
+	// min_matched_tokens under the queue, margin and pressure rules below (the settings
+	// from min_matched_tokens on apply to threshold only, but for the candidate bounds,
+	// which bound the admission checks of both). Default latency.
+	Decision string `koanf:"decision" json:"decision"`
 	// MinMatchedTokens is the minimum prefix hit, in tokens, to prefer a holder. Default 1024.
 	MinMatchedTokens int `koanf:"min_matched_tokens" json:"min_matched_tokens" unit:"tokens"`
 	// MinMatchRatio is the optional minimum matched/input ratio, in [0, 1]; 0 disables.

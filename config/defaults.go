@@ -58,6 +58,7 @@ func Default() *Config {
 		},
 		CacheAware: CacheAware{
 			Source:             CacheSourceLocal,
+			Decision:           CacheDecisionLatency,
 			QueryTimeout:       100 * time.Millisecond,
 			MaxInflightQueries: 32,
 			MinMatchedTokens:   1024,
@@ -146,6 +147,9 @@ const (
 
 	BucketOrderCapacity = "capacity"
 	BucketOrderSLO      = "slo"
+
+	CacheDecisionLatency   = "latency"
+	CacheDecisionThreshold = "threshold"
 
 	LogLevelDebug = "debug"
 	LogLevelInfo  = "info"

@@ -478,6 +478,11 @@ func (c *Config) validateCacheAware(p *problems) {
 	default:
 		p.add("cache_aware.source", ErrInvalid, fmt.Sprintf("unknown source %q (local, remote or approximate)", ca.Source))
 	}
+	switch ca.Decision {
+	case CacheDecisionLatency, CacheDecisionThreshold:
+	default:
+		p.add("cache_aware.decision", ErrInvalid, fmt.Sprintf("unknown decision %q (latency or threshold)", ca.Decision))
+	}
 	positive(p, "cache_aware.query_timeout", ca.QueryTimeout)
 	atLeast(p, "cache_aware.max_inflight_queries", int64(ca.MaxInflightQueries), 1)
 	atLeast(p, "cache_aware.min_matched_tokens", int64(ca.MinMatchedTokens), 0)

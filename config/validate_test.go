@@ -366,7 +366,7 @@ func TestValidate(t *testing.T) {
 			"affinity.max_bindings: must be at least 1, got 0",
 		}},
 		{name: "cache_aware numbers", mutate: func(c *Config) {
-			c.CacheAware = CacheAware{Source: CacheSourceLocal, MinMatchedTokens: -1, MinMatchRatio: 1.5,
+			c.CacheAware = CacheAware{Source: CacheSourceLocal, Decision: CacheDecisionLatency, MinMatchedTokens: -1, MinMatchRatio: 1.5,
 				MinCandidates: 0, CandidateRatio: 0, MaxCandidates: -1, WorkerQueueLimit: -1,
 				SaturationFloor: -0.1, SwitchMargin: -1, PressureGuard: -1, MinLoadChoices: 1,
 				Approximate: Default().CacheAware.Approximate}
@@ -414,6 +414,8 @@ func TestValidate(t *testing.T) {
 			"cache_aware.approximate.eviction_interval: must be a positive duration, got 0s",
 			"cache_aware.approximate.max_tree_size: must be at least 1024, got 10",
 		}},
+		{name: "cache_aware unknown decision", mutate: func(c *Config) { c.CacheAware.Decision = "fastest" },
+			want: []string{`cache_aware.decision: unknown decision "fastest" (latency or threshold)`}},
 		{name: "cache_aware remote without URL", mutate: func(c *Config) { c.CacheAware.Source = CacheSourceRemote },
 			want: []string{"cache_aware.remote_url: required when cache_aware.source is remote"}},
 		{name: "cache_aware remote bad URL", mutate: func(c *Config) {

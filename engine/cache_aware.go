@@ -27,9 +27,26 @@ const (
 	ReasonCacheMissFallback = "cache_miss_fallback"
 )
 
+// CacheAwareDecision is cache_aware's decision rule.
+type CacheAwareDecision uint8
+
+// Decision rules.
+const (
+	// DecisionLatency sends the request where its expected time to first token is lowest
+	// (latency.go), a prefix hit counting for the prefill it saves.
+	DecisionLatency CacheAwareDecision = iota
+	// DecisionThreshold is the rule of POLICY_DESIGN section 5: thresholds, candidate
+	// bounds, the soft queue gate, the tournament, the saturation pin and the power-of-k
+	// fallback.
+	DecisionThreshold
+)
+
 // CacheAwareSettings tune the cache_aware policy (POLICY_DESIGN section 5, defaults of
 // section 7). The zero value is not useful; start from CacheAwareSettingsFromConfig.
 type CacheAwareSettings struct {
+	// Decision is the decision rule; the settings below but the candidate bounds apply to
+	// DecisionThreshold only.
+	Decision CacheAwareDecision
 	// MinMatchedTokens is the smallest prefix hit, in tokens, that makes a holder usable.
 	MinMatchedTokens int64
 	// MinMatchRatio, when > 0, also requires matched/input of at least this ratio.
@@ -63,7 +80,12 @@ type CacheAwareSettings struct {
 
 // CacheAwareSettingsFromConfig converts the configured tuning.
 func CacheAwareSettingsFromConfig(c config.CacheAware) CacheAwareSettings {
+	d := DecisionLatency
+	if c.Decision == config.CacheDecisionThreshold {
+		d = DecisionThreshold
+	}
 	return CacheAwareSettings{
+		Decision:         d,
 		MinMatchedTokens: int64(c.MinMatchedTokens),
 		MinMatchRatio:    c.MinMatchRatio,
 		MinCandidates:    c.MinCandidates,
@@ -117,10 +139,12 @@ const (
 	missBelowThreshold                   // holders exist, none passes the min-hit gates
 	missQueued                           // every usable holder is past the soft gate
 	missRejected                         // every evaluated holder failed hard admission
+	missSlower                           // latency: an engine without the prefix was expected faster
 	numMissReasons
 )
 
-var missReasonNames = [numMissReasons]string{"no_lookup", "source_unavailable", "no_holder", "below_threshold", "holders_queued", "holders_rejected"}
+var missReasonNames = [numMissReasons]string{"no_lookup", "source_unavailable", "no_holder", "below_threshold",
+	"holders_queued", "holders_rejected", "holders_slower"}
 
 // matchedTokenBuckets are the `le` upper bounds, in tokens, of
 // switchyard_cache_aware_matched_tokens (the default minimum hit is 1,024 tokens).
@@ -149,7 +173,7 @@ func NewCacheAwareMetrics(set *metrics.Set) *CacheAwareMetrics {
 type CacheAwareCounts struct {
 	Candidate, Pin, Fallback, Balance uint64
 	// Fallbacks by reason.
-	NoLookup, Unavailable, NoHolder, BelowThreshold, Queued, Rejected uint64
+	NoLookup, Unavailable, NoHolder, BelowThreshold, Queued, Rejected, Slower uint64
 	// SourceUnavailable counts picks that found the prefix source unavailable.
 	SourceUnavailable uint64
 }
@@ -161,7 +185,7 @@ func (m *CacheAwareMetrics) Counts() CacheAwareCounts {
 		Fallback: m.decisions[outcomeFallback].Get(), Balance: m.decisions[outcomeBalance].Get(),
 		NoLookup: m.misses[missNoLookup].Get(), Unavailable: m.misses[missUnavailable].Get(),
 		NoHolder: m.misses[missNoHolder].Get(), BelowThreshold: m.misses[missBelowThreshold].Get(),
-		Queued: m.misses[missQueued].Get(), Rejected: m.misses[missRejected].Get(),
+		Queued: m.misses[missQueued].Get(), Rejected: m.misses[missRejected].Get(), Slower: m.misses[missSlower].Get(),
 		SourceUnavailable: m.unavailable.Get(),
 	}
 }
@@ -210,6 +234,9 @@ type CacheAware struct {
 	order   []int
 	pool    []*Worker
 	keys    []loadKey
+	latency []latencyKey
+	matched []int64
+	rates   []float64
 }
 
 // cacheHolder is one candidate holding a usable prefix.
@@ -260,6 +287,9 @@ func (p *CacheAware) Pick(c []*Worker, req *PickRequest) (Pick, error) {
 	if err != nil {
 		return Pick{}, &PickError{Outcome: OutcomeInvalidSignal, Stage: req.Stage, BucketID: req.BucketID,
 			Detail: "prefix query rejected", Err: err}
+	}
+	if p.cfg.Decision == DecisionLatency {
+		return p.pickByLatency(c, req, pm, snap, now, miss)
 	}
 	var rejections []Rejection
 	if pm != nil {
@@ -402,6 +432,82 @@ func (p *CacheAware) pickHolder(c []*Worker, req *PickRequest, pm PrefixMatcher,
 		return Pick{}, nil, missQueued, false
 	}
 	return Pick{}, rejections, missRejected, false
+}
+
+// pickByLatency is the latency decision: the candidate with the best score (latency.go):
+// its expected time to first token, each one's uncached tokens being the input less the
+// prefix it holds, less that prefix's prefill time once more. Scores within 10% of the best
+// expected time tie; a tie goes to the lower decode load, then the longer prefix, then the
+// lower in-flight, then the lower ID. Hard admission is checked once, on the winner; a
+// rejection is AdmissionRejected. pm is nil when the request has no usable lookup (miss
+// says why).
+func (p *CacheAware) pickByLatency(c []*Worker, req *PickRequest, pm PrefixMatcher, snap *load.Snapshot, now time.Time, miss missReason) (Pick, error) {
+	input := max(req.InputTokens, 0)
+	keys, matched := p.latency[:0], p.matched[:0]
+	anyHolder := false
+	for _, w := range c {
+		m := int64(0)
+		if pm != nil {
+			m = min(max(pm.MatchedTokens(w.ID), 0), input)
+		}
+		anyHolder = anyHolder || m > 0
+		o := observe(snap, w, now)
+		k := latencyOf(w, &o, max(input-m, 1))
+		k.credit = float64(m) // a hit counts twice: see latency.go
+		keys = append(keys, k)
+		matched = append(matched, m)
+	}
+	var timed bool
+	timed, p.rates = prepareKeys(keys, p.rates)
+	p.latency, p.matched = keys, matched
+	best := fastestHolder(keys, matched, timed)
+	w := c[best]
+	if limit := p.check(w, observe(snap, w, now)); limit != "" {
+		return Pick{}, &PickError{Outcome: OutcomeAdmissionRejected, Stage: req.Stage, BucketID: req.BucketID,
+			Rejections: []Rejection{{BucketID: req.BucketID, Stage: req.Stage, WorkerID: w.ID, Limit: limit}}}
+	}
+	if matched[best] > 0 {
+		p.metrics.decisions[outcomeCandidate].Inc()
+		p.metrics.matched.Update(float64(matched[best]))
+		return Pick{Worker: w, Reason: ReasonCacheCandidate}, nil
+	}
+	switch {
+	case anyHolder:
+		miss = missSlower
+	case pm != nil:
+		miss = missNoHolder
+	}
+	p.metrics.decisions[outcomeFallback].Inc()
+	p.metrics.misses[miss].Inc()
+	return Pick{Worker: w, Reason: ReasonCacheMissFallback}, nil
+}
+
+// fastestHolder is fastest (latency.go) with its own tie order (tieBefore): the index of
+// the candidate to take.
+func fastestHolder(keys []latencyKey, matched []int64, timed bool) int {
+	ceiling := latencyCeiling(keys, timed)
+	best := -1
+	for i := range keys {
+		if keys[i].score(timed) > ceiling {
+			continue
+		}
+		if best < 0 || tieBefore(&keys[i], &keys[best], matched[i], matched[best]) {
+			best = i
+		}
+	}
+	return best
+}
+
+// tieBefore orders tied candidates for the latency decision: lower decode load, then the
+// longer prefix, then lower in-flight.
+func tieBefore(a, b *latencyKey, ma, mb int64) bool {
+	switch {
+	case a.decode != b.decode:
+		return a.decode < b.decode
+	case ma != mb:
+		return ma > mb
+	}
+	return a.inflight < b.inflight
 }
 
 // queued reports whether an observation is past the soft queue gate. Unknown load passes.

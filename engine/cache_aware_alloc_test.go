@@ -9,7 +9,8 @@ import (
 )
 
 // TestCacheAwarePickAllocations locks in that a cache_aware pick — hit, soft-gate diversion
-// and miss fallback — allocates nothing; only a rejection builds its error.
+// and miss fallback, under either decision — allocates nothing; only a rejection builds its
+// error. The load policies' latency comparison allocates nothing either.
 func TestCacheAwarePickAllocations(t *testing.T) {
 	ws := sortedWorkers(t, 16)
 	reports := map[*Worker]load.RankReport{}
@@ -21,19 +22,31 @@ func TestCacheAwarePickAllocations(t *testing.T) {
 		}
 	}
 	tab := loadTable(t, reports)
-	p := newCache(AdmissionLimits{MaxRunning: 1 << 40}, tab, nil)
-	for name, prefix := range map[string]PrefixMatcher{
-		"hit":      &fakePrefix{matched: matched},
-		"miss":     &fakePrefix{matched: map[string]int64{}},
-		"no memo":  nil,
-		"unavail.": &fakePrefix{unavailable: true},
-	} {
-		req := cacheReq(8000, prefix)
-		if _, err := p.Pick(ws, req); err != nil {
-			t.Fatal(err)
+	for i, w := range ws {
+		if i%2 == 0 {
+			learn(w, 50e-6)
 		}
-		if n := testing.AllocsPerRun(100, func() { _, _ = p.Pick(ws, req) }); n != 0 {
-			t.Errorf("%s: %v allocations per pick, want 0", name, n)
+	}
+	adm := AdmissionLimits{MaxRunning: 1 << 40}
+	latency := NewCacheAware(adm, tab, nil, testCacheSettings(), testRNG(), nil)
+	policies := map[string]Policy{
+		"threshold": newCache(adm, tab, nil), "latency": latency,
+		"load_based": NewLoadBased(adm, tab), "power_of_two": NewPowerOfTwo(adm, tab, testRNG()),
+	}
+	for pname, p := range policies {
+		for name, prefix := range map[string]PrefixMatcher{
+			"hit":      &fakePrefix{matched: matched},
+			"miss":     &fakePrefix{matched: map[string]int64{}},
+			"no memo":  nil,
+			"unavail.": &fakePrefix{unavailable: true},
+		} {
+			req := cacheReq(8000, prefix)
+			if _, err := p.Pick(ws, req); err != nil {
+				t.Fatal(err)
+			}
+			if n := testing.AllocsPerRun(100, func() { _, _ = p.Pick(ws, req) }); n != 0 {
+				t.Errorf("%s %s: %v allocations per pick, want 0", pname, name, n)
+			}
 		}
 	}
 }

@@ -56,8 +56,11 @@ func sortedWorkers(t testing.TB, n int) []*Worker {
 // waiting is a fresh native report with the given waiting requests.
 func waiting(n int64) load.RankReport { return native(1, n, n*100, 1000) }
 
+// newCache builds cache_aware with the threshold decision and the documented defaults, then
+// mod; the latency decision has its own tests (cache_aware_latency_test.go).
 func newCache(adm EngineAdmission, loads LoadReader, mod func(*CacheAwareSettings)) *CacheAware {
 	s := testCacheSettings()
+	s.Decision = DecisionThreshold
 	if mod != nil {
 		mod(&s)
 	}

@@ -49,6 +49,11 @@ func policyFactories() map[string]func(adm EngineAdmission, loads LoadReader) Po
 		PolicyCacheAware + "/approximate": func(adm EngineAdmission, loads LoadReader) Policy {
 			return NewCacheAware(adm, loads, nil, approxSettings(), testRNG(), nil)
 		},
+		PolicyCacheAware + "/threshold": func(adm EngineAdmission, loads LoadReader) Policy {
+			s := testCacheSettings()
+			s.Decision = DecisionThreshold
+			return NewCacheAware(adm, loads, nil, s, testRNG(), nil)
+		},
 	}
 }
 

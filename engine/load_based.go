@@ -9,20 +9,25 @@ import (
 // LoadBased (configured as "load_based") chooses the least loaded candidate, then checks
 // admission once on it.
 //
-// When every candidate has a fresh, complete native report, candidates are ranked by the
-// stage's pressure metrics corrected for the dispatches the router made since each report
-// was captured (keyOf: each pending dispatch is one more waiting request and, on plain and
-// prefill, the current request's input tokens more waiting uncached tokens), then by
-// router-local in-flight. Plain and prefill rank by estimated prefill queue time when every
-// candidate's corrected key has it, then by waiting uncached tokens when every one has them,
-// then waiting and running requests; decode by waiting and running requests, KV usage
-// fraction and used KV tokens. When any candidate lacks such a report, all are ranked by
-// in-flight alone (telemetry fallback). Remaining ties go to the lowest worker ID, so the
-// choice is deterministic for a given state.
+// When every candidate has a fresh, complete native report:
+//   - plain and prefill candidates are ranked by the request's expected time to first
+//     token (latency.go: the router's own pending prefill, the queue the report adds, the
+//     request's own uncached tokens, in time by each engine's learned rate), estimates
+//     within 10% of the best tying; ties go to the lower decode load (running or
+//     in-flight requests), then the lower in-flight;
+//   - decode candidates are ranked by waiting requests corrected for the dispatches since
+//     each report (keyOf), running requests, KV usage fraction and used KV tokens, then
+//     router in-flight.
+//
+// When any candidate lacks such a report, all are ranked by in-flight alone (telemetry
+// fallback). Remaining ties go to the lowest worker ID, so the choice is deterministic for
+// a given state.
 type LoadBased struct {
 	admission EngineAdmission
 	loads     LoadReader
 	scratch   []loadKey
+	latency   []latencyKey
+	rates     []float64
 }
 
 var _ Policy = (*LoadBased)(nil)
@@ -48,14 +53,29 @@ func (p *LoadBased) Pick(c []*Worker, req *PickRequest) (Pick, error) {
 	keys := p.keys(c, snap, now, perDispatchTokens(req))
 	best, reason := 0, ReasonLeastLoad
 	native := allNative(keys)
-	if !native {
+	switch {
+	case !native:
 		reason = ReasonInFlight
-	}
-	useQueue := native && req.Stage != StageDecode && allHave(keys, load.HasPrefillQueue)
-	useUncached := native && req.Stage != StageDecode && allHave(keys, load.HasWaitingUncached)
-	for i := 1; i < len(keys); i++ {
-		if lessLoad(&keys[i], &keys[best], native, useQueue, useUncached, req.Stage) {
-			best = i
+		for i := 1; i < len(keys); i++ {
+			if keys[i].inflight < keys[best].inflight {
+				best = i
+			}
+		}
+	case req.Stage != StageDecode:
+		lk := p.latency[:0]
+		for _, w := range c {
+			o := observe(snap, w, now)
+			lk = append(lk, latencyOf(w, &o, uncachedOf(req, w)))
+		}
+		var timed bool
+		timed, p.rates = prepareKeys(lk, p.rates)
+		p.latency = lk
+		best = fastest(lk, timed)
+	default:
+		for i := 1; i < len(keys); i++ {
+			if lessLoad(&keys[i], &keys[best], true, false, false, req.Stage) {
+				best = i
+			}
 		}
 	}
 	w := c[best]

@@ -12,18 +12,25 @@ func TestLoadBased(t *testing.T) {
 		stage      Stage
 		reports    []load.RankReport // per worker, zero = none
 		inflight   []int
-		dispatches []int // dispatches after the report was captured (counted as waiting)
+		dispatches []int   // dispatches after the report was captured (decode: counted as waiting)
+		pending    []int64 // uncached tokens of one request pending prefill (no first token yet)
 		want       int
 		wantReason string
 	}{
-		{"least uncached wins", StagePrefill, []load.RankReport{native(0, 0, 500, 0), native(0, 0, 100, 0), native(0, 0, 300, 0)}, nil, nil, 1, ReasonLeastLoad},
-		{"decode least waiting", StageDecode, []load.RankReport{native(0, 2, 0, 0), native(0, 1, 0, 0), native(0, 3, 0, 0)}, nil, nil, 1, ReasonLeastLoad},
-		{"tie goes to lowest ID", StageDecode, []load.RankReport{native(1, 1, 0, 0), native(1, 1, 0, 0), native(1, 1, 0, 0)}, nil, nil, 0, ReasonLeastLoad},
-		{"tie broken by in-flight", StageDecode, []load.RankReport{native(1, 1, 0, 0), native(1, 1, 0, 0), native(1, 1, 0, 0)}, []int{2, 1, 1}, nil, 1, ReasonLeastLoad},
-		{"recent dispatches correct a stale-looking idle engine", StageDecode, []load.RankReport{native(0, 0, 0, 0), native(0, 1, 0, 0)}, nil, []int{3, 0}, 1, ReasonLeastLoad},
-		{"recent dispatches add their input tokens to a stale idle engine's uncached tokens", StagePrefill, []load.RankReport{native(0, 0, 0, 0), native(0, 0, 20, 0)}, nil, []int{3, 0}, 1, ReasonLeastLoad},
-		{"missing telemetry falls back to in-flight", StagePlain, []load.RankReport{native(0, 0, 0, 0), {}, native(9, 9, 9, 9)}, []int{4, 2, 3}, nil, 1, ReasonInFlight},
-		{"basic reports fall back to in-flight", StagePlain, []load.RankReport{basic(0, 0, 0), basic(5, 5, 5)}, []int{1, 0}, nil, 1, ReasonInFlight},
+		{"least uncached wins", StagePrefill, []load.RankReport{native(0, 0, 500, 0), native(0, 0, 100, 0), native(0, 0, 300, 0)}, nil, nil, nil, 1, ReasonLeastLoad},
+		{"decode least waiting", StageDecode, []load.RankReport{native(0, 2, 0, 0), native(0, 1, 0, 0), native(0, 3, 0, 0)}, nil, nil, nil, 1, ReasonLeastLoad},
+		{"tie goes to lowest ID", StageDecode, []load.RankReport{native(1, 1, 0, 0), native(1, 1, 0, 0), native(1, 1, 0, 0)}, nil, nil, nil, 0, ReasonLeastLoad},
+		{"prefill tie goes to lowest ID", StagePrefill, []load.RankReport{native(1, 1, 0, 0), native(1, 1, 0, 0), native(1, 1, 0, 0)}, nil, nil, nil, 0, ReasonLeastLoad},
+		{"tie broken by in-flight", StageDecode, []load.RankReport{native(1, 1, 0, 0), native(1, 1, 0, 0), native(1, 1, 0, 0)}, []int{2, 1, 1}, nil, nil, 1, ReasonLeastLoad},
+		{"recent dispatches correct a stale-looking idle engine", StageDecode, []load.RankReport{native(0, 0, 0, 0), native(0, 1, 0, 0)}, nil, []int{3, 0}, nil, 1, ReasonLeastLoad},
+		{"finished dispatches are not queued work", StagePrefill, []load.RankReport{native(0, 0, 0, 0), native(0, 0, 20, 0)}, nil, []int{3, 0}, nil, 0, ReasonLeastLoad},
+		{"the router's pending prefill counts with its own tokens", StagePrefill, []load.RankReport{native(0, 0, 0, 0), native(0, 0, 200, 0)}, nil, nil, []int64{5000, 0}, 1, ReasonLeastLoad},
+		{"a long prompt in prefill outweighs short queued ones", StagePlain, []load.RankReport{native(1, 0, 0, 0), native(0, 3, 900, 0)}, nil, nil, []int64{30000, 0}, 1, ReasonLeastLoad},
+		{"equal work: the lower decode load wins, not the lowest ID", StagePlain, []load.RankReport{native(6, 0, 0, 0), native(2, 0, 0, 0), native(4, 0, 0, 0)}, nil, nil, nil, 1, ReasonLeastLoad},
+		{"work within 10% ties: decode load decides", StagePrefill, []load.RankReport{native(9, 0, 1000, 0), native(1, 0, 1080, 0)}, nil, nil, nil, 1, ReasonLeastLoad},
+		{"work beyond 10% decides before decode load", StagePrefill, []load.RankReport{native(9, 0, 1000, 0), native(1, 0, 1200, 0)}, nil, nil, nil, 0, ReasonLeastLoad},
+		{"missing telemetry falls back to in-flight", StagePlain, []load.RankReport{native(0, 0, 0, 0), {}, native(9, 9, 9, 9)}, []int{4, 2, 3}, nil, nil, 1, ReasonInFlight},
+		{"basic reports fall back to in-flight", StagePlain, []load.RankReport{basic(0, 0, 0), basic(5, 5, 5)}, []int{1, 0}, nil, nil, 1, ReasonInFlight},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -45,6 +52,11 @@ func TestLoadBased(t *testing.T) {
 			for i, n := range tt.dispatches {
 				for range n {
 					tr.Acquire(ws[i].Counters, t0).Release()
+				}
+			}
+			for i, n := range tt.pending {
+				if n > 0 {
+					tr.AcquirePrefill(ws[i].Counters, t0, n)
 				}
 			}
 			got, err := NewLoadBased(nil, tab).Pick(ws, pickReq(tt.stage))

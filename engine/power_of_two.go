@@ -13,14 +13,16 @@ import (
 //   - one candidate is taken directly (its load is still read for admission);
 //   - pressure is compared only when both samples have a fresh, complete native report with
 //     valid capacity; otherwise both are compared by router-local in-flight;
-//   - the compared pressure is each report corrected for the dispatches the router made
-//     since it was captured (keyOf, comparePressure): plain and prefill compare the
-//     estimated prefill queue time, then waiting uncached tokens (each when both corrected
-//     keys have it), then waiting requests and running requests; decode compares waiting
-//     requests, running requests, KV usage fraction and used KV tokens. A pending dispatch
-//     counts as a waiting request of the current request's input tokens, so an engine
-//     whose report is older than a burst of dispatches no longer looks idle;
-//   - a pressure tie falls back to in-flight; a complete tie keeps the first sample;
+//   - plain and prefill compare the request's expected time to first token on each
+//     (latency.go: the router's own pending prefill, the queue the report adds and the
+//     request's own uncached tokens, in time by each engine's learned rate); estimates
+//     within 10% of each other tie, and a tie goes to the lower decode load (running or
+//     in-flight requests), then the lower in-flight;
+//   - decode compares each report corrected for the dispatches the router made since it
+//     was captured (keyOf, comparePressure): waiting requests (a pending dispatch counts
+//     as one more), running requests, KV usage fraction and used KV tokens; a tie falls
+//     back to in-flight;
+//   - a complete tie keeps the first sample;
 //   - a rejection returns AdmissionRejected: no resampling, no second choice, no fallback.
 type PowerOfTwo struct {
 	admission EngineAdmission
@@ -56,7 +58,7 @@ func (p *PowerOfTwo) Pick(c []*Worker, req *PickRequest) (Pick, error) {
 	if j >= i {
 		j++
 	}
-	w, reason, obs := choosePair(req.Stage, snap, now, perDispatchTokens(req), c[i], c[j])
+	w, reason, obs := choosePair(req, snap, now, c[i], c[j])
 	if p.admission != nil {
 		if err := admit(p.admission, w, obs, req); err != nil {
 			return Pick{}, err
@@ -67,11 +69,34 @@ func (p *PowerOfTwo) Pick(c []*Worker, req *PickRequest) (Pick, error) {
 
 // choosePair compares two sampled engines and returns the winner, the reason, and the
 // winner's observation (as reported, uncorrected) for admission. a wins complete ties.
-func choosePair(stage Stage, snap *load.Snapshot, now time.Time, perDispatch int64, a, b *Worker) (*Worker, string, load.Observation) {
+func choosePair(req *PickRequest, snap *load.Snapshot, now time.Time, a, b *Worker) (*Worker, string, load.Observation) {
 	oa, ob := observe(snap, a, now), observe(snap, b, now)
+	if oa.Native() && ob.Native() && req.Stage != StageDecode {
+		pair := [2]latencyKey{latencyOf(a, &oa, uncachedOf(req, a)), latencyOf(b, &ob, uncachedOf(req, b))}
+		var buf [2]float64
+		timed, _ := prepareKeys(pair[:], buf[:0])
+		va, vb := pair[0].score(timed), pair[1].score(timed)
+		slack := latencySlack * min(pair[0].ttft(timed), pair[1].ttft(timed))
+		switch {
+		case vb+slack < va:
+			return b, ReasonPressure, ob
+		case va+slack < vb:
+			return a, ReasonPressure, oa
+		}
+		switch ka, kb := &pair[0], &pair[1]; {
+		case ka.decode != kb.decode && kb.decode < ka.decode:
+			return b, ReasonPressure, ob
+		case ka.decode != kb.decode:
+			return a, ReasonPressure, oa
+		case kb.inflight < ka.inflight:
+			return b, ReasonInFlight, ob
+		}
+		return a, ReasonTie, oa
+	}
 	if oa.Native() && ob.Native() {
+		perDispatch := perDispatchTokens(req)
 		ka, kb := keyOf(a, &oa, perDispatch), keyOf(b, &ob, perDispatch)
-		switch c := comparePressure(stage, &ka, &kb); {
+		switch c := comparePressure(req.Stage, &ka, &kb); {
 		case c < 0:
 			return a, ReasonPressure, oa
 		case c > 0:

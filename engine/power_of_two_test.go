@@ -52,13 +52,16 @@ func TestPowerOfTwoComparison(t *testing.T) {
 		wantReason string
 	}{
 		{"prefill: fewer uncached tokens wins", StagePrefill, native(9, 9, 100, 0), native(0, 0, 200, 0), 0, 0, true, ReasonPressure},
-		{"prefill: then waiting", StagePrefill, native(0, 3, 100, 0), native(0, 2, 100, 0), 0, 0, false, ReasonPressure},
-		{"prefill: then running", StagePrefill, native(5, 2, 100, 0), native(4, 2, 100, 0), 0, 0, false, ReasonPressure},
+		{"prefill: equal work, the lower decode load wins", StagePrefill, native(5, 2, 100, 0), native(4, 2, 100, 0), 0, 0, false, ReasonPressure},
+		{"prefill: work within 10% ties, decode load decides", StagePrefill, native(0, 0, 1000, 0), native(3, 0, 1050, 0), 0, 0, true, ReasonPressure},
+		{"prefill: work beyond 10% decides first", StagePrefill, native(9, 0, 1000, 0), native(0, 0, 1200, 0), 0, 0, true, ReasonPressure},
 		{"plain uses prefill order", StagePlain, native(0, 0, 300, 0), native(9, 9, 10, 0), 0, 0, false, ReasonPressure},
 		{"decode: waiting first", StageDecode, native(9, 1, 0, 9000), native(0, 2, 0, 0), 0, 0, true, ReasonPressure},
 		{"decode: then running", StageDecode, native(3, 1, 0, 0), native(2, 1, 0, 9000), 0, 0, false, ReasonPressure},
 		{"decode: then kv usage", StageDecode, native(2, 1, 0, 500), native(2, 1, 0, 400), 0, 0, false, ReasonPressure},
-		{"pressure tie falls to in-flight", StagePrefill, native(1, 1, 1, 1), native(1, 1, 1, 1), 2, 1, false, ReasonInFlight},
+		{"pressure tie falls to in-flight", StagePrefill, native(5, 1, 1, 1), native(5, 1, 1, 1), 2, 1, false, ReasonInFlight},
+		{"in-flight beyond running is decode load", StagePrefill, native(1, 1, 1, 1), native(1, 1, 1, 1), 4, 1, false, ReasonPressure},
+		{"prefill complete tie keeps the first sample", StagePrefill, native(1, 1, 1, 1), native(1, 1, 1, 1), 1, 1, true, ReasonTie},
 		{"complete tie keeps the first sample", StageDecode, native(1, 1, 1, 1), native(1, 1, 1, 1), 1, 1, true, ReasonTie},
 		{"missing report: in-flight decides", StagePrefill, missing, native(0, 0, 0, 0), 1, 3, true, ReasonInFlight},
 		{"basic report is not native: in-flight decides", StageDecode, basic(0, 0, 0), basic(9, 9, 9), 3, 1, false, ReasonInFlight},
@@ -169,7 +172,7 @@ func TestPowerOfTwoCorrectsForDispatchesSinceReport(t *testing.T) {
 		{"plain: stale idle report with a burst since loses", StagePlain, 500, native(0, 0, 0, 0), 8, native(4, 1, 200, 0), false},
 		{"prefill: stale idle report with a burst since loses", StagePrefill, 500, native(0, 0, 0, 0), 8, native(4, 1, 200, 0), false},
 		{"decode: stale idle report with a burst since loses", StageDecode, 500, native(0, 0, 0, 0), 8, native(4, 1, 200, 0), false},
-		{"no token estimate: waiting requests decide", StagePlain, 0, native(0, 0, 0, 0), 8, native(4, 1, 200, 0), false},
+		{"decode, no token estimate: waiting requests decide", StageDecode, 0, native(0, 0, 0, 0), 8, native(4, 1, 200, 0), false},
 		{"one dispatch since does not outweigh a long queue", StagePrefill, 500, native(0, 0, 0, 0), 1, native(4, 6, 5000, 0), true},
 		{"no dispatch since: reported pressure as is", StagePlain, 500, native(0, 0, 0, 0), 0, native(4, 1, 200, 0), true},
 	}
@@ -179,9 +182,14 @@ func TestPowerOfTwoCorrectsForDispatchesSinceReport(t *testing.T) {
 			tr := load.NewTracker()
 			a, b := ws[0], ws[1]
 			tab := loadTable(t, map[*Worker]load.RankReport{a: tt.idle, b: tt.busy})
-			// Dispatches since the reports: finished or not, they are not in the report.
+			// Dispatches since the reports, still waiting for their first token: the
+			// router's own pending prefill on plain and prefill, waiting requests on decode.
 			for range tt.since {
-				tr.Acquire(a.Counters, t0)
+				if tt.stage == StageDecode {
+					tr.Acquire(a.Counters, t0)
+				} else {
+					tr.AcquirePrefill(a.Counters, t0, tt.input)
+				}
 			}
 			req := pickReq(tt.stage)
 			req.InputTokens = tt.input

@@ -37,6 +37,8 @@ type PolicySpec struct {
 	// CacheSource, for cache_aware, is the router's cache_aware.source ("" keeps the
 	// default, local: the engines' KV events).
 	CacheSource string
+	// CacheDecision, when set, is the row's cache_aware.decision.
+	CacheDecision string
 }
 
 // DefaultPolicies returns the routing scenario's policies: every policy Switchyard has.
@@ -60,8 +62,9 @@ func mustPolicies(list string) []PolicySpec {
 
 // ParsePolicies parses a comma-separated policy list. An entry is a policy name,
 // "sticky:FALLBACK" for sticky with that fallback (round_robin, random, power_of_two or
-// load_based), or "cache_aware:SOURCE" for cache_aware with that prefix source (local, the
-// engines' KV events, or approximate, the router's tree of what it dispatched).
+// load_based), "cache_aware:SOURCE" for cache_aware with that prefix source (local, the
+// engines' KV events, or approximate, the router's tree of what it dispatched), or
+// "cache_aware:DECISION" with that cache_aware.decision (latency or threshold).
 func ParsePolicies(list string) ([]PolicySpec, error) {
 	var out []PolicySpec
 	var errs []error
@@ -78,13 +81,17 @@ func ParsePolicies(list string) ([]PolicySpec, error) {
 		spec := PolicySpec{Name: item, Policy: config.Policy{Type: name}}
 		switch {
 		case hasFallback && name == config.PolicyCacheAware:
-			if fallback != config.CacheSourceLocal && fallback != config.CacheSourceApproximate {
-				errs = append(errs, fmt.Errorf("%w: policies: %q: cache_aware takes a source, local or approximate", ErrInvalidOptions, item))
+			switch fallback {
+			case config.CacheSourceLocal, config.CacheSourceApproximate:
+				spec.CacheSource = fallback
+			case config.CacheDecisionLatency, config.CacheDecisionThreshold:
+				spec.CacheDecision = fallback
+			default:
+				errs = append(errs, fmt.Errorf("%w: policies: %q: cache_aware takes a source, local or approximate, or a decision, latency or threshold", ErrInvalidOptions, item))
 				continue
 			}
-			spec.CacheSource = fallback
 		case hasFallback && name != config.PolicySticky:
-			errs = append(errs, fmt.Errorf("%w: policies: %q: only sticky takes a fallback (and cache_aware a source)", ErrInvalidOptions, item))
+			errs = append(errs, fmt.Errorf("%w: policies: %q: only sticky takes a fallback (and cache_aware a source or decision)", ErrInvalidOptions, item))
 			continue
 		case hasFallback:
 			spec.Policy.Fallback = fallback

@@ -26,6 +26,9 @@ func TestParsePolicies(t *testing.T) {
 		{name: "cache_aware source", list: "cache_aware,cache_aware:approximate", want: []PolicySpec{
 			{Name: "cache_aware", Policy: config.Policy{Type: "cache_aware"}},
 			{Name: "cache_aware:approximate", Policy: config.Policy{Type: "cache_aware"}, CacheSource: "approximate"}}},
+		{name: "cache_aware decision", list: "cache_aware:threshold,cache_aware:latency", want: []PolicySpec{
+			{Name: "cache_aware:threshold", Policy: config.Policy{Type: "cache_aware"}, CacheDecision: "threshold"},
+			{Name: "cache_aware:latency", Policy: config.Policy{Type: "cache_aware"}, CacheDecision: "latency"}}},
 		{name: "bad cache source", list: "cache_aware:remote", wantErr: []string{"cache_aware takes a source"}},
 		{name: "unknown and duplicate", list: "fused_score,random,random,random:x", wantErr: []string{`unknown policy "fused_score"`, `"random" listed twice`, "only sticky takes a fallback"}},
 		{name: "empty", list: " , ", wantErr: []string{"empty list"}},

@@ -201,6 +201,9 @@ func (h *harness) policyRow(ctx context.Context, pr policyRun, spec PolicySpec) 
 	if spec.CacheSource != "" {
 		cfg.CacheAware.Source = spec.CacheSource
 	}
+	if spec.CacheDecision != "" {
+		cfg.CacheAware.Decision = spec.CacheDecision
+	}
 	r, err := o.startRouter(ctx, cfg)
 	if errors.Is(err, errRouterBuild) {
 		row.Skipped = skipReason(err)

@@ -1,0 +1,165 @@
+package engine
+
+import (
+	"math"
+	"slices"
+
+	"switchyard/load"
+)
+
+// Expected latency: how the plain and prefill stages weigh load (load_based, power_of_two,
+// and cache_aware's latency decision). For each candidate engine e, the request's expected
+// time to first token there is
+//
+//	TTFT(e) = work(e) / rate(e),   work(e) = pending(e) + queued(e) + uncached(e)
+//
+// work(e) is load.PrefillWork: pending(e) is the uncached prompt tokens of the router's own
+// requests sent to e that have no first token yet (exact and current: it covers a long
+// prompt e is prefilling, which its report counts as running, and every dispatch since the
+// report), queued(e) what e's last report queued beyond them, uncached(e) the request's
+// prompt tokens e does not hold in cache. rate(e) is e's learned prefill rate in tokens per
+// second (load.Rates, the slope of its learned time-to-first-token line; the line's fixed
+// part is left out: it is the same for every engine of a fleet and only adds noise between
+// identical ones). Cache hits, queues and engine speeds are thus weighed in one unit. Until
+// every candidate has learned a rate, all are compared by work(e) in tokens (equal speeds
+// assumed).
+//
+// cache_aware's latency decision credits a prefix hit twice (credit): its score is
+// TTFT(e) − matched(e)/rate(e), so an engine holding matched(e) tokens is kept unless
+// another is expected faster by more than twice the hit's prefill time: once for the
+// request's own prefill, once for the wait that prefill would add for every request queued
+// behind it there. load_based and power_of_two score TTFT(e) alone.
+//
+// Scores within latencySlack of the best engine's TTFT are a tie, broken by the decode load
+// the request would join (load.DecodeLoad: the larger of reported running requests and
+// router in-flight), then by router in-flight, then by the policy's own order.
+
+// latencySlack is the margin, a fraction of the best expected TTFT, within which scores
+// count as equal: the learned rates of identical engines differ by noise, and an idle fleet
+// must spread its requests by decode load rather than by that noise.
+const latencySlack = 0.10
+
+// rateBand is the factor within which learned prefill rates count as equal.
+const rateBand = 1.5
+
+// latencyKey is one candidate's expected latency for a request.
+type latencyKey struct {
+	work     float64 // prefill tokens up to the request's first token
+	credit   float64 // tokens credited against the score (a cache hit)
+	perToken float64 // seconds per prefill token, when learned
+	decode   float64 // requests decoding there with this one
+	inflight int64
+}
+
+// latencyOf computes w's key for a request with uncached prompt tokens there, from w's
+// observation o (the zero Observation when unknown) and its counters.
+func latencyOf(w *Worker, o *load.Observation, uncached int64) latencyKey {
+	k := latencyKey{
+		work:     load.PrefillWork(o, w.Counters, uncached),
+		decode:   load.DecodeLoad(o, w.Counters),
+		inflight: w.Counters.InFlight(),
+	}
+	if tps := w.Counters.Rates().PrefillTokensPerSecond(); tps > 0 {
+		k.perToken = 1 / tps
+	}
+	return k
+}
+
+// timed reports whether the key converts work to time.
+func (k *latencyKey) timed() bool { return k.perToken > 0 }
+
+// ttft is the expected time to first token (timed), or the work.
+func (k *latencyKey) ttft(timed bool) float64 {
+	if timed {
+		return k.work * k.perToken
+	}
+	return k.work
+}
+
+// score is the compared figure: ttft less the credit, in the same unit.
+func (k *latencyKey) score(timed bool) float64 {
+	if timed {
+		return (k.work - k.credit) * k.perToken
+	}
+	return k.work - k.credit
+}
+
+// prepareKeys readies a set of keys for comparison and says whether they are compared in
+// time: when every key has a learned rate, each rate within rateBand of the set's median
+// becomes the median. scratch (returned for reuse) holds the sorted rates.
+func prepareKeys(keys []latencyKey, scratch []float64) (timed bool, _ []float64) {
+	if len(keys) == 0 {
+		return false, scratch
+	}
+	for i := range keys {
+		if !keys[i].timed() {
+			return false, scratch
+		}
+	}
+	scratch = scratch[:0]
+	for i := range keys {
+		scratch = append(scratch, keys[i].perToken)
+	}
+	slices.Sort(scratch)
+	median := scratch[(len(scratch)-1)/2]
+	for i := range keys {
+		if r := keys[i].perToken / median; r < rateBand && r > 1/rateBand {
+			keys[i].perToken = median
+		}
+	}
+	return true, scratch
+}
+
+// latencyCeiling is the largest score that ties with the best of the keys; +Inf without
+// any.
+func latencyCeiling(keys []latencyKey, timed bool) float64 {
+	best, fastest := math.Inf(1), math.Inf(1)
+	for i := range keys {
+		best = min(best, keys[i].score(timed))
+		fastest = min(fastest, keys[i].ttft(timed))
+	}
+	return best + latencySlack*fastest
+}
+
+// compareBusy orders two tied candidates: lower decode load first, then lower in-flight.
+func compareBusy(a, b *latencyKey) int {
+	switch {
+	case a.decode != b.decode:
+		if a.decode < b.decode {
+			return -1
+		}
+		return 1
+	case a.inflight != b.inflight:
+		if a.inflight < b.inflight {
+			return -1
+		}
+		return 1
+	}
+	return 0
+}
+
+// fastest returns the index of the candidate with the best score among keys compared as
+// prepareKeys says (timed), ties (within latencySlack) going to the least busy
+// (compareBusy), then to the earliest; -1 without keys.
+func fastest(keys []latencyKey, timed bool) int {
+	ceiling := latencyCeiling(keys, timed)
+	best := -1
+	for i := range keys {
+		if keys[i].score(timed) > ceiling {
+			continue
+		}
+		if best < 0 || compareBusy(&keys[i], &keys[best]) < 0 {
+			best = i
+		}
+	}
+	return best
+}
+
+// uncachedOf is the request's prompt tokens w would prefill: the input less the prefix w
+// holds when the request made a prefix lookup (UncachedTokens); 0 without a request.
+func uncachedOf(req *PickRequest, w *Worker) int64 {
+	if req == nil || req.BucketRequest == nil {
+		return 0
+	}
+	return UncachedTokens(req.BucketRequest, w)
+}
