@@ -18,11 +18,12 @@ import (
 // prompt e is prefilling, which its report counts as running, and every dispatch since the
 // report), queued(e) what e's last report queued beyond them, uncached(e) the request's
 // prompt tokens e does not hold in cache. rate(e) is e's learned prefill rate in tokens per
-// second (load.Rates, the slope of its learned time-to-first-token line; the line's fixed
-// part is left out: it is the same for every engine of a fleet and only adds noise between
-// identical ones). Cache hits, queues and engine speeds are thus weighed in one unit. Until
-// every candidate has learned a rate, all are compared by work(e) in tokens (equal speeds
-// assumed).
+// second: load.Rates.PrefillSecondsPerToken, the mean cost per token of e's learned
+// time-to-first-token line at the work e typically sees, its fixed part included, so that
+// how the line split its fit between fixed part and slope does not matter (a slope alone
+// near zero would make e look infinitely fast). Cache hits, queues and engine speeds are
+// thus weighed in one unit. Until every candidate has learned a rate, all are compared by
+// work(e) in tokens (equal speeds assumed).
 //
 // cache_aware's latency decision credits a prefix hit twice (credit): its score is
 // TTFT(e) − matched(e)/rate(e), so an engine holding matched(e) tokens is kept unless
@@ -59,9 +60,7 @@ func latencyOf(w *Worker, o *load.Observation, uncached int64) latencyKey {
 		decode:   load.DecodeLoad(o, w.Counters),
 		inflight: w.Counters.InFlight(),
 	}
-	if tps := w.Counters.Rates().PrefillTokensPerSecond(); tps > 0 {
-		k.perToken = 1 / tps
-	}
+	k.perToken = w.Counters.Rates().PrefillSecondsPerToken()
 	return k
 }
 

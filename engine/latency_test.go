@@ -75,3 +75,27 @@ func TestFastest(t *testing.T) {
 		})
 	}
 }
+
+// TestLatencyFlatLine: an engine whose first tokens cost a flat 0.5 s (its learned line
+// mostly fixed part, a small slope) is slow, not fast: engines compare by the mean cost per
+// token of their lines.
+func TestLatencyFlatLine(t *testing.T) {
+	ws := testWorkers(t, "llama", StagePlain, "w", 2)
+	tr := load.NewTracker()
+	for _, w := range ws {
+		w.Counters = tr.Counters(w.ID)
+	}
+	for i := range 300 {
+		ws[0].Counters.Rates().Prefill.Observe(1000+float64(i%3)*1000, 0.5)
+	}
+	learn(ws[1], 50e-6)
+	tab := loadTable(t, map[*Worker]load.RankReport{ws[0]: native(0, 0, 0, 0), ws[1]: native(0, 0, 0, 0)})
+	req := pickReq(StagePlain)
+	req.InputTokens = 2000
+	if got, _ := NewLoadBased(nil, tab).Pick(ws, req); got.Worker != ws[1] {
+		t.Fatalf("load_based: got %v, want the engine of 50 µs per token", got.Worker)
+	}
+	if got, _ := NewPowerOfTwo(nil, tab, rngPicking(t, 2, 0, 0)).Pick(ws, req); got.Worker != ws[1] {
+		t.Fatalf("power_of_two: got %v, want the engine of 50 µs per token", got.Worker)
+	}
+}

@@ -115,6 +115,22 @@ type Rates struct {
 	Decode  Line
 }
 
+// PrefillSecondsPerToken is the learned prefill line's mean cost per token at the work
+// the engine typically sees: (Base + Slope·x̄)/x̄, x̄ the smoothed work. Unlike the slope
+// alone it does not depend on how the line split its prediction between base and slope
+// (a line fitted where the work hardly varies may put most of it in either), so engines
+// compare by what their first tokens actually cost. 0 when nothing was learned.
+func (r *Rates) PrefillSecondsPerToken() float64 {
+	if r.Prefill.n.Load() == 0 {
+		return 0
+	}
+	base, slope, scale := r.Prefill.load()
+	if !(scale > 0) {
+		return 0
+	}
+	return (base + slope*scale) / scale
+}
+
 // PrefillTokensPerSecond is the learned prefill throughput (1/slope of Prefill), or 0 when
 // nothing was learned or the slope is 0.
 func (r *Rates) PrefillTokensPerSecond() float64 {

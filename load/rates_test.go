@@ -271,3 +271,25 @@ func TestEstimates(t *testing.T) {
 		t.Fatal("an empty line has a throughput")
 	}
 }
+
+// TestPrefillSecondsPerToken: the mean cost per token at the typical work holds whatever
+// the line's split between fixed part and slope; the slope alone would call an engine
+// whose first tokens cost a flat 0.5 s several times cheaper per token than it is.
+func TestPrefillSecondsPerToken(t *testing.T) {
+	var r Rates
+	if got := r.PrefillSecondsPerToken(); got != 0 {
+		t.Fatalf("unlearned: %v, want 0", got)
+	}
+	for i := range 300 {
+		x := 1000 + float64(i%3)*1000 // 1,000 to 3,000 tokens, mean 2,000
+		r.Prefill.Observe(x, 0.5)
+	}
+	got := r.PrefillSecondsPerToken()
+	if want := 0.5 / 2000; got < want*0.8 || got > want*1.2 {
+		t.Fatalf("flat 0.5 s: %v s per token, want about %v", got, want)
+	}
+	// The premise: the slope alone understates the cost per token here.
+	if tps := r.PrefillTokensPerSecond(); tps != 0 && 1/tps > got/2 {
+		t.Fatalf("slope %v s per token, expected well below the mean cost", 1/tps)
+	}
+}
