@@ -483,10 +483,10 @@ type CacheAware struct {
 	MaxInflightQueries int `koanf:"max_inflight_queries" json:"max_inflight_queries" unit:"queries"`
 	// Decision is the decision rule: "latency" sends a request where its expected time to
 	// first token is lowest (queued prefill work plus the uncached part of its prompt, at
-	// the engine's learned rate), or "threshold" prefers a holder of at least
-	// min_matched_tokens under the queue, margin and pressure rules below (the settings
-	// from min_matched_tokens on apply to threshold only, but for the candidate bounds,
-	// which bound the admission checks of both). Default latency.
+	// the engine's learned rate; admission checked once, on the winner), or "threshold"
+	// prefers a holder of at least min_matched_tokens under the queue, margin and pressure
+	// rules below (the settings from min_matched_tokens on apply to threshold only).
+	// Default latency.
 	Decision string `koanf:"decision" json:"decision"`
 	// MinMatchedTokens is the minimum prefix hit, in tokens, to prefer a holder. Default 1024.
 	MinMatchedTokens int `koanf:"min_matched_tokens" json:"min_matched_tokens" unit:"tokens"`

@@ -44,8 +44,7 @@ const (
 // CacheAwareSettings tune the cache_aware policy (POLICY_DESIGN section 5, defaults of
 // section 7). The zero value is not useful; start from CacheAwareSettingsFromConfig.
 type CacheAwareSettings struct {
-	// Decision is the decision rule; the settings below but the candidate bounds apply to
-	// DecisionThreshold only.
+	// Decision is the decision rule; the settings below apply to DecisionThreshold only.
 	Decision CacheAwareDecision
 	// MinMatchedTokens is the smallest prefix hit, in tokens, that makes a holder usable.
 	MinMatchedTokens int64

@@ -26,10 +26,11 @@ import (
 // work(e) in tokens (equal speeds assumed).
 //
 // cache_aware's latency decision credits a prefix hit twice (credit): its score is
-// TTFT(e) − matched(e)/rate(e), so an engine holding matched(e) tokens is kept unless
-// another is expected faster by more than twice the hit's prefill time: once for the
-// request's own prefill, once for the wait that prefill would add for every request queued
-// behind it there. load_based and power_of_two score TTFT(e) alone.
+// TTFT(e) − matched(e)/rate(e) (TTFT(e) already leaves the matched tokens out), so an
+// engine holding matched(e) tokens is kept unless its queue exceeds another's by more than
+// twice matched(e): once for the request's own prefill, once for the wait that prefill
+// would add for every request queued behind it there. load_based and power_of_two score
+// TTFT(e) alone.
 //
 // Scores within latencySlack of the best engine's TTFT are a tie, broken by the decode load
 // the request would join (load.DecodeLoad: the larger of reported running requests and
