@@ -50,30 +50,36 @@ func (p *LoadBased) Pick(c []*Worker, req *PickRequest) (Pick, error) {
 		snap = p.loads.Load()
 	}
 	now := nowOf(req)
-	keys := p.keys(c, snap, now, perDispatchTokens(req))
 	best, reason := 0, ReasonLeastLoad
-	native := allNative(keys)
-	switch {
-	case !native:
-		reason = ReasonInFlight
-		for i := 1; i < len(keys); i++ {
-			if keys[i].inflight < keys[best].inflight {
-				best = i
-			}
-		}
-	case req.Stage != StageDecode:
-		lk := p.latency[:0]
+	if req.Stage != StageDecode {
+		// One pass: each candidate's observation is read once.
+		lk, native := p.latency[:0], true
 		for _, w := range c {
 			o := observe(snap, w, now)
+			native = native && o.Native()
 			lk = append(lk, latencyOf(w, &o, uncachedOf(req, w)))
 		}
-		var timed bool
-		timed, p.rates = prepareKeys(lk, p.rates)
 		p.latency = lk
-		best = fastest(lk, timed)
-	default:
+		if native {
+			var timed bool
+			timed, p.rates = prepareKeys(lk, p.rates)
+			best = fastest(lk, timed)
+		} else {
+			reason = ReasonInFlight
+			for i := 1; i < len(lk); i++ {
+				if lk[i].inflight < lk[best].inflight {
+					best = i
+				}
+			}
+		}
+	} else {
+		keys := p.keys(c, snap, now, perDispatchTokens(req))
+		native := allNative(keys)
+		if !native {
+			reason = ReasonInFlight
+		}
 		for i := 1; i < len(keys); i++ {
-			if lessLoad(&keys[i], &keys[best], true, false, false, req.Stage) {
+			if lessLoad(&keys[i], &keys[best], native, false, false, req.Stage) {
 				best = i
 			}
 		}
