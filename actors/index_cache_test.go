@@ -267,6 +267,8 @@ func TestCacheAwareSelectionOverZMQ(t *testing.T) {
 	cfg := config.Default()
 	cfg.KV.ReconnectBackoff = 10 * time.Millisecond
 	cfg.CacheAware.MinLoadChoices = 3 // exact minimum over the three engines
+	// The checks below are the threshold rule's: the minimum hit, the soft gate, the pin.
+	cfg.CacheAware.Decision = config.CacheDecisionThreshold
 	cfg.Workers = []config.Worker{
 		{ID: "A", URL: "http://127.0.0.1:3", Model: "m", Role: config.RolePlain, DPSize: 1},
 		{ID: "B", URL: "http://127.0.0.1:1", Model: "m", Role: config.RolePlain, DPSize: 1, KVEvents: "tcp://" + b.pub.Addr().String()},
