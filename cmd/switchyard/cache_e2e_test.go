@@ -74,6 +74,8 @@ func cacheRouterConfig(engines []*mockengine.Engine) *config.Config {
 	cfg.Server.DrainTimeout = 5 * time.Second
 	cfg.Load.PollInterval = 50 * time.Millisecond
 	cfg.KV.ReconnectBackoff = 20 * time.Millisecond
+	// The tests check the threshold decision's rules: the minimum hit and the soft gate.
+	cfg.CacheAware.Decision = config.CacheDecisionThreshold
 	cfg.CacheAware.MinMatchedTokens = cacheMinMatched
 	cfg.CacheAware.WorkerQueueLimit = cacheQueueLimit
 	cfg.CacheAware.MinLoadChoices = len(engines) // the exact minimum on a miss
