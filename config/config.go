@@ -485,7 +485,8 @@ type CacheAware struct {
 	// first token is lowest (queued prefill work plus the uncached part of its prompt, at
 	// the engine's learned rate; admission checked once, on the winner), or "threshold"
 	// prefers a holder of at least min_matched_tokens under the queue, margin and pressure
-	// rules below (the settings from min_matched_tokens on apply to threshold only).
+	// rules below (the settings from min_matched_tokens on apply to threshold only). It
+	// applies to the local and remote sources; the approximate source keeps its own rule.
 	// Default latency.
 	Decision string `koanf:"decision" json:"decision"`
 	// MinMatchedTokens is the minimum prefix hit, in tokens, to prefer a holder. Default 1024.
