@@ -105,8 +105,10 @@ func vllmFleet(t *testing.T, p config.Policy) (*testServer, *vllmFake, *vllmFake
 	a := newVLLMFake(t, "A", 30, 20)
 	b := newVLLMFake(t, "B", 1, 0)
 	cfg := baseConfig()
-	// Each scrape's timeout is the poll interval: long enough for a loaded, race-enabled run.
-	cfg.Load.PollInterval = 250 * time.Millisecond
+	// Each scrape's timeout is the poll interval: 1 s leaves a loaded, race-enabled run
+	// time to answer (250 ms did not, at a load average of 20); the loop waits for scrapes,
+	// not for time.
+	cfg.Load.PollInterval = time.Second
 	const model = "Qwen/Qwen3-8B"
 	cfg.Workers = []config.Worker{plainWorker("A", a.srv.URL, model), plainWorker("B", b.srv.URL, model)}
 	cfg.Workers[1].Flavor = config.FlavorVLLM
