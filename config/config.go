@@ -14,13 +14,15 @@ const (
 
 // Policy type names, as written in configuration.
 const (
-	PolicyRoundRobin   = "round_robin"
-	PolicyRandom       = "random"
-	PolicyPowerOfTwo   = "power_of_two"
-	PolicyLoadBased    = "load_based"
-	PolicySessionAware = "session_aware"
-	PolicySticky       = "sticky"
-	PolicyCacheAware   = "cache_aware"
+	PolicyRoundRobin     = "round_robin"
+	PolicyRandom         = "random"
+	PolicyPowerOfTwo     = "power_of_two"
+	PolicyLoadBased      = "load_based"
+	PolicySessionAware   = "session_aware"
+	PolicySticky         = "sticky"
+	PolicyCacheAware     = "cache_aware"
+	PolicyConsistentHash = "consistent_hash"
+	PolicyPrefixHash     = "prefix_hash"
 )
 
 // Config is the router's whole configuration. Load fills it from defaults, a file, the
@@ -42,6 +44,8 @@ type Config struct {
 	Affinity Affinity `koanf:"affinity" json:"affinity"`
 	// CacheAware tunes every group whose policy is cache_aware.
 	CacheAware CacheAware `koanf:"cache_aware" json:"cache_aware"`
+	// Hashing tunes every group whose policy is consistent_hash or prefix_hash.
+	Hashing Hashing `koanf:"hashing" json:"hashing"`
 	// Health configures active health checks and circuit breakers.
 	Health Health `koanf:"health" json:"health"`
 	// Retry configures dispatch retries (same bucket first, failed engines excluded).
@@ -348,7 +352,7 @@ type Group struct {
 // Policy names a policy type with its admission caps and policy settings.
 type Policy struct {
 	// Type is the policy: round_robin, random, power_of_two, load_based, session_aware,
-	// sticky or cache_aware. Required.
+	// sticky, cache_aware, consistent_hash or prefix_hash. Required.
 	Type string `koanf:"type" json:"type"`
 	// Admission holds the per-engine caps. Default: every cap unset (admit all).
 	Admission Admission `koanf:"admission" json:"admission"`
@@ -465,6 +469,26 @@ type Affinity struct {
 	// admission, before the policy's fallback chooses. It builds the KV-event prefix index
 	// for models with a session_aware or sticky group (plain or prefill). Default false.
 	PrefixRebind bool `koanf:"prefix_rebind" json:"prefix_rebind"`
+}
+
+// Hashing tunes the stateless hashing policies, consistent_hash and prefix_hash: both place
+// engines on a consistent-hash ring by worker ID and bound each engine's load.
+type Hashing struct {
+	// KeyHeaders are the request headers consistent_hash reads its key from, in order; the
+	// first one present counts. Each a valid header name; at least one. Default
+	// ["x-sgl-routing-key", "x-session-id"].
+	KeyHeaders []string `koanf:"key_headers" json:"key_headers"`
+	// LoadFactor bounds each engine's router-local in-flight requests at load_factor times
+	// the group's average (rounded up, counting the request being placed); a key whose
+	// engine is at the bound goes to the next engine on the ring. At least 1; 1 is strict
+	// balance, larger keeps more keys home. Default 1.25.
+	LoadFactor float64 `koanf:"load_factor" json:"load_factor" unit:"times the average in-flight"`
+	// VirtualNodes is how many points each engine has on the ring, 1..4096; more spreads
+	// keys more evenly. Default 160.
+	VirtualNodes int `koanf:"virtual_nodes" json:"virtual_nodes" unit:"points per engine"`
+	// PrefixTokens is how many leading prompt tokens prefix_hash hashes, at least 1.
+	// Default 256.
+	PrefixTokens int `koanf:"prefix_tokens" json:"prefix_tokens" unit:"tokens"`
 }
 
 // CacheAware tunes the cache_aware policy.

@@ -56,6 +56,12 @@ func Default() *Config {
 			SweepInterval:    60 * time.Second,
 			MaxBindings:      100_000,
 		},
+		Hashing: Hashing{
+			KeyHeaders:   []string{"x-sgl-routing-key", "x-session-id"},
+			LoadFactor:   1.25,
+			VirtualNodes: 160,
+			PrefixTokens: 256,
+		},
 		CacheAware: CacheAware{
 			Source:             CacheSourceLocal,
 			Decision:           CacheDecisionLatency,

@@ -361,7 +361,7 @@ func TestLoadFlagErrors(t *testing.T) {
 		{"max in flight zero", []string{"--max-in-flight", "0"}, []string{"--max-in-flight: must be at least 1, got 0"}},
 		{"unknown affinity mode", []string{"--affinity-mode", "loose"}, []string{`--affinity-mode: unknown mode "loose" (only strict)`}},
 		{"unknown policy", []string{"--policy", "fastest"},
-			[]string{`--policy: unknown policy "fastest" (known: round_robin, random, power_of_two, load_based, session_aware, sticky, cache_aware)`}},
+			[]string{`--policy: unknown policy "fastest" (known: round_robin, random, power_of_two, load_based, session_aware, sticky, cache_aware, consistent_hash, prefix_hash)`}},
 		{"cache_aware decode policy", []string{"--decode-policy", "cache_aware"},
 			[]string{"--decode-policy: cache_aware is only valid on plain or prefill groups"}},
 		{"decode policy without pd buckets", []string{"--config", plain, "--decode-policy", "random"},

@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"math"
 	"net"
 	"net/url"
 	"slices"
@@ -13,7 +14,7 @@ import (
 // policyNames lists the known policy types in configuration order.
 func policyNames() []string {
 	return []string{PolicyRoundRobin, PolicyRandom, PolicyPowerOfTwo, PolicyLoadBased,
-		PolicySessionAware, PolicySticky, PolicyCacheAware}
+		PolicySessionAware, PolicySticky, PolicyCacheAware, PolicyConsistentHash, PolicyPrefixHash}
 }
 
 func knownPolicy(name string) bool { return slices.Contains(policyNames(), name) }
@@ -40,6 +41,7 @@ func (c *Config) Validate() error {
 	c.validateAffinity(&p)
 	c.validateCluster(&p)
 	c.validateCacheAware(&p)
+	c.validateHashing(&p)
 	c.validateHealth(&p)
 	c.validateRetry(&p)
 	c.validateUpstream(&p)
@@ -456,6 +458,25 @@ func (c *Config) validateAffinity(p *problems) {
 	positive(p, "affinity.idle_timeout", a.IdleTimeout)
 	positive(p, "affinity.sweep_interval", a.SweepInterval)
 	atLeast(p, "affinity.max_bindings", int64(a.MaxBindings), 1)
+}
+
+func (c *Config) validateHashing(p *problems) {
+	h := c.Hashing
+	if len(h.KeyHeaders) == 0 {
+		p.add("hashing.key_headers", ErrInvalid, "must name at least one header")
+	}
+	for i, name := range h.KeyHeaders {
+		if !validHeaderName(name) {
+			p.add(fmt.Sprintf("hashing.key_headers[%d]", i), ErrInvalid, fmt.Sprintf("must be a non-empty HTTP header name, got %q", name))
+		}
+	}
+	if !(h.LoadFactor >= 1) || math.IsInf(h.LoadFactor, 1) {
+		p.add("hashing.load_factor", ErrInvalid, fmt.Sprintf("must be a finite number of at least 1, got %v", h.LoadFactor))
+	}
+	if h.VirtualNodes < 1 || h.VirtualNodes > 4096 {
+		p.add("hashing.virtual_nodes", ErrInvalid, fmt.Sprintf("must be in 1..4096, got %d", h.VirtualNodes))
+	}
+	atLeast(p, "hashing.prefix_tokens", int64(h.PrefixTokens), 1)
 }
 
 func (c *Config) validateCacheAware(p *problems) {

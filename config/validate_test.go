@@ -232,9 +232,19 @@ func TestValidate(t *testing.T) {
 		{name: "dropped default policy", kind: ErrDropped, mutate: func(c *Config) { c.DefaultPolicy.Type = "fused_score" },
 			want: []string{`default_policy.type: unknown policy "fused_score" (dropped; use power_of_two or cache_aware)`}},
 		{name: "unknown policy", mutate: func(c *Config) { bucket(c, "qwen", 0).Groups.Plain.Policy = &Policy{Type: "least_busy"} },
-			want: []string{`models.qwen.buckets[0].groups.plain.policy.type: unknown policy "least_busy" (known: round_robin, random, power_of_two, load_based, session_aware, sticky, cache_aware)`}},
+			want: []string{`models.qwen.buckets[0].groups.plain.policy.type: unknown policy "least_busy" (known: round_robin, random, power_of_two, load_based, session_aware, sticky, cache_aware, consistent_hash, prefix_hash)`}},
 		{name: "policy without type", mutate: func(c *Config) { bucket(c, "qwen", 0).Groups.Plain.Policy = &Policy{} },
-			want: []string{"models.qwen.buckets[0].groups.plain.policy.type: required (one of round_robin, random, power_of_two, load_based, session_aware, sticky, cache_aware)"}},
+			want: []string{"models.qwen.buckets[0].groups.plain.policy.type: required (one of round_robin, random, power_of_two, load_based, session_aware, sticky, cache_aware, consistent_hash, prefix_hash)"}},
+		{name: "hashing settings", mutate: func(c *Config) {
+			c.Hashing = Hashing{KeyHeaders: []string{"x-user", "bad header"}, LoadFactor: 0.9, VirtualNodes: 0, PrefixTokens: 0}
+		}, want: []string{
+			`hashing.key_headers[1]: must be a non-empty HTTP header name, got "bad header"`,
+			"hashing.load_factor: must be a finite number of at least 1, got 0.9",
+			"hashing.virtual_nodes: must be in 1..4096, got 0",
+			"hashing.prefix_tokens: must be at least 1, got 0",
+		}},
+		{name: "hashing without key headers", mutate: func(c *Config) { c.Hashing.KeyHeaders = nil },
+			want: []string{"hashing.key_headers: must name at least one header"}},
 		{name: "every known policy on a plain group", mutate: func(c *Config) {
 			b := bucket(c, "qwen", 0)
 			for _, name := range policyNames() {

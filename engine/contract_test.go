@@ -43,6 +43,18 @@ func policyFactories() map[string]func(adm EngineAdmission, loads LoadReader) Po
 		PolicySticky + "/keyed": func(adm EngineAdmission, loads LoadReader) Policy {
 			return keyedPolicy{NewSticky(adm, loads, newMemAffinity(), NewRoundRobin(nil, loads)), "key-1"}
 		},
+		PolicyConsistentHash: func(adm EngineAdmission, loads LoadReader) Policy {
+			return NewConsistentHash(adm, loads, 160, 1.25)
+		},
+		PolicyConsistentHash + "/keyed": func(adm EngineAdmission, loads LoadReader) Policy {
+			return hashKeyed{NewConsistentHash(adm, loads, 160, 1.25), "user-7"}
+		},
+		PolicyPrefixHash: func(adm EngineAdmission, loads LoadReader) Policy {
+			return NewPrefixHash(adm, loads, 4, 160, 1.25)
+		},
+		PolicyPrefixHash + "/tokens": func(adm EngineAdmission, loads LoadReader) Policy {
+			return tokensKeyed{NewPrefixHash(adm, loads, 4, 160, 1.25), []uint32{1, 2, 3, 4, 5, 6}}
+		},
 		PolicyCacheAware: func(adm EngineAdmission, loads LoadReader) Policy {
 			return NewCacheAware(adm, loads, nil, testCacheSettings(), testRNG(), nil)
 		},

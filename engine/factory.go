@@ -176,6 +176,12 @@ func (b *builder) policy(pc config.Policy, stage Stage, path string) (Policy, er
 		return b.affinityPolicy(pc, adm, stage, path)
 	case PolicyCacheAware:
 		return b.cacheAware(adm, stage, path)
+	case PolicyConsistentHash:
+		h := b.cfg.Hashing
+		return NewConsistentHash(adm, b.deps.Loads, h.VirtualNodes, h.LoadFactor), nil
+	case PolicyPrefixHash:
+		h := b.cfg.Hashing
+		return NewPrefixHash(adm, b.deps.Loads, h.PrefixTokens, h.VirtualNodes, h.LoadFactor), nil
 	}
 	return nil, fmt.Errorf("%s.type: unknown policy %q: %w", path, pc.Type, ErrInvalidConfiguration)
 }

@@ -54,6 +54,9 @@ type BucketRequest struct {
 	SessionKey string
 	// RoutingKey is the sticky routing key, or "".
 	RoutingKey string
+	// HashKey is consistent_hash's key: the value of the first configured hashing header
+	// present (hashing.key_headers), or "".
+	HashKey string
 	// Prefix is the request's prefix-lookup memo, shared by every bucket attempt; nil when no
 	// policy of the model needs it.
 	Prefix PrefixMatcher
@@ -108,11 +111,13 @@ func observe(snap *load.Snapshot, w *Worker, now time.Time) load.Observation {
 
 // Policy names, as configured.
 const (
-	PolicyRoundRobin   = config.PolicyRoundRobin
-	PolicyRandom       = config.PolicyRandom
-	PolicyPowerOfTwo   = config.PolicyPowerOfTwo
-	PolicyLoadBased    = config.PolicyLoadBased
-	PolicySessionAware = config.PolicySessionAware
-	PolicySticky       = config.PolicySticky
-	PolicyCacheAware   = config.PolicyCacheAware
+	PolicyRoundRobin     = config.PolicyRoundRobin
+	PolicyRandom         = config.PolicyRandom
+	PolicyPowerOfTwo     = config.PolicyPowerOfTwo
+	PolicyLoadBased      = config.PolicyLoadBased
+	PolicySessionAware   = config.PolicySessionAware
+	PolicySticky         = config.PolicySticky
+	PolicyCacheAware     = config.PolicyCacheAware
+	PolicyConsistentHash = config.PolicyConsistentHash
+	PolicyPrefixHash     = config.PolicyPrefixHash
 )

@@ -269,6 +269,9 @@ func (s *Server) serveInference(ctx *fasthttp.RequestCtx, kind routeKind, ex *ex
 		Now:          start,
 		SLO:          targets,
 	}
+	if mr.hashKey {
+		ex.breq.HashKey = s.hashKey(&ctx.Request.Header)
+	}
 	if mr.prefix && kind.generates() {
 		seq := ids
 		if len(seq) == 0 && mr.tok == nil && s.cache.Approximate() != nil {
@@ -374,6 +377,17 @@ func sideOf(pick *engine.BucketPick, w *engine.Worker) sides {
 		return sidePrefill
 	}
 	return sideDecode
+}
+
+// hashKey is consistent_hash's key: the value of the first configured hashing header the
+// request carries, or "".
+func (s *Server) hashKey(h *fasthttp.RequestHeader) string {
+	for _, name := range s.hashHeaders {
+		if v := h.PeekBytes(name); len(v) > 0 {
+			return string(v)
+		}
+	}
+	return ""
 }
 
 // picked is a selection's engines once they admitted the dispatch: their lifecycle state and

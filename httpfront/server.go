@@ -105,6 +105,7 @@ type modelRoute struct {
 	stages   []engine.Stage // stages some bucket requires, for readiness
 	prefix   bool           // requests make a prefix lookup (cache_aware, affinity.prefix_rebind)
 	slo      engine.SLOTargets
+	hashKey  bool // some group runs consistent_hash: requests read hashing.key_headers
 }
 
 // Server is Switchyard's HTTP front end: fasthttp routes, request preparation, selection
@@ -146,6 +147,8 @@ type Server struct {
 	only    *modelRoute // the single configured model, for /generate without "model"
 	dec     decoders
 	exPool  sync.Pool // *exchange
+	// hashHeaders are hashing.key_headers, canonical: consistent_hash's key, first present.
+	hashHeaders [][]byte
 
 	// fwd are the forwarded client header names (allow-list and affinity headers).
 	fwd forwardNames
@@ -226,6 +229,9 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		serving:  make(chan struct{}),
 		fwd:      newForwardNames(cfg.Affinity.SessionHeader, cfg.Affinity.RoutingKeyHeader),
 	}
+	for _, h := range cfg.Hashing.KeyHeaders {
+		s.hashHeaders = append(s.hashHeaders, fasthttp.AppendNormalizedHeaderKey(nil, h))
+	}
 	s.exPool.New = func() any { return new(exchange) }
 	s.ridBase = rand.Uint64()
 	s.aborts = newAbortMetrics(s.set)
@@ -301,6 +307,7 @@ func (s *Server) build() error {
 			for _, g := range b.Groups() {
 				if g != nil {
 					need[g.Stage()] = true
+					mr.hashKey = mr.hashKey || g.Policy() != nil && g.Policy().Name() == engine.PolicyConsistentHash
 				}
 			}
 		}
