@@ -141,6 +141,23 @@ type Server struct {
 	// plane, whose /metrics then answers 404 (sgl-router's --prometheus-port). It must
 	// differ from port. Default: none (/metrics is served on the data plane).
 	MetricsPort *int `koanf:"metrics_port" json:"metrics_port"`
+	// PriorityHeader carries a request's priority when its body has no "priority" field; a
+	// higher priority leaves the queues first. Empty reads the body alone. Default
+	// "x-priority".
+	PriorityHeader string `koanf:"priority_header" json:"priority_header"`
+	// MaxPriority bounds priorities: a request's priority must be an integer in
+	// [-max_priority, max_priority], else it is refused with 400. 0..1000. Default 10.
+	MaxPriority int `koanf:"max_priority" json:"max_priority" unit:"levels"`
+	// TenantHeader carries a request's tenant, whose requests share the queues fairly with
+	// other tenants' within a priority; a request without it counts as the tenant of its
+	// API key (requests without either share one tenant). Empty uses the API key alone.
+	// Default empty.
+	TenantHeader string `koanf:"tenant_header" json:"tenant_header"`
+	// TenantWeights gives tenants named by tenant_header a weight, at least 1: a tenant of
+	// weight 3 gets three queue slots to a weight-1 tenant's one while both wait. Named
+	// tenants get their own metric label; every other tenant weighs 1 and is labelled
+	// "other". Default: none.
+	TenantWeights map[string]int `koanf:"tenant_weights" json:"tenant_weights" unit:"relative share"`
 }
 
 // Worker is one engine known from configuration.

@@ -21,6 +21,8 @@ func Default() *Config {
 			// Four bodies at the 32 MiB cap.
 			MaxBodyBytesInFlight: 128 << 20,
 			MetricsHost:          "127.0.0.1",
+			PriorityHeader:       "x-priority",
+			MaxPriority:          10,
 		},
 		Actors: Actors{
 			Mailbox: Mailbox{

@@ -131,6 +131,26 @@ func (c *Config) validateFlow(p *problems) {
 	inRange(p, "server.rate_limit.per_key.requests_per_second", rl.PerKey.RequestsPerSecond, 0, math.MaxFloat64)
 	atLeast(p, "server.rate_limit.per_key.burst", int64(rl.PerKey.Burst), 0)
 	atLeast(p, "server.rate_limit.per_key.max_keys", int64(rl.PerKey.MaxKeys), 1)
+	for _, h := range []struct{ path, v string }{
+		{"server.priority_header", s.PriorityHeader},
+		{"server.tenant_header", s.TenantHeader},
+	} {
+		if h.v != "" && !validHeaderName(h.v) {
+			p.add(h.path, ErrInvalid, fmt.Sprintf("must be an HTTP header name or empty, got %q", h.v))
+		}
+	}
+	if s.MaxPriority < 0 || s.MaxPriority > 1000 {
+		p.add("server.max_priority", ErrInvalid, fmt.Sprintf("must be in 0..1000, got %d", s.MaxPriority))
+	}
+	for _, name := range sortedKeys(s.TenantWeights) {
+		path := "server.tenant_weights." + name
+		if name == "" {
+			p.add(path, ErrInvalid, "a tenant name must not be empty")
+		}
+		if w := s.TenantWeights[name]; w < 1 || w > 1000 {
+			p.add(path, ErrInvalid, fmt.Sprintf("must be in 1..1000, got %d", w))
+		}
+	}
 }
 
 // validateModelFlow checks one model's concurrency limit and queue.

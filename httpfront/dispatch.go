@@ -224,7 +224,7 @@ func (s *Server) serveInference(ctx *fasthttp.RequestCtx, kind routeKind, ex *ex
 	}
 	o.mm = mr.metrics
 	if s.gate != nil {
-		tk, e := s.admit(ctx, mr.name)
+		tk, e := s.admit(ctx, mr.name, f)
 		if e != nil {
 			return s.fail(ctx, o, e)
 		}

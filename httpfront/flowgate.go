@@ -60,14 +60,18 @@ func apiKey(h *fasthttp.RequestHeader) []byte {
 }
 
 // admit takes the request's concurrency slots (its model's, then the router's), waiting in
-// their queues when a limit is reached. The wait counts from the request's arrival; it ends
-// early when the client leaves (the connection is watched only while the request waits) or
-// when the drain timeout has passed.
-func (s *Server) admit(ctx *fasthttp.RequestCtx, model string) (flow.Ticket, *apiError) {
+// their queues when a limit is reached, ordered by the request's class (classOf). The wait
+// counts from the request's arrival; it ends early when the client leaves (the connection is
+// watched only while the request waits) or when the drain timeout has passed.
+func (s *Server) admit(ctx *fasthttp.RequestCtx, model string, f *requestFacts) (flow.Ticket, *apiError) {
 	if s.gate == nil {
 		return flow.Ticket{}, nil
 	}
-	t, err := s.gate.Admit(model, ctx.Time(), flow.Cancel{Client: (*clientWatch)(ctx), Stop: s.hardStop})
+	cls, e := s.classOf(&ctx.Request.Header, f)
+	if e != nil {
+		return flow.Ticket{}, e
+	}
+	t, err := s.gate.Admit(model, ctx.Time(), cls, flow.Cancel{Client: (*clientWatch)(ctx), Stop: s.hardStop})
 	if err == nil {
 		return t, nil
 	}
@@ -86,6 +90,35 @@ func (s *Server) admit(ctx *fasthttp.RequestCtx, model string) (flow.Ticket, *ap
 		return t, errClientGone
 	}
 	return t, errShuttingDown
+}
+
+// classOf is the request's queue class: its priority (the body's "priority", else the
+// server.priority_header, else 0; outside ±server.max_priority a 400) and its tenant (the
+// server.tenant_header's value, else its API key). The tenant aliases the request.
+func (s *Server) classOf(h *fasthttp.RequestHeader, f *requestFacts) (flow.Class, *apiError) {
+	var cls flow.Class
+	prio, from := f.priority, "priority"
+	if !f.hasPriority && len(s.prioHeader) > 0 {
+		if v := h.PeekBytes(s.prioHeader); len(v) > 0 {
+			// Slow path: a priority header.
+			n, err := strconv.ParseInt(string(v), 10, 64)
+			if err != nil {
+				return cls, paramError(CodeInvalidParameter, "priority", "the "+s.cfg.Server.PriorityHeader+" header must be an integer")
+			}
+			prio, from = n, s.cfg.Server.PriorityHeader
+		}
+	}
+	if limit := int64(s.cfg.Server.MaxPriority); prio < -limit || prio > limit {
+		return cls, paramError(CodeInvalidParameter, "priority", from+" must be in -"+strconv.FormatInt(limit, 10)+".."+strconv.FormatInt(limit, 10))
+	}
+	cls.Priority = int(prio)
+	if len(s.tenantHeader) > 0 {
+		cls.Tenant = h.PeekBytes(s.tenantHeader)
+	}
+	if len(cls.Tenant) == 0 {
+		cls.Tenant, cls.Keyed = apiKey(h), true
+	}
+	return cls, nil
 }
 
 // clientWatch watches a request's client connection while the request waits in a queue

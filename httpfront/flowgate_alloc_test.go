@@ -19,7 +19,7 @@ func TestFlowGateAllocations(t *testing.T) {
 	cfg.Server.RateLimit = config.RateLimit{RequestsPerSecond: 1e9, Burst: 1 << 30,
 		PerKey: config.KeyRateLimit{RequestsPerSecond: 1e9, Burst: 1 << 30, MaxKeys: 100}}
 	cfg.Models = map[string]config.Model{"llama": {MaxConcurrentRequests: 64}}
-	s := &Server{gate: newGate(cfg, Options{}), now: newFakeClock().Now, hardStop: make(chan struct{})}
+	s := &Server{cfg: cfg, gate: newGate(cfg, Options{}), now: newFakeClock().Now, hardStop: make(chan struct{})}
 	if s.gate == nil || s.gate.Router() == nil || s.gate.Model("llama") == nil {
 		t.Fatal("limits not configured")
 	}
@@ -29,7 +29,7 @@ func TestFlowGateAllocations(t *testing.T) {
 		if e := s.limitRate(&ctx); e != nil {
 			t.Fatal(e)
 		}
-		tk, e := s.admit(&ctx, "llama")
+		tk, e := s.admit(&ctx, "llama", &requestFacts{})
 		if e != nil {
 			t.Fatal(e)
 		}

@@ -70,6 +70,9 @@ type requestFacts struct {
 	chat chatFields
 	// rid is the body's "rid" (SGLang's request ID), zero when absent.
 	rid jsonValue
+	// priority is the body's "priority" when hasPriority (forwarded to engines as is).
+	priority    int64
+	hasPriority bool
 
 	scratch []byte
 }
@@ -120,6 +123,9 @@ func parseRequest(kind routeKind, body []byte, f *requestFacts) *apiError {
 			perr = modelParam(v, &modelRaw)
 		case keyIs(key, "stream"):
 			perr = boolParam(v, "stream", &f.stream)
+		case keyIs(key, "priority"):
+			f.hasPriority = v.kind != kindNull
+			perr = intParam(v, "priority", math.MinInt64, &f.priority)
 		case keyIs(key, "max_tokens") && kind != routeGenerate:
 			perr = intParam(v, "max_tokens", 1, &maxTokens)
 		case keyIs(key, "max_completion_tokens") && kind == routeChat:

@@ -149,6 +149,9 @@ type Server struct {
 	exPool  sync.Pool // *exchange
 	// hashHeaders are hashing.key_headers, canonical: consistent_hash's key, first present.
 	hashHeaders [][]byte
+	// prioHeader and tenantHeader are server.priority_header and tenant_header, canonical;
+	// nil when unset.
+	prioHeader, tenantHeader []byte
 
 	// fwd are the forwarded client header names (allow-list and affinity headers).
 	fwd forwardNames
@@ -228,6 +231,12 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		hardStop: make(chan struct{}),
 		serving:  make(chan struct{}),
 		fwd:      newForwardNames(cfg.Affinity.SessionHeader, cfg.Affinity.RoutingKeyHeader),
+	}
+	if h := cfg.Server.PriorityHeader; h != "" {
+		s.prioHeader = fasthttp.AppendNormalizedHeaderKey(nil, h)
+	}
+	if h := cfg.Server.TenantHeader; h != "" {
+		s.tenantHeader = fasthttp.AppendNormalizedHeaderKey(nil, h)
 	}
 	for _, h := range cfg.Hashing.KeyHeaders {
 		s.hashHeaders = append(s.hashHeaders, fasthttp.AppendNormalizedHeaderKey(nil, h))

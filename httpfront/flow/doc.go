@@ -6,10 +6,10 @@
 // # What it owns
 //
 //   - Limiter: one concurrency limit and its queue. Under the limit a request takes a slot at
-//     once; over it, it waits in arrival order for a slot, until its deadline (ErrQueueTimeout,
+//     once; over it, it waits for a slot (by priority, then tenant fair share), until its deadline (ErrQueueTimeout,
 //     HTTP 408), until its client leaves (ErrClientGone: it is taken out of the queue), or
 //     until the router stops (ErrStopped). A full queue refuses at once (ErrQueueFull, 429).
-//     A slot is held until Release, which hands it straight to the head of the queue.
+//     A slot is held until Release, which hands it straight to the next waiter (see below).
 //   - TokenBucket: one rate limit (GCRA: the bucket is one atomic timestamp). KeyLimiter: one
 //     TokenBucket per key in a bounded, sharded table that forgets the least recently used
 //     keys (CLOCK), and first the keys whose bucket has refilled, whose forgetting loses
@@ -27,11 +27,16 @@
 // caller's cancel channels; the caller supplies those (httpfront watches the client's
 // connection), so this package knows nothing of HTTP.
 //
-// Issue 24's priorities and tenant fair sharing fit behind the queue type a Limiter keeps
-// (push, pop, remove under the Limiter's lock): priorities as one FIFO per level with pop
-// taking the highest non-empty level, fair sharing as per-tenant FIFOs served in weighted
-// round robin within a level. Nothing else changes: the fast path never looks at the queue
-// when nobody waits.
+// # Priorities and fair sharing
+//
+// A queued request carries a Class: its priority and its tenant. A Limiter's queue
+// (classQueue) keeps one level per priority and serves the highest non-empty level first;
+// within a level each tenant has its own FIFO, and tenants are served by start-time fair
+// queueing weighted by server.tenant_weights, so one tenant's backlog cannot hold back
+// another tenant's requests beyond their fair share. The fast path never looks at the class.
+// Gate counts every admitted or refused request, and the queue wait of those that waited,
+// per priority and tenant (switchyard_queue_class_*; tenants not named in the configuration
+// share the label "other", and API keys never become labels).
 //
 // # What a caller must release
 //

@@ -31,7 +31,7 @@ func BenchmarkAdmit(b *testing.B) {
 			b.ReportAllocs()
 			now := time.Now()
 			for b.Loop() {
-				tk, err := tt.g.Admit("llama", now, Cancel{})
+				tk, err := tt.g.Admit("llama", now, Class{}, Cancel{})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -43,7 +43,7 @@ func BenchmarkAdmit(b *testing.B) {
 			now := time.Now()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					tk, err := tt.g.Admit("llama", now, Cancel{})
+					tk, err := tt.g.Admit("llama", now, Class{}, Cancel{})
 					if err != nil {
 						b.Error(err)
 						return

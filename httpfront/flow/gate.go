@@ -3,6 +3,8 @@ package flow
 import (
 	"errors"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
@@ -22,7 +24,13 @@ const (
 	MetricConcurrent      = "switchyard_concurrent_requests"
 	MetricRateLimited     = "switchyard_rate_limited_total"
 	MetricRateLimitKeys   = "switchyard_rate_limit_keys"
+	MetricClassWait       = "switchyard_queue_class_wait_seconds"
+	MetricClassRequests   = "switchyard_queue_class_requests_total"
 )
+
+// TenantOther labels the metrics of every tenant that server.tenant_weights does not name
+// (API-key tenants among them: keys never reach a label).
+const TenantOther = "other"
 
 // Scopes of the limits, as errors name them.
 const (
@@ -53,6 +61,27 @@ type Gate struct {
 	rateErr, keyErr *LimitError
 	rateLimited     *metrics.Counter
 	keyLimited      *metrics.Counter
+
+	// tenants are the configured tenant weights by name (server.tenant_weights).
+	tenants map[string]tenant
+	set     *metrics.Set
+	// classes holds the per-class metrics by tenant (index 0: "other", then each configured
+	// tenant's idx) and priority (offset by maxPrio), created on a class's first request.
+	classes [][]atomic.Pointer[classMetrics]
+	maxPrio int
+	mu      sync.Mutex // serializes the creation of class metrics
+}
+
+type tenant struct {
+	label  string
+	weight int
+	idx    int
+}
+
+// classMetrics are one (priority, tenant label)'s metrics.
+type classMetrics struct {
+	wait              *metrics.PrometheusHistogram
+	admitted, refused *metrics.Counter
 }
 
 // NewGate returns the gate of cfg (server.max_concurrent_requests, queue_size,
@@ -71,6 +100,17 @@ func NewGate(cfg *config.Config, opts Options) *Gate {
 	timeout := s.QueueTimeout
 	if timeout <= 0 {
 		timeout = config.Default().Server.QueueTimeout
+	}
+	g.set = set
+	g.maxPrio = max(s.MaxPriority, 0)
+	g.classes = make([][]atomic.Pointer[classMetrics], 1, 1+len(s.TenantWeights))
+	g.classes[0] = make([]atomic.Pointer[classMetrics], 2*g.maxPrio+1)
+	for _, name := range sortedNames(s.TenantWeights) {
+		if g.tenants == nil {
+			g.tenants = make(map[string]tenant, len(s.TenantWeights))
+		}
+		g.tenants[name] = tenant{label: series.Label(name), weight: s.TenantWeights[name], idx: len(g.classes)}
+		g.classes = append(g.classes, make([]atomic.Pointer[classMetrics], 2*g.maxPrio+1))
 	}
 	if rl := s.RateLimit; rl.RequestsPerSecond > 0 {
 		g.rate = NewTokenBucket(rl.RequestsPerSecond, config.EffectiveBurst(rl.RequestsPerSecond, rl.Burst))
@@ -179,29 +219,91 @@ func (t Ticket) Release() {
 // Admit takes a request's concurrency slots: its model's first, then the router's (so a
 // request waiting for its model holds nothing that other models need). arrived is when the
 // request reached the router, on the wall clock: each queue's timeout counts from it, so the
-// router's queue_timeout bounds the whole wait. An error is a *LimitError (ErrQueueFull,
-// ErrQueueTimeout, ErrClientGone or ErrStopped) and holds no slot.
-func (g *Gate) Admit(model string, arrived time.Time, c Cancel) (Ticket, error) {
+// router's queue_timeout bounds the whole wait. cls orders the request in the queues
+// (priority, then its tenant's weighted fair share; Admit sets the weight from
+// server.tenant_weights). An error is a *LimitError (ErrQueueFull, ErrQueueTimeout,
+// ErrClientGone or ErrStopped) and holds no slot.
+func (g *Gate) Admit(model string, arrived time.Time, cls Class, c Cancel) (Ticket, error) {
 	if g == nil {
 		return Ticket{}, nil
 	}
-	var t Ticket
+	label, idx := TenantOther, 0
+	cls.Weight = 1
+	if t, ok := g.tenants[string(cls.Tenant)]; ok && !cls.Keyed {
+		label, idx, cls.Weight = t.label, t.idx, t.weight
+	}
+	var (
+		t      Ticket
+		queued bool
+		wait   time.Duration
+		err    error
+	)
 	if g.models != nil {
 		if l := g.models[model]; l != nil {
-			if err := l.Acquire(arrived, c); err != nil {
-				return Ticket{}, err
+			var q bool
+			var w time.Duration
+			if q, w, err = l.acquire(arrived, cls, c); err == nil {
+				t.model = l
 			}
-			t.model = l
+			queued, wait = q, w
 		}
 	}
-	if g.router != nil {
-		if err := g.router.Acquire(arrived, c); err != nil {
+	if err == nil && g.router != nil {
+		var q bool
+		var w time.Duration
+		if q, w, err = g.router.acquire(arrived, cls, c); err == nil {
+			t.router = g.router
+		} else {
 			t.Release()
+			t = Ticket{}
+		}
+		queued, wait = queued || q, wait+w
+	}
+	if g.router != nil || g.models != nil {
+		m := g.class(idx, cls.Priority, label)
+		if queued {
+			m.wait.Update(wait.Seconds())
+		}
+		if err != nil {
+			m.refused.Inc()
 			return Ticket{}, err
 		}
-		t.router = g.router
+		m.admitted.Inc()
 	}
 	return t, nil
+}
+
+// class returns the metrics of tenant index idx (labelled label) at priority prio (clamped
+// to ±server.max_priority), creating them on first use (slow path: once per class).
+func (g *Gate) class(idx, prio int, label string) *classMetrics {
+	prio = min(max(prio, -g.maxPrio), g.maxPrio)
+	slot := &g.classes[idx][prio+g.maxPrio]
+	if m := slot.Load(); m != nil {
+		return m
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if m := slot.Load(); m != nil {
+		return m
+	}
+	labels := `{priority="` + PriorityLabel(prio) + `",tenant="` + label + `"`
+	m := &classMetrics{
+		wait:     g.set.NewPrometheusHistogramExt(MetricClassWait+labels+"}", waitBuckets),
+		admitted: g.set.NewCounter(MetricClassRequests + labels + `,outcome="admitted"}`),
+		refused:  g.set.NewCounter(MetricClassRequests + labels + `,outcome="refused"}`),
+	}
+	slot.Store(m)
+	return m
+}
+
+// sortedNames returns m's keys in order.
+func sortedNames(m map[string]int) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // refund gives back the token key's bucket gave a request that another limit refused.

@@ -29,7 +29,7 @@ func TestNewGateNilWithoutLimits(t *testing.T) {
 	if after, err := g.Allow([]byte("k"), t0); err != nil || after != 0 {
 		t.Fatalf("nil Allow: %s %v", after, err)
 	}
-	tk, err := g.Admit("llama", time.Now(), Cancel{})
+	tk, err := g.Admit("llama", time.Now(), Class{}, Cancel{})
 	if err != nil || tk != (Ticket{}) {
 		t.Fatalf("nil Admit: %+v %v", tk, err)
 	}
@@ -92,13 +92,13 @@ func TestGateModelThenRouter(t *testing.T) {
 		if g.Model("qwen") != nil || g.Model("llama").Limit() != 1 || g.Router().Limit() != 2 {
 			t.Fatal("limiters not built from the configuration")
 		}
-		first, err := g.Admit("llama", time.Now(), Cancel{})
+		first, err := g.Admit("llama", time.Now(), Class{}, Cancel{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		done := make(chan Ticket, 1)
 		go func() {
-			tk, err := g.Admit("llama", time.Now(), Cancel{})
+			tk, err := g.Admit("llama", time.Now(), Class{}, Cancel{})
 			if err != nil {
 				t.Error(err)
 			}
@@ -108,7 +108,7 @@ func TestGateModelThenRouter(t *testing.T) {
 		if g.Model("llama").Queued() != 1 || g.Router().Active() != 1 {
 			t.Fatalf("llama queued %d, router active %d", g.Model("llama").Queued(), g.Router().Active())
 		}
-		other, err := g.Admit("qwen", time.Now(), Cancel{})
+		other, err := g.Admit("qwen", time.Now(), Class{}, Cancel{})
 		if err != nil || g.Router().Active() != 2 {
 			t.Fatalf("qwen while llama waits: %v (router active %d)", err, g.Router().Active())
 		}
@@ -136,11 +136,11 @@ func TestGateRouterRefusalReleasesModelSlot(t *testing.T) {
 		m.MaxConcurrentRequests = 5
 		c.Models["llama"] = m
 	}), Options{})
-	held, err := g.Admit("qwen", time.Now(), Cancel{})
+	held, err := g.Admit("qwen", time.Now(), Class{}, Cancel{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = g.Admit("llama", time.Now(), Cancel{})
+	_, err = g.Admit("llama", time.Now(), Class{}, Cancel{})
 	var le *LimitError
 	if !errors.Is(err, ErrQueueFull) || !errors.As(err, &le) || le.Scope != ScopeRouter {
 		t.Fatalf("err %v, want the router's queue full", err)
@@ -165,13 +165,13 @@ func TestGateModelQueueSettings(t *testing.T) {
 			qwen.QueueTimeout = time.Second
 			c.Models["qwen"] = qwen
 		}), Options{})
-		a, _ := g.Admit("llama", time.Now(), Cancel{})
-		if _, err := g.Admit("llama", time.Now(), Cancel{}); !errors.Is(err, ErrQueueFull) {
+		a, _ := g.Admit("llama", time.Now(), Class{}, Cancel{})
+		if _, err := g.Admit("llama", time.Now(), Class{}, Cancel{}); !errors.Is(err, ErrQueueFull) {
 			t.Fatalf("llama queue_size 0: %v", err)
 		}
-		b, _ := g.Admit("qwen", time.Now(), Cancel{})
+		b, _ := g.Admit("qwen", time.Now(), Class{}, Cancel{})
 		start := time.Now()
-		if _, err := g.Admit("qwen", time.Now(), Cancel{}); !errors.Is(err, ErrQueueTimeout) || time.Since(start) != time.Second {
+		if _, err := g.Admit("qwen", time.Now(), Class{}, Cancel{}); !errors.Is(err, ErrQueueTimeout) || time.Since(start) != time.Second {
 			t.Fatalf("qwen queue_timeout 1s: %v after %s", err, time.Since(start))
 		}
 		a.Release()
@@ -191,8 +191,8 @@ func TestGateQueueMetrics(t *testing.T) {
 			m.MaxConcurrentRequests = 3
 			c.Models["qwen"] = m
 		}), Options{Metrics: set, Observer: rec})
-		held, _ := g.Admit("llama", time.Now(), Cancel{})
-		go g.Admit("llama", time.Now(), Cancel{})
+		held, _ := g.Admit("llama", time.Now(), Class{}, Cancel{})
+		go g.Admit("llama", time.Now(), Class{}, Cancel{})
 		synctest.Wait()
 		out := metricsText(set)
 		for _, want := range []string{
@@ -204,8 +204,8 @@ func TestGateQueueMetrics(t *testing.T) {
 				t.Errorf("metrics lack %q:\n%s", want, out)
 			}
 		}
-		g.Admit("llama", time.Now(), Cancel{}) // queue full
-		time.Sleep(time.Second)                // the waiter times out
+		g.Admit("llama", time.Now(), Class{}, Cancel{}) // queue full
+		time.Sleep(time.Second)                         // the waiter times out
 		synctest.Wait()
 		held.Release()
 		out = metricsText(set)

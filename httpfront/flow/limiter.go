@@ -49,7 +49,7 @@ type Watcher interface {
 	Watch() (gone <-chan struct{}, stop func())
 }
 
-// Limiter is one concurrency limit with a bounded FIFO queue.
+// Limiter is one concurrency limit with a bounded queue ordered by priority and tenant.
 type Limiter struct {
 	scope   string
 	limit   int64
@@ -59,7 +59,7 @@ type Limiter struct {
 	active  atomic.Int64 // slots held
 	waiting atomic.Int64 // requests past the fast path that may queue: taken under mu
 	mu      sync.Mutex
-	q       fifo
+	q       classQueue
 
 	full, timedOut, gone, stopped *LimitError
 	obs                           Observer
@@ -102,16 +102,24 @@ func (l *Limiter) Queued() int {
 	return l.q.n
 }
 
-// Acquire takes a slot. Under the limit with nobody waiting it returns at once (fast path:
-// one compare-and-swap). Otherwise the request queues behind those already waiting, unless
-// the queue is full, and waits until a Release hands it a slot, until arrived plus the
-// Limiter's timeout, or until c fires. arrived is when the request reached the router, on
-// the wall clock. A nil error means the caller holds a slot and must Release it once.
-func (l *Limiter) Acquire(arrived time.Time, c Cancel) error {
+// Acquire takes a slot for a request of class cls. Under the limit with nobody waiting it
+// returns at once (fast path: one compare-and-swap; cls is not looked at). Otherwise the
+// request queues, unless the queue is full, and waits until a Release hands it a slot, until
+// arrived plus the Limiter's timeout, or until c fires; Release serves the highest priority
+// first and, within a priority, tenants by weighted fair sharing (see classQueue). arrived
+// is when the request reached the router, on the wall clock. A nil error means the caller
+// holds a slot and must Release it once.
+func (l *Limiter) Acquire(arrived time.Time, cls Class, c Cancel) error {
+	_, _, err := l.acquire(arrived, cls, c)
+	return err
+}
+
+// acquire is Acquire that also tells whether the request queued and how long it waited.
+func (l *Limiter) acquire(arrived time.Time, cls Class, c Cancel) (queued bool, wait time.Duration, err error) {
 	if l.waiting.Load() == 0 && l.tryAcquire() {
-		return nil
+		return false, 0, nil
 	}
-	return l.wait(arrived, c)
+	return l.wait(arrived, cls, c)
 }
 
 // tryAcquire takes a slot if one is free.
@@ -133,13 +141,13 @@ func (l *Limiter) tryAcquire() bool {
 // Release frees its slot before it looks at waiting; so either this request sees the freed
 // slot, or that Release sees this request and hands it the slot under the lock. Requests
 // already queued go first: a free slot is taken here only when the queue is empty.
-func (l *Limiter) wait(arrived time.Time, c Cancel) error {
+func (l *Limiter) wait(arrived time.Time, cls Class, c Cancel) (bool, time.Duration, error) {
 	l.mu.Lock()
 	l.waiting.Add(1)
 	if l.q.n == 0 && l.tryAcquire() {
 		l.waiting.Add(-1)
 		l.mu.Unlock()
-		return nil
+		return false, 0, nil
 	}
 	if l.q.n >= l.size {
 		l.waiting.Add(-1)
@@ -147,10 +155,10 @@ func (l *Limiter) wait(arrived time.Time, c Cancel) error {
 		if l.obs != nil {
 			l.obs.Dequeued(l, 0, l.full)
 		}
-		return l.full
+		return false, 0, l.full
 	}
 	w := &waiter{ready: make(chan struct{}, 1)}
-	l.q.push(w)
+	l.q.push(w, cls)
 	l.mu.Unlock()
 	if l.obs != nil {
 		l.obs.Queued(l)
@@ -193,13 +201,11 @@ func (l *Limiter) wait(arrived time.Time, c Cancel) error {
 			}
 		}
 	}
+	waited := time.Since(queued)
 	if l.obs != nil {
-		l.obs.Dequeued(l, time.Since(queued), errOrNil(err))
+		l.obs.Dequeued(l, waited, errOrNil(err))
 	}
-	if err != nil {
-		return err
-	}
-	return nil
+	return true, waited, errOrNil(err)
 }
 
 // errOrNil keeps a nil *LimitError a nil error.
@@ -210,7 +216,7 @@ func errOrNil(e *LimitError) error {
 	return e
 }
 
-// Release gives back a slot taken by Acquire, handing it to the head of the queue when
+// Release gives back a slot taken by Acquire, handing it to the next waiter (classQueue.pop) when
 // someone waits.
 func (l *Limiter) Release() {
 	if n := l.active.Add(-1); n < 0 {
@@ -234,10 +240,15 @@ type waiter struct {
 	queued     bool
 	// ready receives once when the waiter is handed a slot (capacity 1: never blocks).
 	ready chan struct{}
+	// Where the waiter is queued, and its fair-queueing tags (see classQueue).
+	lvl      *level
+	ten      *tenantQueue
+	tag, seq uint64
 }
 
-// fifo is a Limiter's queue: an intrusive doubly linked list in arrival order, so that a
-// request that leaves is taken out in constant time. It is guarded by the Limiter's mutex.
+// fifo is one tenant's queue at one priority: an intrusive doubly linked list in arrival
+// order, so that a request that leaves is taken out in constant time. It is guarded by the
+// Limiter's mutex.
 type fifo struct {
 	head, tail *waiter
 	n          int
@@ -252,13 +263,6 @@ func (q *fifo) push(w *waiter) {
 	}
 	q.tail = w
 	q.n++
-}
-
-// pop takes the head; the queue must not be empty.
-func (q *fifo) pop() *waiter {
-	w := q.head
-	q.remove(w)
-	return w
 }
 
 // remove takes w out and reports whether it was queued.

@@ -17,7 +17,7 @@ type attempt struct {
 
 func start(l *Limiter, arrived time.Time, c Cancel) *attempt {
 	a := &attempt{done: make(chan error, 1)}
-	go func() { a.done <- l.Acquire(arrived, c) }()
+	go func() { a.done <- l.Acquire(arrived, Class{}, c) }()
 	return a
 }
 
@@ -40,14 +40,14 @@ func (a *attempt) waiting() bool { return len(a.done) == 0 }
 func TestLimiterFastPath(t *testing.T) {
 	l := NewLimiter("router", 3, 0, time.Second, nil)
 	for i := range 3 {
-		if err := l.Acquire(time.Now(), Cancel{}); err != nil {
+		if err := l.Acquire(time.Now(), Class{}, Cancel{}); err != nil {
 			t.Fatalf("Acquire %d under the limit: %v", i, err)
 		}
 	}
 	if l.Active() != 3 || l.Queued() != 0 {
 		t.Fatalf("active %d queued %d", l.Active(), l.Queued())
 	}
-	err := l.Acquire(time.Now(), Cancel{})
+	err := l.Acquire(time.Now(), Class{}, Cancel{})
 	var le *LimitError
 	if !errors.Is(err, ErrQueueFull) || !errors.As(err, &le) || le.Scope != "router" {
 		t.Fatalf("over the limit with no queue: %v, want a router ErrQueueFull", err)
@@ -69,7 +69,7 @@ func TestLimiterFastPath(t *testing.T) {
 func TestLimiterQueueInArrivalOrder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		l := NewLimiter("router", 1, 3, time.Minute, nil)
-		if err := l.Acquire(time.Now(), Cancel{}); err != nil {
+		if err := l.Acquire(time.Now(), Class{}, Cancel{}); err != nil {
 			t.Fatal(err)
 		}
 		var queued []*attempt
@@ -81,7 +81,7 @@ func TestLimiterQueueInArrivalOrder(t *testing.T) {
 			t.Fatalf("queued %d, want 3", l.Queued())
 		}
 		// The queue is full: a fifth request is refused at once.
-		if err := l.Acquire(time.Now(), Cancel{}); !errors.Is(err, ErrQueueFull) {
+		if err := l.Acquire(time.Now(), Class{}, Cancel{}); !errors.Is(err, ErrQueueFull) {
 			t.Fatalf("full queue: %v", err)
 		}
 		for i, a := range queued {
@@ -109,8 +109,8 @@ func TestLimiterQueueInArrivalOrder(t *testing.T) {
 func TestLimiterNewArrivalsQueueBehindWaiters(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		l := NewLimiter("router", 2, 4, time.Minute, nil)
-		l.Acquire(time.Now(), Cancel{})
-		l.Acquire(time.Now(), Cancel{})
+		l.Acquire(time.Now(), Class{}, Cancel{})
+		l.Acquire(time.Now(), Class{}, Cancel{})
 		first := start(l, time.Now(), Cancel{})
 		synctest.Wait()
 		second := start(l, time.Now(), Cancel{})
@@ -140,7 +140,7 @@ func TestLimiterNewArrivalsQueueBehindWaiters(t *testing.T) {
 func TestLimiterQueueTimeout(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		l := NewLimiter("model llama", 1, 2, time.Second, nil)
-		l.Acquire(time.Now(), Cancel{})
+		l.Acquire(time.Now(), Class{}, Cancel{})
 		arrived := time.Now()
 		a := start(l, arrived, Cancel{})
 		time.Sleep(999 * time.Millisecond)
@@ -180,7 +180,7 @@ func TestLimiterCancel(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				l := NewLimiter("router", 1, 3, time.Minute, nil)
-				l.Acquire(time.Now(), Cancel{})
+				l.Acquire(time.Now(), Class{}, Cancel{})
 				ch := make(chan struct{})
 				w := &chanWatcher{gone: ch}
 				c := Cancel{Client: w}
@@ -239,7 +239,7 @@ func TestLimiterWatchesOnlyWaiters(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		l := NewLimiter("router", 1, 1, time.Minute, nil)
 		w := &chanWatcher{gone: make(chan struct{})}
-		if err := l.Acquire(time.Now(), Cancel{Client: w}); err != nil || w.watches != 0 {
+		if err := l.Acquire(time.Now(), Class{}, Cancel{Client: w}); err != nil || w.watches != 0 {
 			t.Fatalf("fast path: %v, %d watches", err, w.watches)
 		}
 		a := start(l, time.Now(), Cancel{Client: w})
@@ -251,7 +251,7 @@ func TestLimiterWatchesOnlyWaiters(t *testing.T) {
 		}
 		b := start(l, time.Now(), Cancel{}) // fills the queue
 		synctest.Wait()
-		if err := l.Acquire(time.Now(), Cancel{Client: w}); !errors.Is(err, ErrQueueFull) || w.watches != 1 {
+		if err := l.Acquire(time.Now(), Class{}, Cancel{Client: w}); !errors.Is(err, ErrQueueFull) || w.watches != 1 {
 			t.Fatalf("refused at once: %v, %d watches", err, w.watches)
 		}
 		l.Release()
@@ -288,10 +288,10 @@ func TestLimiterObserver(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rec := &recorder{}
 		l := NewLimiter("router", 1, 1, time.Second, rec)
-		l.Acquire(time.Now(), Cancel{}) // fast path: no event
+		l.Acquire(time.Now(), Class{}, Cancel{}) // fast path: no event
 		a := start(l, time.Now(), Cancel{})
 		synctest.Wait()
-		l.Acquire(time.Now(), Cancel{}) // queue full
+		l.Acquire(time.Now(), Class{}, Cancel{}) // queue full
 		time.Sleep(300 * time.Millisecond)
 		l.Release()
 		synctest.Wait()
@@ -327,7 +327,7 @@ func TestLimiterStress(t *testing.T) {
 				if rng.IntN(4) == 0 {
 					close(gone)
 				}
-				if err := l.Acquire(time.Now(), Cancel{Client: closedWatcher(gone)}); err != nil {
+				if err := l.Acquire(time.Now(), Class{}, Cancel{Client: closedWatcher(gone)}); err != nil {
 					continue
 				}
 				n := inside.Add(1)
