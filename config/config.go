@@ -44,6 +44,8 @@ type Config struct {
 	Affinity Affinity `koanf:"affinity" json:"affinity"`
 	// CacheAware tunes every group whose policy is cache_aware.
 	CacheAware CacheAware `koanf:"cache_aware" json:"cache_aware"`
+	// DPDispatch makes the router choose the data-parallel rank of engines with dp_size > 1.
+	DPDispatch DPDispatch `koanf:"dp_dispatch" json:"dp_dispatch"`
 	// Hashing tunes every group whose policy is consistent_hash or prefix_hash.
 	Hashing Hashing `koanf:"hashing" json:"hashing"`
 	// Health configures active health checks and circuit breakers.
@@ -486,6 +488,20 @@ type Affinity struct {
 	// admission, before the policy's fallback chooses. It builds the KV-event prefix index
 	// for models with a session_aware or sticky group (plain or prefill). Default false.
 	PrefixRebind bool `koanf:"prefix_rebind" json:"prefix_rebind"`
+}
+
+// DPDispatch configures data-parallel rank dispatch: the router picks the rank inside an
+// engine of dp_size > 1 by the ranks' reported load and sends it with the request
+// (data_parallel_rank; for a PD pair the decode request also carries prefill_dp_rank).
+type DPDispatch struct {
+	// Enabled turns rank dispatch on for every group; off, the engine's own balancer picks
+	// the rank. Default false.
+	Enabled bool `koanf:"enabled" json:"enabled"`
+	// MaxWaitingPerRank caps each rank's waiting requests (reported, plus those the router
+	// sent since the report): a rank at the cap is passed over, and an engine whose every
+	// rank is at it rejects the request (admission, max_waiting_per_rank); 0 sets no cap.
+	// At least 0. Default 0.
+	MaxWaitingPerRank int64 `koanf:"max_waiting_per_rank" json:"max_waiting_per_rank" unit:"requests"`
 }
 
 // Hashing tunes the stateless hashing policies, consistent_hash and prefix_hash: both place

@@ -42,6 +42,7 @@ func (c *Config) Validate() error {
 	c.validateCluster(&p)
 	c.validateCacheAware(&p)
 	c.validateHashing(&p)
+	atLeast(&p, "dp_dispatch.max_waiting_per_rank", c.DPDispatch.MaxWaitingPerRank, 0)
 	c.validateHealth(&p)
 	c.validateRetry(&p)
 	c.validateUpstream(&p)

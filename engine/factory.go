@@ -140,7 +140,11 @@ func (b *builder) group(model string, m *config.Model, stage Stage, g *config.Gr
 	if g.WorkerIDs != nil {
 		members = append([]string{}, *g.WorkerIDs...)
 	}
-	return NewEngineGroup(model, stage, members, p), nil
+	g2 := NewEngineGroup(model, stage, members, p)
+	if d := b.cfg.DPDispatch; d.Enabled {
+		g2.SetRankDispatch(b.deps.Loads, d.MaxWaitingPerRank)
+	}
+	return g2, nil
 }
 
 // roleOf maps a stage back to its configured role.

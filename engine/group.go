@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"sync/atomic"
+	"time"
 )
 
 // EngineGroup owns one role group's membership and its policy. Pick resolves the live
@@ -30,6 +31,9 @@ type EngineGroup struct {
 	partner    *Worker
 	rule       Compatibility
 	compatible []*Worker
+	// ranks chooses the DP rank of a multi-rank engine (dp_dispatch); nil leaves it to the
+	// engine.
+	ranks *rankPicker
 
 	// shared caches the healthy members of one registry snapshot for readers outside the
 	// group's owner (SLO estimates); replaced, never modified, when the snapshot changes.
@@ -203,7 +207,27 @@ func (g *EngineGroup) Pick(reg *Registry, bucketID string, req *BucketRequest) (
 		return Pick{}, pickErr(OutcomeOutsideCandidates, g.stage, bucketID,
 			fmt.Sprintf("policy %s returned %s, not one of its %d candidates", g.policy.Name(), id, len(c)))
 	}
+	if g.ranks != nil && p.Worker.DPSize > 1 {
+		// Slow path: the router chooses the engine's data-parallel rank.
+		now := req.Now
+		if now.IsZero() {
+			now = time.Now()
+		}
+		rank, limit := g.ranks.pick(p.Worker, now)
+		if limit != "" {
+			return Pick{}, &PickError{Outcome: OutcomeAdmissionRejected, Stage: g.stage, BucketID: bucketID,
+				Rejections: []Rejection{{BucketID: bucketID, Stage: g.stage, WorkerID: p.Worker.ID, Limit: limit}}}
+		}
+		p.Rank, p.HasRank = rank, true
+	}
 	return p, nil
+}
+
+// SetRankDispatch makes the group choose the data-parallel rank of the multi-rank engines
+// it picks (see rankPicker), reading loads; maxWaitingPerRank (0: none) caps each rank's
+// waiting requests.
+func (g *EngineGroup) SetRankDispatch(loads LoadReader, maxWaitingPerRank int64) {
+	g.ranks = newRankPicker(loads, maxWaitingPerRank)
 }
 
 // without returns c less the excluded engines, in c's order, in the group's scratch (valid

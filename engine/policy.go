@@ -22,10 +22,14 @@ type Policy interface {
 	Name() string
 }
 
-// Pick is one chosen engine and the reason it was chosen (for metrics and tracing).
+// Pick is one chosen engine and the reason it was chosen (for metrics and tracing), and,
+// when the group chose one (dp_dispatch), the engine's data-parallel rank.
 type Pick struct {
 	Worker *Worker
 	Reason string
+	// Rank is the data-parallel rank to send the request to when HasRank.
+	Rank    int
+	HasRank bool
 }
 
 // Selection reasons of the load policies.

@@ -103,6 +103,8 @@ type exchange struct {
 	// ridBody is the body with the router's rid added (abort.go).
 	ridBody []byte
 	breq    engine.BucketRequest
+	// rank and rank2 are bodies with data-parallel rank fields (plain; PD prefill and decode).
+	rank, rank2 []byte
 	// memo is the request's prefix lookup (cache_aware); breq.Prefix points to it.
 	memo kv.PrefixMemo
 	// att is the request's attempt loop.
@@ -129,6 +131,12 @@ func (ex *exchange) trim() {
 	}
 	if cap(ex.text) > maxPooledBuf {
 		ex.text = nil
+	}
+	if cap(ex.rank) > maxPooledBuf {
+		ex.rank = nil
+	}
+	if cap(ex.rank2) > maxPooledBuf {
+		ex.rank2 = nil
 	}
 	if cap(ex.facts.scratch) > maxPooledBuf {
 		ex.facts.scratch = nil
@@ -337,7 +345,13 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 		att.n++
 		s.metrics.selected(mr.metrics, &pick)
 		s.recordDispatch(ex, &pick)
-		d := dispatch{s: s, ctx: ctx, kind: kind, body: body, facts: &ex.facts, pick: pick, adm: adm, hdr: *hdr, start: start,
+		abody := body
+		if pick.Plain.HasRank && ex.facts.batch == 0 {
+			// Slow path: the router chose the engine's data-parallel rank.
+			ex.rank = injectInts(ex.rank[:0], body, intField{fieldDPRank, pick.Plain.Rank})
+			abody = ex.rank
+		}
+		d := dispatch{s: s, ctx: ctx, kind: kind, body: abody, facts: &ex.facts, pick: pick, adm: adm, hdr: *hdr, start: start,
 			mm: mr.metrics, dl: att.deadline(), ticket: o.ticket, att: att}
 		if pick.IsPD() && !kind.generates() {
 			// A route that generates nothing goes to one engine: the pair's prefill engine.

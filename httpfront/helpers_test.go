@@ -42,6 +42,8 @@ type fakeEngine struct {
 	expectHost string
 	expectPort int
 	anyPort    bool
+	// dpSize is what /server_info advertises; 0 means 1.
+	dpSize int
 
 	ln  net.Listener
 	srv *fasthttp.Server
@@ -255,7 +257,7 @@ func (e *fakeEngine) handle(ctx *fasthttp.RequestCtx) {
 			return
 		}
 		info := map[string]any{"model_path": "/models/" + e.model, "served_model_name": e.model,
-			"disaggregation_mode": nil, "dp_size": 1, "page_size": 16}
+			"disaggregation_mode": nil, "dp_size": max(e.dpSize, 1), "page_size": 16}
 		if e.mode != "" {
 			info["disaggregation_mode"] = e.mode
 		}

@@ -67,6 +67,35 @@ func injectBootstrap(dst, body []byte, host string, port int, batch int) []byte 
 	return append(dst, '}')
 }
 
+// intField is one integer member injected into a forwarded body.
+type intField struct {
+	name string
+	v    int
+}
+
+// injectInts appends body with the fields added (a later duplicate key wins for JSON
+// readers, so a client's own value is overridden).
+func injectInts(dst, body []byte, fields ...intField) []byte {
+	dst = openObject(dst, body)
+	for i, f := range fields {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = append(dst, '"')
+		dst = append(dst, f.name...)
+		dst = append(dst, `":`...)
+		dst = strconv.AppendInt(dst, int64(f.v), 10)
+	}
+	return append(dst, '}')
+}
+
+// Data-parallel rank fields (SGLang): the rank a request runs on, and for a decode request
+// the rank of the prefill engine that holds its KV cache.
+const (
+	fieldDPRank        = "data_parallel_rank"
+	fieldPrefillDPRank = "prefill_dp_rank"
+)
+
 // pd dispatches to the prefill and decode engines concurrently: the same JSON, with the
 // bootstrap fields, goes to both; the client gets the decode engine's answer, streamed when
 // asked, once the prefill engine has answered (so that no byte reaches the client before
@@ -85,15 +114,32 @@ func (d *dispatch) pd(ex *exchange, o outcome) (outcome, *failedAnswer) {
 	if s.prepareRID(d) {
 		ex.pd = append(appendRID(append(ex.pd[:len(ex.pd)-1], ','), &d.rid), '}')
 	}
+	pbody, dbody := ex.pd, ex.pd
+	if pp, dp := d.pick.Prefill, d.pick.Decode; (pp.HasRank || dp.HasRank) && d.facts.batch == 0 {
+		// Slow path: the router chose data-parallel ranks, so the two engines get different
+		// bodies: each its own rank, and the decode engine the prefill engine's rank.
+		var dfields [2]intField
+		df := dfields[:0]
+		if dp.HasRank {
+			df = append(df, intField{fieldDPRank, dp.Rank})
+		}
+		if pp.HasRank {
+			ex.rank = injectInts(ex.rank[:0], ex.pd, intField{fieldDPRank, pp.Rank})
+			pbody = ex.rank
+			df = append(df, intField{fieldPrefillDPRank, pp.Rank})
+		}
+		ex.rank2 = injectInts(ex.rank2[:0], ex.pd, df...)
+		dbody = ex.rank2
+	}
 	now := s.now()
 	gp := s.tracker.AcquirePrefill(pw.Counters, now, d.slo.uncached) // pending until the prefill answers
 	gd := s.tracker.Acquire(dw.Counters, now)
 	deadline := d.deadline()
 
 	preq := fasthttp.AcquireRequest()
-	d.buildUpstream(preq, pm.Upstream().HostPort(), ex.pd)
+	d.buildUpstream(preq, pm.Upstream().HostPort(), pbody)
 	dreq := fasthttp.AcquireRequest()
-	d.buildUpstream(dreq, dm.Upstream().HostPort(), ex.pd)
+	d.buildUpstream(dreq, dm.Upstream().HostPort(), dbody)
 	var (
 		pc, dc             fleet.Cancel
 		prefillEnded, dEnd = noop, noop

@@ -70,6 +70,16 @@ type snapEntry struct {
 	// entry is usable while complete && now <= freshUntil.
 	freshUntil int64
 	complete   bool
+	// ranks holds each DP rank's own observation when the worker has more than one rank
+	// (Snapshot.ObserveRank); nil otherwise.
+	ranks []rankEntry
+}
+
+// rankEntry is one DP rank's observation inside a snapEntry.
+type rankEntry struct {
+	obs        Observation
+	freshUntil int64
+	has        bool
 }
 
 // NewAggregator returns an Aggregator whose reports stay fresh for freshness (DefaultFreshness
@@ -210,6 +220,35 @@ func (a *Aggregator) throughput(rk *rankAgg, r *RankReport) (float64, bool) {
 
 // aggregate computes w's snapshot entry.
 func (a *Aggregator) aggregate(w *workerAgg) snapEntry {
+	ranks := a.rankEntries(w)
+	e := a.sum(w)
+	e.ranks = ranks
+	return e
+}
+
+// rankEntries returns each rank's own observation for a worker of several ranks.
+func (a *Aggregator) rankEntries(w *workerAgg) []rankEntry {
+	if len(w.ranks) < 2 {
+		return nil
+	}
+	out := make([]rankEntry, len(w.ranks))
+	for i := range w.ranks {
+		rk := &w.ranks[i]
+		if !rk.has {
+			continue
+		}
+		r := &rk.rep
+		out[i] = rankEntry{has: true, freshUntil: addNanosSat(unixNanoSat(r.At), int64(a.freshness)), obs: Observation{
+			Fields: r.Fields, Running: r.Running, Waiting: r.Waiting, UsedTokens: r.UsedTokens,
+			MaxTotalTokens: r.MaxTotalTokens, WaitingUncachedTokens: r.WaitingUncachedTokens,
+			PrefillQueueMs: rk.queueMs, CapturedAt: r.At, DispatchesAtCapture: rk.dispatches,
+		}}
+	}
+	return out
+}
+
+// sum computes w's aggregate over its ranks.
+func (a *Aggregator) sum(w *workerAgg) snapEntry {
 	var e snapEntry
 	o := &e.obs
 	o.Fields = ^Field(0)
@@ -311,6 +350,25 @@ func (s *Snapshot) Observe(id string, now time.Time) Observation {
 		return Observation{}
 	}
 	return e.obs
+}
+
+// ObserveRank returns DP rank rank's own load of worker id at now, or the zero Observation
+// (unknown) when the worker is not in the snapshot, has a single rank, or that rank has no
+// fresh report. It does not allocate.
+func (s *Snapshot) ObserveRank(id string, rank int, now time.Time) Observation {
+	i, ok := s.index[id]
+	if !ok {
+		return Observation{}
+	}
+	e := &s.entries[i]
+	if rank < 0 || rank >= len(e.ranks) {
+		return Observation{}
+	}
+	r := &e.ranks[rank]
+	if !r.has || unixNanoSat(now) > r.freshUntil {
+		return Observation{}
+	}
+	return r.obs
 }
 
 // Table publishes the latest Snapshot to concurrent readers (copy-on-write: the owner

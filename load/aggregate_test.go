@@ -343,3 +343,33 @@ func TestAggregatorRemoveKeepsOthers(t *testing.T) {
 		t.Fatalf("UnknownWorker = %d", got)
 	}
 }
+
+func TestSnapshotObserveRank(t *testing.T) {
+	a := NewAggregator(5 * time.Second)
+	a.SetWorker("w", 2, nil)
+	a.SetWorker("single", 1, nil)
+	now := time.Unix(1_800_000_000, 0)
+	a.Ingest("w", RankReport{DPRank: 1, Fields: HasRunning | HasWaiting, Running: 3, Waiting: 2, At: now})
+	a.Ingest("single", RankReport{Fields: HasRunning, Running: 1, At: now})
+	s := a.Snapshot(now)
+	if o := s.ObserveRank("w", 1, now); o.Running != 3 || o.Waiting != 2 || !o.Has(HasWaiting) {
+		t.Fatalf("rank 1: %+v", o)
+	}
+	// Rank 0 never reported: unknown, and so is the worker's aggregate.
+	if o := s.ObserveRank("w", 0, now); o.Known() {
+		t.Fatalf("rank 0 without a report: %+v", o)
+	}
+	if o := s.Observe("w", now); o.Known() {
+		t.Fatalf("incomplete aggregate: %+v", o)
+	}
+	// Stale, out of range, single-rank and unknown workers are unknown.
+	for _, o := range []Observation{
+		s.ObserveRank("w", 1, now.Add(6*time.Second)),
+		s.ObserveRank("w", 2, now), s.ObserveRank("w", -1, now),
+		s.ObserveRank("single", 0, now), s.ObserveRank("nobody", 0, now),
+	} {
+		if o.Known() {
+			t.Fatalf("want unknown, got %+v", o)
+		}
+	}
+}
