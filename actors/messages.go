@@ -24,8 +24,14 @@ type PickEngine struct {
 	Request *engine.BucketRequest
 	// BucketID is the bucket the pick is for.
 	BucketID string
-	// Decode is the decode group that completes a PD selection; nil for a plain bucket.
+	// Decode is the decode group that completes a PD selection; nil for a plain bucket and
+	// for a bucket with the PD bypass on (its decode group picks first).
 	Decode *actor.PID
+	// Prefill, set only when the bucket's PD bypass is on, is the prefill group the decode
+	// group hands the pick to when the request is not bypassed; BypassBelow is the bucket's
+	// threshold (engine.Bucket.BypassBelow).
+	Prefill     *actor.PID
+	BypassBelow int64
 
 	call *pickCall
 }

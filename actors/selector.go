@@ -417,6 +417,11 @@ func (a *bucketActor) pickEngines(ctx actor.Context, msg *PickEngines) {
 	if a.prefill != nil {
 		target = a.prefill
 	}
+	if bb := a.h.bucket.BypassBelow; bb > 0 && a.prefill != nil {
+		// PD bypass: the decode group picks first (engine.Bucket.PickEngines' rule).
+		c.engine.Decode, c.engine.Prefill, c.engine.BypassBelow = nil, a.prefill, bb
+		target = a.decode
+	}
 	owned = false
 	ctx.Send(target, &c.engine)
 }
@@ -476,9 +481,26 @@ func (a *groupActor) pickEngine(ctx actor.Context, msg *PickEngine) {
 	switch a.h.stage {
 	case engine.StagePrefill:
 		c.result.Pick.Prefill = p
+		if msg.Decode == nil { // the PD bypass: the decode group picked first
+			c.result.Pick.BucketID = msg.BucketID
+			c.finish()
+			return
+		}
 		ctx.Send(msg.Decode, msg)
 	case engine.StageDecode:
 		c.result.Pick.BucketID = msg.BucketID
+		if msg.Prefill != nil {
+			// The PD bypass: the decode engine serves the request alone when it can and the
+			// uncached prefill is short; otherwise the prefill group completes the pair.
+			if engine.Bypasses(msg.Request, p.Worker, msg.BypassBelow) {
+				c.result.Pick = engine.BucketPick{BucketID: msg.BucketID, Plain: p, Bypass: true}
+				c.finish()
+				return
+			}
+			c.result.Pick.Decode = p
+			ctx.Send(msg.Prefill, msg)
+			return
+		}
 		c.result.Pick.Decode = p
 		c.finish()
 	default:

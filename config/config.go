@@ -179,6 +179,11 @@ type Worker struct {
 	BootstrapPort *int `koanf:"bootstrap_port" json:"bootstrap_port"`
 	// DPSize is the engine's data-parallel size, at least 1. Default 1 (or introspected).
 	DPSize int `koanf:"dp_size" json:"dp_size" unit:"ranks"`
+	// CanPrefill declares a decode engine that can also serve a request alone, prefill
+	// included (SGLang decode servers cannot; a mock engine with --decode-can-prefill can):
+	// the target of its PD buckets' bypass (groups.pd.bypass_below_tokens). Only valid on
+	// a decode worker. Default false.
+	CanPrefill bool `koanf:"can_prefill" json:"can_prefill"`
 	// KVEvents, when set, is the engine's KV-event publisher endpoint (tcp://HOST:PORT or
 	// ipc://PATH), overriding introspection. Default: introspected.
 	KVEvents string `koanf:"kv_events" json:"kv_events"`
@@ -355,6 +360,12 @@ type PDGroups struct {
 	// label a worker lacks counts as empty). Default: none (any prefill and decode engine
 	// of the model pair).
 	Compatibility []string `koanf:"compatibility" json:"compatibility"`
+	// BypassBelowTokens turns on the PD bypass: a request whose uncached prefill (its input
+	// less what the prefix index says the picked decode engine holds; the whole input when
+	// unknown) is below this many tokens goes to that decode engine alone, when the engine
+	// declares can_prefill. The decode engine is still the decode group's pick; with the
+	// bypass on, the decode group picks first. 0 turns it off. At least 0. Default 0.
+	BypassBelowTokens int64 `koanf:"bypass_below_tokens" json:"bypass_below_tokens" unit:"tokens"`
 }
 
 // Group is an engine group: its membership and its policy.

@@ -125,6 +125,9 @@ func (c *Config) validateWorkers(p *problems) map[string]int {
 			p.add(path+".role", ErrInvalid, fmt.Sprintf("unknown role %q (plain, prefill or decode)", w.Role))
 		}
 		atLeast(p, path+".dp_size", int64(w.DPSize), 1)
+		if w.CanPrefill && w.Role != RoleDecode {
+			p.add(path+".can_prefill", ErrInvalid, fmt.Sprintf("only valid on a decode worker (this one is %s)", w.Role))
+		}
 		if w.BootstrapPort != nil && (*w.BootstrapPort < 1 || *w.BootstrapPort > 65535) {
 			p.add(path+".bootstrap_port", ErrInvalid, fmt.Sprintf("must be in 1..65535, got %d", *w.BootstrapPort))
 		}
@@ -315,6 +318,9 @@ func (c *Config) validateGroups(p *problems, path, model string, g Groups, worke
 			c.validateGroup(p, path+".pd.decode", model, RoleDecode, g.PD.Decode, workers)
 		}
 		c.validateCompatibility(p, path+".pd", model, g.PD, workers)
+		if g.PD.BypassBelowTokens < 0 {
+			p.add(path+".pd.bypass_below_tokens", ErrInvalid, fmt.Sprintf("must be at least 0, got %d", g.PD.BypassBelowTokens))
+		}
 	}
 }
 

@@ -243,6 +243,20 @@ func TestValidate(t *testing.T) {
 			"hashing.virtual_nodes: must be in 1..4096, got 0",
 			"hashing.prefix_tokens: must be at least 1, got 0",
 		}},
+		{name: "pd bypass and rank dispatch", mutate: func(c *Config) {
+			c.Workers[1].CanPrefill = true
+			bucket(c, "llama", 0).Groups.PD.BypassBelowTokens = 256
+			c.DPDispatch = DPDispatch{Enabled: true, MaxWaitingPerRank: 4}
+		}},
+		{name: "pd bypass and rank dispatch errors", mutate: func(c *Config) {
+			c.Workers[0].CanPrefill = true
+			bucket(c, "llama", 0).Groups.PD.BypassBelowTokens = -1
+			c.DPDispatch.MaxWaitingPerRank = -1
+		}, want: []string{
+			"workers[0].can_prefill: only valid on a decode worker (this one is prefill)",
+			"models.llama.buckets[0].groups.pd.bypass_below_tokens: must be at least 0, got -1",
+			"dp_dispatch.max_waiting_per_rank: must be at least 0, got -1",
+		}},
 		{name: "hashing without key headers", mutate: func(c *Config) { c.Hashing.KeyHeaders = nil },
 			want: []string{"hashing.key_headers: must name at least one header"}},
 		{name: "every known policy on a plain group", mutate: func(c *Config) {

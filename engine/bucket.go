@@ -21,6 +21,9 @@ type Bucket struct {
 	// Compat is a PD bucket's pairing rule: the decode engine is picked among those
 	// compatible with the chosen prefill engine. Empty: any pair.
 	Compat Compatibility
+	// BypassBelow, when positive, sends a PD request whose uncached prefill is below it to
+	// the picked decode engine alone, when that engine can prefill (see PickEngines).
+	BypassBelow int64
 }
 
 // IsPD reports whether the bucket selects a prefill/decode pair.
@@ -46,6 +49,9 @@ type BucketPick struct {
 	Decode   Pick
 	// Order is the rule that ordered the compatible buckets the selection came from.
 	Order BucketOrder
+	// Bypass marks a PD bucket's request sent to its decode engine alone: Plain holds the
+	// decode group's pick, dispatched like a plain request.
+	Bypass bool
 }
 
 // IsPD reports whether the selection is a prefill/decode pair.
@@ -69,6 +75,9 @@ func (b *Bucket) PickEngines(reg *Registry, req *BucketRequest) (BucketPick, err
 	if b.Decode == nil {
 		return BucketPick{}, pickErr(OutcomeInvalidConfiguration, StageDecode, b.ID, "PD bucket has no decode group")
 	}
+	if b.BypassBelow > 0 {
+		return b.pickBypass(reg, req)
+	}
 	pp, err := b.Prefill.Pick(reg, b.ID, req)
 	if err != nil {
 		return BucketPick{}, err
@@ -78,4 +87,43 @@ func (b *Bucket) PickEngines(reg *Registry, req *BucketRequest) (BucketPick, err
 		return BucketPick{}, err
 	}
 	return BucketPick{BucketID: b.ID, Prefill: pp, Decode: dp}, nil
+}
+
+// pickBypass is PickEngines for a PD bucket with the bypass on: the decode group picks
+// first; when its engine can prefill and the request's uncached prefill on it is below
+// BypassBelow, the request goes to that engine alone (Bypass, the pick in Plain) and the
+// prefill group is not asked. Otherwise the prefill group picks and the pair is complete.
+// Both engines still come from this bucket.
+func (b *Bucket) pickBypass(reg *Registry, req *BucketRequest) (BucketPick, error) {
+	dp, err := b.Decode.Pick(reg, b.ID, req)
+	if err != nil {
+		return BucketPick{}, err
+	}
+	if Bypasses(req, dp.Worker, b.BypassBelow) {
+		return BucketPick{BucketID: b.ID, Plain: dp, Bypass: true}, nil
+	}
+	pp, err := b.Prefill.Pick(reg, b.ID, req)
+	if err != nil {
+		return BucketPick{}, err
+	}
+	return BucketPick{BucketID: b.ID, Prefill: pp, Decode: dp}, nil
+}
+
+// Bypasses reports whether req goes to decode engine w alone under a bypass threshold of
+// below tokens: w can prefill and req's uncached prefill on it is below the threshold.
+func Bypasses(req *BucketRequest, w *Worker, below int64) bool {
+	return below > 0 && w.CanPrefill && UncachedPrefill(req, w) < below
+}
+
+// UncachedPrefill is the prompt tokens w would have to prefill for req: the input less the
+// prefix the request's prefix lookup says w holds, or the whole input when the lookup is
+// missing or failed.
+func UncachedPrefill(req *BucketRequest, w *Worker) int64 {
+	if req.Prefix == nil {
+		return req.InputTokens
+	}
+	if ok, _, _ := req.Prefix.Status(); !ok {
+		return req.InputTokens
+	}
+	return max(req.InputTokens-req.Prefix.MatchedTokens(w.ID), 0)
 }

@@ -55,6 +55,7 @@ func WorkersFromConfig(cfg *config.Config, counters func(id string) *load.Counte
 		if wc.DPSize > 0 {
 			w.DPSize = wc.DPSize
 		}
+		w.CanPrefill = wc.CanPrefill && stage == StageDecode
 		out = append(out, w)
 	}
 	return out, nil
@@ -117,6 +118,7 @@ func (b *builder) bucket(model string, m *config.Model, bc *config.Bucket, path 
 		var errP, errD error
 		bk.Prefill, errP = b.group(model, m, StagePrefill, bc.Groups.PD.Prefill, path+".groups.pd.prefill")
 		bk.Decode, errD = b.group(model, m, StageDecode, bc.Groups.PD.Decode, path+".groups.pd.decode")
+		bk.BypassBelow = bc.Groups.PD.BypassBelowTokens
 		err = errors.Join(errP, errD)
 		if len(bc.Groups.PD.Compatibility) > 0 {
 			bk.Compat = slices.Clone(Compatibility(bc.Groups.PD.Compatibility))

@@ -27,6 +27,9 @@ type Worker struct {
 	BootstrapPort int
 	// DPSize is the number of data-parallel ranks (at least 1).
 	DPSize int
+	// CanPrefill marks a decode engine that can also serve a request alone, prefill
+	// included: a PD bucket's bypass target (Bucket.BypassBelow).
+	CanPrefill bool
 	// Counters is the worker's router-local accounting (in-flight, dispatches). Never nil.
 	Counters *load.Counters
 	// Handle is the worker lifecycle's state of this worker (httpfront/fleet sets it before

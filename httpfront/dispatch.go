@@ -343,7 +343,7 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 			s.retryBudget.Request(start)
 		}
 		att.n++
-		s.metrics.selected(mr.metrics, &pick)
+		s.metrics.selected(mr.metrics, &pick, ex.breq.InputTokens)
 		s.recordDispatch(ex, &pick)
 		abody := body
 		if pick.Plain.HasRank && ex.facts.batch == 0 {

@@ -37,6 +37,8 @@ const (
 	metricRetries = "switchyard_retries_total"
 	// metricRetryBudgetExhausted counts retries the retry budget refused.
 	metricRetryBudgetExhausted = "switchyard_retry_budget_exhausted_total"
+	metricPDBypass             = "switchyard_pd_bypass_decisions_total"
+	metricPDBypassTokens       = "switchyard_pd_bypass_saved_tokens_total"
 )
 
 // durationBuckets are the classic `le` upper bounds, in seconds, of the latency histograms.
@@ -121,6 +123,14 @@ type modelMetrics struct {
 	groups map[string]*[3]*groupMetrics
 	// slo holds the SLO handles (attainment by bucket, estimate ratios, bucket orders).
 	slo *sloModelMetrics
+	// bypass[bucketID] counts a PD bucket's bypass decisions; only buckets with it on.
+	bypass map[string]*bypassMetrics
+}
+
+// bypassMetrics are one PD bucket's bypass decisions and the prompt tokens whose KV was not
+// transferred between engines because of them.
+type bypassMetrics struct {
+	bypass, pair, saved *metrics.Counter
 }
 
 // serverMetrics holds every handle of one Server.
@@ -181,7 +191,7 @@ func newServerMetrics(set *metrics.Set, resolvers map[string]*engine.BucketResol
 	for o := engine.OutcomeNoMatchingBucket; o <= engine.OutcomePDIncompatible; o++ {
 		m.failures[o] = set.NewCounter(metricSelectionFailures + `{outcome="` + o.String() + `"}`)
 	}
-	for _, l := range []string{"max_running_requests", "max_waiting_requests", "max_kv_tokens", "max_pending_prefill_tokens", "max_inflight_requests"} {
+	for _, l := range []string{"max_running_requests", "max_waiting_requests", "max_kv_tokens", "max_pending_prefill_tokens", "max_inflight_requests", engine.LimitWaitingPerRank} {
 		m.admission[l] = set.NewCounter(metricAdmission + `{limit="` + l + `"}`)
 	}
 	m.disconnects = set.NewCounter(metricDisconnects)
@@ -222,6 +232,17 @@ func (m *serverMetrics) newModel(name string, r *engine.BucketResolver) *modelMe
 				g.Stage().String()+`",policy="`+series.Label(policy)+`"`)
 		}
 		mm.groups[b.ID] = &gs
+		if b.IsPD() && b.BypassBelow > 0 {
+			if mm.bypass == nil {
+				mm.bypass = make(map[string]*bypassMetrics)
+			}
+			base := `model="` + model + `",bucket="` + series.Label(b.ID) + `"`
+			mm.bypass[b.ID] = &bypassMetrics{
+				bypass: m.set.NewCounter(metricPDBypass + "{" + base + `,decision="bypass"}`),
+				pair:   m.set.NewCounter(metricPDBypass + "{" + base + `,decision="pair"}`),
+				saved:  m.set.NewCounter(metricPDBypassTokens + "{" + base + "}"),
+			}
+		}
 	}
 	return mm
 }
@@ -235,12 +256,24 @@ func (m *serverMetrics) tokenizerErrors(model string) [numTokenizerStages]*metri
 	return cs
 }
 
-// selected counts a complete selection.
-func (m *serverMetrics) selected(mm *modelMetrics, p *engine.BucketPick) {
+// selected counts a complete selection of a request of input prompt tokens.
+func (m *serverMetrics) selected(mm *modelMetrics, p *engine.BucketPick, input int64) {
 	mm.slo.ordered(p.Order)
 	gs := mm.groups[p.BucketID]
 	if gs == nil {
 		return
+	}
+	if bm := mm.bypass[p.BucketID]; bm != nil {
+		// Slow path: a PD bucket with the bypass on.
+		if p.Bypass {
+			bm.bypass.Inc()
+			bm.saved.Add(int(input))
+			if g := gs[engine.StageDecode]; g != nil {
+				g.selected(p.Plain.Reason)
+			}
+			return
+		}
+		bm.pair.Inc()
 	}
 	if p.IsPD() {
 		if g := gs[engine.StagePrefill]; g != nil {

@@ -371,7 +371,8 @@ func (s *Server) build() error {
 		spec := WorkerSpec{ID: wc.ID, URL: wc.URL, Model: wc.Model, Role: string(wc.Role),
 			BootstrapPort: wc.BootstrapPort, DPSize: wc.DPSize, LoadPublish: wc.LoadPublish, KVEvents: wc.KVEvents,
 			Flavor: wc.Flavor, MetricsPath: wc.MetricsPath, KVReplay: wc.KVReplay, KVBlockSize: wc.KVBlockSize,
-			KVHashScheme: wc.KVHashScheme, TLS: clientTLS.Workers[i], Labels: maps.Clone(wc.Labels)}
+			KVHashScheme: wc.KVHashScheme, TLS: clientTLS.Workers[i], Labels: maps.Clone(wc.Labels),
+			CanPrefill: wc.CanPrefill}
 		if _, err := s.workers.Add(context.Background(), spec, false); err != nil {
 			return err
 		}

@@ -29,7 +29,7 @@ type commandFlags struct {
 	pageSize, cacheTokens, contextLength           int
 	maxRunning, maxPrefillTokens, dpSize           int
 	speedup                                        float64
-	zeroCost                                       bool
+	zeroCost, decodeCanPrefill                     bool
 	eventPerWrite                                  bool
 	prefillOverhead, prefillPerToken               time.Duration
 	decodeStep, decodePerRequest                   time.Duration
@@ -77,6 +77,7 @@ func newFlagSet(stderr io.Writer) (*flag.FlagSet, *commandFlags) {
 	fs.IntVar(&f.maxPrefillTokens, "max-prefill-tokens", 16384, "uncached tokens per prefill batch")
 	fs.IntVar(&f.dpSize, "dp-size", 1, "data-parallel ranks per engine, each with its own scheduler, cache and publishers")
 	fs.Float64Var(&f.speedup, "speedup", 1, "divides every simulated duration (10: ten times faster than real time)")
+	fs.BoolVar(&f.decodeCanPrefill, "decode-can-prefill", false, "a decode engine also serves requests without bootstrap fields alone, prefilling them itself")
 	fs.BoolVar(&f.zeroCost, "zero-cost", false, "answer at once: no simulated prefill or decode time, no queue (for measuring the router itself)")
 	fs.BoolVar(&f.eventPerWrite, "event-per-write", false, "streams: send every event as its own write (one HTTP chunk per token, as real engines flush)")
 	fs.DurationVar(&f.prefillOverhead, "prefill-overhead", d.PrefillOverhead, "simulated fixed cost of one prefill batch")
@@ -201,7 +202,7 @@ func (f *commandFlags) config(stderr io.Writer) (Config, error) {
 		PageSize: f.pageSize, CacheTokens: f.cacheTokens, ContextLength: f.contextLength,
 		TransferBackend: f.transferBackend, KVCacheDType: f.kvCacheDType, TPSize: f.tpSize,
 		MaxRunning: f.maxRunning, MaxPrefillTokens: f.maxPrefillTokens, DPSize: f.dpSize,
-		Speedup: f.speedup, ZeroCost: f.zeroCost, EventPerWrite: f.eventPerWrite, DefaultMaxTokens: f.defaultMaxTokens,
+		Speedup: f.speedup, ZeroCost: f.zeroCost, EventPerWrite: f.eventPerWrite, DecodeCanPrefill: f.decodeCanPrefill, DefaultMaxTokens: f.defaultMaxTokens,
 		Costs: &Costs{
 			PrefillOverhead: f.prefillOverhead, PrefillPerToken: f.prefillPerToken,
 			DecodeStep: f.decodeStep, DecodePerRequest: f.decodePerRequest,

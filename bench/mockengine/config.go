@@ -94,6 +94,10 @@ type Config struct {
 	// chunk per token, as SGLang and vLLM flush each token. Default false: the events
 	// produced since the last write go out together (with ZeroCost, the whole answer in one).
 	EventPerWrite bool
+	// DecodeCanPrefill lets a decode engine also serve a request without bootstrap fields
+	// alone, prefilling it itself against its own cache (a router's PD bypass). Default
+	// false: a decode engine requires bootstrap fields, as SGLang's does.
+	DecodeCanPrefill bool
 	// Costs is the simulated cost model. Default (nil) DefaultCosts().
 	Costs *Costs
 	// DefaultMaxTokens is the output length of a chat request without max_tokens. Default 0:

@@ -242,11 +242,12 @@ func (r *rank) admit(batch []*seq, now time.Time) []*seq {
 func (r *rank) tryAdmit(s *seq, budget int, first bool) (uncached int, ok bool) {
 	ps := r.cache.pageSize
 	matched := 0
-	if r.e.cfg.Role != RoleDecode {
+	awaitsKV := s.job.awaitsKV()
+	if !awaitsKV {
 		matched = r.matchablePages(s, r.cache.match(s.hashes))
 	}
 	uncached = len(s.prompt) - matched*ps
-	if r.e.cfg.Role == RoleDecode {
+	if awaitsKV {
 		uncached = 0 // the prompt's KV arrives from the prefill engine
 	}
 	if !first && uncached > budget {
@@ -264,7 +265,7 @@ func (r *rank) tryAdmit(s *seq, budget int, first bool) (uncached int, ok bool) 
 	s.cached.Store(int32(matched * ps))
 	r.stats.promptTokens += int64(len(s.prompt))
 	r.stats.cachedTokens += int64(matched * ps)
-	if r.e.cfg.Role == RoleDecode {
+	if awaitsKV {
 		s.state = stRunning
 	} else {
 		s.state = stPrefill

@@ -236,7 +236,7 @@ func (j *job) appendGenerateObject(dst []byte, s *seq, n int, finish string, tex
 	dst = jsontext.AppendString(dst, j.e.workerID)
 	if j.req.logprobs {
 		dst = append(dst, `,"input_token_logprobs":[`...)
-		if j.e.cfg.Role != RoleDecode { // the prefill engine's are prepended by the router
+		if !j.awaitsKV() { // the prefill engine's are prepended by the router
 			for i, id := range s.prompt {
 				if i > 0 {
 					dst = append(dst, ',')

@@ -56,7 +56,7 @@ func (e *Engine) newJob(req *inferRequest) *job {
 	for i, p := range req.prompts {
 		var hashes []int64
 		var last kv.Digest
-		if e.cfg.Role != RoleDecode {
+		if !j.awaitsKV() {
 			full := len(p) / ps
 			hashes, last = kv.AppendChainHashes(make([]int64, 0, full), nil, p[:full*ps], ps)
 		}
@@ -285,13 +285,18 @@ func (e *Engine) injectedStatus(f *Faults) int {
 	return 0
 }
 
+// awaitsKV reports whether the job's prompts arrive as KV from a prefill engine: a decode
+// engine's request with bootstrap fields. A decode engine that can prefill serves a request
+// without them like a plain engine.
+func (j *job) awaitsKV() bool { return j.e.cfg.Role == RoleDecode && j.req.boot != nil }
+
 // checkRole applies the PD rules: both roles need bootstrap fields for every prompt, and n
 // must be 1.
 func (e *Engine) checkRole(req *inferRequest) error {
 	if e.cfg.Role == RolePlain {
 		return nil
 	}
-	if req.boot == nil {
+	if req.boot == nil && !(e.cfg.Role == RoleDecode && e.cfg.DecodeCanPrefill) {
 		return badf("bootstrap_host and bootstrap_room are required on a %s engine (disaggregation mode)", e.cfg.Role)
 	}
 	if req.n != 1 {
@@ -324,7 +329,7 @@ func (e *Engine) serveInference(ctx *fasthttp.RequestCtx, api apiKind) {
 	}
 	j := e.newJob(req)
 	stopWatch := e.watchCaller(ctx, j)
-	if e.cfg.Role == RoleDecode {
+	if j.awaitsKV() {
 		if err := j.awaitPrefills(); err != nil {
 			stopWatch()
 			j.close()

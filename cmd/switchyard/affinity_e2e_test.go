@@ -59,13 +59,6 @@ func affRouter(t *testing.T, buckets ...affBucket) (string, *httpfront.Server) {
 			Groups: config.Groups{Plain: &config.Group{WorkerIDs: &ids, Policy: &pol}}})
 	}
 	cfg.Models = map[string]config.Model{affModel: m}
-	return runRouter(t, cfg)
-}
-
-// runRouter starts a router on cfg (validated here) and stops it when the test ends. It
-// returns the router's base URL and the server, once the router is ready.
-func runRouter(t *testing.T, cfg *config.Config) (string, *httpfront.Server) {
-	t.Helper()
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}

@@ -27,7 +27,7 @@ func TestDPRankDispatchEndToEnd(t *testing.T) {
 	cfg := hashConfig([]*mockengine.Engine{e}, config.PolicyRoundRobin)
 	cfg.Workers[0].DPSize = 2
 	cfg.DPDispatch.Enabled = true
-	base, _ := runRouter(t, cfg)
+	_, base := startRouter(t, cfg)
 	// One request straight to the engine moves its own round robin to rank 1: the ranks
 	// below are the router's only if they start at rank 0.
 	generate(t, e.URL(), 99)

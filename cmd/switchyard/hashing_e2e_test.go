@@ -15,6 +15,7 @@ import (
 // hashConfig is one plain bucket over engines under policy, with hashing.key_headers x-user.
 func hashConfig(engines []*mockengine.Engine, policy string) *config.Config {
 	cfg := config.Default()
+	cfg.Server.Port = 0
 	cfg.Hashing.KeyHeaders = []string{"x-user", "x-session-id"}
 	var ids []string
 	for _, e := range engines {
@@ -55,8 +56,8 @@ func hashPost(t *testing.T, url, body string, headers ...string) string {
 // state; a request without a key is served too.
 func TestConsistentHashReplicasAgreeEndToEnd(t *testing.T) {
 	engines := []*mockengine.Engine{affEngine(t, "E0"), affEngine(t, "E1"), affEngine(t, "E2"), affEngine(t, "E3")}
-	a, _ := runRouter(t, hashConfig(engines, config.PolicyConsistentHash))
-	b, _ := runRouter(t, hashConfig(engines, config.PolicyConsistentHash))
+	_, a := startRouter(t, hashConfig(engines, config.PolicyConsistentHash))
+	_, b := startRouter(t, hashConfig(engines, config.PolicyConsistentHash))
 	body, _ := json.Marshal(map[string]any{"model": affModel, "messages": []affMessage{{Role: "user", Content: "hello"}}, "max_tokens": 2})
 	used := map[string]int{}
 	for u := range 40 {
@@ -87,8 +88,8 @@ func TestPrefixHashEndToEnd(t *testing.T) {
 	engines := []*mockengine.Engine{affEngine(t, "E0"), affEngine(t, "E1"), affEngine(t, "E2")}
 	cfgA, cfgB := hashConfig(engines, config.PolicyPrefixHash), hashConfig(engines, config.PolicyPrefixHash)
 	cfgA.Hashing.PrefixTokens, cfgB.Hashing.PrefixTokens = 8, 8
-	a, _ := runRouter(t, cfgA)
-	b, _ := runRouter(t, cfgB)
+	_, a := startRouter(t, cfgA)
+	_, b := startRouter(t, cfgB)
 	gen := func(ids []int) string {
 		body, _ := json.Marshal(map[string]any{"model": affModel, "input_ids": ids, "sampling_params": map[string]any{"max_new_tokens": 2}})
 		return string(body)

@@ -557,7 +557,7 @@ func (f *Fleet) reintrospect(ctx context.Context, m *Member) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	switch {
-	case w.BootstrapPort == old.BootstrapPort && w.DPSize == old.DPSize && w.Model == old.Model && w.Stage == old.Stage:
+	case w.BootstrapPort == old.BootstrapPort && w.DPSize == old.DPSize && w.CanPrefill == old.CanPrefill && w.Model == old.Model && w.Stage == old.Stage:
 		// The same worker: new labels, if any, apply in place, so a request that excluded it
 		// after a failure still does, and no snapshot goes out without it.
 		if !maps.Equal(w.Labels(), old.Labels()) {
@@ -602,6 +602,7 @@ func (f *Fleet) buildWorker(m *Member, info *Info) (*engine.Worker, error) {
 	w := engine.NewWorker(spec.ID, spec.URL, model, stage, f.opts.Tracker.Counters(spec.ID))
 	w.Handle = m
 	w.SetLabels(mergeLabels(info, spec.Labels))
+	w.CanPrefill = spec.CanPrefill && stage == engine.StageDecode
 	switch {
 	case spec.BootstrapPort != nil:
 		w.BootstrapPort = *spec.BootstrapPort

@@ -25,6 +25,8 @@ type Spec struct {
 	Role          string `json:"role"`
 	BootstrapPort *int   `json:"bootstrap_port"`
 	DPSize        int    `json:"dp_size"`
+	// CanPrefill declares a decode engine that can also serve a request alone (PD bypass).
+	CanPrefill bool `json:"can_prefill"`
 	// LoadPublish is the engine's ZMQ load-gauge endpoint; empty: the one introspection finds.
 	LoadPublish string `json:"load_publish"`
 	// KVEvents is the engine's KV-event publisher endpoint ("tcp://host:port") for

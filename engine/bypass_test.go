@@ -1,0 +1,57 @@
+package engine
+
+import "testing"
+
+// bypassBucket is a PD bucket of prefill P0 and decode D0 (which can prefill when capable)
+// with the bypass below 100 tokens.
+func bypassBucket(t *testing.T, capable bool) (*Bucket, *Registry, *Worker, *Worker) {
+	t.Helper()
+	p := testWorkers(t, "llama", StagePrefill, "P", 1)[0]
+	d := testWorkers(t, "llama", StageDecode, "D", 1)[0]
+	d.CanPrefill = capable
+	reg, err := NewRegistry([]*Worker{p, d})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &Bucket{ID: "pd", MaxInput: Unbounded, MaxContext: Unbounded, BypassBelow: 100,
+		Prefill: NewEngineGroup("llama", StagePrefill, nil, NewRoundRobin(nil, nil)),
+		Decode:  NewEngineGroup("llama", StageDecode, nil, NewRoundRobin(nil, nil))}
+	return b, reg, p, d
+}
+
+func TestBucketPDBypass(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		capable bool
+		input   int64
+		prefix  PrefixMatcher
+		bypass  bool
+	}{
+		{name: "short prompt", capable: true, input: 99, bypass: true},
+		{name: "at the threshold", capable: true, input: 100},
+		{name: "long prompt mostly cached on the decode engine", capable: true, input: 1000,
+			prefix: &fakePrefix{matched: map[string]int64{"D0aa": 950}}, bypass: true},
+		{name: "long prompt cached elsewhere", capable: true, input: 1000,
+			prefix: &fakePrefix{matched: map[string]int64{"P0aa": 950}}},
+		{name: "failed lookup counts the whole prompt", capable: true, input: 1000,
+			prefix: &fakePrefix{matched: map[string]int64{"D0aa": 950}, unavailable: true}},
+		{name: "decode engine that cannot prefill", capable: false, input: 10},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, reg, p, d := bypassBucket(t, tc.capable)
+			got, err := b.PickEngines(reg, &BucketRequest{Model: "llama", InputTokens: tc.input, ExpectedPeak: -1, Prefix: tc.prefix})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.bypass {
+				if !got.Bypass || got.IsPD() || got.Plain.Worker != d || got.Prefill.Worker != nil || got.BucketID != "pd" {
+					t.Fatalf("want the decode engine alone, got %+v", got)
+				}
+				return
+			}
+			if got.Bypass || !got.IsPD() || got.Prefill.Worker != p || got.Decode.Worker != d {
+				t.Fatalf("want the pair, got %+v", got)
+			}
+		})
+	}
+}
