@@ -51,6 +51,9 @@ type commandFlags struct {
 	tokenizer                                      string
 	transferBackend, kvCacheDType                  string
 	tpSize                                         int
+	loraSlots                                      int
+	loraLoadTime                                   time.Duration
+	loraAdapters                                   string
 }
 
 func newFlagSet(stderr io.Writer) (*flag.FlagSet, *commandFlags) {
@@ -77,6 +80,9 @@ func newFlagSet(stderr io.Writer) (*flag.FlagSet, *commandFlags) {
 	fs.IntVar(&f.maxPrefillTokens, "max-prefill-tokens", 16384, "uncached tokens per prefill batch")
 	fs.IntVar(&f.dpSize, "dp-size", 1, "data-parallel ranks per engine, each with its own scheduler, cache and publishers")
 	fs.Float64Var(&f.speedup, "speedup", 1, "divides every simulated duration (10: ten times faster than real time)")
+	fs.IntVar(&f.loraSlots, "lora-slots", 0, "LoRA adapter slots per engine (0: no LoRA; any model name is the base model)")
+	fs.DurationVar(&f.loraLoadTime, "lora-load-time", 0, "simulated time of one LoRA adapter load (divided by --speedup)")
+	fs.StringVar(&f.loraAdapters, "lora-adapters", "", "LoRA adapters loaded at start, NAME=PATH,...")
 	fs.BoolVar(&f.decodeCanPrefill, "decode-can-prefill", false, "a decode engine also serves requests without bootstrap fields alone, prefilling them itself")
 	fs.BoolVar(&f.zeroCost, "zero-cost", false, "answer at once: no simulated prefill or decode time, no queue (for measuring the router itself)")
 	fs.BoolVar(&f.eventPerWrite, "event-per-write", false, "streams: send every event as its own write (one HTTP chunk per token, as real engines flush)")
@@ -197,12 +203,25 @@ func (f *commandFlags) config(stderr io.Writer) (Config, error) {
 	if f.count < 1 {
 		bad("count", "%d must be at least 1", f.count)
 	}
+	adapters := map[string]string{}
+	for _, item := range strings.Split(f.loraAdapters, ",") {
+		if item = strings.TrimSpace(item); item == "" {
+			continue
+		}
+		name, path, ok := strings.Cut(item, "=")
+		if !ok || name == "" || path == "" {
+			bad("lora-adapters", "%q is not NAME=PATH", item)
+			continue
+		}
+		adapters[name] = path
+	}
 	cfg := Config{
 		Host: f.host, Port: f.port, WorkerID: f.workerID, Model: f.model, Role: Role(f.role), Flavor: Flavor(f.flavor),
 		PageSize: f.pageSize, CacheTokens: f.cacheTokens, ContextLength: f.contextLength,
 		TransferBackend: f.transferBackend, KVCacheDType: f.kvCacheDType, TPSize: f.tpSize,
 		MaxRunning: f.maxRunning, MaxPrefillTokens: f.maxPrefillTokens, DPSize: f.dpSize,
 		Speedup: f.speedup, ZeroCost: f.zeroCost, EventPerWrite: f.eventPerWrite, DecodeCanPrefill: f.decodeCanPrefill, DefaultMaxTokens: f.defaultMaxTokens,
+		LoRA: LoRA{Slots: f.loraSlots, LoadTime: f.loraLoadTime, Adapters: adapters},
 		Costs: &Costs{
 			PrefillOverhead: f.prefillOverhead, PrefillPerToken: f.prefillPerToken,
 			DecodeStep: f.decodeStep, DecodePerRequest: f.decodePerRequest,

@@ -94,6 +94,8 @@ type Config struct {
 	// chunk per token, as SGLang and vLLM flush each token. Default false: the events
 	// produced since the last write go out together (with ZeroCost, the whole answer in one).
 	EventPerWrite bool
+	// LoRA simulates LoRA adapter slots and loads. Default: off.
+	LoRA LoRA
 	// DecodeCanPrefill lets a decode engine also serve a request without bootstrap fields
 	// alone, prefilling it itself against its own cache (a router's PD bypass). Default
 	// false: a decode engine requires bootstrap fields, as SGLang's does.
@@ -416,6 +418,12 @@ func (c Config) Validate() error {
 	}
 	if c.KVEvents.Shape != kv.ShapeArray && c.KVEvents.Shape != kv.ShapeMap {
 		bad("kv_events.shape", "unknown shape %d", c.KVEvents.Shape)
+	}
+	if c.LoRA.Slots < 0 || len(c.LoRA.Adapters) > c.LoRA.Slots {
+		bad("lora.slots", "%d must be at least 0 and hold the %d adapters loaded at start", c.LoRA.Slots, len(c.LoRA.Adapters))
+	}
+	if c.LoRA.LoadTime < 0 {
+		bad("lora.load_time", "%v is negative", c.LoRA.LoadTime)
 	}
 	if err := c.Faults.validate(); err != nil {
 		errs = append(errs, fmt.Errorf("%w: faults: %w", ErrInvalidConfig, err))

@@ -40,7 +40,8 @@ type Engine struct {
 
 	boot      *bootstrapServer // prefill engines
 	rooms     *roomRegistry    // prefill engines
-	transport *http.Transport  // decode engines
+	lora      *loras
+	transport *http.Transport // decode engines
 	httpc     *http.Client
 
 	faults             atomic.Pointer[Faults]
@@ -94,6 +95,7 @@ func Start(ctx context.Context, cfg Config) (*Engine, error) {
 		sig:      make(chan struct{}),
 		jobs:     make(map[string]*job),
 		abortSig: make(chan struct{}),
+		lora:     newLoras(cfg.LoRA),
 		ridBase:  splitmix64(cfg.Seed ^ uint64(time.Now().UnixNano())),
 	}
 	e.started = e.clock.Now()

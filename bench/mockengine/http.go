@@ -115,6 +115,14 @@ func (e *Engine) handle(ctx *fasthttp.RequestCtx) {
 		if e.method(ctx, "POST") {
 			e.serveAbort(ctx)
 		}
+	case "/v1/load_lora_adapter", "/load_lora_adapter":
+		if e.method(ctx, "POST") {
+			e.serveLoadLoRA(ctx)
+		}
+	case "/v1/unload_lora_adapter", "/unload_lora_adapter":
+		if e.method(ctx, "POST") {
+			e.serveUnloadLoRA(ctx)
+		}
 	case "/mock/faults":
 		if e.method(ctx, "GET", "PUT", "POST") {
 			e.serveFaults(ctx)
@@ -141,6 +149,10 @@ func (e *Engine) serves(path string) bool {
 		return e.cfg.Flavor == FlavorSGLang
 	case "/version", "/reset_prefix_cache", "/rerank":
 		return e.cfg.Flavor == FlavorVLLM
+	case "/v1/load_lora_adapter", "/v1/unload_lora_adapter":
+		return e.cfg.Flavor == FlavorVLLM && e.cfg.LoRA.Slots > 0
+	case "/load_lora_adapter", "/unload_lora_adapter":
+		return e.cfg.Flavor == FlavorSGLang && e.cfg.LoRA.Slots > 0
 	}
 	return true
 }
@@ -257,17 +269,25 @@ func (e *Engine) serveHealthGenerate(ctx *fasthttp.RequestCtx) {
 
 func (e *Engine) serveModels(ctx *fasthttp.RequestCtx) {
 	type model struct {
-		ID          string `json:"id"`
-		Object      string `json:"object"`
-		Created     int64  `json:"created"`
-		OwnedBy     string `json:"owned_by"`
-		Root        string `json:"root"`
-		MaxModelLen int    `json:"max_model_len"`
+		ID          string  `json:"id"`
+		Object      string  `json:"object"`
+		Created     int64   `json:"created"`
+		OwnedBy     string  `json:"owned_by"`
+		Root        string  `json:"root"`
+		Parent      *string `json:"parent"`
+		MaxModelLen int     `json:"max_model_len"`
+	}
+	list := []model{{ID: e.cfg.Model, Object: "model", Created: e.started.Unix(), OwnedBy: string(e.cfg.Flavor), Root: e.cfg.Model, MaxModelLen: e.cfg.ContextLength}}
+	names, paths := e.lora.list()
+	for i, n := range names {
+		// Adapters as vLLM lists them: the adapter's path as root, the base model as parent.
+		list = append(list, model{ID: n, Object: "model", Created: e.started.Unix(), OwnedBy: string(e.cfg.Flavor), Root: paths[i],
+			Parent: &e.cfg.Model, MaxModelLen: e.cfg.ContextLength})
 	}
 	e.writeJSON(ctx, fasthttp.StatusOK, struct {
 		Object string  `json:"object"`
 		Data   []model `json:"data"`
-	}{"list", []model{{ID: e.cfg.Model, Object: "model", Created: e.started.Unix(), OwnedBy: string(e.cfg.Flavor), Root: e.cfg.Model, MaxModelLen: e.cfg.ContextLength}}})
+	}{"list", list})
 }
 
 // reports returns every rank's load report.
@@ -456,6 +476,8 @@ func (e *Engine) serverInfo() map[string]any {
 		"max_total_num_tokens":            cfg.CacheTokens,
 		"max_running_requests":            cfg.MaxRunning,
 		"max_prefill_tokens":              cfg.MaxPrefillTokens,
+		"max_loras_per_batch":             cfg.LoRA.Slots,
+		"max_loaded_loras":                cfg.LoRA.Slots,
 		"version":                         "switchyard-mock",
 		"worker_id":                       e.workerID,
 		"kv_events":                       nil,

@@ -320,6 +320,10 @@ func (e *Engine) serveInference(ctx *fasthttp.RequestCtx, api apiKind) {
 		return
 	}
 	req, err := e.parseRequest(api, ctx.PostBody())
+	if err == nil && e.unknownModel(req) {
+		e.writeError(ctx, fasthttp.StatusNotFound, "The model `"+req.model+"` does not exist.")
+		return
+	}
 	if err == nil {
 		err = e.checkRole(req)
 	}
