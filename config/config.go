@@ -46,6 +46,8 @@ type Config struct {
 	CacheAware CacheAware `koanf:"cache_aware" json:"cache_aware"`
 	// DPDispatch makes the router choose the data-parallel rank of engines with dp_size > 1.
 	DPDispatch DPDispatch `koanf:"dp_dispatch" json:"dp_dispatch"`
+	// LoRA configures LoRA-adapter routing.
+	LoRA LoRA `koanf:"lora" json:"lora"`
 	// Hashing tunes every group whose policy is consistent_hash or prefix_hash.
 	Hashing Hashing `koanf:"hashing" json:"hashing"`
 	// Health configures active health checks and circuit breakers.
@@ -252,6 +254,12 @@ type Model struct {
 	// others by least expected violation; a request without a target keeps capacity
 	// order). Default capacity.
 	BucketOrder string `koanf:"bucket_order" json:"bucket_order"`
+	// LoRAAdapters are this model's LoRA adapters the router knows by name, each with the
+	// path an engine loads it from (lora.auto_load): a request whose model names one is
+	// routed by this model's buckets to an engine holding the adapter. Adapters the engines
+	// list in /v1/models are routable without being named here. Needs lora.enabled.
+	// Default: none.
+	LoRAAdapters map[string]string `koanf:"lora_adapters" json:"lora_adapters"`
 }
 
 // SLO are a model's default latency targets, for the requests that do not carry their own
@@ -499,6 +507,30 @@ type Affinity struct {
 	// admission, before the policy's fallback chooses. It builds the KV-event prefix index
 	// for models with a session_aware or sticky group (plain or prefill). Default false.
 	PrefixRebind bool `koanf:"prefix_rebind" json:"prefix_rebind"`
+}
+
+// LoRA configures routing of requests that name a LoRA adapter served on a base model: the
+// router learns which engines hold which adapters (each engine's /v1/models, where an
+// adapter lists its base model as parent), sends an adapter's requests to engines holding
+// it, and, with auto_load, loads it onto an engine with a free slot when none does.
+type LoRA struct {
+	// Enabled turns adapter routing on: the router asks every engine for its adapters.
+	// Default false.
+	Enabled bool `koanf:"enabled" json:"enabled"`
+	// AutoLoad loads a requested adapter that no candidate engine holds onto one with a free
+	// slot (the group's policy picks it) through the engine's API (vLLM
+	// /v1/load_lora_adapter, SGLang /load_lora_adapter), from the path in the model's
+	// lora_adapters. Default false.
+	AutoLoad bool `koanf:"auto_load" json:"auto_load"`
+	// SlotsPerEngine is how many adapters an engine holds at once when it does not say
+	// (SGLang's server info max_loaded_loras or max_loras_per_batch); 0 sets no bound.
+	// At least 0. Default 8.
+	SlotsPerEngine int `koanf:"slots_per_engine" json:"slots_per_engine" unit:"adapters"`
+	// RefreshInterval is how often the router asks each engine which adapters it holds.
+	// Default 10s.
+	RefreshInterval time.Duration `koanf:"refresh_interval" json:"refresh_interval"`
+	// LoadTimeout bounds one adapter load. Default 60s.
+	LoadTimeout time.Duration `koanf:"load_timeout" json:"load_timeout"`
 }
 
 // DPDispatch configures data-parallel rank dispatch: the router picks the rank inside an

@@ -58,6 +58,11 @@ func Default() *Config {
 			SweepInterval:    60 * time.Second,
 			MaxBindings:      100_000,
 		},
+		LoRA: LoRA{
+			SlotsPerEngine:  8,
+			RefreshInterval: 10 * time.Second,
+			LoadTimeout:     60 * time.Second,
+		},
 		Hashing: Hashing{
 			KeyHeaders:   []string{"x-sgl-routing-key", "x-session-id"},
 			LoadFactor:   1.25,

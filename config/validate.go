@@ -43,6 +43,7 @@ func (c *Config) Validate() error {
 	c.validateCacheAware(&p)
 	c.validateHashing(&p)
 	atLeast(&p, "dp_dispatch.max_waiting_per_rank", c.DPDispatch.MaxWaitingPerRank, 0)
+	c.validateLoRA(&p)
 	c.validateHealth(&p)
 	c.validateRetry(&p)
 	c.validateUpstream(&p)
@@ -467,6 +468,31 @@ func (c *Config) validateAffinity(p *problems) {
 	atLeast(p, "affinity.max_bindings", int64(a.MaxBindings), 1)
 }
 
+func (c *Config) validateLoRA(p *problems) {
+	l := c.LoRA
+	atLeast(p, "lora.slots_per_engine", int64(l.SlotsPerEngine), 0)
+	positive(p, "lora.refresh_interval", l.RefreshInterval)
+	positive(p, "lora.load_timeout", l.LoadTimeout)
+	owner := map[string]string{}
+	for _, model := range sortedKeys(c.Models) {
+		adapters := c.Models[model].LoRAAdapters
+		for _, name := range sortedKeys(adapters) {
+			path := ModelPath(model) + ".lora_adapters." + name
+			switch {
+			case !l.Enabled:
+				p.add(path, ErrInvalid, "needs lora.enabled")
+			case name == "" || adapters[name] == "":
+				p.add(path, ErrInvalid, "an adapter needs a name and a path")
+			case hasModel(c.Models, name):
+				p.add(path, ErrInvalid, fmt.Sprintf("%q is also a configured model", name))
+			case owner[name] != "":
+				p.add(path, ErrInvalid, fmt.Sprintf("adapter %q is also an adapter of model %s", name, owner[name]))
+			}
+			owner[name] = model
+		}
+	}
+}
+
 func (c *Config) validateHashing(p *problems) {
 	h := c.Hashing
 	if len(h.KeyHeaders) == 0 {
@@ -809,4 +835,10 @@ func validateTLS(p *problems, path string, t *UpstreamTLS) {
 			p.add(path+"."+f.key, ErrInvalid, fmt.Sprintf("must not begin or end with white space, got %q", f.v))
 		}
 	}
+}
+
+// hasModel reports whether name is a configured model.
+func hasModel(models map[string]Model, name string) bool {
+	_, ok := models[name]
+	return ok
 }

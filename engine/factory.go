@@ -146,6 +146,9 @@ func (b *builder) group(model string, m *config.Model, stage Stage, g *config.Gr
 	if d := b.cfg.DPDispatch; d.Enabled {
 		g2.SetRankDispatch(b.deps.Loads, d.MaxWaitingPerRank)
 	}
+	if l := b.cfg.LoRA; l.Enabled && l.AutoLoad {
+		g2.SetAdapterLoading(true)
+	}
 	return g2, nil
 }
 

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 )
@@ -31,6 +32,11 @@ type EngineGroup struct {
 	partner    *Worker
 	rule       Compatibility
 	compatible []*Worker
+	// loadAdapters: with no candidate holding a request's adapter, the engines with a free
+	// adapter slot are the candidates and the pick loads it (lora.auto_load).
+	loadAdapters bool
+	// adapted is the scratch of an adapter request's candidates.
+	adapted []*Worker
 	// ranks chooses the DP rank of a multi-rank engine (dp_dispatch); nil leaves it to the
 	// engine.
 	ranks *rankPicker
@@ -192,6 +198,17 @@ func (g *EngineGroup) Pick(reg *Registry, bucketID string, req *BucketRequest) (
 			return Pick{}, g.incompatible(bucketID)
 		}
 	}
+	load := false
+	if req.Adapter != "" {
+		// Slow path: a LoRA adapter request.
+		if c, load = g.withAdapter(c, req.Adapter); len(c) == 0 {
+			detail := "no eligible engine of the group holds adapter " + req.Adapter
+			if g.loadAdapters {
+				detail += " or has a free adapter slot"
+			}
+			return Pick{}, pickErr(OutcomeNoCandidates, g.stage, bucketID, detail)
+		}
+	}
 	g.req = PickRequest{BucketRequest: req, Stage: g.stage, BucketID: bucketID}
 	p, err := g.policy.Pick(c, &g.req)
 	g.req.BucketRequest = nil // do not retain the request
@@ -199,7 +216,7 @@ func (g *EngineGroup) Pick(reg *Registry, bucketID string, req *BucketRequest) (
 		return Pick{}, err
 	}
 	if _, ok := g.inSet[p.Worker]; !ok || p.Worker == nil || ex.Has(p.Worker) ||
-		g.partner != nil && !g.rule.Pairs(g.partner, p.Worker) {
+		g.partner != nil && !g.rule.Pairs(g.partner, p.Worker) || req.Adapter != "" && !slices.Contains(c, p.Worker) {
 		id := "<nil>"
 		if p.Worker != nil {
 			id = p.Worker.ID
@@ -207,6 +224,7 @@ func (g *EngineGroup) Pick(reg *Registry, bucketID string, req *BucketRequest) (
 		return Pick{}, pickErr(OutcomeOutsideCandidates, g.stage, bucketID,
 			fmt.Sprintf("policy %s returned %s, not one of its %d candidates", g.policy.Name(), id, len(c)))
 	}
+	p.LoadAdapter = load
 	if g.ranks != nil && p.Worker.DPSize > 1 {
 		// Slow path: the router chooses the engine's data-parallel rank.
 		now := req.Now
@@ -222,6 +240,31 @@ func (g *EngineGroup) Pick(reg *Registry, bucketID string, req *BucketRequest) (
 	}
 	return p, nil
 }
+
+// withAdapter returns the candidates of c holding adapter name, in c's order, in the group's
+// scratch; when none does and the group loads adapters, the candidates with a free adapter
+// slot, and load true.
+func (g *EngineGroup) withAdapter(c []*Worker, name string) (out []*Worker, load bool) {
+	g.adapted = g.adapted[:0]
+	for _, w := range c {
+		if w.Adapters().Has(name) {
+			g.adapted = append(g.adapted, w)
+		}
+	}
+	if len(g.adapted) > 0 || !g.loadAdapters {
+		return g.adapted, false
+	}
+	for _, w := range c {
+		if w.Adapters().Free() {
+			g.adapted = append(g.adapted, w)
+		}
+	}
+	return g.adapted, true
+}
+
+// SetAdapterLoading makes the group offer engines with a free adapter slot when no candidate
+// holds a request's LoRA adapter; the pick then says to load it (Pick.LoadAdapter).
+func (g *EngineGroup) SetAdapterLoading(on bool) { g.loadAdapters = on }
 
 // SetRankDispatch makes the group choose the data-parallel rank of the multi-rank engines
 // it picks (see rankPicker), reading loads; maxWaitingPerRank (0: none) caps each rank's

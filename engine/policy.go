@@ -30,6 +30,9 @@ type Pick struct {
 	// Rank is the data-parallel rank to send the request to when HasRank.
 	Rank    int
 	HasRank bool
+	// LoadAdapter: the engine does not hold the request's adapter yet and has a free slot;
+	// dispatch loads the adapter before it forwards the request.
+	LoadAdapter bool
 }
 
 // Selection reasons of the load policies.
@@ -58,6 +61,9 @@ type BucketRequest struct {
 	SessionKey string
 	// RoutingKey is the sticky routing key, or "".
 	RoutingKey string
+	// Adapter is the LoRA adapter the request names (its model field), or "": the groups'
+	// candidates are then the engines holding it (see EngineGroup.Pick).
+	Adapter string
 	// HashKey is consistent_hash's key: the value of the first configured hashing header
 	// present (hashing.key_headers), or "".
 	HashKey string

@@ -41,7 +41,8 @@ type Worker struct {
 	// (SetLabels: re-introspection learned new ones) without making it a new worker.
 	labels atomic.Pointer[map[string]string]
 
-	healthy atomic.Bool
+	healthy  atomic.Bool
+	adapters atomic.Pointer[AdapterSet]
 }
 
 // NewWorker returns a healthy worker. A nil counters gets a private set.

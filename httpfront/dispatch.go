@@ -224,6 +224,11 @@ func (s *Server) serveInference(ctx *fasthttp.RequestCtx, kind routeKind, ex *ex
 	if len(f.model) > 0 || kind.needsModel() {
 		mr = s.models[string(f.model)]
 	}
+	var adapter string
+	if mr == nil && s.lora != nil {
+		// Slow path: the model may name a LoRA adapter of a configured model.
+		mr, adapter = s.adapterRoute(f.model)
+	}
 	if mr == nil {
 		if len(f.model) == 0 {
 			return s.fail(ctx, o, paramError(CodeMissingModel, "model", "more than one model is configured: name one in the model parameter"))
@@ -272,6 +277,7 @@ func (s *Server) serveInference(ctx *fasthttp.RequestCtx, kind routeKind, ex *ex
 		InputTokens:  input,
 		ExpectedPeak: peak,
 		TokenIDs:     ids,
+		Adapter:      adapter,
 		SessionKey:   hdr.string(fwdSession),
 		RoutingKey:   hdr.string(fwdRouting),
 		Now:          start,
@@ -344,6 +350,15 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 		}
 		att.n++
 		s.metrics.selected(mr.metrics, &pick, ex.breq.InputTokens)
+		if ex.breq.Adapter != "" {
+			// Slow path: a LoRA adapter request; an engine picked to load it loads it now.
+			if e := s.prepareAdapter(mr.name, ex.breq.Adapter, &pick, &adm); e != nil {
+				adm.done(fleet.OutcomeNeutral)
+				o = s.fail(ctx, o, e)
+				att.setHeader(ctx)
+				return o
+			}
+		}
 		s.recordDispatch(ex, &pick)
 		abody := body
 		if pick.Plain.HasRank && ex.facts.batch == 0 {
@@ -409,6 +424,14 @@ func (s *Server) hashKey(h *fasthttp.RequestHeader) string {
 type picked struct {
 	plain, prefill, decode    *fleet.Member
 	tPlain, tPrefill, tDecode fleet.Ticket
+}
+
+// done ends every dispatch ticket a picks holds with outcome o (a request that is not
+// dispatched after all).
+func (a *picked) done(o fleet.Outcome) {
+	a.tPlain.Done(o)
+	a.tPrefill.Done(o)
+	a.tDecode.Done(o)
 }
 
 // admitPicked asks the picked engines to take the dispatch of a request that started at

@@ -58,6 +58,7 @@ const (
 	CodeRequestTimeout      = "request_timeout"
 	CodeMalformedRequest    = "malformed_request"
 	CodeAdminDisabled       = "admin_disabled"
+	CodeAdapterLoad         = "adapter_load_failed"
 )
 
 // errorClass is the status and OpenAI error type of a code.
@@ -98,6 +99,7 @@ var errorTable = map[string]errorClass{
 	CodeUpstream:            {fasthttp.StatusBadGateway, "upstream_error"},
 	CodePrefillFailed:       {fasthttp.StatusBadGateway, "upstream_error"},
 	CodeIntrospection:       {fasthttp.StatusBadGateway, "upstream_error"},
+	CodeAdapterLoad:         {fasthttp.StatusBadGateway, "upstream_error"},
 	CodeNoAvailableEngine:   {fasthttp.StatusServiceUnavailable, "service_unavailable_error"},
 	CodeShuttingDown:        {fasthttp.StatusServiceUnavailable, "service_unavailable_error"},
 	CodeConnectionLimit:     {fasthttp.StatusServiceUnavailable, "service_unavailable_error"},

@@ -106,6 +106,10 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			return
 		}
 		ctx.SetContentType("application/json")
+		if s.lora != nil {
+			ctx.SetBody(s.modelsWithAdapters())
+			return
+		}
 		ctx.SetBody(s.modelsBody())
 		return
 	case "/health", "/liveness":

@@ -147,6 +147,8 @@ type Server struct {
 	only    *modelRoute // the single configured model, for /generate without "model"
 	dec     decoders
 	exPool  sync.Pool // *exchange
+	// lora is LoRA-adapter routing; nil when lora.enabled is off.
+	lora *loraRouting
 	// hashHeaders are hashing.key_headers, canonical: consistent_hash's key, first present.
 	hashHeaders [][]byte
 	// prioHeader and tenantHeader are server.priority_header and tenant_header, canonical;
@@ -334,6 +336,7 @@ func (s *Server) build() error {
 	if len(names) == 1 {
 		s.only = s.models[names[0]]
 	}
+	s.lora = newLoRARouting(cfg, s.set)
 
 	sel, err := actors.NewSelector(resolvers, ws, cfg.Actors, actors.SelectorOptions{System: s.sys, Logger: opts.Logger})
 	if err != nil {
@@ -361,6 +364,9 @@ func (s *Server) build() error {
 	}
 	fo := fleet.Options{Health: cfg.Health, Upstream: cfg.Upstream, Tracker: s.tracker, Telemetry: opts.Telemetry,
 		Metrics: s.set, Logger: opts.Logger, Clock: opts.Clock, Dial: opts.Dial, TLS: clientTLS.Global}
+	if cfg.LoRA.Enabled {
+		fo.AdapterRefresh, fo.AdapterSlots = cfg.LoRA.RefreshInterval, cfg.LoRA.SlotsPerEngine
+	}
 	if s.cache != nil {
 		fo.KV = s.cache
 	}

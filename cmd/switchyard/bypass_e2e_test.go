@@ -3,8 +3,6 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"strings"
 	"testing"
 
@@ -32,16 +30,8 @@ func TestPDBypassEndToEnd(t *testing.T) {
 	chat := func(content string) (worker, prefill string) {
 		t.Helper()
 		body, _ := json.Marshal(map[string]any{"model": "llama-pd", "messages": []map[string]string{{"role": "user", "content": content}}, "max_tokens": 4})
-		resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(string(body)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		raw, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			t.Fatalf("status %d: %s", resp.StatusCode, raw)
-		}
-		return resp.Header.Get("X-Switchyard-Worker"), resp.Header.Get("X-Switchyard-Prefill-Worker")
+		h, _ := postOK(t, base+"/v1/chat/completions", string(body))
+		return h.Get("X-Switchyard-Worker"), h.Get("X-Switchyard-Prefill-Worker")
 	}
 	for i := range 3 {
 		if w, pw := chat(fmt.Sprintf("hi %d", i)); w != "d1" || pw != "" {

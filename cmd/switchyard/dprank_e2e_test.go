@@ -1,11 +1,8 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"io"
-	"net/http"
 	"testing"
 
 	"switchyard/bench/mockengine"
@@ -46,15 +43,7 @@ func TestDPRankDispatchEndToEnd(t *testing.T) {
 func generate(t *testing.T, base string, i int) int {
 	t.Helper()
 	body, _ := json.Marshal(map[string]any{"model": affModel, "input_ids": []int{1, 2, 3, i}, "sampling_params": map[string]any{"max_new_tokens": 2}})
-	resp, err := http.Post(base+"/generate", "application/json", bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		t.Fatalf("status %d: %s", resp.StatusCode, raw)
-	}
+	_, raw := postOK(t, base+"/generate", string(body))
 	var out struct {
 		MetaInfo struct {
 			DPRank *int `json:"dp_rank"`

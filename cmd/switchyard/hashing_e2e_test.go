@@ -28,8 +28,16 @@ func hashConfig(engines []*mockengine.Engine, policy string) *config.Config {
 	return cfg
 }
 
-// hashPost sends body to path with the given header pairs and returns the worker that served it.
+// hashPost sends body to url with the given header pairs and returns the worker that served it.
 func hashPost(t *testing.T, url, body string, headers ...string) string {
+	t.Helper()
+	h, _ := postOK(t, url, body, headers...)
+	return h.Get("X-Switchyard-Worker")
+}
+
+// postOK sends body to url with the given header pairs, fails the test unless the answer is
+// 200, and returns its headers and body.
+func postOK(t *testing.T, url, body string, headers ...string) (http.Header, []byte) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader([]byte(body)))
 	if err != nil {
@@ -48,7 +56,7 @@ func hashPost(t *testing.T, url, body string, headers ...string) string {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("status %d: %s", resp.StatusCode, raw)
 	}
-	return resp.Header.Get("X-Switchyard-Worker")
+	return resp.Header, raw
 }
 
 // TestConsistentHashReplicasAgreeEndToEnd: two router replicas over the same four mock

@@ -38,15 +38,16 @@ func DiscoverModel(ctx context.Context, c load.Doer, baseURL string, timeout tim
 		model func([]byte) string
 	}{
 		{PathModels, func(b []byte) string {
-			var list struct {
-				Data []struct {
-					ID string `json:"id"`
-				} `json:"data"`
-			}
-			if json.Unmarshal(b, &list) != nil || len(list.Data) == 0 {
+			list, err := DecodeModelList(b)
+			if err != nil {
 				return ""
 			}
-			return list.Data[0].ID
+			for i := range list {
+				if !list[i].IsAdapter() { // the base model, not one of its LoRA adapters
+					return list[i].ID
+				}
+			}
+			return ""
 		}},
 		{PathGetModelInfo, func(b []byte) string {
 			var mi struct {

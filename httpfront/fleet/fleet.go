@@ -118,6 +118,11 @@ type Options struct {
 	// client certificate; LoadTLS reads upstream.tls), unless a worker has its own
 	// (Spec.TLS); its ServerName defaults to each worker's host. Default: the system roots.
 	TLS *tls.Config
+	// AdapterRefresh, when positive, is how often each worker is asked for the LoRA adapters
+	// it holds (RefreshAdapters); 0 never asks (lora.enabled off).
+	AdapterRefresh time.Duration
+	// AdapterSlots is an engine's adapter slots when it does not report them (0: unbounded).
+	AdapterSlots int
 }
 
 // Fleet owns the worker lifecycle: the sources of workers (configuration, admin API) and for
@@ -448,12 +453,21 @@ func (f *Fleet) startHealthLocked(m *Member) {
 		f.introspectIfNeeded(ctx, m) // a worker added without its facts learns them at once
 		t := time.NewTicker(f.health.Interval)
 		defer t.Stop()
+		var adapters <-chan time.Time
+		if f.opts.AdapterRefresh > 0 {
+			f.RefreshAdapters(ctx, m)
+			at := time.NewTicker(f.opts.AdapterRefresh)
+			defer at.Stop()
+			adapters = at.C
+		}
 		for {
 			select {
 			case <-ctx.Done():
 				return
 			case <-t.C:
 				f.CheckOnce(ctx, m)
+			case <-adapters:
+				f.RefreshAdapters(ctx, m)
 			}
 		}
 	}()
@@ -564,6 +578,7 @@ func (f *Fleet) reintrospect(ctx context.Context, m *Member) {
 			old.SetLabels(w.Labels())
 		}
 	default:
+		w.SetAdapters(old.Adapters())
 		f.set.Remove(m.id)
 		if err := f.set.Add(w); err != nil {
 			f.logger.Error("cannot republish introspected worker", slog.String("worker", m.id), slog.Any("error", err))

@@ -23,8 +23,9 @@ var ErrNoIntrospection = fmt.Errorf("%w: no introspection route", ErrIntrospecti
 
 // Bounds of the decoded facts.
 const (
-	maxDPSize   = 4096
-	maxPageSize = 1 << 20
+	maxDPSize    = 4096
+	maxPageSize  = 1 << 20
+	maxLoRASlots = 1 << 16
 )
 
 // Info is what the one introspection of an engine learns from /server_info (or
@@ -56,6 +57,9 @@ type Info struct {
 	// transfer_backend (disaggregation_transfer_backend), page_size, kv_cache_dtype and
 	// tp_size, each when reported; nil when none is.
 	Labels map[string]string
+	// LoRASlots is how many LoRA adapters the engine holds at once (SGLang's
+	// max_loaded_loras, else max_loras_per_batch); 0 when not reported.
+	LoRASlots int
 }
 
 // KVInfo is the kv_events section of the server info (or, without one, the engine's own
@@ -185,6 +189,8 @@ type wireInfo struct {
 	TransferBackend json.RawMessage `json:"disaggregation_transfer_backend"`
 	KVCacheDType    json.RawMessage `json:"kv_cache_dtype"`
 	TPSize          json.RawMessage `json:"tp_size"`
+	MaxLoadedLoras  json.RawMessage `json:"max_loaded_loras"`
+	MaxLorasBatch   json.RawMessage `json:"max_loras_per_batch"`
 }
 
 // Bounds of the decoded labels.
@@ -265,6 +271,12 @@ func DecodeInfo(body []byte) (Info, error) {
 		} else {
 			info.KV = &kvi
 		}
+	}
+	// The adapter slots only bound adapter routing: an unreadable value is not reported.
+	if n, err := optInt(w.MaxLoadedLoras, 0, maxLoRASlots); err == nil && n > 0 {
+		info.LoRASlots = n
+	} else if n, err := optInt(w.MaxLorasBatch, 0, maxLoRASlots); err == nil {
+		info.LoRASlots = n
 	}
 	if ep, err := optString(w.LoadEndpoint); err == nil && ep != "" {
 		if _, _, err := kv.SplitEndpoint(ep); err == nil {

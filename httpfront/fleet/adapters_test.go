@@ -1,0 +1,74 @@
+package fleet
+
+import (
+	"testing"
+)
+
+func TestDecodeModelList(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		body     string
+		adapters []string
+		wantErr  bool
+	}{
+		{name: "vLLM with adapters", body: `{"object":"list","data":[{"id":"base","root":"/m","parent":null},{"id":"sql","root":"/a/sql","parent":"base"},{"id":"math","parent":"base"}]}`,
+			adapters: []string{"sql", "math"}},
+		{name: "base only (SGLang)", body: `{"data":[{"id":"base"}]}`},
+		{name: "entries without an id are skipped", body: `{"data":[{"parent":"base"},{"id":"x","parent":"x"}]}`},
+		{name: "not a list", body: `{"data":{}}`, wantErr: true},
+		{name: "not JSON", body: `<html>`, wantErr: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := DecodeModelList([]byte(tc.body))
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("err = %v", err)
+			}
+			var adapters []string
+			for i := range got {
+				if got[i].IsAdapter() {
+					adapters = append(adapters, got[i].ID)
+				}
+			}
+			if len(adapters) != len(tc.adapters) {
+				t.Fatalf("adapters %v, want %v", adapters, tc.adapters)
+			}
+			for i := range adapters {
+				if adapters[i] != tc.adapters[i] {
+					t.Fatalf("adapters %v, want %v", adapters, tc.adapters)
+				}
+			}
+		})
+	}
+}
+
+func TestDecodeInfoLoRASlots(t *testing.T) {
+	for body, want := range map[string]int{
+		`{"model_path":"m","max_loaded_loras":4,"max_loras_per_batch":2}`: 4,
+		`{"model_path":"m","max_loras_per_batch":"8"}`:                    8,
+		`{"model_path":"m","max_loaded_loras":null}`:                      0,
+		`{"model_path":"m","max_loaded_loras":-3}`:                        0,
+	} {
+		info, err := DecodeInfo([]byte(body))
+		if err != nil || info.LoRASlots != want {
+			t.Errorf("%s: slots %d err %v, want %d", body, info.LoRASlots, err, want)
+		}
+	}
+}
+
+func FuzzDecodeModelList(f *testing.F) {
+	f.Add([]byte(`{"data":[{"id":"a","parent":"b","root":"c"}]}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		got, err := DecodeModelList(body)
+		if err != nil {
+			return
+		}
+		if len(got) > maxModelEntries {
+			t.Fatalf("%d entries", len(got))
+		}
+		for i := range got {
+			if got[i].ID == "" {
+				t.Fatal("an entry without an id")
+			}
+		}
+	})
+}
