@@ -155,7 +155,7 @@ type Server struct {
 	// TenantHeader carries a request's tenant, whose requests share the queues fairly with
 	// other tenants' within a priority; a request without it counts as the tenant of its
 	// API key (requests without either share one tenant). Empty uses the API key alone.
-	// Default empty.
+	// Default: none.
 	TenantHeader string `koanf:"tenant_header" json:"tenant_header"`
 	// TenantWeights gives tenants named by tenant_header a weight, at least 1: a tenant of
 	// weight 3 gets three queue slots to a weight-1 tenant's one while both wait. Named
