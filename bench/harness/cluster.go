@@ -25,6 +25,8 @@ type clusterSpec struct {
 	zeroCost               bool
 	// eventPerWrite: every streamed event is its own write (mockengine.Config.EventPerWrite).
 	eventPerWrite bool
+	// decodeCanPrefill starts decode engines that also serve requests alone (PD bypass).
+	decodeCanPrefill bool
 }
 
 // gaugeInterval is the engines' load-gauge period and the router's HTTP load poll period.
@@ -61,6 +63,7 @@ func (o *Options) startCluster(ctx context.Context, spec clusterSpec) (*cluster,
 			cfg := o.engineConfig(spec.zeroCost)
 			cfg.EventPerWrite = spec.eventPerWrite
 			cfg.Role = role
+			cfg.DecodeCanPrefill = role == mockengine.RoleDecode && spec.decodeCanPrefill
 			cfg.WorkerID = prefix + strconv.Itoa(i)
 			cfg.Seed = o.Seed + uint64(len(c.all())+i)
 			if role == mockengine.RolePlain && len(o.EngineSpeeds) == n {
@@ -130,7 +133,8 @@ func (c *cluster) workers(model string) []config.Worker {
 	var out []config.Worker
 	add := func(es []*mockengine.Engine, role config.Role) {
 		for _, e := range es {
-			w := config.Worker{ID: e.WorkerID(), URL: e.URL(), Model: model, Role: role, DPSize: 1}
+			w := config.Worker{ID: e.WorkerID(), URL: e.URL(), Model: model, Role: role, DPSize: 1,
+				CanPrefill: role == config.RoleDecode && e.Config().DecodeCanPrefill}
 			if e.Config().Flavor == mockengine.FlavorVLLM {
 				w.Flavor = config.FlavorVLLM
 				w.KVEvents = e.KVEventsEndpoint(0)

@@ -44,7 +44,7 @@ type PolicySpec struct {
 // DefaultPolicies returns the routing scenario's policies: every policy Switchyard has.
 // Those the router cannot build yet are reported as skipped rows.
 func DefaultPolicies() []PolicySpec {
-	return mustPolicies("round_robin,random,power_of_two,load_based,cache_aware,session_aware,sticky")
+	return mustPolicies("round_robin,random,power_of_two,load_based,cache_aware,session_aware,sticky,consistent_hash,prefix_hash")
 }
 
 // DefaultPDPolicies returns the pd scenario's prefill-group policies.
@@ -110,7 +110,7 @@ func ParsePolicies(list string) ([]PolicySpec, error) {
 
 func policyNames() []string {
 	return []string{config.PolicyRoundRobin, config.PolicyRandom, config.PolicyPowerOfTwo, config.PolicyLoadBased,
-		config.PolicyCacheAware, config.PolicySessionAware, config.PolicySticky}
+		config.PolicyCacheAware, config.PolicySessionAware, config.PolicySticky, config.PolicyConsistentHash, config.PolicyPrefixHash}
 }
 
 // Defaults of Options.
@@ -207,6 +207,10 @@ type Options struct {
 	Policies []PolicySpec
 	// PDPolicies are the pd scenario's prefill-group policies. Default DefaultPDPolicies().
 	PDPolicies []PolicySpec
+	// PDBypassTokens, when positive, adds a table to the pd scenario: a short-prompt mix on
+	// decode engines that can prefill, with the PD bypass off and then on below this many
+	// uncached tokens. Default 0: not measured (the bench command's flag defaults to 256).
+	PDBypassTokens int
 	// Workloads are the routing scenario's workloads, one table each. Default
 	// DefaultWorkloads().
 	Workloads []string

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -121,7 +122,91 @@ func (h *harness) pd(ctx context.Context) ([]*report.Scenario, error) {
 	sc.Oracle = orc.longest()
 	sc.Notes = append(sc.Notes, routingNotes(sc, wl)...)
 	sc.Notes = append(sc.Notes, "spread req is over the decode engines, spread prefill over the prefill engines; the oracle pools the prefill engines' caches")
-	return []*report.Scenario{sc}, nil
+	out := []*report.Scenario{sc}
+	if o.PDBypassTokens > 0 {
+		bsc, err := h.pdBypass(ctx)
+		out = append(out, bsc)
+		if err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+// pdBypass measures the PD bypass on a short-prompt mix: one PD bucket (power_of_two in both
+// groups) over decode engines that can prefill, with the bypass off, then on below
+// PDBypassTokens uncached tokens.
+func (h *harness) pdBypass(ctx context.Context) (*report.Scenario, error) {
+	o := &h.opts
+	wl, err := shortPromptMix(o.Seed)
+	if err != nil {
+		return nil, err
+	}
+	sc := &report.Scenario{
+		Name: report.ScenarioPD, Workload: wl.Name, Description: wl.Description,
+		TimeBase: report.TimeSimulated, Speedup: o.Speedup,
+		Deployment: fmt.Sprintf("%d prefill + %d decode engines that can also prefill alone (cache %d tokens, max running %d), speedup %g; router: one PD bucket, power_of_two in both groups; %s",
+			o.Prefill, o.Decode, o.EngineCache, o.MaxRunning, o.Speedup, h.arrivals()),
+	}
+	p2 := config.Policy{Type: config.PolicyPowerOfTwo}
+	for _, below := range []int{0, o.PDBypassTokens} {
+		name := "pair (no bypass)"
+		if below > 0 {
+			name = fmt.Sprintf("bypass < %d tokens", below)
+		}
+		pr := policyRun{
+			scenario: report.ScenarioPD, wl: wl, spec: clusterSpec{prefill: o.Prefill, decode: o.Decode, decodeCanPrefill: true},
+			model: func(c *cluster, p config.Policy) config.Model {
+				pre, dec := ids(c.prefill), ids(c.decode)
+				return config.Model{Buckets: []config.Bucket{{ID: "pd", Groups: config.Groups{PD: &config.PDGroups{
+					Prefill:           &config.Group{WorkerIDs: &pre, Policy: &p},
+					Decode:            &config.Group{WorkerIDs: &dec, Policy: &p2},
+					BypassBelowTokens: int64(below),
+				}}}}}
+			},
+			serving: func(c *cluster) []string { return ids(c.decode) },
+			prefill: func(c *cluster) []string { return ids(c.prefill) },
+		}
+		row, err := h.policyRow(ctx, pr, PolicySpec{Name: name, Policy: p2})
+		if err != nil {
+			return sc, err
+		}
+		sc.Rows = append(sc.Rows, row)
+		if s := row.Summary; s != nil && s.OK > 0 {
+			sc.Notes = append(sc.Notes, fmt.Sprintf("%s: %d of %d requests (%.0f%%) served by a decode engine alone",
+				name, s.Bypassed, s.OK, 100*float64(s.Bypassed)/float64(s.OK)))
+		}
+	}
+	sc.Notes = append(sc.Notes, "spread prefill counts a bypassed request's prompt on no prefill engine")
+	return sc, nil
+}
+
+// shortPromptMix is the bypass table's workload: unique prompts, three of four short
+// (64 tokens) and one long (1,024 tokens), shuffled.
+func shortPromptMix(seed uint64) (*workload.Workload, error) {
+	short, err := workload.ZeroReuse(workload.ZeroReuseConfig{Requests: 600, PromptLen: 64, OutputLen: 16}, seed)
+	if err != nil {
+		return nil, err
+	}
+	long, err := workload.ZeroReuse(workload.ZeroReuseConfig{Requests: 200, PromptLen: 1024, OutputLen: 16}, seed+1)
+	if err != nil {
+		return nil, err
+	}
+	reqs := make([]workload.Request, 0, len(short.Requests)+len(long.Requests))
+	for _, r := range short.Requests {
+		r.Class = "short"
+		reqs = append(reqs, r)
+	}
+	for _, r := range long.Requests {
+		r.Class = "long"
+		reqs = append(reqs, r)
+	}
+	rng := rand.New(rand.NewPCG(seed, 0xb1a5))
+	rng.Shuffle(len(reqs), func(i, j int) { reqs[i], reqs[j] = reqs[j], reqs[i] })
+	for i := range reqs {
+		reqs[i].Index = i
+	}
+	return &workload.Workload{Name: "short_mix", Description: "800 unique prompts: 600 of 64 tokens, 200 of 1,024 tokens, shuffled; output 16", Requests: reqs}, nil
 }
 
 func (h *harness) plainDeployment(n int) string {

@@ -67,6 +67,9 @@ type Summary struct {
 	// Unknown counts successful requests whose engine is not one of the deployment's (or was
 	// not named by the response).
 	Unknown int `json:"unknown_worker,omitempty"`
+	// Bypassed counts, in a prefill/decode deployment (SummaryOptions.PrefillWorkers), the
+	// successful requests a decode engine served alone (no prefill engine named).
+	Bypassed int `json:"bypassed,omitempty"`
 }
 
 // ErrorCount is the number of failed requests.
@@ -140,6 +143,9 @@ func Summarize(results []loadgen.Result, o SummaryOptions) *Summary {
 		pw := r.PrefillWorker
 		if pw == "" {
 			pw = r.Worker
+			if len(o.PrefillWorkers) > 0 {
+				s.Bypassed++
+			}
 		}
 		if p, ok := prefill[pw]; ok {
 			p.PrefillTokens += int64(r.PromptTokens - r.CachedTokens)
