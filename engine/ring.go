@@ -51,13 +51,6 @@ func (r *hashRing) pick(c []*Worker, key uint64) (*Worker, bool) {
 		// Slow path: the candidates changed (a worker joined, left, or a retry excluded one).
 		r.build(c)
 	}
-	n := len(r.members)
-	var total int64
-	for _, w := range r.members {
-		total += w.Counters.InFlight()
-	}
-	capacity := int64(math.Ceil(r.loadFactor * float64(total+1) / float64(n)))
-	clear(r.seen)
 	start, _ := slices.BinarySearchFunc(r.points, key, func(p ringPoint, k uint64) int {
 		switch {
 		case p.hash < k:
@@ -67,6 +60,17 @@ func (r *hashRing) pick(c []*Worker, key uint64) (*Worker, bool) {
 		}
 		return 0
 	})
+	if home := r.members[r.points[start%len(r.points)].idx]; home.Counters.InFlight() == 0 {
+		// Fast path: an idle home engine is under any bound (the capacity is at least 1).
+		return home, true
+	}
+	n := len(r.members)
+	var total int64
+	for _, w := range r.members {
+		total += w.Counters.InFlight()
+	}
+	capacity := int64(math.Ceil(r.loadFactor * float64(total+1) / float64(n)))
+	clear(r.seen)
 	var home *Worker
 	for i, visited := 0, 0; i < len(r.points) && visited < n; i++ {
 		p := r.points[(start+i)%len(r.points)]
