@@ -37,10 +37,12 @@
 // bucket actor; the bucket actor forwards it (PickEngine) to the plain group actor, or to
 // the prefill group actor, which forwards it to the decode group actor after picking (the
 // decode group picks among the engines compatible with that prefill engine,
-// engine.EngineGroup.PickFor); the last actor writes the result into the call and signals
-// the call's reply channel. Selector.Select orders the compatible buckets in the request
-// goroutine before the first round trip (engine.BucketResolver.Order: the slo rule reads
-// only snapshots and atomics), and records the rule in the selection. The
+// engine.EngineGroup.PickFor; with a PD bucket's bypass on, the decode group actor picks
+// first and either completes the request alone or forwards it to the prefill group actor);
+// the last actor writes the result into the call and signals the call's reply channel.
+// Selector.Select orders the compatible buckets in the request goroutine before the first
+// round trip (engine.BucketResolver.Order: the slo rule reads only snapshots and atomics),
+// and records the rule in the selection. The
 // caller waits on that channel alone; a timer armed for the pick deadline
 // (actors.pick_timeout) answers on the same channel, so a stuck actor costs the caller
 // OutcomeTimeout, never a hang. No future, no per-pick allocation.

@@ -21,6 +21,15 @@
 // OutcomePDIncompatible and the loop moves on to the next bucket, discarding the prefill
 // pick, so a pair still always comes from one bucket.
 //
+// Beyond the policies, a group narrows and completes a pick: a request naming a LoRA adapter
+// (BucketRequest.Adapter) has as candidates the engines whose AdapterSet holds it (or, with
+// adapter loading on, those with a free slot, and the pick says to load it); a multi-rank
+// engine gets its data-parallel rank from the group's rank picker (dp_dispatch) by each
+// rank's own load report. A PD bucket with BypassBelow asks its decode group first and
+// sends a request whose uncached prefill on that engine is short to it alone (Bypasses).
+// consistent_hash and prefix_hash share one bounded-load ring (ring.go), seeded by nothing
+// but worker IDs, so that router replicas agree.
+//
 // Everything here is synchronous and deterministic for a given state and seed; nothing does
 // I/O. Anything that waits on the network (tokenization, remote prefix lookups) is resolved by
 // the caller before a pick and carried in the BucketRequest.

@@ -44,10 +44,23 @@
 // Admission comes first (sub-package flow): after the API-key check, the rate limits
 // (router-wide and per API key: 429 rate_limited with Retry-After); once the model is known,
 // the concurrency limits (the model's, then the router's), whose queues hold requests over a
-// limit in arrival order (429 queue_full when full, 408 queue_timeout, and a request whose
+// limit by priority (the body's "priority" or server.priority_header), then by weighted fair
+// sharing among tenants (server.tenant_header, else the API key) (429 queue_full when full, 408 queue_timeout, and a request whose
 // client closes its connection while it waits is taken out: the connection is watched only
 // while the request waits). The request holds its slots until it ends; a stream's relay
 // releases them when the stream ends; they cover every attempt of a retried request.
+//
+// # Routing facts beyond the length
+//
+// The handler also reads what some policies and groups need: consistent_hash's key (the
+// first header of hashing.key_headers present, only for a model with such a group), and a
+// model name that is a LoRA adapter of a configured model (lora.go: configured in
+// models.<name>.lora_adapters or held by an engine), which routes by the base model with
+// BucketRequest.Adapter set; an engine picked to load the adapter gets it through its API
+// before the request is forwarded (one load per engine and adapter at a time). A pick with a
+// data-parallel rank (dp_dispatch) forwards the body with data_parallel_rank, and a PD pair's
+// decode engine also gets prefill_dp_rank; a PD bucket's bypassed request (decode engine
+// alone) is dispatched like a plain one, and its decision counted.
 //
 // # Tokenizers
 //

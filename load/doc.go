@@ -21,7 +21,9 @@
 //     throughput and estimated prefill queue from the cumulative counters, and builds an
 //     immutable Snapshot per worker: the sum over a complete set of fresh ranks, or unknown.
 //     Missing, stale or rank-incomplete load is the zero Observation — unknown, never zero
-//     load. Table publishes the current Snapshot.
+//     load. A worker of several ranks also keeps each rank's own observation
+//     (Snapshot.ObserveRank), for the router's choice of a rank. Table publishes the current
+//     Snapshot.
 //   - Router-local accounting: Tracker hands out one Counters per worker (in-flight,
 //     dispatch count, latest dispatch time, pending prefill) and the Guards that hold
 //     in-flight slots; a Guard from AcquirePrefill also holds a pending-prefill slot until

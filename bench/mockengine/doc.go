@@ -60,7 +60,12 @@
 //     prefill, a prompt of a different length or a prefill engine of another KV transfer
 //     backend (Config.TransferBackend, reported in /server_info as
 //     disaggregation_transfer_backend beside kv_cache_dtype, tp_size and page_size). While it
-//     waits the request counts as waiting in the load reports.
+//     waits the request counts as waiting in the load reports. With Config.DecodeCanPrefill
+//     a decode engine serves a request without bootstrap fields alone, like a plain engine
+//     (a router's PD bypass).
+//   - LoRA (Config.LoRA): adapter slots, adapters loaded at start or through the load and
+//     unload routes with a simulated load time, listed in /v1/models with their parent;
+//     a request naming an adapter that is not loaded is a 404.
 //   - Fault injection (Faults): fail the first N requests, a failure rate, a fixed status,
 //     added latency, a connection dropped after N tokens, a hang before the first token,
 //     unhealthy health checks (now or after a delay), withheld events, and restarts (every

@@ -12,6 +12,9 @@
 //     load-gauge endpoints) and the KV subscriptions (publishers, block size); every wildcard
 //     endpoint host is resolved by kv.EndpointHost. KVDiscoverer serves
 //     the same introspection to `switchyard indexer` (kv.Discoverer).
+//   - LoRA adapters (Options.AdapterRefresh, lora.enabled): the same loop asks the engine's
+//     /v1/models every lora.refresh_interval (DecodeModelList, the one decoder of it) and
+//     publishes the adapters it holds, with its slots, on its engine.Worker.
 //   - Health: one loop per worker asks /health every health.interval; failure and success
 //     thresholds move the verdict. A check that failed for a reason of the router's own (no
 //     connection slot, no file descriptor) gives no verdict.

@@ -6,8 +6,8 @@
 // # What it owns
 //
 //   - Limiter: one concurrency limit and its queue. Under the limit a request takes a slot at
-//     once; over it, it waits for a slot (by priority, then tenant fair share), until its deadline (ErrQueueTimeout,
-//     HTTP 408), until its client leaves (ErrClientGone: it is taken out of the queue), or
+//     once; over it, it waits for a slot (by priority, then tenant fair share), until its
+//     deadline (ErrQueueTimeout, HTTP 408), until its client leaves (ErrClientGone: it is taken out of the queue), or
 //     until the router stops (ErrStopped). A full queue refuses at once (ErrQueueFull, 429).
 //     A slot is held until Release, which hands it straight to the next waiter (see below).
 //   - TokenBucket: one rate limit (GCRA: the bucket is one atomic timestamp). KeyLimiter: one
