@@ -27,6 +27,8 @@ type clusterSpec struct {
 	eventPerWrite bool
 	// decodeCanPrefill starts decode engines that also serve requests alone (PD bypass).
 	decodeCanPrefill bool
+	// dpSize is every engine's data-parallel size; 0 means 1.
+	dpSize int
 }
 
 // gaugeInterval is the engines' load-gauge period and the router's HTTP load poll period.
@@ -64,6 +66,7 @@ func (o *Options) startCluster(ctx context.Context, spec clusterSpec) (*cluster,
 			cfg.EventPerWrite = spec.eventPerWrite
 			cfg.Role = role
 			cfg.DecodeCanPrefill = role == mockengine.RoleDecode && spec.decodeCanPrefill
+			cfg.DPSize = max(spec.dpSize, 1)
 			cfg.WorkerID = prefix + strconv.Itoa(i)
 			cfg.Seed = o.Seed + uint64(len(c.all())+i)
 			if role == mockengine.RolePlain && len(o.EngineSpeeds) == n {

@@ -3,6 +3,7 @@ package harness
 import (
 	"bytes"
 	"context"
+	"maps"
 	"math"
 	"os"
 	"slices"
@@ -363,6 +364,67 @@ func TestSLOEndToEnd(t *testing.T) {
 	}
 	if got := sc.Rows[0].SLO.Buckets; got["a"] != 30 {
 		t.Errorf("capacity order: requests by bucket %v, want all 30 on a", got)
+	}
+	checkRendered(t, rep)
+}
+
+// TestDPRanksAndBypassTablesEndToEnd runs the routing scenario's data-parallel table and the
+// pd scenario's bypass table briefly: each has its two rows in order; with the router choosing
+// ranks every rank of both engines admits prompts; the bypass row sends requests to a decode
+// engine alone and the pair row none.
+func TestDPRanksAndBypassTablesEndToEnd(t *testing.T) {
+	opts := Options{
+		Scenarios: []string{report.ScenarioRouting, report.ScenarioPD},
+		Workloads: []string{workload.NameSharedPrefix}, Policies: mustPolicies("round_robin"),
+		PDPolicies: mustPolicies("round_robin"),
+		Workload: workload.Config{
+			SharedPrefix: workload.SharedPrefixConfig{Groups: 2, PromptsPerGroup: 4, SystemPromptLen: 64, QuestionLen: 8, OutputLen: 2},
+			LongContext: workload.LongContextConfig{Requests: 32, OutputLen: 2, Classes: []workload.LengthClass{
+				{Name: "short", Min: 20, Max: 60, Weight: 2}, {Name: "long", Min: 400, Max: 600, Weight: 1}}},
+		},
+		Engines: 2, Prefill: 1, Decode: 1, Speedup: 20, Concurrency: 4, Seed: 1,
+		// The bypass table's mix has 800 requests: the bound ends its rows early, which the
+		// assertions below allow (they count, they do not time).
+		Duration: 3 * time.Second, DPRanks: 2, PDBypassTokens: 256,
+	}
+	rep, err := Run(t.Context(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byTitle := map[string]*report.Scenario{}
+	for _, sc := range rep.Scenarios {
+		byTitle[sc.Title()] = sc
+	}
+	dp := byTitle["routing: long_context_dp"]
+	if dp == nil || len(dp.Rows) != 2 || dp.Rows[0].Name != "engine's balancer" || dp.Rows[1].Name != "router's ranks" {
+		t.Fatalf("dp table %+v (scenarios %v)", dp, slices.Sorted(maps.Keys(byTitle)))
+	}
+	for i := range dp.Rows {
+		r := &dp.Rows[i]
+		if r.Summary == nil || r.Summary.OK == 0 || r.Summary.ErrorCount() != 0 || len(r.RankPromptTokens) != 4 {
+			t.Fatalf("%s: summary %+v, rank tokens %v", r.Name, r.Summary, r.RankPromptTokens)
+		}
+		var sum int64
+		for rank, n := range r.RankPromptTokens {
+			if n == 0 {
+				t.Errorf("%s: rank %d of engine %d admitted no prompt", r.Name, rank%2, rank/2)
+			}
+			sum += n
+		}
+		if sum != r.Summary.PromptTokens {
+			t.Errorf("%s: ranks admitted %d prompt tokens, the requests carried %d", r.Name, sum, r.Summary.PromptTokens)
+		}
+	}
+	bp := byTitle["pd: short_mix"]
+	if bp == nil || len(bp.Rows) != 2 {
+		t.Fatalf("bypass table %+v (scenarios %v)", bp, slices.Sorted(maps.Keys(byTitle)))
+	}
+	pair, bypass := bp.Rows[0].Summary, bp.Rows[1].Summary
+	if pair == nil || bypass == nil || pair.OK == 0 || bypass.OK == 0 {
+		t.Fatalf("bypass rows %+v %+v", pair, bypass)
+	}
+	if pair.Bypassed != 0 || bypass.Bypassed == 0 {
+		t.Errorf("bypassed: %d without the bypass, %d with it", pair.Bypassed, bypass.Bypassed)
 	}
 	checkRendered(t, rep)
 }

@@ -211,6 +211,11 @@ type Options struct {
 	// decode engines that can prefill, with the PD bypass off and then on below this many
 	// uncached tokens. Default 0: not measured (the bench command's flag defaults to 256).
 	PDBypassTokens int
+	// DPRanks, when above 1, adds a table to the routing scenario: plain engines of this
+	// many data-parallel ranks under the long-context mix, the ranks chosen by the engines'
+	// own balancer and then by the router (dp_dispatch). Default 0: not measured (the bench
+	// command's flag defaults to 2).
+	DPRanks int
 	// Workloads are the routing scenario's workloads, one table each. Default
 	// DefaultWorkloads().
 	Workloads []string

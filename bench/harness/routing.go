@@ -29,6 +29,10 @@ type policyRun struct {
 	// open-loop at their arrival times divided by it (a trace).
 	path   string
 	replay float64
+	// dp turns on the router's rank dispatch (dp_dispatch.enabled).
+	dp bool
+	// done, when set, reads the engines after the row was measured, before they stop.
+	done func(c *cluster)
 }
 
 // plainRun is a policy comparison on the plain engines behind one bucket.
@@ -81,7 +85,65 @@ func (h *harness) routing(ctx context.Context) ([]*report.Scenario, error) {
 		sc.Oracle = orc.longest()
 		sc.Notes = append(sc.Notes, routingNotes(sc, wl)...)
 	}
+	if o.DPRanks > 1 && o.Target == "" {
+		sc, err := h.dpRanks(ctx)
+		out = append(out, sc)
+		if err != nil {
+			return out, err
+		}
+	}
 	return out, nil
+}
+
+// dpRanks measures data-parallel rank dispatch: two plain engines of DPRanks ranks each under
+// the long-context mix, power_of_two over the engines, the rank left to the engines' own
+// balancer (round robin), then chosen by the router from each rank's load (dp_dispatch).
+func (h *harness) dpRanks(ctx context.Context) (*report.Scenario, error) {
+	o := &h.opts
+	wl, err := workload.Build(workload.NameLongContext, o.Workload, o.Seed)
+	if err != nil {
+		return nil, err
+	}
+	const engines = 2
+	sc := &report.Scenario{
+		Name: report.ScenarioRouting, Workload: wl.Name + "_dp", Description: wl.Description,
+		TimeBase: report.TimeSimulated, Speedup: o.Speedup,
+		Deployment: fmt.Sprintf("%d plain engines × %d data-parallel ranks (cache %d tokens and max running %d per rank), speedup %g; router: one bucket, power_of_two; %s",
+			engines, o.DPRanks, o.EngineCache, o.MaxRunning, o.Speedup, h.arrivals()),
+	}
+	p2 := config.Policy{Type: config.PolicyPowerOfTwo}
+	for _, routerRanks := range []bool{false, true} {
+		name := "engine's balancer"
+		if routerRanks {
+			name = "router's ranks"
+		}
+		var ranks []int64
+		pr := policyRun{
+			scenario: report.ScenarioRouting, wl: wl, spec: clusterSpec{plain: engines, dpSize: o.DPRanks},
+			model: func(c *cluster, p config.Policy) config.Model {
+				return config.Model{Buckets: []config.Bucket{plainBucket("all", ids(c.plain), p)}}
+			},
+			serving: func(c *cluster) []string { return ids(c.plain) },
+			dp:      routerRanks,
+			done: func(c *cluster) {
+				for _, e := range c.plain {
+					ranks = append(ranks, e.RankPromptTokens()...)
+				}
+			},
+		}
+		row, err := h.policyRow(ctx, pr, PolicySpec{Name: name, Policy: p2})
+		if err != nil {
+			return sc, err
+		}
+		row.RankPromptTokens = ranks
+		sc.Rows = append(sc.Rows, row)
+		fr := make([]float64, len(ranks))
+		for i, v := range ranks {
+			fr[i] = float64(v)
+		}
+		sc.Notes = append(sc.Notes, fmt.Sprintf("%s: prompt tokens per rank %v, spread (max/mean) %.2f", name, ranks, report.Spread(fr)))
+	}
+	return sc, nil
 }
 
 // pd compares the prefill group's policies on one PD bucket (decode: power_of_two) under the
@@ -289,6 +351,7 @@ func (h *harness) policyRow(ctx context.Context, pr policyRun, spec PolicySpec) 
 	if spec.CacheDecision != "" {
 		cfg.CacheAware.Decision = spec.CacheDecision
 	}
+	cfg.DPDispatch.Enabled = pr.dp
 	r, err := o.startRouter(ctx, cfg)
 	if errors.Is(err, errRouterBuild) {
 		row.Skipped = skipReason(err)
@@ -313,6 +376,9 @@ func (h *harness) policyRow(ctx context.Context, pr policyRun, spec PolicySpec) 
 	}
 	row.Summary = report.Summarize(m.Results, opts)
 	row.Truncated = m.Truncated
+	if pr.done != nil {
+		pr.done(c)
+	}
 	if pr.oracles != nil && len(m.Results) > 0 {
 		if row.Oracle, err = pr.oracles.of(len(m.Results)); err != nil {
 			return row, err

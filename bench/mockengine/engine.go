@@ -422,6 +422,18 @@ func (e *Engine) zmqEndpoint(port int) string {
 	return "tcp://" + net.JoinHostPort(host, strconv.Itoa(port))
 }
 
+// RankPromptTokens returns the prompt tokens each DP rank has admitted since the engine
+// started or last restarted.
+func (e *Engine) RankPromptTokens() []int64 {
+	out := make([]int64, len(e.ranks))
+	for i, r := range e.ranks {
+		r.mu.Lock()
+		out[i] = r.stats.promptTokens
+		r.mu.Unlock()
+	}
+	return out
+}
+
 // Faults returns the current fault switches.
 func (e *Engine) Faults() Faults { return *e.faults.Load() }
 

@@ -144,6 +144,9 @@ type Row struct {
 	Replicas *ReplicaFigures `json:"replicas,omitempty"`
 	// SLO holds the slo scenario's attainment and estimate figures.
 	SLO *SLOSummary `json:"slo,omitempty"`
+	// RankPromptTokens are the prompt tokens each data-parallel rank of the row's engines
+	// admitted, engine by engine, rank by rank (the routing scenario's dp table).
+	RankPromptTokens []int64 `json:"rank_prompt_tokens,omitempty"`
 }
 
 // ReplicaFigures are the figures of one replicas row: router processes in front of one

@@ -43,6 +43,7 @@ func newBenchFlagSet(stderr io.Writer) (*flag.FlagSet, *benchFlags) {
 	fs.IntVar(&o.Engines, "engines", harness.DefaultEngines, "plain mock engines (routing, overhead, buckets, mailbox)")
 	fs.IntVar(&o.Prefill, "prefill", harness.DefaultPrefillEngines, "prefill engines of the pd scenario")
 	fs.IntVar(&o.Decode, "decode", harness.DefaultDecodeEngines, "decode engines of the pd scenario")
+	fs.IntVar(&o.DPRanks, "dp-ranks", 2, "routing scenario: also measure engines of this many data-parallel ranks, ranks chosen by the engines then by the router (0 or 1: skip)")
 	fs.IntVar(&o.PDBypassTokens, "pd-bypass-tokens", 256, "pd scenario: also measure a short-prompt mix with the PD bypass off and on below this many uncached tokens (0: skip)")
 	fs.Float64Var(&o.Speedup, "speedup", harness.DefaultSpeedup, "engine simulation speedup: simulated time runs this many times faster than wall time; routing, pd and buckets report simulated time")
 	fs.IntVar(&o.EngineCache, "engine-cache", harness.DefaultEngineCache, "KV cache capacity (and context length) of each engine, in tokens; trace default "+strconv.Itoa(harness.DefaultTraceEngineCache))
