@@ -529,7 +529,8 @@ type LoRA struct {
 	// RefreshInterval is how often the router asks each engine which adapters it holds.
 	// Default 10s.
 	RefreshInterval time.Duration `koanf:"refresh_interval" json:"refresh_interval"`
-	// LoadTimeout bounds one adapter load. Default 60s.
+	// LoadTimeout bounds one adapter load, and how long the engine picked for it keeps the
+	// slot reserved for the load. Default 60s.
 	LoadTimeout time.Duration `koanf:"load_timeout" json:"load_timeout"`
 }
 

@@ -2,22 +2,26 @@ package engine
 
 import (
 	"errors"
+	"slices"
+	"strings"
 	"testing"
+	"time"
 )
 
 func TestAdapterSet(t *testing.T) {
 	var none *AdapterSet
-	if none.Has("a") || !none.Free() || none.Names() != nil {
+	now := time.Unix(1000, 0)
+	if none.Has("a") || !none.Free(now) || none.Names() != nil {
 		t.Fatal("a nil set holds nothing and has room")
 	}
 	s := NewAdapterSet([]string{"b", "a", "b"}, 2)
-	if !s.Has("a") || !s.Has("b") || s.Has("c") || s.Free() || len(s.Names()) != 2 {
+	if !s.Has("a") || !s.Has("b") || s.Has("c") || s.Free(now) || len(s.Names()) != 2 {
 		t.Fatalf("set %v slots %d", s.Names(), s.Slots)
 	}
 	if s.With("a") != s {
 		t.Fatal("With of a held adapter made a new set")
 	}
-	if u := NewAdapterSet(nil, 0).With("x"); !u.Has("x") || !u.Free() {
+	if u := NewAdapterSet(nil, 0).With("x"); !u.Has("x") || !u.Free(now) {
 		t.Fatal("an unbounded set")
 	}
 	w := NewWorker("w", "http://127.0.0.1:1", "llama", StagePlain, nil)
@@ -60,7 +64,7 @@ func TestGroupAdapterCandidates(t *testing.T) {
 	})
 	t.Run("no holder, loading onto a free slot", func(t *testing.T) {
 		g := NewEngineGroup("llama", StagePlain, nil, NewRoundRobin(nil, nil))
-		g.SetAdapterLoading(true)
+		g.SetAdapterLoading(time.Minute)
 		for range 4 {
 			p, err := g.Pick(reg, "b", req("poems"))
 			if err != nil || !p.LoadAdapter || p.Worker == ws[2] || p.Worker == ws[3] {
@@ -75,4 +79,83 @@ func TestGroupAdapterCandidates(t *testing.T) {
 			t.Fatalf("full slots: %v", err)
 		}
 	})
+}
+
+// TestAdapterReservations: a load under way holds its slot, so an engine with one free slot
+// takes one load, not one per adapter requested meanwhile; a completed load turns the
+// reservation into the adapter, a failed one frees it, and one never completed lapses.
+func TestAdapterReservations(t *testing.T) {
+	now := time.Unix(1000, 0)
+	w := NewWorker("w", "http://127.0.0.1:1", "llama", StagePlain, nil)
+	w.SetAdapters(NewAdapterSet([]string{"sql"}, 2))
+	if !w.ReserveAdapter("math", now, now.Add(time.Minute)) {
+		t.Fatal("the free slot was not reserved")
+	}
+	if s := w.Adapters(); s.Free(now) || !s.Loading("math", now) || s.Has("math") {
+		t.Fatalf("after the reservation: free %v, loading %v", s.Free(now), s.Loading("math", now))
+	}
+	if w.ReserveAdapter("code", now, now.Add(time.Minute)) {
+		t.Fatal("a second adapter was given the slot a load holds")
+	}
+	if !w.ReserveAdapter("math", now, now.Add(time.Minute)) {
+		t.Fatal("a second request for the adapter being loaded was refused")
+	}
+	// The engine's list, learned while the load is under way, keeps the reservation.
+	w.LearnAdapters([]string{"sql"}, 2)
+	if w.Adapters().Free(now) {
+		t.Fatal("learning the engine's adapters dropped the load's reservation")
+	}
+	w.AddAdapter("math")
+	if s := w.Adapters(); !s.Has("math") || s.Loading("math", now) || s.Free(now) {
+		t.Fatalf("after the load: %v, loading %v", s.Names(), s.Loading("math", now))
+	}
+	w.SetAdapters(NewAdapterSet([]string{"sql"}, 2))
+	w.ReserveAdapter("code", now, now.Add(time.Minute))
+	w.ReleaseAdapter("code")
+	if s := w.Adapters(); !s.Free(now) || s.Loading("code", now) {
+		t.Fatal("a failed load kept its slot")
+	}
+	w.ReserveAdapter("code", now, now.Add(time.Minute))
+	if later := now.Add(time.Minute); !w.Adapters().Free(later) || !w.ReserveAdapter("chat", later, later.Add(time.Minute)) {
+		t.Fatal("a load never completed kept its slot past its bound")
+	}
+}
+
+// TestGroupAdapterLoadsHoldSlots: requests for two adapters that no engine holds, picked
+// before either load completes, go to different engines when each engine has one free slot;
+// a further request for one of them waits for its load, though an engine the policy prefers
+// has a free slot.
+func TestGroupAdapterLoadsHoldSlots(t *testing.T) {
+	ws := testWorkers(t, "llama", StagePlain, "w", 3)
+	ws[0].SetAdapters(NewAdapterSet([]string{"sql", "x"}, 2)) // full
+	ws[1].SetAdapters(NewAdapterSet([]string{"sql"}, 2))
+	ws[2].SetAdapters(NewAdapterSet([]string{"sql"}, 2))
+	reg, _ := NewRegistry(ws)
+	now := time.Unix(1000, 0)
+	lowest := &fixedPolicy{fn: func(c []*Worker, _ *PickRequest) (Pick, error) {
+		return Pick{Worker: slices.MinFunc(c, func(a, b *Worker) int { return strings.Compare(a.ID, b.ID) })}, nil
+	}}
+	g := NewEngineGroup("llama", StagePlain, nil, lowest)
+	g.SetAdapterLoading(time.Minute)
+	pick := func(adapter string) *Worker {
+		t.Helper()
+		p, err := g.Pick(reg, "b", &BucketRequest{Model: "llama", ExpectedPeak: -1, Adapter: adapter, Now: now})
+		if err != nil || !p.LoadAdapter {
+			t.Fatalf("%s: %+v %v", adapter, p, err)
+		}
+		return p.Worker
+	}
+	if first, second := pick("math"), pick("code"); first != ws[1] || second != ws[2] {
+		t.Fatalf("math went to %s and code to %s; want w1 then w2 (w1's one free slot is math's)", first.ID, second.ID)
+	}
+	ws[0].SetAdapters(NewAdapterSet([]string{"sql"}, 2)) // a slot frees on w0
+	if again := pick("math"); again != ws[1] {
+		t.Fatalf("a second request for math went to %s, not to w1 that is loading it", again.ID)
+	}
+	if third := pick("chat"); third != ws[0] {
+		t.Fatalf("chat went to %s, want w0, the one free slot", third.ID)
+	}
+	if _, err := g.Pick(reg, "b", &BucketRequest{Model: "llama", ExpectedPeak: -1, Adapter: "poems", Now: now}); !errors.Is(err, ErrNoCandidates) {
+		t.Fatalf("a fourth adapter with every slot held: %v", err)
+	}
 }

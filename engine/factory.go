@@ -147,7 +147,7 @@ func (b *builder) group(model string, m *config.Model, stage Stage, g *config.Gr
 		g2.SetRankDispatch(b.deps.Loads, d.MaxWaitingPerRank)
 	}
 	if l := b.cfg.LoRA; l.Enabled && l.AutoLoad {
-		g2.SetAdapterLoading(true)
+		g2.SetAdapterLoading(l.LoadTimeout)
 	}
 	return g2, nil
 }

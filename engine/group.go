@@ -32,9 +32,11 @@ type EngineGroup struct {
 	partner    *Worker
 	rule       Compatibility
 	compatible []*Worker
-	// loadAdapters: with no candidate holding a request's adapter, the engines with a free
-	// adapter slot are the candidates and the pick loads it (lora.auto_load).
+	// loadAdapters: with no candidate holding a request's adapter, the engines loading it, else
+	// those with a free adapter slot, are the candidates, and the pick reserves a slot for
+	// loadTimeout and loads it (lora.auto_load).
 	loadAdapters bool
+	loadTimeout  time.Duration
 	// adapted is the scratch of an adapter request's candidates.
 	adapted []*Worker
 	// ranks chooses the DP rank of a multi-rank engine (dp_dispatch); nil leaves it to the
@@ -199,9 +201,13 @@ func (g *EngineGroup) Pick(reg *Registry, bucketID string, req *BucketRequest) (
 		}
 	}
 	load := false
+	var now time.Time
 	if req.Adapter != "" {
 		// Slow path: a LoRA adapter request.
-		if c, load = g.withAdapter(c, req.Adapter); len(c) == 0 {
+		if now = req.Now; now.IsZero() {
+			now = time.Now()
+		}
+		if c, load = g.withAdapter(c, req.Adapter, now); len(c) == 0 {
 			detail := "no eligible engine of the group holds adapter " + req.Adapter
 			if g.loadAdapters {
 				detail += " or has a free adapter slot"
@@ -224,6 +230,11 @@ func (g *EngineGroup) Pick(reg *Registry, bucketID string, req *BucketRequest) (
 		return Pick{}, pickErr(OutcomeOutsideCandidates, g.stage, bucketID,
 			fmt.Sprintf("policy %s returned %s, not one of its %d candidates", g.policy.Name(), id, len(c)))
 	}
+	if load && !p.Worker.ReserveAdapter(req.Adapter, now, now.Add(g.loadTimeout)) {
+		// Slow path: another group took the engine's last free slot since the candidates
+		// were read.
+		return Pick{}, pickErr(OutcomeNoCandidates, g.stage, bucketID, "engine "+p.Worker.ID+" has no free adapter slot left for "+req.Adapter)
+	}
 	p.LoadAdapter = load
 	if g.ranks != nil && p.Worker.DPSize > 1 {
 		// Slow path: the router chooses the engine's data-parallel rank.
@@ -242,9 +253,9 @@ func (g *EngineGroup) Pick(reg *Registry, bucketID string, req *BucketRequest) (
 }
 
 // withAdapter returns the candidates of c holding adapter name, in c's order, in the group's
-// scratch; when none does and the group loads adapters, the candidates with a free adapter
-// slot, and load true.
-func (g *EngineGroup) withAdapter(c []*Worker, name string) (out []*Worker, load bool) {
+// scratch; when none does and the group loads adapters, the candidates loading it, else those
+// with a free adapter slot at now, and load true.
+func (g *EngineGroup) withAdapter(c []*Worker, name string, now time.Time) (out []*Worker, load bool) {
 	g.adapted = g.adapted[:0]
 	for _, w := range c {
 		if w.Adapters().Has(name) {
@@ -255,16 +266,27 @@ func (g *EngineGroup) withAdapter(c []*Worker, name string) (out []*Worker, load
 		return g.adapted, false
 	}
 	for _, w := range c {
-		if w.Adapters().Free() {
+		if w.Adapters().Loading(name, now) {
+			g.adapted = append(g.adapted, w)
+		}
+	}
+	if len(g.adapted) > 0 {
+		return g.adapted, true // wait for the load under way rather than start another
+	}
+	for _, w := range c {
+		if w.Adapters().Free(now) {
 			g.adapted = append(g.adapted, w)
 		}
 	}
 	return g.adapted, true
 }
 
-// SetAdapterLoading makes the group offer engines with a free adapter slot when no candidate
-// holds a request's LoRA adapter; the pick then says to load it (Pick.LoadAdapter).
-func (g *EngineGroup) SetAdapterLoading(on bool) { g.loadAdapters = on }
+// SetAdapterLoading makes the group offer the engines loading a request's LoRA adapter, else
+// those with a free adapter slot, when no candidate holds it; the pick then reserves the slot for
+// loadTimeout (a load lasts at most that long) and says to load it (Pick.LoadAdapter).
+func (g *EngineGroup) SetAdapterLoading(loadTimeout time.Duration) {
+	g.loadAdapters, g.loadTimeout = loadTimeout > 0, loadTimeout
+}
 
 // SetRankDispatch makes the group choose the data-parallel rank of the multi-rank engines
 // it picks (see rankPicker), reading loads; maxWaitingPerRank (0: none) caps each rank's

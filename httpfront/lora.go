@@ -147,6 +147,7 @@ func (l *loraRouting) load(m *fleet.Member, w *engine.Worker, adapter string, lm
 		w.AddAdapter(adapter)
 		lm.loaded.Inc()
 	} else {
+		w.ReleaseAdapter(adapter)
 		lm.failed.Inc()
 	}
 	l.mu.Lock()

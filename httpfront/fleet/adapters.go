@@ -9,7 +9,6 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"switchyard/engine"
 	"switchyard/load"
 )
 
@@ -79,6 +78,6 @@ func (f *Fleet) RefreshAdapters(ctx context.Context, m *Member) {
 		slots = info.LoRASlots
 	}
 	if w := m.worker.Load(); w != nil {
-		w.SetAdapters(engine.NewAdapterSet(names, slots))
+		w.LearnAdapters(names, slots)
 	}
 }
