@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"switchyard/bench/mockengine"
@@ -29,6 +31,8 @@ type clusterSpec struct {
 	decodeCanPrefill bool
 	// dpSize is every engine's data-parallel size; 0 means 1.
 	dpSize int
+	// lora is every plain engine's LoRA simulation (off by default).
+	lora mockengine.LoRA
 }
 
 // gaugeInterval is the engines' load-gauge period and the router's HTTP load poll period.
@@ -67,6 +71,9 @@ func (o *Options) startCluster(ctx context.Context, spec clusterSpec) (*cluster,
 			cfg.Role = role
 			cfg.DecodeCanPrefill = role == mockengine.RoleDecode && spec.decodeCanPrefill
 			cfg.DPSize = max(spec.dpSize, 1)
+			if role == mockengine.RolePlain {
+				cfg.LoRA = spec.lora
+			}
 			cfg.WorkerID = prefix + strconv.Itoa(i)
 			cfg.Seed = o.Seed + uint64(len(c.all())+i)
 			if role == mockengine.RolePlain && len(o.EngineSpeeds) == n {
@@ -211,6 +218,39 @@ func (o *Options) startRouter(ctx context.Context, cfg *config.Config) (*router,
 		return nil, err
 	}
 	return r, nil
+}
+
+// counter sums the router's counter name over the series whose labels contain label (e.g.
+// `result="hit"`), read from its /metrics.
+func (r *router) counter(ctx context.Context, name, label string) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.url+"/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("cannot read the router's metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil || resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("cannot read the router's metrics: status %d, %v", resp.StatusCode, err)
+	}
+	var sum int64
+	for line := range strings.Lines(string(body)) {
+		series, value, ok := strings.Cut(strings.TrimSpace(line), " ")
+		if !ok || !strings.HasPrefix(series, name+"{") || !strings.Contains(series, label) {
+			continue
+		}
+		v, err := strconv.ParseFloat(value, 64)
+		if err != nil {
+			return 0, fmt.Errorf("cannot read the router's metric %s: %w", series, err)
+		}
+		sum += int64(v)
+	}
+	return sum, nil
 }
 
 // close stops the router and waits for its drain.

@@ -113,6 +113,8 @@ type settings struct {
 	PDPolicies      []string  `json:"pd_policies"`
 	PDBypassTokens  int       `json:"pd_bypass_tokens,omitempty"`
 	DPRanks         int       `json:"dp_ranks,omitempty"`
+	FairnessLimit   int       `json:"fairness_limit,omitempty"`
+	LoRAAdapters    int       `json:"lora_adapters,omitempty"`
 	Workloads       []string  `json:"workloads"`
 	MailboxSizes    []int     `json:"mailbox_sizes"`
 	MailboxRequests int       `json:"mailbox_requests"`
@@ -150,7 +152,7 @@ func (o Options) settings() settings {
 		Scenarios: o.Scenarios, Target: o.Target, Model: o.Model, Engines: o.Engines, Prefill: o.Prefill, Decode: o.Decode,
 		Speedup: o.Speedup, EngineCache: o.EngineCache, MaxRunning: o.MaxRunning, PageSize: o.PageSize,
 		DurationS: o.Duration.Seconds(), Requests: o.Requests, Concurrency: o.Concurrency, Rate: o.Rate, Stream: !o.NoStream,
-		Seed: o.Seed, Policies: names(o.Policies), PDPolicies: names(o.PDPolicies), PDBypassTokens: o.PDBypassTokens, DPRanks: o.DPRanks, Workloads: o.Workloads,
+		Seed: o.Seed, Policies: names(o.Policies), PDPolicies: names(o.PDPolicies), PDBypassTokens: o.PDBypassTokens, DPRanks: o.DPRanks, FairnessLimit: o.FairnessLimit, LoRAAdapters: o.LoRAAdapters, Workloads: o.Workloads,
 		MailboxSizes: o.MailboxSizes, MailboxRequests: o.MailboxRequests, Replicas: o.replicasSetting(), EngineSpeeds: o.EngineSpeeds, Flavors: o.Flavors,
 	}
 	if slices.Contains(o.Scenarios, report.ScenarioTrace) {

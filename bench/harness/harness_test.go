@@ -368,11 +368,12 @@ func TestSLOEndToEnd(t *testing.T) {
 	checkRendered(t, rep)
 }
 
-// TestDPRanksAndBypassTablesEndToEnd runs the routing scenario's data-parallel table and the
-// pd scenario's bypass table briefly: each has its two rows in order; with the router choosing
-// ranks every rank of both engines admits prompts; the bypass row sends requests to a decode
-// engine alone and the pair row none.
-func TestDPRanksAndBypassTablesEndToEnd(t *testing.T) {
+// TestExtraTablesEndToEnd runs the routing scenario's data-parallel, fairness and LoRA tables
+// and the pd scenario's bypass table briefly: each has its rows in order; every rank of both
+// engines admits prompts; the fairness rows per tenant split their deployment's requests;
+// preloaded adapters need no load and adapters loaded on demand fill at most the slots; the
+// bypass row sends requests to a decode engine alone and the pair row none.
+func TestExtraTablesEndToEnd(t *testing.T) {
 	opts := Options{
 		Scenarios: []string{report.ScenarioRouting, report.ScenarioPD},
 		Workloads: []string{workload.NameSharedPrefix}, Policies: mustPolicies("round_robin"),
@@ -385,7 +386,7 @@ func TestDPRanksAndBypassTablesEndToEnd(t *testing.T) {
 		Engines: 2, Prefill: 1, Decode: 1, Speedup: 20, Concurrency: 4, Seed: 1,
 		// The bypass table's mix has 800 requests: the bound ends its rows early, which the
 		// assertions below allow (they count, they do not time).
-		Duration: 3 * time.Second, DPRanks: 2, PDBypassTokens: 256,
+		Duration: 3 * time.Second, DPRanks: 2, PDBypassTokens: 256, FairnessLimit: 2, LoRAAdapters: 2,
 	}
 	rep, err := Run(t.Context(), opts)
 	if err != nil {
@@ -414,6 +415,36 @@ func TestDPRanksAndBypassTablesEndToEnd(t *testing.T) {
 		if sum != r.Summary.PromptTokens {
 			t.Errorf("%s: ranks admitted %d prompt tokens, the requests carried %d", r.Name, sum, r.Summary.PromptTokens)
 		}
+	}
+	fair := byTitle["routing: tenant_mix"]
+	var names []string
+	if fair != nil {
+		for i := range fair.Rows {
+			names = append(names, fair.Rows[i].Name)
+		}
+	}
+	if want := "fifo,fifo/bulk,fifo/chat,fair,fair/bulk,fair/chat"; strings.Join(names, ",") != want {
+		t.Fatalf("fairness rows %v, want %s (scenarios %v)", names, want, slices.Sorted(maps.Keys(byTitle)))
+	}
+	for i := 0; i < len(fair.Rows); i += 3 {
+		whole, bulk, chat := fair.Rows[i].Summary, fair.Rows[i+1].Summary, fair.Rows[i+2].Summary
+		if whole == nil || bulk == nil || chat == nil || whole.ErrorCount() != 0 || bulk.OK == 0 || chat.OK == 0 || bulk.OK+chat.OK != whole.OK {
+			t.Errorf("%s: %+v split into bulk %+v and chat %+v", fair.Rows[i].Name, whole, bulk, chat)
+		}
+	}
+	lora := byTitle["routing: adapter_mix"]
+	if lora == nil || len(lora.Rows) != 2 || lora.Rows[0].Name != "preloaded" || lora.Rows[1].Name != "on demand" {
+		t.Fatalf("LoRA table %+v", lora)
+	}
+	for i := range lora.Rows {
+		r := &lora.Rows[i]
+		if r.Summary == nil || r.Summary.OK == 0 || r.Summary.ErrorCount() != 0 || r.LoRA == nil || r.LoRA.Hits+r.LoRA.Loads < int64(r.Summary.OK) {
+			t.Fatalf("%s: summary %+v, adapter figures %+v", r.Name, r.Summary, r.LoRA)
+		}
+	}
+	// Two engines of one slot each on demand: each adapter loaded once.
+	if pre, od := lora.Rows[0].LoRA, lora.Rows[1].LoRA; pre.EngineLoads != 0 || od.EngineLoads != 2 || od.Loads == 0 {
+		t.Errorf("adapter loads: %+v preloaded, %+v on demand", pre, od)
 	}
 	bp := byTitle["pd: short_mix"]
 	if bp == nil || len(bp.Rows) != 2 {

@@ -216,6 +216,16 @@ type Options struct {
 	// own balancer and then by the router (dp_dispatch). Default 0: not measured (the bench
 	// command's flag defaults to 2).
 	DPRanks int
+	// FairnessLimit, when above 0, adds a table to the routing scenario: a bulk and an
+	// interactive tenant behind a router-wide concurrency limit of this many requests, the
+	// queue first in first out and then fair between tenants. Default 0: not measured (the
+	// bench command's flag defaults to 8).
+	FairnessLimit int
+	// LoRAAdapters, when above 0, adds a table to the routing scenario: requests naming this
+	// many LoRA adapters, on engines holding them all from the start and then on engines
+	// that start with none and have half as many slots, the router loading them on demand.
+	// Default 0: not measured (the bench command's flag defaults to 8).
+	LoRAAdapters int
 	// Workloads are the routing scenario's workloads, one table each. Default
 	// DefaultWorkloads().
 	Workloads []string

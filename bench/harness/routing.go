@@ -8,7 +8,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
+	"switchyard/bench/loadgen"
 	"switchyard/bench/mockengine"
 	"switchyard/bench/report"
 	"switchyard/bench/workload"
@@ -29,10 +31,11 @@ type policyRun struct {
 	// open-loop at their arrival times divided by it (a trace).
 	path   string
 	replay float64
-	// dp turns on the router's rank dispatch (dp_dispatch.enabled).
-	dp bool
-	// done, when set, reads the engines after the row was measured, before they stop.
-	done func(c *cluster)
+	// router, when set, adjusts the router's configuration.
+	router func(cfg *config.Config)
+	// done, when set, reads the measurement, the engines and the router after the row was
+	// measured, before they stop.
+	done func(c *cluster, r *router, m *loadgen.Measurement) error
 }
 
 // plainRun is a policy comparison on the plain engines behind one bucket.
@@ -92,7 +95,173 @@ func (h *harness) routing(ctx context.Context) ([]*report.Scenario, error) {
 			return out, err
 		}
 	}
+	if o.FairnessLimit > 0 && o.Target == "" {
+		sc, err := h.fairness(ctx)
+		out = append(out, sc)
+		if err != nil {
+			return out, err
+		}
+	}
+	if o.LoRAAdapters > 0 && o.Target == "" {
+		sc, err := h.loraAdapters(ctx)
+		out = append(out, sc)
+		if err != nil {
+			return out, err
+		}
+	}
 	return out, nil
+}
+
+// loraLoadTime is the simulated time a mock engine takes to load one LoRA adapter.
+const loraLoadTime = time.Second
+
+// loraAdapters measures LoRA-adapter routing: unique prompts naming LoRAAdapters adapters
+// (adapter i requested in proportion to 1/(i+1)) on plain engines, power_of_two, lora.enabled
+// and auto_load; first every engine holds every adapter from the start, then the engines
+// start with none and half as many slots, and the router loads adapters where it sends them.
+func (h *harness) loraAdapters(ctx context.Context) (*report.Scenario, error) {
+	o := &h.opts
+	n := o.LoRAAdapters
+	const requests = 800
+	adapters := make(map[string]string, n)
+	parts := make([]mixPart, n)
+	harmonic := 0.0
+	for i := range n {
+		harmonic += 1 / float64(i+1)
+	}
+	left := requests
+	for i := n - 1; i >= 0; i-- {
+		name := fmt.Sprintf("%s-lora-%d", o.Model, i)
+		adapters[name] = "/adapters/" + name
+		k := max(int(requests/harmonic/float64(i+1)), 1)
+		if i == 0 {
+			k = max(left, 1)
+		}
+		left -= k
+		parts[i] = mixPart{class: name, model: name, cfg: workload.ZeroReuseConfig{Requests: k, PromptLen: 256, OutputLen: 16}}
+	}
+	wl, err := promptMix("adapter_mix", fmt.Sprintf("%d unique prompts of 256 tokens naming %d LoRA adapters, adapter i in proportion to 1/(i+1), shuffled; output 16", requests, n), o.Seed, parts...)
+	if err != nil {
+		return nil, err
+	}
+	slots := max(n/2, 1)
+	sc := &report.Scenario{
+		Name: report.ScenarioRouting, Workload: wl.Name, Description: wl.Description,
+		TimeBase: report.TimeSimulated, Speedup: o.Speedup,
+		Deployment: h.plainDeployment(o.Engines) + fmt.Sprintf("; an adapter load takes %v; router: one bucket, power_of_two, lora.enabled and auto_load; preloaded: every engine holds the %d adapters from the start; on demand: none at start, %d slots per engine; ",
+			loraLoadTime, n, slots) + h.arrivals(),
+	}
+	p2 := config.Policy{Type: config.PolicyPowerOfTwo}
+	for _, preload := range []bool{true, false} {
+		name, lora := "preloaded", mockengine.LoRA{Slots: n, LoadTime: loraLoadTime, Adapters: adapters}
+		if !preload {
+			name, lora = "on demand", mockengine.LoRA{Slots: slots, LoadTime: loraLoadTime}
+		}
+		var fig report.LoRAFigures
+		pr := policyRun{
+			scenario: report.ScenarioRouting, wl: wl, spec: clusterSpec{plain: o.Engines, lora: lora},
+			model: func(c *cluster, p config.Policy) config.Model {
+				m := config.Model{Buckets: []config.Bucket{plainBucket("all", ids(c.plain), p)}}
+				m.LoRAAdapters = adapters
+				return m
+			},
+			serving: func(c *cluster) []string { return ids(c.plain) },
+			router: func(cfg *config.Config) {
+				cfg.LoRA.Enabled, cfg.LoRA.AutoLoad, cfg.LoRA.SlotsPerEngine = true, true, lora.Slots
+			},
+			done: func(c *cluster, r *router, _ *loadgen.Measurement) error {
+				for _, e := range c.plain {
+					fig.EngineLoads += e.LoRALoads()
+				}
+				var err error
+				if fig.Hits, err = r.counter(ctx, "switchyard_lora_picks_total", `result="hit"`); err != nil {
+					return err
+				}
+				fig.Loads, err = r.counter(ctx, "switchyard_lora_picks_total", `result="load"`)
+				return err
+			},
+		}
+		row, err := h.policyRow(ctx, pr, PolicySpec{Name: name, Policy: p2})
+		if err != nil {
+			return sc, err
+		}
+		if row.Summary != nil {
+			row.LoRA = &fig
+			if picks := fig.Hits + fig.Loads; picks > 0 {
+				sc.Notes = append(sc.Notes, fmt.Sprintf("%s: %d of %d requests (%.1f%%) found their adapter on the engine picked; %d adapter loads",
+					name, fig.Hits, picks, 100*float64(fig.Hits)/float64(picks), fig.EngineLoads))
+			}
+		}
+		sc.Rows = append(sc.Rows, row)
+	}
+	return sc, nil
+}
+
+// Tenants of the fairness table.
+const (
+	tenantBulk = "bulk"
+	tenantChat = "chat"
+)
+
+// fairness measures the queue's fair sharing between tenants: a bulk tenant (three requests
+// of four, long prompts) and an interactive one (short prompts) behind a router-wide limit
+// of FairnessLimit requests, both at priority 0, first in first out (no tenant header: one
+// tenant) and then by tenant (server.tenant_header). Each deployment is reported whole and
+// per tenant.
+func (h *harness) fairness(ctx context.Context) (*report.Scenario, error) {
+	o := &h.opts
+	wl, err := promptMix("tenant_mix", "800 unique prompts: tenant bulk 600 of 1,024 tokens (output 64), tenant chat 200 of 64 tokens (output 16), shuffled", o.Seed,
+		mixPart{class: tenantBulk, tenant: tenantBulk, cfg: workload.ZeroReuseConfig{Requests: 600, PromptLen: 1024, OutputLen: 64}},
+		mixPart{class: tenantChat, tenant: tenantChat, cfg: workload.ZeroReuseConfig{Requests: 200, PromptLen: 64, OutputLen: 16}})
+	if err != nil {
+		return nil, err
+	}
+	clients := h.concurrency(DefaultConcurrency)
+	sc := &report.Scenario{
+		Name: report.ScenarioRouting, Workload: wl.Name, Description: wl.Description,
+		TimeBase: report.TimeSimulated, Speedup: o.Speedup,
+		Deployment: h.plainDeployment(o.Engines) + fmt.Sprintf("; router: one bucket, power_of_two, server.max_concurrent_requests %d (queue %d); fifo: one tenant; fair: tenants by the x-tenant header; ",
+			o.FairnessLimit, clients) + h.arrivals(),
+	}
+	p2 := config.Policy{Type: config.PolicyPowerOfTwo}
+	for _, fair := range []bool{false, true} {
+		name := "fifo"
+		if fair {
+			name = "fair"
+		}
+		var parts []report.Row
+		pr := policyRun{
+			scenario: report.ScenarioRouting, wl: wl, spec: clusterSpec{plain: o.Engines},
+			model: func(c *cluster, p config.Policy) config.Model {
+				return config.Model{Buckets: []config.Bucket{plainBucket("all", ids(c.plain), p)}}
+			},
+			serving: func(c *cluster) []string { return ids(c.plain) },
+			router: func(cfg *config.Config) {
+				cfg.Server.MaxConcurrentRequests = o.FairnessLimit
+				cfg.Server.QueueSize = clients
+				cfg.Server.QueueTimeout = o.RequestTimeout
+				if fair {
+					cfg.Server.TenantHeader = "x-tenant"
+				}
+			},
+			done: func(c *cluster, _ *router, m *loadgen.Measurement) error {
+				for _, tenant := range []string{tenantBulk, tenantChat} {
+					part := report.Filter(m.Results, func(r *loadgen.Result) bool { return r.Class == tenant })
+					parts = append(parts, report.Row{Name: name + "/" + tenant,
+						Summary: report.Summarize(part, report.SummaryOptions{Workers: ids(c.plain), TimeScale: o.Speedup, Elapsed: m.Elapsed})})
+				}
+				return nil
+			},
+		}
+		row, err := h.policyRow(ctx, pr, PolicySpec{Name: name, Policy: p2})
+		if err != nil {
+			return sc, err
+		}
+		sc.Rows = append(sc.Rows, row)
+		sc.Rows = append(sc.Rows, parts...)
+	}
+	sc.Notes = append(sc.Notes, "rows name/tenant cover that tenant's requests; the time to first token includes the wait in the router's queue")
+	return sc, nil
 }
 
 // dpRanks measures data-parallel rank dispatch: two plain engines of DPRanks ranks each under
@@ -124,11 +293,12 @@ func (h *harness) dpRanks(ctx context.Context) (*report.Scenario, error) {
 				return config.Model{Buckets: []config.Bucket{plainBucket("all", ids(c.plain), p)}}
 			},
 			serving: func(c *cluster) []string { return ids(c.plain) },
-			dp:      routerRanks,
-			done: func(c *cluster) {
+			router:  func(cfg *config.Config) { cfg.DPDispatch.Enabled = routerRanks },
+			done: func(c *cluster, _ *router, _ *loadgen.Measurement) error {
 				for _, e := range c.plain {
 					ranks = append(ranks, e.RankPromptTokens()...)
 				}
+				return nil
 			},
 		}
 		row, err := h.policyRow(ctx, pr, PolicySpec{Name: name, Policy: p2})
@@ -246,29 +416,37 @@ func (h *harness) pdBypass(ctx context.Context) (*report.Scenario, error) {
 // shortPromptMix is the bypass table's workload: unique prompts, three of four short
 // (64 tokens) and one long (1,024 tokens), shuffled.
 func shortPromptMix(seed uint64) (*workload.Workload, error) {
-	short, err := workload.ZeroReuse(workload.ZeroReuseConfig{Requests: 600, PromptLen: 64, OutputLen: 16}, seed)
-	if err != nil {
-		return nil, err
-	}
-	long, err := workload.ZeroReuse(workload.ZeroReuseConfig{Requests: 200, PromptLen: 1024, OutputLen: 16}, seed+1)
-	if err != nil {
-		return nil, err
-	}
-	reqs := make([]workload.Request, 0, len(short.Requests)+len(long.Requests))
-	for _, r := range short.Requests {
-		r.Class = "short"
-		reqs = append(reqs, r)
-	}
-	for _, r := range long.Requests {
-		r.Class = "long"
-		reqs = append(reqs, r)
+	return promptMix("short_mix", "800 unique prompts: 600 of 64 tokens, 200 of 1,024 tokens, shuffled; output 16", seed,
+		mixPart{class: "short", cfg: workload.ZeroReuseConfig{Requests: 600, PromptLen: 64, OutputLen: 16}},
+		mixPart{class: "long", cfg: workload.ZeroReuseConfig{Requests: 200, PromptLen: 1024, OutputLen: 16}})
+}
+
+// mixPart is one class of a mix: unique prompts of one length, of one tenant, naming one
+// model (empty: the run's).
+type mixPart struct {
+	class, tenant, model string
+	cfg                  workload.ZeroReuseConfig
+}
+
+// promptMix shuffles the parts' unique prompts (part i generated with seed+i) into one workload.
+func promptMix(name, description string, seed uint64, parts ...mixPart) (*workload.Workload, error) {
+	var reqs []workload.Request
+	for i, p := range parts {
+		w, err := workload.ZeroReuse(p.cfg, seed+uint64(i))
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range w.Requests {
+			r.Class, r.Tenant, r.Model = p.class, p.tenant, p.model
+			reqs = append(reqs, r)
+		}
 	}
 	rng := rand.New(rand.NewPCG(seed, 0xb1a5))
 	rng.Shuffle(len(reqs), func(i, j int) { reqs[i], reqs[j] = reqs[j], reqs[i] })
 	for i := range reqs {
 		reqs[i].Index = i
 	}
-	return &workload.Workload{Name: "short_mix", Description: "800 unique prompts: 600 of 64 tokens, 200 of 1,024 tokens, shuffled; output 16", Requests: reqs}, nil
+	return &workload.Workload{Name: name, Description: description, Requests: reqs}, nil
 }
 
 func (h *harness) plainDeployment(n int) string {
@@ -351,7 +529,9 @@ func (h *harness) policyRow(ctx context.Context, pr policyRun, spec PolicySpec) 
 	if spec.CacheDecision != "" {
 		cfg.CacheAware.Decision = spec.CacheDecision
 	}
-	cfg.DPDispatch.Enabled = pr.dp
+	if pr.router != nil {
+		pr.router(cfg)
+	}
 	r, err := o.startRouter(ctx, cfg)
 	if errors.Is(err, errRouterBuild) {
 		row.Skipped = skipReason(err)
@@ -377,7 +557,9 @@ func (h *harness) policyRow(ctx context.Context, pr policyRun, spec PolicySpec) 
 	row.Summary = report.Summarize(m.Results, opts)
 	row.Truncated = m.Truncated
 	if pr.done != nil {
-		pr.done(c)
+		if err := pr.done(c, r, m); err != nil {
+			return row, err
+		}
 	}
 	if pr.oracles != nil && len(m.Results) > 0 {
 		if row.Oracle, err = pr.oracles.of(len(m.Results)); err != nil {

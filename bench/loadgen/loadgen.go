@@ -1,6 +1,7 @@
 package loadgen
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -41,7 +42,7 @@ type Config struct {
 	// trace request's token IDs, SGLang's native "/generate" (input_ids, sampling_params)
 	// or "/v1/completions" (a token-ID prompt).
 	Path string
-	// Model is the "model" field of every request. Required.
+	// Model is the "model" field of every request without its own (Request.Model). Required.
 	Model string
 	// Stream asks for Server-Sent Events; time to first token and inter-token latency are
 	// measured only on streams. Default false.
@@ -70,6 +71,8 @@ type Config struct {
 	SessionHeader string
 	// RoutingKeyHeader carries Request.RoutingKey. Default "x-sgl-routing-key".
 	RoutingKeyHeader string
+	// TenantHeader carries Request.Tenant. Default "x-tenant".
+	TenantHeader string
 	// Timeout bounds one request end to end. Default 2 minutes.
 	Timeout time.Duration
 	// MaxOutstanding bounds open-loop requests in flight. Default 4096.
@@ -97,6 +100,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.RoutingKeyHeader == "" {
 		c.RoutingKeyHeader = "x-sgl-routing-key"
+	}
+	if c.TenantHeader == "" {
+		c.TenantHeader = "x-tenant"
 	}
 	if c.Timeout == 0 {
 		c.Timeout = DefaultTimeout
@@ -545,12 +551,13 @@ type completionBody struct {
 }
 
 func (b *bodies) of(req *workload.Request) []byte {
+	model := cmp.Or(req.Model, b.model)
 	switch {
 	case b.api == apiGenerate:
-		return tokenBody(&generateBody{Model: b.model, SamplingParams: samplingParams{MaxNewTokens: req.MaxTokens, IgnoreEOS: true},
+		return tokenBody(&generateBody{Model: model, SamplingParams: samplingParams{MaxNewTokens: req.MaxTokens, IgnoreEOS: true},
 			Stream: b.stream}, "input_ids", req.Tokens)
 	case b.api == apiCompletions:
-		cb := completionBody{Model: b.model, MaxTokens: req.MaxTokens, Stream: b.stream}
+		cb := completionBody{Model: model, MaxTokens: req.MaxTokens, Stream: b.stream}
 		if b.stream {
 			cb.StreamOptions = &streamOptions{IncludeUsage: true}
 		}
@@ -560,7 +567,7 @@ func (b *bodies) of(req *workload.Request) []byte {
 	if req.Tokens != nil {
 		msgs = req.Tokens.Messages()
 	}
-	cb := chatBody{Model: b.model, Messages: msgs, MaxTokens: req.MaxTokens, Stream: b.stream}
+	cb := chatBody{Model: model, Messages: msgs, MaxTokens: req.MaxTokens, Stream: b.stream}
 	if b.stream {
 		cb.StreamOptions = &streamOptions{IncludeUsage: true}
 	}

@@ -132,11 +132,22 @@ func decodeBody(t testing.TB, r *http.Request) chatBody {
 func TestMeasureStreaming(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b := decodeBody(t, r)
-		if r.URL.Path != DefaultPath || !b.Stream || b.StreamOptions == nil || !b.StreamOptions.IncludeUsage || b.Model != "m" || b.MaxTokens != 3 {
+		if r.URL.Path != DefaultPath || !b.Stream || b.StreamOptions == nil || !b.StreamOptions.IncludeUsage || b.MaxTokens != 3 {
+			t.Errorf("unexpected request %s %+v", r.URL.Path, b)
+		}
+		// Request 1 names its own model (an adapter); the others the run's.
+		want := "m"
+		if msgs, _ := b.Messages.([]tokenizer.Message); len(msgs) == 1 && msgs[0].Content == "request 1" {
+			want = "m-adapter"
+		}
+		if b.Model != want {
 			t.Errorf("unexpected request %s %+v", r.URL.Path, b)
 		}
 		if got := r.Header.Get("x-session-id"); got != "s1" {
 			t.Errorf("session header %q", got)
+		}
+		if got := r.Header.Get("x-tenant"); got != "t1" {
+			t.Errorf("tenant header %q", got)
 		}
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.Header().Set("X-Worker-Id", "engine-7")
@@ -147,8 +158,9 @@ func TestMeasureStreaming(t *testing.T) {
 	defer srv.Close()
 	reqs := requests(5)
 	for i := range reqs {
-		reqs[i].SessionID = "s1"
+		reqs[i].SessionID, reqs[i].Tenant = "s1", "t1"
 	}
+	reqs[1].Model = "m-adapter"
 	m, err := Measure(context.Background(), Config{URLs: []string{srv.URL}, Model: "m", Stream: true, Concurrency: 2}, reqs)
 	if err != nil {
 		t.Fatal(err)
@@ -175,6 +187,9 @@ func TestMeasureNonStreaming(t *testing.T) {
 		if r.Header.Get("x-sgl-routing-key") != "k" {
 			t.Errorf("routing key %q", r.Header.Get("x-sgl-routing-key"))
 		}
+		if got := r.Header.Get("x-bench-tenant"); got != "t2" {
+			t.Errorf("tenant header %q", got)
+		}
 		w.Header().Set("X-Switchyard-Worker", "w1")
 		w.Header().Set("X-Switchyard-Prefill-Worker", "p1")
 		w.Header().Set("X-Switchyard-Estimated-Ttft-Ms", "not a number")
@@ -188,9 +203,9 @@ func TestMeasureNonStreaming(t *testing.T) {
 	defer srv.Close()
 	reqs := requests(4)
 	for i := range reqs {
-		reqs[i].RoutingKey = "k"
+		reqs[i].RoutingKey, reqs[i].Tenant = "k", "t2"
 	}
-	m, err := Measure(context.Background(), Config{URLs: []string{srv.URL}, Model: "m", Concurrency: 1}, reqs)
+	m, err := Measure(context.Background(), Config{URLs: []string{srv.URL}, Model: "m", Concurrency: 1, TenantHeader: "x-bench-tenant"}, reqs)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -146,6 +146,9 @@ func (s *fastSender) do(_ context.Context, url string, body []byte, r *workload.
 	if r.RoutingKey != "" {
 		req.Header.Set(s.cfg.RoutingKeyHeader, r.RoutingKey)
 	}
+	if r.Tenant != "" {
+		req.Header.Set(s.cfg.TenantHeader, r.Tenant)
+	}
 	req.SetBodyRaw(body)
 	err := s.client.DoTimeout(req, resp, s.timeout)
 	res.E2E = s.cfg.Now().Sub(start)
@@ -243,6 +246,9 @@ func (s *streamSender) do(ctx context.Context, url string, body []byte, r *workl
 	}
 	if r.RoutingKey != "" {
 		req.Header.Set(s.cfg.RoutingKeyHeader, r.RoutingKey)
+	}
+	if r.Tenant != "" {
+		req.Header.Set(s.cfg.TenantHeader, r.Tenant)
 	}
 	resp, err := s.client.Do(req)
 	if err != nil {

@@ -147,6 +147,18 @@ type Row struct {
 	// RankPromptTokens are the prompt tokens each data-parallel rank of the row's engines
 	// admitted, engine by engine, rank by rank (the routing scenario's dp table).
 	RankPromptTokens []int64 `json:"rank_prompt_tokens,omitempty"`
+	// LoRA are the adapter figures of the routing scenario's LoRA table.
+	LoRA *LoRAFigures `json:"lora,omitempty"`
+}
+
+// LoRAFigures count a row's LoRA-adapter selections.
+type LoRAFigures struct {
+	// Hits and Loads are the router's selections whose engine held the request's adapter and
+	// those that loaded it first (or waited for its load) (switchyard_lora_picks_total).
+	Hits  int64 `json:"hits"`
+	Loads int64 `json:"loads"`
+	// EngineLoads are the adapter loads the engines completed.
+	EngineLoads int64 `json:"engine_loads"`
 }
 
 // ReplicaFigures are the figures of one replicas row: router processes in front of one

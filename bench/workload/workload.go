@@ -45,6 +45,11 @@ type Request struct {
 	SessionID string
 	// RoutingKey, when set, is sent in the routing-key header.
 	RoutingKey string
+	// Tenant, when set, is sent in the tenant header.
+	Tenant string
+	// Model, when set, is the request's "model" field instead of the run's model (a LoRA
+	// adapter's name).
+	Model string
 	// After is the index of the request that must complete before this one is sent (the
 	// previous turn of a conversation), or -1.
 	After int
