@@ -98,8 +98,9 @@ type Server struct {
 	// MaxConcurrentRequests caps the inference requests served at once, router wide
 	// (streams count until they end); 0 means no limit. Default 0.
 	MaxConcurrentRequests int `koanf:"max_concurrent_requests" json:"max_concurrent_requests" unit:"requests"`
-	// QueueSize is how many requests over a concurrency limit wait for a slot, first come
-	// first served; a full queue answers 429, and 0 answers 429 at once. Default 100.
+	// QueueSize is how many requests over a concurrency limit wait for a slot, served by
+	// priority, then tenants in fair shares, then arrival; a full queue answers 429, and 0
+	// answers 429 at once. Default 100.
 	QueueSize int `koanf:"queue_size" json:"queue_size" unit:"requests"`
 	// QueueTimeout is the longest a request waits in the queue before it is answered 408.
 	// Default 60s.
