@@ -138,7 +138,8 @@ func sglFlags() []sglFlag {
 		{name: "shutdown-grace-period-secs", key: "server.drain_timeout", conv: secs},
 		{name: "model-path", note: "the model's tokenizer (models.<name>.tokenizer.path) when it is a local directory or file"},
 		{name: "tokenizer-path", note: "the model's tokenizer (models.<name>.tokenizer.path); a local directory or file"},
-		refuse("dp-aware", "no equivalent: Switchyard sends a request to an engine and lets the engine's data-parallel controller choose the rank; it reads every rank's load (dp_size from /server_info)"),
+		{name: "dp-aware", kind: sglSwitch, key: "dp_dispatch.enabled", conv: func(string) (string, error) { return "true", nil },
+			note: "the router picks the data-parallel rank of a dp_size > 1 engine by each rank's load and sends it as data_parallel_rank"},
 		refuse("enable-igw", "no equivalent: serve several models with a configuration file (models.<name>)"),
 		refuse("mini-lb", "no equivalent: Switchyard's prefill/decode dispatch is always on"),
 		refuse("backend", "no equivalent: Switchyard routes to SGLang and vLLM HTTP engines (declare vLLM workers with flavor: vllm in a configuration file)"),
@@ -159,8 +160,8 @@ func sglFlags() []sglFlag {
 		refuse("enable-trace", "no equivalent in this build"),
 		refuse("otlp-traces-endpoint", "no equivalent in this build"),
 		refuse("prometheus-duration-buckets", "no equivalent: Switchyard's histograms have fixed buckets"),
-		refuse("prefix-token-count", "no equivalent (policy prefix_hash): use cache_aware"),
-		refuse("prefix-hash-load-factor", "no equivalent (policy prefix_hash): use cache_aware"),
+		{name: "prefix-token-count", key: "hashing.prefix_tokens", note: "policy prefix_hash: the prompt tokens hashed"},
+		{name: "prefix-hash-load-factor", key: "hashing.load_factor", note: "policies prefix_hash and consistent_hash: the bounded load"},
 		refuse("history-backend", "no equivalent: Switchyard keeps no response history (/v1/responses is proxied to an engine)"),
 		refuse("chat-template", "no equivalent: a tokenizer directory's tokenizer_config.json holds the chat template"),
 		refuse("reasoning-parser", "no equivalent: engines parse their output"),
@@ -382,9 +383,6 @@ func (l *sglLaunch) take(p *problems, o *cliOptions, f sglFlag, vals []string) {
 	case "policy", "prefill-policy", "decode-policy":
 		v := vals[0]
 		switch {
-		case v == "prefix_hash":
-			p.add(path, ErrDropped, `"prefix_hash" has no equivalent; use cache_aware`)
-			return
 		case v == "manual":
 			p.add(path, ErrDropped, `"manual" has no equivalent; use sticky (its key comes from the x-sgl-routing-key header)`)
 			return

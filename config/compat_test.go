@@ -89,6 +89,21 @@ func TestCompatDefaultPolicy(t *testing.T) {
 	}
 }
 
+// TestCompatHashingAndRanks: sgl-router's prefix_hash policy and its flags, and --dp-aware,
+// map to Switchyard's prefix_hash, hashing keys and rank dispatch.
+func TestCompatHashingAndRanks(t *testing.T) {
+	cfg := loadCompat(t, "--worker-urls http://127.0.0.1:30001 --policy prefix_hash --prefix-token-count 128 --prefix-hash-load-factor 1.5 --dp-aware")
+	if g := cfg.Models["m"].Buckets[0].Groups.Plain; g.Policy.Type != PolicyPrefixHash {
+		t.Errorf("policy %q, want prefix_hash", g.Policy.Type)
+	}
+	if cfg.Hashing.PrefixTokens != 128 || cfg.Hashing.LoadFactor != 1.5 || !cfg.DPDispatch.Enabled {
+		t.Errorf("hashing %+v, dp_dispatch %+v", cfg.Hashing, cfg.DPDispatch)
+	}
+	if cfg = loadCompat(t, "--worker-urls http://127.0.0.1:30001"); cfg.DPDispatch.Enabled {
+		t.Error("rank dispatch on without --dp-aware")
+	}
+}
+
 func TestCompatPDLaunch(t *testing.T) {
 	cfg := loadCompat(t, "--pd-disaggregation --prefill http://127.0.0.1:30001 9001 --prefill http://127.0.0.2:30002 "+
 		"--prefill http://127.0.0.3:30005 none --decode http://127.0.0.3:30003 --decode http://127.0.0.4:30004 --policy cache_aware")
@@ -230,18 +245,17 @@ func TestCompatErrors(t *testing.T) {
 	}{
 		{"unknown flag", "--worker-urls http://127.0.0.1:1 --frobnicate 3",
 			[]string{"--frobnicate: not an sgl-router flag Switchyard knows (switchyard serve --compat sgl-router --help lists them)"}},
-		{"refused flags", "--worker-urls http://127.0.0.1:1 --dp-aware --log-dir /tmp/x --service-discovery --selector app=x tier=y",
+		{"refused flags", "--worker-urls http://127.0.0.1:1 --log-dir /tmp/x --service-discovery --selector app=x tier=y",
 			[]string{
-				"--dp-aware: no equivalent: Switchyard sends a request to an engine and lets the engine's data-parallel controller choose the rank; it reads every rank's load (dp_size from /server_info)",
 				"--log-dir: no equivalent: Switchyard logs to standard error",
 				"--service-discovery: no equivalent: add and remove workers with the admin API (POST /workers, DELETE /workers/{url})",
 				"--selector: no equivalent (Kubernetes service discovery)",
 			}},
-		{"policies", "--pd-disaggregation --prefill http://127.0.0.1:1 --decode http://127.0.0.1:2 --policy prefix_hash --decode-policy cache_aware --prefill-policy fused",
+		{"policies", "--pd-disaggregation --prefill http://127.0.0.1:1 --decode http://127.0.0.1:2 --policy manual --decode-policy cache_aware --prefill-policy fused",
 			[]string{
-				`--policy: "prefix_hash" has no equivalent; use cache_aware`,
+				`--policy: "manual" has no equivalent; use sticky (its key comes from the x-sgl-routing-key header)`,
 				"--decode-policy: cache_aware is only valid on plain or prefill groups; use load_based or power_of_two for decode",
-				`--prefill-policy: unknown policy "fused" (known: round_robin, random, power_of_two, load_based, session_aware, sticky, cache_aware)`,
+				`--prefill-policy: unknown policy "fused" (known: round_robin, random, power_of_two, load_based, session_aware, sticky, cache_aware, consistent_hash, prefix_hash)`,
 			}},
 		{"values", "--worker-urls http://127.0.0.1:1 --port x --request-timeout-secs -3 --retry-max-retries 12 --cache-threshold y --disable-retries=false",
 			[]string{

@@ -288,7 +288,7 @@ func TestSGLRouterCommandLines(t *testing.T) {
 
 	t.Run("refusals", func(t *testing.T) {
 		code, out := exitOf(t, "--compat", "sgl-router", "--worker-urls", "http://127.0.0.1:1", "--dp-aware", "--log-dir", "/tmp")
-		if code == 0 || !strings.Contains(out, "--dp-aware: no equivalent") || !strings.Contains(out, "--log-dir: no equivalent") {
+		if code == 0 || strings.Contains(out, "--dp-aware") || !strings.Contains(out, "--log-dir: no equivalent") {
 			t.Errorf("refused flags: exit %d\n%s", code, out)
 		}
 		code, out = exitOf(t, "--compat", "sgl-router", "--help")
