@@ -50,3 +50,26 @@ func TestPickEnginesPDBypass(t *testing.T) {
 		t.Fatalf("empty decode group: %v", err)
 	}
 }
+
+// TestPickEnginesPDBypassKeepsPairsCompatible: through the actors, with the bypass on the
+// decode group actor picks first, and a request that is not bypassed gets a prefill engine
+// compatible with that decode engine.
+func TestPickEnginesPDBypassKeepsPairsCompatible(t *testing.T) {
+	ps := workers("P", 2, engine.StagePrefill)
+	ds := workers("D", 1, engine.StageDecode)
+	ps[0].SetLabels(map[string]string{"transfer_backend": "nixl"})
+	ps[1].SetLabels(map[string]string{"transfer_backend": "mooncake"})
+	ds[0].SetLabels(map[string]string{"transfer_backend": "mooncake"})
+	b := pdBucket("pd", engine.Unbounded, engine.NewRoundRobin(nil, nil), engine.NewRoundRobin(nil, nil), []string{"P1", "P2"}, []string{"D1"})
+	b.BypassBelow, b.Compat = 64, engine.Compatibility{"transfer_backend"}
+	s := newTestSelector(t, workerSet(t, ps, ds), config.Actors{}, nil, b)
+	for i := range 4 {
+		p, err := s.PickEngines(b, request(1000))
+		if err != nil {
+			t.Fatalf("pick %d: %v", i, err)
+		}
+		if p.Bypass || p.Decode.Worker != ds[0] || p.Prefill.Worker != ps[1] {
+			t.Fatalf("pick %d: %s+%s, want P2 (mooncake) with D1 (mooncake)", i, p.Prefill.Worker, p.Decode.Worker)
+		}
+	}
+}

@@ -75,7 +75,7 @@ type groupHost struct {
 	group    *engine.EngineGroup
 	bucketID string
 	stage    engine.Stage
-	// compat is a decode group's pairing rule (its bucket's Compat).
+	// compat is a PD group's pairing rule (its bucket's Compat).
 	compat      engine.Compatibility
 	mailboxSize int
 	mb          atomic.Pointer[mailbox] // the current incarnation's mailbox
@@ -160,6 +160,7 @@ func NewSelector(resolvers map[string]*engine.BucketResolver, workers *engine.Wo
 				case !b.IsPD():
 					bh.plain = gh
 				case g == b.Prefill:
+					gh.compat = b.Compat
 					bh.prefill = gh
 				default:
 					gh.compat = b.Compat
@@ -467,10 +468,16 @@ func (a *groupActor) pickEngine(ctx actor.Context, msg *PickEngine) {
 		p   engine.Pick
 		err error
 	)
-	if a.h.stage == engine.StageDecode {
-		// Among the decode engines compatible with the prefill engine picked just before.
+	switch a.h.stage {
+	case engine.StageDecode:
+		// Among the decode engines compatible with the prefill engine picked just before
+		// (none yet in the PD bypass order).
 		p, err = a.h.group.PickFor(reg, msg.BucketID, msg.Request, c.result.Pick.Prefill.Worker, a.h.compat)
-	} else {
+	case engine.StagePrefill:
+		// In the PD bypass order, among the prefill engines compatible with the decode engine
+		// picked just before.
+		p, err = a.h.group.PickFor(reg, msg.BucketID, msg.Request, c.result.Pick.Decode.Worker, a.h.compat)
+	default:
 		p, err = a.h.group.Pick(reg, msg.BucketID, msg.Request)
 	}
 	owned = false

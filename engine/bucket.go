@@ -92,7 +92,8 @@ func (b *Bucket) PickEngines(reg *Registry, req *BucketRequest) (BucketPick, err
 // pickBypass is PickEngines for a PD bucket with the bypass on: the decode group picks
 // first; when its engine can prefill and the request's uncached prefill on it is below
 // BypassBelow, the request goes to that engine alone (Bypass, the pick in Plain) and the
-// prefill group is not asked. Otherwise the prefill group picks and the pair is complete.
+// prefill group is not asked. Otherwise the prefill group picks among the engines compatible
+// with that decode engine (Compat) and the pair is complete.
 // Both engines still come from this bucket.
 func (b *Bucket) pickBypass(reg *Registry, req *BucketRequest) (BucketPick, error) {
 	dp, err := b.Decode.Pick(reg, b.ID, req)
@@ -102,7 +103,7 @@ func (b *Bucket) pickBypass(reg *Registry, req *BucketRequest) (BucketPick, erro
 	if Bypasses(req, dp.Worker, b.BypassBelow) {
 		return BucketPick{BucketID: b.ID, Plain: dp, Bypass: true}, nil
 	}
-	pp, err := b.Prefill.Pick(reg, b.ID, req)
+	pp, err := b.Prefill.PickFor(reg, b.ID, req, dp.Worker, b.Compat)
 	if err != nil {
 		return BucketPick{}, err
 	}

@@ -1,6 +1,10 @@
 package engine
 
-import "testing"
+import (
+	"errors"
+	"strings"
+	"testing"
+)
 
 // bypassBucket is a PD bucket of prefill P0 and decode D0 (which can prefill when capable)
 // with the bypass below 100 tokens.
@@ -53,5 +57,40 @@ func TestBucketPDBypass(t *testing.T) {
 				t.Fatalf("want the pair, got %+v", got)
 			}
 		})
+	}
+}
+
+// TestBucketPDBypassKeepsPairsCompatible: with the bypass on the decode group picks first, so
+// a request that is not bypassed takes a prefill engine compatible with that decode engine
+// (Compat), and fails with OutcomePDIncompatible at the prefill stage when none is.
+func TestBucketPDBypassKeepsPairsCompatible(t *testing.T) {
+	ps := labelled(t, StagePrefill, "P", "nixl", "mooncake")
+	ds := labelled(t, StageDecode, "D", "mooncake")
+	reg, err := NewRegistry(append(append([]*Worker{}, ps...), ds...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := pdBucketOf("pd", 0, ps, ds, Compatibility{"transfer_backend"})
+	b.BypassBelow = 100
+	for i := range 4 {
+		got, err := b.PickEngines(reg, &BucketRequest{Model: "llama", InputTokens: 1000, ExpectedPeak: -1})
+		if err != nil {
+			t.Fatalf("pick %d: %v", i, err)
+		}
+		if got.Bypass || got.Decode.Worker != ds[0] || got.Prefill.Worker != ps[1] {
+			t.Fatalf("pick %d: %s+%s, want P1 (mooncake) with D0 (mooncake)", i, got.Prefill.Worker, got.Decode.Worker)
+		}
+	}
+
+	only := pdBucketOf("nixl", 0, ps[:1], ds, Compatibility{"transfer_backend"})
+	only.BypassBelow = 100
+	_, err = only.PickEngines(reg, &BucketRequest{Model: "llama", InputTokens: 1000, ExpectedPeak: -1})
+	var pe *PickError
+	if !errors.As(err, &pe) || pe.Outcome != OutcomePDIncompatible || pe.Stage != StagePrefill ||
+		len(pe.Rejections) != 1 || pe.Rejections[0].WorkerID != ds[0].ID || pe.Rejections[0].Limit != LimitPDIncompatible {
+		t.Fatalf("no compatible prefill engine: %v", err)
+	}
+	if !strings.Contains(pe.Detail, "no prefill engine shares") {
+		t.Errorf("detail %q", pe.Detail)
 	}
 }

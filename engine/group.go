@@ -26,9 +26,9 @@ type EngineGroup struct {
 	req        PickRequest
 	// kept is the scratch of a retried request's candidates without its excluded engines.
 	kept []*Worker
-	// partner and rule are set by PickFor for the duration of one decode pick: the chosen
-	// prefill engine and the bucket's compatibility rule; compatible is the scratch of the
-	// candidates that pass it.
+	// partner and rule are set by PickFor for the duration of one pick: the engine already
+	// chosen for the other side of the pair and the bucket's compatibility rule (symmetric);
+	// compatible is the scratch of the candidates that pass it.
 	partner    *Worker
 	rule       Compatibility
 	compatible []*Worker
@@ -137,15 +137,17 @@ func (g *EngineGroup) HealthyMembers(reg *Registry) []*Worker {
 // Model returns the group's model.
 func (g *EngineGroup) Model() string { return g.model }
 
-// PickFor is a decode group's Pick for a PD pair: the candidates are the group's engines
-// that rule pairs with the chosen prefill engine. When none is, it fails with
-// OutcomePDIncompatible (the bucket loop moves on, discarding the prefill pick). An empty
-// rule or a nil prefill engine is Pick.
-func (g *EngineGroup) PickFor(reg *Registry, bucketID string, req *BucketRequest, prefill *Worker, rule Compatibility) (Pick, error) {
-	if prefill == nil || len(rule) == 0 {
+// PickFor is Pick for one side of a PD pair whose other engine is already chosen (partner):
+// the candidates are the group's engines that rule pairs with it. A decode group picks for
+// the chosen prefill engine; with a bucket's PD bypass on, the decode group picks first and
+// the prefill group picks for it. When no candidate pairs, it fails with
+// OutcomePDIncompatible (the bucket loop moves on, discarding the other pick). An empty rule
+// or a nil partner is Pick.
+func (g *EngineGroup) PickFor(reg *Registry, bucketID string, req *BucketRequest, partner *Worker, rule Compatibility) (Pick, error) {
+	if partner == nil || len(rule) == 0 {
 		return g.Pick(reg, bucketID, req)
 	}
-	g.partner, g.rule = prefill, rule
+	g.partner, g.rule = partner, rule
 	defer func() { g.partner, g.rule = nil, nil }()
 	return g.Pick(reg, bucketID, req)
 }
@@ -162,12 +164,15 @@ func (g *EngineGroup) keepCompatible(c []*Worker) []*Worker {
 	return g.compatible
 }
 
-// incompatible is the failure of a decode pick that found no engine g.rule pairs with
-// g.partner.
+// incompatible is the failure of a pick that found no engine g.rule pairs with g.partner.
 func (g *EngineGroup) incompatible(bucketID string) *PickError {
+	side, other := "decode", "prefill"
+	if g.stage == StagePrefill {
+		side, other = other, side
+	}
 	return &PickError{Outcome: OutcomePDIncompatible, Stage: g.stage, BucketID: bucketID,
 		Rejections: []Rejection{{BucketID: bucketID, Stage: g.stage, WorkerID: g.partner.ID, Limit: LimitPDIncompatible}},
-		Detail:     "no decode engine shares " + g.rule.describe(g.partner) + " with prefill engine " + g.partner.ID}
+		Detail:     "no " + side + " engine shares " + g.rule.describe(g.partner) + " with " + other + " engine " + g.partner.ID}
 }
 
 // Pick selects one engine for req from the group's candidates in reg. The engines that
@@ -195,7 +200,7 @@ func (g *EngineGroup) Pick(reg *Registry, bucketID string, req *BucketRequest) (
 		}
 	}
 	if g.partner != nil {
-		// A PD decode pick: only engines compatible with the prefill engine.
+		// One side of a PD pair: only engines compatible with the other side's engine.
 		if c = g.keepCompatible(c); len(c) == 0 {
 			return Pick{}, g.incompatible(bucketID)
 		}
