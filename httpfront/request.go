@@ -96,15 +96,11 @@ func parseRequest(kind routeKind, body []byte, f *requestFacts) *apiError {
 	if kind > routeGenerate {
 		return parseAuxRequest(kind, body, f)
 	}
-	i := skipWS(body, 0)
-	if i >= len(body) || body[i] != '{' {
-		if _, _, err := scanValue(body, 0, 0); err != nil {
-			return errBadJSON
-		}
-		return errNotObject
+	i, perr := objectStart(body)
+	if perr != nil {
+		return perr
 	}
 	var (
-		perr           *apiError
 		haveMessages   bool
 		havePrompt     bool
 		haveText       bool
@@ -570,21 +566,30 @@ func parseSamplingParams(v jsonValue, maxNew *int64) *apiError {
 	return perr
 }
 
+// objectStart returns the index of the '{' opening body, or the error for a body that is
+// not a JSON object: invalid_json when it is not JSON at all, else not an object.
+func objectStart(body []byte) (int, *apiError) {
+	i := skipWS(body, 0)
+	if i >= len(body) || body[i] != '{' {
+		if _, _, err := scanValue(body, 0, 0); err != nil {
+			return 0, errBadJSON
+		}
+		return 0, errNotObject
+	}
+	return i, nil
+}
+
 // parseAuxRequest validates the body of a route beside chat, completions and /generate:
 // /v1/responses (model, input, stream, max_output_tokens), /v1/embeddings (model, input),
 // /v1/rerank (query, documents), /tokenize (prompt) and /detokenize (tokens). Its input is
 // counted by the body-size estimate, or the tokenizer for the text inputs of responses and
 // embeddings.
 func parseAuxRequest(kind routeKind, body []byte, f *requestFacts) *apiError {
-	i := skipWS(body, 0)
-	if i >= len(body) || body[i] != '{' {
-		if _, _, err := scanValue(body, 0, 0); err != nil {
-			return errBadJSON
-		}
-		return errNotObject
+	i, perr := objectStart(body)
+	if perr != nil {
+		return perr
 	}
 	var (
-		perr                *apiError
 		modelRaw            jsonValue
 		haveInput           bool
 		haveQuery, haveDocs bool
