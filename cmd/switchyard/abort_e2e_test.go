@@ -54,15 +54,25 @@ func (c clockedEngine) awaitAbort(t *testing.T, n uint64) {
 	}
 }
 
-// stopsWithinOneStep: after the engine's step in progress ends, nothing runs on it any more,
-// with its clock frozen again.
+// stopsWithinOneStep: once the engine's step in progress ends, nothing runs on it any more,
+// with its clock frozen again. An abort that arrives between two steps stops the request
+// before the next one begins: then no step is left to end.
 func (c clockedEngine) stopsWithinOneStep(t *testing.T) {
 	t.Helper()
-	c.step(t)
+	waitFor(t, c.e.WorkerID()+" in a step or stopped", func() (bool, string) {
+		n := c.e.Running()
+		return n == 0 || c.clk.Pending() > 0, fmt.Sprintf("%d running, no step pending", n)
+	})
+	if c.e.Running() > 0 {
+		c.step(t)
+	}
 	waitFor(t, c.e.WorkerID()+" running nothing after one step", func() (bool, string) {
 		n := c.e.Running()
 		return n == 0, fmt.Sprintf("%d running", n)
 	})
+	if p := c.clk.Pending(); p != 0 {
+		t.Errorf("%s: %d steps begun after the abort", c.e.WorkerID(), p)
+	}
 }
 
 // streamCall is a streaming chat request through the router on a connection of its own.
