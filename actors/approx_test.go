@@ -89,7 +89,11 @@ func TestCacheStateApproximate(t *testing.T) {
 	cs.Record(memo, "w1")
 	cs.Record(nil, "w1") // no lookup made: nothing to record
 	memo = kv.NewPrefixMemo("m", approxSeq(0, 120))
-	if r := cs.Resolve(context.Background(), memo); r.Err != nil || r.MatchedTokens("w1") != 100 || r.QueryTokens() != 120 {
+	// A deadline of its own: without one the lookup is bounded by cache_aware.query_timeout
+	// (100 ms), which a loaded machine can spend before the shard actors run.
+	lookupCtx, cancelLookup := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancelLookup()
+	if r := cs.Resolve(lookupCtx, memo); r.Err != nil || r.MatchedTokens("w1") != 100 || r.QueryTokens() != 120 {
 		t.Fatalf("lookup = %+v", r)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

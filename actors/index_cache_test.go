@@ -234,6 +234,11 @@ func (h *cacheHarness) pick(t *testing.T, tokens []uint32) (string, string) {
 	t.Helper()
 	req := &engine.BucketRequest{Model: "m", InputTokens: int64(len(tokens)), ExpectedPeak: -1, TokenIDs: tokens, Now: t0}
 	if memo := h.cs.Prepare(context.Background(), "m", tokens); memo != nil {
+		// A lookup that did not answer (cache_aware.query_timeout passed) routes as a miss:
+		// say so, not which engine the miss went to.
+		if r, _ := memo.Resolved(h.cs.Source()); r != nil && r.Err != nil {
+			t.Fatalf("prefix lookup failed after %v: %v", r.Elapsed, r.Err)
+		}
 		req.Prefix = memo
 	}
 	p, err := h.sel.Select(h.resolver, req)
@@ -267,6 +272,9 @@ func TestCacheAwareSelectionOverZMQ(t *testing.T) {
 	cfg := config.Default()
 	cfg.KV.ReconnectBackoff = 10 * time.Millisecond
 	cfg.CacheAware.MinLoadChoices = 3 // exact minimum over the three engines
+	// A lookup on the shard actors can wait past the default 100 ms on a loaded machine and
+	// then counts as a miss; these checks are of the decision, not of the lookup's deadline.
+	cfg.CacheAware.QueryTimeout = 10 * time.Second
 	// The checks below are the threshold rule's: the minimum hit, the soft gate, the pin.
 	cfg.CacheAware.Decision = config.CacheDecisionThreshold
 	cfg.Workers = []config.Worker{

@@ -51,7 +51,11 @@ func holdPrompt(t *testing.T, x *kv.Index, worker string, tokens []uint32) int {
 func matched(t *testing.T, x *kv.Index, tokens []uint32) (map[string]int64, error) {
 	t.Helper()
 	var l kv.Lookup
-	err := x.Lookup(context.Background(), "m", tokens, &l)
+	// A deadline of its own: without one the index bounds the lookup by its default 100 ms,
+	// which a loaded machine can spend before the shard actors run.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := x.Lookup(ctx, "m", tokens, &l)
 	out := map[string]int64{}
 	for _, m := range l.Matches {
 		out[m.Worker] = m.Tokens
