@@ -69,7 +69,7 @@ func sglFlags() []sglFlag {
 		{name: "host", key: "server.host"},
 		{name: "port", key: "server.port"},
 		{name: "worker-urls", kind: sglList, note: "plain workers (space- or comma-separated); their model is the engines' own (/get_model_info, /v1/models or /server_info) unless --model names it"},
-		{name: "policy", note: "the policy of the plain group, or of both pd groups unless overridden; default cache_aware (cache_aware.source approximate: the router's own prefix tree); a pd decode group gets load_based in place of cache_aware"},
+		{name: "policy", note: "the policy of the plain group, or of both pd groups unless overridden; default cache_aware (cache_aware.source approximate: the router's own prefix tree); a pd decode group gets load_based in place of cache_aware; consistent_hashing is consistent_hash keyed by x-smg-routing-key, else authorization, x-forwarded-for, cookie (hashing.key_headers)"},
 		{name: "pd-disaggregation", kind: sglSwitch, note: "one pd bucket of the --prefill and --decode workers"},
 		{name: "prefill", kind: sglList, note: "--prefill URL [BOOTSTRAP_PORT|none], repeatable: a prefill worker and its bootstrap port"},
 		{name: "decode", kind: sglList, note: "--decode URL, repeatable: a decode worker"},
@@ -185,6 +185,18 @@ func isListKey(segs []string) bool {
 	return ferr != nil && ferr.Kind == ErrInvalid && strings.Contains(ferr.Msg, "list")
 }
 
+// sglConsistentHashing is sgl-router's name of its consistent-hash policy: Switchyard's
+// consistent_hash, keyed by sgl-router's headers (sglHashHeaders).
+const sglConsistentHashing = "consistent_hashing"
+
+// sglHashHeaders are the headers sgl-router's consistent_hashing takes its key from, in its
+// order: its routing-key header, then the implicit keys of a client (its credentials, its
+// address behind a proxy, its cookies). A request with none of them goes to the engine with
+// the fewest requests in flight (sgl-router picks at random).
+func sglHashHeaders() []string {
+	return []string{"x-smg-routing-key", "authorization", "x-forwarded-for", "cookie"}
+}
+
 // sglPrefill is one --prefill URL [BOOTSTRAP_PORT].
 type sglPrefill struct {
 	url  string
@@ -205,7 +217,10 @@ type sglLaunch struct {
 	maxConcurrent int
 	ratePerSec    bool
 	sourceSet     bool // the command line set cache_aware.source itself
-	visited       map[string]bool
+	// sglHashing: a group runs sgl-router's consistent_hashing, whose key comes from its
+	// own headers.
+	sglHashing bool
+	visited    map[string]bool
 }
 
 // splitFlag splits "--name=value" (or "-name"); ok is false for a non-flag argument.
@@ -382,6 +397,9 @@ func (l *sglLaunch) take(p *problems, o *cliOptions, f sglFlag, vals []string) {
 		return
 	case "policy", "prefill-policy", "decode-policy":
 		v := vals[0]
+		if v == sglConsistentHashing {
+			v, l.sglHashing = PolicyConsistentHash, true
+		}
 		switch {
 		case v == "manual":
 			p.add(path, ErrDropped, `"manual" has no equivalent; use sticky (its key comes from the x-sgl-routing-key header)`)
@@ -595,6 +613,11 @@ func (l *sglLaunch) apply(p *problems, cfg *Config, model string, explicitSource
 		m.Buckets = []Bucket{{ID: "default", Groups: Groups{Plain: &Group{Policy: &Policy{Type: l.policy}}}}}
 	}
 	cfg.Models = map[string]Model{model: m}
+	// sgl-router's consistent_hashing reads its key from its own headers, unless the
+	// configuration file chose them.
+	if l.sglHashing && slices.Equal(cfg.Hashing.KeyHeaders, Default().Hashing.KeyHeaders) {
+		cfg.Hashing.KeyHeaders = sglHashHeaders()
+	}
 	// sgl-router's cache_aware keeps a tree of what it dispatched; Switchyard does that
 	// with the approximate source, unless the command line chose another one.
 	if cache && !explicitSource && cfg.CacheAware.Source == CacheSourceLocal {

@@ -3,6 +3,8 @@ package config
 import (
 	"errors"
 	"flag"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -101,6 +103,47 @@ func TestCompatHashingAndRanks(t *testing.T) {
 	}
 	if cfg = loadCompat(t, "--worker-urls http://127.0.0.1:30001"); cfg.DPDispatch.Enabled {
 		t.Error("rank dispatch on without --dp-aware")
+	}
+}
+
+// TestCompatConsistentHashing: sgl-router's consistent_hashing policy is consistent_hash keyed
+// by sgl-router's headers (x-smg-routing-key, then a client's implicit keys), unless the
+// configuration file names the headers; Switchyard's own name keeps its defaults.
+func TestCompatConsistentHashing(t *testing.T) {
+	sgl := []string{"x-smg-routing-key", "authorization", "x-forwarded-for", "cookie"}
+	file := filepath.Join(t.TempDir(), "hashing.yaml")
+	if err := os.WriteFile(file, []byte("hashing:\n  key_headers: [x-user]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name    string
+		line    string
+		plain   string // the plain group's policy ("" for the pd launch)
+		headers []string
+	}{
+		{"plain", "--worker-urls http://127.0.0.1:30001 --policy consistent_hashing", PolicyConsistentHash, sgl},
+		{"pd prefill", "--pd-disaggregation --prefill http://127.0.0.1:30001 --decode http://127.0.0.1:30002 " +
+			"--prefill-policy consistent_hashing --decode-policy consistent_hashing", "", sgl},
+		{"headers from the file", "--config " + file + " --worker-urls http://127.0.0.1:30001 --policy consistent_hashing",
+			PolicyConsistentHash, []string{"x-user"}},
+		{"own name", "--worker-urls http://127.0.0.1:30001 --policy consistent_hash", PolicyConsistentHash,
+			Default().Hashing.KeyHeaders},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := loadCompat(t, tt.line)
+			g := cfg.Models["m"].Buckets[0].Groups
+			if tt.plain != "" {
+				if g.Plain == nil || g.Plain.Policy.Type != tt.plain {
+					t.Fatalf("plain group %+v, want policy %s", g.Plain, tt.plain)
+				}
+			} else if g.PD == nil || g.PD.Prefill.Policy.Type != PolicyConsistentHash || g.PD.Decode.Policy.Type != PolicyConsistentHash {
+				t.Fatalf("pd groups %+v, want consistent_hash on both", g.PD)
+			}
+			if !slices.Equal(cfg.Hashing.KeyHeaders, tt.headers) {
+				t.Errorf("hashing.key_headers %q, want %q", cfg.Hashing.KeyHeaders, tt.headers)
+			}
+		})
 	}
 }
 
