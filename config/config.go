@@ -523,6 +523,13 @@ type LoRA struct {
 	// /v1/load_lora_adapter, SGLang /load_lora_adapter), from the path in the model's
 	// lora_adapters. Default false.
 	AutoLoad bool `koanf:"auto_load" json:"auto_load"`
+	// Evict, with auto_load, makes room on an engine whose every slot is full: the least
+	// recently used of its adapters that no request uses and that the router can load again
+	// (one of the model's lora_adapters) is unloaded through the engine's API (vLLM
+	// /v1/unload_lora_adapter, SGLang /unload_lora_adapter) before the requested one is
+	// loaded. Off, a request for an adapter no engine holds is refused (503) while every
+	// slot is full. Default true.
+	Evict bool `koanf:"evict" json:"evict"`
 	// SlotsPerEngine is how many adapters an engine holds at once when it does not say
 	// (SGLang's server info max_loaded_loras or max_loras_per_batch); 0 sets no bound.
 	// At least 0. Default 8.

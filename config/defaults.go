@@ -59,6 +59,7 @@ func Default() *Config {
 			MaxBindings:      100_000,
 		},
 		LoRA: LoRA{
+			Evict:           true,
 			SlotsPerEngine:  8,
 			RefreshInterval: 10 * time.Second,
 			LoadTimeout:     60 * time.Second,

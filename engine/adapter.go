@@ -2,6 +2,7 @@ package engine
 
 import (
 	"slices"
+	"sync/atomic"
 	"time"
 )
 
@@ -9,18 +10,45 @@ import (
 // and how many adapters it can hold (its slots): an immutable value the worker lifecycle
 // publishes on the Worker (LearnAdapters) as it learns them, a group's pick reserves a slot in
 // (ReserveAdapter) and dispatch completes (AddAdapter) or releases (ReleaseAdapter).
+//
+// Each adapter held carries its use (adapterUse), shared by every version of the set that
+// holds it: the requests using it on the engine (HoldAdapter) and when it was last used. A
+// pick that finds every slot full may evict the least recently used adapter no request uses
+// (ReserveAdapter with an evictable set): it is dropped from the set at once, and its
+// unload goes with the reservation of the load that replaces it (Evicting).
 type AdapterSet struct {
-	names   []string // sorted
+	names []string // sorted
+	uses  []*adapterUse
+	// loading are the loads under way, each with the adapter it evicts, if any.
 	loading []reservation
 	// Slots is how many adapters the engine holds at once; 0 means no known bound.
 	Slots int
 }
 
+// adapterUse is the use of one adapter on one engine. inflight counts the requests holding
+// it; evictedUse marks it evicted (no hold can be taken any more). last is the unix
+// nanoseconds of its latest hold or release.
+type adapterUse struct {
+	inflight atomic.Int64
+	last     atomic.Int64
+}
+
+// evictedUse is adapterUse.inflight of an evicted adapter.
+const evictedUse = -1
+
+func newAdapterUse(now int64) *adapterUse {
+	u := &adapterUse{}
+	u.last.Store(now)
+	return u
+}
+
 // reservation is a slot taken for an adapter load under way; it lapses at until (a load
-// that was never started or never finished frees its slot then).
+// that was never started or never finished frees its slot then). victim is the adapter the
+// load evicts first ("" when the slot was free).
 type reservation struct {
-	name  string
-	until time.Time
+	name   string
+	victim string
+	until  time.Time
 }
 
 // NewAdapterSet returns the set of names (copied, duplicates dropped) with slots slots.
@@ -28,16 +56,74 @@ func NewAdapterSet(names []string, slots int) *AdapterSet {
 	s := &AdapterSet{names: slices.Clone(names), Slots: max(slots, 0)}
 	slices.Sort(s.names)
 	s.names = slices.Compact(s.names)
+	s.uses = make([]*adapterUse, len(s.names))
+	for i := range s.uses {
+		s.uses[i] = &adapterUse{}
+	}
 	return s
 }
 
-// Has reports whether the set holds adapter name. A nil set holds none.
-func (s *AdapterSet) Has(name string) bool {
+// use returns the use of adapter name, or nil when the set does not hold it.
+func (s *AdapterSet) use(name string) *adapterUse {
 	if s == nil {
-		return false
+		return nil
 	}
-	_, ok := slices.BinarySearch(s.names, name)
-	return ok
+	if i, ok := slices.BinarySearch(s.names, name); ok {
+		return s.uses[i]
+	}
+	return nil
+}
+
+// Has reports whether the set holds adapter name (and it is not being evicted). A nil set
+// holds none.
+func (s *AdapterSet) Has(name string) bool {
+	u := s.use(name)
+	return u != nil && u.inflight.Load() != evictedUse
+}
+
+// InFlight returns how many requests hold adapter name on the engine (0 when it is not held).
+func (s *AdapterSet) InFlight(name string) int64 {
+	if u := s.use(name); u != nil {
+		return max(u.inflight.Load(), 0)
+	}
+	return 0
+}
+
+// Evicting returns the adapter the load of adapter name under way evicts first, or "".
+func (s *AdapterSet) Evicting(name string) string {
+	if s == nil {
+		return ""
+	}
+	for _, r := range s.loading {
+		if r.name == name {
+			return r.victim
+		}
+	}
+	return ""
+}
+
+// CanEvict reports whether the set holds an adapter that evictable accepts and no request
+// uses: a full engine could make room by unloading it.
+func (s *AdapterSet) CanEvict(evictable map[string]struct{}) bool {
+	return s.victim(evictable) >= 0
+}
+
+// victim returns the index of the least recently used adapter evictable accepts and no
+// request uses, or -1.
+func (s *AdapterSet) victim(evictable map[string]struct{}) int {
+	if s == nil {
+		return -1
+	}
+	best, bestLast := -1, int64(0)
+	for i, n := range s.names {
+		if _, ok := evictable[n]; !ok || s.uses[i].inflight.Load() != 0 {
+			continue
+		}
+		if l := s.uses[i].last.Load(); best < 0 || l < bestLast {
+			best, bestLast = i, l
+		}
+	}
+	return best
 }
 
 // Names returns the adapters, sorted; the caller must not modify the slice.
@@ -82,9 +168,14 @@ func (s *AdapterSet) With(name string) *AdapterSet {
 	if s != nil {
 		slots = s.Slots
 	}
-	out := NewAdapterSet(append(slices.Clone(s.Names()), name), slots)
+	out := &AdapterSet{Slots: slots}
 	if s != nil {
+		i, _ := slices.BinarySearch(s.names, name)
+		out.names = slices.Insert(slices.Clone(s.names), i, name)
+		out.uses = slices.Insert(slices.Clone(s.uses), i, newAdapterUse(time.Now().UnixNano()))
 		out.loading = s.withoutLoading(name)
+	} else {
+		out.names, out.uses = []string{name}, []*adapterUse{newAdapterUse(time.Now().UnixNano())}
 	}
 	return out
 }
@@ -108,12 +199,22 @@ func (w *Worker) Adapters() *AdapterSet { return w.adapters.Load() }
 func (w *Worker) SetAdapters(s *AdapterSet) { w.adapters.Store(s) }
 
 // LearnAdapters publishes the adapters the engine says it holds and its slots, keeping the
-// reservations of loads under way of adapters it does not list yet.
+// reservations of loads under way of adapters it does not list yet and the use of the
+// adapters it still holds. An adapter a load under way evicts is left out: the engine may
+// list it until the unload is done.
 func (w *Worker) LearnAdapters(names []string, slots int) {
 	for {
 		old := w.adapters.Load()
+		names := slices.DeleteFunc(slices.Clone(names), func(n string) bool {
+			return old != nil && slices.ContainsFunc(old.loading, func(r reservation) bool { return r.victim == n })
+		})
 		s := NewAdapterSet(names, slots)
 		if old != nil {
+			for i, n := range s.names {
+				if u := old.use(n); u != nil && u.inflight.Load() != evictedUse {
+					s.uses[i] = u
+				}
+			}
 			for _, r := range old.loading {
 				if !s.Has(r.name) {
 					s.loading = append(s.loading, r)
@@ -127,30 +228,83 @@ func (w *Worker) LearnAdapters(names []string, slots int) {
 }
 
 // ReserveAdapter takes a slot for a load of adapter name until until, and reports whether
-// the engine holds it, is loading it, or had a free slot at now.
-func (w *Worker) ReserveAdapter(name string, now, until time.Time) bool {
+// the engine holds it, is loading it, had a free slot at now, or — with every slot full and
+// evictable non-nil — held an adapter evictable accepts that no request used: the least
+// recently used one is then evicted (dropped from the set, no hold can be taken on it any
+// more) and named by the reservation (Evicting), for dispatch to unload before the load.
+func (w *Worker) ReserveAdapter(name string, now, until time.Time, evictable map[string]struct{}) bool {
+	victim := "" // evicted by this call, to drop from the set
 	for {
 		old := w.adapters.Load()
-		if old.Has(name) || old.Loading(name, now) {
+		if victim == "" && (old.Has(name) || old.Loading(name, now)) {
 			return true
 		}
-		if !old.Free(now) {
-			return false
+		if victim == "" && !old.Free(now) {
+			i := old.victim(evictable)
+			if i < 0 {
+				return false
+			}
+			if !old.uses[i].inflight.CompareAndSwap(0, evictedUse) {
+				continue // a request took it meanwhile: look again
+			}
+			victim = old.names[i]
 		}
 		s := &AdapterSet{}
 		if old != nil {
-			s.names, s.Slots = old.names, old.Slots // names is never modified
+			s.names, s.uses, s.Slots = old.names, old.uses, old.Slots // never modified
+			if i, ok := slices.BinarySearch(s.names, victim); victim != "" && ok {
+				if u := s.uses[i]; !u.inflight.CompareAndSwap(0, evictedUse) && u.inflight.Load() != evictedUse {
+					// Slow path: the engine's list was learned again meanwhile and a request
+					// holds the adapter anew; no room is made.
+					return false
+				}
+				s.names = slices.Delete(slices.Clone(s.names), i, i+1)
+				s.uses = slices.Delete(slices.Clone(s.uses), i, i+1)
+			}
 			for _, r := range old.loading {
 				if now.Before(r.until) { // lapsed reservations go
 					s.loading = append(s.loading, r)
 				}
 			}
 		}
-		s.loading = append(s.loading, reservation{name, until})
+		s.loading = append(s.loading, reservation{name: name, victim: victim, until: until})
 		if w.adapters.CompareAndSwap(old, s) {
 			return true
 		}
 	}
+}
+
+// AdapterHold is one request's use of an adapter on an engine, from HoldAdapter until
+// Release; an adapter in use is never evicted.
+type AdapterHold struct{ u *adapterUse }
+
+// HoldAdapter takes a hold of adapter name on the engine at now for a request dispatched to
+// it; it fails when the engine does not hold the adapter (any more: it may have just been
+// evicted). The caller must Release the hold when the request ends, on every path.
+func (w *Worker) HoldAdapter(name string, now time.Time) (AdapterHold, bool) {
+	u := w.adapters.Load().use(name)
+	if u == nil {
+		return AdapterHold{}, false
+	}
+	for {
+		n := u.inflight.Load()
+		if n == evictedUse {
+			return AdapterHold{}, false
+		}
+		if u.inflight.CompareAndSwap(n, n+1) {
+			u.last.Store(now.UnixNano())
+			return AdapterHold{u}, true
+		}
+	}
+}
+
+// Release ends the hold at now. Release of the zero hold does nothing.
+func (h AdapterHold) Release(now time.Time) {
+	if h.u == nil {
+		return
+	}
+	h.u.last.Store(now.UnixNano())
+	h.u.inflight.Add(-1)
 }
 
 // AddAdapter records that the engine now holds adapter name (after the router loaded it).

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -64,7 +65,7 @@ func TestGroupAdapterCandidates(t *testing.T) {
 	})
 	t.Run("no holder, loading onto a free slot", func(t *testing.T) {
 		g := NewEngineGroup("llama", StagePlain, nil, NewRoundRobin(nil, nil))
-		g.SetAdapterLoading(time.Minute)
+		g.SetAdapterLoading(time.Minute, nil)
 		for range 4 {
 			p, err := g.Pick(reg, "b", req("poems"))
 			if err != nil || !p.LoadAdapter || p.Worker == ws[2] || p.Worker == ws[3] {
@@ -88,16 +89,16 @@ func TestAdapterReservations(t *testing.T) {
 	now := time.Unix(1000, 0)
 	w := NewWorker("w", "http://127.0.0.1:1", "llama", StagePlain, nil)
 	w.SetAdapters(NewAdapterSet([]string{"sql"}, 2))
-	if !w.ReserveAdapter("math", now, now.Add(time.Minute)) {
+	if !w.ReserveAdapter("math", now, now.Add(time.Minute), nil) {
 		t.Fatal("the free slot was not reserved")
 	}
 	if s := w.Adapters(); s.Free(now) || !s.Loading("math", now) || s.Has("math") {
 		t.Fatalf("after the reservation: free %v, loading %v", s.Free(now), s.Loading("math", now))
 	}
-	if w.ReserveAdapter("code", now, now.Add(time.Minute)) {
+	if w.ReserveAdapter("code", now, now.Add(time.Minute), nil) {
 		t.Fatal("a second adapter was given the slot a load holds")
 	}
-	if !w.ReserveAdapter("math", now, now.Add(time.Minute)) {
+	if !w.ReserveAdapter("math", now, now.Add(time.Minute), nil) {
 		t.Fatal("a second request for the adapter being loaded was refused")
 	}
 	// The engine's list, learned while the load is under way, keeps the reservation.
@@ -110,13 +111,13 @@ func TestAdapterReservations(t *testing.T) {
 		t.Fatalf("after the load: %v, loading %v", s.Names(), s.Loading("math", now))
 	}
 	w.SetAdapters(NewAdapterSet([]string{"sql"}, 2))
-	w.ReserveAdapter("code", now, now.Add(time.Minute))
+	w.ReserveAdapter("code", now, now.Add(time.Minute), nil)
 	w.ReleaseAdapter("code")
 	if s := w.Adapters(); !s.Free(now) || s.Loading("code", now) {
 		t.Fatal("a failed load kept its slot")
 	}
-	w.ReserveAdapter("code", now, now.Add(time.Minute))
-	if later := now.Add(time.Minute); !w.Adapters().Free(later) || !w.ReserveAdapter("chat", later, later.Add(time.Minute)) {
+	w.ReserveAdapter("code", now, now.Add(time.Minute), nil)
+	if later := now.Add(time.Minute); !w.Adapters().Free(later) || !w.ReserveAdapter("chat", later, later.Add(time.Minute), nil) {
 		t.Fatal("a load never completed kept its slot past its bound")
 	}
 }
@@ -136,7 +137,7 @@ func TestGroupAdapterLoadsHoldSlots(t *testing.T) {
 		return Pick{Worker: slices.MinFunc(c, func(a, b *Worker) int { return strings.Compare(a.ID, b.ID) })}, nil
 	}}
 	g := NewEngineGroup("llama", StagePlain, nil, lowest)
-	g.SetAdapterLoading(time.Minute)
+	g.SetAdapterLoading(time.Minute, nil)
 	pick := func(adapter string) *Worker {
 		t.Helper()
 		p, err := g.Pick(reg, "b", &BucketRequest{Model: "llama", ExpectedPeak: -1, Adapter: adapter, Now: now})
@@ -158,4 +159,133 @@ func TestGroupAdapterLoadsHoldSlots(t *testing.T) {
 	if _, err := g.Pick(reg, "b", &BucketRequest{Model: "llama", ExpectedPeak: -1, Adapter: "poems", Now: now}); !errors.Is(err, ErrNoCandidates) {
 		t.Fatalf("a fourth adapter with every slot held: %v", err)
 	}
+}
+
+// TestAdapterEviction: with every slot full, a reservation evicts the least recently used
+// adapter that no request holds and that may be evicted, names it for dispatch to unload,
+// and keeps it out of the engine's list learned while the load is under way; an adapter in
+// use, or one the router could not load again, stays.
+func TestAdapterEviction(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	evictable := map[string]struct{}{"a": {}, "b": {}, "c": {}}
+	t.Run("least recently used, not in use", func(t *testing.T) {
+		w := NewWorker("w", "http://127.0.0.1:1", "llama", StagePlain, nil)
+		w.SetAdapters(NewAdapterSet([]string{"a", "b", "pinned"}, 3))
+		ha, _ := w.HoldAdapter("a", t0)
+		ha.Release(t0.Add(2 * time.Second)) // a: used last at t0+2s
+		hb, _ := w.HoldAdapter("b", t0.Add(time.Second))
+		hb.Release(t0.Add(time.Second)) // b: used last at t0+1s
+		if !w.ReserveAdapter("c", t0.Add(3*time.Second), t0.Add(time.Minute), evictable) {
+			t.Fatal("no room made on a full engine")
+		}
+		s := w.Adapters()
+		if got := s.Evicting("c"); got != "b" {
+			t.Fatalf("evicting %q, want b (a was used later, pinned is not evictable)", got)
+		}
+		if s.Has("b") || !s.Has("a") || !s.Has("pinned") || !s.Loading("c", t0) || s.Free(t0) {
+			t.Fatalf("after the eviction: %v, loading c %v, free %v", s.Names(), s.Loading("c", t0), s.Free(t0))
+		}
+		if _, ok := w.HoldAdapter("b", t0); ok {
+			t.Fatal("a hold was taken on the evicted adapter")
+		}
+		// The engine still lists b until the unload is done: it stays out.
+		w.LearnAdapters([]string{"a", "b", "pinned"}, 3)
+		if s := w.Adapters(); s.Has("b") || s.Evicting("c") != "b" {
+			t.Fatalf("relearned %v, evicting %q", s.Names(), s.Evicting("c"))
+		}
+		w.AddAdapter("c")
+		if s := w.Adapters(); !slices.Equal(s.Names(), []string{"a", "c", "pinned"}) || s.Evicting("c") != "" {
+			t.Fatalf("after the load: %v", s.Names())
+		}
+	})
+	t.Run("in use or not evictable", func(t *testing.T) {
+		w := NewWorker("w", "http://127.0.0.1:1", "llama", StagePlain, nil)
+		w.SetAdapters(NewAdapterSet([]string{"a", "pinned"}, 2))
+		h, ok := w.HoldAdapter("a", t0)
+		if !ok || w.Adapters().CanEvict(evictable) {
+			t.Fatal("an adapter in use counts as evictable")
+		}
+		if w.ReserveAdapter("c", t0, t0.Add(time.Minute), evictable) || w.ReserveAdapter("c", t0, t0.Add(time.Minute), nil) {
+			t.Fatal("room made though a is in use and pinned may not be evicted")
+		}
+		// The engine's list, learned again, keeps a's use.
+		w.LearnAdapters([]string{"a", "pinned"}, 2)
+		if n := w.Adapters().InFlight("a"); n != 1 {
+			t.Fatalf("in flight on a after relearning: %d", n)
+		}
+		h.Release(t0)
+		if !w.Adapters().CanEvict(evictable) || !w.ReserveAdapter("c", t0, t0.Add(time.Minute), evictable) {
+			t.Fatal("a, released, was not evicted")
+		}
+	})
+	t.Run("holds race the eviction", func(t *testing.T) {
+		// Requests take and give back holds on a while a reservation evicts it: either the
+		// eviction waits for a moment with no hold, or it fails; a hold never survives it.
+		for range 20 {
+			w := NewWorker("w", "http://127.0.0.1:1", "llama", StagePlain, nil)
+			w.SetAdapters(NewAdapterSet([]string{"a"}, 1))
+			u := w.Adapters().use("a")
+			start := make(chan struct{})
+			var wg sync.WaitGroup
+			for range 4 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					<-start
+					for range 200 {
+						if h, ok := w.HoldAdapter("a", t0); ok {
+							h.Release(t0)
+						}
+					}
+				}()
+			}
+			close(start)
+			evicted := false
+			for range 200 {
+				if evicted = w.ReserveAdapter("c", t0, t0.Add(time.Minute), evictable); evicted {
+					break
+				}
+			}
+			wg.Wait()
+			switch n := u.inflight.Load(); {
+			case evicted && n != evictedUse:
+				t.Fatalf("evicted, yet a's use reads %d (a hold outlived the eviction)", n)
+			case !evicted && n != 0:
+				t.Fatalf("not evicted, a's use reads %d", n)
+			}
+		}
+	})
+}
+
+// TestGroupAdapterEviction: with every slot of every candidate full, a group that may evict
+// offers the engines holding an adapter no request uses, and the pick names the victim; a
+// group that may not refuses.
+func TestGroupAdapterEviction(t *testing.T) {
+	ws := testWorkers(t, "llama", StagePlain, "w", 2)
+	now := time.Unix(1000, 0)
+	ws[0].SetAdapters(NewAdapterSet([]string{"a", "b"}, 2))
+	ws[1].SetAdapters(NewAdapterSet([]string{"c", "d"}, 2))
+	for _, n := range []string{"a", "b"} {
+		if _, ok := ws[0].HoldAdapter(n, now); !ok { // w0: both in use
+			t.Fatal(n)
+		}
+	}
+	h, _ := ws[1].HoldAdapter("d", now) // w1: c idle
+	reg, _ := NewRegistry(ws)
+	req := &BucketRequest{Model: "llama", ExpectedPeak: -1, Adapter: "e", Now: now}
+	g := NewEngineGroup("llama", StagePlain, nil, NewRoundRobin(nil, nil))
+	g.SetAdapterLoading(time.Minute, nil)
+	if _, err := g.Pick(reg, "b", req); !errors.Is(err, ErrNoCandidates) {
+		t.Fatalf("no eviction: %v", err)
+	}
+	g.SetAdapterLoading(time.Minute, map[string]struct{}{"a": {}, "b": {}, "c": {}, "d": {}})
+	p, err := g.Pick(reg, "b", req)
+	if err != nil || p.Worker != ws[1] || !p.LoadAdapter || ws[1].Adapters().Evicting("e") != "c" {
+		t.Fatalf("%+v %v, evicting %q: want a load on w1 evicting c", p, err, ws[1].Adapters().Evicting("e"))
+	}
+	// Nothing left to evict: d is in use on w1, a and b on w0.
+	if _, err := g.Pick(reg, "b", &BucketRequest{Model: "llama", ExpectedPeak: -1, Adapter: "f", Now: now}); !errors.Is(err, ErrNoCandidates) {
+		t.Fatalf("nothing to evict: %v", err)
+	}
+	h.Release(now)
 }

@@ -147,7 +147,15 @@ func (b *builder) group(model string, m *config.Model, stage Stage, g *config.Gr
 		g2.SetRankDispatch(b.deps.Loads, d.MaxWaitingPerRank)
 	}
 	if l := b.cfg.LoRA; l.Enabled && l.AutoLoad {
-		g2.SetAdapterLoading(l.LoadTimeout)
+		var evictable map[string]struct{}
+		if l.Evict {
+			// The adapters the router can load again: those with a configured path.
+			evictable = make(map[string]struct{}, len(m.LoRAAdapters))
+			for name := range m.LoRAAdapters {
+				evictable[name] = struct{}{}
+			}
+		}
+		g2.SetAdapterLoading(l.LoadTimeout, evictable)
 	}
 	return g2, nil
 }

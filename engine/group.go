@@ -37,6 +37,9 @@ type EngineGroup struct {
 	// loadTimeout and loads it (lora.auto_load).
 	loadAdapters bool
 	loadTimeout  time.Duration
+	// evictable are the adapters the group may unload from a full engine to make room
+	// (lora.evict: those it can load again); nil evicts none.
+	evictable map[string]struct{}
 	// adapted is the scratch of an adapter request's candidates.
 	adapted []*Worker
 	// ranks chooses the DP rank of a multi-rank engine (dp_dispatch); nil leaves it to the
@@ -217,6 +220,9 @@ func (g *EngineGroup) Pick(reg *Registry, bucketID string, req *BucketRequest) (
 			if g.loadAdapters {
 				detail += " or has a free adapter slot"
 			}
+			if g.evictable != nil {
+				detail += " or an adapter to evict that no request uses"
+			}
 			return Pick{}, pickErr(OutcomeNoCandidates, g.stage, bucketID, detail)
 		}
 	}
@@ -235,7 +241,7 @@ func (g *EngineGroup) Pick(reg *Registry, bucketID string, req *BucketRequest) (
 		return Pick{}, pickErr(OutcomeOutsideCandidates, g.stage, bucketID,
 			fmt.Sprintf("policy %s returned %s, not one of its %d candidates", g.policy.Name(), id, len(c)))
 	}
-	if load && !p.Worker.ReserveAdapter(req.Adapter, now, now.Add(g.loadTimeout)) {
+	if load && !p.Worker.ReserveAdapter(req.Adapter, now, now.Add(g.loadTimeout), g.evictable) {
 		// Slow path: another group took the engine's last free slot since the candidates
 		// were read.
 		return Pick{}, pickErr(OutcomeNoCandidates, g.stage, bucketID, "engine "+p.Worker.ID+" has no free adapter slot left for "+req.Adapter)
@@ -259,7 +265,8 @@ func (g *EngineGroup) Pick(reg *Registry, bucketID string, req *BucketRequest) (
 
 // withAdapter returns the candidates of c holding adapter name, in c's order, in the group's
 // scratch; when none does and the group loads adapters, the candidates loading it, else those
-// with a free adapter slot at now, and load true.
+// with a free adapter slot at now, else (evicting) those with an adapter to evict, and load
+// true.
 func (g *EngineGroup) withAdapter(c []*Worker, name string, now time.Time) (out []*Worker, load bool) {
 	g.adapted = g.adapted[:0]
 	for _, w := range c {
@@ -283,14 +290,29 @@ func (g *EngineGroup) withAdapter(c []*Worker, name string, now time.Time) (out 
 			g.adapted = append(g.adapted, w)
 		}
 	}
+	if len(g.adapted) > 0 || g.evictable == nil {
+		return g.adapted, true
+	}
+	// Slow path: every slot full; the engines that could evict an adapter no request uses.
+	for _, w := range c {
+		if w.Adapters().CanEvict(g.evictable) {
+			g.adapted = append(g.adapted, w)
+		}
+	}
 	return g.adapted, true
 }
 
 // SetAdapterLoading makes the group offer the engines loading a request's LoRA adapter, else
 // those with a free adapter slot, when no candidate holds it; the pick then reserves the slot for
-// loadTimeout (a load lasts at most that long) and says to load it (Pick.LoadAdapter).
-func (g *EngineGroup) SetAdapterLoading(loadTimeout time.Duration) {
+// loadTimeout (a load lasts at most that long) and says to load it (Pick.LoadAdapter). With
+// evictable non-nil, when every candidate's slots are full, the engines holding an adapter of
+// evictable that no request uses are offered too: the pick evicts the engine's least recently
+// used such adapter (AdapterSet.Evicting names it, for dispatch to unload first).
+func (g *EngineGroup) SetAdapterLoading(loadTimeout time.Duration, evictable map[string]struct{}) {
 	g.loadAdapters, g.loadTimeout = loadTimeout > 0, loadTimeout
+	if g.loadAdapters {
+		g.evictable = evictable
+	}
 }
 
 // SetRankDispatch makes the group choose the data-parallel rank of the multi-rank engines

@@ -350,6 +350,7 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 		}
 		att.n++
 		s.metrics.selected(mr.metrics, &pick, ex.breq.InputTokens)
+		var holds adapterHolds
 		if ex.breq.Adapter != "" {
 			// Slow path: a LoRA adapter request; an engine picked to load it loads it now.
 			if e := s.prepareAdapter(mr.name, ex.breq.Adapter, &pick, &adm); e != nil {
@@ -357,6 +358,19 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 				o = s.fail(ctx, o, e)
 				att.setHeader(ctx)
 				return o
+			}
+			var lost *engine.Worker
+			if holds, lost = holdAdapter(ex.breq.Adapter, &pick, s.opts.Now()); lost != nil {
+				// Slow path: another pick evicted the adapter from a picked engine meanwhile;
+				// the request selects again without that engine.
+				adm.done(fleet.OutcomeNeutral)
+				if att.refuse(&pick, sideOf(&pick, lost), true) {
+					continue
+				}
+				if att.last != nil {
+					return att.answerLast(ctx, o)
+				}
+				return s.fail(ctx, o, newAPIError(CodeNoAvailableEngine, "adapter "+ex.breq.Adapter+" was unloaded from engine "+lost.ID+" to make room for another"))
 			}
 		}
 		s.recordDispatch(ex, &pick)
@@ -367,7 +381,7 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 			abody = ex.rank
 		}
 		d := dispatch{s: s, ctx: ctx, kind: kind, body: abody, facts: &ex.facts, pick: pick, adm: adm, hdr: *hdr, start: start,
-			mm: mr.metrics, dl: att.deadline(), ticket: o.ticket, att: att}
+			mm: mr.metrics, dl: att.deadline(), ticket: o.ticket, att: att, holds: holds}
 		if pick.IsPD() && !kind.generates() {
 			// A route that generates nothing goes to one engine: the pair's prefill engine.
 			d.adm.tDecode.Done(fleet.OutcomeNeutral)
@@ -380,6 +394,9 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 			o, failed = d.pd(ex, o)
 		} else {
 			o, failed = d.plain(ex, o)
+		}
+		if !o.async {
+			holds.release(s.opts.Now()) // a stream's relay releases them when it ends
 		}
 		if failed == nil {
 			att.setHeader(ctx)
@@ -494,6 +511,9 @@ type dispatch struct {
 	rid rid
 	// slo is the request's SLO estimates and, for a stream, what its relay records.
 	slo sloTrack
+	// holds are the request's holds of its LoRA adapter on the picked engines; a stream's
+	// relay releases them.
+	holds adapterHolds
 }
 
 // timeout is the request's end-to-end timeout.

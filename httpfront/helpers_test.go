@@ -70,6 +70,8 @@ type fakeEngine struct {
 	raw *firstByteListener
 	// polled, when set, receives the path of every load poll (without blocking).
 	polled chan string
+	// lora, when set, makes the engine serve LoRA adapters (withLoRA).
+	lora *fakeLoRA
 
 	done     chan struct{}
 	killOnce sync.Once
@@ -140,6 +142,70 @@ func withInfo(kv ...any) engineOpt {
 			e.info[kv[i].(string)] = kv[i+1]
 		}
 	}
+}
+
+// fakeLoRA is a fake engine's LoRA adapters: listed in /v1/models with the base model as
+// parent, loaded and unloaded through vLLM's routes; calls records each call in order.
+type fakeLoRA struct {
+	mu    sync.Mutex
+	names []string
+	calls []string // "load NAME" or "unload NAME"
+}
+
+// withLoRA makes the engine serve LoRA adapters, holding names at start, with slots
+// adapter slots (advertised as max_loaded_loras).
+func withLoRA(slots int, names ...string) engineOpt {
+	return func(e *fakeEngine) {
+		e.lora = &fakeLoRA{names: names}
+		withInfo("max_loaded_loras", slots)(e)
+	}
+}
+
+// loraState returns the adapters the engine holds and the load and unload calls it got.
+func (e *fakeEngine) loraState() (names, calls []string) {
+	e.lora.mu.Lock()
+	defer e.lora.mu.Unlock()
+	return slices.Clone(e.lora.names), slices.Clone(e.lora.calls)
+}
+
+// serveLoRA answers the LoRA routes; it reports whether the path was one.
+func (e *fakeEngine) serveLoRA(ctx *fasthttp.RequestCtx) bool {
+	l := e.lora
+	var req struct {
+		Name string `json:"lora_name"`
+	}
+	switch string(ctx.Path()) {
+	case "/v1/models":
+		l.mu.Lock()
+		data := []map[string]any{{"id": e.model, "object": "model", "parent": nil}}
+		for _, n := range l.names {
+			data = append(data, map[string]any{"id": n, "object": "model", "parent": e.model, "root": "/adapters/" + n})
+		}
+		l.mu.Unlock()
+		b, _ := json.Marshal(map[string]any{"object": "list", "data": data})
+		ctx.SetContentType("application/json")
+		ctx.SetBody(b)
+	case "/v1/load_lora_adapter":
+		_ = json.Unmarshal(ctx.PostBody(), &req)
+		l.mu.Lock()
+		l.calls = append(l.calls, "load "+req.Name)
+		l.names = append(l.names, req.Name)
+		l.mu.Unlock()
+	case "/v1/unload_lora_adapter":
+		_ = json.Unmarshal(ctx.PostBody(), &req)
+		l.mu.Lock()
+		l.calls = append(l.calls, "unload "+req.Name)
+		n := len(l.names)
+		l.names = slices.DeleteFunc(l.names, func(s string) bool { return s == req.Name })
+		l.mu.Unlock()
+		if len(l.names) == n {
+			ctx.SetStatusCode(404)
+			ctx.SetBodyString(`{"error":{"message":"The lora adapter '` + req.Name + `' cannot be found."}}`)
+		}
+	default:
+		return false
+	}
+	return true
 }
 
 func withGate() engineOpt {
@@ -274,6 +340,9 @@ func (e *fakeEngine) handle(ctx *fasthttp.RequestCtx) {
 	}
 	if string(ctx.Path()) == fleet.PathAbort {
 		e.aborts.Add(1)
+		return
+	}
+	if e.lora != nil && e.serveLoRA(ctx) {
 		return
 	}
 	e.hits.Add(1)

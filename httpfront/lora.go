@@ -2,6 +2,7 @@ package httpfront
 
 import (
 	"bytes"
+	"log/slog"
 	"slices"
 	"sync"
 	"time"
@@ -23,21 +24,25 @@ import (
 // is forwarded. The body is forwarded as the client sent it: the engine serves the adapter
 // under its name in the model field, as vLLM does.
 
-// Engine routes that load a LoRA adapter.
+// Engine routes that load and unload a LoRA adapter.
 const (
-	pathLoadLoRAVLLM   = "/v1/load_lora_adapter"
-	pathLoadLoRASGLang = "/load_lora_adapter"
+	pathLoadLoRAVLLM     = "/v1/load_lora_adapter"
+	pathLoadLoRASGLang   = "/load_lora_adapter"
+	pathUnloadLoRAVLLM   = "/v1/unload_lora_adapter"
+	pathUnloadLoRASGLang = "/unload_lora_adapter"
 )
 
 // Metric names of adapter routing.
 const (
-	metricLoRAPicks = "switchyard_lora_picks_total"
-	metricLoRALoads = "switchyard_lora_loads_total"
+	metricLoRAPicks     = "switchyard_lora_picks_total"
+	metricLoRALoads     = "switchyard_lora_loads_total"
+	metricLoRAEvictions = "switchyard_lora_evictions_total"
 )
 
 // loraRouting is a Server's adapter routing; nil when lora.enabled is off.
 type loraRouting struct {
-	cfg config.LoRA
+	cfg    config.LoRA
+	logger *slog.Logger
 	// model and path are the configured adapters: adapter name to base model and to path.
 	model, path map[string]string
 	metrics     map[string]*loraMetrics // by base model
@@ -48,6 +53,8 @@ type loraRouting struct {
 
 type loraMetrics struct {
 	hit, load, loaded, failed *metrics.Counter
+	// evicted and evictFailed count the adapters unloaded to make room (lora.evict).
+	evicted, evictFailed *metrics.Counter
 }
 
 type loadKey struct{ worker, adapter string }
@@ -58,11 +65,11 @@ type loadCall struct {
 	err  *apiError
 }
 
-func newLoRARouting(cfg *config.Config, set *metrics.Set) *loraRouting {
+func newLoRARouting(cfg *config.Config, set *metrics.Set, logger *slog.Logger) *loraRouting {
 	if !cfg.LoRA.Enabled {
 		return nil
 	}
-	l := &loraRouting{cfg: cfg.LoRA, model: map[string]string{}, path: map[string]string{},
+	l := &loraRouting{cfg: cfg.LoRA, logger: logger, model: map[string]string{}, path: map[string]string{},
 		metrics: map[string]*loraMetrics{}, loading: map[loadKey]*loadCall{}}
 	for name, m := range cfg.Models {
 		for adapter, path := range m.LoRAAdapters {
@@ -70,10 +77,12 @@ func newLoRARouting(cfg *config.Config, set *metrics.Set) *loraRouting {
 		}
 		base := `{model="` + series.Label(name) + `",result="`
 		l.metrics[name] = &loraMetrics{
-			hit:    set.NewCounter(metricLoRAPicks + base + `hit"}`),
-			load:   set.NewCounter(metricLoRAPicks + base + `load"}`),
-			loaded: set.NewCounter(metricLoRALoads + base + `ok"}`),
-			failed: set.NewCounter(metricLoRALoads + base + `failed"}`),
+			hit:         set.NewCounter(metricLoRAPicks + base + `hit"}`),
+			load:        set.NewCounter(metricLoRAPicks + base + `load"}`),
+			loaded:      set.NewCounter(metricLoRALoads + base + `ok"}`),
+			failed:      set.NewCounter(metricLoRALoads + base + `failed"}`),
+			evicted:     set.NewCounter(metricLoRAEvictions + base + `ok"}`),
+			evictFailed: set.NewCounter(metricLoRAEvictions + base + `failed"}`),
 		}
 	}
 	return l
@@ -122,6 +131,39 @@ func (s *Server) prepareAdapter(model, adapter string, p *engine.BucketPick, a *
 	return nil
 }
 
+// adapterHolds are one request's holds of its adapter on its picked engines (the plain
+// engine, or the prefill and decode engines): an adapter held is never evicted.
+type adapterHolds [2]engine.AdapterHold
+
+// holdAdapter takes the holds of adapter on the engines of pick at now; lost is the engine
+// that no longer holds it (another pick evicted it since), after the holds taken were
+// released.
+func holdAdapter(adapter string, pick *engine.BucketPick, now time.Time) (h adapterHolds, lost *engine.Worker) {
+	ws := [2]*engine.Worker{pick.Plain.Worker}
+	if pick.IsPD() {
+		ws = [2]*engine.Worker{pick.Prefill.Worker, pick.Decode.Worker}
+	}
+	for i, w := range ws {
+		if w == nil {
+			continue
+		}
+		var ok bool
+		if h[i], ok = w.HoldAdapter(adapter, now); !ok {
+			h.release(now)
+			return adapterHolds{}, w
+		}
+	}
+	return h, nil
+}
+
+// release ends the holds at now.
+func (h *adapterHolds) release(now time.Time) {
+	for i := range h {
+		h[i].Release(now)
+		h[i] = engine.AdapterHold{}
+	}
+}
+
 // load loads adapter onto worker w (lifecycle state m) unless a load of it is already under
 // way there, in which case it waits for that one (bounded by the same load timeout). On
 // success the worker holds the adapter.
@@ -141,8 +183,19 @@ func (l *loraRouting) load(m *fleet.Member, w *engine.Worker, adapter string, lm
 	l.loading[k] = c
 	l.mu.Unlock()
 
-	// The load is bounded by lora.load_timeout on the wall clock, like every network wait.
-	c.err = l.post(m, adapter, path, time.Now().Add(l.cfg.LoadTimeout))
+	// The load (and the unload it needs first) is bounded by lora.load_timeout on the wall
+	// clock, like every network wait.
+	deadline := time.Now().Add(l.cfg.LoadTimeout)
+	if victim := w.Adapters().Evicting(adapter); victim != "" {
+		// Slow path: the pick evicted an adapter to make room; the engine unloads it first.
+		// A failed unload leaves the load to the engine's answer (it refuses a full engine).
+		if l.unload(m, victim, deadline) {
+			lm.evicted.Inc()
+		} else {
+			lm.evictFailed.Inc()
+		}
+	}
+	c.err = l.post(m, adapter, path, deadline)
 	if c.err == nil {
 		w.AddAdapter(adapter)
 		lm.loaded.Inc()
@@ -161,35 +214,12 @@ func (l *loraRouting) load(m *fleet.Member, w *engine.Worker, adapter string, lm
 // auto that answers 404 on the first is asked on the second). An engine that says the
 // adapter is already loaded has it.
 func (l *loraRouting) post(m *fleet.Member, adapter, path string, deadline time.Time) *apiError {
-	routes := []string{pathLoadLoRAVLLM, pathLoadLoRASGLang}
-	switch m.Spec().Flavor {
-	case config.FlavorVLLM:
-		routes = routes[:1]
-	case config.FlavorSGLang:
-		routes = routes[1:]
-	}
 	body := jsontext.AppendString(append([]byte(nil), `{"lora_name":`...), adapter)
 	body = jsontext.AppendString(append(body, `,"lora_path":`...), path)
 	body = append(body, '}')
-	var status int
-	var answer []byte
-	for _, route := range routes {
-		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-		req.Header.SetMethod(fasthttp.MethodPost)
-		req.SetRequestURI(route)
-		req.Header.SetHost(m.Upstream().HostPort())
-		req.Header.SetContentType("application/json")
-		req.SetBodyRaw(body)
-		err := m.Upstream().Do(req, resp, deadline)
-		status, answer = resp.StatusCode(), append(answer[:0], resp.Body()...)
-		fasthttp.ReleaseRequest(req)
-		fasthttp.ReleaseResponse(resp)
-		if err != nil {
-			return newAPIError(CodeAdapterLoad, "cannot load adapter "+adapter+" on engine "+m.ID()+": "+err.Error())
-		}
-		if status != fasthttp.StatusNotFound {
-			break
-		}
+	status, answer, err := call(m, pathLoadLoRAVLLM, pathLoadLoRASGLang, body, deadline)
+	if err != nil {
+		return newAPIError(CodeAdapterLoad, "cannot load adapter "+adapter+" on engine "+m.ID()+": "+err.Error())
 	}
 	switch {
 	case status == fasthttp.StatusOK:
@@ -202,6 +232,56 @@ func (l *loraRouting) post(m *fleet.Member, adapter, path string, deadline time.
 	}
 	return newAPIError(CodeAdapterLoad, "cannot load adapter "+adapter+" on engine "+m.ID()+": it answered "+
 		fasthttp.StatusMessage(status)+": "+string(answer))
+}
+
+// unload asks the engine to unload adapter, as post asks it to load one, and reports whether
+// the engine no longer holds it (it unloaded it, or did not know it).
+func (l *loraRouting) unload(m *fleet.Member, adapter string, deadline time.Time) bool {
+	body := jsontext.AppendString(append([]byte(nil), `{"lora_name":`...), adapter)
+	body = append(body, '}')
+	status, answer, err := call(m, pathUnloadLoRAVLLM, pathUnloadLoRASGLang, body, deadline)
+	if err != nil {
+		l.logger.Warn("cannot unload a LoRA adapter", slog.String("worker", m.ID()), slog.String("adapter", adapter), slog.Any("error", err))
+		return false
+	}
+	if status == fasthttp.StatusOK || status == fasthttp.StatusNotFound && bytes.Contains(answer, []byte(adapter)) {
+		return true // a 404 naming the adapter: the engine does not hold it (else: no such route)
+	}
+	if len(answer) > 256 {
+		answer = answer[:256]
+	}
+	l.logger.Warn("cannot unload a LoRA adapter", slog.String("worker", m.ID()), slog.String("adapter", adapter),
+		slog.Int("status", status), slog.String("answer", string(answer)))
+	return false
+}
+
+// call posts body to the engine's vLLM route, else its SGLang route (by the worker's flavour;
+// an engine of flavour auto that answers 404 on the first is asked on the second), and
+// returns the last answer's status and body.
+func call(m *fleet.Member, vllmRoute, sglangRoute string, body []byte, deadline time.Time) (status int, answer []byte, err error) {
+	routes := []string{vllmRoute, sglangRoute}
+	switch m.Spec().Flavor {
+	case config.FlavorVLLM:
+		routes = routes[:1]
+	case config.FlavorSGLang:
+		routes = routes[1:]
+	}
+	for _, route := range routes {
+		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+		req.Header.SetMethod(fasthttp.MethodPost)
+		req.SetRequestURI(route)
+		req.Header.SetHost(m.Upstream().HostPort())
+		req.Header.SetContentType("application/json")
+		req.SetBodyRaw(body)
+		err = m.Upstream().Do(req, resp, deadline)
+		status, answer = resp.StatusCode(), append(answer[:0], resp.Body()...)
+		fasthttp.ReleaseRequest(req)
+		fasthttp.ReleaseResponse(resp)
+		if err != nil || status != fasthttp.StatusNotFound {
+			break
+		}
+	}
+	return status, answer, err
 }
 
 // modelsWithAdapters is GET /v1/models with LoRA routing on: the models (configured or served

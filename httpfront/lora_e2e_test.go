@@ -1,7 +1,12 @@
 package httpfront
 
 import (
+	"context"
+	"slices"
 	"testing"
+	"time"
+
+	"switchyard/engine"
 )
 
 // TestAdapterLoadFailure: an engine that fails the adapter load leaves the request answered
@@ -41,5 +46,77 @@ func TestAdapterLoadFailure(t *testing.T) {
 	// A model that is neither configured nor an adapter is still a 404.
 	if r := post(t, ts.url+"/v1/chat/completions", chatBody("nope", "hi", "")); r.status != 404 {
 		t.Fatalf("unknown model: %d", r.status)
+	}
+}
+
+// TestAdapterEviction: with its one slot full, an engine makes room for a requested adapter
+// by unloading the one it holds, but not while a request uses it (the request for the new
+// adapter is refused then); the unload comes before the load; every request's hold of its
+// adapter ends with it, a stream's when the stream ends.
+func TestAdapterEviction(t *testing.T) {
+	a := newFakeEngine(t, "A", "llama", withGate(), withLoRA(1, "sql"))
+	cfg := flowConfig(a, a)
+	cfg.Workers = cfg.Workers[:1]
+	cfg.Models["llama"].Buckets[0].Groups.Plain.WorkerIDs = &[]string{"A"}
+	cfg.LoRA.Enabled, cfg.LoRA.AutoLoad = true, true
+	cfg.LoRA.RefreshInterval = time.Hour // learned once, at start
+	m := cfg.Models["llama"]
+	m.LoRAAdapters = map[string]string{"sql": "/adapters/sql", "math": "/adapters/math"}
+	cfg.Models["llama"] = m
+	ts := startServer(t, cfg, Options{SkipStartupChecks: true})
+	var w *engine.Worker
+	waitUntil(t, "the router learns A's adapter", func() bool {
+		for _, x := range ts.wset.Load().Workers() {
+			if x.ID == "A" && x.Adapters().Has("sql") {
+				w = x
+				return true
+			}
+		}
+		return false
+	})
+
+	// A stream uses sql: it holds it until the stream ends.
+	out := make(chan result, 1)
+	postAsync(context.Background(), ts.url+"/v1/chat/completions", chatBody("sql", "hi", `"stream":true`), out)
+	waitFor(t, a.streamed, "the sql stream's first chunk")
+	if n := w.Adapters().InFlight("sql"); n != 1 {
+		t.Fatalf("%d requests hold sql during its stream, want 1", n)
+	}
+	if r := post(t, ts.url+"/v1/chat/completions", chatBody("math", "hi", "")); r.status != 503 {
+		t.Fatalf("math while sql is in use: %d %s, want 503", r.status, r.body)
+	}
+	close(a.gate)
+	if r := collect(t, out, 1, "the sql stream")[0]; r.status != 200 {
+		t.Fatalf("sql stream: %d", r.status)
+	}
+	ts.waitBackground(t)
+	if n := w.Adapters().InFlight("sql"); n != 0 {
+		t.Fatalf("%d holds of sql after its stream ended", n)
+	}
+
+	// Now sql is idle: math evicts it, unloaded before math is loaded.
+	if r := post(t, ts.url+"/v1/chat/completions", chatBody("math", "hi", "")); r.status != 200 {
+		t.Fatalf("math: %d %s", r.status, r.body)
+	}
+	names, calls := a.loraState()
+	if !slices.Equal(names, []string{"math"}) || !slices.Equal(calls, []string{"unload sql", "load math"}) {
+		t.Fatalf("engine holds %v after the calls %v; want math after unload sql, load math", names, calls)
+	}
+	if got := w.Adapters().Names(); !slices.Equal(got, []string{"math"}) || w.Adapters().InFlight("math") != 0 {
+		t.Fatalf("the router's view of A: %v, %d holds of math", got, w.Adapters().InFlight("math"))
+	}
+	// And back: sql evicts math.
+	if r := post(t, ts.url+"/v1/chat/completions", chatBody("sql", "hi", "")); r.status != 200 {
+		t.Fatalf("sql again: %d %s", r.status, r.body)
+	}
+	metrics := scrape(t, ts.url)
+	for _, want := range []string{
+		`switchyard_lora_evictions_total{model="llama",result="ok"} 2`,
+		`switchyard_lora_evictions_total{model="llama",result="failed"} 0`,
+		`switchyard_lora_loads_total{model="llama",result="ok"} 2`,
+	} {
+		if !contains([]byte(metrics), want) {
+			t.Errorf("metrics lack %s", want)
+		}
 	}
 }

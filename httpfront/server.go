@@ -336,7 +336,7 @@ func (s *Server) build() error {
 	if len(names) == 1 {
 		s.only = s.models[names[0]]
 	}
-	s.lora = newLoRARouting(cfg, s.set)
+	s.lora = newLoRARouting(cfg, s.set, s.logger)
 
 	sel, err := actors.NewSelector(resolvers, ws, cfg.Actors, actors.SelectorOptions{System: s.sys, Logger: opts.Logger})
 	if err != nil {

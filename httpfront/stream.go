@@ -98,6 +98,8 @@ type relay struct {
 	idle, dl *time.Timer
 	// slo records the stream's first token and token gaps (SLO estimates and metrics).
 	slo sloTrack
+	// holds are the request's holds of its LoRA adapter, released when the stream ends.
+	holds adapterHolds
 }
 
 func (s *Server) newRelay(d *dispatch, mm *modelMetrics, resp *fasthttp.Response, w *engine.Worker, et fleet.Ticket,
@@ -120,6 +122,7 @@ func (s *Server) newRelay(d *dispatch, mm *modelMetrics, resp *fasthttp.Response
 		ticket:    d.ticket,
 		rid:       d.ridIfAborting(),
 		slo:       d.slo,
+		holds:     d.holds,
 	}
 }
 
@@ -470,6 +473,7 @@ func (r *relay) finish(end relayEnd) {
 	fasthttp.ReleaseResponse(r.resp)
 	r.guard.Release()
 	r.ticket.Release()
+	r.holds.release(s.opts.Now())
 	status := fasthttp.StatusOK
 	// The stream's end says something of the engine only when it completed, broke or went
 	// silent; the request's own deadline, the client leaving and shutdown do not.

@@ -89,3 +89,49 @@ func TestLoRARoutingEndToEnd(t *testing.T) {
 		t.Fatalf("an unknown adapter: %d %s", s, code)
 	}
 }
+
+// TestLoRAEvictionEndToEnd: engines whose one adapter slot is full (a vLLM engine and an
+// SGLang one, each through its own unload and load routes) make room for a requested adapter
+// by unloading the least recently used one, and take the evicted one back on request.
+func TestLoRAEvictionEndToEnd(t *testing.T) {
+	for _, flavor := range []mockengine.Flavor{mockengine.FlavorVLLM, mockengine.FlavorSGLang} {
+		t.Run(string(flavor), func(t *testing.T) {
+			e := startMock(t, mockengine.Config{WorkerID: "E0", Model: affModel, ZeroCost: true, Flavor: flavor,
+				LoRA: mockengine.LoRA{Slots: 1, Adapters: map[string]string{"sql": "/adapters/sql"}}})
+			cfg := hashConfig([]*mockengine.Engine{e}, config.PolicyRoundRobin)
+			cfg.Workers[0].Flavor = flavorOf(flavor)
+			cfg.LoRA.Enabled, cfg.LoRA.AutoLoad = true, true
+			cfg.LoRA.SlotsPerEngine = 1 // a vLLM engine does not say; an SGLang one does (max_loaded_loras)
+			m := cfg.Models[affModel]
+			m.LoRAAdapters = map[string]string{"sql": "/adapters/sql", "math": "/adapters/math"}
+			cfg.Models[affModel] = m
+			_, base := startRouter(t, cfg)
+			waitFor(t, "the router learns the engine's adapter and slot", func() (bool, string) {
+				_, body, err := httpGet(base + "/workers")
+				return err == nil && strings.Contains(string(body), `"lora":{"slots":1,"adapters":[{"name":"sql","in_flight":0}]}`), string(body)
+			})
+			for i, model := range []string{"sql", "math", "math", "sql"} {
+				body, _ := json.Marshal(map[string]any{"model": model, "messages": []affMessage{{Role: "user", Content: "hi"}}, "max_tokens": 2})
+				status, raw, err := httpPost(base+"/v1/chat/completions", string(body))
+				if err != nil || status != 200 {
+					t.Fatalf("request %d (%s): %d %s %v", i, model, status, raw, err)
+				}
+				if got := e.LoRAAdapters(); len(got) != 1 || got[0] != model {
+					t.Fatalf("after request %d (%s) the engine holds %v", i, model, got)
+				}
+			}
+			for series, want := range map[string]float64{
+				`switchyard_lora_evictions_total{model="` + affModel + `",result="ok"}`: 2,
+				`switchyard_lora_loads_total{model="` + affModel + `",result="ok"}`:     2,
+				`switchyard_lora_picks_total{model="` + affModel + `",result="hit"}`:    2,
+			} {
+				if got := metricValue(t, base+"/metrics", series); got != want {
+					t.Errorf("%s = %v, want %v", series, got, want)
+				}
+			}
+			if n := e.LoRALoads(); n != 2 {
+				t.Errorf("the engine loaded %d adapters, want 2", n)
+			}
+		})
+	}
+}

@@ -187,6 +187,21 @@ type View struct {
 	PendingPrefill PendingView `json:"pending_prefill"`
 	// Learned are the worker's learned service rates (SLO estimates).
 	Learned LearnedView `json:"learned"`
+	// LoRA is the LoRA adapters the router knows the worker holds; nil until learned.
+	LoRA *LoRAView `json:"lora,omitempty"`
+}
+
+// LoRAView is a worker's LoRA adapters: its slots (0: no known bound) and each adapter it
+// holds with the router's requests using it.
+type LoRAView struct {
+	Slots    int           `json:"slots"`
+	Adapters []AdapterView `json:"adapters"`
+}
+
+// AdapterView is one adapter a worker holds.
+type AdapterView struct {
+	Name     string `json:"name"`
+	InFlight int64  `json:"in_flight"`
 }
 
 // PendingView is a worker's pending prefill: the requests the router sent it that have no
@@ -235,6 +250,12 @@ func (m *Member) View() View {
 	if w.BootstrapPort > 0 {
 		p := w.BootstrapPort
 		v.BootstrapPort = &p
+	}
+	if a := w.Adapters(); a != nil {
+		v.LoRA = &LoRAView{Slots: a.Slots, Adapters: []AdapterView{}}
+		for _, n := range a.Names() {
+			v.LoRA.Adapters = append(v.LoRA.Adapters, AdapterView{Name: n, InFlight: a.InFlight(n)})
+		}
 	}
 	return v
 }
