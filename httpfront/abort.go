@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"sync/atomic"
 
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/valyala/fasthttp"
@@ -166,9 +165,6 @@ func (s *Server) abortTimedOut(err error, rid string, stops ...engineStop) {
 	}
 }
 
-// noop is the end of a dispatch that is not cancellable.
-func noop() {}
-
 // errClientLeft answers (to nobody) a request whose client left before its answer.
 var errClientLeft = newAPIError(CodeClientClosed, "the client closed the connection before the answer")
 
@@ -205,37 +201,66 @@ func (s *Server) abort(cause abortCause, rid string, stops ...engineStop) {
 	}
 }
 
-// clientWatch watches a dispatching request's client connection: gone fires when the
-// client hangs up, and runs onGone (the dispatch's Cancel) on the watch's goroutine. The
-// zero value watches nothing.
+// clientGone is what a dispatch's watch of its client does when the client leaves: it
+// stops the request's engines. It lives in the request's exchange (no allocation).
+type clientGone struct {
+	s     *Server
+	rid   *rid
+	stops [2]engineStop
+	n     int
+}
+
+var _ hangup.Target = (*clientGone)(nil)
+
+// set fills g for a dispatch to stops.
+func (g *clientGone) set(d *dispatch, stops ...engineStop) *clientGone {
+	g.s, g.rid = d.s, &d.rid
+	g.n = copy(g.stops[:], stops)
+	return g
+}
+
+// Gone implements hangup.Target.
+func (g *clientGone) Gone() { g.s.abort(causeClientGone, g.rid.String(), g.stops[:g.n]...) }
+
+// dispatchWatch is a dispatching request's watch of its client connection: on the Server's
+// poller (no goroutine, no allocation), or where that is not possible (no poller, a
+// connection that is not one of the listener's) a goroutine of its own. The zero value
+// watches nothing.
 type dispatchWatch struct {
-	w    *hangup.Watch
-	gone atomic.Bool
+	p  *hangup.Poller
+	pc *hangup.Conn
+	w  *hangup.Watch
 }
 
 // watchClient starts watching the client of ctx while its request is dispatched, when aborts
-// are on; stop ends the watch and must run before the handler returns.
-func (s *Server) watchClient(ctx *fasthttp.RequestCtx, onGone func()) *dispatchWatch {
+// are on: g.Gone runs when the client hangs up. stop ends the watch and must run before the
+// handler returns.
+func (s *Server) watchClient(ctx *fasthttp.RequestCtx, g *clientGone) dispatchWatch {
 	if !s.cfg.Abort.Enabled {
-		return nil
+		return dispatchWatch{}
 	}
-	dw := &dispatchWatch{}
-	w, ok := watchConn(ctx.Conn(), func() {
-		dw.gone.Store(true)
-		onGone()
-	})
+	c := ctx.Conn()
+	if cc, ok := c.(*clientConn); ok && s.poller != nil {
+		if s.poller.Watch(&cc.hup, cc.Conn, g) {
+			return dispatchWatch{p: s.poller, pc: &cc.hup}
+		}
+	}
+	// Slow path: a goroutine watches the connection.
+	w, ok := watchConn(c, g.Gone)
 	if !ok {
-		return nil
+		return dispatchWatch{}
 	}
-	dw.w = w
-	return dw
+	return dispatchWatch{w: w}
 }
 
-// stop ends the watch and reports whether the client left.
-func (dw *dispatchWatch) stop() bool {
-	if dw == nil {
-		return false
+// stop ends the watch and reports whether the client left (its Gone has then run).
+func (dw dispatchWatch) stop() bool {
+	switch {
+	case dw.pc != nil:
+		return dw.p.Stop(dw.pc)
+	case dw.w != nil:
+		dw.w.Stop()
+		return dw.w.Left()
 	}
-	dw.w.Stop()
-	return dw.gone.Load()
+	return false
 }

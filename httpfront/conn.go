@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"switchyard/httpfront/fleet"
+	"switchyard/httpfront/hangup"
 )
 
 // Lingering close: after an answer sent before the request body was read (413, 401, 503 at
@@ -43,6 +44,10 @@ type clientConn struct {
 	// linger asks Close to half-close and drain before closing (lingerMaxBytes, lingerTimeout).
 	linger atomic.Bool
 	closed atomic.Bool
+
+	// hup is the connection's watch state on the poller (abort.go): used by the goroutine
+	// serving the connection's requests.
+	hup hangup.Conn
 
 	mu   sync.Mutex
 	r, w fleet.LazyDeadline
@@ -177,6 +182,9 @@ func (c *clientConn) Close() error {
 	}
 	err := c.Conn.Close()
 	if c.owner != nil {
+		if c.owner.poller != nil {
+			c.owner.poller.Forget(&c.hup)
+		}
 		c.owner.release(c)
 	}
 	return err

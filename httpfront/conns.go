@@ -13,6 +13,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"switchyard/httpfront/fleet"
+	"switchyard/httpfront/hangup"
 )
 
 // Accept backoff when the process is out of file descriptors, as net/http does: 5 ms,
@@ -70,6 +71,9 @@ type clientListener struct {
 	bg        sync.WaitGroup
 	// rejectBody is the answer to a refused connection, by reason.
 	rejectBody [2][]byte
+	// poller watches the connections for clients that leave while their requests are
+	// dispatched (abort.go); set before Serve, nil when aborts are off or it cannot run.
+	poller *hangup.Poller
 }
 
 // newClientListener wraps ln. maxConns 0 means half the open-file limit.

@@ -111,11 +111,14 @@ type exchange struct {
 	att attempts
 	// symbols are the prompt's text as the approximate source keys it, without a tokenizer.
 	symbols []uint32
+	// gone is what the watch of the client does when it leaves (abort.go).
+	gone clientGone
 }
 
 func (ex *exchange) trim() {
 	ex.breq = engine.BucketRequest{}
 	ex.att = attempts{}
+	ex.gone = clientGone{}
 	ex.memo.Reset("", nil) // it aliases facts.tokenIDs
 	if cap(ex.body) > maxPooledBuf {
 		ex.body = nil
@@ -639,14 +642,11 @@ func (d *dispatch) plain(ex *exchange, o outcome) (outcome, *failedAnswer) {
 	}
 	req.SetBodyRaw(body)
 	resp.StreamBody = d.facts.stream
-	var (
-		cancel fleet.Cancel
-		ended  = noop
-	)
+	var cancel fleet.Cancel
 	if s.cfg.Abort.Enabled {
-		cancel, ended = m.Upstream().Cancellable(req)
+		cancel = m.Upstream().Cancellable(req)
 	}
-	watch := s.watchClient(d.ctx, func() { s.abort(causeClientGone, d.rid.String(), engineStop{m: m, cancel: cancel}) })
+	watch := s.watchClient(d.ctx, ex.gone.set(d, engineStop{m: m, cancel: cancel}))
 	// A stream's relay enforces the same absolute deadline.
 	err := m.Upstream().Do(req, resp, d.deadline())
 	fasthttp.ReleaseRequest(req)
@@ -659,7 +659,7 @@ func (d *dispatch) plain(ex *exchange, o outcome) (outcome, *failedAnswer) {
 		r = s.newRelay(d, o.mm, resp, w, ticket, guard, nil)
 		perr = r.prime()
 	}
-	ended()
+	cancel.End()
 	if watch.stop() {
 		// Slow path: the client left before the answer (the watch stopped the engine);
 		// nobody reads what follows.

@@ -155,7 +155,10 @@ func BenchmarkServePlainChat(b *testing.B) { benchServePlainChat(b, true) }
 
 func BenchmarkServePlainChatNoAbort(b *testing.B) { benchServePlainChat(b, false) }
 
-func benchServePlainChat(b *testing.B, abort bool) {
+// servePlainChat starts a minimal engine and a Server (aborts on or off) in front of it, both
+// stopped at the end of tb, and returns a keep-alive client to the Server and the request's
+// URI and body.
+func servePlainChat(b testing.TB, abort bool) (client *fasthttp.HostClient, uri string, body []byte) {
 	answer := []byte(`{"id":"c1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`)
 	eln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -170,10 +173,10 @@ func benchServePlainChat(b *testing.B, abort bool) {
 		defer close(engineDone)
 		_ = engine.Serve(eln)
 	}()
-	defer func() {
+	b.Cleanup(func() {
 		_ = engine.Shutdown()
 		<-engineDone
-	}()
+	})
 
 	cfg := config.Default()
 	cfg.Server.Port = 0
@@ -190,18 +193,22 @@ func benchServePlainChat(b *testing.B, abort bool) {
 	ctx, cancel := context.WithCancel(context.Background())
 	runDone := make(chan error, 1)
 	go func() { runDone <- s.Run(ctx) }()
-	defer func() {
+	b.Cleanup(func() {
 		cancel()
 		if err := <-runDone; err != nil {
 			b.Errorf("Run: %v", err)
 		}
-	}()
+	})
 	<-s.serving
 
-	client := &fasthttp.HostClient{Addr: s.Addr().String(), MaxConns: 64}
-	defer client.CloseIdleConnections()
-	body := []byte(`{"model":"llama","messages":[{"role":"user","content":"hi"}],"max_tokens":1}`)
-	uri := "http://" + client.Addr + "/v1/chat/completions"
+	client = &fasthttp.HostClient{Addr: s.Addr().String(), MaxConns: 64}
+	b.Cleanup(client.CloseIdleConnections)
+	body = []byte(`{"model":"llama","messages":[{"role":"user","content":"hi"}],"max_tokens":1}`)
+	return client, "http://" + client.Addr + "/v1/chat/completions", body
+}
+
+func benchServePlainChat(b *testing.B, abort bool) {
+	client, uri, body := servePlainChat(b, abort)
 	b.SetParallelism(8)
 	b.ReportAllocs()
 	b.ResetTimer()

@@ -140,23 +140,21 @@ func (d *dispatch) pd(ex *exchange, o outcome) (outcome, *failedAnswer) {
 	d.buildUpstream(preq, pm.Upstream().HostPort(), pbody)
 	dreq := fasthttp.AcquireRequest()
 	d.buildUpstream(dreq, dm.Upstream().HostPort(), dbody)
-	var (
-		pc, dc             fleet.Cancel
-		prefillEnded, dEnd = noop, noop
-	)
+	var pc, dc fleet.Cancel
 	if s.cfg.Abort.Enabled {
-		pc, prefillEnded = pm.Upstream().Cancellable(preq)
-		dc, dEnd = dm.Upstream().Cancellable(dreq)
+		pc = pm.Upstream().Cancellable(preq)
+		dc = dm.Upstream().Cancellable(dreq)
 	}
-	stops := []engineStop{{m: dm, cancel: dc}, {m: pm, cancel: pc}}
+	stops := [2]engineStop{{m: dm, cancel: dc}, {m: pm, cancel: pc}}
+	n := len(stops)
 	if s.cfg.Abort.PrefillToCompletion {
-		stops = stops[:1] // only the decode is stopped
+		n = 1 // only the decode is stopped
 	}
-	watch := s.watchClient(d.ctx, func() { s.abort(causeClientGone, d.rid.String(), stops...) })
+	watch := s.watchClient(d.ctx, ex.gone.set(d, stops[:n]...))
 	done := make(chan prefillResult, 1)
 	keepBody := d.facts.returnLogprob
 	s.bg.Add(1)
-	go s.runPrefill(pm, pw, d.adm.tPrefill, preq, gp, deadline, keepBody, pc, prefillEnded, done)
+	go s.runPrefill(pm, pw, d.adm.tPrefill, preq, gp, deadline, keepBody, pc, done)
 
 	dresp := fasthttp.AcquireResponse()
 	dresp.StreamBody = d.facts.stream
@@ -188,7 +186,7 @@ func (d *dispatch) pd(ex *exchange, o outcome) (outcome, *failedAnswer) {
 		r = s.newRelay(d, o.mm, dresp, dw, tDecode, gd, transform)
 		perr = r.prime()
 	}
-	dEnd()
+	dc.End()
 	if watch.stop() {
 		// Slow path: the client left before the answer (the watch stopped the engines).
 		if r != nil {
@@ -307,7 +305,7 @@ func (d *dispatch) pd(ex *exchange, o outcome) (outcome, *failedAnswer) {
 // ticket and runs to completion (bounded by the request deadline) unless cancel stops it (a
 // cancelled prefill is charged to nobody); ended ends the cancellable dispatch.
 func (s *Server) runPrefill(m *fleet.Member, w *engine.Worker, ticket fleet.Ticket, req *fasthttp.Request, guard *load.Guard,
-	deadline time.Time, keepBody bool, cancel fleet.Cancel, ended func(), done chan<- prefillResult) {
+	deadline time.Time, keepBody bool, cancel fleet.Cancel, done chan<- prefillResult) {
 	defer s.bg.Done()
 	var res prefillResult
 	verdict := fleet.OutcomeNeutral
@@ -323,7 +321,7 @@ func (s *Server) runPrefill(m *fleet.Member, w *engine.Worker, ticket fleet.Tick
 	}()
 	resp := fasthttp.AcquireResponse()
 	err := m.Upstream().Do(req, resp, deadline)
-	ended()
+	cancel.End()
 	fasthttp.ReleaseRequest(req)
 	if err != nil && cancel.Cancelled() {
 		fasthttp.ReleaseResponse(resp)

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"switchyard/config"
 	"time"
+
+	"switchyard/config"
+	"switchyard/httpfront/hangup"
 )
 
 // Run checks the configured workers once (introspection and health, unless
@@ -28,6 +30,14 @@ func (s *Server) run(ctx context.Context) error {
 	}()
 	// The metrics listener serves from the start, through the drain (life stops it).
 	s.startMetrics()
+	if s.cfg.Abort.Enabled {
+		// One goroutine watches every dispatching request's client (abort.go); without it
+		// (not Linux) each watch has a goroutine of its own.
+		if p, err := hangup.NewPoller(); err == nil {
+			s.poller, s.conns.poller = p, p
+			s.life.add("hang-up poller", func() { _ = p.Close() })
+		}
+	}
 	if !s.opts.SkipStartupChecks {
 		s.workers.StartupCheck(ctx)
 	}

@@ -22,6 +22,7 @@ import (
 	"switchyard/engine"
 	"switchyard/httpfront/fleet"
 	"switchyard/httpfront/flow"
+	"switchyard/httpfront/hangup"
 	"switchyard/httpfront/jsontext"
 	"switchyard/httpfront/retry"
 	"switchyard/load"
@@ -176,6 +177,9 @@ type Server struct {
 	ridSeq  atomic.Uint64
 	// conns accepts, caps and tracks the client connections (on ln).
 	conns *clientListener
+	// poller watches clients for hang-ups while their requests are dispatched (abort.go);
+	// set by Run before serving, nil when aborts are off or it cannot run.
+	poller *hangup.Poller
 	// budget bounds the request-body bytes held at once.
 	budget *bodyBudget
 	// What the data plane, the admin API and /metrics require (auth.go).

@@ -36,22 +36,31 @@ var dispatchMark = []byte("\r\n" + HeaderDispatch + ": ")
 const maxMarkScan = 2048
 
 // Cancel cancels one dispatch. The zero Cancel does nothing.
-type Cancel struct{ c *canceler }
+type Cancel struct {
+	c   *canceler
+	gen uint64 // the canceler's generation for this dispatch
+}
 
 // canceler is one cancellable dispatch: the connection it was sent on, once the connection
-// has seen its mark, and whether it was cancelled or finished.
+// has seen its mark, and whether it was cancelled or finished. A canceler that finished
+// without a cancel is reused (cancelerPool) under a new generation: a Cancel kept after its
+// dispatch's end compares its generation and touches nothing. A cancelled one is never
+// reused, so that Cancelled stays true after the end.
 type canceler struct {
 	u     *Upstream
 	id    uint64
-	state atomic.Int32 // cancelActive, cancelCancelled or cancelFinished
+	state atomic.Uint64 // generation<<2 | cancelActive, cancelCancelled or cancelFinished
 	conn  atomic.Pointer[upConn]
 }
 
 const (
-	cancelActive int32 = iota
+	cancelActive uint64 = iota
 	cancelCancelled
 	cancelFinished
+	cancelMask uint64 = 3
 )
+
+var cancelerPool = sync.Pool{New: func() any { return new(canceler) }}
 
 // cancels is an Upstream's registry of cancellable dispatches in flight.
 type cancels struct {
@@ -61,22 +70,26 @@ type cancels struct {
 }
 
 // Cancellable marks req (before it is sent with Do) as a dispatch that Cancel can stop, and
-// returns its Cancel and the func that ends it once the dispatch is over (after Do returns;
-// a stream's body is ended by closing it). A cancelled dispatch fails with an *Error; the
-// caller knows it cancelled it (Cancelled).
-func (u *Upstream) Cancellable(req *fasthttp.Request) (Cancel, func()) {
-	c := &canceler{u: u, id: u.cancels.next.Add(1)}
+// returns its Cancel; End ends it once the dispatch is over (after Do returns; a stream's
+// body is ended by closing it). A cancelled dispatch fails with an *Error; the caller knows
+// it cancelled it (Cancelled).
+func (u *Upstream) Cancellable(req *fasthttp.Request) Cancel {
+	c := cancelerPool.Get().(*canceler)
+	c.u, c.id = u, u.cancels.next.Add(1)
+	c.conn.Store(nil)
+	gen := c.state.Load()&^cancelMask + 1<<2
+	c.state.Store(gen | cancelActive)
 	var buf [20]byte
-	req.Header.Set(HeaderDispatch, string(strconv.AppendUint(buf[:0], c.id, 10)))
+	req.Header.SetBytesV(HeaderDispatch, strconv.AppendUint(buf[:0], c.id, 10))
 	u.cancels.m.Store(c.id, c)
 	u.cancels.pending.Add(1)
-	return Cancel{c}, c.finish
+	return Cancel{c: c, gen: gen}
 }
 
 // Cancel closes the dispatch's connection, now or as soon as the dispatch is sent on one.
 // It does nothing once the dispatch is over.
 func (c Cancel) Cancel() {
-	if c.c == nil || !c.c.state.CompareAndSwap(cancelActive, cancelCancelled) {
+	if c.c == nil || !c.c.state.CompareAndSwap(c.gen|cancelActive, c.gen|cancelCancelled) {
 		return
 	}
 	if uc := c.c.conn.Load(); uc != nil {
@@ -85,19 +98,38 @@ func (c Cancel) Cancel() {
 }
 
 // Cancelled reports whether Cancel stopped the dispatch.
-func (c Cancel) Cancelled() bool { return c.c != nil && c.c.state.Load() == cancelCancelled }
+func (c Cancel) Cancelled() bool {
+	return c.c != nil && c.c.state.Load() == c.gen|cancelCancelled
+}
 
-func (c *canceler) finish() {
-	c.state.CompareAndSwap(cancelActive, cancelFinished)
+// End ends the dispatch, once, after it is over: it leaves the registry, and a canceler not
+// cancelled is reused. The zero Cancel's End does nothing.
+func (c Cancel) End() {
+	if c.c != nil {
+		c.c.finish(c.gen)
+	}
+}
+
+func (c *canceler) finish(gen uint64) {
+	st := c.state.Load()
+	if st&^cancelMask != gen {
+		return // ended already
+	}
+	reuse := st&cancelMask == cancelActive && c.state.CompareAndSwap(st, st&^cancelMask|cancelFinished)
 	if _, ok := c.u.cancels.m.LoadAndDelete(c.id); ok {
 		c.u.cancels.pending.Add(-1)
+	}
+	if reuse {
+		c.u = nil
+		c.conn.Store(nil)
+		cancelerPool.Put(c)
 	}
 }
 
 // bind records that the dispatch is sent on uc; a dispatch already cancelled closes it.
 func (c *canceler) bind(uc *upConn) {
 	c.conn.Store(uc)
-	if c.state.Load() == cancelCancelled {
+	if c.state.Load()&cancelMask == cancelCancelled {
 		_ = uc.Close()
 	}
 }

@@ -83,8 +83,8 @@ func send(u *Upstream, body string, before func(Cancel)) (Cancel, string, error)
 	req.SetRequestURI("/v1/completions")
 	req.Header.SetHost(u.HostPort())
 	req.SetBodyString(body)
-	c, finish := u.Cancellable(req)
-	defer finish()
+	c := u.Cancellable(req)
+	defer c.End()
 	if before != nil {
 		before(c)
 	}
@@ -132,7 +132,8 @@ func TestCancelClosesTheDispatchConnection(t *testing.T) {
 	if !ok {
 		t.Fatal("the dispatch is not registered")
 	}
-	Cancel{v.(*canceler)}.Cancel()
+	vc := v.(*canceler)
+	Cancel{c: vc, gen: vc.state.Load() &^ cancelMask}.Cancel()
 	wait(t, e.gone, "the engine seeing its caller leave")
 	r := wait(t, done, "the cancelled dispatch's end")
 	if r.err == nil || !r.c.Cancelled() {
