@@ -157,8 +157,14 @@ func sglFlags() []sglFlag {
 		refuse("cors-allowed-origins", "no equivalent: Switchyard sets no CORS headers"),
 		refuse("tls-cert-path", "no equivalent: terminate client TLS in front of Switchyard"),
 		refuse("tls-key-path", "no equivalent: terminate client TLS in front of Switchyard"),
-		refuse("enable-trace", "no equivalent in this build"),
-		refuse("otlp-traces-endpoint", "no equivalent in this build"),
+		{name: "enable-trace", kind: sglSwitch, key: "tracing.enabled", conv: func(string) (string, error) { return "true", nil },
+			note: "OpenTelemetry spans of every request, exported over OTLP/gRPC (tracing.*)"},
+		{name: "otlp-traces-endpoint", key: "tracing.endpoint", conv: func(s string) (string, error) {
+			if s = strings.TrimSpace(s); s != "" && !strings.Contains(s, "://") {
+				s = "http://" + s // sgl-router exports in plain text
+			}
+			return s, nil
+		}, note: "the collector's HOST:PORT, reached in plain text as sgl-router does"},
 		refuse("prometheus-duration-buckets", "no equivalent: Switchyard's histograms have fixed buckets"),
 		{name: "prefix-token-count", key: "hashing.prefix_tokens", note: "policy prefix_hash: the prompt tokens hashed"},
 		{name: "prefix-hash-load-factor", key: "hashing.load_factor", note: "policies prefix_hash and consistent_hash: the bounded load"},

@@ -60,6 +60,8 @@ type Config struct {
 	Discovery Discovery `koanf:"discovery" json:"discovery"`
 	// Abort configures how engines are stopped on requests whose client left or timed out.
 	Abort Abort `koanf:"abort" json:"abort"`
+	// Tracing configures OpenTelemetry tracing of requests. Off by default.
+	Tracing Tracing `koanf:"tracing" json:"tracing"`
 	// DefaultPolicy is the policy of every group that sets no policy and whose model sets
 	// no default for the group's stage. Default round_robin with default admission (no caps).
 	// The --policy flag sets its type.

@@ -118,6 +118,7 @@ func Default() *Config {
 		Retry:         defaultRetry(),
 		Discovery:     defaultDiscovery(),
 		Abort:         defaultAbort(),
+		Tracing:       defaultTracing(),
 		DefaultPolicy: Policy{Type: PolicyRoundRobin},
 		Log:           Log{Level: LogLevelInfo},
 		Cluster:       defaultCluster(),

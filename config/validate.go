@@ -49,6 +49,7 @@ func (c *Config) Validate() error {
 	c.validateUpstream(&p)
 	c.validateDiscovery(&p)
 	c.validateAbort(&p)
+	c.validateTracing(&p)
 	if !slices.Contains([]string{LogLevelDebug, LogLevelInfo, LogLevelWarn, LogLevelError}, c.Log.Level) {
 		p.add("log.level", ErrInvalid, fmt.Sprintf("unknown level %q (debug, info, warn or error)", c.Log.Level))
 	}
