@@ -17,16 +17,20 @@ import (
 type ClientTLS struct {
 	Global  *tls.Config
 	Workers []*tls.Config
+	// Tracing is the client TLS towards the tracing collector (tracing.tls); nil: the
+	// system's roots.
+	Tracing *tls.Config
 }
 
 // LoadTLS reads the certificate authorities, client certificates and keys that
-// upstream.tls and workers[].tls name. Every problem is a *config.FieldError naming its
+// upstream.tls, workers[].tls and tracing.tls name. Every problem is a *config.FieldError naming its
 // key (a file that cannot be read, holds no certificate, or a key that does not match its
 // certificate), joined with errors.Join. switchyard check and the router's start call it.
 func LoadTLS(cfg *config.Config) (ClientTLS, error) {
 	var out ClientTLS
 	var errs []error
 	out.Global = buildTLS(cfg.Upstream.TLS, "upstream.tls", &errs)
+	out.Tracing = buildTLS(cfg.Tracing.TLS, "tracing.tls", &errs)
 	out.Workers = make([]*tls.Config, len(cfg.Workers))
 	for i, w := range cfg.Workers {
 		if w.TLS.IsZero() {
