@@ -4,6 +4,14 @@ package engine
 // (Bucket.PickEngines) or a round trip to the bucket's actor.
 type Attempt func(b *Bucket) (BucketPick, error)
 
+// AttemptObserver is told of every bucket attempt of a selection, in order: the bucket, and
+// its complete selection or why it had none (a *PickError). It runs on the selecting
+// goroutine, after the attempt; tracing records the attempts with it
+// (BucketRequest.Observer).
+type AttemptObserver interface {
+	BucketAttempted(b *Bucket, pick BucketPick, err error)
+}
+
 // SelectEngines runs the bucket loop over buckets in order (POLICY_DESIGN sections 2 and 3):
 // the first complete selection wins; missing candidates and admission rejections move on to
 // the next bucket, where every required engine is picked again; any other failure (invalid
@@ -43,6 +51,11 @@ func SelectEngines(buckets []*Bucket, req *BucketRequest, attempt Attempt) (Buck
 			b = buckets[i]
 		}
 		pick, err := attempt(b)
+		if req != nil && req.Observer != nil {
+			// Slow path: the selection is traced. The pick goes by value: a pointer would
+			// move every selection to the heap, traced or not.
+			req.Observer.BucketAttempted(b, pick, err)
+		}
 		if err == nil {
 			return pick, nil
 		}

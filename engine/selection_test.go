@@ -189,3 +189,46 @@ func TestSelectEngines(t *testing.T) {
 		})
 	}
 }
+
+// attemptLog records the bucket attempts a selection reports (AttemptObserver).
+type attemptLog []string
+
+func (l *attemptLog) BucketAttempted(b *Bucket, pick BucketPick, err error) {
+	if err != nil {
+		*l = append(*l, b.ID+":"+OutcomeOf(err).String())
+		return
+	}
+	*l = append(*l, b.ID+":selected:"+pick.BucketID)
+}
+
+// TestSelectEnginesObserved: a request's observer is told of every bucket attempt, in
+// order, with its selection or its failure, the one that ends the loop included.
+func TestSelectEnginesObserved(t *testing.T) {
+	b1, b2, b3 := bucket("b1", 0, 0, 10, 10), bucket("b2", 0, 0, 100, 100), bucket("b3", 0, 0, 1000, 1000)
+	results := map[string]error{
+		"b1": &PickError{Outcome: OutcomeNoCandidates, BucketID: "b1"},
+		"b2": &PickError{Outcome: OutcomeAdmissionRejected, BucketID: "b2",
+			Rejections: []Rejection{{BucketID: "b2", WorkerID: "w", Limit: LimitRunning}}},
+	}
+	attempt := func(b *Bucket) (BucketPick, error) {
+		if e := results[b.ID]; e != nil {
+			return BucketPick{}, e
+		}
+		return BucketPick{BucketID: b.ID}, nil
+	}
+	var log attemptLog
+	if _, err := SelectEngines([]*Bucket{b1, b2, b3}, &BucketRequest{Observer: &log}, attempt); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"b1:no_candidates", "b2:admission_rejected", "b3:selected:b3"}; !slices.Equal(log, want) {
+		t.Errorf("observed %v, want %v", log, want)
+	}
+	log = nil
+	results["b1"] = &PickError{Outcome: OutcomeInvalidSignal}
+	if _, err := SelectEngines([]*Bucket{b1, b2, b3}, &BucketRequest{Observer: &log}, attempt); err == nil {
+		t.Fatal("an invalid signal selected")
+	}
+	if want := []string{"b1:invalid_signal"}; !slices.Equal(log, want) {
+		t.Errorf("observed %v, want %v", log, want)
+	}
+}

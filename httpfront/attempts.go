@@ -199,6 +199,15 @@ func (a *attempts) backoff(ctx *fasthttp.RequestCtx) *apiError {
 	}
 }
 
+// retryReason is why the next dispatch is a retry (retry.Failure.Reason), "" for a first
+// dispatch or one after an engine refused.
+func (a *attempts) retryReason() string {
+	if a.n <= 1 || a.failure.Kind == 0 {
+		return ""
+	}
+	return a.failure.Reason()
+}
+
 // errClientGoneRetry answers (to nobody) a request whose client left while it waited to be
 // retried.
 var errClientGoneRetry = newAPIError(CodeClientClosed, "the client closed the connection while the request waited for a retry")

@@ -113,12 +113,15 @@ type exchange struct {
 	symbols []uint32
 	// gone is what the watch of the client does when it leaves (abort.go).
 	gone clientGone
+	// tr is the request's spans (tracing.enabled); zero when not traced.
+	tr reqTrace
 }
 
 func (ex *exchange) trim() {
 	ex.breq = engine.BucketRequest{}
 	ex.att = attempts{}
 	ex.gone = clientGone{}
+	ex.tr.reset()
 	ex.memo.Reset("", nil) // it aliases facts.tokenIDs
 	if cap(ex.body) > maxPooledBuf {
 		ex.body = nil
@@ -173,10 +176,15 @@ func (s *Server) inference(ctx *fasthttp.RequestCtx, kind routeKind) {
 	start := s.now()
 	s.metrics.inflight.Add(1)
 	ex := s.exPool.Get().(*exchange)
+	if s.tracer != nil {
+		// Slow path: tracing is on.
+		s.traceRequest(ctx, kind, &ex.tr)
+	}
 	o := s.serveInference(ctx, kind, ex, start)
 	rm := o.mm.routes[kind]
 	rm.requests.Inc()
 	if !o.async {
+		ex.tr.endRequest(o.status)
 		o.ticket.Release()
 		rm.response(o.status).Inc()
 		rm.duration.Update(since(start, s.now()))
@@ -254,6 +262,7 @@ func (s *Server) serveInference(ctx *fasthttp.RequestCtx, kind routeKind, ex *ex
 	}
 	var hdr clientHeaders
 	s.fwd.scan(&ctx.Request.Header, &hdr)
+	ex.tr.startPrepare(mr.name, f.stream)
 	var (
 		input int64
 		ids   []uint32
@@ -289,6 +298,9 @@ func (s *Server) serveInference(ctx *fasthttp.RequestCtx, kind routeKind, ex *ex
 	if mr.hashKey {
 		ex.breq.HashKey = s.hashKey(&ctx.Request.Header)
 	}
+	if ex.tr.recording {
+		ex.breq.Observer = &ex.tr
+	}
 	if mr.prefix && kind.generates() {
 		seq := ids
 		if len(seq) == 0 && mr.tok == nil && s.cache.Approximate() != nil {
@@ -296,8 +308,13 @@ func (s *Server) serveInference(ctx *fasthttp.RequestCtx, kind routeKind, ex *ex
 			seq = ex.symbols
 		}
 		if len(seq) > 0 {
+			sp := ex.tr.startPrefixLookup()
 			ex.breq.Prefix = s.preparePrefix(ex, mr.name, seq)
+			endPrefixLookup(sp, ex.breq.Prefix)
 		}
+	}
+	if ex.tr.on() {
+		ex.tr.endPrepare(&ex.breq, tokenSource(f, ids))
 	}
 	return s.attempt(ctx, kind, ex, mr, body, &hdr, start, o)
 }
@@ -311,7 +328,9 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 	ex.att = attempts{s: s, breq: &ex.breq}
 	att := &ex.att
 	for {
+		ex.tr.startSelect(att.n + 1)
 		pick, err := s.sel.Select(mr.resolver, &ex.breq)
+		ex.tr.endSelect(&pick, err)
 		if err != nil {
 			s.metrics.selectionFailed(err)
 			if engine.OutcomeOf(err) == engine.OutcomeTimeout {
@@ -339,6 +358,7 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 			// Slow path: a picked engine refused the dispatch (its half-open breaker's probe
 			// is taken, or it was removed). It is withdrawn from picks, and left out of this
 			// request's next selection.
+			ex.tr.refused(refused)
 			if att.refuse(&pick, sideOf(&pick, refused), false) {
 				continue
 			}
@@ -392,6 +412,11 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 			d.adm = picked{plain: adm.prefill, tPlain: adm.tPrefill}
 		}
 		d.slo = s.sloStart(mr, &ex.breq, &d.pick)
+		if ex.tr.on() {
+			// Slow path: the attempt is traced, and its span is the engines' parent.
+			d.tr = &ex.tr
+			ex.tr.startDispatch(&d, att.n, att.retryReason())
+		}
 		var failed *failedAnswer
 		if d.pick.IsPD() {
 			o, failed = d.pd(ex, o)
@@ -400,6 +425,7 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 		}
 		if !o.async {
 			holds.release(s.opts.Now()) // a stream's relay releases them when it ends
+			ex.tr.endDispatch(o.status, failed)
 		}
 		if failed == nil {
 			att.setHeader(ctx)
@@ -517,6 +543,8 @@ type dispatch struct {
 	// holds are the request's holds of its LoRA adapter on the picked engines; a stream's
 	// relay releases them.
 	holds adapterHolds
+	// tr is the request's spans when it is traced, else nil.
+	tr *reqTrace
 }
 
 // timeout is the request's end-to-end timeout.

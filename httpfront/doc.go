@@ -109,6 +109,17 @@
 // judged (their first token is not observed). Worker labels for PD compatibility are the
 // configured ones over those introspected from /server_info.
 //
+// # Tracing
+//
+// With tracing.enabled (trace.go, sub-package tracing), every inference request gets an
+// OpenTelemetry server span that continues the client's W3C traceparent, with child spans
+// for its preparation (and prefix lookup), each selection (an event per bucket attempt,
+// through engine.BucketRequest.Observer), each dispatch attempt (whose span context is the
+// traceparent sent to the engines, both of a prefill/decode pair) and a relayed stream
+// (its first token an event). The spans live in the exchange and, once a stream is
+// relayed, in its relay, which ends them. Off, every hook is one comparison and allocates
+// nothing. The Server's lifecycle shuts the exporter down last, after the drain.
+//
 // # Concurrency model
 //
 // Client connections come through a listener wrapper (conns.go) that caps them (in all and

@@ -162,6 +162,9 @@ func (d *dispatch) pd(ex *exchange, o outcome) (outcome, *failedAnswer) {
 	fasthttp.ReleaseRequest(dreq)
 
 	pr := <-done
+	if d.tr != nil {
+		d.tr.prefillDone(pr.status, pr.err)
+	}
 	release := func() {
 		if dresp.StreamBody {
 			_ = dresp.CloseBodyStream()

@@ -16,6 +16,7 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/trace"
 
 	"switchyard/actors"
 	"switchyard/config"
@@ -25,6 +26,7 @@ import (
 	"switchyard/httpfront/hangup"
 	"switchyard/httpfront/jsontext"
 	"switchyard/httpfront/retry"
+	"switchyard/httpfront/tracing"
 	"switchyard/load"
 	"switchyard/load/zmtp"
 	"switchyard/tokenizer"
@@ -160,6 +162,10 @@ type Server struct {
 	fwd forwardNames
 	// gate admits inference requests (rate limits, concurrency limits, queues); nil: all.
 	gate *flow.Gate
+	// tracing exports the requests' spans; tracer is its tracer. Both nil unless
+	// tracing.enabled.
+	tracing *tracing.Provider
+	tracer  trace.Tracer
 	// retry is the dispatch retry rules; retryBudget bounds the retries of all requests.
 	retry       *retry.Policy
 	retryBudget *retry.Budget
@@ -270,6 +276,19 @@ func (s *Server) build() error {
 	clientTLS, err := fleet.LoadTLS(cfg)
 	if err != nil {
 		return err
+	}
+	if cfg.Tracing.Enabled {
+		// First built, last stopped: the drain's last spans are exported.
+		if s.tracing, err = tracing.New(cfg.Tracing, tracing.Options{TLS: clientTLS.Tracing, Metrics: s.set,
+			Logger: s.logger}); err != nil {
+			return err
+		}
+		s.tracer = s.tracing.Tracer()
+		s.life.add("tracing", func() {
+			if err := s.tracing.Shutdown(); err != nil {
+				s.logger.Warn("tracing did not shut down cleanly", slog.Any("error", err))
+			}
+		})
 	}
 	if s.retry, err = retry.New(cfg.Retry, nil); err != nil {
 		return err

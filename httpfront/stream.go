@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/trace"
 
 	"switchyard/engine"
 	"switchyard/httpfront/fleet"
@@ -100,13 +101,16 @@ type relay struct {
 	slo sloTrack
 	// holds are the request's holds of its LoRA adapter, released when the stream ends.
 	holds adapterHolds
+	// tr is the request's spans when it is traced (the relay ends them), span the stream's.
+	tr   reqTrace
+	span trace.Span
 }
 
 func (s *Server) newRelay(d *dispatch, mm *modelMetrics, resp *fasthttp.Response, w *engine.Worker, et fleet.Ticket,
 	guard *load.Guard, transform func(dst, event []byte) []byte) *relay {
 	s.bg.Add(1)
 	conn, _ := d.ctx.Conn().(*clientConn)
-	return &relay{
+	r := &relay{
 		s:         s,
 		kind:      d.kind,
 		mm:        mm,
@@ -124,6 +128,13 @@ func (s *Server) newRelay(d *dispatch, mm *modelMetrics, resp *fasthttp.Response
 		slo:       d.slo,
 		holds:     d.holds,
 	}
+	if d.tr != nil {
+		// Slow path: the request is traced; a stream that runs ends its spans.
+		r.tr = *d.tr
+		r.tr.tp, r.tr.ts = nil, nil
+		r.span = r.tr.startStream()
+	}
+	return r
 }
 
 // ridIfAborting is the request's rid as a string when aborts are on, else "".
@@ -194,6 +205,9 @@ func (r *relay) prime() error {
 		r.first = c.b
 		now := r.s.now()
 		r.mm.routes[r.kind].ttft.Update(since(r.start, now))
+		if r.span != nil {
+			firstToken(r.span, float64(now.Sub(r.start))/float64(time.Millisecond))
+		}
 		r.guard.FirstToken()
 		r.slo.chunk(*c.b, now)
 		r.idle.Reset(idleAfter)
@@ -220,6 +234,7 @@ func (r *relay) abandon() {
 	}
 	r.idle.Stop()
 	r.dl.Stop()
+	abandonStream(r.span, nil)
 	r.s.bg.Done()
 }
 
@@ -499,6 +514,7 @@ func (r *relay) finish(end relayEnd) {
 		status = fasthttp.StatusServiceUnavailable
 	}
 	r.engine.Done(verdict)
+	r.tr.endStream(r.span, end, status, r.slo.events, r.slo.done)
 	rm := r.mm.routes[r.kind]
 	rm.response(status).Inc()
 	rm.duration.Update(since(r.start, s.now()))
