@@ -2,8 +2,11 @@ package engine
 
 import (
 	"errors"
+	"math"
 	"strings"
 	"testing"
+
+	"switchyard/load"
 )
 
 // bypassBucket is a PD bucket of prefill P0 and decode D0 (which can prefill when capable)
@@ -92,5 +95,50 @@ func TestBucketPDBypassKeepsPairsCompatible(t *testing.T) {
 	}
 	if !strings.Contains(pe.Detail, "no prefill engine shares") {
 		t.Errorf("detail %q", pe.Detail)
+	}
+}
+
+// TestBucketEstimateCountsTheBypass: a PD bucket's SLO estimate of a request its decode
+// engine takes alone is that engine's own time to first token (it prefills the request),
+// not the prefill group's; a request that is not bypassed gets the prefill group's; and a
+// bucket without a prefill engine still has engines for the requests the bypass takes.
+func TestBucketEstimateCountsTheBypass(t *testing.T) {
+	b, _, p, d := bypassBucket(t, true)
+	set := mustSet(t, []*Worker{p, d})
+	tab := loadTable(t, map[*Worker]load.RankReport{p: native(4, 3, 8000, 100), d: native(4, 0, 0, 100)})
+	for _, w := range []*Worker{p, d} {
+		w.Counters.Rates().Prefill.Observe(2000, 0.1) // 50µs a token
+		w.Counters.Rates().Decode.Observe(5, 0.01)
+	}
+	req := func(input int64) *BucketRequest {
+		return &BucketRequest{Model: "llama", InputTokens: input, ExpectedPeak: -1, Now: t0}
+	}
+	tests := []struct {
+		name  string
+		input int64
+		ttft  float64 // seconds
+	}{
+		{"bypassed: the decode engine prefills 50 tokens", 50, 50 * 50e-6},
+		{"paired: the prefill engine's 8,000 waiting and 1,000 own tokens", 1000, 9000 * 50e-6},
+	}
+	for _, tt := range tests {
+		e := b.Estimate(set.Load(), req(tt.input), tab.Load())
+		if !e.Engines || !e.KnownTTFT || math.Abs(e.TTFT-tt.ttft) > 1e-9 || !e.KnownTPOT || math.Abs(e.TPOT-0.01) > 1e-9 {
+			t.Errorf("%s: estimate %+v, want TTFT %v and TPOT 0.01", tt.name, e, tt.ttft)
+		}
+	}
+	// Without a healthy prefill engine, only the bypassed request has engines.
+	set.SetHealthy(p.ID, false)
+	if e := b.Estimate(set.Load(), req(50), tab.Load()); !e.Engines || math.Abs(e.TTFT-50*50e-6) > 1e-9 {
+		t.Errorf("bypassed, no prefill engine: %+v", e)
+	}
+	if e := b.Estimate(set.Load(), req(1000), tab.Load()); e.Engines {
+		t.Errorf("paired, no prefill engine: %+v", e)
+	}
+	// A decode engine that cannot prefill never takes the request alone.
+	set.SetHealthy(p.ID, true)
+	d.CanPrefill = false
+	if e := b.Estimate(set.Load(), req(50), tab.Load()); math.Abs(e.TTFT-8050*50e-6) > 1e-9 {
+		t.Errorf("decode engine that cannot prefill: %+v", e)
 	}
 }

@@ -83,6 +83,11 @@ func UncachedTokens(req *BucketRequest, w *Worker) int64 {
 // Estimate returns what req can expect of b with the workers of reg and the load of snap
 // (nil: unknown). It reads only immutable group facts, atomics and snapshots, so any
 // goroutine may call it; it does not allocate. Each engine's load is observed once.
+//
+// In a PD bucket with the bypass on, a decode engine that would take the request alone
+// (Bypasses) prefills it itself: its own time to first token counts, and the prefill
+// group's only when some decode engine would not; a bucket whose prefill group has no
+// engine then still serves the requests the bypass takes.
 func (b *Bucket) Estimate(reg *Registry, req *BucketRequest, snap *load.Snapshot) BucketEstimate {
 	var e BucketEstimate
 	if reg == nil {
@@ -92,15 +97,23 @@ func (b *Bucket) Estimate(reg *Registry, req *BucketRequest, snap *load.Snapshot
 		if b.Plain == nil {
 			return e
 		}
-		e.Engines = scan(&e, reg, b.Plain, snap, req, true, true)
+		e.Engines, _, _ = scan(&e, reg, b.Plain, snap, req, true, true, 0)
 		return e
 	}
 	if b.Prefill == nil || b.Decode == nil {
 		return e
 	}
-	okP := scan(&e, reg, b.Prefill, snap, req, true, false)
-	okD := scan(&e, reg, b.Decode, snap, req, false, true)
-	e.Engines = okP && okD
+	var pe BucketEstimate
+	okP, _, _ := scan(&pe, reg, b.Prefill, snap, req, true, false, 0)
+	okD, bypassed, n := scan(&e, reg, b.Decode, snap, req, false, true, b.BypassBelow)
+	switch {
+	case bypassed == 0:
+		e.TTFT, e.KnownTTFT = pe.TTFT, pe.KnownTTFT
+	case bypassed < n && okP:
+		// Slow path: some decode engines would take the request alone, others not.
+		e.TTFT, e.KnownTTFT = min(e.TTFT, pe.TTFT), e.KnownTTFT && pe.KnownTTFT
+	}
+	e.Engines = okD && (okP || bypassed > 0)
 	return e
 }
 
@@ -108,22 +121,27 @@ func (b *Bucket) Estimate(reg *Registry, req *BucketRequest, snap *load.Snapshot
 // members, with whether every member had one, and reports whether g had any member that
 // has not failed for the request (a retry excludes those). The members of a snapshot are
 // computed once (HealthyMembers), so a request costs one load observation per member.
-func scan(e *BucketEstimate, reg *Registry, g *EngineGroup, snap *load.Snapshot, req *BucketRequest, ttft, tpot bool) bool {
+// With bypass > 0 (a PD bucket's decode group) the TTFT is that of the members that would
+// take the request alone (Bypasses); bypassed counts them, of the n members scanned.
+func scan(e *BucketEstimate, reg *Registry, g *EngineGroup, snap *load.Snapshot, req *BucketRequest, ttft, tpot bool,
+	bypass int64) (ok bool, bypassed, n int) {
 	ws := g.HealthyMembers(reg)
 	if len(ws) == 0 {
-		return false
+		return false, 0, 0
 	}
 	bestT, bestP := math.Inf(1), math.Inf(1)
 	knownT, knownP := true, true
 	ex := &req.Retry.Excluded
-	any := false
 	for _, w := range ws {
 		if ex.Len() > 0 && ex.Has(w) {
 			continue // failed for this request: the retry will not pick it
 		}
-		any = true
+		n++
 		o := observe(snap, w, req.Now)
-		if ttft {
+		if ttft || bypass > 0 && Bypasses(req, w, bypass) {
+			if !ttft {
+				bypassed++
+			}
 			v, ok := load.EstimateTTFT(&o, w.Counters, UncachedTokens(req, w))
 			if !ok {
 				v, knownT = 0, false
@@ -138,16 +156,16 @@ func scan(e *BucketEstimate, reg *Registry, g *EngineGroup, snap *load.Snapshot,
 			bestP = min(bestP, v)
 		}
 	}
-	if !any {
-		return false
+	if n == 0 {
+		return false, 0, 0
 	}
-	if ttft {
+	if ttft || bypassed > 0 {
 		e.TTFT, e.KnownTTFT = bestT, knownT
 	}
 	if tpot {
 		e.TPOT, e.KnownTPOT = bestP, knownP
 	}
-	return true
+	return true, bypassed, n
 }
 
 // maxOrdered is how many buckets OrderBySLO orders without allocating.

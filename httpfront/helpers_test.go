@@ -42,6 +42,8 @@ type fakeEngine struct {
 	expectHost string
 	expectPort int
 	anyPort    bool
+	// canPrefill: a decode engine also serves a request without bootstrap fields alone.
+	canPrefill bool
 	// dpSize is what /server_info advertises; 0 means 1.
 	dpSize int
 
@@ -367,7 +369,7 @@ func (e *fakeEngine) handle(ctx *fasthttp.RequestCtx) {
 	}
 	var req map[string]any
 	_ = json.Unmarshal(body, &req)
-	if e.mode == "decode" {
+	if _, paired := req["bootstrap_host"]; e.mode == "decode" && (paired || !e.canPrefill) {
 		if msg := e.checkBootstrap(req); msg != "" {
 			ctx.SetStatusCode(400)
 			ctx.SetContentType("application/json")

@@ -3,6 +3,7 @@ package httpfront
 import (
 	"encoding/json"
 	"maps"
+	"math"
 	"strconv"
 	"strings"
 	"testing"
@@ -87,6 +88,55 @@ func TestSLOOrderPrefersTheBucketExpectedToMeet(t *testing.T) {
 			est := r.header.Get("X-Switchyard-Estimated-Ttft-Ms")
 			if tt.wantEst == 0 && est != "" || tt.wantEst != 0 && !sameMs(est, tt.wantEst*input) {
 				t.Fatalf("estimated TTFT %q ms, want about %.1f", est, tt.wantEst*input)
+			}
+		})
+	}
+}
+
+// TestSLOEstimateOfABypassedRequest: a PD request its decode engine takes alone is estimated
+// with that engine's learned prefill rate (it prefills the request), and counts in its
+// pending prefill until its first token; a paired request is estimated with the prefill
+// engine's.
+func TestSLOEstimateOfABypassedRequest(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		below    int64
+		perToken float64 // estimated ms per input token
+		bypassed bool
+	}{
+		{"bypassed: the decode engine prefills", 1 << 30, 0.05, true},
+		{"paired: the prefill engine prefills", 1, 2, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newFakeEngine(t, "P", "llama", withMode("prefill"))
+			p.bootstrapPort = 8998
+			d := newFakeEngine(t, "D", "llama", withMode("decode"))
+			d.expectHost, d.expectPort, d.canPrefill = "127.0.0.1", 8998, true
+			d.hold, d.entered = make(chan struct{}), make(chan struct{}, 1)
+			cfg := pdConfig(p, d, ptr(8998))
+			cfg.Workers[1].CanPrefill = true
+			cfg.Models["llama"].Buckets[0].Groups.PD.BypassBelowTokens = tt.below
+			tr := load.NewTracker()
+			// Learned so far: P takes 2s per 1,000 prefill tokens, D 50ms.
+			tr.Counters("P").Rates().Prefill.Observe(1000, 2)
+			tr.Counters("D").Rates().Prefill.Observe(1000, 0.05)
+			ts := startServer(t, cfg, Options{NoTelemetry: true, Tracker: tr})
+			body := chatBody("llama", strings.Repeat("word ", 1000), "")
+			input := float64(len(body)) / 4 // the body-size estimate, without a tokenizer
+			out := make(chan result, 1)
+			postAsync(t.Context(), ts.url+"/v1/chat/completions", body, out, "x-slo-ttft-ms", "100000")
+			waitFor(t, d.entered, "the decode engine's request")
+			reqs, tokens := tr.Counters("D").PendingPrefill()
+			if tt.bypassed != (reqs == 1 && math.Abs(float64(tokens)-input) < 1) {
+				t.Errorf("the decode engine's pending prefill: %d requests, %d tokens", reqs, tokens)
+			}
+			close(d.hold)
+			r := collect(t, out, 1, "the answer")[0]
+			if r.status != 200 || (p.hits.Load() == 0) != tt.bypassed {
+				t.Fatalf("status %d, prefill engine hits %d", r.status, p.hits.Load())
+			}
+			if est := r.header.Get("X-Switchyard-Estimated-Ttft-Ms"); !sameMs(est, tt.perToken*input) {
+				t.Fatalf("estimated TTFT %q ms, want about %.1f", est, tt.perToken*input)
 			}
 		})
 	}
