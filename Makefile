@@ -45,8 +45,8 @@ testdeps: ## install the programs some tests run (Debian packages, where possibl
 	  command -v $$cmd >/dev/null 2>&1 || still="$$still $$cmd"; done; \
 	if [ -n "$$still" ] && [ -n "$$CI" ]; then echo "testdeps: CI needs$$still"; exit 1; fi
 
-# PUREGO_PKGS run a second time with -tags purego: their portable paths (kv's block hashing
-# without the SHA extensions) on a CPU that has the fast ones.
+# PUREGO_PKGS run a second time with -tags purego: their portable paths (kv/hashing's block hashing
+# without the SHA extensions, under the kv packages built on it) on a CPU that has the fast ones.
 PUREGO_PKGS ?= ./kv/...
 
 # Tests that carry the build tag !race are left out of the race step; a separate step runs

@@ -12,15 +12,16 @@ import (
 
 	"switchyard/config"
 	"switchyard/engine"
-	"switchyard/kv"
+	"switchyard/kv/approx"
+	"switchyard/kv/index"
 )
 
-// ApproxShards hosts the approximate prefix tree's shards (kv.ApproxShard) on actors, one
+// ApproxShards hosts the approximate prefix tree's shards (approx.Shard) on actors, one
 // per shard, the way IndexShards hosts the KV-event index: each actor owns its shard and
 // applies writes (a recorded dispatch, a removed worker, an eviction) and lookups in
 // mailbox order. A write is fire-and-forget and a full mailbox refuses it at once; a lookup
 // carries a reply channel and its caller waits until its deadline. A panicking shard actor
-// is logged, counted and restarted with an empty shard. It implements kv.ApproxHost.
+// is logged, counted and restarted with an empty shard. It implements approx.Host.
 //
 // All methods are safe for concurrent use. Close stops every actor.
 type ApproxShards struct {
@@ -31,22 +32,22 @@ type ApproxShards struct {
 	logger   *slog.Logger
 	counters *kindCounters // the System's, kind approx_shard
 	pids     []*actor.PID
-	shards   []*kv.ApproxShard
+	shards   []*approx.Shard
 
 	closeMu sync.Mutex
 	closed  atomic.Bool
 }
 
-var _ kv.ApproxHost = (*ApproxShards)(nil)
+var _ approx.Host = (*ApproxShards)(nil)
 
-// ApproxHost returns a kv.ApproxConfig.Host that runs the shards on actors with opts
+// ApproxHost returns an approx.Config.Host that runs the shards on actors with opts
 // (Mailbox: actors.mailbox.index_shard).
-func ApproxHost(opts IndexOptions) func(shards []*kv.ApproxShard) (kv.ApproxHost, error) {
-	return func(shards []*kv.ApproxShard) (kv.ApproxHost, error) { return NewApproxShards(shards, opts) }
+func ApproxHost(opts IndexOptions) func(shards []*approx.Shard) (approx.Host, error) {
+	return func(shards []*approx.Shard) (approx.Host, error) { return NewApproxShards(shards, opts) }
 }
 
 // NewApproxShards spawns one actor per shard.
-func NewApproxShards(shards []*kv.ApproxShard, opts IndexOptions) (*ApproxShards, error) {
+func NewApproxShards(shards []*approx.Shard, opts IndexOptions) (*ApproxShards, error) {
 	if opts.Mailbox <= 0 {
 		opts.Mailbox = config.Default().Actors.Mailbox.IndexShard
 	}
@@ -81,21 +82,21 @@ func NewApproxShards(shards []*kv.ApproxShard, opts IndexOptions) (*ApproxShards
 	return s, nil
 }
 
-// Post implements kv.ApproxHost.
-func (s *ApproxShards) Post(i int, op kv.ApproxOp) error {
+// Post implements approx.Host.
+func (s *ApproxShards) Post(i int, op approx.Op) error {
 	if s.closed.Load() {
 		return fmt.Errorf("cannot reach approximate tree shard %d: %w", i, ErrIndexClosed)
 	}
 	msg := &ApplyApprox{Op: op}
 	s.root.Send(s.pids[i], msg)
 	if msg.refused.Load() {
-		return fmt.Errorf("approximate tree shard %d: %w", i, kv.ErrShardBusy)
+		return fmt.Errorf("approximate tree shard %d: %w", i, index.ErrShardBusy)
 	}
 	return nil
 }
 
-// Ask implements kv.ApproxHost.
-func (s *ApproxShards) Ask(ctx context.Context, i int, q *kv.ApproxQuery) error {
+// Ask implements approx.Host.
+func (s *ApproxShards) Ask(ctx context.Context, i int, q *approx.Query) error {
 	if s.closed.Load() {
 		return fmt.Errorf("cannot reach approximate tree shard %d: %w", i, ErrIndexClosed)
 	}
@@ -116,7 +117,7 @@ func (s *ApproxShards) Rejected() uint64 { return s.counters.rejected.Get() }
 func (s *ApproxShards) Panics() uint64 { return s.counters.panics.Get() }
 
 // Close stops every shard actor and the actor system. It implements io.Closer, so that
-// kv.ApproxIndex.Close stops its host.
+// approx.Index.Close stops its host.
 func (s *ApproxShards) Close() error {
 	s.closeMu.Lock()
 	defer s.closeMu.Unlock()
@@ -137,10 +138,10 @@ func (s *ApproxShards) Close() error {
 	return nil
 }
 
-// approxShardActor owns one kv.ApproxShard.
+// approxShardActor owns one approx.Shard.
 type approxShardActor struct {
 	owner *ApproxShards
-	shard *kv.ApproxShard
+	shard *approx.Shard
 	name  string
 	mb    *mailbox
 }
@@ -187,23 +188,23 @@ func (a *approxShardActor) guard(reply chan error, f func()) {
 	replied = true
 }
 
-// ApplyApprox asks a shard to apply a write (kv.ApproxOp). There is no reply.
+// ApplyApprox asks a shard to apply a write (approx.Op). There is no reply.
 type ApplyApprox struct {
-	Op      kv.ApproxOp
+	Op      approx.Op
 	refused atomic.Bool
 }
 
 // MatchApprox asks a shard for the workers holding a prefix of a prompt; it answers on its
 // reply channel.
 type MatchApprox struct {
-	Query *kv.ApproxQuery
+	Query *approx.Query
 	reply chan error
 }
 
 func (m *ApplyApprox) reject(*engine.PickError) { m.refused.Store(true) }
 func (m *MatchApprox) reject(err *engine.PickError) {
 	if err.Outcome == engine.OutcomeOverloaded {
-		m.reply <- fmt.Errorf("%s: %w", err.Detail, kv.ErrShardBusy)
+		m.reply <- fmt.Errorf("%s: %w", err.Detail, index.ErrShardBusy)
 		return
 	}
 	m.reply <- err

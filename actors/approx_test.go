@@ -11,6 +11,7 @@ import (
 
 	"switchyard/config"
 	"switchyard/kv"
+	"switchyard/kv/approx"
 )
 
 func approxSeq(from, n int) []uint32 {
@@ -25,8 +26,8 @@ func approxSeq(from, n int) []uint32 {
 // the writes posted before them, from any goroutine, and refuses everything once closed.
 func TestApproxShardsServeTheTree(t *testing.T) {
 	var host *ApproxShards
-	x, err := kv.NewApproxIndex(kv.ApproxConfig{Shards: 3, MaxTreeSize: 1 << 16,
-		Host: func(shards []*kv.ApproxShard) (kv.ApproxHost, error) {
+	x, err := approx.New(approx.Config{Shards: 3, MaxTreeSize: 1 << 16,
+		Host: func(shards []*approx.Shard) (approx.Host, error) {
 			h, err := NewApproxShards(shards, IndexOptions{Mailbox: 64})
 			host = h
 			return h, err
@@ -63,10 +64,10 @@ func TestApproxShardsServeTheTree(t *testing.T) {
 	if err := x.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := host.Post(0, &kv.ApproxEvict{}); !errors.Is(err, ErrIndexClosed) {
+	if err := host.Post(0, &approx.OpEvict{}); !errors.Is(err, ErrIndexClosed) {
 		t.Errorf("Post after Close: %v", err)
 	}
-	if err := host.Ask(context.Background(), 0, &kv.ApproxQuery{}); !errors.Is(err, ErrIndexClosed) {
+	if err := host.Ask(context.Background(), 0, &approx.Query{}); !errors.Is(err, ErrIndexClosed) {
 		t.Errorf("Ask after Close: %v", err)
 	}
 }

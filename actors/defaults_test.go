@@ -5,7 +5,9 @@ import (
 	"testing"
 
 	"switchyard/config"
-	"switchyard/kv"
+	"switchyard/kv/index"
+	"switchyard/kv/indexer"
+	"switchyard/kv/subscribe"
 	"switchyard/load"
 	"switchyard/load/zmtp"
 )
@@ -20,13 +22,13 @@ func TestLowerFallbacksAgreeWithConfig(t *testing.T) {
 		key       string
 		got, want any
 	}{
-		{"kv.block_size", kv.DefaultBlockSize, d.KV.BlockSize},
-		{"kv.shards", kv.DefaultShards, d.KV.Shards},
-		{"kv.max_blocks", kv.DefaultMaxBlocks, d.KV.MaxBlocks},
-		{"kv.reconnect_backoff", kv.DefaultMinBackoff, d.KV.ReconnectBackoff},
+		{"kv.block_size", subscribe.DefaultBlockSize, d.KV.BlockSize},
+		{"kv.shards", index.DefaultShards, d.KV.Shards},
+		{"kv.max_blocks", index.DefaultMaxBlocks, d.KV.MaxBlocks},
+		{"kv.reconnect_backoff", subscribe.DefaultMinBackoff, d.KV.ReconnectBackoff},
 		{"kv.max_message_bytes", zmtp.DefaultMaxMessage, d.KV.MaxMessageBytes},
-		{"cache_aware.query_timeout", kv.DefaultQueryTimeout, d.CacheAware.QueryTimeout},
-		{"cache_aware.max_inflight_queries", kv.DefaultMaxInflight, d.CacheAware.MaxInflightQueries},
+		{"cache_aware.query_timeout", indexer.DefaultQueryTimeout, d.CacheAware.QueryTimeout},
+		{"cache_aware.max_inflight_queries", indexer.DefaultMaxInflight, d.CacheAware.MaxInflightQueries},
 		{"load.freshness", load.DefaultFreshness, d.Load.Freshness},
 		{"load.poll_interval", load.DefaultPollInterval, d.Load.PollInterval},
 		{"workers[].metrics_path", load.DefaultMetricsPath, config.DefaultMetricsPath},

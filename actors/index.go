@@ -14,7 +14,7 @@ import (
 
 	"switchyard/config"
 	"switchyard/engine"
-	"switchyard/kv"
+	"switchyard/kv/index"
 	"switchyard/load/series"
 )
 
@@ -46,14 +46,14 @@ func IndexOptionsFrom(cfg *config.Config) IndexOptions {
 	return IndexOptions{Mailbox: cfg.Actors.Mailbox.IndexShard}
 }
 
-// IndexHost returns a kv.IndexConfig.Host that runs the index's shards on index shard actors.
-func IndexHost(opts IndexOptions) func(shards []*kv.Shard) (kv.ShardHost, error) {
-	return func(shards []*kv.Shard) (kv.ShardHost, error) { return NewIndexShards(shards, opts) }
+// IndexHost returns an index.Config.Host that runs the index's shards on index shard actors.
+func IndexHost(opts IndexOptions) func(shards []*index.Shard) (index.ShardHost, error) {
+	return func(shards []*index.Shard) (index.ShardHost, error) { return NewIndexShards(shards, opts) }
 }
 
 // IndexShards hosts the prefix index's shards on index shard actors, one per shard: each
-// actor owns its kv.Shard and applies ApplyEvents, MatchPrefix and PruneOwners in mailbox
-// order. It implements kv.ShardHost.
+// actor owns its index.Shard and applies ApplyEvents, MatchPrefix and PruneOwners in mailbox
+// order. It implements index.ShardHost.
 //
 // Writes are fire-and-forget: batches queue per shard behind one ApplyEvents doorbell; a
 // full queue or mailbox refuses them at once and the index writer clears the affected
@@ -80,10 +80,10 @@ type IndexShards struct {
 	closedErr error
 }
 
-var _ kv.ShardHost = (*IndexShards)(nil)
+var _ index.ShardHost = (*IndexShards)(nil)
 
 // NewIndexShards spawns one actor per shard.
-func NewIndexShards(shards []*kv.Shard, opts IndexOptions) (*IndexShards, error) {
+func NewIndexShards(shards []*index.Shard, opts IndexOptions) (*IndexShards, error) {
 	if opts.Mailbox <= 0 {
 		opts.Mailbox = config.Default().Actors.Mailbox.IndexShard
 	}
@@ -129,7 +129,7 @@ func (s *IndexShards) Rejected() uint64 { return s.counters.rejected.Get() }
 // Panics is the number of shard actor panics recovered.
 func (s *IndexShards) Panics() uint64 { return s.counters.panics.Get() }
 
-// Apply implements kv.ShardHost: it queues the batch on shard i and rings the shard's
+// Apply implements index.ShardHost: it queues the batch on shard i and rings the shard's
 // doorbell (one ApplyEvents in its mailbox) unless one is already pending, so that under
 // load many batches cost one actor wake-up. The shard actor also applies its queue before
 // every other message, which keeps writes ordered before later lookups and lets a doorbell
@@ -137,7 +137,7 @@ func (s *IndexShards) Panics() uint64 { return s.counters.panics.Get() }
 // the mailbox size in batches (actors.mailbox.index_shard): beyond it a batch is refused at
 // once, which bounds how far the index may lag behind the events and how long a lookup
 // waits behind writes.
-func (s *IndexShards) Apply(i int, b *kv.ShardBatch) error {
+func (s *IndexShards) Apply(i int, b *index.ShardBatch) error {
 	if s.closed.Load() {
 		return s.closedErr
 	}
@@ -146,7 +146,7 @@ func (s *IndexShards) Apply(i int, b *kv.ShardBatch) error {
 	if len(h.pending) >= h.maxPending {
 		h.mu.Unlock()
 		s.counters.rejected.Inc()
-		return fmt.Errorf("cannot apply %d block operations on index shard %d: %w", len(b.Ops), i, kv.ErrShardBusy)
+		return fmt.Errorf("cannot apply %d block operations on index shard %d: %w", len(b.Ops), i, index.ErrShardBusy)
 	}
 	h.pending = append(h.pending, b)
 	ring := !h.rung
@@ -167,7 +167,7 @@ func (s *IndexShards) Apply(i int, b *kv.ShardBatch) error {
 }
 
 // drain takes the shard's queued batches; called by the shard actor on its doorbell.
-func (h *indexShardHost) drain(dst []*kv.ShardBatch) []*kv.ShardBatch {
+func (h *indexShardHost) drain(dst []*index.ShardBatch) []*index.ShardBatch {
 	h.mu.Lock()
 	dst = append(dst, h.pending...)
 	clear(h.pending)
@@ -177,9 +177,9 @@ func (h *indexShardHost) drain(dst []*kv.ShardBatch) []*kv.ShardBatch {
 	return dst
 }
 
-// Match implements kv.ShardHost: one MatchPrefix per non-nil query, answered on one reply
+// Match implements index.ShardHost: one MatchPrefix per non-nil query, answered on one reply
 // channel; it waits for every answer or until ctx is done.
-func (s *IndexShards) Match(ctx context.Context, qs []*kv.ShardQuery) error {
+func (s *IndexShards) Match(ctx context.Context, qs []*index.ShardQuery) error {
 	if s.closed.Load() {
 		return s.closedErr
 	}
@@ -216,7 +216,7 @@ func (c *matchCall) collect(ctx context.Context) error {
 	return firstErr
 }
 
-// Prune implements kv.ShardHost: shard i reclaims the records of cleared owners now.
+// Prune implements index.ShardHost: shard i reclaims the records of cleared owners now.
 func (s *IndexShards) Prune(i int) error {
 	if s.closed.Load() {
 		return s.closedErr
@@ -224,13 +224,13 @@ func (s *IndexShards) Prune(i int) error {
 	msg := &PruneOwners{}
 	s.root.Send(s.shards[i].pid, msg)
 	if msg.refused.Load() {
-		return fmt.Errorf("cannot prune index shard %d: %w", i, kv.ErrShardBusy)
+		return fmt.Errorf("cannot prune index shard %d: %w", i, index.ErrShardBusy)
 	}
 	return nil
 }
 
 // Close stops every shard actor, waits for them, and shuts the actor system down. Later calls
-// fail with ErrIndexClosed. It returns nil; it implements io.Closer so that kv.Index.Close
+// fail with ErrIndexClosed. It returns nil; it implements io.Closer so that index.Index.Close
 // stops the host.
 func (s *IndexShards) Close() error {
 	s.closeMu.Lock()
@@ -258,7 +258,7 @@ func (s *IndexShards) Close() error {
 // indexShardHost is what a shard actor's incarnations share: the shard and its identity.
 type indexShardHost struct {
 	owner       *IndexShards
-	shard       *kv.Shard
+	shard       *index.Shard
 	index       int
 	name        string
 	pid         *actor.PID
@@ -266,7 +266,7 @@ type indexShardHost struct {
 
 	// Batches waiting for the shard actor, and whether its doorbell is in the mailbox.
 	mu         sync.Mutex
-	pending    []*kv.ShardBatch
+	pending    []*index.ShardBatch
 	rung       bool
 	maxPending int
 }
@@ -285,11 +285,11 @@ func (h *indexShardHost) props() *actor.Props {
 	)
 }
 
-// indexShardActor owns one kv.Shard.
+// indexShardActor owns one index.Shard.
 type indexShardActor struct {
 	h       *indexShardHost
 	mb      *mailbox
-	batches []*kv.ShardBatch // scratch of a drain
+	batches []*index.ShardBatch // scratch of a drain
 }
 
 var _ actor.Actor = (*indexShardActor)(nil)
@@ -362,13 +362,13 @@ type ApplyEvents struct {
 // MatchPrefix asks a shard for the owners of some blocks of a prompt. The shard appends its
 // hits to Query and answers on the call's reply channel.
 type MatchPrefix struct {
-	Query *kv.ShardQuery
+	Query *index.ShardQuery
 
 	call *matchCall
 }
 
 // PruneOwners asks a shard to reclaim, now, the records of owners cleared or removed in the
-// registry (kv.Owners). Worker removal and engine restarts take effect for lookups at once
+// registry (index.Owners). Worker removal and engine restarts take effect for lookups at once
 // through the owners' epochs; this message only frees the memory sooner. There is no reply.
 type PruneOwners struct {
 	refused atomic.Bool
@@ -378,7 +378,7 @@ func (m *ApplyEvents) reject(*engine.PickError) { m.refused.Store(true) }
 func (m *PruneOwners) reject(*engine.PickError) { m.refused.Store(true) }
 func (m *MatchPrefix) reject(err *engine.PickError) {
 	if err.Outcome == engine.OutcomeOverloaded {
-		m.call.answer(fmt.Errorf("%s: %w", err.Detail, kv.ErrShardBusy))
+		m.call.answer(fmt.Errorf("%s: %w", err.Detail, index.ErrShardBusy))
 		return
 	}
 	m.call.answer(err)

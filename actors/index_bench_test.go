@@ -12,9 +12,13 @@ import (
 
 	"switchyard/config"
 	"switchyard/kv"
+	"switchyard/kv/events"
+	"switchyard/kv/hashing"
+	"switchyard/kv/index"
+	"switchyard/kv/subscribe"
 )
 
-// The prefix-index benchmarks of issue 7, run on both shard hosts: "locked" (kv.LockedShards,
+// The prefix-index benchmarks of issue 7, run on both shard hosts: "locked" (index.LockedShards,
 // shards behind mutexes on the caller's goroutine: the baseline) and "actors" (index shard
 // actors, as the router runs them: one per core by default; "actors-8shards" for comparison).
 // These hash every lookup's prompt from scratch; "actors+hashcache" has the router's default
@@ -23,13 +27,13 @@ import (
 type benchHost struct {
 	name   string
 	shards int
-	host   func([]*kv.Shard) (kv.ShardHost, error)
+	host   func([]*index.Shard) (index.ShardHost, error)
 	// hashCache is kv.hash_cache_chunks (0: off).
 	hashCache int
 }
 
 func benchHosts() []benchHost {
-	locked := func(s []*kv.Shard) (kv.ShardHost, error) { return kv.NewLockedShards(s), nil }
+	locked := func(s []*index.Shard) (index.ShardHost, error) { return index.NewLockedShards(s), nil }
 	return []benchHost{
 		{"locked", 8, locked, 0},
 		{"actors", 0, IndexHost(IndexOptions{}), 0}, // the default: one shard per core
@@ -42,9 +46,9 @@ func routerHost() benchHost {
 	return benchHost{"actors+hashcache", 0, IndexHost(IndexOptions{}), config.Default().KV.HashCacheChunks}
 }
 
-func newBenchIndex(b *testing.B, h benchHost, maxBlocks int) *kv.Index {
+func newBenchIndex(b *testing.B, h benchHost, maxBlocks int) *index.Index {
 	b.Helper()
-	x, err := kv.NewIndex(kv.IndexConfig{Shards: h.shards, MaxBlocks: maxBlocks, Host: h.host, HashCacheChunks: h.hashCache})
+	x, err := index.New(index.Config{Shards: h.shards, MaxBlocks: maxBlocks, Host: h.host, HashCacheChunks: h.hashCache})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -53,9 +57,9 @@ func newBenchIndex(b *testing.B, h benchHost, maxBlocks int) *kv.Index {
 }
 
 // registerEngines registers n one-rank engines e000… of model "m" with block size bs.
-func registerEngines(b testing.TB, x *kv.Index, n, bs int) []kv.OwnerID {
+func registerEngines(b testing.TB, x *index.Index, n, bs int) []index.OwnerID {
 	b.Helper()
-	ids := make([]kv.OwnerID, n)
+	ids := make([]index.OwnerID, n)
 	for i := range ids {
 		got, err := x.SetWorker(fmt.Sprintf("e%03d", i), "m", 1, bs)
 		if err != nil {
@@ -68,13 +72,13 @@ func registerEngines(b testing.TB, x *kv.Index, n, bs int) []kv.OwnerID {
 
 // fillResident stores n random blocks, spread round-robin over owners, and waits until the
 // shards applied them.
-func fillResident(b testing.TB, x *kv.Index, owners []kv.OwnerID, n, bs int) {
+func fillResident(b testing.TB, x *index.Index, owners []index.OwnerID, n, bs int) {
 	b.Helper()
 	rng := rand.New(rand.NewPCG(1, uint64(n)))
 	w := x.NewWriter()
 	for i := range n {
 		o := owners[i%len(owners)]
-		w.Store(o, x.Owners().Epoch(o), int64(rng.Uint64()), kv.TierGPU)
+		w.Store(o, x.Owners().Epoch(o), int64(rng.Uint64()), index.TierGPU)
 		if w.Pending() >= 1<<14 {
 			if d := w.Flush(); d != 0 {
 				b.Fatalf("fill dropped %d operations", d)
@@ -89,7 +93,7 @@ func fillResident(b testing.TB, x *kv.Index, owners []kv.OwnerID, n, bs int) {
 
 // drain waits until every shard applied what was sent before: a lookup touching every
 // shard queues behind the earlier batches. The engines use block size bs.
-func drain(b testing.TB, x *kv.Index, bs int) {
+func drain(b testing.TB, x *index.Index, bs int) {
 	b.Helper()
 	hashes := make([]int64, 0, 256)
 	for i := range 256 {
@@ -103,11 +107,11 @@ func drain(b testing.TB, x *kv.Index, bs int) {
 	}
 }
 
-func holdTokens(b testing.TB, x *kv.Index, o kv.OwnerID, tokens []uint32, bs int) {
+func holdTokens(b testing.TB, x *index.Index, o index.OwnerID, tokens []uint32, bs int) {
 	b.Helper()
 	w := x.NewWriter()
-	for _, h := range kv.AppendBlockHashes(nil, tokens, bs) {
-		w.Store(o, x.Owners().Epoch(o), h, kv.TierGPU)
+	for _, h := range hashing.AppendBlockHashes(nil, tokens, bs) {
+		w.Store(o, x.Owners().Epoch(o), h, index.TierGPU)
 	}
 	if d := w.Flush(); d != 0 {
 		b.Fatalf("dropped %d", d)
@@ -142,7 +146,7 @@ func BenchmarkLookup100kTokens(b *testing.B) {
 	const engines, resident, promptLen = 100, 1_000_000, 100_000
 	for _, h := range append(benchHosts(), routerHost()) {
 		for _, bs := range []int{16, 64} {
-			var x *kv.Index
+			var x *index.Index
 			var prompt []uint32
 			parent := b
 			setup := func(*testing.B) {
@@ -209,7 +213,7 @@ func BenchmarkLookup100kTokens(b *testing.B) {
 			})
 			b.Run(fmt.Sprintf("%s/bs=%d/match", h.name, bs), func(b *testing.B) {
 				setup(b)
-				hashes := kv.AppendBlockHashes(nil, prompt, bs)
+				hashes := hashing.AppendBlockHashes(nil, prompt, bs)
 				var l kv.Lookup
 				var d []time.Duration
 				ctx := context.Background()
@@ -232,7 +236,7 @@ func BenchmarkLookup100kTokens(b *testing.B) {
 					b.ReportAllocs()
 					for b.Loop() {
 						t := time.Now()
-						dst = kv.AppendBlockHashes(dst[:0], prompt, bs)
+						dst = hashing.AppendBlockHashes(dst[:0], prompt, bs)
 						d = append(d, time.Since(t))
 					}
 					reportPercentiles(b, d)
@@ -260,16 +264,16 @@ const (
 func newIngestWorkload(b *testing.B, worker string, seed uint64) *ingestWorkload {
 	b.Helper()
 	rng := rand.New(rand.NewPCG(seed, 99))
-	enc := kv.NewEncoder()
+	enc := events.NewEncoder()
 	chains := make([][]int64, 0, batchesPerEng*eventsPerBatch/2)
 	w := &ingestWorkload{worker: worker}
 	for i := range batchesPerEng {
-		batch := &kv.EventBatch{TS: float64(i)}
+		batch := &events.EventBatch{TS: float64(i)}
 		for range eventsPerBatch / 2 {
 			tokens := randomTokens(rng, 16*blocksPerEvent)
-			hs := kv.AppendBlockHashes(nil, tokens, 16)
+			hs := hashing.AppendBlockHashes(nil, tokens, 16)
 			chains = append(chains, hs)
-			batch.Events = append(batch.Events, kv.Event{Kind: kv.EventBlockStored, BlockHashes: hs, TokenIDs: tokens, BlockSize: 16, Medium: kv.MediumGPU})
+			batch.Events = append(batch.Events, events.Event{Kind: events.EventBlockStored, BlockHashes: hs, TokenIDs: tokens, BlockSize: 16, Medium: events.MediumGPU})
 		}
 		for k := range eventsPerBatch / 2 {
 			j := (i-removeWindow)*eventsPerBatch/2 + k
@@ -279,9 +283,9 @@ func newIngestWorkload(b *testing.B, worker string, seed uint64) *ingestWorkload
 					continue
 				}
 			}
-			batch.Events = append(batch.Events, kv.Event{Kind: kv.EventBlockRemoved, BlockHashes: chains[j], Medium: kv.MediumGPU})
+			batch.Events = append(batch.Events, events.Event{Kind: events.EventBlockRemoved, BlockHashes: chains[j], Medium: events.MediumGPU})
 		}
-		p, err := enc.Encode(batch, kv.ShapeArray)
+		p, err := enc.Encode(batch, events.ShapeArray)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -333,7 +337,7 @@ func benchIngestAndLookup(b *testing.B, h benchHost, resident int) {
 	b.RunParallel(func(pb *testing.PB) {
 		g := int(next.Add(1) - 1)
 		wl := workloads[g%len(workloads)]
-		ing := x.NewIngestor(wl.worker, false, nil)
+		ing := subscribe.NewIngestor(x, wl.worker, false, nil)
 		var l kv.Lookup
 		ctx := context.Background()
 		var ev, lk, hit int64

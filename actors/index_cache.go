@@ -11,6 +11,10 @@ import (
 	"switchyard/config"
 	"switchyard/engine"
 	"switchyard/kv"
+	"switchyard/kv/approx"
+	"switchyard/kv/index"
+	"switchyard/kv/indexer"
+	"switchyard/kv/subscribe"
 	"switchyard/load/zmtp"
 )
 
@@ -24,7 +28,7 @@ type CacheOptions struct {
 	// Default: a private one.
 	System *System
 	// OnApplied, when set, is called after each KV-event batch is applied (see
-	// kv.ManagerConfig.OnApplied). For tests and tracing; it must not block.
+	// subscribe.ManagerConfig.OnApplied). For tests and tracing; it must not block.
 	OnApplied func(worker string, rank int, seq uint64)
 }
 
@@ -44,10 +48,10 @@ type CacheOptions struct {
 // Safe for concurrent use.
 type CacheState struct {
 	source     kv.CacheSource
-	index      *kv.Index
-	approx     *kv.ApproxIndex
+	index      *index.Index
+	approx     *approx.Index
 	evictEvery time.Duration
-	manager    *kv.Manager
+	manager    *subscribe.Manager
 	timeout    time.Duration
 	prepare    map[string]bool // models whose requests need a prefix lookup (cacheModels)
 }
@@ -95,7 +99,7 @@ func cacheModels(cfg *config.Config) map[string]bool {
 // kv.shards shards on index shard actors, bounded by kv.max_blocks, fed by subscriptions to
 // every configured worker of a model with a cache_aware group unless kv.enabled is false,
 // and by the kv.bind_endpoint SUB) or
-// remote (a kv.RemoteSource of cache_aware.remote_url with cache_aware.query_timeout and
+// remote (an indexer.RemoteSource of cache_aware.remote_url with cache_aware.query_timeout and
 // cache_aware.max_inflight_queries).
 func NewCacheState(cfg *config.Config, opts CacheOptions) (*CacheState, error) {
 	if opts.Logger == nil {
@@ -108,7 +112,7 @@ func NewCacheState(cfg *config.Config, opts CacheOptions) (*CacheState, error) {
 	cs := &CacheState{prepare: cacheModels(cfg), timeout: cfg.CacheAware.QueryTimeout}
 	switch cfg.CacheAware.Source {
 	case config.CacheSourceRemote:
-		r, err := kv.NewRemoteSource(kv.RemoteConfig{URL: cfg.CacheAware.RemoteURL, Timeout: cfg.CacheAware.QueryTimeout,
+		r, err := indexer.NewRemoteSource(indexer.RemoteConfig{URL: cfg.CacheAware.RemoteURL, Timeout: cfg.CacheAware.QueryTimeout,
 			MaxInflight: cfg.CacheAware.MaxInflightQueries, Metrics: km})
 		if err != nil {
 			return nil, fmt.Errorf("cannot build the cache state: %w", err)
@@ -119,7 +123,7 @@ func NewCacheState(cfg *config.Config, opts CacheOptions) (*CacheState, error) {
 		ap := cfg.CacheAware.Approximate
 		io := IndexOptionsFrom(cfg)
 		io.Logger, io.Metrics, io.System = opts.Logger, opts.Metrics, opts.System
-		x, err := kv.NewApproxIndex(kv.ApproxConfig{Shards: cfg.KV.Shards, MaxTreeSize: ap.MaxTreeSize,
+		x, err := approx.New(approx.Config{Shards: cfg.KV.Shards, MaxTreeSize: ap.MaxTreeSize,
 			Host: ApproxHost(io), Metrics: opts.Metrics, Logger: opts.Logger})
 		if err != nil {
 			return nil, fmt.Errorf("cannot build the cache state: %w", err)
@@ -132,7 +136,7 @@ func NewCacheState(cfg *config.Config, opts CacheOptions) (*CacheState, error) {
 	}
 	io := IndexOptionsFrom(cfg)
 	io.Logger, io.Metrics, io.System = opts.Logger, opts.Metrics, opts.System
-	x, err := kv.NewIndex(kv.IndexConfig{Shards: cfg.KV.Shards, MaxBlocks: cfg.KV.MaxBlocks, HashCacheChunks: cfg.KV.HashCacheChunks,
+	x, err := index.New(index.Config{Shards: cfg.KV.Shards, MaxBlocks: cfg.KV.MaxBlocks, HashCacheChunks: cfg.KV.HashCacheChunks,
 		LookupTimeout: cfg.CacheAware.QueryTimeout, Host: IndexHost(io), Metrics: km})
 	if err != nil {
 		return nil, fmt.Errorf("cannot build the cache state: %w", err)
@@ -141,7 +145,7 @@ func NewCacheState(cfg *config.Config, opts CacheOptions) (*CacheState, error) {
 	if !cfg.KV.Enabled {
 		return cs, nil
 	}
-	m, err := kv.NewManager(ManagerConfigFrom(cfg, x, opts.Logger.With(slog.String("component", "kv")), opts.OnApplied))
+	m, err := subscribe.NewManager(ManagerConfigFrom(cfg, x, opts.Logger.With(slog.String("component", "kv")), opts.OnApplied))
 	if err != nil {
 		_ = x.Close()
 		return nil, fmt.Errorf("cannot build the cache state: %w", err)
@@ -167,21 +171,21 @@ func NewCacheState(cfg *config.Config, opts CacheOptions) (*CacheState, error) {
 // A vllm-flavoured worker is never asked for its publishers (it has no /server_info: its
 // publisher is configured or dials the bound SUB), and its block hashes are re-keyed
 // unless its kv_hash_scheme says otherwise.
-func WorkerSpecFrom(w config.Worker) kv.WorkerSpec {
-	spec := kv.WorkerSpec{ID: w.ID, URL: w.URL, Model: w.Model, DPSize: w.DPSize, KVEvents: w.KVEvents,
+func WorkerSpecFrom(w config.Worker) subscribe.WorkerSpec {
+	spec := subscribe.WorkerSpec{ID: w.ID, URL: w.URL, Model: w.Model, DPSize: w.DPSize, KVEvents: w.KVEvents,
 		Replay: w.KVReplay, BlockSize: w.KVBlockSize, HashScheme: w.KVHashScheme}
 	if w.Flavor == config.FlavorVLLM {
 		spec.NoDiscovery = true
 		if spec.HashScheme == "" {
-			spec.HashScheme = kv.HashSchemeRekey
+			spec.HashScheme = subscribe.HashSchemeRekey
 		}
 	}
 	return spec
 }
 
 // ManagerConfigFrom is the KV subscription manager of cfg's kv section over index x.
-func ManagerConfigFrom(cfg *config.Config, x *kv.Index, log *slog.Logger, onApplied func(string, int, uint64)) kv.ManagerConfig {
-	return kv.ManagerConfig{Index: x, BindEndpoint: cfg.KV.BindEndpoint, DefaultBlockSize: cfg.KV.BlockSize,
+func ManagerConfigFrom(cfg *config.Config, x *index.Index, log *slog.Logger, onApplied func(string, int, uint64)) subscribe.ManagerConfig {
+	return subscribe.ManagerConfig{Index: x, BindEndpoint: cfg.KV.BindEndpoint, DefaultBlockSize: cfg.KV.BlockSize,
 		MinBackoff: cfg.KV.ReconnectBackoff, Logger: log, OnApplied: onApplied,
 		Limits: zmtp.Limits{MaxMessage: cfg.KV.MaxMessageBytes}}
 }
@@ -190,10 +194,10 @@ func ManagerConfigFrom(cfg *config.Config, x *kv.Index, log *slog.Logger, onAppl
 func (c *CacheState) Source() kv.CacheSource { return c.source }
 
 // Index is the local index, nil with a remote or approximate source.
-func (c *CacheState) Index() *kv.Index { return c.index }
+func (c *CacheState) Index() *index.Index { return c.index }
 
 // Approximate is the approximate prefix tree, nil unless cache_aware.source is approximate.
-func (c *CacheState) Approximate() *kv.ApproxIndex { return c.approx }
+func (c *CacheState) Approximate() *approx.Index { return c.approx }
 
 // Record tells the approximate source that the request of memo was dispatched to worker
 // (its prompt's symbols are then held by worker). A no-op with another source or without
@@ -206,7 +210,7 @@ func (c *CacheState) Record(memo *kv.PrefixMemo, worker string) {
 }
 
 // Manager is the local index's subscriptions, nil with a remote source or kv.enabled false.
-func (c *CacheState) Manager() *kv.Manager { return c.manager }
+func (c *CacheState) Manager() *subscribe.Manager { return c.manager }
 
 // NeedsPrefix reports whether requests for model need a prefix lookup (one of its groups
 // runs cache_aware, or an affinity policy with affinity.prefix_rebind).
@@ -263,7 +267,7 @@ func (c *CacheState) Run(ctx context.Context) error {
 // AddWorker starts (or changes) following a worker's KV events: a worker added at run time,
 // or one whose publishers its introspection found. A no-op without local subscriptions or
 // when no cache_aware group of the worker's model reads its blocks.
-func (c *CacheState) AddWorker(spec kv.WorkerSpec) error {
+func (c *CacheState) AddWorker(spec subscribe.WorkerSpec) error {
 	if c.manager == nil || !c.prepare[spec.Model] {
 		return nil
 	}

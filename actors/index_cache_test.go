@@ -16,7 +16,11 @@ import (
 
 	"switchyard/config"
 	"switchyard/engine"
-	"switchyard/kv"
+	"switchyard/kv/events"
+	"switchyard/kv/hashing"
+	"switchyard/kv/index"
+	"switchyard/kv/indexer"
+	"switchyard/kv/subscribe"
 	"switchyard/load"
 )
 
@@ -27,7 +31,7 @@ type enginePub struct {
 	pub    zmq4.Socket
 	router zmq4.Socket
 	done   chan struct{}
-	enc    *kv.Encoder
+	enc    *events.Encoder
 
 	mu   sync.Mutex
 	seq  uint64
@@ -36,7 +40,7 @@ type enginePub struct {
 
 func startEnginePub(t *testing.T, pubEP, replayEP string) *enginePub {
 	t.Helper()
-	p := &enginePub{t: t, enc: kv.NewEncoder(), ring: map[uint64][]byte{}, done: make(chan struct{})}
+	p := &enginePub{t: t, enc: events.NewEncoder(), ring: map[uint64][]byte{}, done: make(chan struct{})}
 	p.pub = zmq4.NewPub(context.Background())
 	if err := p.pub.Listen(pubEP); err != nil {
 		t.Fatalf("cannot bind %s: %v", pubEP, err)
@@ -56,9 +60,9 @@ func (p *enginePub) stop() {
 	<-p.done
 }
 
-func (p *enginePub) record(b *kv.EventBatch) (uint64, []byte) {
+func (p *enginePub) record(b *events.EventBatch) (uint64, []byte) {
 	p.t.Helper()
-	payload, err := p.enc.Encode(b, kv.ShapeArray)
+	payload, err := p.enc.Encode(b, events.ShapeArray)
 	if err != nil {
 		p.t.Fatal(err)
 	}
@@ -71,7 +75,7 @@ func (p *enginePub) record(b *kv.EventBatch) (uint64, []byte) {
 	return seq, msg
 }
 
-func (p *enginePub) send(b *kv.EventBatch) uint64 {
+func (p *enginePub) send(b *events.EventBatch) uint64 {
 	p.t.Helper()
 	seq, msg := p.record(b)
 	if err := p.pub.Send(zmq4.NewMsgFrom([]byte{}, binary.BigEndian.AppendUint64(nil, seq), msg)); err != nil {
@@ -80,7 +84,7 @@ func (p *enginePub) send(b *kv.EventBatch) uint64 {
 	return seq
 }
 
-func (p *enginePub) lose(b *kv.EventBatch) { p.record(b) }
+func (p *enginePub) lose(b *events.EventBatch) { p.record(b) }
 
 func (p *enginePub) serveReplay() {
 	defer close(p.done)
@@ -107,13 +111,13 @@ func (p *enginePub) serveReplay() {
 	}
 }
 
-func stores(tokens []uint32) *kv.EventBatch {
-	return &kv.EventBatch{Events: []kv.Event{{Kind: kv.EventBlockStored, BlockHashes: kv.AppendBlockHashes(nil, tokens, 16),
-		TokenIDs: tokens, BlockSize: 16, Medium: kv.MediumGPU}}}
+func stores(tokens []uint32) *events.EventBatch {
+	return &events.EventBatch{Events: []events.Event{{Kind: events.EventBlockStored, BlockHashes: hashing.AppendBlockHashes(nil, tokens, 16),
+		TokenIDs: tokens, BlockSize: 16, Medium: events.MediumGPU}}}
 }
 
-func removes(tokens []uint32) *kv.EventBatch {
-	return &kv.EventBatch{Events: []kv.Event{{Kind: kv.EventBlockRemoved, BlockHashes: kv.AppendBlockHashes(nil, tokens, 16)}}}
+func removes(tokens []uint32) *events.EventBatch {
+	return &events.EventBatch{Events: []events.Event{{Kind: events.EventBlockRemoved, BlockHashes: hashing.AppendBlockHashes(nil, tokens, 16)}}}
 }
 
 // cacheHarness is the selection path of a router with cache_aware over three engines whose
@@ -211,7 +215,7 @@ func (h *cacheHarness) warmUp(t *testing.T, p *enginePub, worker string) {
 	t.Helper()
 	deadline := time.After(10 * time.Second)
 	for {
-		seq := p.send(&kv.EventBatch{Events: []kv.Event{}})
+		seq := p.send(&events.EventBatch{Events: []events.Event{}})
 		tick := time.After(50 * time.Millisecond)
 	wait:
 		for {
@@ -288,8 +292,8 @@ func TestCacheAwareSelectionOverZMQ(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := startCacheHarness(t, cfg)
-	if err := h.cs.AddWorker(kv.WorkerSpec{ID: "A", URL: "http://127.0.0.1:3", Model: "m", DPSize: 1, BlockSize: 16,
-		Publishers: []kv.Publisher{{Endpoint: "tcp://127.0.0.1:" + strconv.Itoa(pubPort), Replay: "tcp://127.0.0.1:" + strconv.Itoa(replayPort)}}}); err != nil {
+	if err := h.cs.AddWorker(subscribe.WorkerSpec{ID: "A", URL: "http://127.0.0.1:3", Model: "m", DPSize: 1, BlockSize: 16,
+		Publishers: []subscribe.Publisher{{Endpoint: "tcp://127.0.0.1:" + strconv.Itoa(pubPort), Replay: "tcp://127.0.0.1:" + strconv.Itoa(replayPort)}}}); err != nil {
 		t.Fatal(err)
 	}
 	h.warmUp(t, a, "A")
@@ -331,13 +335,13 @@ func TestCacheAwareSelectionOverZMQ(t *testing.T) {
 	})
 	t.Run("a sequence gap is repaired by replay", func(t *testing.T) {
 		a.lose(stores(shared)) // published while the subscriber was not listening
-		h.waitApplied(t, "A", a.send(&kv.EventBatch{Events: []kv.Event{}}))
+		h.waitApplied(t, "A", a.send(&events.EventBatch{Events: []events.Event{}}))
 		if w, reason := h.pick(t, request); w != "A" || reason != engine.ReasonCacheCandidate {
 			t.Fatalf("pick %s (%s), want A after the replay", w, reason)
 		}
 		// The replay may carry the live batch itself, whose apply the wait above can see
 		// before the replay is counted; the next batch is handled after the repair is done.
-		h.waitApplied(t, "A", a.send(&kv.EventBatch{Events: []kv.Event{}}))
+		h.waitApplied(t, "A", a.send(&events.EventBatch{Events: []events.Event{}}))
 		c := h.cs.Index().Metrics().Ingest()
 		if c.Replays == 0 || c.ClearsGap != 0 {
 			t.Fatalf("counts %+v", c)
@@ -402,18 +406,18 @@ func TestNeedsCache(t *testing.T) {
 	}
 }
 
-// TestTwoRoutersShareAnIndexer: an indexer (kv.IndexerHandler over its own subscriptions)
+// TestTwoRoutersShareAnIndexer: an indexer (indexer.Handler over its own subscriptions)
 // serves two routers whose cache_aware policies use the remote source; both send the shared
 // prefix to the engine holding it, and each makes one lookup per request.
 func TestTwoRoutersShareAnIndexer(t *testing.T) {
 	a := startEnginePub(t, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0")
-	idx, err := kv.NewIndex(kv.IndexConfig{Shards: 4})
+	idx, err := index.New(index.Config{Shards: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer idx.Close()
 	applied := make(chan uint64, 1024)
-	mgr, err := kv.NewManager(kv.ManagerConfig{Index: idx, MinBackoff: 10 * time.Millisecond,
+	mgr, err := subscribe.NewManager(subscribe.ManagerConfig{Index: idx, MinBackoff: 10 * time.Millisecond,
 		OnApplied: func(_ string, _ int, seq uint64) {
 			select {
 			case applied <- seq:
@@ -423,12 +427,12 @@ func TestTwoRoutersShareAnIndexer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := mgr.AddWorker(kv.WorkerSpec{ID: "A", Model: "m", KVEvents: "tcp://" + a.pub.Addr().String(),
+	if err := mgr.AddWorker(subscribe.WorkerSpec{ID: "A", Model: "m", KVEvents: "tcp://" + a.pub.Addr().String(),
 		Replay: "tcp://" + a.router.Addr().String()}); err != nil {
 		t.Fatal(err)
 	}
 	for _, id := range []string{"B", "C"} {
-		if err := mgr.AddWorker(kv.WorkerSpec{ID: id, Model: "m", NoDiscovery: true}); err != nil {
+		if err := mgr.AddWorker(subscribe.WorkerSpec{ID: id, Model: "m", NoDiscovery: true}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -441,7 +445,7 @@ func TestTwoRoutersShareAnIndexer(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	h, err := kv.NewIndexerHandler(kv.IndexerConfig{Index: idx, Manager: mgr})
+	h, err := indexer.NewHandler(indexer.Config{Index: idx, Manager: mgr})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -467,7 +471,7 @@ func TestTwoRoutersShareAnIndexer(t *testing.T) {
 		}
 	}
 	for warm := false; !warm; {
-		seq := a.send(&kv.EventBatch{Events: []kv.Event{}})
+		seq := a.send(&events.EventBatch{Events: []events.Event{}})
 		select {
 		case got := <-applied:
 			warm = got == seq
@@ -506,9 +510,9 @@ func TestTwoRoutersShareAnIndexer(t *testing.T) {
 	}
 }
 
-// fasthttpServer serves a kv.IndexerHandler until the test ends.
+// fasthttpServer serves an indexer.Handler until the test ends.
 type fasthttpServer struct {
-	handler *kv.IndexerHandler
+	handler *indexer.Handler
 }
 
 func (s *fasthttpServer) start(t *testing.T, ln net.Listener) {
@@ -530,17 +534,17 @@ func TestWorkerSpecFromDeclaredKVFacts(t *testing.T) {
 	tests := []struct {
 		name string
 		w    config.Worker
-		want kv.WorkerSpec
+		want subscribe.WorkerSpec
 	}{
 		{"sglang, declared facts", config.Worker{ID: "a", URL: "http://h:1", Model: "m", DPSize: 2, KVEvents: "tcp://h:5557",
 			KVReplay: "tcp://h:5558", KVBlockSize: 32, KVHashScheme: config.KVHashSGLang},
-			kv.WorkerSpec{ID: "a", URL: "http://h:1", Model: "m", DPSize: 2, KVEvents: "tcp://h:5557", Replay: "tcp://h:5558",
-				BlockSize: 32, HashScheme: kv.HashSchemeSGLang}},
+			subscribe.WorkerSpec{ID: "a", URL: "http://h:1", Model: "m", DPSize: 2, KVEvents: "tcp://h:5557", Replay: "tcp://h:5558",
+				BlockSize: 32, HashScheme: subscribe.HashSchemeSGLang}},
 		{"vllm flavour", config.Worker{ID: "v", URL: "http://h:2", Model: "m", DPSize: 1, Flavor: config.FlavorVLLM},
-			kv.WorkerSpec{ID: "v", URL: "http://h:2", Model: "m", DPSize: 1, NoDiscovery: true, HashScheme: kv.HashSchemeRekey}},
+			subscribe.WorkerSpec{ID: "v", URL: "http://h:2", Model: "m", DPSize: 1, NoDiscovery: true, HashScheme: subscribe.HashSchemeRekey}},
 		{"vllm flavour, scheme declared", config.Worker{ID: "v", URL: "http://h:2", Model: "m", DPSize: 1, Flavor: config.FlavorVLLM,
 			KVHashScheme: config.KVHashAuto},
-			kv.WorkerSpec{ID: "v", URL: "http://h:2", Model: "m", DPSize: 1, NoDiscovery: true, HashScheme: kv.HashSchemeAuto}},
+			subscribe.WorkerSpec{ID: "v", URL: "http://h:2", Model: "m", DPSize: 1, NoDiscovery: true, HashScheme: subscribe.HashSchemeAuto}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

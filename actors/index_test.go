@@ -7,13 +7,15 @@ import (
 	"time"
 
 	"switchyard/kv"
+	"switchyard/kv/hashing"
+	"switchyard/kv/index"
 )
 
-// actorIndex returns a kv.Index whose shards run on index shard actors, and those actors.
-func actorIndex(t *testing.T, shards, mailbox int) (*kv.Index, *IndexShards) {
+// actorIndex returns an index.Index whose shards run on index shard actors, and those actors.
+func actorIndex(t *testing.T, shards, mailbox int) (*index.Index, *IndexShards) {
 	t.Helper()
 	var hosted *IndexShards
-	x, err := kv.NewIndex(kv.IndexConfig{Shards: shards, MaxBlocks: 1 << 20, Host: func(s []*kv.Shard) (kv.ShardHost, error) {
+	x, err := index.New(index.Config{Shards: shards, MaxBlocks: 1 << 20, Host: func(s []*index.Shard) (index.ShardHost, error) {
 		sys, _ := newObservedSystem(t, nil)
 		h, err := NewIndexShards(s, IndexOptions{Mailbox: mailbox, System: sys})
 		hosted = h
@@ -35,20 +37,20 @@ func prompt(base, n int) []uint32 {
 }
 
 // holdPrompt stores tokens' blocks (block size 16) for worker and reports dropped ops.
-func holdPrompt(t *testing.T, x *kv.Index, worker string, tokens []uint32) int {
+func holdPrompt(t *testing.T, x *index.Index, worker string, tokens []uint32) int {
 	t.Helper()
 	ids, err := x.SetWorker(worker, "m", 1, 16)
 	if err != nil {
 		t.Fatal(err)
 	}
 	w := x.NewWriter()
-	for _, h := range kv.AppendBlockHashes(nil, tokens, 16) {
-		w.Store(ids[0], x.Owners().Epoch(ids[0]), h, kv.TierGPU)
+	for _, h := range hashing.AppendBlockHashes(nil, tokens, 16) {
+		w.Store(ids[0], x.Owners().Epoch(ids[0]), h, index.TierGPU)
 	}
 	return w.Flush()
 }
 
-func matched(t *testing.T, x *kv.Index, tokens []uint32) (map[string]int64, error) {
+func matched(t *testing.T, x *index.Index, tokens []uint32) (map[string]int64, error) {
 	t.Helper()
 	var l kv.Lookup
 	// A deadline of its own: without one the index bounds the lookup by its default 100 ms,
@@ -109,7 +111,7 @@ func TestIndexShardsRejectFastWhenFull(t *testing.T) {
 	// The first batch occupies the actor; the next ones fill the mailbox until one is refused.
 	write := func(hash int64) int {
 		w := x.NewWriter()
-		w.Store(ids[0], x.Owners().Epoch(ids[0]), hash, kv.TierGPU)
+		w.Store(ids[0], x.Owners().Epoch(ids[0]), hash, index.TierGPU)
 		return w.Flush()
 	}
 	if write(1) != 0 {
@@ -139,7 +141,7 @@ func TestIndexShardsRejectFastWhenFull(t *testing.T) {
 	}
 	select {
 	case err := <-results:
-		if !errors.Is(err, kv.ErrUnavailable) || !errors.Is(err, kv.ErrShardBusy) {
+		if !errors.Is(err, kv.ErrUnavailable) || !errors.Is(err, index.ErrShardBusy) {
 			t.Fatalf("first answer: %v", err)
 		}
 	case <-time.After(30 * time.Second):
@@ -147,7 +149,7 @@ func TestIndexShardsRejectFastWhenFull(t *testing.T) {
 	}
 	release()
 	for range 15 {
-		if err := <-results; err != nil && !errors.Is(err, kv.ErrShardBusy) {
+		if err := <-results; err != nil && !errors.Is(err, index.ErrShardBusy) {
 			t.Fatalf("after release: %v", err)
 		}
 	}
@@ -208,7 +210,7 @@ func TestIndexShardsClose(t *testing.T) {
 	if err := x.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.Apply(0, &kv.ShardBatch{}); !errors.Is(err, ErrIndexClosed) {
+	if err := h.Apply(0, &index.ShardBatch{}); !errors.Is(err, ErrIndexClosed) {
 		t.Fatalf("apply after close: %v", err)
 	}
 	if _, err := matched(t, x, prompt(0, 16)); err != nil {

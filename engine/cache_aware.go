@@ -12,6 +12,7 @@ import (
 
 	"switchyard/config"
 	"switchyard/kv"
+	"switchyard/kv/index"
 	"switchyard/load"
 )
 
@@ -335,7 +336,7 @@ func prefixOf(req *PickRequest, source kv.CacheSource) (PrefixMatcher, missReaso
 	if isMemo && source != nil {
 		if r, ok := memo.Resolved(source); ok {
 			pm = r
-		} else if idx, ok := source.(*kv.Index); ok {
+		} else if idx, ok := source.(*index.Index); ok {
 			// A local index answers on first use: CPU work on the index shards, no network.
 			pm = memo.Resolve(context.Background(), idx)
 		} else {

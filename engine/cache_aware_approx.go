@@ -5,6 +5,7 @@ import (
 
 	"switchyard/config"
 	"switchyard/kv"
+	"switchyard/kv/approx"
 )
 
 // ReasonLoadBalance: cache_aware with the approximate source found the group imbalanced and
@@ -34,7 +35,7 @@ func approxSettingsFromConfig(c config.CacheAware) *ApproxSettings {
 }
 
 // residentCounter is a prefix source that can say how much of its tree a worker holds
-// (kv.ApproxIndex).
+// (approx.Index).
 type residentCounter interface {
 	Resident(worker string) int64
 }
@@ -46,7 +47,7 @@ type queryLength interface {
 }
 
 var (
-	_ residentCounter = (*kv.ApproxIndex)(nil)
+	_ residentCounter = (*approx.Index)(nil)
 	_ queryLength     = (*kv.PrefixResult)(nil)
 	_ queryLength     = (*kv.PrefixMemo)(nil)
 )

@@ -7,6 +7,7 @@ import (
 
 	"switchyard/config"
 	"switchyard/kv"
+	"switchyard/kv/approx"
 	"switchyard/load"
 )
 
@@ -16,9 +17,9 @@ func approxSettings() CacheAwareSettings {
 	return CacheAwareSettingsFromConfig(c)
 }
 
-func newApproxIndex(t *testing.T) *kv.ApproxIndex {
+func newApproxIndex(t *testing.T) *approx.Index {
 	t.Helper()
-	x, err := kv.NewApproxIndex(kv.ApproxConfig{Shards: 2, MaxTreeSize: 1 << 20})
+	x, err := approx.New(approx.Config{Shards: 2, MaxTreeSize: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +37,7 @@ func symbols(from, n int) []uint32 {
 }
 
 // approxReq looks seq up in x and returns the prefill pick request carrying the memo.
-func approxReq(t *testing.T, x *kv.ApproxIndex, seq []uint32) *PickRequest {
+func approxReq(t *testing.T, x *approx.Index, seq []uint32) *PickRequest {
 	t.Helper()
 	memo := kv.NewPrefixMemo("llama", seq)
 	if r := memo.Resolve(context.Background(), x); r.Err != nil {

@@ -11,6 +11,8 @@ import (
 
 	"switchyard/config"
 	"switchyard/kv"
+	"switchyard/kv/hashing"
+	"switchyard/kv/index"
 	"switchyard/load"
 )
 
@@ -393,7 +395,7 @@ func TestCacheAwarePrefixStatus(t *testing.T) {
 // policy's decision; a local index is resolved on first use and memoized.
 func TestCacheAwareMemoBySource(t *testing.T) {
 	ws := sortedWorkers(t, 3)
-	idx, err := kv.NewIndex(kv.IndexConfig{Shards: 2})
+	idx, err := index.New(index.Config{Shards: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -443,7 +445,7 @@ func (s *countingSource) Lookup(_ context.Context, _ string, tokens []uint32, ds
 }
 
 // storeTokens records in idx that worker (one rank, block size 16) holds tokens.
-func storeTokens(t testing.TB, idx *kv.Index, worker string, tokens []uint32) {
+func storeTokens(t testing.TB, idx *index.Index, worker string, tokens []uint32) {
 	t.Helper()
 	ids, err := idx.SetWorker(worker, "llama", 1, 16)
 	if err != nil {
@@ -451,8 +453,8 @@ func storeTokens(t testing.TB, idx *kv.Index, worker string, tokens []uint32) {
 	}
 	w := idx.NewWriter()
 	ep := idx.Owners().Epoch(ids[0])
-	for _, h := range kv.AppendBlockHashes(nil, tokens, 16) {
-		w.Store(ids[0], ep, h, kv.TierGPU)
+	for _, h := range hashing.AppendBlockHashes(nil, tokens, 16) {
+		w.Store(ids[0], ep, h, index.TierGPU)
 	}
 	if d := w.Flush(); d != 0 {
 		t.Fatalf("%d operations dropped", d)
@@ -517,7 +519,7 @@ func TestFactoryBuildsCacheAware(t *testing.T) {
 	if _, err := BuildResolvers(cfg, Deps{}); !errors.Is(err, ErrInvalidConfiguration) {
 		t.Fatalf("without a cache source: err = %v", err)
 	}
-	idx, err := kv.NewIndex(kv.IndexConfig{})
+	idx, err := index.New(index.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,8 +25,8 @@ type Deps struct {
 	// sticky. Nil makes those policies an InvalidConfiguration.
 	Affinity AffinityStore
 	// Cache is the prefix source of cache_aware, and of session_aware and sticky with
-	// affinity.prefix_rebind: the local index (*kv.Index) or the remote indexer client
-	// (*kv.RemoteSource). Nil makes cache_aware an InvalidConfiguration.
+	// affinity.prefix_rebind: the local index (*index.Index) or the remote indexer client
+	// (*indexer.RemoteSource). Nil makes cache_aware an InvalidConfiguration.
 	Cache kv.CacheSource
 	// Metrics receives the policies' metrics (cache_aware decisions). Nil keeps them private.
 	Metrics *metrics.Set

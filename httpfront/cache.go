@@ -9,6 +9,7 @@ import (
 	"switchyard/config"
 	"switchyard/engine"
 	"switchyard/kv"
+	"switchyard/kv/approx"
 	"switchyard/tokenizer"
 )
 
@@ -75,15 +76,15 @@ func approxSymbols(dst []uint32, f *requestFacts) []uint32 {
 		for _, m := range f.messages {
 			_ = m.members(func(key []byte, v jsonValue) error {
 				if keyIs(key, "role") || keyIs(key, "content") {
-					dst = kv.TextSymbols(dst, v.raw)
+					dst = approx.TextSymbols(dst, v.raw)
 				}
 				return nil
 			})
 		}
 	case len(f.prompts) == 1 && f.batch == 0:
-		dst = kv.TextSymbols(dst, f.prompts[0].raw)
+		dst = approx.TextSymbols(dst, f.prompts[0].raw)
 	}
-	return dst[:min(len(dst), kv.MaxApproxSymbols)]
+	return dst[:min(len(dst), approx.MaxSymbols)]
 }
 
 // recordDispatch tells the approximate source where the request of ex went: its plain or

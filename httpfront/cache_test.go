@@ -10,6 +10,9 @@ import (
 
 	"switchyard/config"
 	"switchyard/kv"
+	"switchyard/kv/events"
+	"switchyard/kv/hashing"
+	"switchyard/kv/subscribe"
 	"switchyard/tokenizer"
 )
 
@@ -53,12 +56,12 @@ func TestCacheAwareServing(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	payload, err := kv.NewEncoder().Encode(&kv.EventBatch{Events: []kv.Event{{Kind: kv.EventBlockStored,
-		BlockHashes: kv.AppendBlockHashes(nil, ids, 16), TokenIDs: ids, BlockSize: 16, Medium: kv.MediumGPU}}}, kv.ShapeArray)
+	payload, err := events.NewEncoder().Encode(&events.EventBatch{Events: []events.Event{{Kind: events.EventBlockStored,
+		BlockHashes: hashing.AppendBlockHashes(nil, ids, 16), TokenIDs: ids, BlockSize: 16, Medium: events.MediumGPU}}}, events.ShapeArray)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := x.NewIngestor("A", false, nil).Apply(payload, 0); err != nil {
+	if _, err := subscribe.NewIngestor(x, "A", false, nil).Apply(payload, 0); err != nil {
 		t.Fatal(err)
 	}
 	var l kv.Lookup // the shards apply writes before any later lookup

@@ -10,9 +10,11 @@ import (
 	"switchyard/load/zmtp"
 )
 
-// Metrics are the KV package's metric handles, created once on a set and shared by the index,
+// Metrics are the kv packages' metric handles, created once on a set and shared by the index,
 // the subscriptions and the cache sources of one process. The zero of every counter is
-// exported from start-up, so dashboards see a flat line rather than a missing series.
+// exported from start-up, so dashboards see a flat line rather than a missing series. The
+// counters are exported fields for the sub-packages that count; readers use the accessors
+// (Ingest, LocalLookups, RemoteLookups, HashCacheChunks).
 type Metrics struct {
 	set *metrics.Set
 
@@ -20,27 +22,27 @@ type Metrics struct {
 	lookups [numSourceKinds]lookupMetrics
 
 	// Ingest.
-	opsApplied       *metrics.Counter // block operations handed to shards
-	opsDroppedBusy   *metrics.Counter // block operations refused by a full shard mailbox
-	opsDroppedUnkey  *metrics.Counter // stores that could not be re-keyed (parent unknown)
-	batchesOK        *metrics.Counter
-	batchesMalformed *metrics.Counter
-	batchesUnknown   *metrics.Counter // bound SUB: topic of no known worker
-	gaps             *metrics.Counter
-	replays          *metrics.Counter
-	replayFailures   *metrics.Counter
-	reconnects       *metrics.Counter
-	hashMismatches   *metrics.Counter
+	OpsApplied       *metrics.Counter // block operations handed to shards
+	OpsDroppedBusy   *metrics.Counter // block operations refused by a full shard mailbox
+	OpsDroppedUnkey  *metrics.Counter // stores that could not be re-keyed (parent unknown)
+	BatchesOK        *metrics.Counter
+	BatchesMalformed *metrics.Counter
+	BatchesUnknown   *metrics.Counter // bound SUB: topic of no known worker
+	Gaps             *metrics.Counter
+	Replays          *metrics.Counter
+	ReplayFailures   *metrics.Counter
+	Reconnects       *metrics.Counter
+	HashMismatches   *metrics.Counter
 	// Publishers disconnected for what they sent (switchyard_zmq_peer_drops_total).
-	peerDrops *zmtp.Metrics
-	clears    [numClearReasons]*metrics.Counter
+	PeerDrops *zmtp.Metrics
+	Clears    [numClearReasons]*metrics.Counter
 
 	// The index: operations dropped because their owner was cleared, blocks evicted by the
 	// memory bound (every shard adds to them once per batch).
-	indexStale, indexEvicted *metrics.Counter
+	IndexStale, IndexEvicted *metrics.Counter
 
 	// Lookup hashing: prompt chunks found in the hash cache, and not.
-	hashCacheHits, hashCacheMisses *metrics.Counter
+	HashCacheHits, HashCacheMisses *metrics.Counter
 
 	// eventLag is the age of each applied batch: receipt after apply minus the engine's
 	// batch timestamp (a classic histogram).
@@ -59,28 +61,28 @@ type lookupMetrics struct {
 	seconds                   *metrics.PrometheusHistogram
 }
 
-// sourceKind labels lookup metrics.
-type sourceKind uint8
+// SourceKind labels lookup metrics.
+type SourceKind uint8
 
 const (
-	sourceLocal sourceKind = iota
-	sourceRemote
+	SourceLocal SourceKind = iota
+	SourceRemote
 	numSourceKinds
 )
 
 var sourceKindNames = [numSourceKinds]string{"local", "remote"}
 
-// clearReason labels why an owner's entries were cleared.
-type clearReason uint8
+// ClearReason labels why an owner's entries were cleared.
+type ClearReason uint8
 
 const (
-	clearAllBlocks clearReason = iota // AllBlocksCleared event
-	clearRestart                      // sequence went backwards: publisher restarted
-	clearGap                          // sequence gap without a successful replay
-	clearDropped                      // a shard refused a batch
-	clearRemoved                      // worker removed
-	clearRekey                        // hashes turned out not reproducible: re-keyed from scratch
-	clearReconnect                    // the connection was lost: what was published meanwhile is unknown
+	ClearAllBlocks ClearReason = iota // AllBlocksCleared event
+	ClearRestart                      // sequence went backwards: publisher restarted
+	ClearGap                          // sequence gap without a successful replay
+	ClearDropped                      // a shard refused a batch
+	ClearRemoved                      // worker removed
+	ClearRekey                        // hashes turned out not reproducible: re-keyed from scratch
+	ClearReconnect                    // the connection was lost: what was published meanwhile is unknown
 	numClearReasons
 )
 
@@ -102,33 +104,33 @@ func NewMetrics(set *metrics.Set) *Metrics {
 			seconds:     set.GetOrCreatePrometheusHistogramExt(`switchyard_kv_lookup_duration_seconds{`+src+`}`, lookupBuckets),
 		}
 	}
-	m.opsApplied = set.GetOrCreateCounter(`switchyard_kv_block_ops_total{result="applied"}`)
-	m.opsDroppedBusy = set.GetOrCreateCounter(`switchyard_kv_block_ops_total{result="dropped_busy"}`)
-	m.opsDroppedUnkey = set.GetOrCreateCounter(`switchyard_kv_block_ops_total{result="dropped_unkeyed"}`)
-	m.batchesOK = set.GetOrCreateCounter(`switchyard_kv_event_batches_total{result="ok"}`)
-	m.batchesMalformed = set.GetOrCreateCounter(`switchyard_kv_event_batches_total{result="malformed"}`)
-	m.batchesUnknown = set.GetOrCreateCounter(`switchyard_kv_event_batches_total{result="unknown_engine"}`)
-	m.gaps = set.GetOrCreateCounter(`switchyard_kv_sequence_gaps_total`)
-	m.replays = set.GetOrCreateCounter(`switchyard_kv_replays_total{result="ok"}`)
-	m.replayFailures = set.GetOrCreateCounter(`switchyard_kv_replays_total{result="failed"}`)
-	m.reconnects = set.GetOrCreateCounter(`switchyard_kv_reconnects_total`)
-	m.hashMismatches = set.GetOrCreateCounter(`switchyard_kv_hash_mismatches_total`)
-	m.peerDrops = zmtp.NewMetrics(set, "kv_events")
-	m.hashCacheHits = set.GetOrCreateCounter(`switchyard_kv_hash_cache_chunks_total{result="hit"}`)
-	m.hashCacheMisses = set.GetOrCreateCounter(`switchyard_kv_hash_cache_chunks_total{result="miss"}`)
+	m.OpsApplied = set.GetOrCreateCounter(`switchyard_kv_block_ops_total{result="applied"}`)
+	m.OpsDroppedBusy = set.GetOrCreateCounter(`switchyard_kv_block_ops_total{result="dropped_busy"}`)
+	m.OpsDroppedUnkey = set.GetOrCreateCounter(`switchyard_kv_block_ops_total{result="dropped_unkeyed"}`)
+	m.BatchesOK = set.GetOrCreateCounter(`switchyard_kv_event_batches_total{result="ok"}`)
+	m.BatchesMalformed = set.GetOrCreateCounter(`switchyard_kv_event_batches_total{result="malformed"}`)
+	m.BatchesUnknown = set.GetOrCreateCounter(`switchyard_kv_event_batches_total{result="unknown_engine"}`)
+	m.Gaps = set.GetOrCreateCounter(`switchyard_kv_sequence_gaps_total`)
+	m.Replays = set.GetOrCreateCounter(`switchyard_kv_replays_total{result="ok"}`)
+	m.ReplayFailures = set.GetOrCreateCounter(`switchyard_kv_replays_total{result="failed"}`)
+	m.Reconnects = set.GetOrCreateCounter(`switchyard_kv_reconnects_total`)
+	m.HashMismatches = set.GetOrCreateCounter(`switchyard_kv_hash_mismatches_total`)
+	m.PeerDrops = zmtp.NewMetrics(set, "kv_events")
+	m.HashCacheHits = set.GetOrCreateCounter(`switchyard_kv_hash_cache_chunks_total{result="hit"}`)
+	m.HashCacheMisses = set.GetOrCreateCounter(`switchyard_kv_hash_cache_chunks_total{result="miss"}`)
 	for r := range numClearReasons {
-		m.clears[r] = set.GetOrCreateCounter(`switchyard_kv_owner_clears_total{reason="` + clearReasonNames[r] + `"}`)
+		m.Clears[r] = set.GetOrCreateCounter(`switchyard_kv_owner_clears_total{reason="` + clearReasonNames[r] + `"}`)
 	}
-	m.indexStale = set.GetOrCreateCounter(`switchyard_kv_index_stale_ops_total`)
-	m.indexEvicted = set.GetOrCreateCounter(`switchyard_kv_index_evicted_blocks_total`)
+	m.IndexStale = set.GetOrCreateCounter(`switchyard_kv_index_stale_ops_total`)
+	m.IndexEvicted = set.GetOrCreateCounter(`switchyard_kv_index_evicted_blocks_total`)
 	m.eventLag = set.GetOrCreatePrometheusHistogramExt(`switchyard_kv_event_lag_seconds`, eventLagBuckets)
 	return m
 }
 
-// observeLag records how old a batch stamped ts (unix seconds, the engine's clock) is at now.
+// ObserveLag records how old a batch stamped ts (unix seconds, the engine's clock) is at now.
 // A batch without a timestamp is not counted; an engine clock ahead of the router's counts
 // as no lag.
-func (m *Metrics) observeLag(ts float64, now time.Time) {
+func (m *Metrics) ObserveLag(ts float64, now time.Time) {
 	if !(ts > 0) || math.IsInf(ts, 1) {
 		return
 	}
@@ -139,8 +141,8 @@ func (m *Metrics) observeLag(ts float64, now time.Time) {
 // Set returns the set the handles live on.
 func (m *Metrics) Set() *metrics.Set { return m.set }
 
-// observeLookup records one lookup of a source kind.
-func (m *Metrics) observeLookup(k sourceKind, start time.Time, err error) {
+// ObserveLookup records one lookup of a source kind.
+func (m *Metrics) ObserveLookup(k SourceKind, start time.Time, err error) {
 	lm := &m.lookups[k]
 	lm.seconds.UpdateDuration(start)
 	switch {
@@ -156,7 +158,7 @@ func (m *Metrics) observeLookup(k sourceKind, start time.Time, err error) {
 // HashCacheChunks returns how many prompt chunks lookups found in the hash cache, and how many
 // they looked for in vain.
 func (m *Metrics) HashCacheChunks() (hits, misses uint64) {
-	return m.hashCacheHits.Get(), m.hashCacheMisses.Get()
+	return m.HashCacheHits.Get(), m.HashCacheMisses.Get()
 }
 
 // LookupCounts are the lookups a source kind answered, by outcome.
@@ -165,10 +167,10 @@ type LookupCounts struct {
 }
 
 // LocalLookups returns the outcome counts of local-index lookups.
-func (m *Metrics) LocalLookups() LookupCounts { return m.lookups[sourceLocal].counts() }
+func (m *Metrics) LocalLookups() LookupCounts { return m.lookups[SourceLocal].counts() }
 
 // RemoteLookups returns the outcome counts of remote-indexer lookups.
-func (m *Metrics) RemoteLookups() LookupCounts { return m.lookups[sourceRemote].counts() }
+func (m *Metrics) RemoteLookups() LookupCounts { return m.lookups[SourceRemote].counts() }
 
 func (lm *lookupMetrics) counts() LookupCounts {
 	return LookupCounts{OK: lm.ok.Get(), Unavailable: lm.unavailable.Get(), Rejected: lm.rejected.Get()}
@@ -188,13 +190,13 @@ type IngestCounts struct {
 // Ingest returns the ingest counters.
 func (m *Metrics) Ingest() IngestCounts {
 	return IngestCounts{
-		OpsApplied: m.opsApplied.Get(), OpsDroppedBusy: m.opsDroppedBusy.Get(), OpsDroppedUnkeyed: m.opsDroppedUnkey.Get(),
-		Batches: m.batchesOK.Get(), Malformed: m.batchesMalformed.Get(), UnknownEngine: m.batchesUnknown.Get(),
-		Gaps: m.gaps.Get(), Replays: m.replays.Get(), ReplayFailures: m.replayFailures.Get(), Reconnects: m.reconnects.Get(),
-		HashMismatches:  m.hashMismatches.Get(),
-		ClearsAllBlocks: m.clears[clearAllBlocks].Get(), ClearsRestart: m.clears[clearRestart].Get(),
-		ClearsGap: m.clears[clearGap].Get(), ClearsDropped: m.clears[clearDropped].Get(),
-		ClearsRemoved: m.clears[clearRemoved].Get(), ClearsRekey: m.clears[clearRekey].Get(),
-		ClearsReconnect: m.clears[clearReconnect].Get(),
+		OpsApplied: m.OpsApplied.Get(), OpsDroppedBusy: m.OpsDroppedBusy.Get(), OpsDroppedUnkeyed: m.OpsDroppedUnkey.Get(),
+		Batches: m.BatchesOK.Get(), Malformed: m.BatchesMalformed.Get(), UnknownEngine: m.BatchesUnknown.Get(),
+		Gaps: m.Gaps.Get(), Replays: m.Replays.Get(), ReplayFailures: m.ReplayFailures.Get(), Reconnects: m.Reconnects.Get(),
+		HashMismatches:  m.HashMismatches.Get(),
+		ClearsAllBlocks: m.Clears[ClearAllBlocks].Get(), ClearsRestart: m.Clears[ClearRestart].Get(),
+		ClearsGap: m.Clears[ClearGap].Get(), ClearsDropped: m.Clears[ClearDropped].Get(),
+		ClearsRemoved: m.Clears[ClearRemoved].Get(), ClearsRekey: m.Clears[ClearRekey].Get(),
+		ClearsReconnect: m.Clears[ClearReconnect].Get(),
 	}
 }

@@ -60,8 +60,8 @@ func (l *Lookup) Tokens(worker string) int64 {
 	return l.Matches[i].Tokens
 }
 
-// normalize sorts the matches by worker and keeps the best entry of each worker.
-func (l *Lookup) normalize() {
+// Normalize sorts the matches by worker and keeps the best entry of each worker.
+func (l *Lookup) Normalize() {
 	m := l.Matches
 	slices.SortFunc(m, func(a, b Match) int {
 		if c := cmp.Compare(a.Worker, b.Worker); c != 0 {

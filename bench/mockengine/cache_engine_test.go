@@ -5,7 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"switchyard/kv"
+	"switchyard/kv/events"
+	"switchyard/kv/hashing"
 )
 
 // ids returns the token IDs from, from+1, ..., from+n-1.
@@ -135,14 +136,14 @@ func TestTTFTFallsOnRealClock(t *testing.T) {
 // their parent hash and token IDs (prompt and output pages), LRU eviction of unreferenced
 // leaves, and the cached-token counts that follow.
 func TestEvictionEmitsBlockRemoved(t *testing.T) {
-	for _, shape := range []kv.Shape{kv.ShapeArray, kv.ShapeMap} {
+	for _, shape := range []events.Shape{events.ShapeArray, events.ShapeMap} {
 		t.Run(shape.String(), func(t *testing.T) {
 			const ps = 4
 			e := startEngine(t, Config{ZeroCost: true, PageSize: ps, CacheTokens: 64, KVEvents: KVEvents{Shape: shape, Topic: "kv@mock"}})
 			c := newClient(t)
 			sub := dialSub(t, e.KVEventsEndpoint(0), "kv@mock")
 			seq0 := syncKV(t, c, e, sub, "kv@mock")
-			expectBatch := func(wantSeq uint64) *kv.EventBatch {
+			expectBatch := func(wantSeq uint64) *events.EventBatch {
 				t.Helper()
 				seq, b := kvBatch(t, sub.next(t), "kv@mock")
 				if seq != wantSeq {
@@ -157,8 +158,8 @@ func TestEvictionEmitsBlockRemoved(t *testing.T) {
 			a := ids(1, 33) // 8 whole pages and one token
 			generate(t, e, a, 0, nil)
 			b := expectBatch(seq0 + 1)
-			hashesA := kv.AppendBlockHashes(nil, a[:32], ps)
-			want := []kv.Event{{Kind: kv.EventBlockStored, BlockHashes: hashesA, TokenIDs: a[:32], BlockSize: ps, Medium: kv.MediumGPU}}
+			hashesA := hashing.AppendBlockHashes(nil, a[:32], ps)
+			want := []events.Event{{Kind: events.EventBlockStored, BlockHashes: hashesA, TokenIDs: a[:32], BlockSize: ps, Medium: events.MediumGPU}}
 			if !slices.EqualFunc(b.Events, want, eventEqual) {
 				t.Fatalf("prompt A stored %+v, want %+v", b.Events, want)
 			}
@@ -167,9 +168,9 @@ func TestEvictionEmitsBlockRemoved(t *testing.T) {
 			ext := append(slices.Clone(a[:32]), ids(200, 9)...)
 			generate(t, e, ext, 0, nil)
 			b = expectBatch(seq0 + 2)
-			hashesExt := kv.AppendBlockHashes(nil, ext[:40], ps)
-			want = []kv.Event{{Kind: kv.EventBlockStored, BlockHashes: hashesExt[8:], ParentHash: hashesA[7], HasParent: true,
-				TokenIDs: ext[32:40], BlockSize: ps, Medium: kv.MediumGPU}}
+			hashesExt := hashing.AppendBlockHashes(nil, ext[:40], ps)
+			want = []events.Event{{Kind: events.EventBlockStored, BlockHashes: hashesExt[8:], ParentHash: hashesA[7], HasParent: true,
+				TokenIDs: ext[32:40], BlockSize: ps, Medium: events.MediumGPU}}
 			if !slices.EqualFunc(b.Events, want, eventEqual) {
 				t.Fatalf("extension stored %+v, want %+v", b.Events, want)
 			}
@@ -179,13 +180,13 @@ func TestEvictionEmitsBlockRemoved(t *testing.T) {
 			bPrompt := ids(500, 33)
 			generate(t, e, bPrompt, 0, nil)
 			b = expectBatch(seq0 + 3)
-			if len(b.Events) != 2 || b.Events[0].Kind != kv.EventBlockRemoved || b.Events[1].Kind != kv.EventBlockStored {
+			if len(b.Events) != 2 || b.Events[0].Kind != events.EventBlockRemoved || b.Events[1].Kind != events.EventBlockStored {
 				t.Fatalf("want BlockRemoved then BlockStored, got %+v", b.Events)
 			}
 			// Cached: A's 8 pages plus 2 extension pages = 40 tokens; 40 + 33 > 64 needs 9 tokens
 			// freed, i.e. 3 pages: ext[9], ext[8] (its parent, now a leaf), then A's page 7.
 			wantRemoved := []int64{hashesExt[9], hashesExt[8], hashesA[7]}
-			if !slices.Equal(b.Events[0].BlockHashes, wantRemoved) || b.Events[0].Medium != kv.MediumGPU {
+			if !slices.Equal(b.Events[0].BlockHashes, wantRemoved) || b.Events[0].Medium != events.MediumGPU {
 				t.Fatalf("removed %v, want %v", b.Events[0].BlockHashes, wantRemoved)
 			}
 
@@ -200,22 +201,22 @@ func TestEvictionEmitsBlockRemoved(t *testing.T) {
 			out := generate(t, e, ids(900, 6), 10, nil)
 			outIDs := toUint32s(t, out["output_ids"])
 			b = expectBatch(seq0 + 5)
-			var stored *kv.Event
+			var stored *events.Event
 			for i := range b.Events {
-				if b.Events[i].Kind == kv.EventBlockStored {
+				if b.Events[i].Kind == events.EventBlockStored {
 					stored = &b.Events[i]
 				}
 			}
 			full := append(ids(900, 6), outIDs...)
 			if stored == nil || !slices.Equal(stored.TokenIDs, full[4:16]) ||
-				!slices.Equal(stored.BlockHashes, kv.AppendBlockHashes(nil, full[:16], ps)[1:]) {
+				!slices.Equal(stored.BlockHashes, hashing.AppendBlockHashes(nil, full[:16], ps)[1:]) {
 				t.Fatalf("output pages not stored as expected: %+v", b.Events)
 			}
 		})
 	}
 }
 
-func eventEqual(a, b kv.Event) bool {
+func eventEqual(a, b events.Event) bool {
 	return a.Kind == b.Kind && slices.Equal(a.BlockHashes, b.BlockHashes) && a.ParentHash == b.ParentHash &&
 		a.HasParent == b.HasParent && slices.Equal(a.TokenIDs, b.TokenIDs) && a.BlockSize == b.BlockSize &&
 		a.Medium == b.Medium && a.HasLoRA == b.HasLoRA

@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"switchyard/kv"
+	"switchyard/kv/events"
 )
 
 // Offsets of the ports derived from the HTTP port when a ZMQ endpoint flag is "auto".
@@ -196,7 +196,7 @@ func (f *commandFlags) config(stderr io.Writer) (Config, error) {
 	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
 		bad("log-level", "%v", err)
 	}
-	shape, err := kv.ParseShape(f.kvShape)
+	shape, err := events.ParseShape(f.kvShape)
 	if err != nil {
 		bad("kv-events-shape", "%v", err)
 	}

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"switchyard/kv"
+	"switchyard/kv/events"
 	"switchyard/tokenizer"
 )
 
@@ -170,8 +170,8 @@ type KVEvents struct {
 	PortBase int
 	// Topic is the first frame of every message. Default "".
 	Topic string
-	// Shape is the event encoding: kv.ShapeArray (default) or kv.ShapeMap.
-	Shape kv.Shape
+	// Shape is the event encoding: events.ShapeArray (default) or events.ShapeMap.
+	Shape events.Shape
 	// Replay enables the replay ROUTER socket per rank on ReplayPortBase+rank. Default false.
 	Replay bool
 	// ReplayPortBase is rank 0's replay port. Default 0: chosen by the OS.
@@ -416,7 +416,7 @@ func (c Config) Validate() error {
 	if ep := c.KVEvents.Connect; ep != "" && !strings.HasPrefix(ep, "tcp://") {
 		bad("kv_events.connect", "%q is not tcp://host:port", ep)
 	}
-	if c.KVEvents.Shape != kv.ShapeArray && c.KVEvents.Shape != kv.ShapeMap {
+	if c.KVEvents.Shape != events.ShapeArray && c.KVEvents.Shape != events.ShapeMap {
 		bad("kv_events.shape", "unknown shape %d", c.KVEvents.Shape)
 	}
 	if c.LoRA.Slots < 0 || len(c.LoRA.Adapters) > c.LoRA.Slots {

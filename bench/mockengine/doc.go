@@ -32,7 +32,7 @@
 //     Face tokenizer of --tokenizer (Config.TokenizerPath), whose chat template renders chat
 //     messages as sent, with tools and chat_template_kwargs, exactly as the router counts
 //     them when configured with the same files; a paged prefix
-//     cache keyed by SGLang block hashes (package kv) with a token capacity and LRU eviction
+//     cache keyed by SGLang block hashes (package kv/hashing) with a token capacity and LRU eviction
 //     of unreferenced leaves, which caches prompt and output pages; and a scheduler with
 //     max_running_requests, a FIFO waiting queue, prefill batches costing a fixed overhead
 //     plus a cost per uncached token, and decode steps whose cost grows with the batch.

@@ -16,7 +16,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"switchyard/kv"
+	"switchyard/kv/events"
 )
 
 // Engine is one running mock engine. Its methods are safe for concurrent use.
@@ -129,7 +129,7 @@ func Start(ctx context.Context, cfg Config) (*Engine, error) {
 	for _, r := range e.ranks {
 		// A fresh engine announces an empty cache.
 		r.mu.Lock()
-		r.pending = append(r.pending, kv.Event{Kind: kv.EventAllBlocksCleared})
+		r.pending = append(r.pending, events.Event{Kind: events.EventAllBlocksCleared})
 		r.flushEvents(now)
 		r.mu.Unlock()
 		if !cfg.ZeroCost {
@@ -250,7 +250,7 @@ func (e *Engine) listen() error {
 
 func (e *Engine) newEventPublisher(sock *zmtpPub, rank int) *eventPublisher {
 	p := &eventPublisher{
-		sock: sock, topic: []byte(e.cfg.KVEvents.Topic), shape: e.cfg.KVEvents.Shape, enc: kv.NewEncoder(),
+		sock: sock, topic: []byte(e.cfg.KVEvents.Topic), shape: e.cfg.KVEvents.Shape, enc: events.NewEncoder(),
 		stopped: e.eventsStopped, log: e.log, vllm: e.cfg.KVEvents.Format == KVFormatVLLM,
 	}
 	if p.vllm {

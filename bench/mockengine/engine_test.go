@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"switchyard/kv"
+	"switchyard/kv/events"
 )
 
 func TestContextStopsEngine(t *testing.T) {
@@ -54,7 +54,7 @@ func TestAllBlocksClearedAtStart(t *testing.T) {
 	for rank := range 2 {
 		batches := replay(t, e.ReplayEndpoint(rank), 0, rank == 0)
 		if len(batches) != 1 || batches[0].seq != 0 || len(batches[0].b.Events) != 1 ||
-			batches[0].b.Events[0].Kind != kv.EventAllBlocksCleared || batches[0].b.DPRank != rank {
+			batches[0].b.Events[0].Kind != events.EventAllBlocksCleared || batches[0].b.DPRank != rank {
 			t.Fatalf("rank %d: replay from 0 = %+v, want AllBlocksCleared as seq 0", rank, batches)
 		}
 	}

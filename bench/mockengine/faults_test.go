@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"switchyard/kv"
+	"switchyard/kv/events"
 	"switchyard/load"
 )
 
@@ -348,12 +348,12 @@ func TestFaultRestartDropsConnections(t *testing.T) {
 	again := dialSub(t, e.KVEventsEndpoint(0), "")
 	poll(t, "the new subscription", func() bool { return e.ranks[0].kvpub.sock.Subscribers() == 1 })
 	generate(t, e, ids(1, 40), 0, nil)
-	if seq, b := kvBatch(t, again.next(t), ""); seq != 1 || b.Events[0].Kind != kv.EventBlockStored {
+	if seq, b := kvBatch(t, again.next(t), ""); seq != 1 || b.Events[0].Kind != events.EventBlockStored {
 		t.Fatalf("first live batch after reconnecting: seq %d, events %+v; want seq 1, BlockStored", seq, b.Events)
 	}
 	batches := replay(t, e.ReplayEndpoint(0), 0, true)
 	if len(batches) != 2 || batches[0].seq != 0 || len(batches[0].b.Events) != 1 ||
-		batches[0].b.Events[0].Kind != kv.EventAllBlocksCleared || batches[1].seq != 1 {
+		batches[0].b.Events[0].Kind != events.EventAllBlocksCleared || batches[1].seq != 1 {
 		t.Fatalf("replay from 0 after the restart returned %+v, want AllBlocksCleared as seq 0, then seq 1", batches)
 	}
 	loadsAgain := dialSub(t, e.LoadEndpoint(0), "load")

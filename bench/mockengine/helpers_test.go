@@ -16,7 +16,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
-	"switchyard/kv"
+	"switchyard/kv/events"
 )
 
 // testDeadline bounds every wait on a real socket in these tests.
@@ -261,7 +261,7 @@ func (z *zsub) dropped(t *testing.T, what string) {
 }
 
 // kvBatch decodes a KV-event message: topic, 8-byte seq, payload.
-func kvBatch(t *testing.T, m zmq4.Msg, topic string) (uint64, *kv.EventBatch) {
+func kvBatch(t *testing.T, m zmq4.Msg, topic string) (uint64, *events.EventBatch) {
 	t.Helper()
 	if len(m.Frames) != 3 {
 		t.Fatalf("KV-event message has %d frames, want 3", len(m.Frames))
@@ -269,7 +269,7 @@ func kvBatch(t *testing.T, m zmq4.Msg, topic string) (uint64, *kv.EventBatch) {
 	if string(m.Frames[0]) != topic || len(m.Frames[1]) != 8 {
 		t.Fatalf("bad frames: topic %q, seq of %d bytes", m.Frames[0], len(m.Frames[1]))
 	}
-	b, err := kv.DecodeEventBatch(m.Frames[2])
+	b, err := events.DecodeEventBatch(m.Frames[2])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -288,7 +288,7 @@ func syncKV(t *testing.T, c *http.Client, e *Engine, z *zsub, topic string) uint
 		select {
 		case m := <-z.msgs:
 			seq, b := kvBatch(t, m, topic)
-			if len(b.Events) != 1 || b.Events[0].Kind != kv.EventAllBlocksCleared {
+			if len(b.Events) != 1 || b.Events[0].Kind != events.EventAllBlocksCleared {
 				t.Fatalf("first batch after a flush is %+v", b)
 			}
 			return seq
@@ -325,7 +325,7 @@ func beUint64(b []byte) uint64 { return binary.BigEndian.Uint64(b) }
 
 type replayed struct {
 	seq uint64
-	b   *kv.EventBatch
+	b   *events.EventBatch
 }
 
 // replay asks a replay socket for every batch from start, with or without the empty
@@ -381,7 +381,7 @@ func replay(t *testing.T, endpoint string, start uint64, delimiter bool) []repla
 		if seq == ^uint64(0) {
 			return out
 		}
-		b, err := kv.DecodeEventBatch(f[1])
+		b, err := events.DecodeEventBatch(f[1])
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -6,7 +6,7 @@ import (
 	"log/slog"
 	"sync"
 
-	"switchyard/kv"
+	"switchyard/kv/events"
 )
 
 // eventPublisher publishes one rank's KV-event batches: (topic, 8-byte big-endian seq,
@@ -16,13 +16,13 @@ type eventPublisher struct {
 	sock    *zmtpPub    // nil when KV events are disabled
 	replay  *zmtpRouter // nil unless replay is on
 	topic   []byte
-	shape   kv.Shape
-	enc     *kv.Encoder
+	shape   events.Shape
+	enc     *events.Encoder
 	stopped func() bool
 	log     *slog.Logger
 	// vllm publishes as a current vLLM publisher (KVFormatVLLM).
 	vllm bool
-	evs  []kv.Event // scratch of vllmBatch
+	evs  []events.Event // scratch of vllmBatch
 
 	mu   sync.Mutex
 	seq  uint64
@@ -38,7 +38,7 @@ type replayEntry struct {
 
 // publish encodes and sends one batch. Callers serialize publish calls (the rank's mutex),
 // so batches leave in the order the cache changed.
-func (p *eventPublisher) publish(b *kv.EventBatch) {
+func (p *eventPublisher) publish(b *events.EventBatch) {
 	if p.sock == nil && p.ring == nil {
 		return // KV events are off
 	}
@@ -135,7 +135,7 @@ func (p *eventPublisher) serveReplay(peer *routerPeer, frames [][]byte) {
 func vllmHash(h int64) int64 { return int64(uint64(h)*0x9e3779b97f4a7c15 + 0x632be59bd9b4e019) }
 
 // vllmBatch is b as vLLM publishes it: its own block hashes, 0 as a first block's parent.
-func (p *eventPublisher) vllmBatch(b *kv.EventBatch) *kv.EventBatch {
+func (p *eventPublisher) vllmBatch(b *events.EventBatch) *events.EventBatch {
 	p.evs = append(p.evs[:0], b.Events...)
 	for i := range p.evs {
 		ev := &p.evs[i]
@@ -144,9 +144,9 @@ func (p *eventPublisher) vllmBatch(b *kv.EventBatch) *kv.EventBatch {
 			hs[j] = vllmHash(h)
 		}
 		ev.BlockHashes = hs
-		if ev.Kind == kv.EventBlockStored {
-			if ev.Medium == kv.MediumNone {
-				ev.Medium = kv.MediumGPU
+		if ev.Kind == events.EventBlockStored {
+			if ev.Medium == events.MediumNone {
+				ev.Medium = events.MediumGPU
 			}
 			if ev.HasParent {
 				ev.ParentHash = vllmHash(ev.ParentHash)

@@ -7,7 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"switchyard/kv"
+	"switchyard/kv/events"
+	"switchyard/kv/hashing"
 	"switchyard/load"
 )
 
@@ -34,8 +35,8 @@ type seq struct {
 	index     int // choice index within the job
 	item      int // batch item (prompt) index
 	prompt    []uint32
-	hashes    []int64   // hashes of the prompt's whole pages
-	last      kv.Digest // digest of the last whole prompt page, when hashes is not empty
+	hashes    []int64        // hashes of the prompt's whole pages
+	last      hashing.Digest // digest of the last whole prompt page, when hashes is not empty
 	maxTokens int
 	seed      uint64
 	room      uint64 // bootstrap room a prefill engine completes
@@ -83,7 +84,7 @@ type rank struct {
 	reserved int
 	epoch    uint64
 	stats    rankStats
-	pending  []kv.Event
+	pending  []events.Event
 
 	wake        chan struct{}
 	zeroRunning atomic.Int64 // zero-cost requests in flight
@@ -286,7 +287,7 @@ func (r *rank) makeRoom(need int) bool {
 		removed = append(removed, h)
 	}
 	if len(removed) > 0 {
-		r.pending = append(r.pending, kv.Event{Kind: kv.EventBlockRemoved, BlockHashes: removed, Medium: kv.MediumGPU})
+		r.pending = append(r.pending, events.Event{Kind: events.EventBlockRemoved, BlockHashes: removed, Medium: events.MediumGPU})
 	}
 	return r.cache.tokens+r.reserved+need <= capacity
 }
@@ -397,11 +398,11 @@ func (r *rank) insertOutput(s *seq) {
 	for i := 0; len(tail) < cap(tail); i++ {
 		tail = append(tail, r.e.words.token(s.seed, i).id)
 	}
-	var pd *kv.Digest
+	var pd *hashing.Digest
 	if have > 0 {
 		pd = &s.last
 	}
-	hashes, _ := kv.AppendChainHashes(make([]int64, 0, full-have), pd, tail, ps)
+	hashes, _ := hashing.AppendChainHashes(make([]int64, 0, full-have), pd, tail, ps)
 	var parent *page
 	if have > 0 {
 		parent = s.path[have-1]
@@ -429,9 +430,9 @@ func (r *rank) insertOutput(s *seq) {
 
 // storedEvent queues a BlockStored event.
 func (r *rank) storedEvent(hashes []int64, tokens []uint32, parent int64, hasParent bool) {
-	r.pending = append(r.pending, kv.Event{
-		Kind: kv.EventBlockStored, BlockHashes: hashes, TokenIDs: tokens, BlockSize: r.cache.pageSize,
-		ParentHash: parent, HasParent: hasParent, Medium: kv.MediumGPU,
+	r.pending = append(r.pending, events.Event{
+		Kind: events.EventBlockStored, BlockHashes: hashes, TokenIDs: tokens, BlockSize: r.cache.pageSize,
+		ParentHash: parent, HasParent: hasParent, Medium: events.MediumGPU,
 	})
 }
 
@@ -513,7 +514,7 @@ func (r *rank) flushEvents(now time.Time) {
 	if len(r.pending) == 0 {
 		return
 	}
-	b := kv.EventBatch{TS: float64(now.UnixNano()) / 1e9, Events: r.pending, DPRank: r.id, HasDPRank: true}
+	b := events.EventBatch{TS: float64(now.UnixNano()) / 1e9, Events: r.pending, DPRank: r.id, HasDPRank: true}
 	if r.kvpub != nil {
 		r.kvpub.publish(&b)
 	}
@@ -529,7 +530,7 @@ func (r *rank) flush(now time.Time) bool {
 		return false
 	}
 	r.cache.clear()
-	r.pending = append(r.pending, kv.Event{Kind: kv.EventAllBlocksCleared})
+	r.pending = append(r.pending, events.Event{Kind: events.EventAllBlocksCleared})
 	r.flushEvents(now)
 	return true
 }
@@ -567,7 +568,7 @@ func (r *rank) restart(now time.Time) {
 	if r.kvpub != nil {
 		r.kvpub.reset()
 	}
-	r.pending = append(r.pending, kv.Event{Kind: kv.EventAllBlocksCleared})
+	r.pending = append(r.pending, events.Event{Kind: events.EventAllBlocksCleared})
 	r.flushEvents(now)
 }
 

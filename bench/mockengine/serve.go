@@ -12,7 +12,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"switchyard/httpfront/hangup"
-	"switchyard/kv"
+	"switchyard/kv/hashing"
 	"switchyard/load"
 )
 
@@ -55,10 +55,10 @@ func (e *Engine) newJob(req *inferRequest) *job {
 	j.seqs = make([]*seq, 0, len(req.prompts)*req.n)
 	for i, p := range req.prompts {
 		var hashes []int64
-		var last kv.Digest
+		var last hashing.Digest
 		if !j.awaitsKV() {
 			full := len(p) / ps
-			hashes, last = kv.AppendChainHashes(make([]int64, 0, full), nil, p[:full*ps], ps)
+			hashes, last = hashing.AppendChainHashes(make([]int64, 0, full), nil, p[:full*ps], ps)
 		}
 		seed := hashTokens(p)
 		maxTokens := req.maxTokens

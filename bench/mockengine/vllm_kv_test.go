@@ -14,7 +14,8 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"github.com/vmihailenco/msgpack/v5"
 
-	"switchyard/kv"
+	"switchyard/kv/events"
+	"switchyard/kv/hashing"
 )
 
 // TestVLLMKVEventFormat checks, with an independent ZeroMQ client (go-zeromq/zmq4) and a
@@ -39,7 +40,7 @@ func TestVLLMKVEventFormat(t *testing.T) {
 			do(t, c, "POST", e.URL()+"/v1/completions", map[string]any{"model": e.cfg.Model, "prompt": prompt, "max_tokens": 1})
 			select {
 			case m := <-sub.msgs:
-				if _, b := kvBatch(t, m, topic); len(b.Events) > 0 && b.Events[0].Kind == kv.EventBlockStored {
+				if _, b := kvBatch(t, m, topic); len(b.Events) > 0 && b.Events[0].Kind == events.EventBlockStored {
 					stored = m
 				}
 			case <-time.After(50 * time.Millisecond):
@@ -53,7 +54,7 @@ func TestVLLMKVEventFormat(t *testing.T) {
 			t.Fatalf("rank %d: data_parallel_rank %v %d", rank, b.HasDPRank, b.DPRank)
 		}
 		ev := b.Events[0]
-		if router := kv.AppendBlockHashes(nil, ev.TokenIDs, ev.BlockSize); len(router) == 0 || router[0] == ev.BlockHashes[0] {
+		if router := hashing.AppendBlockHashes(nil, ev.TokenIDs, ev.BlockSize); len(router) == 0 || router[0] == ev.BlockHashes[0] {
 			t.Fatalf("rank %d: the first block's hash is the router's", rank)
 		}
 		var raw []any

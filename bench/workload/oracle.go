@@ -4,7 +4,7 @@ import (
 	"container/list"
 	"fmt"
 
-	"switchyard/kv"
+	"switchyard/kv/hashing"
 )
 
 // OracleResult is the best achievable prefix-cache outcome of a request sequence.
@@ -46,7 +46,7 @@ func Oracle(reqs []Request, tok Templater, pageSize, capacityTokens int) (Oracle
 			return OracleResult{}, fmt.Errorf("cannot compute oracle: %w", err)
 		}
 		full := len(prompt) / pageSize
-		hashes = kv.AppendBlockHashes(hashes[:0], prompt[:full*pageSize], pageSize)
+		hashes = hashing.AppendBlockHashes(hashes[:0], prompt[:full*pageSize], pageSize)
 		res.PromptTokens += int64(len(prompt))
 		res.CachedTokens += int64(CachedTokens(c.access(hashes), len(prompt), pageSize))
 		res.Requests++

@@ -65,6 +65,58 @@ func TestImportDirection(t *testing.T) {
 	}
 }
 
+// kvAllowed lists, per package under kv/, the kv packages it may import (besides load, which
+// TestImportDirection checks): the leaves hashing and events, the index on them, the
+// subscriptions and the indexer on the index. kv/internal/kvtest holds test helpers.
+var kvAllowed = map[string][]string{
+	"kv":                 {},
+	"kv/hashing":         {},
+	"kv/events":          {},
+	"kv/index":           {"kv", "kv/hashing", "kv/events"},
+	"kv/approx":          {"kv", "kv/index"},
+	"kv/subscribe":       {"kv", "kv/hashing", "kv/events", "kv/index", "kv/internal/kvtest"},
+	"kv/indexer":         {"kv", "kv/events", "kv/index", "kv/subscribe", "kv/internal/kvtest"},
+	"kv/internal/kvtest": {"kv", "kv/hashing", "kv/index"},
+}
+
+// TestKVImportDirection fails when a kv package imports another kv package against the
+// order of kvAllowed, or when a package under kv/ is missing from it.
+func TestKVImportDirection(t *testing.T) {
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = filepath.WalkDir(filepath.Join(root, "kv"), func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") {
+			return err
+		}
+		rel, _ := filepath.Rel(root, filepath.Dir(path))
+		rel = filepath.ToSlash(rel)
+		if strings.HasPrefix(rel, "kv/hashing/internal") || strings.Contains(rel, "/testdata") {
+			return nil // the assembly generator
+		}
+		ok, known := kvAllowed[rel]
+		if !known {
+			t.Errorf("%s: package %s is not in kvAllowed", filepath.Base(path), rel)
+			return nil
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.ImportsOnly)
+		if err != nil {
+			return err
+		}
+		for _, imp := range f.Imports {
+			p := strings.TrimPrefix(strings.Trim(imp.Path.Value, `"`), "switchyard/")
+			if (p == "kv" || strings.HasPrefix(p, "kv/")) && !contains(ok, p) {
+				t.Errorf("%s/%s imports %s: %s may import only %v", rel, filepath.Base(path), p, rel, ok)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 func contains(list []string, s string) bool {
 	for _, v := range list {
 		if v == s {

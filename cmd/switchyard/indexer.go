@@ -16,6 +16,9 @@ import (
 	"switchyard/actors"
 	"switchyard/httpfront/fleet"
 	"switchyard/kv"
+	"switchyard/kv/index"
+	"switchyard/kv/indexer"
+	"switchyard/kv/subscribe"
 )
 
 // defaultIndexerListen is the indexer's listen address when --listen is not given.
@@ -24,7 +27,7 @@ const defaultIndexerListen = "127.0.0.1:9400"
 // runIndexer is the indexer subcommand: the prefix index as a network service that several
 // routers share (cache_aware.source remote, cache_aware.remote_url). It reads the same
 // configuration as serve — the workers and the kv section — subscribes to every worker's KV
-// events itself, and serves kv.IndexerHandler's routes until ctx is cancelled.
+// events itself, and serves indexer.Handler's routes until ctx is cancelled.
 //
 //	switchyard indexer [--listen HOST:PORT] [--config FILE] [configuration flags]
 func runIndexer(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -42,7 +45,7 @@ func runIndexer(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: logLevel(cfg.Log.Level)}))
 	exposeMetricKinds()
 	set := metrics.NewSet()
-	idx, err := kv.NewIndex(kv.IndexConfig{Shards: cfg.KV.Shards, MaxBlocks: cfg.KV.MaxBlocks, HashCacheChunks: cfg.KV.HashCacheChunks, Metrics: kv.NewMetrics(set)})
+	idx, err := index.New(index.Config{Shards: cfg.KV.Shards, MaxBlocks: cfg.KV.MaxBlocks, HashCacheChunks: cfg.KV.HashCacheChunks, Metrics: kv.NewMetrics(set)})
 	if err != nil {
 		return err
 	}
@@ -53,7 +56,7 @@ func runIndexer(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	defer client.CloseIdleConnections()
 	mc := actors.ManagerConfigFrom(cfg, idx, logger.With(slog.String("component", "kv")), nil)
 	mc.Discover = &fleet.KVDiscoverer{Client: client, Timeout: cfg.Health.Timeout}
-	mgr, err := kv.NewManager(mc)
+	mgr, err := subscribe.NewManager(mc)
 	if err != nil {
 		return err
 	}
@@ -62,7 +65,7 @@ func runIndexer(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			return fmt.Errorf("cannot follow worker %s: %w", w.ID, err)
 		}
 	}
-	h, err := kv.NewIndexerHandler(kv.IndexerConfig{Index: idx, Manager: mgr, Metrics: set, Logger: logger})
+	h, err := indexer.NewHandler(indexer.Config{Index: idx, Manager: mgr, Metrics: set, Logger: logger})
 	if err != nil {
 		return err
 	}
@@ -73,7 +76,7 @@ func runIndexer(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	srv := &fasthttp.Server{
 		Handler:            h.Serve,
 		Name:               "switchyard-indexer",
-		MaxRequestBodySize: kv.MaxQueryBytes,
+		MaxRequestBodySize: indexer.MaxQueryBytes,
 		ReadTimeout:        cfg.Server.RequestTimeout,
 		Logger:             slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}

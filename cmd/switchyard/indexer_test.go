@@ -15,6 +15,9 @@ import (
 	"github.com/go-zeromq/zmq4"
 
 	"switchyard/kv"
+	"switchyard/kv/events"
+	"switchyard/kv/hashing"
+	"switchyard/kv/indexer"
 )
 
 func TestIndexerFlags(t *testing.T) {
@@ -45,7 +48,7 @@ func TestIndexerFlags(t *testing.T) {
 }
 
 // TestIndexerServesSubscribedEvents runs `switchyard indexer` against a KV-event publisher
-// on a real zmq4 PUB socket and looks a published prefix up through kv.RemoteSource.
+// on a real zmq4 PUB socket and looks a published prefix up through indexer.RemoteSource.
 func TestIndexerServesSubscribedEvents(t *testing.T) {
 	pub := zmq4.NewPub(context.Background())
 	if err := pub.Listen("tcp://127.0.0.1:0"); err != nil {
@@ -84,7 +87,7 @@ func TestIndexerServesSubscribedEvents(t *testing.T) {
 	go io.Copy(io.Discard, outR)
 	base := strings.TrimSpace(line[strings.Index(line, "http://"):])
 
-	src, err := kv.NewRemoteSource(kv.RemoteConfig{URL: base, Timeout: 5 * time.Second})
+	src, err := indexer.NewRemoteSource(indexer.RemoteConfig{URL: base, Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,9 +95,9 @@ func TestIndexerServesSubscribedEvents(t *testing.T) {
 	for i := range prompt {
 		prompt[i] = uint32(1000 + i)
 	}
-	enc := kv.NewEncoder()
-	payload, err := enc.Encode(&kv.EventBatch{Events: []kv.Event{{Kind: kv.EventBlockStored,
-		BlockHashes: kv.AppendBlockHashes(nil, prompt, 16), TokenIDs: prompt, BlockSize: 16, Medium: kv.MediumGPU}}}, kv.ShapeMap)
+	enc := events.NewEncoder()
+	payload, err := enc.Encode(&events.EventBatch{Events: []events.Event{{Kind: events.EventBlockStored,
+		BlockHashes: hashing.AppendBlockHashes(nil, prompt, 16), TokenIDs: prompt, BlockSize: 16, Medium: events.MediumGPU}}}, events.ShapeMap)
 	if err != nil {
 		t.Fatal(err)
 	}

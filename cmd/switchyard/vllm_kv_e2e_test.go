@@ -10,7 +10,7 @@ import (
 
 	"switchyard/bench/mockengine"
 	"switchyard/config"
-	"switchyard/kv"
+	"switchyard/kv/subscribe"
 )
 
 // End-to-end tests of the router's KV subscriptions against vLLM-format publishers (the mock
@@ -48,7 +48,7 @@ func vllmRouterConfig(workers ...config.Worker) *config.Config {
 }
 
 // publisherStatus is the router's subscription state of worker's rank.
-func publisherStatus(r *cacheRouter, worker string, rank int) (kv.PublisherStatus, bool) {
+func publisherStatus(r *cacheRouter, worker string, rank int) (subscribe.PublisherStatus, bool) {
 	for _, w := range r.srv.Cache().Manager().Status() {
 		if w.ID != worker {
 			continue
@@ -59,7 +59,7 @@ func publisherStatus(r *cacheRouter, worker string, rank int) (kv.PublisherStatu
 			}
 		}
 	}
-	return kv.PublisherStatus{}, false
+	return subscribe.PublisherStatus{}, false
 }
 
 // TestVLLMPublisherWithDPRanksAndReplay: a vLLM-format engine with two DP ranks, whose

@@ -10,8 +10,8 @@
 //     engines differ. Its Info feeds the registry (model, role, bootstrap port, DP size, and
 //     the PD compatibility labels, which configured ones override), the telemetry (DP size,
 //     load-gauge endpoints) and the KV subscriptions (publishers, block size); every wildcard
-//     endpoint host is resolved by kv.EndpointHost. KVDiscoverer serves
-//     the same introspection to `switchyard indexer` (kv.Discoverer).
+//     endpoint host is resolved by subscribe.EndpointHost. KVDiscoverer serves
+//     the same introspection to `switchyard indexer` (subscribe.Discoverer).
 //   - LoRA adapters (Options.AdapterRefresh, lora.enabled): the same loop asks the engine's
 //     /v1/models every lora.refresh_interval (DecodeModelList, the one decoder of it) and
 //     publishes the adapters it holds, with its slots, on its engine.Worker.

@@ -20,7 +20,7 @@ import (
 	"switchyard/actors"
 	"switchyard/config"
 	"switchyard/engine"
-	"switchyard/kv"
+	"switchyard/kv/subscribe"
 	"switchyard/load"
 	"switchyard/load/series"
 )
@@ -90,7 +90,7 @@ type LoadSourcer interface {
 // KVFollower follows the KV events of workers for cache_aware (actors.CacheState): the
 // lifecycle names each worker's publishers once it knows them.
 type KVFollower interface {
-	AddWorker(spec kv.WorkerSpec) error
+	AddWorker(spec subscribe.WorkerSpec) error
 	RemoveWorker(id string)
 }
 
@@ -667,9 +667,9 @@ func (f *Fleet) followTelemetryLocked(m *Member) {
 		Flavor: m.spec.Flavor, MetricsPath: m.spec.MetricsPath, Model: w.Model}
 	switch info := m.info.Load(); {
 	case m.spec.LoadPublish != "":
-		h, p, err := kv.SplitEndpoint(m.spec.LoadPublish)
+		h, p, err := subscribe.SplitEndpoint(m.spec.LoadPublish)
 		if err == nil {
-			src.GaugeEndpoints = []string{kv.TCPEndpoint(kv.EndpointHost(h, w.URL), p)}
+			src.GaugeEndpoints = []string{subscribe.TCPEndpoint(subscribe.EndpointHost(h, w.URL), p)}
 		} else {
 			src.GaugeEndpoints = []string{m.spec.LoadPublish} // ipc://: as configured
 		}
@@ -693,7 +693,7 @@ func (f *Fleet) followTelemetryLocked(m *Member) {
 
 // kvSpecOf is the KV-event subscription of m: its configured endpoint, else the publishers
 // its introspection found, else none yet.
-func (f *Fleet) kvSpecOf(m *Member) kv.WorkerSpec {
+func (f *Fleet) kvSpecOf(m *Member) subscribe.WorkerSpec {
 	w := m.worker.Load()
 	spec := actors.WorkerSpecFrom(config.Worker{ID: w.ID, URL: w.URL, Model: w.Model, DPSize: w.DPSize,
 		KVEvents: m.spec.KVEvents, KVReplay: m.spec.KVReplay, KVBlockSize: m.spec.KVBlockSize,
@@ -722,7 +722,7 @@ func (f *Fleet) kvSpecOf(m *Member) kv.WorkerSpec {
 // configuration's workers.
 func checkKVFacts(spec Spec) error {
 	if spec.KVReplay != "" {
-		if _, _, err := kv.SplitEndpoint(spec.KVReplay); err != nil {
+		if _, _, err := subscribe.SplitEndpoint(spec.KVReplay); err != nil {
 			return fmt.Errorf("kv_replay: %w", err)
 		}
 	}

@@ -21,7 +21,7 @@ import (
 
 	"switchyard/config"
 	"switchyard/engine"
-	"switchyard/kv"
+	"switchyard/kv/subscribe"
 	"switchyard/load"
 )
 
@@ -94,7 +94,7 @@ type recorder struct {
 	mu      sync.Mutex
 	started []TelemetrySource
 	stopped []string
-	kv      []kv.WorkerSpec
+	kv      []subscribe.WorkerSpec
 	kvGone  []string
 	changed chan struct{}
 }
@@ -122,7 +122,7 @@ func (r *recorder) StopWorker(id string) {
 	r.stopped = append(r.stopped, id)
 }
 
-func (r *recorder) AddWorker(spec kv.WorkerSpec) error {
+func (r *recorder) AddWorker(spec subscribe.WorkerSpec) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.kv = append(r.kv, spec)
@@ -484,10 +484,10 @@ func TestDeclaredKVFactsReachTheSubscription(t *testing.T) {
 		t.Fatalf("kv %+v", got)
 	}
 	p, w := got[0], got[1]
-	if p.Replay != "tcp://127.0.0.1:5700" || p.BlockSize != 64 || p.HashScheme != kv.HashSchemeSGLang || len(p.Publishers) != 2 {
+	if p.Replay != "tcp://127.0.0.1:5700" || p.BlockSize != 64 || p.HashScheme != subscribe.HashSchemeSGLang || len(p.Publishers) != 2 {
 		t.Fatalf("introspected worker's subscription %+v", p)
 	}
-	if w.KVEvents != "tcp://127.0.0.1:5800" || !w.NoDiscovery || w.HashScheme != kv.HashSchemeRekey {
+	if w.KVEvents != "tcp://127.0.0.1:5800" || !w.NoDiscovery || w.HashScheme != subscribe.HashSchemeRekey {
 		t.Fatalf("vllm worker's subscription %+v", w)
 	}
 	for _, bad := range []Spec{

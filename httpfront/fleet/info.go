@@ -10,7 +10,8 @@ import (
 	"strings"
 
 	"switchyard/config"
-	"switchyard/kv"
+	"switchyard/kv/events"
+	"switchyard/kv/subscribe"
 )
 
 // ErrIntrospection is wrapped by every introspection failure: a body that cannot be read as
@@ -118,30 +119,30 @@ func (i *Info) blockSize() int {
 }
 
 // KVDiscovery returns the KV-event publishers the engine advertises, one per DP rank, with
-// wildcard hosts resolved against workerURL (kv.EndpointHost, like every engine endpoint).
-// An engine without a ZMQ publisher is kv.ErrNoKVEvents.
-func (i *Info) KVDiscovery(workerURL string) (kv.Discovery, error) {
+// wildcard hosts resolved against workerURL (subscribe.EndpointHost, like every engine endpoint).
+// An engine without a ZMQ publisher is subscribe.ErrNoKVEvents.
+func (i *Info) KVDiscovery(workerURL string) (subscribe.Discovery, error) {
 	k := i.KV
 	switch {
 	case k == nil && i.KVErr != nil:
-		return kv.Discovery{}, fmt.Errorf("%w: %w", kv.ErrNoKVEvents, i.KVErr)
+		return subscribe.Discovery{}, fmt.Errorf("%w: %w", subscribe.ErrNoKVEvents, i.KVErr)
 	case k == nil:
-		return kv.Discovery{}, kv.ErrNoKVEvents
+		return subscribe.Discovery{}, subscribe.ErrNoKVEvents
 	case k.Publisher != "" && k.Publisher != "zmq":
-		return kv.Discovery{}, fmt.Errorf("%w: publisher %q", kv.ErrNoKVEvents, k.Publisher)
+		return subscribe.Discovery{}, fmt.Errorf("%w: publisher %q", subscribe.ErrNoKVEvents, k.Publisher)
 	case k.PortBase <= 0:
-		return kv.Discovery{}, fmt.Errorf("%w: no endpoint port", kv.ErrNoKVEvents)
+		return subscribe.Discovery{}, fmt.Errorf("%w: no endpoint port", subscribe.ErrNoKVEvents)
 	}
 	replay := ""
 	if k.ReplayPortBase > 0 {
-		replay = kv.TCPEndpoint(kv.EndpointHost(k.ReplayHost, workerURL), k.ReplayPortBase)
+		replay = subscribe.TCPEndpoint(subscribe.EndpointHost(k.ReplayHost, workerURL), k.ReplayPortBase)
 	}
 	n := i.ranks()
-	pubs, err := kv.PublishersFor(kv.TCPEndpoint(kv.EndpointHost(k.Host, workerURL), k.PortBase), replay, k.Topic, workerURL, n)
+	pubs, err := subscribe.PublishersFor(subscribe.TCPEndpoint(subscribe.EndpointHost(k.Host, workerURL), k.PortBase), replay, k.Topic, workerURL, n)
 	if err != nil {
-		return kv.Discovery{}, fmt.Errorf("%w: %w", kv.ErrNoKVEvents, err)
+		return subscribe.Discovery{}, fmt.Errorf("%w: %w", subscribe.ErrNoKVEvents, err)
 	}
-	return kv.Discovery{Publishers: pubs, BlockSize: i.blockSize(), DPSize: n}, nil
+	return subscribe.Discovery{Publishers: pubs, BlockSize: i.blockSize(), DPSize: n}, nil
 }
 
 // GaugeEndpoints returns the ZMQ load-gauge endpoints the engine advertises, one per DP rank
@@ -154,11 +155,11 @@ func (i *Info) GaugeEndpoints(workerURL string) []string {
 	case i.KV != nil && i.KV.LoadPortBase > 0:
 		host, base = i.KV.Host, i.KV.LoadPortBase
 	case i.LoadEndpoint != "":
-		h, p, err := kv.SplitEndpoint(i.LoadEndpoint)
+		h, p, err := subscribe.SplitEndpoint(i.LoadEndpoint)
 		if err != nil {
 			return nil
 		}
-		return []string{kv.TCPEndpoint(kv.EndpointHost(h, workerURL), p)}
+		return []string{subscribe.TCPEndpoint(subscribe.EndpointHost(h, workerURL), p)}
 	default:
 		return nil
 	}
@@ -166,10 +167,10 @@ func (i *Info) GaugeEndpoints(workerURL string) []string {
 	if base+n-1 > 65535 {
 		return nil
 	}
-	host = kv.EndpointHost(host, workerURL)
+	host = subscribe.EndpointHost(host, workerURL)
 	out := make([]string, n)
 	for r := range n {
-		out[r] = kv.TCPEndpoint(host, base+r)
+		out[r] = subscribe.TCPEndpoint(host, base+r)
 	}
 	return out
 }
@@ -279,7 +280,7 @@ func DecodeInfo(body []byte) (Info, error) {
 		info.LoRASlots = n
 	}
 	if ep, err := optString(w.LoadEndpoint); err == nil && ep != "" {
-		if _, _, err := kv.SplitEndpoint(ep); err == nil {
+		if _, _, err := subscribe.SplitEndpoint(ep); err == nil {
 			info.LoadEndpoint = ep
 		}
 	}
@@ -362,7 +363,7 @@ func decodeKV(raw json.RawMessage) (KVInfo, error) {
 	str(w.LoadTopic, "load_topic", &k.LoadTopic)
 	num(w.PortBase, "endpoint_port_base", 65535, &k.PortBase)
 	num(w.ReplayPortBase, "replay_endpoint_port_base", 65535, &k.ReplayPortBase)
-	num(w.BlockSize, "block_size", kv.MaxTokensPerEvent, &k.BlockSize)
+	num(w.BlockSize, "block_size", events.MaxTokensPerEvent, &k.BlockSize)
 	num(w.DPSize, "dp_size", maxDPSize, &k.DPSize)
 	num(w.LoadPortBase, "load_endpoint_port_base", 65535, &k.LoadPortBase)
 	if err != nil {
@@ -370,13 +371,13 @@ func decodeKV(raw json.RawMessage) (KVInfo, error) {
 	}
 	k.Publisher = strings.ToLower(strings.TrimSpace(k.Publisher))
 	if k.PortBase == 0 && endpoint != "" {
-		if k.Host, k.PortBase, err = kv.SplitEndpoint(endpoint); err != nil {
+		if k.Host, k.PortBase, err = subscribe.SplitEndpoint(endpoint); err != nil {
 			return KVInfo{}, fmt.Errorf("endpoint: %w", err)
 		}
 	}
 	k.ReplayHost = k.Host
 	if k.ReplayPortBase == 0 && replay != "" {
-		if k.ReplayHost, k.ReplayPortBase, err = kv.SplitEndpoint(replay); err != nil {
+		if k.ReplayHost, k.ReplayPortBase, err = subscribe.SplitEndpoint(replay); err != nil {
 			return KVInfo{}, fmt.Errorf("replay_endpoint: %w", err)
 		}
 	}

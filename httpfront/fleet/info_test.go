@@ -14,7 +14,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"switchyard/kv"
+	"switchyard/kv/subscribe"
 )
 
 func TestDecodeInfo(t *testing.T) {
@@ -112,32 +112,32 @@ func TestInfoKVDiscovery(t *testing.T) {
 		name    string
 		body    string
 		url     string
-		want    []kv.Publisher
+		want    []subscribe.Publisher
 		bs, dp  int
 		wantErr error
 	}{
 		{name: "wildcard host, two ranks, replay",
 			body: `{"page_size":16,"dp_size":2,"kv_events":{"publisher":"zmq","endpoint_host":"*","endpoint_port_base":5557,"topic":"kv","block_size":32,"dp_size":2,"replay_endpoint_port_base":6000}}`,
 			url:  "http://10.0.0.7:30000",
-			want: []kv.Publisher{{Rank: 0, Endpoint: "tcp://10.0.0.7:5557", Replay: "tcp://10.0.0.7:6000", Topic: "kv"}, {Rank: 1, Endpoint: "tcp://10.0.0.7:5558", Replay: "tcp://10.0.0.7:6001", Topic: "kv"}},
+			want: []subscribe.Publisher{{Rank: 0, Endpoint: "tcp://10.0.0.7:5557", Replay: "tcp://10.0.0.7:6000", Topic: "kv"}, {Rank: 1, Endpoint: "tcp://10.0.0.7:5558", Replay: "tcp://10.0.0.7:6001", Topic: "kv"}},
 			bs:   32, dp: 2},
 		{name: "numbers as strings, explicit host",
 			body: `{"page_size":"64","kv_events":{"endpoint_host":"engine-1","endpoint_port_base":"7000"}}`,
 			url:  "http://127.0.0.1:1",
-			want: []kv.Publisher{{Rank: 0, Endpoint: "tcp://engine-1:7000"}}, bs: 64, dp: 1},
+			want: []subscribe.Publisher{{Rank: 0, Endpoint: "tcp://engine-1:7000"}}, bs: 64, dp: 1},
 		{name: "endpoint form and replay endpoint, IPv6 worker",
 			body: `{"kv_events":{"endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5560","block_size":16}}`,
 			url:  "http://[::1]:8000",
-			want: []kv.Publisher{{Rank: 0, Endpoint: "tcp://[::1]:5557", Replay: "tcp://[::1]:5560"}}, bs: 16, dp: 1},
+			want: []subscribe.Publisher{{Rank: 0, Endpoint: "tcp://[::1]:5557", Replay: "tcp://[::1]:5560"}}, bs: 16, dp: 1},
 		{name: "top-level dp size raises the ranks",
 			body: `{"dp_size":"2","kv_events":{"endpoint_port_base":5557}}`, url: "http://h:1",
-			want: []kv.Publisher{{Rank: 0, Endpoint: "tcp://h:5557"}, {Rank: 1, Endpoint: "tcp://h:5558"}}, dp: 2},
-		{name: "no kv_events", body: `{"page_size":16}`, wantErr: kv.ErrNoKVEvents},
-		{name: "null kv_events", body: `{"kv_events":null}`, wantErr: kv.ErrNoKVEvents},
-		{name: "another publisher", body: `{"kv_events":{"publisher":"null","load_endpoint_port_base":5600}}`, wantErr: kv.ErrNoKVEvents},
-		{name: "no port", body: `{"kv_events":{"publisher":"zmq"}}`, wantErr: kv.ErrNoKVEvents},
-		{name: "unreadable section", body: `{"kv_events":"zmq"}`, wantErr: kv.ErrNoKVEvents},
-		{name: "top-level ranks past the port range", body: `{"dp_size":8,"kv_events":{"endpoint_port_base":65530}}`, wantErr: kv.ErrNoKVEvents},
+			want: []subscribe.Publisher{{Rank: 0, Endpoint: "tcp://h:5557"}, {Rank: 1, Endpoint: "tcp://h:5558"}}, dp: 2},
+		{name: "no kv_events", body: `{"page_size":16}`, wantErr: subscribe.ErrNoKVEvents},
+		{name: "null kv_events", body: `{"kv_events":null}`, wantErr: subscribe.ErrNoKVEvents},
+		{name: "another publisher", body: `{"kv_events":{"publisher":"null","load_endpoint_port_base":5600}}`, wantErr: subscribe.ErrNoKVEvents},
+		{name: "no port", body: `{"kv_events":{"publisher":"zmq"}}`, wantErr: subscribe.ErrNoKVEvents},
+		{name: "unreadable section", body: `{"kv_events":"zmq"}`, wantErr: subscribe.ErrNoKVEvents},
+		{name: "top-level ranks past the port range", body: `{"dp_size":8,"kv_events":{"endpoint_port_base":65530}}`, wantErr: subscribe.ErrNoKVEvents},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -208,7 +208,7 @@ func FuzzDecodeInfo(f *testing.F) {
 			}
 		}
 		for _, ep := range info.GaugeEndpoints(url) {
-			if _, _, err := kv.SplitEndpoint(ep); err != nil {
+			if _, _, err := subscribe.SplitEndpoint(ep); err != nil {
 				t.Fatalf("gauge endpoint %q: %v", ep, err)
 			}
 		}
@@ -220,7 +220,7 @@ func FuzzDecodeInfo(f *testing.F) {
 			t.Fatalf("%d publishers for dp %d", len(d.Publishers), d.DPSize)
 		}
 		for _, p := range d.Publishers {
-			if _, _, err := kv.SplitEndpoint(p.Endpoint); err != nil {
+			if _, _, err := subscribe.SplitEndpoint(p.Endpoint); err != nil {
 				t.Fatalf("publisher endpoint %q: %v", p.Endpoint, err)
 			}
 		}
@@ -295,7 +295,7 @@ func TestKVDiscoverer(t *testing.T) {
 	if err != nil || len(got.Publishers) != 1 || got.Publishers[0].Endpoint != "tcp://127.0.0.1:5557" || got.BlockSize != 16 {
 		t.Fatalf("%+v, %v", got, err)
 	}
-	if _, err := d.DiscoverKV(context.Background(), infoEngine(t, nil)); !errors.Is(err, kv.ErrNoKVEvents) {
+	if _, err := d.DiscoverKV(context.Background(), infoEngine(t, nil)); !errors.Is(err, subscribe.ErrNoKVEvents) {
 		t.Fatalf("engine without introspection: %v, want ErrNoKVEvents", err)
 	}
 }

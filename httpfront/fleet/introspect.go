@@ -9,7 +9,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"switchyard/kv"
+	"switchyard/kv/subscribe"
 	"switchyard/load"
 )
 
@@ -63,9 +63,9 @@ func Introspect(ctx context.Context, c load.Doer, baseURL string, timeout time.D
 }
 
 // KVDiscoverer finds an engine's KV-event publishers through the one introspection
-// (kv.Discoverer), for `switchyard indexer`, which follows engines without a router's worker
+// (subscribe.Discoverer), for `switchyard indexer`, which follows engines without a router's worker
 // lifecycle. An engine without introspection routes or without a ZMQ publisher is
-// kv.ErrNoKVEvents.
+// subscribe.ErrNoKVEvents.
 type KVDiscoverer struct {
 	// Client sends the requests. Required.
 	Client load.Doer
@@ -73,20 +73,20 @@ type KVDiscoverer struct {
 	Timeout time.Duration
 }
 
-var _ kv.Discoverer = (*KVDiscoverer)(nil)
+var _ subscribe.Discoverer = (*KVDiscoverer)(nil)
 
-// DiscoverKV implements kv.Discoverer.
-func (d *KVDiscoverer) DiscoverKV(ctx context.Context, workerURL string) (kv.Discovery, error) {
+// DiscoverKV implements subscribe.Discoverer.
+func (d *KVDiscoverer) DiscoverKV(ctx context.Context, workerURL string) (subscribe.Discovery, error) {
 	timeout := d.Timeout
 	if timeout <= 0 {
 		timeout = 2 * time.Second
 	}
 	info, err := Introspect(ctx, d.Client, workerURL, timeout)
 	if errors.Is(err, ErrNoIntrospection) {
-		return kv.Discovery{}, fmt.Errorf("%w: %w", kv.ErrNoKVEvents, err)
+		return subscribe.Discovery{}, fmt.Errorf("%w: %w", subscribe.ErrNoKVEvents, err)
 	}
 	if err != nil {
-		return kv.Discovery{}, err
+		return subscribe.Discovery{}, err
 	}
 	return info.KVDiscovery(workerURL)
 }

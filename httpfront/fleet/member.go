@@ -13,7 +13,7 @@ import (
 
 	"switchyard/config"
 	"switchyard/engine"
-	"switchyard/kv"
+	"switchyard/kv/subscribe"
 )
 
 // Spec describes a worker to add, from the configuration or a POST /workers body. Empty
@@ -78,8 +78,8 @@ type Member struct {
 	// mu orders eligibility publication, the cool-down timer and the followers' updates.
 	mu        sync.Mutex
 	stopTimer func() bool
-	tele      *TelemetrySource // what telemetry follows; nil: not started
-	kvSpec    *kv.WorkerSpec   // what the KV subscriptions follow; nil: nothing
+	tele      *TelemetrySource      // what telemetry follows; nil: not started
+	kvSpec    *subscribe.WorkerSpec // what the KV subscriptions follow; nil: nothing
 	cancel    context.CancelFunc
 	done      chan struct{}
 	ungauge   func()

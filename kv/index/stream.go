@@ -1,0 +1,170 @@
+package index
+
+import (
+	"context"
+	"sync/atomic"
+)
+
+// A long cached prompt is streamed: the lookup goroutine hashes the rest of the prompt while
+// a helper goroutine matches the blocks already hashed. The SHA-256 chain is sequential and,
+// in 16-token blocks, costs about twice as much as matching, so with a second core the lookup
+// takes about as long as the hashing alone.
+//
+// The roles follow the scheduler. A new goroutine waits for an idle core to wake up and take
+// it (long on a virtual machine whose cores are busy; docs/benchmarks.md), so the lookup
+// goroutine, already running, does the work that cannot wait (the chain), and the helper
+// catches up once it runs, matching being faster. The helper sends to the shards, so the
+// shard actors it wakes run beside it. It sleeps while it waits for hashes, never spins: the
+// system may put its thread on the hashing core, where a spin would steal the chain's time.
+// If the hashing ends before the helper has started, the lookup goroutine withdraws it and
+// matches the rest itself, so a lookup never waits for a wake-up.
+const (
+	// streamMinBlocks is how many blocks must remain after the first wave for a lookup to
+	// stream: their hashing outlasts the helper's wake-up.
+	streamMinBlocks = 1024
+	// streamChunk is how many blocks the lookup goroutine hashes between progress reports.
+	streamChunk = 64
+	// streamWave is the least the helper asks the shards about at once (unless the hashing
+	// is over), and streamMaxWave the most: the helper keeps close behind the hashing, so
+	// the wave left after it is short. Each wave may wake the helper; when the system runs
+	// it on the hashing core, fewer wake-ups cost less (512 against 256 lowers the p99 of a
+	// 100k-token lookup; docs/benchmarks.md).
+	streamWave    = 512
+	streamMaxWave = 1024
+)
+
+// Helper states.
+const (
+	helperPending   int32 = iota // started, not yet running
+	helperRunning                // matching
+	helperWithdrawn              // the lookup goroutine matches instead
+)
+
+// stream is the state a streamed lookup shares with its helper.
+type stream struct {
+	hashed   atomic.Int64 // blocks hashed: hashes[:hashed] may be read
+	stop     atomic.Bool  // the helper found the prefix's end: stop hashing
+	state    atomic.Int32
+	want     atomic.Int64  // the block count the helper sleeps for, 0 if it does not
+	wake     chan struct{} // capacity 1: hashed reached want
+	finished chan struct{} // capacity 1: the helper is done; err is set
+	err      error
+}
+
+func newStream() *stream {
+	return &stream{wake: make(chan struct{}, 1), finished: make(chan struct{}, 1)}
+}
+
+// matchStream matches blocks [lo, n) of sc's prompt, blocks [0, sc.hashed) being hashed and
+// blocks [0, lo) matched (see the comment above streamMinBlocks).
+func (x *Index) matchStream(ctx context.Context, sc *lookupScratch, w, lo, n int) error {
+	if cap(sc.hashes) < n {
+		grown := make([]int64, sc.hashed, n)
+		copy(grown, sc.hashes[:sc.hashed])
+		sc.hashes = grown
+	}
+	hashes := sc.hashes[:n]
+	sc.hashes = hashes
+	st := sc.stream
+	if st == nil {
+		st = newStream()
+		sc.stream = st
+	}
+	st.hashed.Store(int64(sc.hashed))
+	st.stop.Store(false)
+	st.state.Store(helperPending)
+	st.want.Store(0)
+	select { // a stale wake-up from the previous lookup
+	case <-st.wake:
+	default:
+	}
+	st.err = nil
+	go x.streamHelper(ctx, st, sc, w, lo, n)
+
+	for from := sc.hashed; from < n && !st.stop.Load(); from += streamChunk {
+		to := min(n, from+streamChunk)
+		sc.hashInto(hashes[from:from], to) // within capacity: in place
+		st.hashed.Store(int64(to))
+		if x.obs != nil {
+			x.obs.chunkHashed(st, to)
+		}
+		if w := st.want.Load(); w != 0 && int64(to) >= w && st.want.CompareAndSwap(w, 0) {
+			select {
+			case st.wake <- struct{}{}:
+			default:
+			}
+		}
+	}
+	if st.state.CompareAndSwap(helperPending, helperWithdrawn) {
+		// The helper may still be about to look at st: the next lookup gets its own.
+		sc.stream = nil
+		for size := streamMaxWave; lo < n; lo += size {
+			if alive, err := x.matchWave(ctx, sc, w, lo, min(n, lo+size)); err != nil || !alive {
+				return err
+			}
+		}
+		sc.holdAll(n)
+		return nil
+	}
+	// The helper runs: its shard queries are bounded by ctx, so it finishes.
+	<-st.finished
+	return st.err
+}
+
+// streamHelper is the helper goroutine of a streamed lookup: it matches the hashed blocks
+// from lo in waves, and tells the hashing to stop when the prefix ends.
+func (x *Index) streamHelper(ctx context.Context, st *stream, sc *lookupScratch, w, lo, n int) {
+	if x.obs != nil {
+		x.obs.helperStarted()
+	}
+	if !st.state.CompareAndSwap(helperPending, helperRunning) {
+		return // withdrawn: the lookup goroutine matched without us
+	}
+	var err error
+	alive := true
+	for lo < n {
+		// Sleep until a wave's worth is hashed (or all of it). Not a spin: the system may
+		// run this goroutine's thread on the hashing core.
+		need := int64(min(n, lo+streamWave))
+		for err == nil && st.hashed.Load() < need {
+			st.want.Store(need)
+			if st.hashed.Load() >= need { // hashed before want was visible
+				st.want.Store(0)
+				break
+			}
+			select {
+			case <-st.wake:
+			case <-ctx.Done():
+				st.want.Store(0)
+				err = ctx.Err()
+			}
+		}
+		hi := min(int(st.hashed.Load()), lo+streamMaxWave)
+		if err != nil {
+			break
+		}
+		if alive, err = x.matchWave(ctx, sc, w, lo, hi); err != nil || !alive {
+			break
+		}
+		lo = hi
+	}
+	if alive && err == nil {
+		sc.holdAll(n)
+	}
+	st.stop.Store(true)
+	if x.obs != nil {
+		x.obs.helperStopped()
+	}
+	st.err = err
+	st.finished <- struct{}{}
+}
+
+// streamObserver sees a streamed lookup's progress: helperStarted runs first in a streamed
+// lookup's helper, chunkHashed after each chunk the lookup goroutine hashes (to: blocks
+// hashed so far), helperStopped once the helper has told the hashing to stop. It is a seam
+// for tests (Config.observer), nil otherwise.
+type streamObserver interface {
+	helperStarted()
+	chunkHashed(st *stream, to int)
+	helperStopped()
+}

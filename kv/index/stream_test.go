@@ -1,0 +1,132 @@
+package index
+
+import (
+	"testing"
+	"time"
+)
+
+// streamFixture is an index holding a 100,000-token prompt (6,250 blocks of 16): "full" holds
+// all of it, "half" the first half, "edge" exactly the first wave, and "fork" the first
+// 40,000 tokens followed by other tokens.
+func streamFixture(t *testing.T) (*Index, []uint32, *streamHooks) {
+	t.Helper()
+	h := &streamHooks{}
+	x, err := New(Config{Shards: 4, MaxBlocks: 1 << 20, observer: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = x.Close() })
+	prompt := seqTokens(7, 100_000)
+	hold(t, x, register(t, x, "full", 1, 16)[0], prompt, 16, TierGPU)
+	hold(t, x, register(t, x, "half", 1, 16)[0], prompt[:50_000], 16, TierGPU)
+	hold(t, x, register(t, x, "edge", 1, 16)[0], prompt[:firstWave*16], 16, TierGPU)
+	fork := append(append([]uint32{}, prompt[:40_000]...), seqTokens(1<<30, 20_000)...)
+	hold(t, x, register(t, x, "fork", 1, 16)[0], fork, 16, TierGPU)
+	return x, prompt, h
+}
+
+func checkStreamed(t *testing.T, got map[string]int64) {
+	t.Helper()
+	if got["full"] != 100_000 || got["half"] != 50_000 || got["edge"] != 1024 || got["fork"] != 40_000 || len(got) != 4 {
+		t.Fatalf("got %v", got)
+	}
+}
+
+// streamHooks is the stream observer of streamFixture's index; a test sets its functions
+// before its lookups (nil: nothing).
+type streamHooks struct {
+	start   func()
+	chunk   func(*stream, int)
+	stopped func()
+}
+
+func (h *streamHooks) helperStarted() {
+	if h.start != nil {
+		h.start()
+	}
+}
+
+func (h *streamHooks) chunkHashed(st *stream, to int) {
+	if h.chunk != nil {
+		h.chunk(st, to)
+	}
+}
+
+func (h *streamHooks) helperStopped() {
+	if h.stopped != nil {
+		h.stopped()
+	}
+}
+
+// setHooks sets the functions of h.
+func setHooks(h *streamHooks, start func(), chunk func(*stream, int), stopped func()) {
+	h.start, h.chunk, h.stopped = start, chunk, stopped
+}
+
+// waitFor fails the test unless ch delivers within a generous bound.
+func awaitSignal(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		t.Errorf("timed out waiting for %s", what)
+	}
+}
+
+func TestStreamHelperMatchesWhileHashing(t *testing.T) {
+	x, prompt, h := streamFixture(t)
+	started := make(chan struct{})
+	var chunks int
+	setHooks(h, func() { close(started) }, func(_ *stream, to int) {
+		if chunks++; chunks == 1 {
+			awaitSignal(t, started, "the helper") // the helper claims the matching
+		}
+	}, nil)
+	checkStreamed(t, lookup(t, x, "m", prompt))
+	if chunks == 0 {
+		t.Fatal("the lookup did not stream")
+	}
+}
+
+func TestStreamStopsHashingAtPrefixEnd(t *testing.T) {
+	x, prompt, h := streamFixture(t)
+	// Past 4,000 blocks only "full" holds the prompt: drop it, so that the prefix ends at
+	// "half"'s 3,125 blocks, and check that the hashing stops soon after.
+	x.RemoveWorker("full")
+	started, stopped := make(chan struct{}), make(chan struct{})
+	var last int
+	chunks := 0
+	setHooks(h, func() { close(started) }, func(_ *stream, to int) {
+		if chunks++; chunks == 1 {
+			awaitSignal(t, started, "the helper")
+		}
+		if last < 4000 && to >= 4000 {
+			// The helper has all it needs to find the end: wait until it says so.
+			awaitSignal(t, stopped, "the helper to stop the hashing")
+		}
+		last = to
+	}, func() { close(stopped) })
+	got := lookup(t, x, "m", prompt)
+	if got["half"] != 50_000 || got["fork"] != 40_000 || got["edge"] != 1024 || len(got) != 3 {
+		t.Fatalf("got %v", got)
+	}
+	if last >= 4000+streamChunk {
+		t.Fatalf("hashed %d of 6250 blocks; the prefix ended at 3125", last)
+	}
+}
+
+func TestStreamWithdrawsALateHelper(t *testing.T) {
+	x, prompt, h := streamFixture(t)
+	release := make(chan struct{})
+	exited := make(chan struct{}, 4)
+	setHooks(h, func() {
+		<-release // the helper's core "wakes up" only after the lookup is over
+		exited <- struct{}{}
+	}, nil, nil)
+	checkStreamed(t, lookup(t, x, "m", prompt))
+	// The late helper finds itself withdrawn; the next lookups have a stream of their own.
+	close(release)
+	awaitSignal(t, exited, "the first helper")
+	checkStreamed(t, lookup(t, x, "m", prompt))
+	awaitSignal(t, exited, "the second helper")
+}

@@ -1,0 +1,82 @@
+// Package kvtest holds the test helpers that the tests of several kv sub-packages share: an
+// index on locked shards, a registered worker, held blocks and a lookup as a map. Only tests
+// import it. The index package's own tests keep their copies: they live inside that package,
+// which this one imports.
+package kvtest
+
+import (
+	"cmp"
+	"context"
+	"slices"
+	"testing"
+
+	"switchyard/kv"
+	"switchyard/kv/hashing"
+	"switchyard/kv/index"
+)
+
+// SeqTokens returns the n tokens base, base+1, ...
+func SeqTokens(base, n int) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = uint32(base + i)
+	}
+	return out
+}
+
+// NewIndex returns an index of shards shards and maxBlocks blocks on locked shards, closed
+// when the test ends.
+func NewIndex(t testing.TB, shards, maxBlocks int) *index.Index {
+	t.Helper()
+	x, err := index.New(index.Config{Shards: shards, MaxBlocks: maxBlocks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = x.Close() })
+	return x
+}
+
+// Register registers worker with dp ranks and block size bs for model "m".
+func Register(t testing.TB, x *index.Index, worker string, dp, bs int) []index.OwnerID {
+	t.Helper()
+	ids, err := x.SetWorker(worker, "m", dp, bs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+// Hold stores the blocks of tokens for owner id in tiers and returns their hashes.
+func Hold(t testing.TB, x *index.Index, id index.OwnerID, tokens []uint32, bs int, tiers index.Tiers) []int64 {
+	t.Helper()
+	hs := hashing.AppendBlockHashes(nil, tokens, bs)
+	w := x.NewWriter()
+	for _, h := range hs {
+		w.Store(id, x.Owners().Epoch(id), h, tiers)
+	}
+	if d := w.Flush(); d != 0 {
+		t.Fatalf("%d ops dropped", d)
+	}
+	return hs
+}
+
+// Lookup returns each worker's matched tokens for tokens of model, failing the test when the
+// matches are not sorted by worker or name a worker twice.
+func Lookup(t testing.TB, x *index.Index, model string, tokens []uint32) map[string]int64 {
+	t.Helper()
+	var l kv.Lookup
+	if err := x.Lookup(context.Background(), model, tokens, &l); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.IsSortedFunc(l.Matches, func(a, b kv.Match) int { return cmp.Compare(a.Worker, b.Worker) }) {
+		t.Fatalf("matches not sorted: %v", l.Matches)
+	}
+	out := map[string]int64{}
+	for _, m := range l.Matches {
+		if _, dup := out[m.Worker]; dup {
+			t.Fatalf("worker %s twice in %v", m.Worker, l.Matches)
+		}
+		out[m.Worker] = m.Tokens
+	}
+	return out
+}

@@ -1,0 +1,245 @@
+package subscribe
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"switchyard/kv"
+	"switchyard/kv/events"
+	"switchyard/kv/hashing"
+	"switchyard/kv/index"
+)
+
+// maxRekeyBlocks bounds the engine-hash → router-digest map of one re-keyed owner; past it,
+// new blocks are not indexed (a miss, never a stale hit).
+const maxRekeyBlocks = 1 << 21
+
+// seqVerdict is what a sequence number says about the messages before it.
+type seqVerdict uint8
+
+const (
+	seqNext      seqVerdict = iota // the first message, or the one after the last
+	seqGap                         // messages were lost
+	seqRestart                     // the sequence went back: the publisher restarted
+	seqDuplicate                   // already applied (replayed, then received live)
+)
+
+// seqTracker follows one publisher's sequence numbers, which count up from 0.
+type seqTracker struct {
+	known bool
+	last  uint64
+	// After a replay, live messages in [dupFrom, last] were already applied from the replay
+	// socket and are skipped; anything below dupFrom is a restart as usual.
+	dedupe  bool
+	dupFrom uint64
+}
+
+// observe classifies seq; it does not advance the tracker (advance does, once applied).
+func (t *seqTracker) observe(seq uint64) seqVerdict {
+	switch {
+	case !t.known || seq == t.last+1:
+		return seqNext
+	case seq > t.last+1:
+		return seqGap
+	case t.dedupe && seq >= t.dupFrom:
+		return seqDuplicate
+	}
+	return seqRestart
+}
+
+func (t *seqTracker) advance(seq uint64) {
+	t.known, t.last = true, seq
+	t.dedupe = false
+}
+
+// replayed marks the batches up to last as applied by a replay that live message from
+// revealed: live messages from..last that are still queued are duplicates.
+func (t *seqTracker) replayed(from uint64) {
+	t.dedupe, t.dupFrom = true, from
+}
+
+// reset forgets the sequence: the next message starts afresh.
+func (t *seqTracker) reset() { *t = seqTracker{} }
+
+// applier turns one worker's decoded event batches into index operations. It keys blocks
+// by the engine's own hashes once they are verified to be the router's (SGLang), or re-keys
+// them from the token IDs carried by BlockStored (vLLM-style engines, whose hashes the
+// router cannot reproduce), mapping the engine's hashes to the router's for later removes.
+//
+// An applier is owned by one goroutine.
+type applier struct {
+	x      *index.Index
+	w      *index.Writer
+	m      *kv.Metrics
+	log    *slog.Logger
+	worker string
+	// rekey: key by router hashes recomputed from token IDs. verified: a first block's hash
+	// matched the router's (or the scheme says so), so engine hashes are used as they are.
+	rekey, verified bool
+	keys            map[int][]rekeyMap // by DP rank
+	// rawRanks are the ranks this applier indexed under the engine's own hashes before
+	// they were verified: a mismatch clears them (and no other applier's).
+	rawRanks map[int]bool
+}
+
+// rekeyMap maps an engine's block hashes to the router's digests for one owner.
+type rekeyMap struct {
+	owner index.OwnerID
+	epoch uint32
+	m     map[int64]hashing.Digest
+}
+
+func newApplier(x *index.Index, worker, scheme string, log *slog.Logger) *applier {
+	return &applier{x: x, w: x.NewWriter(), m: x.Metrics(), log: log, worker: worker,
+		rekey: scheme == HashSchemeRekey, verified: scheme == HashSchemeSGLang, keys: map[int][]rekeyMap{}, rawRanks: map[int]bool{}}
+}
+
+// keysFor returns the re-key map of owner at epoch, emptied when the owner's epoch moved on.
+func (a *applier) keysFor(rank int, owner index.OwnerID, epoch uint32) *rekeyMap {
+	ks := a.keys[rank]
+	if len(ks) == 0 {
+		ks = []rekeyMap{{}}
+		a.keys[rank] = ks
+	}
+	k := &ks[0]
+	if k.m == nil || k.owner != owner || k.epoch != epoch {
+		*k = rekeyMap{owner: owner, epoch: epoch, m: make(map[int64]hashing.Digest)}
+	}
+	return k
+}
+
+// apply applies one batch of the publisher of defaultRank (a batch's own DP rank wins). It
+// returns an error for a batch naming an unknown rank; the batch is then dropped.
+func (a *applier) apply(b *events.EventBatch, defaultRank int) error {
+	rank := defaultRank
+	if b.HasDPRank {
+		rank = b.DPRank
+	}
+	owners := a.x.Owners()
+	owner, ok := owners.Lookup(a.worker, rank)
+	if !ok && rank > 0 && rank < maxDPRanks {
+		// A rank the router was not told of (a vLLM engine's DP size comes from no
+		// /server_info): register the ranks up to it, keeping the others' entries.
+		if r0, ok0 := owners.Lookup(a.worker, 0); ok0 {
+			info := owners.Info(r0)
+			if _, err := a.x.SetWorker(a.worker, info.Model, rank+1, info.BlockSize); err == nil {
+				owner, ok = owners.Lookup(a.worker, rank)
+			}
+		}
+	}
+	if !ok {
+		return fmt.Errorf("cannot apply KV events of %s: unknown DP rank %d", a.worker, rank)
+	}
+	epoch := owners.Epoch(owner)
+	info := owners.Info(owner)
+	for i := range b.Events {
+		ev := &b.Events[i]
+		switch ev.Kind {
+		case events.EventAllBlocksCleared:
+			a.x.ClearOwner(owner, kv.ClearAllBlocks)
+			epoch = owners.Epoch(owner)
+		case events.EventBlockStored:
+			if ev.BlockSize > 0 && ev.BlockSize != info.BlockSize {
+				owners.SetBlockSize(a.worker, ev.BlockSize)
+				info = owners.Info(owner)
+				epoch = owners.Epoch(owner)
+			}
+			if !a.rekey && !a.verified {
+				a.verify(ev, info.BlockSize, rank)
+				epoch = owners.Epoch(owner)
+			}
+			t := index.StoreTiers(ev.Medium)
+			if a.rekey {
+				a.rekeyStore(ev, rank, owner, epoch, info.BlockSize, t)
+				continue
+			}
+			if !a.verified && ev.HasParent && len(ev.TokenIDs) > 0 {
+				// Not yet known to be the router's hashes, and not checkable (the parent's
+				// digest is unknown: the router joined late): indexing the engine's hashes
+				// could store a vLLM engine's raw hashes as if they were the router's. A
+				// miss until a block without a parent settles the scheme.
+				a.m.OpsDroppedUnkey.Add(len(ev.BlockHashes))
+				continue
+			}
+			if !a.verified {
+				a.rawRanks[rank] = true
+			}
+			for _, h := range ev.BlockHashes {
+				a.w.Store(owner, epoch, h, t)
+			}
+		case events.EventBlockRemoved:
+			t := index.RemoveTiers(ev.Medium)
+			if a.rekey {
+				k := a.keysFor(rank, owner, epoch)
+				for _, h := range ev.BlockHashes {
+					if d, ok := k.m[h]; ok {
+						a.w.Remove(owner, epoch, d.Hash(), t)
+						if t == index.AllTiers {
+							delete(k.m, h)
+						}
+					}
+				}
+				continue
+			}
+			for _, h := range ev.BlockHashes {
+				a.w.Remove(owner, epoch, h, t)
+			}
+		}
+	}
+	a.w.Flush()
+	a.m.ObserveLag(b.TS, time.Now())
+	return nil
+}
+
+// verify checks a first block's hash against the router's and switches to re-keying, clearing
+// what this applier keyed by the engine's hashes (rawRanks), when they differ. Blocks with a
+// parent or an adapter cannot be checked.
+func (a *applier) verify(ev *events.Event, blockSize, rank int) {
+	if ev.HasParent || ev.HasLoRA || len(ev.BlockHashes) == 0 || len(ev.TokenIDs) == 0 || blockSize < 1 {
+		return
+	}
+	d := hashing.HashBlock(nil, ev.TokenIDs[:min(blockSize, len(ev.TokenIDs))])
+	if d.Hash() == ev.BlockHashes[0] {
+		a.verified = true
+		return
+	}
+	a.rekey = true
+	a.m.HashMismatches.Inc()
+	for r := range a.rawRanks {
+		if id, ok := a.x.Owners().Lookup(a.worker, r); ok {
+			a.x.ClearOwner(id, kv.ClearRekey)
+		}
+	}
+	clear(a.rawRanks)
+	a.log.Warn("engine block hashes differ from the router's; re-keying from token IDs", slog.String("worker", a.worker))
+}
+
+// rekeyStore indexes a BlockStored under router hashes chained from the parent's digest.
+func (a *applier) rekeyStore(ev *events.Event, rank int, owner index.OwnerID, epoch uint32, blockSize int, t index.Tiers) {
+	k := a.keysFor(rank, owner, epoch)
+	n := len(ev.BlockHashes)
+	if n == 0 || blockSize < 1 || len(ev.TokenIDs) > n*blockSize || len(ev.TokenIDs) <= (n-1)*blockSize {
+		a.m.OpsDroppedUnkey.Add(n) // token IDs do not cover the blocks
+		return
+	}
+	var parent *hashing.Digest
+	if ev.HasParent {
+		d, ok := k.m[ev.ParentHash]
+		if !ok {
+			a.m.OpsDroppedUnkey.Add(n) // parent stored before we subscribed, or evicted
+			return
+		}
+		parent = &d
+	}
+	for i, h := range ev.BlockHashes {
+		if len(k.m) >= maxRekeyBlocks {
+			a.m.OpsDroppedUnkey.Add(n - i)
+			return
+		}
+		d := hashing.HashBlock(parent, ev.TokenIDs[i*blockSize:min((i+1)*blockSize, len(ev.TokenIDs))])
+		k.m[h] = d
+		a.w.Store(owner, epoch, d.Hash(), t)
+		parent = &d
+	}
+}
