@@ -414,7 +414,6 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 		d.slo = s.sloStart(mr, &ex.breq, &d.pick)
 		if ex.tr.on() {
 			// Slow path: the attempt is traced, and its span is the engines' parent.
-			d.tr = &ex.tr
 			ex.tr.startDispatch(&d, att.n, att.retryReason())
 		}
 		var failed *failedAnswer
@@ -543,8 +542,6 @@ type dispatch struct {
 	// holds are the request's holds of its LoRA adapter on the picked engines; a stream's
 	// relay releases them.
 	holds adapterHolds
-	// tr is the request's spans when it is traced, else nil.
-	tr *reqTrace
 }
 
 // timeout is the request's end-to-end timeout.
@@ -685,6 +682,7 @@ func (d *dispatch) plain(ex *exchange, o outcome) (outcome, *failedAnswer) {
 	if err == nil && d.facts.stream && resp.StatusCode() == fasthttp.StatusOK && isEventStream(resp) {
 		// The stream's first bytes, still watched.
 		r = s.newRelay(d, o.mm, resp, w, ticket, guard, nil)
+		r.trace(&ex.tr)
 		perr = r.prime()
 	}
 	cancel.End()

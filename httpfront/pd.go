@@ -162,9 +162,7 @@ func (d *dispatch) pd(ex *exchange, o outcome) (outcome, *failedAnswer) {
 	fasthttp.ReleaseRequest(dreq)
 
 	pr := <-done
-	if d.tr != nil {
-		d.tr.prefillDone(pr.status, pr.err)
-	}
+	ex.tr.prefillDone(pr.status, pr.err)
 	release := func() {
 		if dresp.StreamBody {
 			_ = dresp.CloseBodyStream()
@@ -187,6 +185,7 @@ func (d *dispatch) pd(ex *exchange, o outcome) (outcome, *failedAnswer) {
 			transform = func(dst, ev []byte) []byte { return mergeEventLogprobs(dst, ev, pLogprobs) }
 		}
 		r = s.newRelay(d, o.mm, dresp, dw, tDecode, gd, transform)
+		r.trace(&ex.tr)
 		perr = r.prime()
 	}
 	dc.End()

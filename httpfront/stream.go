@@ -110,7 +110,7 @@ func (s *Server) newRelay(d *dispatch, mm *modelMetrics, resp *fasthttp.Response
 	guard *load.Guard, transform func(dst, event []byte) []byte) *relay {
 	s.bg.Add(1)
 	conn, _ := d.ctx.Conn().(*clientConn)
-	r := &relay{
+	return &relay{
 		s:         s,
 		kind:      d.kind,
 		mm:        mm,
@@ -128,13 +128,18 @@ func (s *Server) newRelay(d *dispatch, mm *modelMetrics, resp *fasthttp.Response
 		slo:       d.slo,
 		holds:     d.holds,
 	}
-	if d.tr != nil {
-		// Slow path: the request is traced; a stream that runs ends its spans.
-		r.tr = *d.tr
-		r.tr.tp, r.tr.ts = nil, nil
-		r.span = r.tr.startStream()
+}
+
+// trace gives the relay the request's spans (from its exchange) before prime: the stream's
+// span starts, and a stream that runs ends them all.
+func (r *relay) trace(t *reqTrace) {
+	if !t.on() {
+		return
 	}
-	return r
+	// Slow path: the request is traced.
+	r.tr = *t
+	r.tr.tp, r.tr.ts = nil, nil
+	r.span = r.tr.startStream()
 }
 
 // ridIfAborting is the request's rid as a string when aborts are on, else "".

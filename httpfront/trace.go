@@ -30,7 +30,9 @@ import (
 //	                                  events, tokens and how it ended)
 //
 // Every hook is a method of reqTrace whose zero value (tracing off, or a request not traced)
-// returns at once: the request path pays one comparison per hook and allocates nothing.
+// returns at once: the request path pays one comparison per hook and allocates nothing. A
+// request whose trace is not sampled gets its server span only (the children would record
+// nothing either): the engines get that span's context, not sampled.
 
 // Span and attribute names.
 const (
@@ -131,12 +133,10 @@ func (t *reqTrace) endRequest(status int) {
 // startPrepare opens the preparation span of a request for model (tokenization and the
 // prefix lookup).
 func (t *reqTrace) startPrepare(model string, stream bool) {
-	if !t.on() {
+	if !t.recording {
 		return
 	}
-	if t.recording {
-		t.root.SetAttributes(attrModel.String(model), attrStream.Bool(stream))
-	}
+	t.root.SetAttributes(attrModel.String(model), attrStream.Bool(stream))
 	_, t.prep = t.tracer.Start(t.ctx, spanPrepare)
 }
 
@@ -196,7 +196,7 @@ func endPrefixLookup(sp trace.Span, m engine.PrefixMatcher) {
 
 // startSelect opens the span of the request's selection for its attempt n (1 the first).
 func (t *reqTrace) startSelect(n int) {
-	if !t.on() {
+	if !t.recording {
 		return
 	}
 	_, t.sel = t.tracer.Start(t.ctx, spanSelect, trace.WithAttributes(attrAttempt.Int(n)))
@@ -205,7 +205,7 @@ func (t *reqTrace) startSelect(n int) {
 // BucketAttempted implements engine.AttemptObserver: one event per bucket attempt on the
 // selection span.
 func (t *reqTrace) BucketAttempted(b *engine.Bucket, pick engine.BucketPick, err error) {
-	if t.sel == nil || !t.recording {
+	if t.sel == nil {
 		return
 	}
 	attrs := make([]attribute.KeyValue, 0, 5)
@@ -252,7 +252,7 @@ func (t *reqTrace) endSelect(pick *engine.BucketPick, err error) {
 	if err != nil {
 		t.sel.SetStatus(codes.Error, err.Error())
 		t.sel.SetAttributes(attrOutcome.String(engine.OutcomeOf(err).String()))
-	} else if t.recording {
+	} else {
 		t.sel.SetAttributes(attrOutcome.String("selected"), attrBucket.String(pick.BucketID),
 			attrOrder.String(string(orderValues[pick.Order])), attrReason.String(pickReason(pick)))
 		if pick.IsPD() {
@@ -267,7 +267,7 @@ func (t *reqTrace) endSelect(pick *engine.BucketPick, err error) {
 
 // refused records on the latest selection's span that engine w refused the dispatch.
 func (t *reqTrace) refused(w *engine.Worker) {
-	if !t.on() || !t.recording {
+	if !t.recording {
 		return
 	}
 	t.root.AddEvent(eventEngineRefused, trace.WithAttributes(attrEngine.String(w.ID)))
@@ -280,8 +280,10 @@ func (t *reqTrace) startDispatch(d *dispatch, n int, retried string) {
 	if !t.on() {
 		return
 	}
-	t.dctx, t.disp = t.tracer.Start(t.ctx, spanDispatch, trace.WithSpanKind(trace.SpanKindClient))
+	sp := t.root
 	if t.recording {
+		t.dctx, t.disp = t.tracer.Start(t.ctx, spanDispatch, trace.WithSpanKind(trace.SpanKindClient))
+		sp = t.disp
 		t.root.SetAttributes(attrAttempts.Int(n))
 		p := &d.pick
 		attrs := []attribute.KeyValue{attrAttempt.Int(n), attrBucket.String(p.BucketID)}
@@ -296,7 +298,7 @@ func (t *reqTrace) startDispatch(d *dispatch, n int, retried string) {
 		}
 		t.disp.SetAttributes(attrs...)
 	}
-	sc := t.disp.SpanContext()
+	sc := sp.SpanContext()
 	t.tp = tracing.AppendTraceparent(t.tp[:0], sc)
 	d.hdr[fwdTraceparent] = t.tp
 	d.hdr[fwdTracestate] = nil
@@ -308,7 +310,7 @@ func (t *reqTrace) startDispatch(d *dispatch, n int, retried string) {
 
 // prefillDone records how a prefill/decode dispatch's prefill ended.
 func (t *reqTrace) prefillDone(status int, err error) {
-	if t.disp == nil || !t.recording {
+	if t.disp == nil {
 		return
 	}
 	if err != nil {

@@ -37,15 +37,12 @@ func TestTracingOffAllocations(t *testing.T) {
 		tr.refused(w)
 		d := dispatch{pick: pick}
 		if tr.on() {
-			d.tr = tr
 			tr.startDispatch(&d, 1, "")
 		}
+		tr.prefillDone(200, nil)
 		tr.endDispatch(503, failed)
 		var r relay
-		if d.tr != nil {
-			r.tr = *d.tr
-			r.span = r.tr.startStream()
-		}
+		r.trace(tr)
 		firstToken(r.span, 12.5)
 		abandonStream(r.span, nil)
 		r.tr.endStream(r.span, endEOF, fasthttp.StatusOK, 5, 1)

@@ -58,7 +58,10 @@ type Receiver struct {
 
 	// hold, when set, makes every export wait for it to be closed (a stalled collector).
 	hold chan struct{}
-	stop func()
+	// discard: exports are read and answered, not decoded (benchmarks: the receiver's
+	// work stays out of the router's figures).
+	discard bool
+	stop    func()
 }
 
 // Option configures a Receiver.
@@ -67,6 +70,10 @@ type Option func(*Receiver)
 // Stalled makes the receiver take every export and answer nothing until release is closed
 // or the receiver stops: a collector that does not answer.
 func Stalled(release chan struct{}) Option { return func(r *Receiver) { r.hold = release } }
+
+// Discarding makes an HTTP receiver read and answer every export without decoding it; it
+// keeps no spans, only the count of exports.
+func Discarding() Option { return func(r *Receiver) { r.discard = true } }
 
 func newReceiver(opts []Option) *Receiver {
 	r := &Receiver{changed: make(chan struct{})}
@@ -116,6 +123,12 @@ func (r *Receiver) serveHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	if ct := req.Header.Get("Content-Type"); ct != "application/x-protobuf" {
 		http.Error(w, "unsupported content type "+ct, http.StatusUnsupportedMediaType)
+		return
+	}
+	if r.discard {
+		_, _ = io.Copy(io.Discard, io.LimitReader(req.Body, maxBody))
+		r.add(&coltracepb.ExportTraceServiceRequest{})
+		w.Header().Set("Content-Type", "application/x-protobuf")
 		return
 	}
 	body, err := io.ReadAll(io.LimitReader(req.Body, maxBody+1))
