@@ -248,7 +248,9 @@ func (s *Server) serveInference(ctx *fasthttp.RequestCtx, kind routeKind, ex *ex
 	}
 	o.mm = mr.metrics
 	if s.gate != nil {
+		sp := ex.tr.startAdmission()
 		tk, e := s.admit(ctx, mr.name, f)
+		endAdmission(sp, e)
 		if e != nil {
 			return s.fail(ctx, o, e)
 		}
@@ -414,7 +416,7 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 		d.slo = s.sloStart(mr, &ex.breq, &d.pick)
 		if ex.tr.on() {
 			// Slow path: the attempt is traced, and its span is the engines' parent.
-			ex.tr.startDispatch(&d, att.n, att.retryReason())
+			ex.tr.startDispatch(&d, att.n, att.retryReason(), att.wait)
 		}
 		var failed *failedAnswer
 		if d.pick.IsPD() {

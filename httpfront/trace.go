@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/attribute"
@@ -18,6 +19,8 @@ import (
 // traceparent, with children where the work is:
 //
 //	POST /v1/chat/completions        (server; method, route, model, status, attempts)
+//	├── admission                    (with concurrency or rate limits: the wait for a slot,
+//	│                                 and the refusal's code)
 //	├── prepare                      (tokenization: input tokens, expected peak, source)
 //	│   └── prefix_lookup            (cache_aware's lookup: its status)
 //	├── select                       (one per selection: a bucket_attempt event per bucket
@@ -36,6 +39,7 @@ import (
 
 // Span and attribute names.
 const (
+	spanAdmission    = "admission"
 	spanPrepare      = "prepare"
 	spanPrefixLookup = "prefix_lookup"
 	spanSelect       = "select"
@@ -69,6 +73,8 @@ const (
 	attrPrefillURL  = attribute.Key("switchyard.prefill.url")
 	attrPrefillStat = attribute.Key("switchyard.prefill.status")
 	attrRetryReason = attribute.Key("switchyard.retry.reason")
+	attrBackoff     = attribute.Key("switchyard.retry.backoff_ms")
+	attrErrorCode   = attribute.Key("switchyard.error.code")
 	attrTTFT        = attribute.Key("switchyard.ttft_ms")
 	attrEvents      = attribute.Key("switchyard.stream.events")
 	attrTokens      = attribute.Key("switchyard.stream.tokens")
@@ -128,6 +134,28 @@ func (t *reqTrace) endRequest(status int) {
 		t.root.SetStatus(codes.Error, strconv.Itoa(status))
 	}
 	t.root.End()
+}
+
+// startAdmission opens the span of the request's admission through the concurrency limits
+// and their queues; nil when the request is not traced (or not sampled).
+func (t *reqTrace) startAdmission() trace.Span {
+	if !t.recording {
+		return nil
+	}
+	_, sp := t.tracer.Start(t.ctx, spanAdmission)
+	return sp
+}
+
+// endAdmission ends sp: admitted, or refused with e.
+func endAdmission(sp trace.Span, e *apiError) {
+	if sp == nil {
+		return
+	}
+	if e != nil {
+		sp.SetAttributes(attrErrorCode.String(e.code))
+		sp.SetStatus(codes.Error, e.message)
+	}
+	sp.End()
 }
 
 // startPrepare opens the preparation span of a request for model (tokenization and the
@@ -273,10 +301,10 @@ func (t *reqTrace) refused(w *engine.Worker) {
 	t.root.AddEvent(eventEngineRefused, trace.WithAttributes(attrEngine.String(w.ID)))
 }
 
-// startDispatch opens the span of dispatch attempt n of d (a retry after failure f when
-// retried) and makes its context the traceparent (and the client's tracestate) d sends to
-// its engines.
-func (t *reqTrace) startDispatch(d *dispatch, n int, retried string) {
+// startDispatch opens the span of dispatch attempt n of d (a retry, when retried names why,
+// made after waiting backoff) and makes its context the traceparent (and the client's
+// tracestate) d sends to its engines.
+func (t *reqTrace) startDispatch(d *dispatch, n int, retried string, backoff time.Duration) {
 	if !t.on() {
 		return
 	}
@@ -294,7 +322,7 @@ func (t *reqTrace) startDispatch(d *dispatch, n int, retried string) {
 			attrs = append(attrs, attrEngine.String(p.Plain.Worker.ID), attrEngineURL.String(p.Plain.Worker.URL))
 		}
 		if retried != "" {
-			attrs = append(attrs, attrRetryReason.String(retried))
+			attrs = append(attrs, attrRetryReason.String(retried), attrBackoff.Float64(float64(backoff)/float64(time.Millisecond)))
 		}
 		t.disp.SetAttributes(attrs...)
 	}

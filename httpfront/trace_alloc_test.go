@@ -23,6 +23,7 @@ func TestTracingOffAllocations(t *testing.T) {
 	var ex exchange
 	run := func() {
 		tr := &ex.tr
+		endAdmission(tr.startAdmission(), nil)
 		tr.startPrepare("llama", true)
 		sp := tr.startPrefixLookup()
 		endPrefixLookup(sp, nil)
@@ -37,7 +38,7 @@ func TestTracingOffAllocations(t *testing.T) {
 		tr.refused(w)
 		d := dispatch{pick: pick}
 		if tr.on() {
-			tr.startDispatch(&d, 1, "")
+			tr.startDispatch(&d, 1, "", 0)
 		}
 		tr.prefillDone(200, nil)
 		tr.endDispatch(503, failed)

@@ -301,6 +301,12 @@ func TestTracedRetry(t *testing.T) {
 	wantAttr(t, "retry", retried.Attrs, "switchyard.attempt", int64(2))
 	wantAttr(t, "retry", retried.Attrs, "switchyard.retry.reason", "status_503")
 	wantAttr(t, "retry", retried.Attrs, "http.response.status_code", int64(200))
+	if ms, ok := retried.Attrs["switchyard.retry.backoff_ms"].(float64); !ok || ms <= 0 || ms > 2 {
+		t.Errorf("retry backoff %v ms, want in (0, 2] (retry.max_backoff)", retried.Attrs["switchyard.retry.backoff_ms"])
+	}
+	if _, ok := failed.Attrs["switchyard.retry.backoff_ms"]; ok {
+		t.Error("the first attempt has a backoff")
+	}
 	if got := traceparentOf(t, a, 0); got != "00-"+clientTraceID+"-"+failed.SpanID+"-01" {
 		t.Errorf("A got traceparent %q, want the first attempt's", got)
 	}
@@ -336,5 +342,48 @@ func TestTracingSampling(t *testing.T) {
 	tp := traceparentOf(t, a, 0)
 	if len(tp) != 55 || !strings.HasPrefix(tp, "00-") || !strings.HasSuffix(tp, "-00") || strings.Contains(tp, clientTraceID) {
 		t.Errorf("unsampled request: engine got traceparent %q, want one of the router's trace, not sampled", tp)
+	}
+}
+
+// TestTracedAdmission: with a concurrency limit, a request's admission has its span; one
+// refused because the limit's queue is full says why.
+func TestTracedAdmission(t *testing.T) {
+	rcv := tracingtest.NewHTTP(t)
+	a := newFakeEngine(t, "A", "llama")
+	a.hold, a.entered = make(chan struct{}), make(chan struct{}, 1)
+	cfg := baseConfig()
+	cfg.Workers = []config.Worker{plainWorker("A", a.url, "llama")}
+	cfg.Models = map[string]config.Model{"llama": {Buckets: []config.Bucket{plainBucket("b", nil, nil, "A")}}}
+	cfg.Server.MaxConcurrentRequests, cfg.Server.QueueSize = 1, 0
+	ts := startServer(t, traced(cfg, rcv, config.TracingHTTP), Options{SkipStartupChecks: true, NoTelemetry: true})
+	held := make(chan response, 1)
+	go func() { held <- post(t, ts.url+"/v1/chat/completions", chatBody("llama", "first", "")) }()
+	waitFor(t, a.entered, "the first request to reach the engine")
+	r := post(t, ts.url+"/v1/chat/completions", chatBody("llama", "second", ""), "Traceparent", clientTraceparent)
+	if r.status != 429 || r.errorCode() != CodeQueueFull {
+		t.Fatalf("second request: %d %s", r.status, r.body)
+	}
+	close(a.hold)
+	if r := <-held; r.status != 200 {
+		t.Fatalf("first request: %d %s", r.status, r.body)
+	}
+	st := stopAndCollect(t, ts, rcv)
+	refused := st.one("POST /v1/chat/completions", clientSpanID)
+	wantAttr(t, "refused request", refused.Attrs, "http.response.status_code", int64(429))
+	adm := st.one("admission", refused.SpanID)
+	wantAttr(t, "refused admission", adm.Attrs, "switchyard.error.code", CodeQueueFull)
+	if adm.StatusCode != tracepb.Status_STATUS_CODE_ERROR {
+		t.Errorf("refused admission's status %v", adm.StatusCode)
+	}
+	if n := len(st.all("dispatch", refused.SpanID)); n != 0 {
+		t.Errorf("the refused request has %d dispatch spans", n)
+	}
+	for _, root := range st.all("POST /v1/chat/completions", "") {
+		if root.SpanID == refused.SpanID {
+			continue
+		}
+		if adm := st.one("admission", root.SpanID); adm.StatusCode == tracepb.Status_STATUS_CODE_ERROR {
+			t.Errorf("the admitted request's admission failed: %q", adm.StatusMessage)
+		}
 	}
 }
