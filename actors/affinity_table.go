@@ -24,13 +24,21 @@ type bindingTable struct {
 	nfree int
 
 	stats *scopeStats
+
+	// watch is how recently (nanoseconds) another replica must have read a binding for its
+	// change or removal to call onRemoteChange: a partition grain of a cluster tells the
+	// replicas that keep copies (their near cache, cluster.near_cache_ttl). 0: not watched.
+	watch          int64
+	onRemoteChange func()
 }
 
 // binding is one key's entry.
 type binding struct {
 	key, worker string
 	lastUse     int64 // UnixNano
-	prev, next  *binding
+	// remoteRead is when another replica last read the binding (UnixNano; 0 never).
+	remoteRead int64
+	prev, next *binding
 }
 
 // maxFree bounds the recycled entries kept per scope.
@@ -93,6 +101,9 @@ func (t *bindingTable) bind(key, expect, worker string, now int64) (string, bool
 	}
 	t.stats.binds.Inc()
 	if b != nil {
+		if b.worker != worker {
+			t.changed(b, now)
+		}
 		b.worker = worker
 		t.touch(b, now)
 		return worker, true
@@ -114,6 +125,7 @@ func (t *bindingTable) invalidate(worker string) int {
 	for b := t.head; b != nil; {
 		next := b.next
 		if b.worker == worker {
+			t.changed(b, 0)
 			t.remove(b)
 			n++
 		}
@@ -153,8 +165,26 @@ func (t *bindingTable) evictOldest(now int64) {
 		t.stats.expired.Inc()
 	} else {
 		t.stats.evicted.Inc()
+		t.changed(b, now)
 	}
 	t.remove(b)
+}
+
+// readRemotely records that another replica read key's binding at now (it may keep a copy).
+func (t *bindingTable) readRemotely(key string, now int64) {
+	if b := t.byKey[key]; b != nil && now > b.remoteRead {
+		b.remoteRead = now
+	}
+}
+
+// changed reports the change or removal of b at now (0: whenever it was read) to
+// onRemoteChange when another replica read b within watch. An expired binding needs no
+// report: a copy lives at most half the idle timeout.
+func (t *bindingTable) changed(b *binding, now int64) {
+	if t.onRemoteChange == nil || b.remoteRead == 0 || (now != 0 && now-b.remoteRead >= t.watch) {
+		return
+	}
+	t.onRemoteChange()
 }
 
 func (t *bindingTable) touch(b *binding, now int64) {

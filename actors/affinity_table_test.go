@@ -242,3 +242,64 @@ func checkList(t *testing.T, tab *bindingTable) {
 		t.Fatalf("list has %d entries (tail ok %v), map %d", n, tab.tail == prev, len(tab.byKey))
 	}
 }
+
+// A partition grain's table reports the change or removal of a binding another replica read
+// lately (it keeps a copy in its near cache), and only those.
+func TestBindingTableReportsChangesOfRemotelyReadBindings(t *testing.T) {
+	const idle, watch = 600 * time.Second, 60 * time.Second
+	tests := []struct {
+		name string
+		run  func(tb *bindingTable)
+		want int
+	}{
+		{"rebind of a read binding", func(tb *bindingTable) {
+			tb.bind("k", "", "W1", affAt(0))
+			tb.readRemotely("k", affAt(time.Second))
+			tb.bind("k", "W1", "W2", affAt(2*time.Second))
+		}, 1},
+		{"rebind to the same worker", func(tb *bindingTable) {
+			tb.bind("k", "", "W1", affAt(0))
+			tb.readRemotely("k", affAt(time.Second))
+			tb.bind("k", "W1", "W1", affAt(2*time.Second))
+		}, 0},
+		{"rebind of a binding nobody read", func(tb *bindingTable) {
+			tb.bind("k", "", "W1", affAt(0))
+			tb.bind("k", "W1", "W2", affAt(2*time.Second))
+		}, 0},
+		{"rebind long after the read", func(tb *bindingTable) {
+			tb.bind("k", "", "W1", affAt(0))
+			tb.readRemotely("k", affAt(time.Second))
+			tb.bind("k", "W1", "W2", affAt(time.Second+watch))
+		}, 0},
+		{"invalidation of a read binding", func(tb *bindingTable) {
+			tb.bind("k", "", "W1", affAt(0))
+			tb.bind("j", "", "W2", affAt(0))
+			tb.readRemotely("k", affAt(time.Second))
+			tb.invalidate("W1")
+			tb.invalidate("W2")
+		}, 1},
+		{"eviction of a read binding", func(tb *bindingTable) {
+			tb.bind("k", "", "W1", affAt(0))
+			tb.readRemotely("k", affAt(time.Second))
+			tb.bind("j", "", "W2", affAt(2*time.Second))
+			tb.bind("i", "", "W2", affAt(3*time.Second)) // evicts k (max 2)
+		}, 1},
+		{"expiry of a read binding", func(tb *bindingTable) {
+			tb.bind("k", "", "W1", affAt(0))
+			tb.readRemotely("k", affAt(time.Second))
+			tb.bind("k", "", "W2", affAt(2*time.Second+idle)) // k expired: a new binding
+			tb.sweep(affAt(3 * idle))
+		}, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tb, _ := newTestTable(idle, 2)
+			n := 0
+			tb.watch, tb.onRemoteChange = int64(watch), func() { n++ }
+			tt.run(tb)
+			if n != tt.want {
+				t.Fatalf("onRemoteChange called %d times, want %d", n, tt.want)
+			}
+		})
+	}
+}

@@ -45,6 +45,7 @@ const (
 	metricClusterLookups       = "switchyard_cluster_binding_requests_total"
 	metricClusterRemoteLatency = "switchyard_cluster_remote_request_duration_seconds"
 	metricClusterHandoff       = "switchyard_cluster_handoff_bindings_total"
+	metricClusterNearInval     = "switchyard_cluster_near_cache_invalidations_total"
 )
 
 // remoteLatencyBuckets are the upper bounds (seconds) of the remote binding request
@@ -128,9 +129,13 @@ type Cluster struct {
 	// mailbox itself; the mailbox hands itself to its grain (mailboxOwner).
 	host *host
 
+	// near keeps the bindings read from other owners (nil: cluster.near_cache_ttl is 0).
+	near *nearCache
+
 	lookups, remote, remoteFailed *metrics.Counter
 	remoteLatency                 *metrics.PrometheusHistogram
 	handedOff                     *metrics.Counter
+	nearSent                      *metrics.Counter // invalidations this replica's grains sent
 	names                         []string
 
 	mu      sync.Mutex // guards the fields below
@@ -234,6 +239,9 @@ func NewCluster(sys *System, cfg config.Cluster, opts ClusterOptions) (cl *Clust
 	c.remote = c.counter(metricClusterLookups + `{owner="remote"}`)
 	c.remoteFailed = c.counter(metricClusterLookups + `{owner="remote_failed"}`)
 	c.handedOff = c.counter(metricClusterHandoff)
+	c.nearSent = c.counter(metricClusterNearInval + `{direction="sent"}`)
+	c.near = newNearCache(cfg.NearCacheTTL, cfg.NearCacheEntries, cfg.Partitions,
+		c.counter(metricClusterLookups+`{owner="near_cache"}`), c.counter(metricClusterNearInval+`{direction="received"}`))
 	c.names = append(c.names, metricClusterRemoteLatency)
 	c.remoteLatency = c.set.GetOrCreatePrometheusHistogramExt(metricClusterRemoteLatency, remoteLatencyBuckets)
 	c.gauge(metricClusterMembers, func() float64 {
@@ -278,10 +286,15 @@ func NewCluster(sys *System, cfg config.Cluster, opts ClusterOptions) (cl *Clust
 		cluster.WithKinds(kind), cluster.WithRequestTimeout(c.timeout), cluster.WithRequestLog(false))
 	ccfg.GossipInterval = cfg.GossipInterval
 	c.c = cluster.New(sys.sys, ccfg)
+	if _, ok := sys.sys.ProcessRegistry.Add(nearCacheProcess{c}, nearCacheName); !ok {
+		c.unregister()
+		return nil, fmt.Errorf("cannot start cluster: the actor system already runs one (process %q)", nearCacheName)
+	}
 
 	c.subscribe()
 	if err := c.startMember(); err != nil {
 		c.unsubscribe()
+		sys.sys.ProcessRegistry.Remove(&actor.PID{Id: nearCacheName})
 		c.unregister()
 		return nil, err
 	}
@@ -458,19 +471,29 @@ func (c *Cluster) refreshPlacement() {
 		}
 		p.owners[i] = o
 	}
-	c.placement.Store(p)
+	old := c.placement.Swap(p)
+	if c.near != nil {
+		// After the swap: a request that read a partition's generation before this bump
+		// may have asked the old owner, and its copy must not survive.
+		for i := range p.owners {
+			if old == nil || old.owners[i] != p.owners[i] {
+				c.near.invalidate(i)
+			}
+		}
+	}
 }
 
 // partitionOf returns key's partition: FNV-1a of the key, so that every scope of one session
 // (prefill and decode, every bucket) lives in one grain.
 func (c *Cluster) partitionOf(key string) int {
-	const offset, prime = 14695981039346656037, 1099511628211 // FNV-1a, 64 bits
-	h := uint64(offset)
-	for i := 0; i < len(key); i++ {
-		h ^= uint64(key[i])
-		h *= prime
-	}
-	return int(h % uint64(len(c.identities)))
+	p, _ := c.partitionHash(key)
+	return p
+}
+
+// partitionHash returns key's partition and its FNV-1a hash.
+func (c *Cluster) partitionHash(key string) (int, uint64) {
+	h := engine.FNV64(engine.FNVOffset, key)
+	return int(h % uint64(len(c.identities))), h
 }
 
 // pidOf returns partition p's grain PID under pl, activating it through its owner's
@@ -689,6 +712,7 @@ func (c *Cluster) Close() {
 		c.c.Shutdown(true)
 	}()
 	c.host.shutdown()
+	c.sys.sys.ProcessRegistry.Remove(&actor.PID{Id: nearCacheName})
 	c.unregister()
 	c.stats.unregister()
 }

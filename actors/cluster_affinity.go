@@ -63,7 +63,13 @@ func (c *Cluster) request(scope engine.AffinityScope, op bindingOp) (bindingAnsw
 		return bindingAnswer{}, &engine.PickError{Outcome: engine.OutcomeInternal, Stage: scope.Stage, BucketID: scope.BucketID,
 			Detail: "cluster is shut down", Err: ErrAffinityClosed}
 	}
-	p := c.partitionOf(op.key)
+	p, h := c.partitionHash(op.key)
+	// The near cache's generation is read before anything else: a change after this point
+	// (an invalidation, a new owner) keeps this request's answer out of the cache.
+	var gen uint64
+	if c.near != nil {
+		gen = c.near.gen(p)
+	}
 	var deadline time.Time
 	var lastErr error
 	failed := "" // the owner that did not answer the first attempt
@@ -77,6 +83,12 @@ func (c *Cluster) request(scope engine.AffinityScope, op bindingOp) (bindingAnsw
 			}
 			lastErr = err
 			continue
+		}
+		if attempt == 0 && !op.bind && c.near != nil && pl.owners[p] != pl.self {
+			// Another replica owns the partition: a binding read from it lately answers.
+			if w, ok := c.near.get(p, h, scope, op.key, op.now.UnixNano()); ok {
+				return bindingAnswer{worker: w}, nil
+			}
 		}
 		// Slow path: first use under this placement, another owner, or the retry.
 		if deadline.IsZero() {
@@ -113,6 +125,9 @@ func (c *Cluster) request(scope engine.AffinityScope, op bindingOp) (bindingAnsw
 		var a bindingAnswer
 		if err == nil {
 			a, err = c.requestRemote(pl, p, pid, scope, op, attemptDeadline)
+			if err == nil && c.near != nil {
+				c.near.put(p, gen, h, scope, op.key, a.worker, op.now.UnixNano())
+			}
 			if err == nil || !errors.Is(err, ErrClusterUnavailable) {
 				return a, err
 			}
@@ -201,6 +216,9 @@ func (c *Cluster) requestRemote(pl *placement, p int, pid *actor.PID, scope engi
 // returns how many were removed. Each replica invalidates its own partitions when it
 // applies a worker removal (worker changes reach every replica).
 func (c *Cluster) InvalidateWorker(workerID string) (int, error) {
+	if c.near != nil {
+		c.near.invalidateAll() // copies of bindings to it, read from other owners
+	}
 	return c.eachLocal(func(ac *affinityCall) affinityCommand {
 		ac.inval = InvalidateWorker{WorkerID: workerID, call: ac}
 		return &ac.inval
@@ -289,6 +307,12 @@ type partitionActor struct {
 	self    *partitionHost
 	tables  map[engine.AffinityScope]*bindingTable
 	forward *actor.PID // set once the bindings were handed off
+
+	// readers are the replicas (addresses) that read a binding of this grain since it last
+	// invalidated their copies; dirty is set when a binding one of them read changed or
+	// went, and the grain then tells them all (NearCacheInvalidate) before its next message.
+	readers map[string]struct{}
+	dirty   bool
 }
 
 var (
@@ -308,6 +332,8 @@ func (a *partitionActor) table(scope engine.AffinityScope) *bindingTable {
 	t := a.tables[scope]
 	if t == nil {
 		t = newBindingTable(a.c.idle, a.c.perPart, a.c.stats.of(scope))
+		t.watch = 2 * int64(a.c.cfg.NearCacheTTL) // readers' clocks may differ a little
+		t.onRemoteChange = a.markDirty
 		a.tables[scope] = t
 	}
 	return t
@@ -324,6 +350,8 @@ func (a *partitionActor) Receive(ctx actor.Context) {
 			a.c.logger.Error("affinity partition panicked; failing its command and emptying it",
 				slog.Int("partition", a.p), slog.Any("panic", r), slog.String("stack", string(debug.Stack())))
 			a.clear()
+			a.dirty = true
+			a.notifyReaders(ctx)
 			fail := &engine.PickError{Outcome: engine.OutcomeInternal, Detail: "affinity partition failed", Err: ErrPanicked}
 			switch m := msg.(type) {
 			case affinityCommand:
@@ -338,13 +366,16 @@ func (a *partitionActor) Receive(ctx actor.Context) {
 	switch m := msg.(type) {
 	case affinityCommand:
 		a.local(ctx, m)
+		a.notifyReaders(ctx)
 	case *clusterpb.LookupBinding:
 		if a.forward != nil {
 			ctx.Forward(a.forward)
 			return
 		}
 		a.c.sys.observed(KindPartition, m)
-		w := a.table(scopeOf(m.Scope)).lookup(m.Key, m.NowUnixNano)
+		t := a.table(scopeOf(m.Scope))
+		w := t.lookup(m.Key, m.NowUnixNano)
+		a.readBy(ctx, t, m.Key, w, m.NowUnixNano)
 		ctx.Respond(&clusterpb.BindingResult{WorkerId: w})
 	case *clusterpb.Bind:
 		if a.forward != nil {
@@ -352,7 +383,10 @@ func (a *partitionActor) Receive(ctx actor.Context) {
 			return
 		}
 		a.c.sys.observed(KindPartition, m)
-		w, set := a.table(scopeOf(m.Scope)).bind(m.Key, m.Expect, m.WorkerId, m.NowUnixNano)
+		t := a.table(scopeOf(m.Scope))
+		w, set := t.bind(m.Key, m.Expect, m.WorkerId, m.NowUnixNano)
+		a.notifyReaders(ctx) // before the answer: the rebind may have changed a copy
+		a.readBy(ctx, t, m.Key, w, m.NowUnixNano)
 		ctx.Respond(&clusterpb.BindingResult{WorkerId: w, Set: set})
 	case *clusterpb.HandOffBindings:
 		a.c.sys.observed(KindPartition, m)
@@ -388,6 +422,50 @@ func (a *partitionActor) Receive(ctx actor.Context) {
 			a.mb.close()
 		}
 	}
+}
+
+// readBy records that the sender of the current (remote) message read key's binding w in t:
+// it may keep a copy in its near cache until told otherwise.
+func (a *partitionActor) readBy(ctx actor.Context, t *bindingTable, key, w string, now int64) {
+	s := ctx.Sender()
+	if w == "" || s == nil || s.Address == "" || a.c.cfg.NearCacheTTL <= 0 {
+		return
+	}
+	t.readRemotely(key, now)
+	if _, ok := a.readers[s.Address]; ok {
+		return
+	}
+	if len(a.readers) >= maxReaders {
+		a.dirty = true
+		a.notifyReaders(ctx)
+	}
+	if a.readers == nil {
+		a.readers = map[string]struct{}{}
+	}
+	a.readers[s.Address] = struct{}{}
+}
+
+// markDirty is the tables' onRemoteChange: a binding another replica read changed or went.
+func (a *partitionActor) markDirty() { a.dirty = true }
+
+// notifyReaders tells every reader, when a binding one of them read changed or went, to
+// forget its copies of this partition, and forgets the readers (they register again with
+// their next read). The message goes out before any later answer of this grain, on the
+// same connection to each reader.
+func (a *partitionActor) notifyReaders(ctx actor.Context) {
+	if !a.dirty {
+		return
+	}
+	a.dirty = false
+	if len(a.readers) == 0 || a.p < 0 {
+		return
+	}
+	msg := &clusterpb.NearCacheInvalidate{Partition: int32(a.p)}
+	for addr := range a.readers {
+		ctx.Send(actor.NewPID(addr, nearCacheName), msg)
+	}
+	a.c.nearSent.Add(len(a.readers))
+	clear(a.readers)
 }
 
 // local applies a command of this replica's own requests.

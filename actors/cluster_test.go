@@ -58,6 +58,7 @@ type testMember struct {
 	counters map[string]*load.Counters
 	changes  chan WorkerChange
 	closed   bool
+	tweak    func(*config.Cluster) // changes the member's configuration (nil: none)
 }
 
 func testClusterConfig(ports []int, i int) config.Cluster {
@@ -93,11 +94,25 @@ func startMembersWith(t testing.TB, n int, sysOpts func(i int) SystemOptions, wo
 // (a later member may join on one of the ports left) and waits until each sees n members.
 func startMembersOf(t testing.TB, ports []int, n int, sysOpts func(i int) SystemOptions, workers ...string) []*testMember {
 	t.Helper()
+	return startMembersCfg(t, ports, n, sysOpts, nil, workers...)
+}
+
+// startMembersTweaked is startMembers with each member's configuration changed by tweak.
+func startMembersTweaked(t testing.TB, n int, tweak func(*config.Cluster), workers ...string) []*testMember {
+	t.Helper()
+	return startMembersCfg(t, freePorts(t, n), n, func(int) SystemOptions { return SystemOptions{} }, tweak, workers...)
+}
+
+// startMembersCfg is startMembersOf with each member's configuration changed by tweak (nil:
+// none).
+func startMembersCfg(t testing.TB, ports []int, n int, sysOpts func(i int) SystemOptions, tweak func(*config.Cluster), workers ...string) []*testMember {
+	t.Helper()
 	ms := make([]*testMember, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range n {
 		ms[i] = newTestMember(sysOpts(i), workers)
+		ms[i].tweak = tweak
 		wg.Go(func() { errs[i] = ms[i].start(ports, i) })
 	}
 	wg.Wait()
@@ -140,7 +155,11 @@ func newTestMember(opts SystemOptions, workers []string) *testMember {
 
 // start makes m member i of the cluster whose member list is ports.
 func (m *testMember) start(ports []int, i int) (err error) {
-	m.cl, err = NewCluster(m.sys, testClusterConfig(ports, i), ClusterOptions{
+	cfg := testClusterConfig(ports, i)
+	if m.tweak != nil {
+		m.tweak(&cfg)
+	}
+	m.cl, err = NewCluster(m.sys, cfg, ClusterOptions{
 		Counters: func() map[string]CountersOf {
 			out := map[string]CountersOf{}
 			for id, c := range m.counters {
@@ -500,6 +519,12 @@ func TestClusterRetriesOnTheNextOwnerWhenTheOwnerHangs(t *testing.T) {
 		t.Fatal(set, err)
 	}
 	hung.Store(true)
+	// The binding member 0 read (its bind's answer) answers from its near cache without
+	// asking the hung owner; once the copies are forgotten, the owner is asked.
+	if got, err := ms[0].cl.Lookup(clusterScope, key, now); err != nil || got != "W1" {
+		t.Fatalf("lookup from the near cache = %q, %v; want W1", got, err)
+	}
+	ms[0].cl.near.invalidate(ms[0].cl.partitionOf(key))
 	start := time.Now()
 	got, err := ms[0].cl.Lookup(clusterScope, key, now)
 	if err != nil {
@@ -562,5 +587,134 @@ func TestClusterLeaveIsBoundedWhenANewOwnerHangs(t *testing.T) {
 	t.Logf("leave took %v (%d partitions owned)", took, owned)
 	if took > budget+time.Second {
 		t.Fatalf("the leave took %v with a %v deadline (%d partitions to hand off)", took, budget, owned)
+	}
+}
+
+// keyOwnedBy returns a key with prefix whose partition owner, as m sees it, is owner.
+func keyOwnedBy(t testing.TB, m, owner *testMember, prefix string) string {
+	t.Helper()
+	pl := m.cl.placement.Load()
+	for k := range 10_000 {
+		key := fmt.Sprintf("%s-%d", prefix, k)
+		if pl.owners[m.cl.partitionOf(key)] == owner.cl.Address() {
+			return key
+		}
+	}
+	t.Fatalf("no key of %s owned by %s", prefix, owner.cl.Address())
+	return ""
+}
+
+// A replica answers a repeat lookup of a key another replica owns from its near cache, and
+// a change of the binding on the owner — made by the owner itself, by a third replica or by
+// a worker's removal — reaches it before its next lookup answers.
+func TestClusterNearCacheFollowsTheOwner(t *testing.T) {
+	ms := startMembers(t, 3)
+	reader, owner, other := ms[0], ms[1], ms[2]
+	now := time.Now()
+	key := keyOwnedBy(t, reader, owner, "near")
+	if w, set, err := reader.cl.Bind(clusterScope, key, "", "W1", now); err != nil || !set || w != "W1" {
+		t.Fatalf("bind = %q, %v, %v", w, set, err)
+	}
+	remote, hits := reader.cl.remote.Get(), reader.cl.near.hits.Get()
+	lookup := func(want string) {
+		t.Helper()
+		if w, err := reader.cl.Lookup(clusterScope, key, now); err != nil || w != want {
+			t.Fatalf("lookup = %q, %v; want %q", w, err, want)
+		}
+	}
+	lookup("W1")
+	lookup("W1")
+	if r, h := reader.cl.remote.Get()-remote, reader.cl.near.hits.Get()-hits; r != 0 || h != 2 {
+		t.Fatalf("2 repeat lookups made %d remote requests and %d near cache hits; want 0 and 2", r, h)
+	}
+
+	// step changes the binding through change, waits for the reader's invalidation and
+	// checks that its next lookup asks the owner and sees want.
+	step := func(what string, change func(), want string) {
+		t.Helper()
+		inv, remote := reader.cl.near.invalidations.Get(), reader.cl.remote.Get()
+		change()
+		reader.waitFor(t, what+": the reader is told", func() bool { return reader.cl.near.invalidations.Get() > inv })
+		lookup(want)
+		if reader.cl.remote.Get() == remote {
+			t.Fatalf("%s: the lookup after the invalidation was not sent to the owner", what)
+		}
+	}
+	step("the owner rebinds", func() {
+		if w, set, err := owner.cl.Bind(clusterScope, key, "W1", "W2", now); err != nil || !set || w != "W2" {
+			t.Fatalf("owner rebind = %q, %v, %v", w, set, err)
+		}
+	}, "W2")
+	lookup("W2") // cached again
+	step("a third replica rebinds", func() {
+		if w, set, err := other.cl.Bind(clusterScope, key, "W2", "W3", now); err != nil || !set || w != "W3" {
+			t.Fatalf("third replica's rebind = %q, %v, %v", w, set, err)
+		}
+	}, "W3")
+	lookup("W3")
+	step("the worker is removed on the owner", func() {
+		if n, err := owner.cl.InvalidateWorker("W3"); err != nil || n != 1 {
+			t.Fatalf("InvalidateWorker = %d, %v; want 1", n, err)
+		}
+	}, "")
+	// A copy lives near_cache_ttl at most: past it the owner is asked (and refreshes the
+	// binding's last use).
+	if _, _, err := reader.cl.Bind(clusterScope, key, "", "W4", now); err != nil {
+		t.Fatal(err)
+	}
+	remote = reader.cl.remote.Get()
+	later := now.Add(reader.cl.cfg.NearCacheTTL)
+	if w, err := reader.cl.Lookup(clusterScope, key, later); err != nil || w != "W4" || reader.cl.remote.Get() != remote+1 {
+		t.Fatalf("lookup past the ttl = %q, %v with %d remote requests; want W4 from the owner", w, err, reader.cl.remote.Get()-remote)
+	}
+}
+
+// When a partition's owner leaves, the replicas forget their copies of its bindings and ask
+// the new owner; with cluster.near_cache_ttl 0 every lookup asks the owner.
+func TestClusterNearCacheForgetsMovedPartitions(t *testing.T) {
+	ms := startMembers(t, 3)
+	reader, leaver := ms[0], ms[2]
+	now := time.Now()
+	key := keyOwnedBy(t, reader, leaver, "moved")
+	if _, _, err := reader.cl.Bind(clusterScope, key, "", "W1", now); err != nil {
+		t.Fatal(err)
+	}
+	p := reader.cl.partitionOf(key)
+	gen := reader.cl.near.gen(p)
+	ctx, cancel := context.WithTimeout(context.Background(), clusterWait)
+	defer cancel()
+	if err := leaver.cl.Leave(ctx); err != nil {
+		t.Fatal(err)
+	}
+	reader.waitFor(t, "the reader routes around the leaver", func() bool {
+		return reader.cl.placement.Load().owners[p] != leaver.cl.Address()
+	})
+	if reader.cl.near.gen(p) == gen {
+		t.Fatal("the partition's owner changed and the reader kept its copies")
+	}
+	remote := reader.cl.remote.Get()
+	if w, err := reader.cl.Lookup(clusterScope, key, now); err != nil || w != "W1" {
+		t.Fatalf("lookup after the leave = %q, %v; want the handed-off W1", w, err)
+	}
+	if pl := reader.cl.placement.Load(); pl.owners[p] != pl.self && reader.cl.remote.Get() == remote {
+		t.Fatal("the lookup after the leave was answered from a copy of the old owner's binding")
+	}
+
+	off := startMembersTweaked(t, 2, func(c *config.Cluster) { c.NearCacheTTL = 0 })
+	if off[0].cl.near != nil {
+		t.Fatal("near_cache_ttl 0 made a near cache")
+	}
+	key = keyOwnedBy(t, off[0], off[1], "off")
+	if _, _, err := off[0].cl.Bind(clusterScope, key, "", "W1", now); err != nil {
+		t.Fatal(err)
+	}
+	remote = off[0].cl.remote.Get()
+	for range 3 {
+		if w, err := off[0].cl.Lookup(clusterScope, key, now); err != nil || w != "W1" {
+			t.Fatalf("lookup = %q, %v", w, err)
+		}
+	}
+	if got := off[0].cl.remote.Get() - remote; got != 3 {
+		t.Fatalf("3 lookups without a near cache made %d remote requests, want 3", got)
 	}
 }

@@ -61,21 +61,33 @@ type Cluster struct {
 	// HandoffTimeout bounds the hand-off of this replica's bindings to their new owners on
 	// a graceful stop. Default 10s.
 	HandoffTimeout time.Duration `koanf:"handoff_timeout" json:"handoff_timeout"`
+	// NearCacheTTL is how long a replica answers a key's lookup from the binding it last
+	// read from the partition's owner on another replica, without asking again; 0 asks the
+	// owner every time. The owner tells the replicas that read a binding when it changes,
+	// and every replica forgets a partition's copies when its owner changes. At most half
+	// of affinity.idle_timeout (an owner that saw no lookup for this long still holds the
+	// binding); the same on every replica. Default 30s.
+	NearCacheTTL time.Duration `koanf:"near_cache_ttl" json:"near_cache_ttl"`
+	// NearCacheEntries bounds the bindings a replica keeps read from other owners (one
+	// slot per scope and key hash; a newer entry takes an older one's slot). Default 65536.
+	NearCacheEntries int `koanf:"near_cache_entries" json:"near_cache_entries" unit:"bindings"`
 }
 
 // defaultCluster returns the cluster section's defaults.
 func defaultCluster() Cluster {
 	return Cluster{
-		Name:            "switchyard",
-		Listen:          "127.0.0.1:0",
-		Provider:        ClusterProviderAutomanaged,
-		ProviderPort:    6330,
-		EtcdPrefix:      "/switchyard",
-		Partitions:      64,
-		RefreshInterval: time.Second,
-		GossipInterval:  100 * time.Millisecond,
-		RequestTimeout:  250 * time.Millisecond,
-		HandoffTimeout:  10 * time.Second,
+		Name:             "switchyard",
+		Listen:           "127.0.0.1:0",
+		Provider:         ClusterProviderAutomanaged,
+		ProviderPort:     6330,
+		EtcdPrefix:       "/switchyard",
+		Partitions:       64,
+		RefreshInterval:  time.Second,
+		GossipInterval:   100 * time.Millisecond,
+		RequestTimeout:   250 * time.Millisecond,
+		HandoffTimeout:   10 * time.Second,
+		NearCacheTTL:     30 * time.Second,
+		NearCacheEntries: 1 << 16,
 	}
 }
 
@@ -142,7 +154,21 @@ func (c *Config) validateCluster(p *problems) {
 		p.add("cluster.request_timeout", ErrInvalid, fmt.Sprintf("must be at most actors.pick_timeout (%s), got %s", c.Actors.PickTimeout, cl.RequestTimeout))
 	}
 	positive(p, "cluster.handoff_timeout", cl.HandoffTimeout)
+	if cl.NearCacheTTL < 0 {
+		p.add("cluster.near_cache_ttl", ErrInvalid, "must not be negative (0 turns the near cache off), got "+cl.NearCacheTTL.String())
+	} else if cl.NearCacheTTL > c.Affinity.IdleTimeout/2 && c.Affinity.IdleTimeout > 0 {
+		p.add("cluster.near_cache_ttl", ErrInvalid, fmt.Sprintf("must be at most half of affinity.idle_timeout (%s), got %s", c.Affinity.IdleTimeout/2, cl.NearCacheTTL))
+	}
+	if cl.NearCacheTTL > 0 {
+		atLeast(p, "cluster.near_cache_entries", int64(cl.NearCacheEntries), 1)
+		if cl.NearCacheEntries > maxNearCacheEntries {
+			p.add("cluster.near_cache_entries", ErrInvalid, fmt.Sprintf("must be at most %d, got %d", maxNearCacheEntries, cl.NearCacheEntries))
+		}
+	}
 }
+
+// maxNearCacheEntries bounds cluster.near_cache_entries (8 bytes a slot, plus the entries).
+const maxNearCacheEntries = 1 << 24
 
 // checkHostPort returns why s is not a host:port ("" when it is); port 0 is allowed when
 // anyPort is set.

@@ -45,6 +45,25 @@ func TestValidateCluster(t *testing.T) {
 			c.Cluster.GossipInterval = 0
 			c.Cluster.RequestTimeout = 2 * time.Second
 		}, want: []string{"cluster.partitions:", "cluster.gossip_interval:", "cluster.request_timeout: must be at most actors.pick_timeout"}},
+		{name: "near cache off", mutate: func(c *Config) {
+			automanaged(c)
+			c.Cluster.NearCacheTTL = 0
+			c.Cluster.NearCacheEntries = 0
+		}},
+		{name: "near cache longer than half the idle timeout", mutate: func(c *Config) {
+			automanaged(c)
+			c.Affinity.IdleTimeout = time.Minute
+			c.Cluster.NearCacheTTL = 31 * time.Second
+		}, want: []string{"cluster.near_cache_ttl: must be at most half of affinity.idle_timeout (30s), got 31s"}},
+		{name: "near cache sizes", mutate: func(c *Config) {
+			automanaged(c)
+			c.Cluster.NearCacheEntries = 0
+		}, want: []string{"cluster.near_cache_entries: must be at least 1"}},
+		{name: "negative near cache ttl", mutate: func(c *Config) {
+			automanaged(c)
+			c.Cluster.NearCacheTTL = -time.Second
+			c.Cluster.NearCacheEntries = 1<<24 + 1
+		}, want: []string{"cluster.near_cache_ttl: must not be negative"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -119,6 +119,13 @@ const (
 	fnvPrime  uint64 = 1099511628211
 )
 
+// FNVOffset starts an FNV-1a hash for FNV64.
+const FNVOffset = fnvOffset
+
+// FNV64 continues the 64-bit FNV-1a hash h over s (start from FNVOffset): the hash every
+// replica computes alike, for the hashing policies and the cluster's key partitions.
+func FNV64(h uint64, s string) uint64 { return fnv64(h, s) }
+
 func fnv64(h uint64, s string) uint64 {
 	for i := 0; i < len(s); i++ {
 		h ^= uint64(s[i])

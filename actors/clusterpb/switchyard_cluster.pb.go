@@ -765,6 +765,56 @@ func (x *WorkerChanges) GetChanges() []*WorkerChange {
 	return nil
 }
 
+// NearCacheInvalidate tells a replica that a binding it read from this partition owner
+// changed or went: the replica forgets every binding of the partition it keeps (its near
+// cache) and asks the owner again.
+type NearCacheInvalidate struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	Partition int32 `protobuf:"varint,1,opt,name=partition,proto3" json:"partition,omitempty"`
+}
+
+func (x *NearCacheInvalidate) Reset() {
+	*x = NearCacheInvalidate{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_switchyard_cluster_proto_msgTypes[12]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *NearCacheInvalidate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NearCacheInvalidate) ProtoMessage() {}
+
+func (x *NearCacheInvalidate) ProtoReflect() protoreflect.Message {
+	mi := &file_switchyard_cluster_proto_msgTypes[12]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NearCacheInvalidate.ProtoReflect.Descriptor instead.
+func (*NearCacheInvalidate) Descriptor() ([]byte, []int) {
+	return file_switchyard_cluster_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *NearCacheInvalidate) GetPartition() int32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
 var File_switchyard_cluster_proto protoreflect.FileDescriptor
 
 var file_switchyard_cluster_proto_rawDesc = []byte{
@@ -853,9 +903,12 @@ var file_switchyard_cluster_proto_rawDesc = []byte{
 	0x01, 0x20, 0x03, 0x28, 0x0b, 0x32, 0x20, 0x2e, 0x73, 0x77, 0x69, 0x74, 0x63, 0x68, 0x79, 0x61,
 	0x72, 0x64, 0x2e, 0x63, 0x6c, 0x75, 0x73, 0x74, 0x65, 0x72, 0x2e, 0x57, 0x6f, 0x72, 0x6b, 0x65,
 	0x72, 0x43, 0x68, 0x61, 0x6e, 0x67, 0x65, 0x52, 0x07, 0x63, 0x68, 0x61, 0x6e, 0x67, 0x65, 0x73,
-	0x42, 0x1d, 0x5a, 0x1b, 0x73, 0x77, 0x69, 0x74, 0x63, 0x68, 0x79, 0x61, 0x72, 0x64, 0x2f, 0x61,
-	0x63, 0x74, 0x6f, 0x72, 0x73, 0x2f, 0x63, 0x6c, 0x75, 0x73, 0x74, 0x65, 0x72, 0x70, 0x62, 0x62,
-	0x06, 0x70, 0x72, 0x6f, 0x74, 0x6f, 0x33,
+	0x22, 0x33, 0x0a, 0x13, 0x4e, 0x65, 0x61, 0x72, 0x43, 0x61, 0x63, 0x68, 0x65, 0x49, 0x6e, 0x76,
+	0x61, 0x6c, 0x69, 0x64, 0x61, 0x74, 0x65, 0x12, 0x1c, 0x0a, 0x09, 0x70, 0x61, 0x72, 0x74, 0x69,
+	0x74, 0x69, 0x6f, 0x6e, 0x18, 0x01, 0x20, 0x01, 0x28, 0x05, 0x52, 0x09, 0x70, 0x61, 0x72, 0x74,
+	0x69, 0x74, 0x69, 0x6f, 0x6e, 0x42, 0x1d, 0x5a, 0x1b, 0x73, 0x77, 0x69, 0x74, 0x63, 0x68, 0x79,
+	0x61, 0x72, 0x64, 0x2f, 0x61, 0x63, 0x74, 0x6f, 0x72, 0x73, 0x2f, 0x63, 0x6c, 0x75, 0x73, 0x74,
+	0x65, 0x72, 0x70, 0x62, 0x62, 0x06, 0x70, 0x72, 0x6f, 0x74, 0x6f, 0x33,
 }
 
 var (
@@ -870,7 +923,7 @@ func file_switchyard_cluster_proto_rawDescGZIP() []byte {
 	return file_switchyard_cluster_proto_rawDescData
 }
 
-var file_switchyard_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_switchyard_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_switchyard_cluster_proto_goTypes = []interface{}{
 	(*Scope)(nil),                 // 0: switchyard.cluster.Scope
 	(*LookupBinding)(nil),         // 1: switchyard.cluster.LookupBinding
@@ -884,14 +937,15 @@ var file_switchyard_cluster_proto_goTypes = []interface{}{
 	(*LeavingMembers)(nil),        // 9: switchyard.cluster.LeavingMembers
 	(*WorkerChange)(nil),          // 10: switchyard.cluster.WorkerChange
 	(*WorkerChanges)(nil),         // 11: switchyard.cluster.WorkerChanges
-	nil,                           // 12: switchyard.cluster.InflightCounts.WorkersEntry
+	(*NearCacheInvalidate)(nil),   // 12: switchyard.cluster.NearCacheInvalidate
+	nil,                           // 13: switchyard.cluster.InflightCounts.WorkersEntry
 }
 var file_switchyard_cluster_proto_depIdxs = []int32{
 	0,  // 0: switchyard.cluster.LookupBinding.scope:type_name -> switchyard.cluster.Scope
 	0,  // 1: switchyard.cluster.Bind.scope:type_name -> switchyard.cluster.Scope
 	0,  // 2: switchyard.cluster.Binding.scope:type_name -> switchyard.cluster.Scope
 	4,  // 3: switchyard.cluster.HandOffBindings.bindings:type_name -> switchyard.cluster.Binding
-	12, // 4: switchyard.cluster.InflightCounts.workers:type_name -> switchyard.cluster.InflightCounts.WorkersEntry
+	13, // 4: switchyard.cluster.InflightCounts.workers:type_name -> switchyard.cluster.InflightCounts.WorkersEntry
 	10, // 5: switchyard.cluster.WorkerChanges.changes:type_name -> switchyard.cluster.WorkerChange
 	7,  // 6: switchyard.cluster.InflightCounts.WorkersEntry.value:type_name -> switchyard.cluster.WorkerCounts
 	7,  // [7:7] is the sub-list for method output_type
@@ -1051,6 +1105,18 @@ func file_switchyard_cluster_proto_init() {
 				return nil
 			}
 		}
+		file_switchyard_cluster_proto_msgTypes[12].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*NearCacheInvalidate); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1058,7 +1124,7 @@ func file_switchyard_cluster_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: file_switchyard_cluster_proto_rawDesc,
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
