@@ -14,7 +14,9 @@ import (
 // actors.Cluster). The cluster is then the affinity store, adds the other replicas'
 // in-flight and dispatch counts to every worker's counters, and carries the admin API's
 // worker changes both ways: a change made here is published, a change made elsewhere is
-// applied here through the same add/remove path.
+// applied here through the same add/remove path. Workers of the Kubernetes discovery are
+// not published: every replica watches the pods itself, and a removal published by another
+// replica does not remove a worker this replica's discovery added.
 
 // affinityStore is what the server needs of its binding store: the local
 // actors.AffinityStore, or the cluster's partition grains.
@@ -79,6 +81,12 @@ func (s *Server) applyWorkerChange(wc actors.WorkerChange) {
 	}
 	if wc.Removed {
 		if s.workers.Member(wc.WorkerID) == nil {
+			return
+		}
+		if s.discovery != nil && s.discovery.Owns(wc.WorkerID) {
+			// Every replica discovers the pods itself: the worker follows its pod here.
+			s.logger.Info("worker removed by another replica kept: this replica discovered it", slog.String("worker", wc.WorkerID),
+				slog.String("origin", wc.Origin))
 			return
 		}
 		s.removeWorker(wc.WorkerID)

@@ -27,6 +27,7 @@ func (s *Server) newDiscovery() (*fleet.Kubernetes, error) {
 	}
 	return fleet.NewKubernetes(fleet.KubernetesOptions{
 		Config:  s.cfg.Discovery.Kubernetes,
+		Pods:    s.opts.DiscoveryPods,
 		Sink:    discoverySink{s},
 		Logger:  s.logger.With(slog.String("source", "kubernetes")),
 		Metrics: s.set,

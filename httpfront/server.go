@@ -53,6 +53,10 @@ type Options struct {
 	Clock fleet.Clock
 	// Dial opens the TCP connections to engines. Default: net.Dialer with TCP keep-alive.
 	Dial fleet.DialFunc
+	// DiscoveryPods is the Kubernetes API the discovery (discovery.kubernetes.enabled)
+	// lists and watches pods through. Default: a client of the API server the
+	// configuration names.
+	DiscoveryPods fleet.PodClient
 	// Tokenizer returns the tokenizer of a model, or nil to use the Hugging Face tokenizer
 	// that models.<name>.tokenizer.path names (loaded by New), or, without one, the
 	// body-size estimate. Default: none (the configuration decides).
@@ -307,6 +311,11 @@ func (s *Server) build() error {
 	s.life.add("actor system", s.sys.Close)
 	aopts := actors.AffinityOptionsFrom(cfg)
 	aopts.Now, aopts.Logger, aopts.Metrics, aopts.System = opts.Now, opts.Logger, opts.Metrics, s.sys
+	// The discovery is built before the cluster, whose gossip asks it which workers it owns
+	// (it adds none before Run).
+	if s.discovery, err = s.newDiscovery(); err != nil {
+		return err
+	}
 	if s.affinity, err = s.newAffinityStore(aopts); err != nil {
 		return err
 	}
@@ -405,9 +414,6 @@ func (s *Server) build() error {
 		if _, err := s.workers.Add(context.Background(), spec, false); err != nil {
 			return err
 		}
-	}
-	if s.discovery, err = s.newDiscovery(); err != nil {
-		return err
 	}
 
 	s.srv = &fasthttp.Server{

@@ -343,6 +343,20 @@ func (k *Kubernetes) Run(ctx context.Context) {
 // Synced reports whether the pods have been listed once.
 func (k *Kubernetes) Synced() bool { return k.informer.HasSynced() }
 
+// Owns reports whether the worker with ID id is one this discovery added for a pod (and has
+// not removed). Such a worker follows its pod: in a cluster of routers each replica
+// discovers the pods itself, and a removal another replica publishes leaves it in place.
+func (k *Kubernetes) Owns(id string) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, s := range k.owned {
+		if s.ID == id {
+			return true
+		}
+	}
+	return false
+}
+
 // next reconciles one queued pod; false once the queue is shut down.
 func (k *Kubernetes) next(ctx context.Context) bool {
 	key, quit := k.queue.Get()

@@ -485,3 +485,25 @@ func TestSameSpecComparesLabelsAndPortsByValue(t *testing.T) {
 		t.Fatal("sameSpec changed its arguments' maps or pointers")
 	}
 }
+
+// TestKubernetesOwns: the discovery says which workers it added, until it removes them.
+func TestKubernetesOwns(t *testing.T) {
+	e := startDiscovery(t, config.Kubernetes{Namespace: "ns", Selector: "app=sglang", Port: 30000, ModelLabel: "model"}, nil)
+	lbl := map[string]string{"app": "sglang", "model": "llama"}
+	a := testPod("a", lbl, "10.0.0.1", true)
+	e.create(a)
+	e.expect(`add a.ns http://10.0.0.1:30000 plain model="llama" bootstrap=-`)
+	// One reconciler: b's add begins once a's is recorded.
+	e.create(testPod("b", lbl, "10.0.0.2", true))
+	e.expect(`add b.ns http://10.0.0.2:30000 plain model="llama" bootstrap=-`)
+	if !e.k.Owns("a.ns") || e.k.Owns("static") || e.k.Owns("a") {
+		t.Fatalf("Owns(a.ns, static, a) = %v, %v, %v; want true, false, false", e.k.Owns("a.ns"), e.k.Owns("static"), e.k.Owns("a"))
+	}
+	e.delete(a)
+	e.expect("remove a.ns")
+	e.create(testPod("c", lbl, "10.0.0.3", true))
+	e.expect(`add c.ns http://10.0.0.3:30000 plain model="llama" bootstrap=-`)
+	if e.k.Owns("a.ns") {
+		t.Fatal("Owns(a.ns) after its pod was deleted")
+	}
+}
