@@ -54,10 +54,11 @@ PUREGO_PKGS ?= ./kv/...
 # test. Two kinds, each with its reason in the file:
 # - allocation budgets (*alloc_test.go): under -race sync.Pool drops pooled objects at random
 #   and the instrumentation allocates, so testing.AllocsPerRun counts what a build never does.
-# - the in-process cluster tests (actors/cluster_test.go, etcd_test.go). They start several
-#   Proto.Actor cluster members, and Proto.Actor (v0.0.0-20240822202345, the newest version
-#   the module proxy serves) races inside itself: gossip state rewritten while its remote
-#   sender marshals it, an unlocked block list and member list, shutdown of its endpoints,
+# - the in-process cluster tests (actors/cluster_test.go, etcd_test.go,
+#   httpfront/cluster_test.go). They start several Proto.Actor cluster members, and
+#   Proto.Actor (v0.0.0-20240822202345, the newest version the module proxy serves) races
+#   inside itself: gossip state rewritten while its remote sender marshals it, an unlocked
+#   block list and member list, shutdown of its endpoints,
 #   the etcd provider's shutdown flag, and per-process globals (grpclog's logger, the gossip
 #   shuffle's rand). None is in Switchyard's code; the detector fails any test that starts a
 #   member. The list with stack locations is in docs/cluster.md (Testing). Everything else,

@@ -28,8 +28,10 @@
 //     abandoned flag), embedded in the pooled command structs of every component.
 //   - Cluster (cluster.enabled): remote and cluster on the System, the affinity partition
 //     grains (an engine.AffinityStore shared by every replica), binding hand-off on a
-//     graceful leave, and the gossip of per-worker counters and worker changes. Its
-//     messages are protobuf (package clusterpb), Proto.Actor remote's wire format.
+//     graceful leave, the near cache of bindings read from other owners (kept correct by a
+//     generation per partition the owners' invalidations and owner changes bump), and the
+//     gossip of per-worker counters and worker changes. Its messages are protobuf (package
+//     clusterpb), Proto.Actor remote's wire format.
 //
 // # Concurrency model
 //

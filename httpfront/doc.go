@@ -5,7 +5,9 @@
 // the upstream clients, telemetry and KV subscriptions of every worker) is its sub-package
 // httpfront/fleet; with discovery.kubernetes.enabled, Run also follows the engine pods of a
 // Kubernetes cluster (fleet.Kubernetes), adding and removing their workers as POST /workers
-// and DELETE /workers/{id} do.
+// and DELETE /workers/{id} do. With cluster.enabled (cluster.go) the router replicas share
+// bindings, in-flight counts and the admin API's worker changes; discovered workers are each
+// replica's own (every replica watches the pods).
 //
 // # Request flow
 //
