@@ -21,9 +21,21 @@ type AdapterSet struct {
 	uses  []*adapterUse
 	// loading are the loads under way, each with the adapter it evicts, if any.
 	loading []reservation
+	// gone are the adapters evicted lately, with when: an engine's list asked for before
+	// then may still name them (LearnAdapters).
+	gone []evicted
 	// Slots is how many adapters the engine holds at once; 0 means no known bound.
 	Slots int
 }
+
+// evicted is an adapter evicted at at (unix nanoseconds).
+type evicted struct {
+	name string
+	at   int64
+}
+
+// maxGone bounds the evictions a set remembers.
+const maxGone = 64
 
 // adapterUse is the use of one adapter on one engine. inflight counts the requests holding
 // it; evictedUse marks it evicted (no hold can be taken any more). last is the unix
@@ -31,13 +43,16 @@ type AdapterSet struct {
 type adapterUse struct {
 	inflight atomic.Int64
 	last     atomic.Int64
+	// added is the unix nanoseconds at which the router loaded it (AddAdapter); 0 for an
+	// adapter learned from the engine.
+	added int64
 }
 
 // evictedUse is adapterUse.inflight of an evicted adapter.
 const evictedUse = -1
 
 func newAdapterUse(now int64) *adapterUse {
-	u := &adapterUse{}
+	u := &adapterUse{added: now}
 	u.last.Store(now)
 	return u
 }
@@ -174,6 +189,7 @@ func (s *AdapterSet) With(name string) *AdapterSet {
 		out.names = slices.Insert(slices.Clone(s.names), i, name)
 		out.uses = slices.Insert(slices.Clone(s.uses), i, newAdapterUse(time.Now().UnixNano()))
 		out.loading = s.withoutLoading(name)
+		out.gone = s.gone
 	} else {
 		out.names, out.uses = []string{name}, []*adapterUse{newAdapterUse(time.Now().UnixNano())}
 	}
@@ -198,16 +214,26 @@ func (w *Worker) Adapters() *AdapterSet { return w.adapters.Load() }
 // SetAdapters publishes the adapters the engine holds, replacing everything known.
 func (w *Worker) SetAdapters(s *AdapterSet) { w.adapters.Store(s) }
 
-// LearnAdapters publishes the adapters the engine says it holds and its slots, keeping the
-// reservations of loads under way of adapters it does not list yet and the use of the
-// adapters it still holds. An adapter a load under way evicts is left out: the engine may
-// list it until the unload is done.
-func (w *Worker) LearnAdapters(names []string, slots int) {
+// LearnAdapters publishes the adapters the engine says it holds and its slots, in its
+// answer to a question asked at asOf, keeping the reservations of loads under way of adapters
+// it does not list yet and the use of the adapters it still holds. What the router did since
+// asOf wins over the answer: an adapter it loaded since is kept, one it evicted since (or is
+// evicting) is left out.
+func (w *Worker) LearnAdapters(names []string, slots int, asOf time.Time) {
+	at := asOf.UnixNano()
 	for {
 		old := w.adapters.Load()
 		names := slices.DeleteFunc(slices.Clone(names), func(n string) bool {
-			return old != nil && slices.ContainsFunc(old.loading, func(r reservation) bool { return r.victim == n })
+			return old != nil && (slices.ContainsFunc(old.loading, func(r reservation) bool { return r.victim == n }) ||
+				slices.ContainsFunc(old.gone, func(g evicted) bool { return g.name == n && g.at >= at }))
 		})
+		if old != nil {
+			for i, n := range old.names {
+				if u := old.uses[i]; u.added >= at && u.inflight.Load() != evictedUse && !slices.Contains(names, n) {
+					names = append(names, n) // loaded since the question
+				}
+			}
+		}
 		s := NewAdapterSet(names, slots)
 		if old != nil {
 			for i, n := range s.names {
@@ -218,6 +244,11 @@ func (w *Worker) LearnAdapters(names []string, slots int) {
 			for _, r := range old.loading {
 				if !s.Has(r.name) {
 					s.loading = append(s.loading, r)
+				}
+			}
+			for _, g := range old.gone {
+				if g.at >= at {
+					s.gone = append(s.gone, g) // older evictions are in the engine's answer
 				}
 			}
 		}
@@ -251,7 +282,7 @@ func (w *Worker) ReserveAdapter(name string, now, until time.Time, evictable map
 		}
 		s := &AdapterSet{}
 		if old != nil {
-			s.names, s.uses, s.Slots = old.names, old.uses, old.Slots // never modified
+			s.names, s.uses, s.Slots, s.gone = old.names, old.uses, old.Slots, old.gone // never modified
 			if i, ok := slices.BinarySearch(s.names, victim); victim != "" && ok {
 				if u := s.uses[i]; !u.inflight.CompareAndSwap(0, evictedUse) && u.inflight.Load() != evictedUse {
 					// Slow path: the engine's list was learned again meanwhile and a request
@@ -260,6 +291,7 @@ func (w *Worker) ReserveAdapter(name string, now, until time.Time, evictable map
 				}
 				s.names = slices.Delete(slices.Clone(s.names), i, i+1)
 				s.uses = slices.Delete(slices.Clone(s.uses), i, i+1)
+				s.gone = append(slices.Clone(s.gone[max(len(s.gone)-maxGone+1, 0):]), evicted{victim, time.Now().UnixNano()})
 			}
 			for _, r := range old.loading {
 				if now.Before(r.until) { // lapsed reservations go

@@ -102,7 +102,7 @@ func TestAdapterReservations(t *testing.T) {
 		t.Fatal("a second request for the adapter being loaded was refused")
 	}
 	// The engine's list, learned while the load is under way, keeps the reservation.
-	w.LearnAdapters([]string{"sql"}, 2)
+	w.LearnAdapters([]string{"sql"}, 2, time.Now())
 	if w.Adapters().Free(now) {
 		t.Fatal("learning the engine's adapters dropped the load's reservation")
 	}
@@ -189,7 +189,7 @@ func TestAdapterEviction(t *testing.T) {
 			t.Fatal("a hold was taken on the evicted adapter")
 		}
 		// The engine still lists b until the unload is done: it stays out.
-		w.LearnAdapters([]string{"a", "b", "pinned"}, 3)
+		w.LearnAdapters([]string{"a", "b", "pinned"}, 3, time.Now())
 		if s := w.Adapters(); s.Has("b") || s.Evicting("c") != "b" {
 			t.Fatalf("relearned %v, evicting %q", s.Names(), s.Evicting("c"))
 		}
@@ -209,7 +209,7 @@ func TestAdapterEviction(t *testing.T) {
 			t.Fatal("room made though a is in use and pinned may not be evicted")
 		}
 		// The engine's list, learned again, keeps a's use.
-		w.LearnAdapters([]string{"a", "pinned"}, 2)
+		w.LearnAdapters([]string{"a", "pinned"}, 2, time.Now())
 		if n := w.Adapters().InFlight("a"); n != 1 {
 			t.Fatalf("in flight on a after relearning: %d", n)
 		}
@@ -288,4 +288,33 @@ func TestGroupAdapterEviction(t *testing.T) {
 		t.Fatalf("nothing to evict: %v", err)
 	}
 	h.Release(now)
+}
+
+// TestAdapterStaleEngineList: an engine's list asked for before the router loaded or evicted
+// an adapter does not undo it (the load would otherwise look like a free slot, and the
+// eviction like an adapter still held); a list asked for afterwards is the truth.
+func TestAdapterStaleEngineList(t *testing.T) {
+	now := time.Now()
+	w := NewWorker("w", "http://127.0.0.1:1", "llama", StagePlain, nil)
+	w.SetAdapters(NewAdapterSet([]string{"a"}, 2))
+	asked := time.Now()
+	w.AddAdapter("b") // loaded after the question
+	w.LearnAdapters([]string{"a"}, 2, asked)
+	if s := w.Adapters(); !slices.Equal(s.Names(), []string{"a", "b"}) || s.Free(now) {
+		t.Fatalf("after a stale list: %v, free %v", s.Names(), s.Free(now))
+	}
+	asked = time.Now()
+	if !w.ReserveAdapter("c", now, now.Add(time.Minute), map[string]struct{}{"a": {}, "b": {}}) || w.Adapters().Evicting("c") == "" {
+		t.Fatal("no eviction")
+	}
+	victim := w.Adapters().Evicting("c")
+	w.AddAdapter("c")
+	w.LearnAdapters([]string{"a", "b"}, 2, asked) // asked before the eviction: still lists the victim
+	if s := w.Adapters(); s.Has(victim) || !s.Has("c") || len(s.Names()) != 2 {
+		t.Fatalf("after a stale list naming the evicted %s: %v", victim, s.Names())
+	}
+	w.LearnAdapters([]string{victim}, 2, time.Now()) // the engine's word, asked after everything
+	if s := w.Adapters(); !slices.Equal(s.Names(), []string{victim}) {
+		t.Fatalf("after a fresh list: %v", s.Names())
+	}
 }

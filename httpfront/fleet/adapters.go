@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -54,6 +55,7 @@ func DecodeModelList(body []byte) ([]ModelEntry, error) {
 // it every Options.AdapterRefresh; so may tests.
 func (f *Fleet) RefreshAdapters(ctx context.Context, m *Member) {
 	var entries []ModelEntry
+	asOf := time.Now() // what the router changes after this wins over the answer
 	err := load.Fetch(ctx, m.up.Probe(), strings.TrimRight(m.url, "/")+PathModels, "application/json", f.health.Timeout, maxInfoBody,
 		func(status int, body []byte) error {
 			if status != fasthttp.StatusOK {
@@ -78,6 +80,6 @@ func (f *Fleet) RefreshAdapters(ctx context.Context, m *Member) {
 		slots = info.LoRASlots
 	}
 	if w := m.worker.Load(); w != nil {
-		w.LearnAdapters(names, slots)
+		w.LearnAdapters(names, slots, asOf)
 	}
 }
