@@ -103,8 +103,8 @@ func (h *harness) routing(ctx context.Context) ([]*report.Scenario, error) {
 		}
 	}
 	if o.LoRAAdapters > 0 && o.Target == "" {
-		sc, err := h.loraAdapters(ctx)
-		out = append(out, sc)
+		scs, err := h.loraAdapters(ctx)
+		out = append(out, scs...)
 		if err != nil {
 			return out, err
 		}
@@ -119,28 +119,18 @@ const loraLoadTime = time.Second
 // (adapter i requested in proportion to 1/(i+1)) on plain engines, power_of_two, lora.enabled
 // and auto_load; first every engine holds every adapter from the start, then the engines
 // start with none and half as many slots, and the router loads adapters where it sends them.
-func (h *harness) loraAdapters(ctx context.Context) (*report.Scenario, error) {
+// With at least two adapters per engine, a second table (loraPhases) measures eviction.
+func (h *harness) loraAdapters(ctx context.Context) ([]*report.Scenario, error) {
 	o := &h.opts
 	n := o.LoRAAdapters
 	const requests = 800
 	adapters := make(map[string]string, n)
-	parts := make([]mixPart, n)
-	harmonic := 0.0
 	for i := range n {
-		harmonic += 1 / float64(i+1)
-	}
-	left := requests
-	for i := n - 1; i >= 0; i-- {
-		name := fmt.Sprintf("%s-lora-%d", o.Model, i)
+		name := loraName(o.Model, i)
 		adapters[name] = "/adapters/" + name
-		k := max(int(requests/harmonic/float64(i+1)), 1)
-		if i == 0 {
-			k = max(left, 1)
-		}
-		left -= k
-		parts[i] = mixPart{class: name, model: name, cfg: workload.ZeroReuseConfig{Requests: k, PromptLen: 256, OutputLen: 16}}
 	}
-	wl, err := promptMix("adapter_mix", fmt.Sprintf("%d unique prompts of 256 tokens naming %d LoRA adapters, adapter i in proportion to 1/(i+1), shuffled; output 16", requests, n), o.Seed, parts...)
+	wl, err := adapterMix("adapter_mix", fmt.Sprintf("%d unique prompts of 256 tokens naming %d LoRA adapters, adapter i in proportion to 1/(i+1), shuffled; output 16", requests, n),
+		o.Model, 0, n, requests, o.Seed)
 	if err != nil {
 		return nil, err
 	}
@@ -151,50 +141,139 @@ func (h *harness) loraAdapters(ctx context.Context) (*report.Scenario, error) {
 		Deployment: h.plainDeployment(o.Engines) + fmt.Sprintf("; an adapter load takes %v; router: one bucket, power_of_two, lora.enabled and auto_load; preloaded: every engine holds the %d adapters from the start; on demand: none at start, %d slots per engine; ",
 			loraLoadTime, n, slots) + h.arrivals(),
 	}
-	p2 := config.Policy{Type: config.PolicyPowerOfTwo}
-	for _, preload := range []bool{true, false} {
-		name, lora := "preloaded", mockengine.LoRA{Slots: n, LoadTime: loraLoadTime, Adapters: adapters}
-		if !preload {
-			name, lora = "on demand", mockengine.LoRA{Slots: slots, LoadTime: loraLoadTime}
+	for _, v := range []loraVariant{
+		{"preloaded", mockengine.LoRA{Slots: n, LoadTime: loraLoadTime, Adapters: adapters}, true},
+		{"on demand", mockengine.LoRA{Slots: slots, LoadTime: loraLoadTime}, true},
+	} {
+		if err := h.loraRow(ctx, sc, wl, adapters, v); err != nil {
+			return []*report.Scenario{sc}, err
 		}
-		var fig report.LoRAFigures
-		pr := policyRun{
-			scenario: report.ScenarioRouting, wl: wl, spec: clusterSpec{plain: o.Engines, lora: lora},
-			model: func(c *cluster, p config.Policy) config.Model {
-				m := config.Model{Buckets: []config.Bucket{plainBucket("all", ids(c.plain), p)}}
-				m.LoRAAdapters = adapters
-				return m
-			},
-			serving: func(c *cluster) []string { return ids(c.plain) },
-			router: func(cfg *config.Config) {
-				cfg.LoRA.Enabled, cfg.LoRA.AutoLoad, cfg.LoRA.SlotsPerEngine = true, true, lora.Slots
-			},
-			done: func(c *cluster, r *router, _ *loadgen.Measurement) error {
-				for _, e := range c.plain {
-					fig.EngineLoads += e.LoRALoads()
-				}
-				var err error
-				if fig.Hits, err = r.counter(ctx, "switchyard_lora_picks_total", `result="hit"`); err != nil {
-					return err
-				}
-				fig.Loads, err = r.counter(ctx, "switchyard_lora_picks_total", `result="load"`)
-				return err
-			},
-		}
-		row, err := h.policyRow(ctx, pr, PolicySpec{Name: name, Policy: p2})
+	}
+	out := []*report.Scenario{sc}
+	if n >= 2*o.Engines {
+		ph, err := h.loraPhases(ctx, adapters)
+		out = append(out, ph)
 		if err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+// loraPhases measures LoRA eviction: the adapters requested change half-way (the first half
+// of the requests name the first half of the adapters, the rest the others) on engines whose
+// slots hold one half (n/2 in the whole fleet); without lora.evict the second half's adapters
+// find every slot taken, with it the router unloads the first half's idle adapters.
+func (h *harness) loraPhases(ctx context.Context, adapters map[string]string) (*report.Scenario, error) {
+	o := &h.opts
+	n := o.LoRAAdapters
+	const requests = 800
+	first, err := adapterMix("", "", o.Model, 0, n/2, requests/2, o.Seed)
+	if err != nil {
+		return nil, err
+	}
+	second, err := adapterMix("", "", o.Model, n/2, n, requests/2, o.Seed+uint64(n))
+	if err != nil {
+		return nil, err
+	}
+	wl := &workload.Workload{Name: "adapter_phases", Description: fmt.Sprintf("%d unique prompts of 256 tokens: the first half naming adapters 0..%d, the second half adapters %d..%d, each in proportion to 1/(rank+1), shuffled within its half; output 16",
+		requests, n/2-1, n/2, n-1), Requests: append(first.Requests, second.Requests...)}
+	for i := range wl.Requests {
+		wl.Requests[i].Index = i
+	}
+	slots := max(n/(2*o.Engines), 1)
+	sc := &report.Scenario{
+		Name: report.ScenarioRouting, Workload: wl.Name, Description: wl.Description,
+		TimeBase: report.TimeSimulated, Speedup: o.Speedup,
+		Deployment: h.plainDeployment(o.Engines) + fmt.Sprintf("; an adapter load takes %v; router: one bucket, power_of_two, lora.enabled and auto_load; none at start, %d slots per engine; lora.evict off, then on; ",
+			loraLoadTime, slots) + h.arrivals(),
+	}
+	for _, v := range []loraVariant{
+		{"no eviction", mockengine.LoRA{Slots: slots, LoadTime: loraLoadTime}, false},
+		{"eviction", mockengine.LoRA{Slots: slots, LoadTime: loraLoadTime}, true},
+	} {
+		if err := h.loraRow(ctx, sc, wl, adapters, v); err != nil {
 			return sc, err
 		}
-		if row.Summary != nil {
-			row.LoRA = &fig
-			if picks := fig.Hits + fig.Loads; picks > 0 {
-				sc.Notes = append(sc.Notes, fmt.Sprintf("%s: %d of %d requests (%.1f%%) found their adapter on the engine picked; %d adapter loads",
-					name, fig.Hits, picks, 100*float64(fig.Hits)/float64(picks), fig.EngineLoads))
-			}
-		}
-		sc.Rows = append(sc.Rows, row)
 	}
 	return sc, nil
+}
+
+func loraName(model string, i int) string { return fmt.Sprintf("%s-lora-%d", model, i) }
+
+// adapterMix is requests unique prompts of 256 tokens (output 16) naming the adapters
+// lo..hi-1, adapter lo+i in proportion to 1/(i+1), shuffled.
+func adapterMix(name, description, model string, lo, hi, requests int, seed uint64) (*workload.Workload, error) {
+	n := hi - lo
+	harmonic := 0.0
+	for i := range n {
+		harmonic += 1 / float64(i+1)
+	}
+	parts := make([]mixPart, n)
+	left := requests
+	for i := n - 1; i >= 0; i-- {
+		k := max(int(float64(requests)/harmonic/float64(i+1)), 1)
+		if i == 0 {
+			k = max(left, 1)
+		}
+		left -= k
+		a := loraName(model, lo+i)
+		parts[i] = mixPart{class: a, model: a, cfg: workload.ZeroReuseConfig{Requests: k, PromptLen: 256, OutputLen: 16}}
+	}
+	return promptMix(name, description, seed, parts...)
+}
+
+// loraVariant is one row of a LoRA table: the engines' adapter slots and start, and whether
+// the router evicts.
+type loraVariant struct {
+	name  string
+	lora  mockengine.LoRA
+	evict bool
+}
+
+// loraRow runs wl on fresh engines of v with power_of_two and appends the row and its note
+// to sc.
+func (h *harness) loraRow(ctx context.Context, sc *report.Scenario, wl *workload.Workload, adapters map[string]string, v loraVariant) error {
+	var fig report.LoRAFigures
+	pr := policyRun{
+		scenario: report.ScenarioRouting, wl: wl, spec: clusterSpec{plain: h.opts.Engines, lora: v.lora},
+		model: func(c *cluster, p config.Policy) config.Model {
+			m := config.Model{Buckets: []config.Bucket{plainBucket("all", ids(c.plain), p)}}
+			m.LoRAAdapters = adapters
+			return m
+		},
+		serving: func(c *cluster) []string { return ids(c.plain) },
+		router: func(cfg *config.Config) {
+			cfg.LoRA.Enabled, cfg.LoRA.AutoLoad, cfg.LoRA.SlotsPerEngine, cfg.LoRA.Evict = true, true, v.lora.Slots, v.evict
+		},
+		done: func(c *cluster, r *router, _ *loadgen.Measurement) error {
+			for _, e := range c.plain {
+				fig.EngineLoads += e.LoRALoads()
+			}
+			var err error
+			if fig.Hits, err = r.counter(ctx, "switchyard_lora_picks_total", `result="hit"`); err != nil {
+				return err
+			}
+			if fig.Loads, err = r.counter(ctx, "switchyard_lora_picks_total", `result="load"`); err != nil {
+				return err
+			}
+			fig.Evictions, err = r.counter(ctx, "switchyard_lora_evictions_total", `result="ok"`)
+			return err
+		},
+	}
+	row, err := h.policyRow(ctx, pr, PolicySpec{Name: v.name, Policy: config.Policy{Type: config.PolicyPowerOfTwo}})
+	if err != nil {
+		return err
+	}
+	if row.Summary != nil {
+		row.LoRA = &fig
+		if picks := fig.Hits + fig.Loads; picks > 0 {
+			sc.Notes = append(sc.Notes, fmt.Sprintf("%s: %d of %d requests served (%d refused); %d of %d picks (%.1f%%) found their adapter on the engine picked; %d adapter loads, %d evictions",
+				v.name, row.Summary.OK, row.Summary.Requests, row.Summary.ErrorCount(), fig.Hits, picks, 100*float64(fig.Hits)/float64(picks), fig.EngineLoads, fig.Evictions))
+		}
+	}
+	sc.Rows = append(sc.Rows, row)
+	return nil
 }
 
 // Tenants of the fairness table.

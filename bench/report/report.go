@@ -159,6 +159,9 @@ type LoRAFigures struct {
 	Loads int64 `json:"loads"`
 	// EngineLoads are the adapter loads the engines completed.
 	EngineLoads int64 `json:"engine_loads"`
+	// Evictions are the adapters the router unloaded to make room
+	// (switchyard_lora_evictions_total).
+	Evictions int64 `json:"evictions"`
 }
 
 // ReplicaFigures are the figures of one replicas row: router processes in front of one
