@@ -145,6 +145,9 @@ func (b *builder) group(model string, m *config.Model, stage Stage, g *config.Gr
 	g2 := NewEngineGroup(model, stage, members, p)
 	if d := b.cfg.DPDispatch; d.Enabled {
 		g2.SetRankDispatch(b.deps.Loads, d.MaxWaitingPerRank)
+		if pc.Type == config.PolicyCacheAware {
+			g2.SetRankPrefix(int64(b.cfg.CacheAware.PressureGuard))
+		}
 	}
 	if l := b.cfg.LoRA; l.Enabled && l.AutoLoad {
 		var evictable map[string]struct{}

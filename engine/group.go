@@ -253,7 +253,7 @@ func (g *EngineGroup) Pick(reg *Registry, bucketID string, req *BucketRequest) (
 		if now.IsZero() {
 			now = time.Now()
 		}
-		rank, limit := g.ranks.pick(p.Worker, now)
+		rank, limit := g.ranks.pick(p.Worker, now, req.Prefix)
 		if limit != "" {
 			return Pick{}, &PickError{Outcome: OutcomeAdmissionRejected, Stage: g.stage, BucketID: bucketID,
 				Rejections: []Rejection{{BucketID: bucketID, Stage: g.stage, WorkerID: p.Worker.ID, Limit: limit}}}
@@ -320,6 +320,15 @@ func (g *EngineGroup) SetAdapterLoading(loadTimeout time.Duration, evictable map
 // waiting requests.
 func (g *EngineGroup) SetRankDispatch(loads LoadReader, maxWaitingPerRank int64) {
 	g.ranks = newRankPicker(loads, maxWaitingPerRank)
+}
+
+// SetRankPrefix makes the group's rank dispatch (SetRankDispatch first) prefer the ranks that
+// hold the request's longest prefix on the engine picked (a cache_aware group), unless such a
+// rank waits more than guard requests beyond the least loaded rank.
+func (g *EngineGroup) SetRankPrefix(guard int64) {
+	if g.ranks != nil {
+		g.ranks.prefix, g.ranks.guard = true, max(guard, 0)
+	}
 }
 
 // without returns c less the excluded engines, in c's order, in the group's scratch (valid

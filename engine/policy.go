@@ -109,6 +109,15 @@ type PrefixMatcher interface {
 	Status() (ok, unavailable bool, err error)
 }
 
+// RankMatcher is a PrefixMatcher that also knows which data-parallel ranks of an engine hold
+// its longest prefix (the kv package's memo, over a local index or a remote indexer that
+// reports ranks). Rank dispatch of a cache_aware group prefers those ranks.
+type RankMatcher interface {
+	// MatchedRanks returns the ranks of worker workerID (bit r for rank r, ranks below 64)
+	// holding its MatchedTokens; 0 when unknown or none.
+	MatchedRanks(workerID string) uint64
+}
+
 // LoadReader gives a policy its load observations: the engine-reported load table.
 type LoadReader interface {
 	Load() *load.Snapshot

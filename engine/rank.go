@@ -21,6 +21,12 @@ const LimitWaitingPerRank = "max_waiting_per_rank"
 // those sent since its report) reach max_waiting_per_rank is passed over; when every rank is,
 // the pick is AdmissionRejected.
 //
+// In a cache_aware group (prefix), a request whose prefix lookup says which ranks of the
+// engine hold its longest prefix (RankMatcher) goes to the least loaded of those ranks, unless
+// its waiting requests exceed the least loaded rank's by more than guard (the cache_aware
+// pressure guard) or it is at the cap: the rank that already holds the prefix prefills only
+// the rest, within the load rules.
+//
 // It is owned by its group (one goroutine at a time). Its counts are its own: two groups
 // that pick the same engine balance its ranks separately, each correcting for its own
 // dispatches, and the engine's reports correct both.
@@ -28,6 +34,10 @@ type rankPicker struct {
 	loads      LoadReader
 	maxWaiting int64
 	state      map[*Worker]*rankState
+	// prefix: prefer the ranks holding the request's longest prefix, within guard waiting
+	// requests of the least loaded rank.
+	prefix bool
+	guard  int64
 }
 
 // rankState is one engine's ranks as this picker sent to them.
@@ -45,9 +55,9 @@ func newRankPicker(loads LoadReader, maxWaitingPerRank int64) *rankPicker {
 	return &rankPicker{loads: loads, maxWaiting: maxWaitingPerRank, state: make(map[*Worker]*rankState)}
 }
 
-// pick returns w's rank for one request at now, or the per-rank limit that refused every
-// rank. w.DPSize must be at least 2.
-func (p *rankPicker) pick(w *Worker, now time.Time) (int, string) {
+// pick returns w's rank for one request at now (with its prefix lookup, or nil), or the
+// per-rank limit that refused every rank. w.DPSize must be at least 2.
+func (p *rankPicker) pick(w *Worker, now time.Time, prefix PrefixMatcher) (int, string) {
 	st := p.state[w]
 	if st == nil || len(st.sent) != w.DPSize {
 		if len(p.state) >= maxRankStates {
@@ -79,7 +89,11 @@ func (p *rankPicker) pick(w *Worker, now time.Time) (int, string) {
 		}
 		ob = append(ob, o)
 	}
-	best := -1
+	var holders uint64
+	if p.prefix && prefix != nil {
+		holders = prefixRanks(prefix, w.ID)
+	}
+	best, held := -1, -1
 	for i := range n {
 		r := (st.cursor + i) % n
 		if known && p.maxWaiting > 0 && ob[r].Waiting+st.sent[r] >= p.maxWaiting {
@@ -88,14 +102,34 @@ func (p *rankPicker) pick(w *Worker, now time.Time) (int, string) {
 		if best < 0 || p.less(st, ob, known, r, best) {
 			best = r
 		}
+		if r < 64 && holders&(1<<r) != 0 && (held < 0 || p.less(st, ob, known, r, held)) {
+			held = r
+		}
 	}
 	if best < 0 {
 		return -1, LimitWaitingPerRank
+	}
+	if held >= 0 && (!known || ob[held].Waiting+st.sent[held]-(ob[best].Waiting+st.sent[best]) <= p.guard) {
+		// The least loaded rank holding the prefix, within the guard of the least loaded.
+		best = held
 	}
 	st.sent[best]++
 	st.total[best]++
 	st.cursor = (best + 1) % n
 	return best, ""
+}
+
+// prefixRanks returns the ranks of worker id holding the request's longest prefix, when the
+// lookup succeeded, found a prefix there and knows its ranks; else 0.
+func prefixRanks(m PrefixMatcher, id string) uint64 {
+	rm, ok := m.(RankMatcher)
+	if !ok {
+		return 0
+	}
+	if ok, _, _ := m.Status(); !ok || m.MatchedTokens(id) <= 0 {
+		return 0
+	}
+	return rm.MatchedRanks(id)
 }
 
 // maxRanksOnStack is the widest engine whose observations are gathered without allocating.

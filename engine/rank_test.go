@@ -2,6 +2,7 @@ package engine
 
 import (
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -118,5 +119,95 @@ func TestRankDispatchOnlyForMultiRankEngines(t *testing.T) {
 	reg2, _ := NewRegistry([]*Worker{w2})
 	if p, _ := g2.Pick(reg2, "b", &BucketRequest{Model: "llama", ExpectedPeak: -1, Now: t0}); p.HasRank {
 		t.Fatal("a group without rank dispatch chose a rank")
+	}
+}
+
+// rankPrefix is a prefix lookup that knows the ranks holding each engine's prefix.
+type rankPrefix struct {
+	fakePrefix
+	ranks map[string]uint64
+}
+
+func (f *rankPrefix) MatchedRanks(id string) uint64 { return f.ranks[id] }
+
+// TestRankDispatchPrefersPrefixHolders: in a cache_aware group the rank holding the request's
+// longest prefix wins while it waits at most the pressure guard beyond the least loaded rank
+// (the requests sent to it since the report count); ranks tied on the prefix share by load;
+// a lookup that failed, found nothing, or knows no ranks leaves the choice to load, and so
+// does a group that does not prefer prefixes.
+func TestRankDispatchPrefersPrefixHolders(t *testing.T) {
+	w := dpWorker(t, 4)
+	idle := native(4, 0, 0, 100)
+	pick := func(g *EngineGroup, reg *Registry, prefix PrefixMatcher) int {
+		t.Helper()
+		p, err := g.Pick(reg, "b", &BucketRequest{Model: "llama", ExpectedPeak: -1, Now: t0, Prefix: prefix})
+		if err != nil || !p.HasRank {
+			t.Fatalf("%+v %v", p, err)
+		}
+		return p.Rank
+	}
+	held := &rankPrefix{fakePrefix: fakePrefix{matched: map[string]int64{w.ID: 1000}}, ranks: map[string]uint64{w.ID: 1 << 2}}
+	t.Run("holder within the guard", func(t *testing.T) {
+		g, reg := rankGroup(w, rankTable(t, w, idle, idle, idle, idle), 0)
+		g.SetRankPrefix(4)
+		var got []int
+		for range 7 {
+			got = append(got, pick(g, reg, held))
+		}
+		// Rank 2 takes requests until it waits 5 more than the others (guard 4); then the
+		// rotation goes on from the rank after it.
+		if want := []int{2, 2, 2, 2, 2, 3, 0}; !slices.Equal(got, want) {
+			t.Fatalf("ranks %v, want %v", got, want)
+		}
+	})
+	t.Run("holder over the guard by its report", func(t *testing.T) {
+		g, reg := rankGroup(w, rankTable(t, w, idle, idle, native(4, 6, 0, 100), idle), 0)
+		g.SetRankPrefix(4)
+		if r := pick(g, reg, held); r == 2 {
+			t.Fatal("rank 2 waits 6 more than the others, yet took the request")
+		}
+	})
+	t.Run("holder at the cap", func(t *testing.T) {
+		g, reg := rankGroup(w, rankTable(t, w, idle, idle, native(4, 2, 0, 100), idle), 2)
+		g.SetRankPrefix(4)
+		if r := pick(g, reg, held); r == 2 {
+			t.Fatal("rank 2 is at max_waiting_per_rank, yet took the request")
+		}
+	})
+	t.Run("tied holders share", func(t *testing.T) {
+		g, reg := rankGroup(w, rankTable(t, w, idle, idle, idle, idle), 0)
+		g.SetRankPrefix(4)
+		two := &rankPrefix{fakePrefix: held.fakePrefix, ranks: map[string]uint64{w.ID: 1<<1 | 1<<3}}
+		var got []int
+		for range 4 {
+			got = append(got, pick(g, reg, two))
+		}
+		if want := []int{1, 3, 1, 3}; !slices.Equal(got, want) {
+			t.Fatalf("ranks %v, want %v", got, want)
+		}
+	})
+	for _, tc := range []struct {
+		name   string
+		prefix PrefixMatcher
+		on     bool
+	}{
+		{"failed lookup", &rankPrefix{fakePrefix: fakePrefix{matched: held.matched, unavailable: true}, ranks: held.ranks}, true},
+		{"no prefix on the engine", &rankPrefix{fakePrefix: fakePrefix{}, ranks: held.ranks}, true},
+		{"ranks unknown", &fakePrefix{matched: held.matched}, true},
+		{"group not preferring prefixes", held, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g, reg := rankGroup(w, rankTable(t, w, idle, idle, idle, idle), 0)
+			if tc.on {
+				g.SetRankPrefix(4)
+			}
+			var got []int
+			for range 4 {
+				got = append(got, pick(g, reg, tc.prefix))
+			}
+			if want := []int{0, 1, 2, 3}; !slices.Equal(got, want) {
+				t.Fatalf("ranks %v, want the load's rotation %v", got, want)
+			}
+		})
 	}
 }
