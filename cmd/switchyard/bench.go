@@ -45,7 +45,7 @@ func newBenchFlagSet(stderr io.Writer) (*flag.FlagSet, *benchFlags) {
 	fs.IntVar(&o.Decode, "decode", harness.DefaultDecodeEngines, "decode engines of the pd scenario")
 	fs.IntVar(&o.DPRanks, "dp-ranks", 2, "routing scenario: also measure engines of this many data-parallel ranks, ranks chosen by the engines then by the router (0 or 1: skip)")
 	fs.IntVar(&o.FairnessLimit, "fairness-limit", 8, "routing scenario: also measure a bulk and an interactive tenant behind a router-wide limit of this many requests, the queue first come first served then fair between tenants (0: skip)")
-	fs.IntVar(&o.LoRAAdapters, "lora-adapters", 8, "routing scenario: also measure requests naming this many LoRA adapters, preloaded on every engine then loaded on demand into half as many slots (0: skip)")
+	fs.IntVar(&o.LoRAAdapters, "lora-adapters", 8, "routing scenario: also measure requests naming this many LoRA adapters, preloaded on every engine then loaded on demand into half as many slots, and with at least two per engine the adapters changing half-way in slots for half of them, without and with eviction (0: skip)")
 	fs.IntVar(&o.PDBypassTokens, "pd-bypass-tokens", 256, "pd scenario: also measure a short-prompt mix with the PD bypass off and on below this many uncached tokens (0: skip)")
 	fs.Float64Var(&o.Speedup, "speedup", harness.DefaultSpeedup, "engine simulation speedup: simulated time runs this many times faster than wall time; routing, pd and buckets report simulated time")
 	fs.IntVar(&o.EngineCache, "engine-cache", harness.DefaultEngineCache, "KV cache capacity (and context length) of each engine, in tokens; trace default "+strconv.Itoa(harness.DefaultTraceEngineCache))
