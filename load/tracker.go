@@ -8,19 +8,27 @@ import (
 	"time"
 )
 
-// guardShards is the number of independently locked sets of live guards. A power of two.
-const guardShards = 32
+// Live guards are registered (so that ReleaseStale can find leaked ones) in a table of
+// guardSlots slots, each claimed and cleared with one compare-and-swap: no lock per
+// request. A guard that finds no free slot among guardProbes from a random start (more
+// than a few thousand requests in flight) goes to one of guardShards locked lists.
+const (
+	guardSlots  = 1 << 13
+	guardProbes = 8
+	guardShards = 32 // a power of two
+)
 
 // Tracker is the router-local request accounting of every worker: one Counters per worker
 // ID, and the Guards that hold in-flight slots. It is safe for concurrent use.
 type Tracker struct {
 	counters sync.Map // string -> *Counters
+	slots    [guardSlots]atomic.Pointer[Guard]
 	shards   [guardShards]guardShard
 	// reaped counts guards released by ReleaseStale.
 	reaped atomic.Uint64
 }
 
-// guardShard is one locked, intrusive list of live guards.
+// guardShard is one locked, intrusive list of live guards that found no slot.
 type guardShard struct {
 	mu   sync.Mutex
 	head *Guard
@@ -31,15 +39,16 @@ type guardShard struct {
 // Guard holds one in-flight slot on a worker's Counters, from Acquire until Release. A
 // Guard from AcquirePrefill also holds a pending-prefill slot until FirstToken or Release.
 type Guard struct {
-	// state holds guardReleased once the guard was released, and guardPrefill while it
-	// holds its pending-prefill slot of prefill tokens: one word, so that a Guard stays in
-	// the 48-byte allocation class.
+	// state holds guardReleased once the guard was released, guardPrefill while it holds
+	// its pending-prefill slot of prefill tokens, then the index of its shard (a guard in a
+	// list), and above them its slot in the Tracker's table plus one (0: in a list): one
+	// word, so that a Guard stays in the 48-byte allocation class.
 	state   atomic.Uint32
 	prefill int32
 	c       *Counters
-	shard   *guardShard
+	t       *Tracker
 	at      int64 // unix nanoseconds of Acquire
-	// prev and next link live guards within shard; guarded by shard.mu.
+	// prev and next link live guards within a shard's list; guarded by its mu.
 	prev, next *Guard
 }
 
@@ -47,6 +56,8 @@ type Guard struct {
 const (
 	guardReleased uint32 = 1 << iota
 	guardPrefill
+	guardShardShift = iota
+	guardSlotShift  = guardShardShift + 5 // guardShards = 1<<5
 )
 
 // NewTracker returns an empty Tracker.
@@ -65,7 +76,7 @@ func (t *Tracker) Counters(id string) *Counters {
 // Acquire takes an in-flight slot on c for a request dispatched at now: it increments the
 // in-flight and dispatch counts and records now as the latest dispatch. The caller must call
 // Release on the returned Guard when the request finishes, on every path. Fast path: one
-// small allocation and an uncontended shard lock.
+// small allocation and a compare-and-swap on a free slot of the table.
 func (t *Tracker) Acquire(c *Counters, now time.Time) *Guard {
 	return t.AcquirePrefill(c, now, -1)
 }
@@ -82,14 +93,30 @@ func (t *Tracker) AcquirePrefill(c *Counters, now time.Time, uncached int64) *Gu
 	c.inflight.Add(1)
 	c.dispatched.Add(1)
 	c.lastDispatch.Store(ns)
-	sh := &t.shards[rand.Uint32()&(guardShards-1)]
-	g := &Guard{c: c, shard: sh, at: ns}
+	g := &Guard{c: c, t: t, at: ns}
+	var st uint32
 	if uncached >= 0 {
 		g.prefill = int32(min(uncached, math.MaxInt32))
-		g.state.Store(guardPrefill)
+		st = guardPrefill
 		c.pendingReqs.Add(1)
 		c.pendingTokens.Add(int64(g.prefill))
 	}
+	r := rand.Uint32()
+	for i := range uint32(guardProbes) {
+		k := (r + i) & (guardSlots - 1)
+		if t.slots[k].Load() != nil {
+			continue
+		}
+		// The guard is complete before it is published.
+		g.state.Store(st | (k+1)<<guardSlotShift)
+		if t.slots[k].CompareAndSwap(nil, g) {
+			return g
+		}
+	}
+	// Slow path: no free slot nearby; a locked list.
+	k := r >> 19 & (guardShards - 1)
+	g.state.Store(st | k<<guardShardShift)
+	sh := &t.shards[k]
 	sh.mu.Lock()
 	g.next = sh.head
 	if sh.head != nil {
@@ -109,7 +136,17 @@ func (g *Guard) Release() {
 		return
 	}
 	g.c.inflight.Add(-1)
-	sh := g.shard
+	g.unregister()
+}
+
+// unregister takes a released guard out of its slot or list; the releasing call only.
+func (g *Guard) unregister() {
+	st := g.state.Load()
+	if k := st >> guardSlotShift; k > 0 {
+		g.t.slots[k-1].CompareAndSwap(g, nil)
+		return
+	}
+	sh := &g.t.shards[st>>guardShardShift&(guardShards-1)]
 	sh.mu.Lock()
 	sh.unlink(g)
 	sh.mu.Unlock()
@@ -142,7 +179,7 @@ func (g *Guard) claim() bool {
 		if s&guardReleased != 0 {
 			return false
 		}
-		if g.state.CompareAndSwap(s, guardReleased) {
+		if g.state.CompareAndSwap(s, s&^guardPrefill|guardReleased) {
 			if s&guardPrefill != 0 {
 				g.givePrefill()
 			}
@@ -172,11 +209,18 @@ func (sh *guardShard) unlink(g *Guard) {
 
 // ReleaseStale releases every guard acquired more than maxAge before now — requests whose
 // owner leaked the guard — and returns how many it released. The caller runs it
-// periodically (for example every minute, with the configured load.guard_max_age). It holds one shard lock
-// at a time.
+// periodically (for example every minute, with the configured load.guard_max_age). It scans
+// the slot table, then holds one shard lock at a time.
 func (t *Tracker) ReleaseStale(now time.Time, maxAge time.Duration) int {
 	cutoff := now.Add(-maxAge).UnixNano()
 	released := 0
+	for i := range t.slots {
+		if g := t.slots[i].Load(); g != nil && g.at < cutoff && g.claim() {
+			g.c.inflight.Add(-1)
+			t.slots[i].CompareAndSwap(g, nil)
+			released++
+		}
+	}
 	for i := range t.shards {
 		sh := &t.shards[i]
 		sh.mu.Lock()
@@ -198,6 +242,11 @@ func (t *Tracker) ReleaseStale(now time.Time, maxAge time.Duration) int {
 // Outstanding is the number of guards acquired and not yet released.
 func (t *Tracker) Outstanding() int {
 	n := 0
+	for i := range t.slots {
+		if t.slots[i].Load() != nil {
+			n++
+		}
+	}
 	for i := range t.shards {
 		sh := &t.shards[i]
 		sh.mu.Lock()

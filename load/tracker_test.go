@@ -160,3 +160,71 @@ func TestCountersPeers(t *testing.T) {
 		t.Fatalf("after a peer left: inflight %d, dispatched %d", c.InFlight(), c.Dispatched())
 	}
 }
+
+// TestAcquireReleaseTakeNoLock: acquiring and releasing guards takes no lock while fewer
+// than the table's slots are in flight: they complete while every shard's lock is held.
+func TestAcquireReleaseTakeNoLock(t *testing.T) {
+	tr := NewTracker()
+	c := tr.Counters("w")
+	for i := range tr.shards {
+		tr.shards[i].mu.Lock()
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		held := make([]*Guard, 100)
+		for i := range held {
+			held[i] = tr.AcquirePrefill(c, t0, 10)
+		}
+		held[0].FirstToken()
+		for _, g := range held {
+			g.Release()
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Error("Acquire or Release waited for a shard's lock")
+	}
+	for i := range tr.shards {
+		tr.shards[i].mu.Unlock()
+	}
+	<-done
+	if reqs, toks := c.PendingPrefill(); c.InFlight() != 0 || reqs != 0 || toks != 0 || tr.Outstanding() != 0 {
+		t.Fatalf("inflight %d pending %d/%d outstanding %d", c.InFlight(), reqs, toks, tr.Outstanding())
+	}
+}
+
+// TestGuardsBeyondTheTable: guards that find no free slot (more in flight than the table
+// holds) are registered in the locked lists: counted, released and reaped alike.
+func TestGuardsBeyondTheTable(t *testing.T) {
+	tr := NewTracker()
+	c := tr.Counters("w")
+	const n = guardSlots + 2000
+	gs := make([]*Guard, n)
+	for i := range gs {
+		gs[i] = tr.Acquire(c, t0.Add(time.Duration(i%2)*time.Hour))
+	}
+	listed := 0
+	for _, g := range gs {
+		if g.state.Load()>>guardSlotShift == 0 {
+			listed++
+		}
+	}
+	if listed == 0 {
+		t.Fatal("every guard found a slot: the lists were not exercised")
+	}
+	if tr.Outstanding() != n || c.InFlight() != n {
+		t.Fatalf("outstanding %d inflight %d, want %d", tr.Outstanding(), c.InFlight(), n)
+	}
+	// Half are stale (acquired at t0), in slots and lists alike.
+	if got := tr.ReleaseStale(t0.Add(90*time.Minute), time.Hour); got != n/2 {
+		t.Fatalf("ReleaseStale released %d, want %d", got, n/2)
+	}
+	for _, g := range gs {
+		g.Release()
+	}
+	if tr.Outstanding() != 0 || c.InFlight() != 0 {
+		t.Fatalf("outstanding %d inflight %d after every release", tr.Outstanding(), c.InFlight())
+	}
+}
