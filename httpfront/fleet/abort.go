@@ -48,7 +48,7 @@ type Cancel struct {
 // reused, so that Cancelled stays true after the end.
 type canceler struct {
 	u     *Upstream
-	id    uint64
+	id    atomic.Uint64 // read by connections looking up marks while it may be reused
 	state atomic.Uint64 // generation<<2 | cancelActive, cancelCancelled or cancelFinished
 	conn  atomic.Pointer[upConn]
 }
@@ -62,11 +62,48 @@ const (
 
 var cancelerPool = sync.Pool{New: func() any { return new(canceler) }}
 
-// cancels is an Upstream's registry of cancellable dispatches in flight.
+// cancelSlots is the size of an Upstream's table of cancellable dispatches. A power of two.
+const cancelSlots = 1 << 10
+
+// cancels is an Upstream's registry of cancellable dispatches in flight: dispatch id's
+// slot in a table (id modulo its size, claimed and cleared with one compare-and-swap: no
+// lock and no allocation), or, when a dispatch still holds that slot (more than
+// cancelSlots ids ago), a map.
 type cancels struct {
 	next    atomic.Uint64
-	pending atomic.Int64 // entries in m: connections look for marks only when some exist
-	m       sync.Map     // id → *canceler
+	pending atomic.Int64 // registered dispatches: connections look for marks only when some exist
+	tab     [cancelSlots]atomic.Pointer[canceler]
+	m       sync.Map // id → *canceler, for ids whose slot was taken
+}
+
+// add registers c under id.
+func (cs *cancels) add(id uint64, c *canceler) {
+	if !cs.tab[id&(cancelSlots-1)].CompareAndSwap(nil, c) {
+		cs.m.Store(id, c) // slow path: the slot is held
+	}
+	cs.pending.Add(1)
+}
+
+// lookup returns the dispatch registered under id, or nil.
+func (cs *cancels) lookup(id uint64) *canceler {
+	if c := cs.tab[id&(cancelSlots-1)].Load(); c != nil && c.id.Load() == id {
+		return c
+	}
+	if v, ok := cs.m.Load(id); ok {
+		return v.(*canceler)
+	}
+	return nil
+}
+
+// remove unregisters c, registered under id.
+func (cs *cancels) remove(id uint64, c *canceler) {
+	if cs.tab[id&(cancelSlots-1)].CompareAndSwap(c, nil) {
+		cs.pending.Add(-1)
+		return
+	}
+	if _, ok := cs.m.LoadAndDelete(id); ok {
+		cs.pending.Add(-1)
+	}
 }
 
 // Cancellable marks req (before it is sent with Do) as a dispatch that Cancel can stop, and
@@ -75,14 +112,15 @@ type cancels struct {
 // it cancelled it (Cancelled).
 func (u *Upstream) Cancellable(req *fasthttp.Request) Cancel {
 	c := cancelerPool.Get().(*canceler)
-	c.u, c.id = u, u.cancels.next.Add(1)
+	id := u.cancels.next.Add(1)
+	c.u = u
+	c.id.Store(id)
 	c.conn.Store(nil)
 	gen := c.state.Load()&^cancelMask + 1<<2
 	c.state.Store(gen | cancelActive)
 	var buf [20]byte
-	req.Header.SetBytesV(HeaderDispatch, strconv.AppendUint(buf[:0], c.id, 10))
-	u.cancels.m.Store(c.id, c)
-	u.cancels.pending.Add(1)
+	req.Header.SetBytesV(HeaderDispatch, strconv.AppendUint(buf[:0], id, 10))
+	u.cancels.add(id, c)
 	return Cancel{c: c, gen: gen}
 }
 
@@ -116,9 +154,7 @@ func (c *canceler) finish(gen uint64) {
 		return // ended already
 	}
 	reuse := st&cancelMask == cancelActive && c.state.CompareAndSwap(st, st&^cancelMask|cancelFinished)
-	if _, ok := c.u.cancels.m.LoadAndDelete(c.id); ok {
-		c.u.cancels.pending.Add(-1)
-	}
+	c.u.cancels.remove(c.id.Load(), c)
 	if reuse {
 		c.u = nil
 		c.conn.Store(nil)
@@ -152,8 +188,8 @@ func (cs *cancels) bindMarked(uc *upConn, b []byte) {
 		}
 		id = id*10 + uint64(ch-'0')
 	}
-	if v, ok := cs.m.Load(id); ok {
-		v.(*canceler).bind(uc)
+	if c := cs.lookup(id); c != nil {
+		c.bind(uc)
 	}
 }
 

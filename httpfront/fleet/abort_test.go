@@ -128,11 +128,10 @@ func TestCancelClosesTheDispatchConnection(t *testing.T) {
 	}
 	// The dispatch's Cancel is inside send; reach it through the registry, as a watcher
 	// holding it would.
-	v, ok := u.cancels.m.Load(parseID(t, mark))
-	if !ok {
+	vc := u.cancels.lookup(parseID(t, mark))
+	if vc == nil {
 		t.Fatal("the dispatch is not registered")
 	}
-	vc := v.(*canceler)
 	Cancel{c: vc, gen: vc.state.Load() &^ cancelMask}.Cancel()
 	wait(t, e.gone, "the engine seeing its caller leave")
 	r := wait(t, done, "the cancelled dispatch's end")
@@ -211,6 +210,45 @@ func TestAbortAPI(t *testing.T) {
 		}
 		if got := m.AbortsByAPI(); got != tt.want {
 			t.Errorf("flavor %q introspected %v: AbortsByAPI %v, want %v", tt.flavor, tt.info, got, tt.want)
+		}
+	}
+}
+
+// TestCancelRegistryBeyondTheTable: dispatches whose table slot is still held by an older
+// one (more than cancelSlots ids apart) are found all the same, and every one leaves the
+// registry at its end.
+func TestCancelRegistryBeyondTheTable(t *testing.T) {
+	e := startWatchfulEngine(t)
+	u, _ := testUpstream(t, e.addr, config.Upstream{}, nil, nil)
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	const n = cancelSlots + 10
+	cs := make([]Cancel, n)
+	for i := range cs {
+		cs[i] = u.Cancellable(req)
+	}
+	if got := u.cancels.pending.Load(); got != n {
+		t.Fatalf("%d dispatches registered, want %d", got, n)
+	}
+	for i, c := range cs {
+		if got := u.cancels.lookup(c.c.id.Load()); got != c.c {
+			t.Fatalf("dispatch %d: lookup found %p, want %p", i, got, c.c)
+		}
+	}
+	// The first ends: a later dispatch may take its slot while the colliding one stays found.
+	cs[0].End()
+	if u.cancels.lookup(cs[cancelSlots].c.id.Load()) != cs[cancelSlots].c {
+		t.Fatal("a dispatch in the map is lost once its slot is free")
+	}
+	for _, c := range cs[1:] {
+		c.End()
+	}
+	if got := u.cancels.pending.Load(); got != 0 {
+		t.Fatalf("%d dispatches still registered", got)
+	}
+	for i := range u.cancels.tab {
+		if u.cancels.tab[i].Load() != nil {
+			t.Fatalf("slot %d still held", i)
 		}
 	}
 }
