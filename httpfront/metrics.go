@@ -65,8 +65,8 @@ type routeModelMetrics struct {
 	set       *metrics.Set
 	base      string // `route="...",model="..."`
 	requests  *metrics.Counter
-	duration  *metrics.PrometheusHistogram
-	ttft      *metrics.PrometheusHistogram
+	duration  *series.Histogram
+	ttft      *series.Histogram
 	responses [len(statusSlots)]atomic.Pointer[metrics.Counter]
 }
 
@@ -139,6 +139,9 @@ type serverMetrics struct {
 	models  map[string]*modelMetrics // configured models; read-only after construction
 	unknown *modelMetrics            // requests for no configured model
 	other   [numOtherRoutes]*metrics.Counter
+	// duration and ttft are the request histograms of every (route, model): updated by
+	// every request without a lock.
+	duration, ttft *series.HistogramFamily
 
 	failures [engine.OutcomePDIncompatible + 1]*metrics.Counter
 
@@ -180,6 +183,8 @@ func newServerMetrics(set *metrics.Set, resolvers map[string]*engine.BucketResol
 		models:    make(map[string]*modelMetrics, len(resolvers)),
 		admission: make(map[string]*metrics.Counter),
 		upstream:  make(map[upstreamKey]*metrics.Counter),
+		duration:  series.NewHistogramFamily(set, metricDuration),
+		ttft:      series.NewHistogramFamily(set, metricTTFT),
 	}
 	for name, r := range resolvers {
 		m.models[name] = m.newModel(name, r)
@@ -210,8 +215,8 @@ func (m *serverMetrics) newModel(name string, r *engine.BucketResolver) *modelMe
 			set:      m.set,
 			base:     base,
 			requests: m.set.NewCounter(metricRequests + "{" + base + "}"),
-			duration: m.set.NewPrometheusHistogramExt(metricDuration+"{"+base+"}", durationBuckets),
-			ttft:     m.set.NewPrometheusHistogramExt(metricTTFT+"{"+base+"}", durationBuckets),
+			duration: m.duration.New(metricDuration+"{"+base+"}", durationBuckets),
+			ttft:     m.ttft.New(metricTTFT+"{"+base+"}", durationBuckets),
 		}
 	}
 	if r == nil {
