@@ -83,6 +83,9 @@ func TestEngineConnectionDeadlinesLazy(t *testing.T) {
 // longer request (a read), or before a later request's write, is not taken for a timeout;
 // over plain TCP and TLS (where a write that timed out would break the connection).
 func TestEngineConnectionDeadlinesExact(t *testing.T) {
+	// shortDeadline is short against the /slow stream (4 gaps of slowPathPace) and long
+	// against one request on an open loopback connection, even on a loaded machine.
+	const shortDeadline = time.Second
 	ca, serverCfg := testCertificates(t)
 	roots := x509.NewCertPool()
 	roots.AddCert(ca)
@@ -92,9 +95,13 @@ func TestEngineConnectionDeadlinesExact(t *testing.T) {
 	}{{"plain", nil, nil}, {"tls", serverCfg, &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}}} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := newKeepAliveServer(t, tc.srv)
-			u, _ := testUpstream(t, srv.addr, config.Upstream{ResponseHeaderTimeout: 50 * time.Millisecond}, nil, tc.conf)
+			u, _ := testUpstream(t, srv.addr, config.Upstream{ResponseHeaderTimeout: shortDeadline}, nil, tc.conf)
+			// The connection (and its TLS handshake) first, outside the short deadlines.
+			if st, _, err := post(u, false, time.Minute); err != nil || st != 200 {
+				t.Fatalf("dial: %d %v", st, err)
+			}
 			// A short deadline, armed at once.
-			if st, _, err := post(u, false, 100*time.Millisecond); err != nil || st != 200 {
+			if st, _, err := post(u, false, shortDeadline); err != nil || st != 200 {
 				t.Fatalf("first: %d %v", st, err)
 			}
 			// A stream longer than the first request's deadline and the header deadline:

@@ -206,7 +206,7 @@ func testUpstream(t *testing.T, addr string, set config.Upstream, dial DialFunc,
 }
 
 // slowPathPace is the gap between the 4 events the engine streams for path /slow.
-const slowPathPace = 60 * time.Millisecond
+const slowPathPace = 400 * time.Millisecond
 
 // post sends one POST through u and returns its status and body.
 func post(u *Upstream, stream bool, deadline time.Duration) (int, string, error) {
