@@ -5,6 +5,7 @@ import (
 	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/VictoriaMetrics/metrics"
 
@@ -65,7 +66,9 @@ func TestCacheAwareServing(t *testing.T) {
 		t.Fatal(err)
 	}
 	var l kv.Lookup // the shards apply writes before any later lookup
-	if err := x.Lookup(context.Background(), "llama", ids, &l); err != nil || l.Tokens("A") < 32 {
+	lookupCtx, cancelLookup := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancelLookup()
+	if err := x.Lookup(lookupCtx, "llama", ids, &l); err != nil || l.Tokens("A") < 32 {
 		t.Fatalf("the index did not apply A's blocks: %+v, %v", l, err)
 	}
 

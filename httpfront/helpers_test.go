@@ -61,8 +61,8 @@ type fakeEngine struct {
 	hold     chan struct{}  // when set, a non-stream answer waits here
 	delay    chan struct{}  // when set, every inference request waits here before anything (fail included)
 	entered  chan struct{}  // when set, receives as a held non-stream request starts waiting
-	streamed chan struct{}  // receives after a stream's first chunk was flushed
-	gone     chan struct{}  // receives when a stream write fails (client side closed)
+	streamed chan struct{}  // receives after a stream's first chunk was flushed (dropped when 16 wait unread)
+	gone     chan struct{}  // receives when a stream write fails (client side closed; dropped likewise)
 	silent   bool           // a gated stream sends nothing while it waits
 	flood    bool           // after its first chunk, a stream sends 64 KiB events until the write fails
 	info     map[string]any // extra /server_info fields
@@ -388,7 +388,7 @@ func (e *fakeEngine) handle(ctx *fasthttp.RequestCtx) {
 			write := func(s string) bool {
 				_, _ = w.WriteString(s)
 				if err := w.Flush(); err != nil {
-					e.gone <- struct{}{}
+					signal(e.gone)
 					return false
 				}
 				return true
@@ -396,7 +396,7 @@ func (e *fakeEngine) handle(ctx *fasthttp.RequestCtx) {
 			if !write(`data: {"id":"c0","text":"tok0",` + meta + "}\n\n") {
 				return
 			}
-			e.streamed <- struct{}{}
+			signal(e.streamed)
 			if e.flood {
 				ev := `data: {"id":"f","text":"` + strings.Repeat("x", 64<<10) + `"}` + "\n\n"
 				for write(ev) {
@@ -482,6 +482,9 @@ func baseConfig() *config.Config {
 	cfg.Server.DrainTimeout = 5 * time.Second
 	cfg.Health.Interval = time.Hour // tests drive health rounds themselves
 	cfg.Health.Timeout = 2 * time.Second
+	// A prefix lookup past cache_aware.query_timeout routes as a miss; the default 100 ms
+	// passes on a loaded machine before the index's shard actors run.
+	cfg.CacheAware.QueryTimeout = 10 * time.Second
 	return cfg
 }
 
@@ -669,6 +672,15 @@ func chatBody(model, content string, extra string) string {
 		s += "," + extra
 	}
 	return s + "}"
+}
+
+// signal sends on ch without blocking: a stream of a test that does not read its signals
+// must not hang in the engine (and hold its connection past the test) once the buffer is full.
+func signal(ch chan<- struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
 }
 
 // waitFor waits for a signal on ch, failing after a bounded deadline.
