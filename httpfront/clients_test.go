@@ -3,6 +3,7 @@ package httpfront
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -181,6 +182,15 @@ func TestConnectionCap(t *testing.T) {
 	}
 	for _, c := range idle {
 		c.Close()
+	}
+	// The server notices those closes (and the /health connection's) on its own goroutines,
+	// in its own time: one it has not noticed yet is still in the table, and one that has
+	// not yet turned idle after its answer counts as busy, taking a stream's place. Start
+	// the streams on an empty table.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if !ts.conns.waitClosed(ctx) {
+		t.Fatalf("%d connections still open after the clients closed them all", ts.conns.open())
 	}
 
 	// Three streams hold every connection busy.
