@@ -41,6 +41,10 @@ const (
 	cacheQueueLimit = 2
 	// cacheWait bounds every wait on observable state.
 	cacheWait = 15 * time.Second
+	// cacheQueryTimeout is cache_aware.query_timeout in these tests. A lookup past it routes
+	// as a miss; the default 100 ms passes on a loaded machine before the index's shard
+	// actors run, and a check of a hit then sees the miss.
+	cacheQueryTimeout = 10 * time.Second
 )
 
 // startCacheEngines starts n mock engines E0..En-1 with KV events and a replay socket, a
@@ -79,6 +83,7 @@ func cacheRouterConfig(engines []*mockengine.Engine) *config.Config {
 	cfg.CacheAware.MinMatchedTokens = cacheMinMatched
 	cfg.CacheAware.WorkerQueueLimit = cacheQueueLimit
 	cfg.CacheAware.MinLoadChoices = len(engines) // the exact minimum on a miss
+	cfg.CacheAware.QueryTimeout = cacheQueryTimeout
 	for _, e := range engines {
 		cfg.Workers = append(cfg.Workers, config.Worker{ID: e.WorkerID(), URL: e.URL(), Model: cacheModel, Role: config.RolePlain, DPSize: 1})
 	}

@@ -90,7 +90,7 @@ workers:
 health: {interval: 1h}
 log: {level: info}
 affinity: {prefix_rebind: true}
-cache_aware: {min_matched_tokens: 64}
+cache_aware: {min_matched_tokens: 64, query_timeout: 10s}
 cluster:
   enabled: true
   name: e2e

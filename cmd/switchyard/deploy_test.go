@@ -72,7 +72,7 @@ server:
 health: {interval: 100ms, timeout: 5s, failure_threshold: 1, success_threshold: 1, breaker_failures: 2, breaker_cooldown: 10m}
 load: {poll_interval: 50ms}
 kv: {reconnect_backoff: 20ms}
-cache_aware: {min_matched_tokens: 128}
+cache_aware: {min_matched_tokens: 128, query_timeout: 10s}
 workers:
   - {id: m1, url: %q, model: llama}
   - {id: m2, url: %q, model: llama}

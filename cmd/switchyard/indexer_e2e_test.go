@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"switchyard/bench/mockengine"
 	"switchyard/config"
@@ -25,7 +24,7 @@ func TestCacheAwareThroughIndexer(t *testing.T) {
 		c := cacheRouterConfig(engines)
 		c.CacheAware.Source = config.CacheSourceRemote
 		c.CacheAware.RemoteURL = indexer
-		c.CacheAware.QueryTimeout = 2 * time.Second // generous under -race on a shared machine
+		c.CacheAware.QueryTimeout = cacheQueryTimeout
 		return c
 	}
 	r1, r2 := startCacheRouter(t, cfg()), startCacheRouter(t, cfg())

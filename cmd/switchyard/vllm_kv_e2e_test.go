@@ -41,6 +41,7 @@ func vllmRouterConfig(workers ...config.Worker) *config.Config {
 	cfg.Server.DrainTimeout = 5 * time.Second
 	cfg.KV.ReconnectBackoff = 20 * time.Millisecond
 	cfg.CacheAware.MinMatchedTokens = cacheMinMatched
+	cfg.CacheAware.QueryTimeout = cacheQueryTimeout
 	cfg.Workers = workers
 	policy := config.Policy{Type: config.PolicyCacheAware}
 	cfg.Models = map[string]config.Model{cacheModel: {Buckets: []config.Bucket{{ID: "all", Groups: config.Groups{Plain: &config.Group{Policy: &policy}}}}}}
