@@ -120,8 +120,8 @@ func (l *Listener) accept(handle func(*Conn) error) {
 		}
 		if len(l.conns) >= l.cfg.MaxPeers {
 			l.mu.Unlock()
+			l.cfg.Metrics.peers.Inc() // counted before the peer sees the connection end
 			_ = nc.Close()
-			l.cfg.Metrics.peers.Inc()
 			continue
 		}
 		l.conns[nc] = struct{}{}
