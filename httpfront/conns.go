@@ -176,8 +176,8 @@ func (l *clientListener) admit(raw net.Conn) *clientConn {
 		// Slow path: the table is full; an idle connection makes room.
 		if v := l.victimLocked(); v != nil {
 			l.forgetLocked(v)
+			l.evicted.Inc() // counted before the client sees its connection end
 			v.abort()
-			l.evicted.Inc()
 		} else {
 			refused = 0
 		}
@@ -233,8 +233,8 @@ func (l *clientListener) evictOne() {
 	}
 	l.mu.Unlock()
 	if v != nil {
+		l.evicted.Inc() // counted before the client sees its connection end
 		v.abort()
-		l.evicted.Inc()
 	}
 }
 
