@@ -16,22 +16,15 @@ type PickEngines struct {
 	call *pickCall
 }
 
-// PickEngine asks a group actor for one engine of its stage. A prefill group that succeeds
-// forwards the same message to Decode; a plain or decode group (or any failure) replies. The
+// PickEngine asks a group actor for its stage's step of a bucket's selection
+// (engine.Bucket.PickStage): a group whose step leaves the selection incomplete forwards the
+// same message to the group of the next stage; the last step (or any failure) replies. The
 // bucket actor sets every field before sending and never changes them.
 type PickEngine struct {
 	// Request is the prepared request. Actors only read it.
 	Request *engine.BucketRequest
-	// BucketID is the bucket the pick is for.
-	BucketID string
-	// Decode is the decode group that completes a PD selection; nil for a plain bucket and
-	// for a bucket with the PD bypass on (its decode group picks first).
-	Decode *actor.PID
-	// Prefill, set only when the bucket's PD bypass is on, is the prefill group the decode
-	// group hands the pick to when the request is not bypassed; BypassBelow is the bucket's
-	// threshold (engine.Bucket.BypassBelow).
-	Prefill     *actor.PID
-	BypassBelow int64
+	// Groups are the bucket's group actors by stage (engine.Stage): plain, prefill, decode.
+	Groups *[3]*actor.PID
 
 	call *pickCall
 }

@@ -75,8 +75,8 @@ type groupHost struct {
 	group    *engine.EngineGroup
 	bucketID string
 	stage    engine.Stage
-	// compat is a PD group's pairing rule (its bucket's Compat).
-	compat      engine.Compatibility
+	// bucket is the group's bucket: its PickStage makes the group's step of a selection.
+	bucket      *engine.Bucket
 	mailboxSize int
 	mb          atomic.Pointer[mailbox] // the current incarnation's mailbox
 }
@@ -155,15 +155,13 @@ func NewSelector(resolvers map[string]*engine.BucketResolver, workers *engine.Wo
 					continue
 				}
 				owner[g] = fmt.Sprintf("bucket %q of model %q", b.ID, m)
-				gh := &groupHost{sel: s, group: g, bucketID: b.ID, stage: g.Stage(), mailboxSize: groupSize}
+				gh := &groupHost{sel: s, group: g, bucket: b, bucketID: b.ID, stage: g.Stage(), mailboxSize: groupSize}
 				switch {
 				case !b.IsPD():
 					bh.plain = gh
 				case g == b.Prefill:
-					gh.compat = b.Compat
 					bh.prefill = gh
 				default:
-					gh.compat = b.Compat
 					bh.decode = gh
 				}
 			}
@@ -171,7 +169,9 @@ func NewSelector(resolvers map[string]*engine.BucketResolver, workers *engine.Wo
 			if b.IsPD() {
 				bh.stage = engine.StagePrefill
 			}
-			bh.invalid = bh.invalidErr()
+			if err := b.Check(); err != nil {
+				bh.invalid = err
+			}
 			bh.internal = &engine.PickError{Outcome: engine.OutcomeInternal, Stage: bh.stage, BucketID: b.ID,
 				Detail: "bucket actor failed", Err: ErrPanicked}
 			s.buckets[b] = bh
@@ -206,17 +206,6 @@ func sizeOr(n, def int) int {
 		return n
 	}
 	return def
-}
-
-func (bh *bucketHost) invalidErr() *engine.PickError {
-	b := bh.bucket
-	switch {
-	case !b.IsPD() && bh.plain == nil:
-		return &engine.PickError{Outcome: engine.OutcomeInvalidConfiguration, Stage: engine.StagePlain, BucketID: b.ID, Detail: "bucket has no groups"}
-	case b.IsPD() && bh.decode == nil:
-		return &engine.PickError{Outcome: engine.OutcomeInvalidConfiguration, Stage: engine.StageDecode, BucketID: b.ID, Detail: "PD bucket has no decode group"}
-	}
-	return nil
 }
 
 // Counters returns the actors' failure counts (mailbox rejections, recovered panics).
@@ -279,7 +268,7 @@ func bucketID(b *engine.Bucket) string {
 
 // Select resolves req's compatible buckets, orders them by the resolver's rule
 // (BucketResolver.Order: capacity, or slo for a request with latency targets) and runs the
-// bucket loop (engine.SelectEngines) with PickEngines as the attempt: the first complete
+// bucket loop (engine.BucketLoop) with PickEngines as each bucket's attempt: the first complete
 // selection wins; missing candidates, admission rejections and PD incompatibility move on
 // to the next bucket. The selection records the order's rule. A retried request
 // (req.RetryAfter) resumes at the bucket of its failed attempt, in this order, without the
@@ -290,9 +279,7 @@ func (s *Selector) Select(resolver *engine.BucketResolver, req *engine.BucketReq
 	if err == nil {
 		order := resolver.Order(buckets, req, s.workers.Load())
 		var pick engine.BucketPick
-		pick, err = engine.SelectEngines(buckets, req, func(b *engine.Bucket) (engine.BucketPick, error) {
-			return s.PickEngines(b, req)
-		})
+		pick, err = s.selectFrom(buckets, req)
 		pick.Order = order
 		if err == nil {
 			clear(buckets)
@@ -305,6 +292,22 @@ func (s *Selector) Select(resolver *engine.BucketResolver, req *engine.BucketReq
 	*bp = buckets[:0]
 	s.bufs.Put(bp)
 	return engine.BucketPick{}, err
+}
+
+// selectFrom runs the bucket loop (engine.BucketLoop) over buckets with a round trip to each
+// bucket's actors (PickEngines) as its attempt.
+func (s *Selector) selectFrom(buckets []*engine.Bucket, req *engine.BucketRequest) (engine.BucketPick, error) {
+	loop := engine.StartBucketLoop(buckets, req)
+	for b := loop.Next(); b != nil; b = loop.Next() {
+		pick, err := s.PickEngines(b, req)
+		if done, err := loop.Attempted(b, pick, err); done {
+			if err != nil {
+				return engine.BucketPick{}, err
+			}
+			return pick, nil
+		}
+	}
+	return engine.BucketPick{}, loop.Err()
 }
 
 // Close stops every actor, waits until they have stopped and their goroutines have ended,
@@ -352,12 +355,20 @@ func (gh *groupHost) props() *actor.Props {
 		actor.WithMailbox(mb.producer()))
 }
 
-// bucketActor serializes the entry of a bucket's picks and owns its group actors (children).
+// bucketActor is a bucket's one address: a pick enters here. It exists for what it owns, not
+// for work per pick: it is the parent and supervisor of the bucket's group actors (a group
+// actor that panics is restarted with its group and policy state; a bucket whose groups are
+// missing answers every pick with the same error), and its bounded mailbox refuses a
+// bucket's picks at once when they outrun it (OutcomeOverloaded), before any group is asked.
+// Per pick it only hands the call to the group actor of the bucket's first stage
+// (engine.Bucket.FirstStage); the selection itself is made by the group actors, one step
+// each (engine.Bucket.PickStage).
 type bucketActor struct {
 	h  *bucketHost
 	mb *mailbox
-	// group actor PIDs; spawned on Started (again after a restart, which stops children).
-	plain, prefill, decode *actor.PID
+	// groups are the group actors' PIDs by stage, spawned on Started (again after a restart,
+	// which stops children); nil for a stage the bucket does not have.
+	groups [3]*actor.PID
 }
 
 var _ actor.Actor = (*bucketActor)(nil)
@@ -387,9 +398,9 @@ func (a *bucketActor) spawnGroups(ctx actor.Context) {
 		}
 		return pid
 	}
-	a.plain = spawn(a.h.plain)
-	a.prefill = spawn(a.h.prefill)
-	a.decode = spawn(a.h.decode)
+	a.groups[engine.StagePlain] = spawn(a.h.plain)
+	a.groups[engine.StagePrefill] = spawn(a.h.prefill)
+	a.groups[engine.StageDecode] = spawn(a.h.decode)
 }
 
 func (a *bucketActor) pickEngines(ctx actor.Context, msg *PickEngines) {
@@ -413,18 +424,9 @@ func (a *bucketActor) pickEngines(ctx actor.Context, msg *PickEngines) {
 		return
 	}
 	a.h.sel.sys.observed(KindBucket, msg)
-	c.engine = PickEngine{Request: msg.Request, BucketID: a.h.id, Decode: a.decode, call: c}
-	target := a.plain
-	if a.prefill != nil {
-		target = a.prefill
-	}
-	if bb := a.h.bucket.BypassBelow; bb > 0 && a.prefill != nil {
-		// PD bypass: the decode group picks first (engine.Bucket.PickEngines' rule).
-		c.engine.Decode, c.engine.Prefill, c.engine.BypassBelow = nil, a.prefill, bb
-		target = a.decode
-	}
+	c.engine = PickEngine{Request: msg.Request, Groups: &a.groups, call: c}
 	owned = false
-	ctx.Send(target, &c.engine)
+	ctx.Send(a.groups[a.h.bucket.FirstStage()], &c.engine)
 }
 
 // groupActor owns one engine group: its membership cache and its policy with its state.
@@ -463,55 +465,14 @@ func (a *groupActor) pickEngine(ctx actor.Context, msg *PickEngine) {
 			panic(r) // let Proto.Actor restart the actor
 		}
 	}()
-	reg := a.h.sel.workers.Load()
-	var (
-		p   engine.Pick
-		err error
-	)
-	switch a.h.stage {
-	case engine.StageDecode:
-		// Among the decode engines compatible with the prefill engine picked just before
-		// (none yet in the PD bypass order).
-		p, err = a.h.group.PickFor(reg, msg.BucketID, msg.Request, c.result.Pick.Prefill.Worker, a.h.compat)
-	case engine.StagePrefill:
-		// In the PD bypass order, among the prefill engines compatible with the decode engine
-		// picked just before.
-		p, err = a.h.group.PickFor(reg, msg.BucketID, msg.Request, c.result.Pick.Decode.Worker, a.h.compat)
-	default:
-		p, err = a.h.group.Pick(reg, msg.BucketID, msg.Request)
-	}
+	next, more, err := a.h.bucket.PickStage(a.h.sel.workers.Load(), msg.Request, a.h.stage, &c.result.Pick)
 	owned = false
-	if err != nil {
+	switch {
+	case err != nil:
 		c.fail(err)
-		return
-	}
-	switch a.h.stage {
-	case engine.StagePrefill:
-		c.result.Pick.Prefill = p
-		if msg.Decode == nil { // the PD bypass: the decode group picked first
-			c.result.Pick.BucketID = msg.BucketID
-			c.finish()
-			return
-		}
-		ctx.Send(msg.Decode, msg)
-	case engine.StageDecode:
-		c.result.Pick.BucketID = msg.BucketID
-		if msg.Prefill != nil {
-			// The PD bypass: the decode engine serves the request alone when it can and the
-			// uncached prefill is short; otherwise the prefill group completes the pair.
-			if engine.Bypasses(msg.Request, p.Worker, msg.BypassBelow) {
-				c.result.Pick = engine.BucketPick{BucketID: msg.BucketID, Plain: p, Bypass: true}
-				c.finish()
-				return
-			}
-			c.result.Pick.Decode = p
-			ctx.Send(msg.Prefill, msg)
-			return
-		}
-		c.result.Pick.Decode = p
-		c.finish()
+	case more:
+		ctx.Send(msg.Groups[next], msg)
 	default:
-		c.result.Pick = engine.BucketPick{BucketID: msg.BucketID, Plain: p}
 		c.finish()
 	}
 }

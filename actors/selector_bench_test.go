@@ -80,10 +80,23 @@ func checkPick(b *testing.B, p engine.BucketPick, err error) {
 	}
 }
 
+// directPick is one bucket's complete selection on the caller's goroutine: the steps the
+// group actors take (engine.Bucket.FirstStage, PickStage), called in turn.
+func directPick(b *engine.Bucket, reg *engine.Registry, req *engine.BucketRequest) (engine.BucketPick, error) {
+	var sel engine.BucketPick
+	for stage, more := b.FirstStage(), true; more; {
+		var err error
+		if stage, more, err = b.PickStage(reg, req, stage, &sel); err != nil {
+			return engine.BucketPick{}, err
+		}
+	}
+	return sel, nil
+}
+
 // BenchmarkPick measures one bucket's complete selection: through the actors
 // (Selector.PickEngines: one round trip, bucket actor → group actor(s) → caller) beside the
-// direct call of Bucket.PickEngines (the baseline; under RunParallel the bucket is behind a
-// mutex, as it must be owned by one goroutine at a time).
+// direct calls of the same steps (directPick, the baseline; under RunParallel the bucket is
+// behind a mutex, as its groups must be owned by one goroutine at a time).
 func BenchmarkPick(b *testing.B) {
 	for _, mode := range []string{"plain", "pd"} {
 		for _, policy := range []string{engine.PolicyRoundRobin, engine.PolicyPowerOfTwo} {
@@ -113,7 +126,7 @@ func BenchmarkPick(b *testing.B) {
 					f := newBenchFixture(b, mode == "pd", policy, n)
 					b.ReportAllocs()
 					for b.Loop() {
-						p, err := f.bucket.PickEngines(f.set.Load(), f.req)
+						p, err := directPick(f.bucket, f.set.Load(), f.req)
 						checkPick(b, p, err)
 					}
 				})
@@ -124,7 +137,7 @@ func BenchmarkPick(b *testing.B) {
 					b.RunParallel(func(pb *testing.PB) {
 						for pb.Next() {
 							mu.Lock()
-							p, err := f.bucket.PickEngines(f.set.Load(), f.req)
+							p, err := directPick(f.bucket, f.set.Load(), f.req)
 							mu.Unlock()
 							checkPick(b, p, err)
 						}

@@ -360,9 +360,9 @@ func TestAffinityPDDecodeFailureKeepsPrefillBinding(t *testing.T) {
 			req.Now = t0
 			kind.withKey(req, "sess-1")
 			var tried []string
-			pick, err := SelectEngines([]*Bucket{short, long}, req, func(b *Bucket) (BucketPick, error) {
+			pick, err := selectEngines([]*Bucket{short, long}, req, func(b *Bucket) (BucketPick, error) {
 				tried = append(tried, b.ID)
-				return b.PickEngines(set.Load(), req)
+				return pickEngines(b, set.Load(), req)
 			})
 			if err != nil || pick.BucketID != "long" || len(tried) != 2 {
 				t.Fatalf("pick %+v err %v tried %v: want the long bucket after short's decode rejection", pick, err, tried)
@@ -377,7 +377,7 @@ func TestAffinityPDDecodeFailureKeepsPrefillBinding(t *testing.T) {
 			}
 			// Decode admits again: the short bucket serves the session on its bound prefill engine.
 			clear(decodeAdm)
-			got, err := short.PickEngines(set.Load(), req)
+			got, err := pickEngines(short, set.Load(), req)
 			if err != nil || got.Prefill.Worker.ID != bound || got.Prefill.Reason != kind.reuse {
 				t.Fatalf("got %+v err %v, want prefill %s reused", got, err, bound)
 			}

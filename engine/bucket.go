@@ -22,7 +22,7 @@ type Bucket struct {
 	// compatible with the chosen prefill engine. Empty: any pair.
 	Compat Compatibility
 	// BypassBelow, when positive, sends a PD request whose uncached prefill is below it to
-	// the picked decode engine alone, when that engine can prefill (see PickEngines).
+	// the picked decode engine alone, when that engine can prefill (see PickStage).
 	BypassBelow int64
 }
 
@@ -57,57 +57,96 @@ type BucketPick struct {
 // IsPD reports whether the selection is a prefill/decode pair.
 func (p *BucketPick) IsPD() bool { return p.Prefill.Worker != nil }
 
-// PickEngines returns the bucket's complete selection for req: the plain pick, or the
-// prefill pick then the decode pick among the decode engines compatible with it (Compat).
-// A decode failure, no compatible decode engine included, discards the tentative prefill
-// pick; failures keep their stage. The bucket and its groups must be used by one goroutine at a time.
-func (b *Bucket) PickEngines(reg *Registry, req *BucketRequest) (BucketPick, error) {
-	if !b.IsPD() {
-		if b.Plain == nil {
-			return BucketPick{}, pickErr(OutcomeInvalidConfiguration, StagePlain, b.ID, "bucket has no groups")
-		}
-		p, err := b.Plain.Pick(reg, b.ID, req)
-		if err != nil {
-			return BucketPick{}, err
-		}
-		return BucketPick{BucketID: b.ID, Plain: p}, nil
+// Check reports a bucket that cannot select: a plain bucket without its group, or a PD
+// bucket without its decode group (OutcomeInvalidConfiguration); nil otherwise.
+func (b *Bucket) Check() *PickError {
+	switch {
+	case !b.IsPD() && b.Plain == nil:
+		return pickErr(OutcomeInvalidConfiguration, StagePlain, b.ID, "bucket has no groups")
+	case b.IsPD() && b.Decode == nil:
+		return pickErr(OutcomeInvalidConfiguration, StageDecode, b.ID, "PD bucket has no decode group")
 	}
-	if b.Decode == nil {
-		return BucketPick{}, pickErr(OutcomeInvalidConfiguration, StageDecode, b.ID, "PD bucket has no decode group")
-	}
-	if b.BypassBelow > 0 {
-		return b.pickBypass(reg, req)
-	}
-	pp, err := b.Prefill.Pick(reg, b.ID, req)
-	if err != nil {
-		return BucketPick{}, err
-	}
-	dp, err := b.Decode.PickFor(reg, b.ID, req, pp.Worker, b.Compat)
-	if err != nil {
-		return BucketPick{}, err
-	}
-	return BucketPick{BucketID: b.ID, Prefill: pp, Decode: dp}, nil
+	return nil
 }
 
-// pickBypass is PickEngines for a PD bucket with the bypass on: the decode group picks
-// first; when its engine can prefill and the request's uncached prefill on it is below
-// BypassBelow, the request goes to that engine alone (Bypass, the pick in Plain) and the
-// prefill group is not asked. Otherwise the prefill group picks among the engines compatible
-// with that decode engine (Compat) and the pair is complete.
-// Both engines still come from this bucket.
-func (b *Bucket) pickBypass(reg *Registry, req *BucketRequest) (BucketPick, error) {
-	dp, err := b.Decode.Pick(reg, b.ID, req)
-	if err != nil {
-		return BucketPick{}, err
+// FirstStage is the stage whose group picks first: plain, prefill, or decode when the PD
+// bypass is on.
+func (b *Bucket) FirstStage() Stage {
+	switch {
+	case !b.IsPD():
+		return StagePlain
+	case b.BypassBelow > 0:
+		return StageDecode
 	}
-	if Bypasses(req, dp.Worker, b.BypassBelow) {
-		return BucketPick{BucketID: b.ID, Plain: dp, Bypass: true}, nil
+	return StagePrefill
+}
+
+// PickStage is one step of the bucket's selection for req: stage's group picks and the pick
+// is recorded in sel (which holds the earlier steps' picks). It returns the stage that picks
+// next, with more false once sel is complete. It uses only stage's group, which must be used
+// by one goroutine at a time; check the bucket first (Check).
+//
+// This is the one place a bucket's selection is defined (the bucket and group actors run it,
+// one stage on each stage's group actor):
+//
+//   - plain: the plain group picks.
+//   - PD: the prefill group picks, then the decode group picks among the decode engines
+//     compatible with that prefill engine (Compat). A decode failure, no compatible decode
+//     engine included, discards the tentative prefill pick; failures keep their stage.
+//   - PD with the bypass on (BypassBelow > 0): the decode group picks first; when its engine
+//     can prefill and the request's uncached prefill on it is below BypassBelow, the request
+//     goes to that engine alone (Bypass, the pick in Plain) and the prefill group is not
+//     asked. Otherwise the prefill group picks among the engines compatible with that decode
+//     engine and the pair is complete.
+//
+// Every pick leaves out the engines a retried request excludes and takes its DP rank
+// (EngineGroup.Pick); both engines of a pair come from this bucket.
+func (b *Bucket) PickStage(reg *Registry, req *BucketRequest, stage Stage, sel *BucketPick) (next Stage, more bool, err error) {
+	sel.BucketID = b.ID
+	bypass := b.BypassBelow > 0
+	switch stage {
+	case StagePlain:
+		p, err := b.Plain.Pick(reg, b.ID, req)
+		if err != nil {
+			return 0, false, err
+		}
+		sel.Plain = p
+		return 0, false, nil
+	case StagePrefill:
+		if bypass { // the decode engine was picked first
+			p, err := b.Prefill.PickFor(reg, b.ID, req, sel.Decode.Worker, b.Compat)
+			if err != nil {
+				return 0, false, err
+			}
+			sel.Prefill = p
+			return 0, false, nil
+		}
+		p, err := b.Prefill.Pick(reg, b.ID, req)
+		if err != nil {
+			return 0, false, err
+		}
+		sel.Prefill = p
+		return StageDecode, true, nil
+	default:
+		if bypass {
+			p, err := b.Decode.Pick(reg, b.ID, req)
+			if err != nil {
+				return 0, false, err
+			}
+			if Bypasses(req, p.Worker, b.BypassBelow) {
+				*sel = BucketPick{BucketID: b.ID, Plain: p, Bypass: true}
+				return 0, false, nil
+			}
+			sel.Decode = p
+			return StagePrefill, true, nil
+		}
+		p, err := b.Decode.PickFor(reg, b.ID, req, sel.Prefill.Worker, b.Compat)
+		if err != nil {
+			return 0, false, err
+		}
+		sel.Decode = p
+		return 0, false, nil
 	}
-	pp, err := b.Prefill.PickFor(reg, b.ID, req, dp.Worker, b.Compat)
-	if err != nil {
-		return BucketPick{}, err
-	}
-	return BucketPick{BucketID: b.ID, Prefill: pp, Decode: dp}, nil
 }
 
 // Bypasses reports whether req goes to decode engine w alone under a bypass threshold of

@@ -46,7 +46,7 @@ func TestBucketPDBypass(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b, reg, p, d := bypassBucket(t, tc.capable)
-			got, err := b.PickEngines(reg, &BucketRequest{Model: "llama", InputTokens: tc.input, ExpectedPeak: -1, Prefix: tc.prefix})
+			got, err := pickEngines(b, reg, &BucketRequest{Model: "llama", InputTokens: tc.input, ExpectedPeak: -1, Prefix: tc.prefix})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -76,7 +76,7 @@ func TestBucketPDBypassKeepsPairsCompatible(t *testing.T) {
 	b := pdBucketOf("pd", 0, ps, ds, Compatibility{"transfer_backend"})
 	b.BypassBelow = 100
 	for i := range 4 {
-		got, err := b.PickEngines(reg, &BucketRequest{Model: "llama", InputTokens: 1000, ExpectedPeak: -1})
+		got, err := pickEngines(b, reg, &BucketRequest{Model: "llama", InputTokens: 1000, ExpectedPeak: -1})
 		if err != nil {
 			t.Fatalf("pick %d: %v", i, err)
 		}
@@ -87,7 +87,7 @@ func TestBucketPDBypassKeepsPairsCompatible(t *testing.T) {
 
 	only := pdBucketOf("nixl", 0, ps[:1], ds, Compatibility{"transfer_backend"})
 	only.BypassBelow = 100
-	_, err = only.PickEngines(reg, &BucketRequest{Model: "llama", InputTokens: 1000, ExpectedPeak: -1})
+	_, err = pickEngines(only, reg, &BucketRequest{Model: "llama", InputTokens: 1000, ExpectedPeak: -1})
 	var pe *PickError
 	if !errors.As(err, &pe) || pe.Outcome != OutcomePDIncompatible || pe.Stage != StagePrefill ||
 		len(pe.Rejections) != 1 || pe.Rejections[0].WorkerID != ds[0].ID || pe.Rejections[0].Limit != LimitPDIncompatible {

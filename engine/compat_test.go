@@ -67,7 +67,7 @@ func TestPDPairsAreCompatible(t *testing.T) {
 	b := pdBucketOf("b", 0, pre, dec, Compatibility{"transfer_backend", "zone"})
 	seen := map[string]int{} // decode picks by transfer backend
 	for i := range 1000 {
-		p, err := b.PickEngines(set.Load(), breq("llama", 10, -1))
+		p, err := pickEngines(b, set.Load(), breq("llama", 10, -1))
 		if err != nil {
 			t.Fatalf("pick %d: %v", i, err)
 		}
@@ -93,7 +93,7 @@ func TestPDIncompatibleMovesToTheNextBucket(t *testing.T) {
 	long := pdBucketOf("long", 1, lp, ld, rule)
 
 	// The short bucket alone: the typed reason, with the prefill engine named.
-	_, err := short.PickEngines(set.Load(), breq("llama", 10, -1))
+	_, err := pickEngines(short, set.Load(), breq("llama", 10, -1))
 	var pe *PickError
 	if !errors.As(err, &pe) || pe.Outcome != OutcomePDIncompatible || pe.Stage != StageDecode || !pe.Advances() ||
 		!errors.Is(err, ErrPDIncompatible) {
@@ -108,9 +108,9 @@ func TestPDIncompatibleMovesToTheNextBucket(t *testing.T) {
 
 	// The bucket loop discards the short prefill pick and takes a whole pair from long.
 	var tried []string
-	p, err := SelectEngines([]*Bucket{short, long}, nil, func(b *Bucket) (BucketPick, error) {
+	p, err := selectEngines([]*Bucket{short, long}, nil, func(b *Bucket) (BucketPick, error) {
 		tried = append(tried, b.ID)
-		return b.PickEngines(set.Load(), breq("llama", 10, -1))
+		return pickEngines(b, set.Load(), breq("llama", 10, -1))
 	})
 	if err != nil || p.BucketID != "long" || p.Prefill.Worker != lp[0] || p.Decode.Worker != ld[1] {
 		t.Fatalf("pick %+v, %v", p, err)
@@ -120,8 +120,8 @@ func TestPDIncompatibleMovesToTheNextBucket(t *testing.T) {
 	}
 
 	// When every bucket fails, the 503's rejections carry pd_incompatible.
-	_, err = SelectEngines([]*Bucket{short}, nil, func(b *Bucket) (BucketPick, error) {
-		return b.PickEngines(set.Load(), breq("llama", 10, -1))
+	_, err = selectEngines([]*Bucket{short}, nil, func(b *Bucket) (BucketPick, error) {
+		return pickEngines(b, set.Load(), breq("llama", 10, -1))
 	})
 	if !errors.As(err, &pe) || pe.Outcome != OutcomeNoAdmissibleEngine || len(pe.Rejections) != 1 ||
 		pe.Rejections[0].Limit != LimitPDIncompatible {
@@ -143,7 +143,7 @@ func TestPDIncompatiblePolicyResultIsRefused(t *testing.T) {
 	}}
 	b := pdBucketOf("b", 0, pre, dec, Compatibility{"transfer_backend"})
 	b.Decode = NewEngineGroup("llama", StageDecode, nil, rogue)
-	_, err := b.PickEngines(set.Load(), breq("llama", 10, -1))
+	_, err := pickEngines(b, set.Load(), breq("llama", 10, -1))
 	if !errors.Is(err, ErrOutsideCandidates) {
 		t.Fatalf("err %v", err)
 	}

@@ -1,8 +1,9 @@
 // Package engine is Switchyard's pure engine-selection domain (POLICY_DESIGN sections 1-5):
 // workers and the registry snapshot, stages, the BucketResolver, buckets with their plain or
 // prefill/decode groups, EngineGroup, the Policy contract with every concrete policy (one file
-// each), per-engine admission, the pressure comparisons, the bucket loop (SelectEngines), and
-// the factory that builds resolvers from configuration.
+// each), per-engine admission, the pressure comparisons, the bucket loop (BucketLoop), how
+// one bucket's selection is made stage by stage (Bucket.FirstStage, PickStage), and the
+// factory that builds resolvers from configuration.
 //
 // The retry rule lives here too: a request whose dispatch failed records it
 // (BucketRequest.RetryAfter), and its next selection resumes the bucket loop at the bucket of
@@ -37,10 +38,10 @@
 // Concurrency: BucketResolver and Registry are immutable and safe for concurrent use;
 // WorkerSet publishes registry snapshots behind an atomic pointer. Bucket.Estimate and
 // EngineGroup.HealthyMembers read only immutable group facts, atomics and snapshots, so the
-// request goroutine orders buckets without asking any actor. An EngineGroup, its policy
-// and a Bucket's PickEngines are owned by one goroutine at a time — in the router, by their
-// group actor (package actors) — and keep per-group state (cursors, random sources, scratch
-// buffers) without locks. Router-local counters (load.Counters) are atomic.
+// request goroutine orders buckets without asking any actor. An EngineGroup and its policy
+// are owned by one goroutine at a time — in the router, by their group actor (package
+// actors), which runs Bucket.PickStage for its stage — and keep per-group state (cursors,
+// random sources, scratch buffers) without locks. Router-local counters (load.Counters) are atomic.
 //
 // Nothing returned needs releasing. Errors are *PickError values that unwrap to one sentinel
 // per outcome (ErrNoCandidates, ErrAdmissionRejected, ...).

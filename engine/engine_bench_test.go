@@ -33,7 +33,8 @@ func BenchmarkPolicyPick(b *testing.B) {
 	}
 }
 
-// BenchmarkBucketPickEngines measures a direct (actor-free) complete selection, plain and PD.
+// BenchmarkBucketPickEngines measures a direct (actor-free) complete selection, plain and PD:
+// the steps of Bucket.FirstStage and PickStage in turn (pickEngines).
 func BenchmarkBucketPickEngines(b *testing.B) {
 	for _, n := range []int{8, 64, 512} {
 		for _, pd := range []bool{false, true} {
@@ -60,7 +61,7 @@ func BenchmarkBucketPickEngines(b *testing.B) {
 				req.Now = t0
 				b.ReportAllocs()
 				for b.Loop() {
-					if _, err := bk.PickEngines(set.Load(), req); err != nil {
+					if _, err := pickEngines(bk, set.Load(), req); err != nil {
 						b.Fatal(err)
 					}
 				}

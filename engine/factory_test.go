@@ -111,7 +111,7 @@ func TestBuildResolvers(t *testing.T) {
 	}
 	// The short bucket's decode group is empty: selection falls through to the long bucket.
 	bs, _ := llama.Resolve(nil, 50, 60)
-	p, err := SelectEngines(bs, nil, func(b *Bucket) (BucketPick, error) { return b.PickEngines(reg, breq("llama", 50, 60)) })
+	p, err := selectEngines(bs, nil, func(b *Bucket) (BucketPick, error) { return pickEngines(b, reg, breq("llama", 50, 60)) })
 	if err != nil || p.BucketID != "long" || p.Prefill.Worker.ID != "P2" || p.Decode.Worker.ID != "D1" {
 		t.Fatalf("pick %+v err %v", p, err)
 	}

@@ -45,3 +45,34 @@ func (p *fixedPolicy) Pick(c []*Worker, req *PickRequest) (Pick, error) {
 func breq(model string, input, peak int64) *BucketRequest {
 	return &BucketRequest{Model: model, InputTokens: input, ExpectedPeak: peak}
 }
+
+// pickEngines is one bucket's complete selection on the caller's goroutine: the stages
+// Bucket.FirstStage and PickStage name, in turn (what the bucket's actors do in the router).
+func pickEngines(b *Bucket, reg *Registry, req *BucketRequest) (BucketPick, error) {
+	if err := b.Check(); err != nil {
+		return BucketPick{}, err
+	}
+	var sel BucketPick
+	for stage, more := b.FirstStage(), true; more; {
+		var err error
+		if stage, more, err = b.PickStage(reg, req, stage, &sel); err != nil {
+			return BucketPick{}, err
+		}
+	}
+	return sel, nil
+}
+
+// selectEngines runs the bucket loop over buckets with attempt as each bucket's selection.
+func selectEngines(buckets []*Bucket, req *BucketRequest, attempt func(*Bucket) (BucketPick, error)) (BucketPick, error) {
+	loop := StartBucketLoop(buckets, req)
+	for b := loop.Next(); b != nil; b = loop.Next() {
+		pick, err := attempt(b)
+		if done, err := loop.Attempted(b, pick, err); done {
+			if err != nil {
+				return BucketPick{}, err
+			}
+			return pick, nil
+		}
+	}
+	return BucketPick{}, loop.Err()
+}

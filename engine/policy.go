@@ -78,7 +78,7 @@ type BucketRequest struct {
 	// SLO are the request's latency targets (zero: none); they order the buckets of a
 	// model whose bucket_order is slo.
 	SLO SLOTargets
-	// Observer, when set, is told of each bucket attempt of the selections (SelectEngines);
+	// Observer, when set, is told of each bucket attempt of the selections (BucketLoop);
 	// nil records nothing (tracing off).
 	Observer AttemptObserver
 }

@@ -223,7 +223,7 @@ func TestAffinityRebindsAwayFromFailedEngine(t *testing.T) {
 	}
 }
 
-func TestSelectEnginesResumesAtFailedBucket(t *testing.T) {
+func TestBucketLoopResumesAtFailedBucket(t *testing.T) {
 	b1, b2, b3 := bucket("b1", 0, 0, 100, 100), bucket("b2", 0, 0, 200, 200), bucket("b3", 0, 0, 300, 300)
 	buckets := []*Bucket{b1, b2, b3}
 	noCand := func(id string) error { return &PickError{Outcome: OutcomeNoCandidates, BucketID: id} }
@@ -253,7 +253,7 @@ func TestSelectEnginesResumesAtFailedBucket(t *testing.T) {
 				req.Retry.asked.add(b.ID)
 			}
 			var tried []string
-			p, err := SelectEngines(buckets, req, func(b *Bucket) (BucketPick, error) {
+			p, err := selectEngines(buckets, req, func(b *Bucket) (BucketPick, error) {
 				tried = append(tried, b.ID)
 				if tt.fail[b.ID] {
 					return BucketPick{}, noCand(b.ID)
@@ -308,7 +308,7 @@ func TestPDRetriesNeverMixBuckets(t *testing.T) {
 		}
 		last := -1
 		for try := 0; ; try++ {
-			pick, err := SelectEngines(bs, req, func(b *Bucket) (BucketPick, error) { return b.PickEngines(set.Load(), req) })
+			pick, err := selectEngines(bs, req, func(b *Bucket) (BucketPick, error) { return pickEngines(b, set.Load(), req) })
 			if err != nil {
 				if !errors.Is(err, ErrNoCandidates) {
 					t.Fatalf("request %d attempt %d: %v", r, try, err)
@@ -370,7 +370,7 @@ func workerIDs(ws []*Worker) []string {
 func TestRetryKeepsTheFirstAttemptsBuckets(t *testing.T) {
 	b1, b2, b3 := bucket("b1", 0, 0, 100, 100), bucket("b2", 0, 0, 200, 200), bucket("b3", 0, 0, 300, 300)
 	req := breq("llama", 10, -1)
-	attempt := func(fail map[string]bool, tried *[]string) Attempt {
+	attempt := func(fail map[string]bool, tried *[]string) func(*Bucket) (BucketPick, error) {
 		return func(b *Bucket) (BucketPick, error) {
 			*tried = append(*tried, b.ID)
 			if fail[b.ID] {
@@ -382,7 +382,7 @@ func TestRetryKeepsTheFirstAttemptsBuckets(t *testing.T) {
 	}
 	// First attempt, order b3, b1, b2: b3 has no candidate, b1 is picked.
 	var tried []string
-	p, err := SelectEngines([]*Bucket{b3, b1, b2}, req, attempt(map[string]bool{"b3": true}, &tried))
+	p, err := selectEngines([]*Bucket{b3, b1, b2}, req, attempt(map[string]bool{"b3": true}, &tried))
 	if err != nil || p.BucketID != "b1" {
 		t.Fatalf("first attempt: %q %v (tried %v)", p.BucketID, err, tried)
 	}
@@ -391,7 +391,7 @@ func TestRetryKeepsTheFirstAttemptsBuckets(t *testing.T) {
 		t.Fatal("RetryAfter refused")
 	}
 	tried = nil
-	p, err = SelectEngines([]*Bucket{b1, b2, b3}, req, attempt(map[string]bool{"b1": true}, &tried))
+	p, err = selectEngines([]*Bucket{b1, b2, b3}, req, attempt(map[string]bool{"b1": true}, &tried))
 	if err != nil || p.BucketID != "b2" || !slices.Equal(tried, []string{"b1", "b2"}) {
 		t.Fatalf("retry: %q %v, tried %v, want b2 after [b1 b2]", p.BucketID, err, tried)
 	}
@@ -401,7 +401,7 @@ func TestRetryKeepsTheFirstAttemptsBuckets(t *testing.T) {
 		t.Fatal("RetryAfter refused")
 	}
 	tried = nil
-	_, err = SelectEngines([]*Bucket{b2, b3, b1}, req, attempt(map[string]bool{"b2": true}, &tried))
+	_, err = selectEngines([]*Bucket{b2, b3, b1}, req, attempt(map[string]bool{"b2": true}, &tried))
 	if !errors.Is(err, ErrNoCandidates) || !slices.Equal(tried, []string{"b2"}) {
 		t.Fatalf("third attempt: %v, tried %v, want only b2", err, tried)
 	}
@@ -413,7 +413,7 @@ func TestRetryAsksBucketsOrderedBeforeTheFailedOne(t *testing.T) {
 	b1, b2, b3 := bucket("b1", 0, 0, 100, 100), bucket("b2", 0, 0, 200, 200), bucket("b3", 0, 0, 300, 300)
 	req := breq("llama", 10, -1)
 	var tried []string
-	pickIn := func(fail string) Attempt {
+	pickIn := func(fail string) func(*Bucket) (BucketPick, error) {
 		return func(b *Bucket) (BucketPick, error) {
 			tried = append(tried, b.ID)
 			if b.ID == fail {
@@ -422,12 +422,12 @@ func TestRetryAsksBucketsOrderedBeforeTheFailedOne(t *testing.T) {
 			return BucketPick{BucketID: b.ID, Plain: Pick{Worker: &Worker{ID: "w-" + b.ID}}}, nil
 		}
 	}
-	p, err := SelectEngines([]*Bucket{b1, b2, b3}, req, pickIn(""))
+	p, err := selectEngines([]*Bucket{b1, b2, b3}, req, pickIn(""))
 	if err != nil || p.BucketID != "b1" || !req.RetryAfter(&p, StagePlain) {
 		t.Fatalf("first attempt: %q %v", p.BucketID, err)
 	}
 	tried = nil
-	p, err = SelectEngines([]*Bucket{b3, b2, b1}, req, pickIn("b1"))
+	p, err = selectEngines([]*Bucket{b3, b2, b1}, req, pickIn("b1"))
 	if err != nil || p.BucketID != "b3" || !slices.Equal(tried, []string{"b1", "b3"}) {
 		t.Fatalf("retry: %q %v, tried %v, want b3 after [b1 b3]", p.BucketID, err, tried)
 	}

@@ -63,9 +63,9 @@ func (f *pdFixture) selectFor(t *testing.T, input, peak int64) (BucketPick, []st
 	}
 	var tried []string
 	req := breq("llama", input, peak)
-	p, err := SelectEngines(bs, req, func(b *Bucket) (BucketPick, error) {
+	p, err := selectEngines(bs, req, func(b *Bucket) (BucketPick, error) {
 		tried = append(tried, b.ID)
-		return b.PickEngines(f.set.Load(), req)
+		return pickEngines(b, f.set.Load(), req)
 	})
 	return p, tried, err
 }
@@ -113,14 +113,14 @@ func TestPDDecodeEmptyKeepsStage(t *testing.T) {
 	for _, w := range f.shortD {
 		f.set.SetHealthy(w.ID, false)
 	}
-	_, err := f.short.PickEngines(f.set.Load(), breq("llama", 1, -1))
+	_, err := pickEngines(f.short, f.set.Load(), breq("llama", 1, -1))
 	var pe *PickError
 	if !errors.As(err, &pe) || pe.Outcome != OutcomeNoCandidates || pe.Stage != StageDecode || pe.BucketID != "short-context" {
 		t.Fatalf("err = %v", err)
 	}
 }
 
-func TestSelectEngines(t *testing.T) {
+func TestBucketLoop(t *testing.T) {
 	b1, b2, b3 := bucket("b1", 0, 0, 10, 10), bucket("b2", 0, 0, 100, 100), bucket("b3", 0, 0, 1000, 1000)
 	all := []*Bucket{b1, b2, b3}
 	rej := func(b, w, limit string) *PickError {
@@ -163,7 +163,7 @@ func TestSelectEngines(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var tried []string
-			p, err := SelectEngines(tt.buckets, nil, func(b *Bucket) (BucketPick, error) {
+			p, err := selectEngines(tt.buckets, nil, func(b *Bucket) (BucketPick, error) {
 				tried = append(tried, b.ID)
 				if e := tt.results[b.ID]; e != nil {
 					return BucketPick{}, e
@@ -201,9 +201,9 @@ func (l *attemptLog) BucketAttempted(b *Bucket, pick BucketPick, err error) {
 	*l = append(*l, b.ID+":selected:"+pick.BucketID)
 }
 
-// TestSelectEnginesObserved: a request's observer is told of every bucket attempt, in
+// TestBucketLoopObserved: a request's observer is told of every bucket attempt, in
 // order, with its selection or its failure, the one that ends the loop included.
-func TestSelectEnginesObserved(t *testing.T) {
+func TestBucketLoopObserved(t *testing.T) {
 	b1, b2, b3 := bucket("b1", 0, 0, 10, 10), bucket("b2", 0, 0, 100, 100), bucket("b3", 0, 0, 1000, 1000)
 	results := map[string]error{
 		"b1": &PickError{Outcome: OutcomeNoCandidates, BucketID: "b1"},
@@ -217,7 +217,7 @@ func TestSelectEnginesObserved(t *testing.T) {
 		return BucketPick{BucketID: b.ID}, nil
 	}
 	var log attemptLog
-	if _, err := SelectEngines([]*Bucket{b1, b2, b3}, &BucketRequest{Observer: &log}, attempt); err != nil {
+	if _, err := selectEngines([]*Bucket{b1, b2, b3}, &BucketRequest{Observer: &log}, attempt); err != nil {
 		t.Fatal(err)
 	}
 	if want := []string{"b1:no_candidates", "b2:admission_rejected", "b3:selected:b3"}; !slices.Equal(log, want) {
@@ -225,7 +225,7 @@ func TestSelectEnginesObserved(t *testing.T) {
 	}
 	log = nil
 	results["b1"] = &PickError{Outcome: OutcomeInvalidSignal}
-	if _, err := SelectEngines([]*Bucket{b1, b2, b3}, &BucketRequest{Observer: &log}, attempt); err == nil {
+	if _, err := selectEngines([]*Bucket{b1, b2, b3}, &BucketRequest{Observer: &log}, attempt); err == nil {
 		t.Fatal("an invalid signal selected")
 	}
 	if want := []string{"b1:invalid_signal"}; !slices.Equal(log, want) {

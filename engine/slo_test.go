@@ -234,9 +234,9 @@ func TestSLOOrderKeepsTheInvariants(t *testing.T) {
 		t.Fatalf("order %v", o)
 	}
 	var tried []string
-	p, err := SelectEngines(bs, req, func(b *Bucket) (BucketPick, error) {
+	p, err := selectEngines(bs, req, func(b *Bucket) (BucketPick, error) {
 		tried = append(tried, b.ID)
-		return b.PickEngines(set.Load(), req)
+		return pickEngines(b, set.Load(), req)
 	})
 	if err != nil || p.BucketID != "long" || p.Prefill.Worker != lp[0] || p.Decode.Worker != ld[0] {
 		t.Fatalf("pick %+v %v", p, err)
@@ -244,9 +244,9 @@ func TestSLOOrderKeepsTheInvariants(t *testing.T) {
 	// long's decode group empty: the loop falls back to short, a whole pair from there.
 	set.SetHealthy(ld[0].ID, false)
 	tried = nil
-	p, err = SelectEngines(bs, req, func(b *Bucket) (BucketPick, error) {
+	p, err = selectEngines(bs, req, func(b *Bucket) (BucketPick, error) {
 		tried = append(tried, b.ID)
-		return b.PickEngines(set.Load(), req)
+		return pickEngines(b, set.Load(), req)
 	})
 	if err != nil || p.BucketID != "short" || p.Prefill.Worker != sp[0] || p.Decode.Worker != sd[0] {
 		t.Fatalf("fallback pick %+v %v", p, err)
