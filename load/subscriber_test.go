@@ -5,8 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"log/slog"
-	"slices"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -254,45 +252,12 @@ func TestNewGaugeSubscriberValidates(t *testing.T) {
 	}
 }
 
-// countingHandler counts the log records with one message and keeps their "count" values.
-type countingHandler struct {
-	msg    string
-	mu     sync.Mutex
-	counts []int64
-}
-
-func (h *countingHandler) Enabled(context.Context, slog.Level) bool { return true }
-func (h *countingHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
-func (h *countingHandler) WithGroup(string) slog.Handler            { return h }
-func (h *countingHandler) Handle(_ context.Context, r slog.Record) error {
-	if r.Message != h.msg {
-		return nil
-	}
-	var n int64 = -1
-	r.Attrs(func(a slog.Attr) bool {
-		if a.Key == "count" {
-			n = a.Value.Int64()
-		}
-		return true
-	})
-	h.mu.Lock()
-	h.counts = append(h.counts, n)
-	h.mu.Unlock()
-	return nil
-}
-
-func (h *countingHandler) lines() []int64 {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return slices.Clone(h.counts)
-}
-
 // TestGaugeSubscriberLogsMalformedOncePerInterval: 1,010 garbage messages make one warning
 // line; after the interval the next one logs again with the count since the last line.
 func TestGaugeSubscriberLogsMalformedOncePerInterval(t *testing.T) {
 	pub := newTestPub(t, "tcp://127.0.0.1:0")
 	got := make(chan RankReport, 1024)
-	h := &countingHandler{msg: "malformed load gauge messages"}
+	h := zmtptest.NewLogCounter("malformed load gauge messages")
 	var now atomic.Int64
 	now.Store(recvAt.UnixNano())
 	s := newTestSubscriber(t, pub.endpoint(), got, func(c *GaugeSubscriberConfig) {
@@ -314,13 +279,13 @@ func TestGaugeSubscriberLogsMalformedOncePerInterval(t *testing.T) {
 	if s.Malformed() != 1010 {
 		t.Fatalf("Malformed() = %d, want 1010", s.Malformed())
 	}
-	if lines := h.lines(); len(lines) != 1 || lines[0] != 1 {
+	if lines := h.Lines(); len(lines) != 1 || lines[0] != 1 {
 		t.Fatalf("log lines (their counts) %v, want one line of count 1", lines)
 	}
 	now.Add(int64(MalformedLogInterval))
 	garbage(5, 3)
 	awaitRunning(t, pub, got, 3, false)
-	if lines := h.lines(); len(lines) != 2 || lines[1] != 1009+1 {
+	if lines := h.Lines(); len(lines) != 2 || lines[1] != 1009+1 {
 		t.Fatalf("log lines (their counts) %v, want a second line counting 1,010", lines)
 	}
 }

@@ -1,7 +1,6 @@
 package subscribe
 
 import (
-	"context"
 	"encoding/binary"
 	"log/slog"
 	"net"
@@ -218,7 +217,7 @@ func TestLateJoinerNotIndexedUnderEngineHashes(t *testing.T) {
 // TestMalformedKVEventsLoggedOncePerInterval: 1,010 garbage batches on the bound SUB, each
 // failing differently, make one warning line; after the interval, the next line counts them.
 func TestMalformedKVEventsLoggedOncePerInterval(t *testing.T) {
-	h := &countLog{msg: "malformed KV-event messages"}
+	h := zmtptest.NewLogCounter("malformed KV-event messages")
 	var now sync.Mutex
 	at := time.Unix(1_800_000_000, 0)
 	clock := func() time.Time { now.Lock(); defer now.Unlock(); return at }
@@ -234,14 +233,14 @@ func TestMalformedKVEventsLoggedOncePerInterval(t *testing.T) {
 		hs.waitApplied(t, "v", p.send(&events.EventBatch{Events: []events.Event{}}))
 	}
 	garbage(1010)
-	if lines := h.lines(); len(lines) != 1 || lines[0] != 1 {
+	if lines := h.Lines(); len(lines) != 1 || lines[0] != 1 {
 		t.Fatalf("log lines (their counts) %v, want one of count 1", lines)
 	}
 	now.Lock()
 	at = at.Add(time.Minute)
 	now.Unlock()
 	garbage(1)
-	if lines := h.lines(); len(lines) != 2 || lines[1] != 1010 {
+	if lines := h.Lines(); len(lines) != 2 || lines[1] != 1010 {
 		t.Fatalf("log lines (their counts) %v, want a second counting 1,010", lines)
 	}
 }
@@ -254,39 +253,6 @@ func (p *testPublisher) sendRaw(payload []byte) {
 	p.seq++
 	p.mu.Unlock()
 	p.sendFrames([]byte(p.topic), binary.BigEndian.AppendUint64(nil, seq), payload)
-}
-
-// countLog counts the records of one message and keeps their "count" attributes.
-type countLog struct {
-	msg    string
-	mu     sync.Mutex
-	counts []int64
-}
-
-func (h *countLog) Enabled(context.Context, slog.Level) bool { return true }
-func (h *countLog) WithAttrs([]slog.Attr) slog.Handler       { return h }
-func (h *countLog) WithGroup(string) slog.Handler            { return h }
-func (h *countLog) Handle(_ context.Context, r slog.Record) error {
-	if r.Message != h.msg {
-		return nil
-	}
-	n := int64(-1)
-	r.Attrs(func(a slog.Attr) bool {
-		if a.Key == "count" {
-			n = a.Value.Int64()
-		}
-		return true
-	})
-	h.mu.Lock()
-	h.counts = append(h.counts, n)
-	h.mu.Unlock()
-	return nil
-}
-
-func (h *countLog) lines() []int64 {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return append([]int64(nil), h.counts...)
 }
 
 // TestBoundSubRepairsGapFromConfiguredReplay: an engine that dials the bound SUB and whose

@@ -1,7 +1,8 @@
 // Package zmtptest provides hostile ZMTP peers for tests: the raw bytes of a handshake and of
-// frames that claim more than any limit, a server that sends them to whoever connects, and a
-// client that sends them to a listening socket. Everything runs on 127.0.0.1 and stops when
-// the test ends.
+// frames that claim more than any limit, a server that sends them to whoever connects and a
+// client that sends them to a listening socket; and LogCounter, which counts the
+// rate-limited warnings a subscriber logs about such peers. Everything runs on 127.0.0.1 and
+// stops when the test ends.
 package zmtptest
 
 import (
