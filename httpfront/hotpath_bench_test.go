@@ -11,6 +11,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"switchyard/config"
+	"switchyard/httpfront/internal/loopbench"
 	"switchyard/httpfront/tracing/tracingtest"
 )
 
@@ -201,27 +202,11 @@ func servePlainChat(b testing.TB, abort bool) (client *fasthttp.HostClient, uri 
 // (nil: none).
 func servePlainChatWith(b testing.TB, set func(cfg *config.Config)) (client *fasthttp.HostClient, uri string, body []byte) {
 	answer := []byte(`{"id":"c1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`)
-	eln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	engine := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
-		ctx.SetContentType("application/json")
-		ctx.SetBody(answer)
-	}}
-	engineDone := make(chan struct{})
-	go func() {
-		defer close(engineDone)
-		_ = engine.Serve(eln)
-	}()
-	b.Cleanup(func() {
-		_ = engine.Shutdown()
-		<-engineDone
-	})
+	engineAddr := loopbench.Engine(b, answer)
 
 	cfg := config.Default()
 	cfg.Server.Port = 0
-	cfg.Workers = []config.Worker{plainWorker("A", "http://"+eln.Addr().String(), "llama")}
+	cfg.Workers = []config.Worker{plainWorker("A", "http://"+engineAddr, "llama")}
 	cfg.Models = map[string]config.Model{"llama": {Buckets: []config.Bucket{plainBucket("all", nil, nil, "A")}}}
 	if set != nil {
 		set(cfg)
@@ -252,28 +237,14 @@ func servePlainChatWith(b testing.TB, set func(cfg *config.Config)) (client *fas
 
 func benchServePlainChat(b *testing.B, set func(cfg *config.Config)) {
 	client, uri, body := servePlainChatWith(b, set)
-	b.SetParallelism(8)
-	b.ReportAllocs()
-	b.ResetTimer()
 	cpu0 := cpuTime(b)
 	defer func() {
 		b.ReportMetric(float64(cpuTime(b)-cpu0)/float64(time.Millisecond)*1000/float64(b.N), "cpu-ms/1000req")
 	}()
-	b.RunParallel(func(pb *testing.PB) {
-		req := fasthttp.AcquireRequest()
-		resp := fasthttp.AcquireResponse()
-		defer fasthttp.ReleaseRequest(req)
-		defer fasthttp.ReleaseResponse(resp)
-		for pb.Next() {
-			req.Reset()
-			req.SetRequestURI(uri)
-			req.Header.SetMethod(fasthttp.MethodPost)
-			req.Header.SetContentType("application/json")
-			req.SetBodyRaw(body)
-			if err := client.Do(req, resp); err != nil || resp.StatusCode() != 200 {
-				b.Errorf("request: %v, status %d", err, resp.StatusCode())
-				return
-			}
-		}
-	})
+	loopbench.RoundTrips(b, 8, func(req *fasthttp.Request) {
+		req.SetRequestURI(uri)
+		req.Header.SetMethod(fasthttp.MethodPost)
+		req.Header.SetContentType("application/json")
+		req.SetBodyRaw(body)
+	}, client.Do)
 }

@@ -11,6 +11,7 @@ import (
 
 	"switchyard/config"
 	"switchyard/engine"
+	"switchyard/httpfront/internal/loopbench"
 )
 
 // BenchmarkDispatchAccounting is a dispatch's lifecycle work on a closed breaker: the Member
@@ -60,57 +61,26 @@ func BenchmarkDispatchAccountingMutexBaseline(b *testing.B) {
 	})
 }
 
-// loopbackEngine is a minimal fasthttp engine on loopback answering a small JSON body.
-func loopbackEngine(b *testing.B) string {
-	b.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
-		ctx.SetContentType("application/json")
-		ctx.SetBodyString(`{"id":"c1","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}]}`)
-	}}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = srv.Serve(ln)
-	}()
-	b.Cleanup(func() {
-		_ = srv.Shutdown()
-		<-done
-	})
-	return ln.Addr().String()
-}
+// engineAnswer is what the loopback engine answers.
+var engineAnswer = []byte(`{"id":"c1","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}]}`)
 
+// benchRoundTrips sends a small chat request to addr through do from 4 goroutines per core.
 func benchRoundTrips(b *testing.B, addr string, do func(req *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) error) {
-	b.ReportAllocs()
-	b.SetParallelism(4)
-	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
-		req := fasthttp.AcquireRequest()
-		resp := fasthttp.AcquireResponse()
-		defer fasthttp.ReleaseRequest(req)
-		defer fasthttp.ReleaseResponse(resp)
-		body := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
-		for pb.Next() {
-			req.Reset()
-			req.Header.SetMethod(fasthttp.MethodPost)
-			req.SetRequestURI("/v1/chat/completions")
-			req.Header.SetHost(addr)
-			req.SetBodyRaw(body)
-			if err := do(req, resp, time.Now().Add(10*time.Second)); err != nil || resp.StatusCode() != 200 {
-				b.Errorf("%v %d", err, resp.StatusCode())
-				return
-			}
-		}
+	body := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
+	loopbench.RoundTrips(b, 4, func(req *fasthttp.Request) {
+		req.Header.SetMethod(fasthttp.MethodPost)
+		req.SetRequestURI("/v1/chat/completions")
+		req.Header.SetHost(addr)
+		req.SetBodyRaw(body)
+	}, func(req *fasthttp.Request, resp *fasthttp.Response) error {
+		return do(req, resp, time.Now().Add(10*time.Second))
 	})
 }
 
 // BenchmarkUpstreamRoundTrip is one small request through a worker's Upstream (tracked
 // connections, the header deadline, the stale-connection check) to a loopback engine.
 func BenchmarkUpstreamRoundTrip(b *testing.B) {
-	addr := loopbackEngine(b)
+	addr := loopbench.Engine(b, engineAnswer)
 	set := config.Default().Upstream
 	tr := &transport{set: set, dial: defaultDial}
 	u := newUpstream(tr, addr, "", false, nil, metrics.NewSet().NewCounter(MetricStaleRetries))
@@ -121,7 +91,7 @@ func BenchmarkUpstreamRoundTrip(b *testing.B) {
 // BenchmarkUpstreamRoundTripBareBaseline is the same request through a bare fasthttp
 // HostClient: the baseline.
 func BenchmarkUpstreamRoundTripBareBaseline(b *testing.B) {
-	addr := loopbackEngine(b)
+	addr := loopbench.Engine(b, engineAnswer)
 	hc := &fasthttp.HostClient{Addr: addr, MaxConns: 4096, ReadBufferSize: 16 << 10, WriteBufferSize: 16 << 10}
 	defer hc.CloseIdleConnections()
 	benchRoundTrips(b, addr, hc.DoDeadline)

@@ -1,0 +1,59 @@
+// Package loopbench is the setup the serving benchmarks of httpfront and its sub-packages
+// share: an engine on loopback that answers every request with one fixed JSON body, and the
+// parallel client loop that sends requests until the benchmark ends. Only tests and
+// benchmarks import it.
+package loopbench
+
+import (
+	"net"
+	"testing"
+
+	"github.com/valyala/fasthttp"
+)
+
+// Engine starts a fasthttp server on 127.0.0.1 that answers every request with body as
+// application/json, and returns its address. It stops when the test or benchmark ends.
+func Engine(tb testing.TB, body []byte) string {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/json")
+		ctx.SetBody(body)
+	}}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(ln)
+	}()
+	tb.Cleanup(func() {
+		_ = srv.Shutdown()
+		<-done
+	})
+	return ln.Addr().String()
+}
+
+// RoundTrips runs b's loop on parallelism goroutines per GOMAXPROCS, each with its own
+// request and response: fill writes the request (it is reset before each call), do sends it.
+// A failed call or a status other than 200 fails the benchmark.
+func RoundTrips(b *testing.B, parallelism int, fill func(*fasthttp.Request), do func(*fasthttp.Request, *fasthttp.Response) error) {
+	b.SetParallelism(parallelism)
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		req := fasthttp.AcquireRequest()
+		resp := fasthttp.AcquireResponse()
+		defer fasthttp.ReleaseRequest(req)
+		defer fasthttp.ReleaseResponse(resp)
+		for pb.Next() {
+			req.Reset()
+			fill(req)
+			if err := do(req, resp); err != nil || resp.StatusCode() != fasthttp.StatusOK {
+				b.Errorf("request: %v, status %d", err, resp.StatusCode())
+				return
+			}
+		}
+	})
+}
