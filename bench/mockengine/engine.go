@@ -67,6 +67,11 @@ type Engine struct {
 	ridBase uint64
 	ridSeq  atomic.Uint64
 
+	// traceparents are the traceparent headers of the latest inference requests (at most
+	// maxTraceparents, oldest first), for tests of trace forwarding.
+	tpMu         sync.Mutex
+	traceparents []string
+
 	ctx       context.Context
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup

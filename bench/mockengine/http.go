@@ -37,6 +37,10 @@ func (e *Engine) handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	switch path {
+	case "/v1/chat/completions", "/v1/completions", "/generate":
+		e.noteTraceparent(ctx)
+	}
+	switch path {
 	case "/v1/chat/completions":
 		e.serveInference(ctx, apiChat)
 	case "/v1/completions":
@@ -135,6 +139,31 @@ func (e *Engine) handle(ctx *fasthttp.RequestCtx) {
 	default:
 		e.writeError(ctx, fasthttp.StatusNotFound, fmt.Sprintf("route %s %s not found", ctx.Method(), path))
 	}
+}
+
+// maxTraceparents bounds the traceparent headers an engine keeps.
+const maxTraceparents = 256
+
+// noteTraceparent keeps the request's traceparent header, when it has one.
+func (e *Engine) noteTraceparent(ctx *fasthttp.RequestCtx) {
+	v := ctx.Request.Header.Peek("Traceparent")
+	if len(v) == 0 {
+		return
+	}
+	e.tpMu.Lock()
+	defer e.tpMu.Unlock()
+	if len(e.traceparents) == maxTraceparents {
+		e.traceparents = append(e.traceparents[:0], e.traceparents[1:]...)
+	}
+	e.traceparents = append(e.traceparents, string(v))
+}
+
+// Traceparents returns the traceparent headers of the latest inference requests that had one
+// (at most 256), oldest first: what a tracing router forwarded.
+func (e *Engine) Traceparents() []string {
+	e.tpMu.Lock()
+	defer e.tpMu.Unlock()
+	return append([]string(nil), e.traceparents...)
 }
 
 func isMockControl(path string) bool { return len(path) > 6 && path[:6] == "/mock/" }
