@@ -129,6 +129,7 @@ func (r *rank) matchablePages(s *seq, matched int) int {
 func (r *rank) run(ctx context.Context) {
 	var batch []*seq
 	costs, speedup := *r.e.cfg.Costs, r.e.cfg.Speedup
+	var due time.Time // when the last step was due to end; zero after an idle wait
 	for {
 		now := r.e.clock.Now()
 		r.mu.Lock()
@@ -155,6 +156,7 @@ func (r *rank) run(ctx context.Context) {
 		r.mu.Unlock()
 
 		if len(batch) == 0 && decoding == 0 {
+			due = time.Time{}
 			select {
 			case <-r.wake:
 				continue
@@ -162,14 +164,16 @@ func (r *rank) run(ctx context.Context) {
 				return
 			}
 		}
-		if !r.e.sleep(ctx, time.Duration(float64(cost)/speedup)) {
+		start := stepStart(now, due)
+		due = start.Add(time.Duration(float64(cost) / speedup))
+		if !r.e.sleep(ctx, due.Sub(r.e.clock.Now())) {
 			return
 		}
 		end := r.e.clock.Now()
 		r.mu.Lock()
 		if r.epoch == epoch { // a restart during the step discarded it
 			if len(batch) > 0 {
-				r.prefillDone(batch, end, end.Sub(now))
+				r.prefillDone(batch, end, end.Sub(start))
 			} else {
 				r.decodeStep(end)
 			}
@@ -178,6 +182,23 @@ func (r *rank) run(ctx context.Context) {
 		}
 		r.mu.Unlock()
 	}
+}
+
+// maxStepLag is the longest delay of a step's start that the next step makes up for (see
+// stepStart): a longer one is a stall (or a clock moved by hand), after which the engine
+// goes on at its own pace instead of running a burst of steps without sleeping.
+const maxStepLag = 50 * time.Millisecond
+
+// stepStart is when a step beginning at now counts as started: at due, the end the step
+// before it was due at, when that step's timer fired late by at most maxStepLag (a busy host
+// wakes a sleeper late, and at a speedup of 4 a decode step sleeps 2 ms, so 0.5 ms late each
+// time costs a fifth of the engine's decode rate), so that back-to-back steps keep the cost
+// model's rate. Otherwise, and after an idle wait (due zero), it is now.
+func stepStart(now, due time.Time) time.Time {
+	if due.IsZero() || !due.Before(now) || now.Sub(due) > maxStepLag {
+		return now
+	}
+	return due
 }
 
 // reap finishes aborted sequences that are waiting or running between steps.
