@@ -111,7 +111,7 @@ var errorTable = map[string]errorClass{
 	CodeMalformedRequest:    {fasthttp.StatusBadRequest, "invalid_request_error"},
 	CodeAdminDisabled:       {fasthttp.StatusForbidden, "permission_error"},
 	CodeUpstreamTimeout:     {fasthttp.StatusGatewayTimeout, "timeout_error"},
-	CodeSelectionTimeout:    {fasthttp.StatusGatewayTimeout, "timeout_error"},
+	CodeSelectionTimeout:    {fasthttp.StatusServiceUnavailable, "service_unavailable_error"},
 	CodeStreamIdleTimeout:   {fasthttp.StatusGatewayTimeout, "timeout_error"},
 }
 
@@ -268,7 +268,10 @@ func selectionError(err error) *apiError {
 	case engine.OutcomeOverloaded:
 		return newAPIError(CodeOverloaded, "the router is overloaded: "+pe.Error())
 	case engine.OutcomeTimeout:
-		return newAPIError(CodeSelectionTimeout, "engine selection timed out: "+pe.Error())
+		// The pick missed actors.pick_timeout: the router's actors, or its host, were too
+		// busy to answer in time. Like a full mailbox that is load, not a fault: 503, and the
+		// request was sent nowhere, so the client may retry it.
+		return &apiError{code: CodeSelectionTimeout, message: "engine selection timed out: " + pe.Error(), retryAfter: 1}
 	case engine.OutcomeInvalidSignal:
 		return newAPIError(CodeInvalidSignal, pe.Error())
 	case engine.OutcomeInvalidConfiguration:

@@ -117,7 +117,7 @@ func TestSelectionFailureStatuses(t *testing.T) {
 		wantCode   string
 	}{
 		{engine.OutcomeOverloaded, 429, CodeOverloaded},
-		{engine.OutcomeTimeout, 504, CodeSelectionTimeout},
+		{engine.OutcomeTimeout, 503, CodeSelectionTimeout},
 		{engine.OutcomeInvalidSignal, 500, CodeInvalidSignal},
 		{engine.OutcomeInvalidConfiguration, 500, CodeInvalidConfig},
 		{engine.OutcomeOutsideCandidates, 500, CodeOutsideCandidates},
@@ -133,6 +133,11 @@ func TestSelectionFailureStatuses(t *testing.T) {
 			r := post(t, ts.url+"/v1/chat/completions", chatBody("llama", "hi", ""))
 			if r.status != tt.wantStatus || r.errorCode() != tt.wantCode {
 				t.Fatalf("status %d code %q, want %d %q: %s", r.status, r.errorCode(), tt.wantStatus, tt.wantCode, r.body)
+			}
+			// A selection that missed its deadline is the router's own overload: the
+			// client may retry it.
+			if tt.outcome == engine.OutcomeTimeout && r.header.Get("Retry-After") != "1" {
+				t.Fatalf("Retry-After %q, want 1", r.header.Get("Retry-After"))
 			}
 		})
 	}
