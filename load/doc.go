@@ -1,40 +1,16 @@
 // Package load owns engine-reported load and router-local request accounting.
 //
-// # What it owns
-//
-//   - Decoding of the engines' load reports, all outside input: the native HTTP
-//     GET /v1/loads body (DecodeLoads), the legacy GET /get_load body (DecodeGetLoad), the
-//     msgpack ZMQ load gauge in its 6- and 11-element forms (DecodeGauge) and a Prometheus
-//     text page with vLLM's or SGLang's metric names (DecodePrometheus, prometheus.go). Each returns
-//     RankReports, one per data-parallel (DP) rank, and never panics; errors wrap
-//     ErrMalformed. The matching encoders (LoadsBody, GetLoadRank, AppendGauge) let the mock
-//     engine emit exactly what the decoders read.
-//   - Transports: Poller (HTTP polling with fasthttp: /v1/loads falling back to /get_load on
-//     404, the metrics page, or detection of which an engine has, once; Source says which)
-//     and GaugeSubscriber (ZMQ SUB on the sub-package zmtp, topic "load", every message
-//     bounded by its Limits, reconnect with zmtp.Retry).
-//   - Its sub-package zmtp is the project's one ZeroMQ transport (ZMTP 3, bounded reads,
-//     one reconnect loop), shared by this package, kv and the mock engine; LogThrottle is
-//     the one throttled log of malformed telemetry (at most one line per source and
-//     interval, with a count), used here and by kv.
-//   - Aggregation: Aggregator keeps the latest report per DP rank, derives the prefill
-//     throughput and estimated prefill queue from the cumulative counters, and builds an
-//     immutable Snapshot per worker: the sum over a complete set of fresh ranks, or unknown.
-//     Missing, stale or rank-incomplete load is the zero Observation — unknown, never zero
-//     load. A worker of several ranks also keeps each rank's own observation
-//     (Snapshot.ObserveRank), for the router's choice of a rank. Table publishes the current
-//     Snapshot.
-//   - Router-local accounting: Tracker hands out one Counters per worker (in-flight,
-//     dispatch count, latest dispatch time, pending prefill) and the Guards that hold
-//     in-flight slots; a Guard from AcquirePrefill also holds a pending-prefill slot until
-//     the request's first token (Guard.FirstToken).
-//   - SLO estimates: each Counters carries the worker's learned Rates, two cost Lines fitted
-//     online to what the router observes of its own requests (time to first token against
-//     prefill work in tokens, time per output token against decode load in requests), and
-//     EstimateTTFT / EstimateTPOT turn a load Observation, the counters and a request's
-//     uncached tokens into the request's expected latencies (PrefillWork and DecodeLoad say
-//     how the queue ahead is counted). Learning and estimating take no lock and do not
-//     allocate.
+// It decodes the engines' load reports, all outside input (/v1/loads, /get_load, the msgpack
+// ZMQ load gauge, a Prometheus metrics page: DecodeLoads, DecodeGetLoad, DecodeGauge,
+// DecodePrometheus), each into RankReports, one per data-parallel rank, never panicking
+// (errors wrap ErrMalformed), with the matching encoders for the mock engine; it runs the
+// transports (Poller over HTTP, GaugeSubscriber over ZMQ) and aggregates reports into
+// immutable per-worker Snapshots (Aggregator, Table), where missing, stale or
+// rank-incomplete load is unknown, never zero; it keeps the router's own accounting per
+// worker (Tracker, Counters, Guards holding in-flight and pending-prefill slots) and the
+// SLO estimates learned from it (Rates, EstimateTTFT, EstimateTPOT). Its sub-package zmtp
+// is the project's one ZeroMQ transport; LogThrottle is the one throttled log of malformed
+// telemetry. docs/architecture.md ("load in detail") says what each part does.
 //
 // # Concurrency model
 //
