@@ -112,3 +112,38 @@ func BenchmarkResolveAndOrder(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkRankPick measures a group's pick of an engine of 8 DP ranks with rank dispatch:
+// by load alone (the baseline), then in a cache_aware group whose request's prefix lookup
+// names the ranks holding its prefix.
+func BenchmarkRankPick(b *testing.B) {
+	w := NewWorker("dp0", "http://127.0.0.1:1", "llama", StagePlain, nil)
+	w.DPSize = 8
+	reports := make([]load.RankReport, 8)
+	for i := range reports {
+		reports[i] = native(4, int64(i%3), 0, 100)
+	}
+	tab := rankTable(b, w, reports...)
+	reg, _ := NewRegistry([]*Worker{w})
+	memo := &rankPrefix{fakePrefix: fakePrefix{matched: map[string]int64{w.ID: 4096}}, ranks: map[string]uint64{w.ID: 1<<2 | 1<<5}}
+	for _, c := range []struct {
+		name   string
+		prefix bool
+	}{{"load", false}, {"prefix", true}} {
+		b.Run(c.name, func(b *testing.B) {
+			g := NewEngineGroup("llama", StagePlain, nil, NewRoundRobin(nil, nil))
+			g.SetRankDispatch(tab, 0)
+			req := &BucketRequest{Model: "llama", ExpectedPeak: -1, Now: t0}
+			if c.prefix {
+				g.SetRankPrefix(1 << 40) // always the holders: the cost of the rule, not of the load
+				req.Prefix = memo
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := g.Pick(reg, "b", req); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

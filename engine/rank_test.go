@@ -10,7 +10,7 @@ import (
 )
 
 // rankTable publishes one report per rank of w (dp = len(reports)) at t0.
-func rankTable(t *testing.T, w *Worker, reports ...load.RankReport) *load.Table {
+func rankTable(t testing.TB, w *Worker, reports ...load.RankReport) *load.Table {
 	t.Helper()
 	agg := load.NewAggregator(5 * time.Second)
 	agg.SetWorker(w.ID, len(reports), w.Counters)
