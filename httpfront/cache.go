@@ -60,6 +60,12 @@ func defaultCacheTokenizers(cs *actors.CacheState, toks map[string]*promptTokeni
 // handler goroutine before any pick: the only place a remote indexer's I/O happens, bounded
 // by cache_aware.query_timeout. An unavailable source or a rejected query is recorded in the
 // memo; the policy turns them into a miss or an invalid signal.
+// The memo answers the policies' prefix questions, and rank dispatch's (which ranks hold it).
+var (
+	_ engine.PrefixMatcher = (*kv.PrefixMemo)(nil)
+	_ engine.RankMatcher   = (*kv.PrefixMemo)(nil)
+)
+
 func (s *Server) preparePrefix(ex *exchange, model string, ids []uint32) *kv.PrefixMemo {
 	ex.memo.Reset(model, ids)
 	s.cache.Resolve(context.Background(), &ex.memo)

@@ -8,7 +8,7 @@ import (
 )
 
 // PrefixResult is one source's answer to one request's prefix lookup. It satisfies the
-// engine's PrefixMatcher: MatchedTokens and Status.
+// engine's PrefixMatcher (MatchedTokens and Status) and RankMatcher (MatchedRanks).
 type PrefixResult struct {
 	// Lookup is the answer; empty unless Err is nil.
 	Lookup Lookup
@@ -26,6 +26,15 @@ func (r *PrefixResult) MatchedTokens(worker string) int64 {
 		return 0
 	}
 	return r.Lookup.Tokens(worker)
+}
+
+// MatchedRanks returns the DP ranks of worker holding its MatchedTokens (0 unless the lookup
+// was answered and its source knows ranks).
+func (r *PrefixResult) MatchedRanks(worker string) uint64 {
+	if r.Err != nil {
+		return 0
+	}
+	return r.Lookup.Ranks(worker)
 }
 
 // QueryTokens returns the length of the prompt looked up (0 unless the lookup was answered).
@@ -141,6 +150,14 @@ func (m *PrefixMemo) MatchedTokens(worker string) int64 {
 		return 0
 	}
 	return m.res[0].MatchedTokens(worker)
+}
+
+// MatchedRanks answers from the first source resolved (0 before any lookup).
+func (m *PrefixMemo) MatchedRanks(worker string) uint64 {
+	if m == nil || m.n == 0 {
+		return 0
+	}
+	return m.res[0].MatchedRanks(worker)
 }
 
 // QueryTokens answers from the first source resolved (0 before any lookup).

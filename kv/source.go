@@ -34,12 +34,23 @@ type Match struct {
 	Worker string
 	// Tokens is the number of leading prompt tokens the worker holds (in any tier), > 0.
 	Tokens int64
+	// Ranks are the worker's data-parallel ranks holding those Tokens (bit r for rank r,
+	// ranks below 64); 0 when the source does not know them.
+	Ranks uint64
+}
+
+// RankBit is the Ranks bit of DP rank r, 0 for a rank Ranks cannot name.
+func RankBit(r int) uint64 {
+	if r < 0 || r >= 64 {
+		return 0
+	}
+	return 1 << r
 }
 
 // Lookup is the answer to one prefix query.
 type Lookup struct {
 	// Matches lists the workers holding at least one leading block, sorted by worker ID,
-	// one entry per worker (the best of its DP ranks).
+	// one entry per worker (the best of its DP ranks, with the ranks holding it).
 	Matches []Match
 	// QueryTokens is the prompt length the lookup was made for.
 	QueryTokens int
@@ -60,7 +71,18 @@ func (l *Lookup) Tokens(worker string) int64 {
 	return l.Matches[i].Tokens
 }
 
-// Normalize sorts the matches by worker and keeps the best entry of each worker.
+// Ranks returns the DP ranks of worker holding its Tokens (see Match.Ranks), 0 when none or
+// unknown.
+func (l *Lookup) Ranks(worker string) uint64 {
+	i, ok := slices.BinarySearchFunc(l.Matches, worker, func(m Match, w string) int { return cmp.Compare(m.Worker, w) })
+	if !ok {
+		return 0
+	}
+	return l.Matches[i].Ranks
+}
+
+// Normalize sorts the matches by worker and keeps the best entry of each worker, with the
+// ranks of every entry of that worker that holds as much.
 func (l *Lookup) Normalize() {
 	m := l.Matches
 	slices.SortFunc(m, func(a, b Match) int {
@@ -71,7 +93,13 @@ func (l *Lookup) Normalize() {
 	})
 	out := m[:0]
 	for i := range m {
-		if m[i].Tokens <= 0 || (len(out) > 0 && out[len(out)-1].Worker == m[i].Worker) {
+		if m[i].Tokens <= 0 {
+			continue
+		}
+		if last := len(out) - 1; last >= 0 && out[last].Worker == m[i].Worker {
+			if out[last].Tokens == m[i].Tokens {
+				out[last].Ranks |= m[i].Ranks // another rank holding as much
+			}
 			continue
 		}
 		out = append(out, m[i])

@@ -443,7 +443,8 @@ func (x *Index) lookup(ctx context.Context, model string, tokens []uint32, dst *
 		bs := int64(g.blockSize)
 		for i, o := range g.owners[:len(sc.count)] {
 			if c := sc.count[i]; c > 0 {
-				dst.Matches = append(dst.Matches, kv.Match{Worker: snap.info[o].Worker, Tokens: min(int64(c)*bs, int64(len(tokens)))})
+				info := &snap.info[o]
+				dst.Matches = append(dst.Matches, kv.Match{Worker: info.Worker, Tokens: min(int64(c)*bs, int64(len(tokens))), Ranks: kv.RankBit(info.Rank)})
 			}
 		}
 	}
@@ -485,7 +486,8 @@ func (x *Index) MatchHashes(ctx context.Context, model string, blockSize int, ha
 	}
 	for i, o := range owners[:len(sc.count)] {
 		if c := sc.count[i]; c > 0 {
-			dst.Matches = append(dst.Matches, kv.Match{Worker: snap.info[o].Worker, Tokens: min(int64(c)*int64(blockSize), int64(queryTokens))})
+			info := &snap.info[o]
+			dst.Matches = append(dst.Matches, kv.Match{Worker: info.Worker, Tokens: min(int64(c)*int64(blockSize), int64(queryTokens)), Ranks: kv.RankBit(info.Rank)})
 		}
 	}
 	x.scratch.Put(sc)

@@ -189,6 +189,37 @@ func TestIndexLongestPrefixPerWorker(t *testing.T) {
 	}
 }
 
+// TestIndexLookupNamesRanks: a worker's match names the DP ranks holding its longest prefix
+// (several when they tie), in Lookup, MatchHashes and the memo.
+func TestIndexLookupNamesRanks(t *testing.T) {
+	prompt := seqTokens(0, 640)
+	for _, shards := range []int{1, 3} {
+		x := newTestIndex(t, shards, 1<<20)
+		ids := register(t, x, "a", 4, 16)
+		hold(t, x, ids[0], prompt[:64], 16, TierGPU)
+		hold(t, x, ids[1], prompt[:512], 16, TierGPU)
+		hold(t, x, ids[3], prompt[:512], 16, TierGPU)
+		hold(t, x, register(t, x, "b", 1, 16)[0], prompt[:32], 16, TierGPU)
+		var l kv.Lookup
+		if err := x.Lookup(context.Background(), "m", prompt, &l); err != nil {
+			t.Fatal(err)
+		}
+		if l.Tokens("a") != 512 || l.Ranks("a") != 1<<1|1<<3 || l.Tokens("b") != 32 || l.Ranks("b") != 1 {
+			t.Fatalf("shards=%d: %+v", shards, l.Matches)
+		}
+		var h kv.Lookup
+		if err := x.MatchHashes(context.Background(), "m", 16, hashing.AppendBlockHashes(nil, prompt, 16), len(prompt), &h); err != nil ||
+			!slices.Equal(h.Matches, l.Matches) {
+			t.Fatalf("shards=%d: MatchHashes %+v %v, Lookup %+v", shards, h.Matches, err, l.Matches)
+		}
+		memo := kv.NewPrefixMemo("m", prompt)
+		memo.Resolve(context.Background(), x)
+		if memo.MatchedRanks("a") != 1<<1|1<<3 || memo.MatchedRanks("c") != 0 {
+			t.Fatalf("shards=%d: memo ranks %b", shards, memo.MatchedRanks("a"))
+		}
+	}
+}
+
 func TestIndexLongPromptAcrossWaves(t *testing.T) {
 	x := newTestIndex(t, 4, 1<<20)
 	prompt := seqTokens(7, 100_000)

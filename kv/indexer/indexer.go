@@ -154,7 +154,7 @@ func (h *Handler) match(ctx *fasthttp.RequestCtx) {
 		sc.out = AppendJSONAnswer(sc.out[:0], &sc.lookup)
 		ctx.SetContentType(ContentTypeJSON)
 	} else {
-		sc.out = AppendAnswer(sc.out[:0], &sc.lookup)
+		sc.out = AppendAnswer(sc.out[:0], &sc.lookup, string(ctx.Request.Header.Peek(HeaderRanks)) == "1")
 		ctx.SetContentType(ContentTypeBinary)
 	}
 	ctx.SetBody(sc.out) // copies: the scratch goes back to the pool

@@ -139,6 +139,7 @@ func (r *RemoteSource) lookup(ctx context.Context, model string, tokens []uint32
 	req.SetRequestURI(r.uri)
 	req.Header.SetMethod(fasthttp.MethodPost)
 	req.Header.SetContentType(ContentTypeBinary)
+	req.Header.Set(HeaderRanks, "1") // an indexer that knows it answers each match's ranks
 	req.SetBodyRaw(body)
 	if err := r.client.DoTimeout(req, resp, timeout); err != nil {
 		return fmt.Errorf("cannot look up prefix at %s: %w: %w", r.uri, kv.ErrUnavailable, err)

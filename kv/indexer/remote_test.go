@@ -78,6 +78,10 @@ func TestRemoteSourceMatchesLocal(t *testing.T) {
 	if !slices.Equal(remote.Matches, local.Matches) || remote.QueryTokens != 3000 || len(remote.Matches) != 2 {
 		t.Fatalf("remote %+v, local %+v", remote, local)
 	}
+	// The ranks travel too: b's prefix is on its rank 1.
+	if remote.Ranks("a") != 1<<0 || remote.Ranks("b") != 1<<1 {
+		t.Fatalf("ranks a %b, b %b", remote.Ranks("a"), remote.Ranks("b"))
+	}
 	if c := r.m.RemoteLookups(); c.OK != 3 {
 		t.Fatalf("counts %+v", c)
 	}
@@ -89,6 +93,27 @@ func TestRemoteSourceMatchesLocal(t *testing.T) {
 			t.Fatal("memo entries mixed up")
 		}
 	})
+}
+
+// TestRemoteSourceOlderIndexer: the client asks for ranks; an indexer that does not know the
+// header answers version 1, read as the same matches with ranks unknown.
+func TestRemoteSourceOlderIndexer(t *testing.T) {
+	asked := make(chan string, 1)
+	base := serve(t, func(ctx *fasthttp.RequestCtx) {
+		asked <- string(ctx.Request.Header.Peek(HeaderRanks))
+		ctx.SetBody(AppendAnswer(nil, &kv.Lookup{QueryTokens: 64, Matches: []kv.Match{{Worker: "a", Tokens: 32, Ranks: 1}}}, false))
+	})
+	r, _ := NewRemoteSource(RemoteConfig{URL: base, Timeout: 5 * time.Second})
+	var l kv.Lookup
+	if err := r.Lookup(context.Background(), "m", kvtest.SeqTokens(0, 64), &l); err != nil {
+		t.Fatal(err)
+	}
+	if h := <-asked; h != "1" {
+		t.Fatalf("the query's %s header: %q", HeaderRanks, h)
+	}
+	if l.Tokens("a") != 32 || l.Ranks("a") != 0 {
+		t.Fatalf("lookup %+v: want a's 32 tokens, ranks unknown", l.Matches)
+	}
 }
 
 func TestIndexerJSONProtocol(t *testing.T) {
@@ -104,7 +129,7 @@ func TestIndexerJSONProtocol(t *testing.T) {
 		return resp.StatusCode, string(b)
 	}
 	code, body := post(`{"model":"m","token_ids":[1,2,3,4,5,6]}`)
-	if code != 200 || strings.TrimSpace(body) != `{"query_tokens":6,"matches":[{"worker":"a","tokens":4}]}` {
+	if code != 200 || strings.TrimSpace(body) != `{"query_tokens":6,"matches":[{"worker":"a","tokens":4,"ranks":[0]}]}` {
 		t.Fatalf("%d %s", code, body)
 	}
 	if code, _ := post(`{"model":"m","token_ids":[-1]}`); code != 400 {
@@ -223,7 +248,7 @@ func TestRemoteSourceFailures(t *testing.T) {
 		base := serve(t, func(ctx *fasthttp.RequestCtx) {
 			entered <- struct{}{}
 			<-release
-			ctx.SetBody(AppendAnswer(nil, &kv.Lookup{}))
+			ctx.SetBody(AppendAnswer(nil, &kv.Lookup{}, false))
 		})
 		defer close(release)
 		r, _ := NewRemoteSource(RemoteConfig{URL: base, Timeout: 50 * time.Millisecond, MaxInflight: 1})
@@ -265,10 +290,19 @@ func TestWireRoundTrip(t *testing.T) {
 	if err != nil || string(model) != "llama-3" || !slices.Equal(got, tokens) {
 		t.Fatalf("query: %q %v %v", model, got, err)
 	}
-	in := kv.Lookup{QueryTokens: 99, Matches: []kv.Match{{Worker: "a", Tokens: 16}, {Worker: "w-2", Tokens: 99}}}
+	in := kv.Lookup{QueryTokens: 99, Matches: []kv.Match{{Worker: "a", Tokens: 16, Ranks: 1<<0 | 1<<63}, {Worker: "w-2", Tokens: 99, Ranks: 1 << 5}}}
 	var out kv.Lookup
-	if err := DecodeAnswer(AppendAnswer(nil, &in), &out, nil); err != nil || !slices.Equal(in.Matches, out.Matches) || out.QueryTokens != 99 {
-		t.Fatalf("answer: %+v %v", out, err)
+	if err := DecodeAnswer(AppendAnswer(nil, &in, true), &out, nil); err != nil || !slices.Equal(in.Matches, out.Matches) || out.QueryTokens != 99 {
+		t.Fatalf("answer with ranks: %+v %v", out, err)
+	}
+	// Version 1 (an indexer that does not know ranks, or a query that did not ask): the
+	// same matches, ranks unknown.
+	if err := DecodeAnswer(AppendAnswer(nil, &in, false), &out, nil); err != nil || len(out.Matches) != 2 ||
+		out.Matches[0] != (kv.Match{Worker: "a", Tokens: 16}) || out.Matches[1] != (kv.Match{Worker: "w-2", Tokens: 99}) {
+		t.Fatalf("answer without ranks: %+v %v", out, err)
+	}
+	if err := DecodeAnswer([]byte("SYR2\x01\x01\x01a\x01"), &out, nil); !errors.Is(err, events.ErrMalformed) {
+		t.Fatalf("a version 2 match without its ranks: %v", err)
 	}
 	for name, body := range map[string][]byte{
 		"empty":          nil,
@@ -307,8 +341,10 @@ func FuzzDecodeQuery(f *testing.F) {
 }
 
 func FuzzDecodeAnswer(f *testing.F) {
-	f.Add(AppendAnswer(nil, &kv.Lookup{QueryTokens: 10, Matches: []kv.Match{{Worker: "a", Tokens: 3}, {Worker: "b", Tokens: 10}}}))
+	f.Add(AppendAnswer(nil, &kv.Lookup{QueryTokens: 10, Matches: []kv.Match{{Worker: "a", Tokens: 3}, {Worker: "b", Tokens: 10}}}, false))
+	f.Add(AppendAnswer(nil, &kv.Lookup{QueryTokens: 10, Matches: []kv.Match{{Worker: "a", Tokens: 3, Ranks: 2}, {Worker: "a", Tokens: 3, Ranks: 1}}}, true))
 	f.Add([]byte("SYR1\x00\x00"))
+	f.Add([]byte("SYR2\x00\x00"))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		var l kv.Lookup
 		if err := DecodeAnswer(body, &l, nil); err != nil {

@@ -23,10 +23,20 @@ import (
 //	answer: "SYR1" uvarint(query_tokens) uvarint(count)
 //	        count × ( uvarint(len(worker)) worker uvarint(tokens) )
 //
+// A query sent with the header X-Switchyard-Prefix-Ranks: 1 (HeaderRanks) asks for the
+// data-parallel ranks too; an indexer that knows the header answers version 2, each match
+// followed by the ranks holding its tokens (bit r for rank r, ranks below 64), and one that
+// does not answers version 1, which a client reads as ranks unknown:
+//
+//	answer: "SYR2" uvarint(query_tokens) uvarint(count)
+//	        count × ( uvarint(len(worker)) worker uvarint(tokens) uvarint(ranks) )
+//
 // JSON, Content-Type application/json:
 //
 //	query:  {"model": "llama", "token_ids": [1, 2, 3]}
-//	answer: {"query_tokens": 3, "matches": [{"worker": "w1", "tokens": 2}]}
+//	answer: {"query_tokens": 3, "matches": [{"worker": "w1", "tokens": 2, "ranks": [0]}]}
+//
+// ("ranks" is left out when unknown.)
 //
 // Errors: 400 for a malformed query (the client reports ErrRejected), 413 for more than
 // MaxQueryTokens tokens, 503 when the index cannot answer in time; the client reports both
@@ -51,9 +61,13 @@ const (
 )
 
 var (
-	queryMagic  = [4]byte{'S', 'Y', 'Q', '1'}
-	answerMagic = [4]byte{'S', 'Y', 'R', '1'}
+	queryMagic    = [4]byte{'S', 'Y', 'Q', '1'}
+	answerMagic   = [4]byte{'S', 'Y', 'R', '1'}
+	answerMagicV2 = [4]byte{'S', 'Y', 'R', '2'}
 )
+
+// HeaderRanks is the query header asking for the ranks of each match (answer version 2).
+const HeaderRanks = "X-Switchyard-Prefix-Ranks"
 
 // Protocol errors. A malformed query or answer wraps ErrMalformed; an over-long query also
 // wraps ErrQueryTooLarge.
@@ -107,15 +121,23 @@ func DecodeQuery(body []byte, tokens []uint32) (model []byte, _ []uint32, err er
 	return model, tokens, nil
 }
 
-// AppendAnswer appends the binary answer l to dst.
-func AppendAnswer(dst []byte, l *kv.Lookup) []byte {
-	dst = append(dst, answerMagic[:]...)
+// AppendAnswer appends the binary answer l to dst: version 2, with each match's ranks, when
+// ranks, else version 1.
+func AppendAnswer(dst []byte, l *kv.Lookup, ranks bool) []byte {
+	if ranks {
+		dst = append(dst, answerMagicV2[:]...)
+	} else {
+		dst = append(dst, answerMagic[:]...)
+	}
 	dst = binary.AppendUvarint(dst, uint64(l.QueryTokens))
 	dst = binary.AppendUvarint(dst, uint64(len(l.Matches)))
 	for _, m := range l.Matches {
 		dst = binary.AppendUvarint(dst, uint64(len(m.Worker)))
 		dst = append(dst, m.Worker...)
 		dst = binary.AppendUvarint(dst, uint64(m.Tokens))
+		if ranks {
+			dst = binary.AppendUvarint(dst, m.Ranks)
+		}
 	}
 	return dst
 }
@@ -125,7 +147,8 @@ func AppendAnswer(dst []byte, l *kv.Lookup) []byte {
 func DecodeAnswer(body []byte, dst *kv.Lookup, intern func([]byte) string) error {
 	dst.Reset()
 	r := wireReader{b: body}
-	if !r.magic(answerMagic) {
+	v2 := r.magic(answerMagicV2)
+	if !v2 && !r.magic(answerMagic) {
 		return fmt.Errorf("cannot decode prefix answer: %w: bad magic", events.ErrMalformed)
 	}
 	qt, err := r.uvarint(MaxQueryTokens)
@@ -150,11 +173,17 @@ func DecodeAnswer(body []byte, dst *kv.Lookup, intern func([]byte) string) error
 		if err != nil {
 			return fmt.Errorf("cannot decode prefix answer tokens: %w", err)
 		}
+		var ranks uint64
+		if v2 {
+			if ranks, err = r.uvarint(^uint64(0)); err != nil {
+				return fmt.Errorf("cannot decode prefix answer ranks: %w", err)
+			}
+		}
 		w := string(id)
 		if intern != nil {
 			w = intern(id)
 		}
-		dst.Matches = append(dst.Matches, kv.Match{Worker: w, Tokens: int64(tok)})
+		dst.Matches = append(dst.Matches, kv.Match{Worker: w, Tokens: int64(tok), Ranks: ranks})
 	}
 	if r.off != len(body) {
 		return fmt.Errorf("cannot decode prefix answer: %w: %d trailing bytes", events.ErrMalformed, len(body)-r.off)
@@ -177,6 +206,7 @@ type jsonAnswer struct {
 type jsonMatch struct {
 	Worker string `json:"worker"`
 	Tokens int64  `json:"tokens"`
+	Ranks  []int  `json:"ranks,omitempty"`
 }
 
 // DecodeJSONQuery decodes a JSON query.
@@ -198,7 +228,13 @@ func DecodeJSONQuery(body []byte) (string, []uint32, error) {
 func AppendJSONAnswer(dst []byte, l *kv.Lookup) []byte {
 	a := jsonAnswer{QueryTokens: l.QueryTokens, Matches: make([]jsonMatch, 0, len(l.Matches))}
 	for _, m := range l.Matches {
-		a.Matches = append(a.Matches, jsonMatch(m))
+		jm := jsonMatch{Worker: m.Worker, Tokens: m.Tokens}
+		for r := range 64 {
+			if m.Ranks&kv.RankBit(r) != 0 {
+				jm.Ranks = append(jm.Ranks, r)
+			}
+		}
+		a.Matches = append(a.Matches, jm)
 	}
 	b, _ := json.Marshal(a) // plain strings and integers: cannot fail
 	return append(dst, b...)
