@@ -623,7 +623,9 @@ type CacheAware struct {
 	// best-matching holder to be chosen instead. Default 256.
 	SwitchMargin int `koanf:"switch_margin" json:"switch_margin" unit:"tokens"`
 	// PressureGuard is the waiting-request gap beyond which a less-loaded holder wins
-	// despite more uncached work. Default 4.
+	// despite more uncached work; with dp_dispatch, also the gap beyond which the least
+	// loaded rank of the engine picked wins over the ranks holding the prefix (any
+	// decision). Default 4.
 	PressureGuard int `koanf:"pressure_guard" json:"pressure_guard" unit:"waiting requests"`
 	// MinLoadChoices is k of the power-of-k fallback on a miss; at least 2. Default 2.
 	MinLoadChoices int `koanf:"min_load_choices" json:"min_load_choices" unit:"engines"`
