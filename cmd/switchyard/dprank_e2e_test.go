@@ -63,8 +63,17 @@ func generate(t *testing.T, base string, i int) int {
 // of two data-parallel ranks whose ranks hold different prefixes (one prompt prefilled on
 // rank 1, another on rank 0, each rank publishing its own KV events): a request continuing
 // either prompt goes to the rank holding it, whatever the rotation of load alone would say;
-// the index's lookup (kv.Lookup) names that rank.
+// the lookup (kv.Lookup) names that rank, from the router's own index and from a
+// `switchyard indexer`.
 func TestDPRankPrefixEndToEnd(t *testing.T) {
+	for _, source := range []string{config.CacheSourceLocal, config.CacheSourceRemote} {
+		t.Run(source, func(t *testing.T) { dpRankPrefix(t, source) })
+	}
+}
+
+// dpRankPrefix is TestDPRankPrefixEndToEnd with the index in the router (local) or in
+// `switchyard indexer` (remote: the ranks travel in its answers).
+func dpRankPrefix(t *testing.T, source string) {
 	e, err := mockengine.Start(context.Background(), mockengine.Config{
 		WorkerID: "DP", Model: cacheModel, ZeroCost: true, DPSize: 2,
 		KVEvents: mockengine.KVEvents{Replay: true}, LoadPublish: mockengine.LoadPublish{Disabled: true},
@@ -77,6 +86,11 @@ func TestDPRankPrefixEndToEnd(t *testing.T) {
 	cfg.Workers[0].DPSize = 2
 	cfg.CacheAware.MinLoadChoices = 2
 	cfg.DPDispatch.Enabled = true
+	if source == config.CacheSourceRemote {
+		cfg.CacheAware.Source = config.CacheSourceRemote
+		cfg.CacheAware.RemoteURL = startIndexer(t, []*mockengine.Engine{e})
+		cfg.CacheAware.QueryTimeout = 2 * time.Second // generous under -race on a shared machine
+	}
 	r := startCacheRouter(t, cfg)
 	env := &cacheEnv{routers: []*cacheRouter{r}, engines: map[string]*mockengine.Engine{"DP": e}}
 	prompt := func(seed uint32) []int {
