@@ -556,6 +556,10 @@ type DPDispatch struct {
 	// rank is at it rejects the request (admission, max_waiting_per_rank); 0 sets no cap.
 	// At least 0. Default 0.
 	MaxWaitingPerRank int64 `koanf:"max_waiting_per_rank" json:"max_waiting_per_rank" unit:"requests"`
+	// PreferPrefix makes a cache_aware group send a request to the rank holding its longest
+	// prefix on the engine picked, within cache_aware.pressure_guard waiting requests of the
+	// least loaded rank; off, the rank is chosen by load alone. Default true.
+	PreferPrefix bool `koanf:"prefer_prefix" json:"prefer_prefix"`
 }
 
 // Hashing tunes the stateless hashing policies, consistent_hash and prefix_hash: both place

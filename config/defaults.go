@@ -58,6 +58,7 @@ func Default() *Config {
 			SweepInterval:    60 * time.Second,
 			MaxBindings:      100_000,
 		},
+		DPDispatch: DPDispatch{PreferPrefix: true},
 		LoRA: LoRA{
 			Evict:           true,
 			SlotsPerEngine:  8,

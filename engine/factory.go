@@ -145,7 +145,7 @@ func (b *builder) group(model string, m *config.Model, stage Stage, g *config.Gr
 	g2 := NewEngineGroup(model, stage, members, p)
 	if d := b.cfg.DPDispatch; d.Enabled {
 		g2.SetRankDispatch(b.deps.Loads, d.MaxWaitingPerRank)
-		if pc.Type == config.PolicyCacheAware {
+		if d.PreferPrefix && pc.Type == config.PolicyCacheAware {
 			g2.SetRankPrefix(int64(b.cfg.CacheAware.PressureGuard))
 		}
 	}
