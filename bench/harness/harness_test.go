@@ -368,7 +368,8 @@ func TestSLOEndToEnd(t *testing.T) {
 	checkRendered(t, rep)
 }
 
-// TestExtraTablesEndToEnd runs the routing scenario's data-parallel, fairness and LoRA tables
+// TestExtraTablesEndToEnd runs the routing scenario's data-parallel (by load and by prefix
+// holdings), fairness and LoRA tables
 // and the pd scenario's bypass table briefly: each has its rows in order; every rank of both
 // engines admits prompts; the fairness rows per tenant split their deployment's requests;
 // preloaded adapters need no load and adapters loaded on demand fill at most the slots; the
@@ -415,6 +416,20 @@ func TestExtraTablesEndToEnd(t *testing.T) {
 		if sum != r.Summary.PromptTokens {
 			t.Errorf("%s: ranks admitted %d prompt tokens, the requests carried %d", r.Name, sum, r.Summary.PromptTokens)
 		}
+	}
+	dpp := byTitle["routing: shared_prefix_dp"]
+	var dppNames []string
+	if dpp != nil {
+		for i := range dpp.Rows {
+			r := &dpp.Rows[i]
+			dppNames = append(dppNames, r.Name)
+			if r.Summary == nil || r.Summary.OK == 0 || r.Summary.ErrorCount() != 0 || len(r.RankPromptTokens) != 4 {
+				t.Errorf("%s: summary %+v, rank tokens %v", r.Name, r.Summary, r.RankPromptTokens)
+			}
+		}
+	}
+	if want := "engine's balancer,router's ranks by load,router's ranks by prefix"; strings.Join(dppNames, ",") != want {
+		t.Fatalf("dp prefix rows %v, want %s", dppNames, want)
 	}
 	fair := byTitle["routing: tenant_mix"]
 	var names []string

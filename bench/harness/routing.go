@@ -94,6 +94,12 @@ func (h *harness) routing(ctx context.Context) ([]*report.Scenario, error) {
 		if err != nil {
 			return out, err
 		}
+		if sc, err = h.dpPrefix(ctx); sc != nil {
+			out = append(out, sc)
+		}
+		if err != nil {
+			return out, err
+		}
 	}
 	if o.FairnessLimit > 0 && o.Target == "" {
 		sc, err := h.fairness(ctx)
@@ -391,6 +397,60 @@ func (h *harness) dpRanks(ctx context.Context) (*report.Scenario, error) {
 			fr[i] = float64(v)
 		}
 		sc.Notes = append(sc.Notes, fmt.Sprintf("%s: prompt tokens per rank %v, spread (max/mean) %.2f", name, ranks, report.Spread(fr)))
+	}
+	return sc, nil
+}
+
+// dpPrefix measures rank choice by prefix holdings: the shared-prefix workload on two plain
+// engines of DPRanks ranks each (each rank its own cache and KV events), cache_aware; the rank
+// chosen by the engine's balancer, by the router from the ranks' load alone
+// (dp_dispatch.prefer_prefix off), then preferring the ranks holding the prompt's prefix.
+func (h *harness) dpPrefix(ctx context.Context) (*report.Scenario, error) {
+	o := &h.opts
+	wl, err := workload.Build(workload.NameSharedPrefix, o.Workload, o.Seed)
+	if err != nil {
+		return nil, err
+	}
+	const engines = 2
+	sc := &report.Scenario{
+		Name: report.ScenarioRouting, Workload: wl.Name + "_dp", Description: wl.Description,
+		TimeBase: report.TimeSimulated, Speedup: o.Speedup,
+		Deployment: fmt.Sprintf("%d plain engines × %d data-parallel ranks (cache %d tokens and max running %d per rank), speedup %g; router: one bucket, cache_aware; %s",
+			engines, o.DPRanks, o.EngineCache, o.MaxRunning, o.Speedup, h.arrivals()),
+	}
+	ca := config.Policy{Type: config.PolicyCacheAware}
+	for _, v := range []struct {
+		name          string
+		ranks, prefix bool
+	}{{"engine's balancer", false, false}, {"router's ranks by load", true, false}, {"router's ranks by prefix", true, true}} {
+		var ranks []int64
+		pr := policyRun{
+			scenario: report.ScenarioRouting, wl: wl, spec: clusterSpec{plain: engines, dpSize: o.DPRanks},
+			model: func(c *cluster, p config.Policy) config.Model {
+				return config.Model{Buckets: []config.Bucket{plainBucket("all", ids(c.plain), p)}}
+			},
+			serving: func(c *cluster) []string { return ids(c.plain) },
+			router: func(cfg *config.Config) {
+				cfg.DPDispatch.Enabled, cfg.DPDispatch.PreferPrefix = v.ranks, v.prefix
+			},
+			done: func(c *cluster, _ *router, _ *loadgen.Measurement) error {
+				for _, e := range c.plain {
+					ranks = append(ranks, e.RankPromptTokens()...)
+				}
+				return nil
+			},
+		}
+		row, err := h.policyRow(ctx, pr, PolicySpec{Name: v.name, Policy: ca})
+		if err != nil {
+			return sc, err
+		}
+		row.RankPromptTokens = ranks
+		sc.Rows = append(sc.Rows, row)
+		fr := make([]float64, len(ranks))
+		for i, n := range ranks {
+			fr[i] = float64(n)
+		}
+		sc.Notes = append(sc.Notes, fmt.Sprintf("%s: prompt tokens per rank %v, spread (max/mean) %.2f", v.name, ranks, report.Spread(fr)))
 	}
 	return sc, nil
 }
