@@ -22,7 +22,8 @@
 // calls its Run and calls its Deliver callback there; the callback hands the reports to
 // the owner (for example as a LoadReported message), never to the Aggregator directly from
 // another goroutine. Tracker, Counters and Guard are safe for concurrent use; their fields
-// are atomics.
+// are atomics, and a Guard is registered for ReleaseStale in a lock-free slot table (locked
+// lists only for guards beyond the table's 8,192 slots).
 //
 // # What a caller must release
 //
