@@ -50,7 +50,7 @@ type Tracing struct {
 	// Default 5s.
 	ShutdownTimeout time.Duration `koanf:"shutdown_timeout" json:"shutdown_timeout"`
 	// QueueSize is how many finished spans wait for export; past it new spans are dropped
-	// (counted in switchyard_tracing_spans_dropped_total). Default 2048.
+	// (not counted: switchyard_tracing_spans_exported_total falls behind). Default 2048.
 	QueueSize int `koanf:"queue_size" json:"queue_size" unit:"spans"`
 }
 
