@@ -108,26 +108,11 @@ func BenchmarkEngineDeadlines(b *testing.B) {
 			name = "lazy"
 		}
 		b.Run(name, func(b *testing.B) {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer ln.Close()
-			go func() {
-				if c, err := ln.Accept(); err == nil {
-					defer c.Close()
-					_, _ = c.Read(make([]byte, 1)) // until the client closes
-				}
-			}()
-			raw, err := net.Dial("tcp", ln.Addr().String())
-			if err != nil {
-				b.Fatal(err)
-			}
+			raw := loopbench.Conn(b)
 			var c net.Conn = raw
 			if lazy {
 				c = &lazyConn{Conn: raw}
 			}
-			defer c.Close()
 			b.ReportAllocs()
 			for b.Loop() {
 				now := time.Now()

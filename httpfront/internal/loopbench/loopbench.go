@@ -57,3 +57,34 @@ func RoundTrips(b *testing.B, parallelism int, fill func(*fasthttp.Request), do 
 		}
 	})
 }
+
+// Conn returns a TCP connection to a loopback peer that reads until the connection closes:
+// a socket whose deadlines a benchmark moves. It is closed, and its peer stopped, when the
+// test or benchmark ends.
+func Conn(tb testing.TB) net.Conn {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if c, err := ln.Accept(); err == nil {
+			defer c.Close()
+			_, _ = c.Read(make([]byte, 1)) // until the client closes
+		}
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		_ = ln.Close()
+		<-done
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		_ = c.Close()
+		_ = ln.Close()
+		<-done
+	})
+	return c
+}
