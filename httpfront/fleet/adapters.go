@@ -75,11 +75,16 @@ func (f *Fleet) RefreshAdapters(ctx context.Context, m *Member) {
 			names = append(names, entries[i].ID)
 		}
 	}
-	slots := f.opts.AdapterSlots
-	if info := m.info.Load(); info != nil && info.LoRASlots > 0 {
-		slots = info.LoRASlots
-	}
 	if w := m.worker.Load(); w != nil {
-		w.LearnAdapters(names, slots, asOf)
+		w.LearnAdapters(names, f.adapterSlots(m.info.Load()), asOf)
 	}
+}
+
+// adapterSlots is an engine's LoRA adapter slots: introspected (info may be nil), else
+// Options.AdapterSlots.
+func (f *Fleet) adapterSlots(info *Info) int {
+	if info != nil && info.LoRASlots > 0 {
+		return info.LoRASlots
+	}
+	return f.opts.AdapterSlots
 }

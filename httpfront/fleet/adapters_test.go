@@ -1,7 +1,15 @@
 package fleet
 
 import (
+	"context"
 	"testing"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+
+	"switchyard/config"
+	"switchyard/engine"
+	"switchyard/load"
 )
 
 func TestDecodeModelList(t *testing.T) {
@@ -71,4 +79,39 @@ func FuzzDecodeModelList(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestAdapterSlotsKnownBeforeTheFirstList: a worker added with LoRA routing on knows its
+// introspected adapter slots before the router first reads its adapter list, so loads
+// started meanwhile cannot overfill the engine (a second adapter on a one-slot engine was
+// refused by the engine and answered 502).
+func TestAdapterSlotsKnownBeforeTheFirstList(t *testing.T) {
+	e := newTestEngine(t, `{"model_path":"m","max_loaded_loras":1}`)
+	ws, err := engine.NewWorkerSet(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.Default()
+	cfg.Health.Interval = time.Hour
+	f := New(ws, Options{Health: cfg.Health, Upstream: cfg.Upstream, Tracker: load.NewTracker(), Metrics: metrics.NewSet(),
+		AdapterRefresh: time.Hour, AdapterSlots: 8})
+	t.Cleanup(func() {
+		f.Stop()
+		f.CloseConnections()
+	})
+	m, err := f.Add(context.Background(), Spec{URL: e.url, ID: "L"}, true) // introspected; the fleet is not started: no list read
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := m.Worker()
+	if s := w.Adapters(); s == nil || s.Slots != 1 {
+		t.Fatalf("adapter set %+v before the first list, want 1 slot", s)
+	}
+	now := time.Now()
+	if !w.ReserveAdapter("a", now, now.Add(time.Minute), nil) {
+		t.Fatal("no room for a first adapter")
+	}
+	if w.ReserveAdapter("b", now, now.Add(time.Minute), nil) {
+		t.Fatal("a second adapter found room on a one-slot engine")
+	}
 }

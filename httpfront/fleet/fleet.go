@@ -616,6 +616,12 @@ func (f *Fleet) buildWorker(m *Member, info *Info) (*engine.Worker, error) {
 	}
 	w := engine.NewWorker(spec.ID, spec.URL, model, stage, f.opts.Tracker.Counters(spec.ID))
 	w.Handle = m
+	if f.opts.AdapterRefresh > 0 {
+		// Until the engine's adapter list is first read, the router knows its slots and that
+		// it loaded nothing there yet: the loads it starts meanwhile count against the slots
+		// (with nothing known, every load would find room, and a second one a full engine).
+		w.SetAdapters(engine.NewAdapterSet(nil, f.adapterSlots(info)))
+	}
 	w.SetLabels(mergeLabels(info, spec.Labels))
 	w.CanPrefill = spec.CanPrefill && stage == engine.StageDecode
 	switch {
