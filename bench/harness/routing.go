@@ -353,52 +353,8 @@ func (h *harness) fairness(ctx context.Context) (*report.Scenario, error) {
 // the long-context mix, power_of_two over the engines, the rank left to the engines' own
 // balancer (round robin), then chosen by the router from each rank's load (dp_dispatch).
 func (h *harness) dpRanks(ctx context.Context) (*report.Scenario, error) {
-	o := &h.opts
-	wl, err := workload.Build(workload.NameLongContext, o.Workload, o.Seed)
-	if err != nil {
-		return nil, err
-	}
-	const engines = 2
-	sc := &report.Scenario{
-		Name: report.ScenarioRouting, Workload: wl.Name + "_dp", Description: wl.Description,
-		TimeBase: report.TimeSimulated, Speedup: o.Speedup,
-		Deployment: fmt.Sprintf("%d plain engines × %d data-parallel ranks (cache %d tokens and max running %d per rank), speedup %g; router: one bucket, power_of_two; %s",
-			engines, o.DPRanks, o.EngineCache, o.MaxRunning, o.Speedup, h.arrivals()),
-	}
-	p2 := config.Policy{Type: config.PolicyPowerOfTwo}
-	for _, routerRanks := range []bool{false, true} {
-		name := "engine's balancer"
-		if routerRanks {
-			name = "router's ranks"
-		}
-		var ranks []int64
-		pr := policyRun{
-			scenario: report.ScenarioRouting, wl: wl, spec: clusterSpec{plain: engines, dpSize: o.DPRanks},
-			model: func(c *cluster, p config.Policy) config.Model {
-				return config.Model{Buckets: []config.Bucket{plainBucket("all", ids(c.plain), p)}}
-			},
-			serving: func(c *cluster) []string { return ids(c.plain) },
-			router:  func(cfg *config.Config) { cfg.DPDispatch.Enabled = routerRanks },
-			done: func(c *cluster, _ *router, _ *loadgen.Measurement) error {
-				for _, e := range c.plain {
-					ranks = append(ranks, e.RankPromptTokens()...)
-				}
-				return nil
-			},
-		}
-		row, err := h.policyRow(ctx, pr, PolicySpec{Name: name, Policy: p2})
-		if err != nil {
-			return sc, err
-		}
-		row.RankPromptTokens = ranks
-		sc.Rows = append(sc.Rows, row)
-		fr := make([]float64, len(ranks))
-		for i, v := range ranks {
-			fr[i] = float64(v)
-		}
-		sc.Notes = append(sc.Notes, fmt.Sprintf("%s: prompt tokens per rank %v, spread (max/mean) %.2f", name, ranks, report.Spread(fr)))
-	}
-	return sc, nil
+	return h.dpScenario(ctx, workload.NameLongContext, config.Policy{Type: config.PolicyPowerOfTwo}, []dpVariant{
+		{"engine's balancer", false, true}, {"router's ranks", true, true}}) // prefer_prefix at its default: no effect outside cache_aware
 }
 
 // dpPrefix measures rank choice by prefix holdings: the shared-prefix workload on two plain
@@ -406,8 +362,21 @@ func (h *harness) dpRanks(ctx context.Context) (*report.Scenario, error) {
 // chosen by the engine's balancer, by the router from the ranks' load alone
 // (dp_dispatch.prefer_prefix off), then preferring the ranks holding the prompt's prefix.
 func (h *harness) dpPrefix(ctx context.Context) (*report.Scenario, error) {
+	return h.dpScenario(ctx, workload.NameSharedPrefix, config.Policy{Type: config.PolicyCacheAware}, []dpVariant{
+		{"engine's balancer", false, false}, {"router's ranks by load", true, false}, {"router's ranks by prefix", true, true}})
+}
+
+// dpVariant is one row of a rank-dispatch table: who chooses the rank.
+type dpVariant struct {
+	name          string
+	ranks, prefix bool // dp_dispatch.enabled, dp_dispatch.prefer_prefix
+}
+
+// dpScenario runs workload wl on two plain engines of DPRanks ranks each, policy over the
+// engines, one row per variant, with each row's prompt tokens per rank.
+func (h *harness) dpScenario(ctx context.Context, wlName string, policy config.Policy, variants []dpVariant) (*report.Scenario, error) {
 	o := &h.opts
-	wl, err := workload.Build(workload.NameSharedPrefix, o.Workload, o.Seed)
+	wl, err := workload.Build(wlName, o.Workload, o.Seed)
 	if err != nil {
 		return nil, err
 	}
@@ -415,14 +384,10 @@ func (h *harness) dpPrefix(ctx context.Context) (*report.Scenario, error) {
 	sc := &report.Scenario{
 		Name: report.ScenarioRouting, Workload: wl.Name + "_dp", Description: wl.Description,
 		TimeBase: report.TimeSimulated, Speedup: o.Speedup,
-		Deployment: fmt.Sprintf("%d plain engines × %d data-parallel ranks (cache %d tokens and max running %d per rank), speedup %g; router: one bucket, cache_aware; %s",
-			engines, o.DPRanks, o.EngineCache, o.MaxRunning, o.Speedup, h.arrivals()),
+		Deployment: fmt.Sprintf("%d plain engines × %d data-parallel ranks (cache %d tokens and max running %d per rank), speedup %g; router: one bucket, %s; %s",
+			engines, o.DPRanks, o.EngineCache, o.MaxRunning, o.Speedup, policy.Type, h.arrivals()),
 	}
-	ca := config.Policy{Type: config.PolicyCacheAware}
-	for _, v := range []struct {
-		name          string
-		ranks, prefix bool
-	}{{"engine's balancer", false, false}, {"router's ranks by load", true, false}, {"router's ranks by prefix", true, true}} {
+	for _, v := range variants {
 		var ranks []int64
 		pr := policyRun{
 			scenario: report.ScenarioRouting, wl: wl, spec: clusterSpec{plain: engines, dpSize: o.DPRanks},
@@ -440,7 +405,7 @@ func (h *harness) dpPrefix(ctx context.Context) (*report.Scenario, error) {
 				return nil
 			},
 		}
-		row, err := h.policyRow(ctx, pr, PolicySpec{Name: v.name, Policy: ca})
+		row, err := h.policyRow(ctx, pr, PolicySpec{Name: v.name, Policy: policy})
 		if err != nil {
 			return sc, err
 		}
