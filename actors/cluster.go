@@ -67,6 +67,15 @@ type ClusterOptions struct {
 	// OnWorkerChange applies a worker change made on another replica (or learnt late). It
 	// is called on the gossip goroutine, one change at a time. Default: none.
 	OnWorkerChange func(WorkerChange)
+	// Ready gates Counters and OnWorkerChange: neither is called before Ready is closed, so
+	// a caller that joins the cluster while it is still being built (the HTTP server: the
+	// cluster is its affinity store) closes it once the state the callbacks read is
+	// complete. What gossip brings meanwhile is kept and applied when Ready closes. Default
+	// (nil): ready at once.
+	Ready <-chan struct{}
+	// Ticks paces the gossip loop (publishing this replica's counts, applying the worker
+	// changes learnt). Default: a ticker of cluster.gossip_interval.
+	Ticks <-chan time.Time
 	// Metrics receives the switchyard_cluster_* series. Default: the System's set.
 	Metrics *metrics.Set
 	// Logger receives the cluster's logs. Default: the System's.
@@ -155,6 +164,10 @@ type Cluster struct {
 	wg     sync.WaitGroup
 	closed atomic.Bool
 	left   atomic.Bool
+	// ready is set once ClusterOptions.Ready has closed: the callbacks may run.
+	ready atomic.Bool
+	// applying serialises applyPeers.
+	applying sync.Mutex
 }
 
 // eventSub is an event stream subscription to cancel on Close.
@@ -291,6 +304,7 @@ func NewCluster(sys *System, cfg config.Cluster, opts ClusterOptions) (cl *Clust
 		return nil, fmt.Errorf("cannot start cluster: the actor system already runs one (process %q)", nearCacheName)
 	}
 
+	c.ready.Store(opts.Ready == nil)
 	c.subscribe()
 	if err := c.startMember(); err != nil {
 		c.unsubscribe()

@@ -13,17 +13,38 @@ import (
 )
 
 // gossipLoop publishes this replica's counters every gossip interval (when they changed)
-// and applies the worker changes gossip brought, one at a time, off the gossip actor.
+// and applies the worker changes gossip brought, one at a time, off the gossip actor. Until
+// ClusterOptions.Ready closes it calls neither callback; the round it closes in applies
+// what was learnt meanwhile.
 func (c *Cluster) gossipLoop() {
 	defer c.wg.Done()
-	t := time.NewTicker(c.cfg.GossipInterval)
-	defer t.Stop()
+	ticks := c.opts.Ticks
+	if ticks == nil {
+		t := time.NewTicker(c.cfg.GossipInterval)
+		defer t.Stop()
+		ticks = t.C
+	}
+	ready := c.opts.Ready
+	if c.ready.Load() {
+		ready = nil
+	}
 	var last *clusterpb.InflightCounts
 	for {
 		select {
 		case <-c.stop:
 			return
-		case <-t.C:
+		case <-ready:
+		case <-ticks:
+		}
+		if ready != nil {
+			select {
+			case <-ready:
+				ready = nil
+				c.ready.Store(true)
+				c.applyPeers() // the counts gossiped before
+			default:
+				continue
+			}
 		}
 		func() {
 			defer func() {
@@ -116,11 +137,16 @@ func newer(a, b WorkerChange) bool {
 	return a.Origin > b.Origin
 }
 
-// applyPeers adds the other replicas' counts into every worker's counters.
+// applyPeers adds the other replicas' counts into every worker's counters (once ready:
+// before, the counts are only kept).
 func (c *Cluster) applyPeers() {
-	if c.opts.Counters == nil {
+	if c.opts.Counters == nil || !c.ready.Load() {
 		return
 	}
+	// One at a time (the event stream's and the gossip loop's), so that a sum made earlier
+	// never overwrites a later one.
+	c.applying.Lock()
+	defer c.applying.Unlock()
 	c.mu.Lock()
 	inflight := map[string]int64{}
 	dispatched := map[string]uint64{}

@@ -59,6 +59,11 @@ type testMember struct {
 	changes  chan WorkerChange
 	closed   bool
 	tweak    func(*config.Cluster) // changes the member's configuration (nil: none)
+	// ready and ticks are the member's ClusterOptions.Ready and Ticks (nil: the defaults);
+	// countersRead counts the calls of its Counters callback.
+	ready        chan struct{}
+	ticks        chan time.Time
+	countersRead atomic.Int64
 }
 
 func testClusterConfig(ports []int, i int) config.Cluster {
@@ -159,8 +164,9 @@ func (m *testMember) start(ports []int, i int) (err error) {
 	if m.tweak != nil {
 		m.tweak(&cfg)
 	}
-	m.cl, err = NewCluster(m.sys, cfg, ClusterOptions{
+	opts := ClusterOptions{
 		Counters: func() map[string]CountersOf {
+			m.countersRead.Add(1)
 			out := map[string]CountersOf{}
 			for id, c := range m.counters {
 				out[id] = c
@@ -168,7 +174,14 @@ func (m *testMember) start(ports []int, i int) (err error) {
 			return out
 		},
 		OnWorkerChange: func(wc WorkerChange) { m.changes <- wc },
-	})
+	}
+	if m.ready != nil {
+		opts.Ready = m.ready
+	}
+	if m.ticks != nil {
+		opts.Ticks = m.ticks
+	}
+	m.cl, err = NewCluster(m.sys, cfg, opts)
 	return err
 }
 
@@ -454,6 +467,82 @@ func TestClusterPropagatesWorkerChanges(t *testing.T) {
 	case wc := <-ms[0].changes:
 		t.Fatalf("the origin re-applied a change: %+v", wc)
 	default:
+	}
+}
+
+// TestClusterCallbacksWaitForReady: a replica whose owner is still being built (Ready open)
+// calls neither Counters nor OnWorkerChange, however many gossip rounds run and whatever
+// the other replicas gossip meanwhile; once Ready closes it applies what it learnt: the
+// peers' counts and the worker changes. (The HTTP server joins the cluster while it builds
+// its fleet, which both callbacks read.)
+func TestClusterCallbacksWaitForReady(t *testing.T) {
+	ports := freePorts(t, 2)
+	a := newTestMember(SystemOptions{}, []string{"W1"})
+	b := newTestMember(SystemOptions{}, []string{"W1"})
+	b.ready, b.ticks = make(chan struct{}), make(chan time.Time)
+	t.Cleanup(func() {
+		var wg sync.WaitGroup
+		wg.Go(a.close)
+		wg.Go(b.close)
+		wg.Wait()
+	})
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	wg.Go(func() { errs[0] = a.start(ports, 0) })
+	wg.Go(func() { errs[1] = b.start(ports, 1) })
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("member %d: %v", i, err)
+		}
+	}
+	for _, m := range []*testMember{a, b} {
+		m.waitFor(t, "2 members", func() bool { return len(m.cl.Members()) == 2 })
+	}
+
+	g := load.NewTracker().Acquire(a.counters["W1"], time.Now())
+	defer g.Release()
+	a.cl.PublishWorkerChange("W7", false, []byte(`{"id":"W7","url":"http://127.0.0.1:1"}`))
+	b.waitFor(t, "b learns a's counts and worker change", func() bool {
+		b.cl.mu.Lock()
+		defer b.cl.mu.Unlock()
+		pc := b.cl.peers[a.cl.MemberID()]
+		return pc != nil && pc.Workers["W1"].GetInflight() == 1 && b.cl.changes["W7"].WorkerID == "W7"
+	})
+	// Two rounds: the second tick is taken only once the first round is over.
+	for range 2 {
+		select {
+		case b.ticks <- time.Now():
+		case <-time.After(clusterWait):
+			t.Fatal("b's gossip loop takes no tick")
+		}
+	}
+	if n := b.countersRead.Load(); n != 0 {
+		t.Fatalf("b read its owner's counters %d times before it was ready", n)
+	}
+	select {
+	case wc := <-b.changes:
+		t.Fatalf("b applied %+v before it was ready", wc)
+	default:
+	}
+	if got := b.counters["W1"].InFlight(); got != 0 {
+		t.Fatalf("b added a's counts to a counter before it was ready: in flight %d", got)
+	}
+
+	close(b.ready)
+	select {
+	case wc := <-b.changes:
+		if wc.WorkerID != "W7" || wc.Removed {
+			t.Fatalf("b applied %+v, want W7 added", wc)
+		}
+	case <-time.After(clusterWait):
+		t.Fatal("b never applied the change it learnt before it was ready")
+	}
+	if got := b.counters["W1"].InFlight(); got != 1 {
+		t.Fatalf("b's W1 in flight %d once ready, want a's 1", got)
+	}
+	if b.countersRead.Load() == 0 {
+		t.Fatal("b never read its counters once ready")
 	}
 }
 

@@ -37,8 +37,10 @@ func (s *Server) newAffinityStore(aopts actors.AffinityOptions) (affinityStore, 
 		Affinity:       aopts,
 		Counters:       s.workerCounters,
 		OnWorkerChange: s.applyWorkerChange,
-		Metrics:        s.opts.Metrics,
-		Logger:         s.logger,
+		// The cluster joins before the fleet exists; its callbacks wait until New is done.
+		Ready:   s.built,
+		Metrics: s.opts.Metrics,
+		Logger:  s.logger,
 	})
 	if err != nil {
 		return nil, err
@@ -74,7 +76,8 @@ func (s *Server) publishWorkerChange(id string, removed bool, spec *WorkerSpec) 
 }
 
 // applyWorkerChange applies a worker change made on another replica. It runs on the
-// cluster's gossip goroutine; adding a worker introspects it (bounded by health.timeout).
+// cluster's gossip goroutine, never before New has built the server (s.built); adding a
+// worker introspects it (bounded by health.timeout).
 func (s *Server) applyWorkerChange(wc actors.WorkerChange) {
 	if s.workers == nil {
 		return

@@ -133,3 +133,90 @@ func TestClusterWorkerChangesReachEveryReplica(t *testing.T) {
 		t.Fatal("replica 1 removed the worker its own discovery follows, on another replica's word")
 	}
 }
+
+// buildGate is the telemetry of a replica under construction: starting the telemetry of
+// the configured worker hold blocks New until release closes; a worker whose telemetry
+// starts meanwhile is one the cluster's callbacks added to a half-built server.
+type buildGate struct {
+	hold    string
+	entered chan struct{}
+	release chan struct{}
+
+	mu    sync.Mutex
+	early []string // workers started while New was blocked
+	later []string // workers started after
+}
+
+func (g *buildGate) StartWorker(src TelemetrySource) error {
+	if src.WorkerID == g.hold {
+		close(g.entered)
+		<-g.release
+		return nil
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	select {
+	case <-g.release:
+		g.later = append(g.later, src.WorkerID)
+	default:
+		g.early = append(g.early, src.WorkerID)
+	}
+	return nil
+}
+
+func (g *buildGate) StopWorker(string) {}
+
+// TestClusterChangesWaitUntilTheServerIsBuilt: a replica joins the cluster while New still
+// builds its fleet. A worker change the other replica made before is applied once New has
+// returned, never by the gossip goroutine into the half-built server.
+func TestClusterChangesWaitUntilTheServerIsBuilt(t *testing.T) {
+	static := newFakeEngine(t, "A", "llama")
+	added := newFakeEngine(t, "C", "llama")
+	var ports []int
+	for range 2 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+		_ = ln.Close()
+	}
+	cfgOf := func(i int) *config.Config {
+		cfg := baseConfig()
+		cfg.Workers = []config.Worker{plainWorker("A", static.url, "llama")}
+		cfg.Models = map[string]config.Model{"llama": {Buckets: []config.Bucket{{ID: "b", Groups: config.Groups{Plain: &config.Group{}}}}}}
+		c := &cfg.Cluster
+		c.Enabled, c.Name, c.Listen, c.ProviderPort = true, fmt.Sprintf("httpfront-%d", ports[0]), "127.0.0.1:0", ports[i]
+		c.Members = []string{fmt.Sprintf("127.0.0.1:%d", ports[0]), fmt.Sprintf("127.0.0.1:%d", ports[1])}
+		c.Partitions, c.RefreshInterval, c.GossipInterval = 8, 100*time.Millisecond, 20*time.Millisecond
+		return cfg
+	}
+	a := startServer(t, cfgOf(0), Options{NoTelemetry: true})
+	if r := post(t, a.url+"/workers", `{"id":"C","url":"`+added.url+`","model":"llama"}`); r.status != 201 {
+		t.Fatalf("add C: %d %s", r.status, r.body)
+	}
+
+	gate := &buildGate{hold: "A", entered: make(chan struct{}), release: make(chan struct{})}
+	started := make(chan *testServer, 1)
+	go func() { started <- startServer(t, cfgOf(1), Options{Telemetry: gate}) }()
+	select {
+	case <-gate.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the second replica never started its configured worker")
+	}
+	// The second replica is a member, its cluster gossiping, while New waits here.
+	waitUntil(t, "the first replica sees the second", func() bool { return len(a.Cluster().Members()) == 2 })
+	close(gate.release)
+	var b *testServer
+	select {
+	case b = <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("New did not return")
+	}
+	waitUntil(t, "the second replica adds C", func() bool { return b.workers.Member("C") != nil })
+	gate.mu.Lock()
+	defer gate.mu.Unlock()
+	if len(gate.early) != 0 || len(gate.later) != 1 || gate.later[0] != "C" {
+		t.Fatalf("workers started during New %v, after %v: want only C, after", gate.early, gate.later)
+	}
+}

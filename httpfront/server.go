@@ -196,6 +196,9 @@ type Server struct {
 	dataAccess, adminAccess, metricsAccess routeAccess
 
 	runOnce sync.Once
+	// built is closed once New has built every part: the cluster's callbacks, which read
+	// the fleet, wait for it.
+	built chan struct{}
 	// serving is closed once the start-up checks are done and Serve begins.
 	serving chan struct{}
 }
@@ -245,6 +248,7 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		loads:    opts.Loads,
 		set:      opts.Metrics,
 		hardStop: make(chan struct{}),
+		built:    make(chan struct{}),
 		serving:  make(chan struct{}),
 		fwd:      newForwardNames(cfg.Affinity.SessionHeader, cfg.Affinity.RoutingKeyHeader),
 	}
@@ -271,6 +275,7 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		s.life.stop() // whatever was built, in reverse
 		return nil, fmt.Errorf("cannot create server: %w", err)
 	}
+	close(s.built)
 	return s, nil
 }
 
