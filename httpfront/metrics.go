@@ -142,6 +142,8 @@ type serverMetrics struct {
 	// duration and ttft are the request histograms of every (route, model): updated by
 	// every request without a lock.
 	duration, ttft *series.HistogramFamily
+	// sloRatio is the family of every model's SLO estimate ratio histograms.
+	sloRatio *series.HistogramFamily
 
 	failures [engine.OutcomePDIncompatible + 1]*metrics.Counter
 
@@ -185,6 +187,7 @@ func newServerMetrics(set *metrics.Set, resolvers map[string]*engine.BucketResol
 		upstream:  make(map[upstreamKey]*metrics.Counter),
 		duration:  series.NewHistogramFamily(set, metricDuration),
 		ttft:      series.NewHistogramFamily(set, metricTTFT),
+		sloRatio:  series.NewHistogramFamily(set, metricSLORatio),
 	}
 	for name, r := range resolvers {
 		m.models[name] = m.newModel(name, r)
@@ -222,7 +225,7 @@ func (m *serverMetrics) newModel(name string, r *engine.BucketResolver) *modelMe
 	if r == nil {
 		return mm
 	}
-	mm.slo = newSLOModelMetrics(m.set, model, r)
+	mm.slo = newSLOModelMetrics(m.set, m.sloRatio, model, r)
 	for _, b := range r.Buckets() {
 		var gs [3]*groupMetrics
 		for _, g := range b.Groups() {

@@ -218,7 +218,8 @@ var ratioBuckets = []float64{0.25, 0.5, 0.7, 0.8, 0.9, 1, 1.1, 1.2, 1.3, 1.5, 2,
 
 // sloModelMetrics are one model's SLO handles.
 type sloModelMetrics struct {
-	ratioTTFT, ratioTPOT *metrics.PrometheusHistogram
+	// ratioTTFT and ratioTPOT are updated by every request with a target: without a lock.
+	ratioTTFT, ratioTPOT *series.Histogram
 	// buckets are the attainment counters by bucket ID; read-only after construction.
 	buckets map[string]*sloBucketMetrics
 	// orders counts selections by the rule that ordered their buckets.
@@ -230,11 +231,13 @@ type sloBucketMetrics struct {
 	met, missedTTFT, missedTPOT *metrics.Counter
 }
 
-func newSLOModelMetrics(set *metrics.Set, model string, r *engine.BucketResolver) *sloModelMetrics {
+// newSLOModelMetrics makes a model's SLO handles; ratios is the family of the estimate
+// ratio histograms (metricSLORatio).
+func newSLOModelMetrics(set *metrics.Set, ratios *series.HistogramFamily, model string, r *engine.BucketResolver) *sloModelMetrics {
 	m := &sloModelMetrics{buckets: map[string]*sloBucketMetrics{}}
 	base := `model="` + model + `"`
-	m.ratioTTFT = set.NewPrometheusHistogramExt(metricSLORatio+"{"+base+`,target="ttft"}`, ratioBuckets)
-	m.ratioTPOT = set.NewPrometheusHistogramExt(metricSLORatio+"{"+base+`,target="tpot"}`, ratioBuckets)
+	m.ratioTTFT = ratios.New(metricSLORatio+"{"+base+`,target="ttft"}`, ratioBuckets)
+	m.ratioTPOT = ratios.New(metricSLORatio+"{"+base+`,target="tpot"}`, ratioBuckets)
 	for _, o := range []engine.BucketOrder{engine.OrderCapacity, engine.OrderSLO} {
 		m.orders[o] = set.NewCounter(metricBucketOrders + "{" + base + `,order="` + o.String() + `"}`)
 	}

@@ -1,12 +1,15 @@
 package httpfront
 
 import (
+	"bytes"
 	"encoding/json"
 	"maps"
 	"math"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/VictoriaMetrics/metrics"
 
 	"switchyard/config"
 	"switchyard/load"
@@ -297,5 +300,46 @@ func TestAdminWorkerLabels(t *testing.T) {
 	if r := post(t, ts.url+"/workers", `{"url":"`+c.url+`","id":"C2","model":"llama","labels":{"a b":"x"}}`); r.status != 400 ||
 		!contains(r.body, "labels.a b") {
 		t.Fatalf("bad label: %d %s", r.status, r.body)
+	}
+}
+
+// TestSLORatioHistogramsExposition: /metrics exposes the estimate ratio histograms of every
+// model byte for byte as metrics.PrometheusHistogram exposes the same observations.
+func TestSLORatioHistogramsExposition(t *testing.T) {
+	a, b, q := newFakeEngine(t, "A", "llama"), newFakeEngine(t, "B", "llama"), newFakeEngine(t, "Q", "qwen")
+	cfg := twoBucketConfig(a, b, config.BucketOrderSLO, config.SLO{})
+	cfg.Workers = append(cfg.Workers, plainWorker("Q", q.url, "qwen"))
+	cfg.Models["qwen"] = config.Model{Buckets: []config.Bucket{plainBucket("q", nil, nil, "Q")}}
+	ts := startServer(t, cfg, Options{NoTelemetry: true})
+	// Binary fractions: the sums are exact in any order.
+	obs := map[string][]float64{
+		`model="llama",target="ttft"`: {0.5, 1, 1.25, 8},
+		`model="llama",target="tpot"`: {0.25},
+		`model="qwen",target="ttft"`:  {},
+		`model="qwen",target="tpot"`:  {0.75, 0.75, 3},
+	}
+	ref := metrics.NewSet()
+	for labels, vs := range obs {
+		h := ref.NewPrometheusHistogramExt(metricSLORatio+"{"+labels+"}", ratioBuckets)
+		for _, v := range vs {
+			h.Update(v)
+		}
+	}
+	for _, model := range []string{"llama", "qwen"} {
+		m := ts.metrics.models[model].slo
+		for _, v := range obs[`model="`+model+`",target="ttft"`] {
+			m.ratioTTFT.Update(v)
+		}
+		for _, v := range obs[`model="`+model+`",target="tpot"`] {
+			m.ratioTPOT.Update(v)
+		}
+	}
+	var want bytes.Buffer
+	ref.WritePrometheus(&want)
+	if n := strings.Count(want.String(), "_count{"); n != 4 {
+		t.Fatalf("the reference has %d series:\n%s", n, want.String())
+	}
+	if got := scrape(t, ts.url); !strings.Contains(got, want.String()) {
+		t.Fatalf("/metrics lacks the ratio histograms as metrics.PrometheusHistogram writes them:\n%s\nwant:\n%s", got, want.String())
 	}
 }

@@ -68,8 +68,11 @@ type Gate struct {
 	// classes holds the per-class metrics by tenant (index 0: "other", then each configured
 	// tenant's idx) and priority (offset by maxPrio), created on a class's first request.
 	classes [][]atomic.Pointer[classMetrics]
-	maxPrio int
-	mu      sync.Mutex // serializes the creation of class metrics
+	// classWait is the family of the per-class wait histograms (nil without a concurrency
+	// limit).
+	classWait *series.HistogramFamily
+	maxPrio   int
+	mu        sync.Mutex // serializes the creation of class metrics
 }
 
 type tenant struct {
@@ -80,7 +83,7 @@ type tenant struct {
 
 // classMetrics are one (priority, tenant label)'s metrics.
 type classMetrics struct {
-	wait              *metrics.PrometheusHistogram
+	wait              *series.Histogram
 	admitted, refused *metrics.Counter
 }
 
@@ -126,8 +129,17 @@ func NewGate(cfg *config.Config, opts Options) *Gate {
 		keys := g.keys
 		set.NewGauge(MetricRateLimitKeys, func() float64 { return float64(keys.Len()) })
 	}
+	// The queue wait histograms are updated by every request that queued: without a lock.
+	var waits *series.HistogramFamily
+	waitsOf := func() *series.HistogramFamily {
+		if waits == nil {
+			waits = series.NewHistogramFamily(set, MetricQueueWait)
+		}
+		return waits
+	}
 	if s.MaxConcurrentRequests > 0 {
-		g.router = newObservedLimiter(set, ScopeRouter, `scope="router"`, s.MaxConcurrentRequests, s.QueueSize, timeout, opts.Observer)
+		g.router = newObservedLimiter(set, waitsOf(), ScopeRouter, `scope="router"`, s.MaxConcurrentRequests, s.QueueSize, timeout,
+			opts.Observer)
 	}
 	names := make([]string, 0, len(cfg.Models))
 	for name := range cfg.Models {
@@ -150,11 +162,14 @@ func NewGate(cfg *config.Config, opts Options) *Gate {
 		if g.models == nil {
 			g.models = make(map[string]*Limiter)
 		}
-		g.models[name] = newObservedLimiter(set, ScopeModelPrefix+name, `scope="model",model="`+series.Label(name)+`"`,
+		g.models[name] = newObservedLimiter(set, waitsOf(), ScopeModelPrefix+name, `scope="model",model="`+series.Label(name)+`"`,
 			m.MaxConcurrentRequests, size, mt, opts.Observer)
 	}
 	if g.rate == nil && g.keys == nil && g.router == nil && g.models == nil {
 		return nil
+	}
+	if g.router != nil || g.models != nil {
+		g.classWait = series.NewHistogramFamily(set, MetricClassWait)
 	}
 	return g
 }
@@ -288,7 +303,7 @@ func (g *Gate) class(idx, prio int, label string) *classMetrics {
 	}
 	labels := `{priority="` + PriorityLabel(prio) + `",tenant="` + label + `"`
 	m := &classMetrics{
-		wait:     g.set.NewPrometheusHistogramExt(MetricClassWait+labels+"}", waitBuckets),
+		wait:     g.classWait.New(MetricClassWait+labels+"}", waitBuckets),
 		admitted: g.set.NewCounter(MetricClassRequests + labels + `,outcome="admitted"}`),
 		refused:  g.set.NewCounter(MetricClassRequests + labels + `,outcome="refused"}`),
 	}
@@ -323,16 +338,17 @@ func (k *KeyLimiter) refund(key []byte) {
 
 // limiterMetrics records one Limiter's slow-path events, then passes them on.
 type limiterMetrics struct {
-	wait                           *metrics.PrometheusHistogram
+	wait                           *series.Histogram
 	full, timedOut, gone, shutdown *metrics.Counter
 	next                           Observer
 }
 
 var _ Observer = (*limiterMetrics)(nil)
 
-func newObservedLimiter(set *metrics.Set, scope, labels string, limit, size int, timeout time.Duration, next Observer) *Limiter {
+func newObservedLimiter(set *metrics.Set, waits *series.HistogramFamily, scope, labels string, limit, size int, timeout time.Duration,
+	next Observer) *Limiter {
 	lm := &limiterMetrics{
-		wait:     set.NewPrometheusHistogramExt(MetricQueueWait+"{"+labels+"}", waitBuckets),
+		wait:     waits.New(MetricQueueWait+"{"+labels+"}", waitBuckets),
 		full:     set.NewCounter(MetricQueueRejections + "{" + labels + `,reason="queue_full"}`),
 		timedOut: set.NewCounter(MetricQueueRejections + "{" + labels + `,reason="queue_timeout"}`),
 		gone:     set.NewCounter(MetricQueueRejections + "{" + labels + `,reason="client_gone"}`),

@@ -233,3 +233,100 @@ func metricsText(set *metrics.Set) string {
 	set.WritePrometheus(&b)
 	return b.String()
 }
+
+// TestGateWaitHistogramsExposition: the queue wait histograms (by limit and by class) are
+// exposed byte for byte as metrics.PrometheusHistogram exposes the same observations, with
+// their names, labels and bounds. The waits are exact (fake time): a model queue, the
+// router's queue, a router queue timeout.
+func TestGateWaitHistogramsExposition(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		set := metrics.NewSet()
+		g := NewGate(gateConfig(func(c *config.Config) {
+			c.Server.MaxConcurrentRequests = 2
+			c.Server.QueueSize = 4
+			c.Server.QueueTimeout = 2 * time.Second
+			c.Server.MaxPriority = 1
+			c.Server.TenantWeights = map[string]int{"acme": 2}
+			m := c.Models["qwen"]
+			m.MaxConcurrentRequests = 1
+			c.Models["qwen"] = m
+		}), Options{Metrics: set})
+		admitAfter := func(model string, cls Class, d time.Duration, holder Ticket) (Ticket, error) {
+			type result struct {
+				t   Ticket
+				err error
+			}
+			done := make(chan result, 1)
+			go func() {
+				tk, err := g.Admit(model, time.Now(), cls, Cancel{})
+				done <- result{tk, err}
+			}()
+			synctest.Wait() // queued
+			time.Sleep(d)
+			holder.Release()
+			r := <-done
+			return r.t, r.err
+		}
+		// qwen's slot held: a request of tenant acme at priority 1 waits 0.5s in qwen's queue.
+		h1, err := g.Admit("qwen", time.Now(), Class{}, Cancel{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, err := admitAfter("qwen", Class{Priority: 1, Tenant: []byte("acme")}, 500*time.Millisecond, h1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.Release()
+		// The router's two slots held: a request waits 0.25s in the router's queue.
+		h2, err := g.Admit("llama", time.Now(), Class{}, Cancel{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := admitAfter("llama", Class{}, 250*time.Millisecond, h2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Release()
+		// Still full: a request at priority -1 times out after 2s.
+		if _, err := admitAfter("llama", Class{Priority: -1}, 0, Ticket{}); !errors.Is(err, ErrQueueTimeout) {
+			t.Fatalf("want a queue timeout, got %v", err)
+		}
+
+		ref := metrics.NewSet()
+		for name, obs := range map[string][]float64{
+			`switchyard_queue_wait_seconds{scope="router"}`:                     {0.25, 2},
+			`switchyard_queue_wait_seconds{scope="model",model="qwen"}`:         {0.5},
+			`switchyard_queue_class_wait_seconds{priority="1",tenant="acme"}`:   {0.5},
+			`switchyard_queue_class_wait_seconds{priority="0",tenant="other"}`:  {0.25},
+			`switchyard_queue_class_wait_seconds{priority="-1",tenant="other"}`: {2},
+		} {
+			h := ref.NewPrometheusHistogramExt(name, waitBuckets)
+			for _, v := range obs {
+				h.Update(v)
+			}
+		}
+		for _, family := range []string{MetricQueueWait, MetricClassWait} {
+			got, want := familyLines(metricsText(set), family), familyLines(metricsText(ref), family)
+			if strings.Count(want, "_count{") != 2+strings.Count(family, "class") {
+				t.Fatalf("the reference lacks %s's series:\n%s", family, want)
+			}
+			if got != want {
+				t.Errorf("%s exposition differs:\n got:\n%s\nwant:\n%s", family, got, want)
+			}
+		}
+	})
+}
+
+// familyLines returns the lines of a histogram family's series (_bucket, _sum, _count) in
+// a Prometheus exposition, in order.
+func familyLines(text, family string) string {
+	var b strings.Builder
+	for line := range strings.Lines(text) {
+		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+			if rest, ok := strings.CutPrefix(line, family+suffix); ok && (rest[0] == '{' || rest[0] == ' ') {
+				b.WriteString(line)
+			}
+		}
+	}
+	return b.String()
+}
