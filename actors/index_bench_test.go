@@ -327,7 +327,7 @@ func benchIngestAndLookup(b *testing.B, h benchHost, resident int) {
 	}
 	drain(b, x, 16)
 	before := x.Metrics().Ingest()
-	var events, lookups, hits atomic.Int64
+	var events, lookups, hits, lookupErrs atomic.Int64
 	var next atomic.Int64
 	var mu sync.Mutex
 	var firstErr error
@@ -340,15 +340,16 @@ func benchIngestAndLookup(b *testing.B, h benchHost, resident int) {
 		ing := subscribe.NewIngestor(x, wl.worker, false, nil)
 		var l kv.Lookup
 		ctx := context.Background()
-		var ev, lk, hit int64
+		var ev, lk, lkErr, hit int64
 		for i := 0; pb.Next(); i++ {
 			if i%lookupEvery == lookupEvery-1 {
-				if err := x.Lookup(ctx, "m", prompts[(i/lookupEvery+g)%hot], &l); err != nil {
-					mu.Lock()
-					firstErr = err
-					mu.Unlock()
-				}
 				lk++
+				if err := x.Lookup(ctx, "m", prompts[(i/lookupEvery+g)%hot], &l); err != nil {
+					// A lookup behind a full shard queue may time out (the router then
+					// routes without it): counted, not fatal.
+					lkErr++
+					continue
+				}
 				if len(l.Matches) > 0 {
 					hit++
 				}
@@ -365,6 +366,7 @@ func benchIngestAndLookup(b *testing.B, h benchHost, resident int) {
 		events.Add(ev)
 		lookups.Add(lk)
 		hits.Add(hit)
+		lookupErrs.Add(lkErr)
 	})
 	drain(b, x, 16)
 	elapsed := time.Since(start).Seconds()
@@ -381,7 +383,10 @@ func benchIngestAndLookup(b *testing.B, h benchHost, resident int) {
 	if dropped := after.OpsDroppedBusy - before.OpsDroppedBusy; dropped > 0 {
 		b.ReportMetric(float64(dropped), "dropped-ops")
 	}
-	if lookups.Load() > 0 && hits.Load() < lookups.Load()/2 {
+	if n := lookupErrs.Load(); n > 0 {
+		b.ReportMetric(float64(n), "lookup-errors")
+	}
+	if ok := lookups.Load() - lookupErrs.Load(); ok > 0 && hits.Load() < ok/2 {
 		b.Fatalf("only %d of %d lookups hit the hot prompts", hits.Load(), lookups.Load())
 	}
 }

@@ -73,8 +73,12 @@ type ShardStats struct {
 	Queries, Probes uint64
 }
 
-// entryLive flags a slot of Shard.entries that holds a block.
-const entryLive uint8 = 1
+// entryLive flags a slot of the block table that holds a block; the CLOCK age is in the
+// flags' bits ageShift and up.
+const (
+	entryLive uint8 = 1
+	ageShift        = 1
+)
 
 // CLOCK ages: a new block starts young, a stored block is bumped, a matched one (a request
 // used it) gets the oldest-surviving age; the hand decrements ages and evicts at zero. Matched
@@ -85,29 +89,41 @@ const (
 	ageMatched  = 3
 )
 
-// slot is one owner of a block.
+// slot is one owner of a block. Owner IDs below MaxOwners (1<<16) fit 16 bits: an operation
+// of a larger ID is invalid and never stored.
 type slot struct {
-	owner OwnerID
 	epoch uint32
+	owner uint16
 	tiers Tiers
 }
 
-// entry is one resident block: its first owner inline, further owners in a run (set).
-// An entry with no owner is deleted at once, so a live entry always has a first owner.
+func (sl slot) ownerID() OwnerID { return OwnerID(sl.owner) }
+
+// entry is one resident block, 16 bytes, so that a table slot never straddles two cache
+// lines and four share one. A block with one owner (most) holds it inline; a block with
+// several owners holds them all in a run of Shard.arena, and ref names the run. An entry
+// with no owner is deleted at once, so a live entry always has an owner.
 type entry struct {
 	hash int64
-	// The first owner, its fields inline so that the entry packs into 24 bytes.
-	owner OwnerID
-	epoch uint32
-	set   uint32 // index in Shard.sets of the further owners, 0 for none
-	tiers Tiers
-	flags uint8
-	age   uint8 // CLOCK age, 0..ageMatched
+	// ref is the single owner's epoch, or the index in Shard.sets of the owners' run when
+	// owner is 0 (OwnerID 0 is never valid).
+	ref   uint32
+	owner uint16 // the single owner, 0 when the owners are in a run
+	tiers Tiers  // the single owner's tiers
+	flags uint8  // entryLive, and the CLOCK age (0..ageMatched) from bit ageShift
 }
 
-func (e *entry) firstSlot() slot { return slot{e.owner, e.epoch, e.tiers} }
+// multi reports whether e's owners are in a run.
+func (e *entry) multi() bool { return e.owner == 0 }
 
-func (e *entry) setFirst(sl slot) { e.owner, e.epoch, e.tiers = sl.owner, sl.epoch, sl.tiers }
+// single is e's owner when it has only one.
+func (e *entry) single() slot { return slot{e.ref, e.owner, e.tiers} }
+
+func (e *entry) setSingle(sl slot) { e.ref, e.owner, e.tiers = sl.epoch, sl.owner, sl.tiers }
+
+func (e *entry) age() uint8 { return e.flags >> ageShift }
+
+func (e *entry) setAge(a uint8) { e.flags = e.flags&entryLive | a<<ageShift }
 
 // ownerSet is a run of arena[off:off+n] with room for 1<<class records.
 type ownerSet struct {
@@ -129,9 +145,9 @@ const (
 const sweepChunk = 4096
 
 // Shard is one part of the prefix index: block hash → owners with their storage tiers.
-// Blocks are assigned to shards by hash. A block's first owner lives in its entry; further
-// owners in a contiguous run, so that a block every engine holds (a shared system prompt) is
-// read sequentially. A shard's memory is bounded: past its maximum, the least recently used
+// Blocks are assigned to shards by hash. A block with one owner keeps it in its table entry;
+// a block with several keeps them all in a contiguous run, so that a block every engine holds
+// (a shared system prompt) is read sequentially. A shard's memory is bounded: past its maximum, the least recently used
 // block is evicted, approximated with a CLOCK of small ages (a block matched by a request
 // survives longer than one only stored; see ageMatched).
 //
@@ -215,15 +231,16 @@ func (s *Shard) Apply(b *ShardBatch) {
 			}
 		}
 		op := &b.Ops[i]
-		if op.Owner == 0 || !s.owners.Valid(op.Owner, op.Epoch) {
+		if op.Owner == 0 || op.Owner >= MaxOwners || !s.owners.Valid(op.Owner, op.Epoch) {
 			stale++
 			continue
 		}
+		sl := slot{op.Epoch, uint16(op.Owner), op.Tiers}
 		if op.Remove {
-			s.remove(op.Hash, slot{op.Owner, op.Epoch, op.Tiers})
+			s.remove(op.Hash, sl)
 			removed++
 		} else {
-			s.store(op.Hash, slot{op.Owner, op.Epoch, op.Tiers})
+			s.store(op.Hash, sl)
 			stored++
 		}
 	}
@@ -274,8 +291,8 @@ func (s *Shard) Match(q *ShardQuery) {
 				continue
 			}
 			found[j] = idx
-			if set := s.tab.slots[idx].set; set != 0 {
-				touch += int64(s.arena[s.sets[set].off].owner)
+			if e := &s.tab.slots[idx]; e.multi() {
+				touch += int64(s.arena[s.sets[e.ref].off].owner)
 			}
 		}
 		s.touched = touch
@@ -284,21 +301,23 @@ func (s *Shard) Match(q *ShardQuery) {
 				continue
 			}
 			e := &s.tab.slots[found[j]]
-			e.age = ageMatched
+			e.setAge(ageMatched)
 			set := q.Sets[(base+j)*w : (base+j)*w+w]
-			var run []slot
-			if e.set != 0 {
-				rs := s.sets[e.set]
-				run = s.arena[rs.off : rs.off+uint32(rs.n)]
+			var one [1]slot
+			run := one[:]
+			if e.multi() {
+				run = s.run(e.ref)
+			} else {
+				one[0] = e.single()
 			}
 			if w <= 2 {
-				lo, hi := s.ownerBits2(bits, e.firstSlot(), run)
+				lo, hi := s.ownerBits2(bits, run)
 				set[0] = lo
 				if w == 2 {
 					set[1] = hi
 				}
 			} else {
-				s.ownerBits(bits, e.firstSlot(), run, set)
+				s.ownerBits(bits, run, set)
 			}
 		}
 	}
@@ -306,14 +325,16 @@ func (s *Shard) Match(q *ShardQuery) {
 	s.probes.Add(uint64(len(q.Hash)))
 }
 
-// ownerBits sets in set the bits of the asked owners among first and run that are valid.
-func (s *Shard) ownerBits(bits []uint16, first slot, run []slot, set []uint64) {
-	if o := first.owner; int(o) < len(bits) && bits[o] != 0 && s.owners.Valid(o, first.epoch) {
-		b := bits[o] - 1
-		set[b>>6] |= 1 << (b & 63)
-	}
+// run is the owner run of set id.
+func (s *Shard) run(id uint32) []slot {
+	rs := s.sets[id]
+	return s.arena[rs.off : rs.off+uint32(rs.n)]
+}
+
+// ownerBits sets in set the bits of the asked owners in run that are valid.
+func (s *Shard) ownerBits(bits []uint16, run []slot, set []uint64) {
 	for _, sl := range run {
-		if o := sl.owner; int(o) < len(bits) && bits[o] != 0 && s.owners.Valid(o, sl.epoch) {
+		if o := sl.ownerID(); int(o) < len(bits) && bits[o] != 0 && s.owners.Valid(o, sl.epoch) {
 			b := bits[o] - 1
 			set[b>>6] |= 1 << (b & 63)
 		}
@@ -324,19 +345,15 @@ func (s *Shard) ownerBits(bits []uint16, first slot, run []slot, set []uint64) {
 // low and high word (0 for a one-word query). It accumulates in
 // registers: a block every engine holds sets a bit per owner, and a read-modify-write of
 // memory per owner would chain on store forwarding.
-func (s *Shard) ownerBits2(bits []uint16, first slot, run []slot) (lo, hi uint64) {
-	add := func(sl slot) {
-		if o := sl.owner; int(o) < len(bits) && bits[o] != 0 && s.owners.Valid(o, sl.epoch) {
+func (s *Shard) ownerBits2(bits []uint16, run []slot) (lo, hi uint64) {
+	for _, sl := range run {
+		if o := sl.ownerID(); int(o) < len(bits) && bits[o] != 0 && s.owners.Valid(o, sl.epoch) {
 			b := bits[o] - 1
 			bit := uint64(1) << (b & 63)
 			high := -uint64(b >> 6) // all ones for an owner of the second word
 			lo |= bit &^ high
 			hi |= bit & high
 		}
-	}
-	add(first)
-	for _, sl := range run {
-		add(sl)
 	}
 	return lo, hi
 }
@@ -355,37 +372,46 @@ func (s *Shard) Prune() {
 	s.publish()
 }
 
+// valid reports whether sl's owner is still at sl's epoch.
+func (s *Shard) valid(sl slot) bool { return s.owners.Valid(sl.ownerID(), sl.epoch) }
+
 // store records that sl.owner (at sl.epoch) holds h in sl.tiers.
 func (s *Shard) store(h int64, sl slot) {
 	idx, ok := s.tab.find(h)
 	if !ok {
 		idx = s.newEntry(h)
-		s.tab.slots[idx].setFirst(sl)
+		s.tab.slots[idx].setSingle(sl)
 		return
 	}
 	e := &s.tab.slots[idx]
-	e.age = max(e.age, ageStored)
-	if first := e.firstSlot(); merge(&first, sl) {
-		e.setFirst(first)
+	e.setAge(max(e.age(), ageStored))
+	if !e.multi() {
+		// Merge into the owner, or replace a stale one, or move both to a run.
+		if first := e.single(); merge(&first, sl) || !s.valid(first) {
+			if first.owner != sl.owner {
+				first = sl
+			}
+			e.setSingle(first)
+			return
+		}
+		first := e.single()
+		id := s.newSet(1)
+		rs := &s.sets[id]
+		s.arena[rs.off], s.arena[rs.off+1] = first, sl
+		rs.n = 2
+		s.spilled++
+		e.ref, e.owner, e.tiers = id, 0, 0
 		return
 	}
-	var run []slot
-	if e.set != 0 {
-		rs := s.sets[e.set]
-		run = s.arena[rs.off : rs.off+uint32(rs.n)]
-		for i := range run {
-			if merge(&run[i], sl) {
-				return
-			}
+	run := s.run(e.ref)
+	for i := range run {
+		if merge(&run[i], sl) {
+			return
 		}
 	}
 	// Reuse a stale record before adding one.
-	if !s.owners.Valid(e.owner, e.epoch) {
-		e.setFirst(sl)
-		return
-	}
 	for i := range run {
-		if !s.owners.Valid(run[i].owner, run[i].epoch) {
+		if !s.valid(run[i]) {
 			run[i] = sl
 			return
 		}
@@ -414,18 +440,16 @@ func (s *Shard) remove(h int64, sl slot) {
 		return
 	}
 	e := &s.tab.slots[idx]
-	if e.owner == sl.owner && e.epoch == sl.epoch {
-		e.tiers &^= sl.tiers
-		if e.tiers == 0 {
-			s.dropFirst(idx)
+	if !e.multi() {
+		if e.owner == sl.owner && e.ref == sl.epoch {
+			e.tiers &^= sl.tiers
+			if e.tiers == 0 {
+				s.deleteEntry(idx)
+			}
 		}
 		return
 	}
-	if e.set == 0 {
-		return
-	}
-	rs := s.sets[e.set]
-	run := s.arena[rs.off : rs.off+uint32(rs.n)]
+	run := s.run(e.ref)
 	for i := range run {
 		if run[i].owner != sl.owner || run[i].epoch != sl.epoch {
 			continue
@@ -438,32 +462,16 @@ func (s *Shard) remove(h int64, sl slot) {
 	}
 }
 
-// dropFirst removes an entry's first owner: the last further owner takes its place, or the
-// entry is deleted.
-func (s *Shard) dropFirst(idx uint32) {
-	e := &s.tab.slots[idx]
-	if e.set == 0 {
-		s.deleteEntry(idx)
-		return
-	}
-	rs := s.sets[e.set]
-	e.setFirst(s.arena[rs.off+uint32(rs.n)-1])
-	s.removeOwnerAt(idx, int(rs.n)-1)
-}
-
 // appendOwner adds sl to entry idx's run, growing it to the next class when full.
 func (s *Shard) appendOwner(idx uint32, sl slot) {
 	e := &s.tab.slots[idx]
-	if e.set == 0 {
-		e.set = s.newSet(0)
-	}
-	rs := &s.sets[e.set]
+	rs := &s.sets[e.ref]
 	if int(rs.n) == 1<<rs.class {
 		if rs.class == maxSetClass {
 			return // MaxOwners records: cannot happen with at most MaxOwners owners
 		}
 		off := s.allocRun(rs.class + 1)
-		rs = &s.sets[e.set] // allocRun may grow s.arena, never s.sets
+		rs = &s.sets[e.ref] // allocRun may grow s.arena, never s.sets
 		copy(s.arena[off:], s.arena[rs.off:rs.off+uint32(rs.n)])
 		s.freeRun(rs.off, rs.class)
 		rs.off, rs.class = off, rs.class+1
@@ -473,21 +481,21 @@ func (s *Shard) appendOwner(idx uint32, sl slot) {
 	s.spilled++
 }
 
-// removeOwnerAt removes record i of entry idx's run (the last one moves into its place) and
-// frees an emptied run.
+// removeOwnerAt removes record i of entry idx's run (the last one moves into its place). A
+// run left with one owner is freed and the owner moves inline into the entry.
 func (s *Shard) removeOwnerAt(idx uint32, i int) {
 	e := &s.tab.slots[idx]
-	rs := &s.sets[e.set]
+	rs := &s.sets[e.ref]
 	last := rs.off + uint32(rs.n) - 1
 	s.arena[rs.off+uint32(i)] = s.arena[last]
 	s.arena[last] = slot{}
 	rs.n--
 	s.spilled--
-	if rs.n == 0 {
-		s.freeRun(rs.off, rs.class)
-		s.setFree = append(s.setFree, e.set)
-		*rs = ownerSet{}
-		e.set = 0
+	if rs.n == 1 {
+		only := s.arena[rs.off]
+		s.arena[rs.off] = slot{}
+		s.freeSet(e.ref)
+		e.setSingle(only)
 	}
 }
 
@@ -503,6 +511,14 @@ func (s *Shard) newSet(class uint8) uint32 {
 	}
 	s.sets[id] = ownerSet{off: off, class: class}
 	return id
+}
+
+// freeSet frees set id and its run, whose records the caller cleared.
+func (s *Shard) freeSet(id uint32) {
+	rs := &s.sets[id]
+	s.freeRun(rs.off, rs.class)
+	*rs = ownerSet{}
+	s.setFree = append(s.setFree, id)
 }
 
 func (s *Shard) allocRun(class uint8) uint32 {
@@ -527,21 +543,18 @@ func (s *Shard) newEntry(h int64) uint32 {
 		s.evict()
 	}
 	idx := s.tab.insert(h)
-	s.tab.slots[idx].age = ageInserted
+	s.tab.slots[idx].setAge(ageInserted)
 	return idx
 }
 
 // deleteEntry frees entry idx's run and removes it from the table (moving later entries of
 // its probe run back).
 func (s *Shard) deleteEntry(idx uint32) {
-	e := &s.tab.slots[idx]
-	if e.set != 0 {
-		rs := &s.sets[e.set]
+	if e := &s.tab.slots[idx]; e.multi() {
+		rs := &s.sets[e.ref]
 		clear(s.arena[rs.off : rs.off+uint32(rs.n)])
-		s.spilled -= int64(rs.n)
-		s.freeRun(rs.off, rs.class)
-		*rs = ownerSet{}
-		s.setFree = append(s.setFree, e.set)
+		s.spilled -= int64(rs.n) - 1
+		s.freeSet(e.ref)
 	}
 	s.tab.remove(idx)
 }
@@ -559,8 +572,8 @@ func (s *Shard) evict() {
 		if e.flags&entryLive == 0 {
 			continue
 		}
-		if e.age > 0 && (e.set != 0 || s.owners.Valid(e.owner, e.epoch)) {
-			e.age--
+		if a := e.age(); a > 0 && (e.multi() || s.valid(e.single())) {
+			e.setAge(a - 1)
 			continue
 		}
 		s.deleteEntry(s.hand)
@@ -611,30 +624,25 @@ func (s *Shard) maintain() {
 // returns how many it dropped.
 func (s *Shard) pruneEntry(idx uint32) uint64 {
 	var n uint64
-	if set := s.tab.slots[idx].set; set != 0 {
-		for i := 0; i < int(s.sets[set].n); {
-			rs := s.sets[set]
-			sl := s.arena[rs.off+uint32(i)]
-			if s.owners.Valid(sl.owner, sl.epoch) {
-				i++
-				continue
-			}
-			n++
-			last := rs.n == 1
-			s.removeOwnerAt(idx, i)
-			if last {
-				break
-			}
+	e := &s.tab.slots[idx]
+	for i := 0; e.multi(); {
+		// A run holds two or more records; removing one may move the last inline.
+		run := s.run(e.ref)
+		if i >= len(run) {
+			break
 		}
+		if s.valid(run[i]) {
+			i++
+			continue
+		}
+		n++
+		s.removeOwnerAt(idx, i)
 	}
-	for {
-		e := &s.tab.slots[idx]
-		if e.flags&entryLive == 0 || s.owners.Valid(e.owner, e.epoch) {
-			return n
-		}
-		s.dropFirst(idx)
+	if !e.multi() && !s.valid(e.single()) {
+		s.deleteEntry(idx)
 		n++
 	}
+	return n
 }
 
 // publish updates the atomically readable sizes.

@@ -20,7 +20,7 @@ func TestBlockTableAgainstMap(t *testing.T) {
 		t.Run(keys.name, func(t *testing.T) {
 			r := rand.New(rand.NewPCG(1, 2))
 			tab := newBlockTable(0)
-			ref := map[int64]uint8{}
+			ref := map[int64]Tiers{}
 			for step := range 200_000 {
 				k := keys.gen(r)
 				idx, ok := tab.find(k)
@@ -33,13 +33,13 @@ func TestBlockTableAgainstMap(t *testing.T) {
 					tab.remove(idx)
 					delete(ref, k)
 				case ok:
-					if got := tab.slots[idx].age; got != ref[k] {
+					if got := tab.slots[idx].tiers; got != ref[k] {
 						t.Fatalf("step %d: key %d carries %d, want %d", step, k, got, ref[k])
 					}
 				case len(ref) < 20_000:
 					idx = tab.insert(k)
-					tag := uint8(step)
-					tab.slots[idx].age = tag
+					tag := Tiers(step)
+					tab.slots[idx].tiers = tag
 					ref[k] = tag
 				}
 				if tab.n != len(ref) {
@@ -48,7 +48,7 @@ func TestBlockTableAgainstMap(t *testing.T) {
 			}
 			for k, tag := range ref {
 				idx, ok := tab.find(k)
-				if !ok || tab.slots[idx].age != tag {
+				if !ok || tab.slots[idx].tiers != tag {
 					t.Fatalf("key %d lost", k)
 				}
 			}
