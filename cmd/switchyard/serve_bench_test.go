@@ -355,3 +355,85 @@ func BenchmarkRouterVsDirect(b *testing.B) {
 		b.ReportMetric(µs(router.one.quantile(0.5)-noretry.one.quantile(0.5)), "serial_retry_added_p50_µs")
 	}
 }
+
+// BenchmarkOneAtATime measures the latency a proxy adds when requests come one at a time
+// (no queueing anywhere): small non-streaming requests sent by one client to two zero-cost
+// mock engines directly, through the router in this process, through the router as its own
+// process (`switchyard serve`), through the bare fasthttp proxy and through nginx (when
+// installed). Targets take turns in rotating order, round by round; each reports its p50
+// and p99 and the p50 and p99 it adds over direct's (*_added_p50_µs), and the router
+// process's added p50 against nginx's and the bare proxy's (router_proc_added_x_nginx).
+//
+// Run it: go test -run '^$' -bench OneAtATime -benchtime 1x ./cmd/switchyard.
+// SWITCHYARD_BENCH_SECONDS sets the measured time per target (default 3) and
+// SWITCHYARD_BENCH_ROUNDS the number of rounds (default 5).
+func BenchmarkOneAtATime(b *testing.B) {
+	d := 3 * time.Second
+	if s := os.Getenv("SWITCHYARD_BENCH_SECONDS"); s != "" {
+		if v, err := time.ParseDuration(s + "s"); err == nil && v > 0 {
+			d = v
+		}
+	}
+	rounds := 5
+	if s := os.Getenv("SWITCHYARD_BENCH_ROUNDS"); s != "" {
+		if v, err := strconv.Atoi(s); err == nil && v > 0 {
+			rounds = v
+		}
+	}
+	e1 := startMock(b, mockengine.Config{WorkerID: "e1", Model: "bench", ZeroCost: true})
+	e2 := startMock(b, mockengine.Config{WorkerID: "e2", Model: "bench", ZeroCost: true})
+	engines := []string{e1.URL(), e2.URL()}
+	cfg := config.Default()
+	cfg.Server.Port = 0
+	cfg.Workers = []config.Worker{
+		{ID: "e1", URL: e1.URL(), Model: "bench", Role: config.RolePlain, DPSize: 1},
+		{ID: "e2", URL: e2.URL(), Model: "bench", Role: config.RolePlain, DPSize: 1},
+	}
+	cfg.Models = map[string]config.Model{"bench": {Buckets: []config.Bucket{{ID: "all", Groups: config.Groups{Plain: &config.Group{}}}}}}
+	_, routerURL := startRouter(b, cfg)
+	bare, nginx := startReferences(b, engines, 1)
+	procURL, _ := startRouterProcess(b, engines)
+
+	b.ResetTimer()
+	for range b.N {
+		direct := &benchTarget{name: "direct", urls: engines}
+		targets := []*benchTarget{direct,
+			{name: "router", urls: []string{routerURL}},
+			{name: "router_proc", urls: []string{procURL}},
+			{name: "bare", urls: []string{bare.URL()}}}
+		if nginx != nil {
+			targets = append(targets, &benchTarget{name: "nginx", urls: []string{nginx.URL()}})
+		}
+		for _, t := range targets {
+			runLoad(b, t.urls, benchBody, 1, d/10) // warm-up
+		}
+		for r := range rounds {
+			for i := range targets {
+				t := targets[(r+i)%len(targets)]
+				t.one.add(runLoad(b, t.urls, benchBody, 1, d/time.Duration(rounds)))
+			}
+		}
+		µs := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
+		byName := map[string]*benchTarget{}
+		for _, t := range targets {
+			if t.one.errors > 0 {
+				b.Fatalf("%s: %d errors", t.name, t.one.errors)
+			}
+			slices.Sort(t.one.lat)
+			byName[t.name] = t
+			b.ReportMetric(µs(t.one.quantile(0.5)), t.name+"_p50_µs")
+			b.ReportMetric(µs(t.one.quantile(0.99)), t.name+"_p99_µs")
+			if t != direct {
+				b.ReportMetric(µs(t.one.quantile(0.5)-direct.one.quantile(0.5)), t.name+"_added_p50_µs")
+				b.ReportMetric(µs(t.one.quantile(0.99)-direct.one.quantile(0.99)), t.name+"_added_p99_µs")
+			}
+		}
+		added := func(t *benchTarget) time.Duration { return t.one.quantile(0.5) - direct.one.quantile(0.5) }
+		for _, ref := range []string{"nginx", "bare"} {
+			if t := byName[ref]; t != nil && added(t) > 0 {
+				b.ReportMetric(float64(added(byName["router_proc"]))/float64(added(t)), "router_proc_added_x_"+ref)
+				b.ReportMetric(float64(added(byName["router"]))/float64(added(t)), "router_added_x_"+ref)
+			}
+		}
+	}
+}
