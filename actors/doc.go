@@ -8,15 +8,20 @@
 // bounded mailbox and one Counters of mailbox rejections and recovered panics per Kind;
 // call is the one request/reply type. docs/architecture.md ("Actors") has the table.
 //
-// Concurrency: a pick is one round trip. Selector.Select runs the bucket loop
-// (engine.BucketLoop) in the request goroutine; for each bucket it sends a pooled call to the
-// bucket actor, which hands it to the group actor of the bucket's first stage; each group
-// actor makes its step (engine.Bucket.PickStage, the one place a PD pair's order, bypass and
-// compatibility live) and forwards the call to the next stage's group actor or answers it.
-// A group actor is the only goroutine that uses its group, so the policy's state needs no
-// locks; it reads the worker registry and load table as snapshots. The caller waits on the
-// call's channel alone; a timer armed for actors.pick_timeout answers on the same channel,
-// so a stuck actor costs OutcomeTimeout, never a hang. No future, no per-pick allocation.
+// Concurrency: Selector.Select runs the bucket loop (engine.BucketLoop) in the request
+// goroutine. Fast path, for a bucket whose actors have nothing queued and whose groups no
+// goroutine is using: the request goroutine takes each group's run (a try-lock it never waits
+// on) and makes the selection itself, the same steps the group actors make, with no message,
+// goroutine hand-off or timer; one request at a time this saves three goroutine wake-ups
+// per pick. Slow path, and always for PickEngines: one round trip; it sends a pooled call to
+// the bucket actor, which hands it to the group actor of the bucket's first stage; each
+// group actor takes its group's run, makes its step (engine.Bucket.PickStage, the one place
+// a PD pair's order, bypass and compatibility live) and forwards the call to the next
+// stage's group actor or answers it. Either way one goroutine at a time uses a group, so the
+// policy's state needs no locks of its own; picks read the worker registry and load table as
+// snapshots. The caller waits on the call's channel alone; a timer armed for
+// actors.pick_timeout answers on the same channel, so a stuck actor costs OutcomeTimeout,
+// never a hang. No future, no per-pick allocation.
 // Actors never block on I/O. Mailboxes are bounded and never block the sender: a full one
 // answers a command at once with engine.OutcomeOverloaded and counts it, and drops an event
 // (a load report) and counts it.

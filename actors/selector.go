@@ -28,7 +28,8 @@ var (
 )
 
 // Selector hosts the selection domain on actors: one bucket actor per bucket and, as its
-// children, one group actor per engine group. PickEngines and Select are safe for concurrent
+// children, one group actor per engine group. Select makes an idle bucket's selection in
+// the caller's goroutine instead (see pick). PickEngines and Select are safe for concurrent
 // use by any number of request goroutines.
 type Selector struct {
 	sys      *System
@@ -66,6 +67,8 @@ type bucketHost struct {
 	mb                     atomic.Pointer[mailbox] // the current incarnation's mailbox
 	invalid                *engine.PickError       // reply of a bucket without its groups
 	internal               *engine.PickError       // reply to a pick that hit a bucket actor panic
+	// groups are the bucket's non-nil group hosts (a pick in the caller holds each one's run).
+	groups []*groupHost
 }
 
 // groupHost is what a group actor's incarnations share: the *engine.EngineGroup (membership
@@ -79,6 +82,11 @@ type groupHost struct {
 	bucket      *engine.Bucket
 	mailboxSize int
 	mb          atomic.Pointer[mailbox] // the current incarnation's mailbox
+	// run is held by whichever goroutine uses group: the group actor while it makes a step,
+	// or a request goroutine making a whole selection itself (Select's fast path). Picks only
+	// ever TryLock it, so no request waits on it; the group actor waits at most one
+	// selection.
+	run sync.Mutex
 }
 
 // SelectorOptions are a Selector's collaborators beyond the configuration.
@@ -164,6 +172,7 @@ func NewSelector(resolvers map[string]*engine.BucketResolver, workers *engine.Wo
 				default:
 					bh.decode = gh
 				}
+				bh.groups = append(bh.groups, gh)
 			}
 			bh.stage = engine.StagePlain
 			if b.IsPD() {
@@ -268,7 +277,8 @@ func bucketID(b *engine.Bucket) string {
 
 // Select resolves req's compatible buckets, orders them by the resolver's rule
 // (BucketResolver.Order: capacity, or slo for a request with latency targets) and runs the
-// bucket loop (engine.BucketLoop) with PickEngines as each bucket's attempt: the first complete
+// bucket loop (engine.BucketLoop) with each bucket's selection (pick: in the caller when the
+// bucket is idle, else PickEngines) as its attempt: the first complete
 // selection wins; missing candidates, admission rejections and PD incompatibility move on
 // to the next bucket. The selection records the order's rule. A retried request
 // (req.RetryAfter) resumes at the bucket of its failed attempt, in this order, without the
@@ -294,12 +304,12 @@ func (s *Selector) Select(resolver *engine.BucketResolver, req *engine.BucketReq
 	return engine.BucketPick{}, err
 }
 
-// selectFrom runs the bucket loop (engine.BucketLoop) over buckets with a round trip to each
-// bucket's actors (PickEngines) as its attempt.
+// selectFrom runs the bucket loop (engine.BucketLoop) over buckets with each bucket's
+// selection (pick) as its attempt.
 func (s *Selector) selectFrom(buckets []*engine.Bucket, req *engine.BucketRequest) (engine.BucketPick, error) {
 	loop := engine.StartBucketLoop(buckets, req)
 	for b := loop.Next(); b != nil; b = loop.Next() {
-		pick, err := s.PickEngines(b, req)
+		pick, err := s.pick(b, req)
 		if done, err := loop.Attempted(b, pick, err); done {
 			if err != nil {
 				return engine.BucketPick{}, err
@@ -308,6 +318,96 @@ func (s *Selector) selectFrom(buckets []*engine.Bucket, req *engine.BucketReques
 		}
 	}
 	return engine.BucketPick{}, loop.Err()
+}
+
+// pick makes b's selection for req. Fast path: b's actors have nothing queued and no goroutine
+// is using any of b's groups; the caller takes every group's run and makes the selection
+// itself, the same steps (engine.Bucket.PickStage) the group actors would make, with no
+// message, goroutine hand-off or deadline timer. Slow path: a round trip through b's actors
+// (PickEngines), whose bounded mailboxes queue or refuse what outruns them. Either way one
+// goroutine at a time uses a group.
+func (s *Selector) pick(b *engine.Bucket, req *engine.BucketRequest) (engine.BucketPick, error) {
+	bh := s.buckets[b]
+	if bh == nil || bh.invalid != nil || s.closed.Load() || !bh.tryRun() {
+		return s.PickEngines(b, req)
+	}
+	defer bh.endRun()
+	return bh.pickHere(req)
+}
+
+// tryRun takes the run of every group of bh when bh's actors have nothing queued, without
+// waiting: false (holding none) when a mailbox has messages or a group is in use. The runs
+// alone keep the groups to one goroutine at a time; the queues are looked at so that a
+// selection made here does not overtake picks already waiting for the actors.
+func (bh *bucketHost) tryRun() bool {
+	if queued(bh.mb.Load()) {
+		return false
+	}
+	for i, gh := range bh.groups {
+		if queued(gh.mb.Load()) || !gh.run.TryLock() {
+			for _, held := range bh.groups[:i] {
+				held.run.Unlock()
+			}
+			return false
+		}
+	}
+	return true
+}
+
+// queued reports whether mb holds messages (nil: the actor is not spawned yet).
+func queued(mb *mailbox) bool { return mb != nil && mb.queued.Load() > 0 }
+
+// endRun gives back the runs tryRun took.
+func (bh *bucketHost) endRun() {
+	for _, gh := range bh.groups {
+		gh.run.Unlock()
+	}
+}
+
+// group is bh's group host of stage; nil when the bucket has none.
+func (bh *bucketHost) group(stage engine.Stage) *groupHost {
+	switch stage {
+	case engine.StagePlain:
+		return bh.plain
+	case engine.StagePrefill:
+		return bh.prefill
+	}
+	return bh.decode
+}
+
+// pickHere makes bh's whole selection for req on the caller's goroutine, which holds every
+// group's run: the group steps in order, as the group actors make them. A failing step
+// discards the earlier ones' picks.
+func (bh *bucketHost) pickHere(req *engine.BucketRequest) (engine.BucketPick, error) {
+	var pick engine.BucketPick
+	stage := bh.bucket.FirstStage()
+	for {
+		next, more, err := bh.group(stage).step(req, &pick)
+		switch {
+		case err != nil:
+			return engine.BucketPick{}, err
+		case !more:
+			return pick, nil
+		}
+		stage = next
+	}
+}
+
+// step makes gh's step of a selection (engine.Bucket.PickStage) into sel, on a goroutine that
+// holds gh's run. A panic in the policy is recovered, logged and counted like one in the
+// group actor, and fails only this selection (OutcomeInternal, ErrPanicked); the group and
+// its policy state stay as a restarted group actor would find them.
+func (gh *groupHost) step(req *engine.BucketRequest, sel *engine.BucketPick) (next engine.Stage, more bool, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			recordPanic(gh.sel, KindGroup, gh.bucketID, gh.stage, gh.group.Policy().Name(), r,
+				"policy panicked in a request's own selection; failing its request")
+			next, more = 0, false
+			err = &engine.PickError{Outcome: engine.OutcomeInternal, Stage: gh.stage, BucketID: gh.bucketID,
+				Detail: fmt.Sprintf("%s group panicked: %v", gh.stage, r), Err: ErrPanicked}
+		}
+	}()
+	return gh.bucket.PickStage(gh.sel.workers.Load(), req, gh.stage, sel)
 }
 
 // Close stops every actor, waits until they have stopped and their goroutines have ended,
@@ -411,7 +511,7 @@ func (a *bucketActor) pickEngines(ctx actor.Context, msg *PickEngines) {
 	owned := true
 	defer func() {
 		if r := recover(); r != nil {
-			recordPanic(a.h.sel, KindBucket, a.h.id, a.h.stage, "", r)
+			recordPanic(a.h.sel, KindBucket, a.h.id, a.h.stage, "", r, actorPanicked)
 			if owned {
 				c.fail(a.h.internal)
 			}
@@ -454,10 +554,13 @@ func (a *groupActor) pickEngine(ctx actor.Context, msg *PickEngine) {
 	if c.abandoned.Load() {
 		return
 	}
+	// A selection made in a request goroutine (Selector.pick) may hold the group: wait for it.
+	a.h.run.Lock()
+	defer a.h.run.Unlock()
 	owned := true
 	defer func() {
 		if r := recover(); r != nil {
-			recordPanic(a.h.sel, KindGroup, a.h.bucketID, a.h.stage, a.h.group.Policy().Name(), r)
+			recordPanic(a.h.sel, KindGroup, a.h.bucketID, a.h.stage, a.h.group.Policy().Name(), r, actorPanicked)
 			if owned {
 				c.fail(&engine.PickError{Outcome: engine.OutcomeInternal, Stage: a.h.stage, BucketID: a.h.bucketID,
 					Detail: fmt.Sprintf("%s group actor panicked: %v", a.h.stage, r), Err: ErrPanicked})
@@ -477,10 +580,14 @@ func (a *groupActor) pickEngine(ctx actor.Context, msg *PickEngine) {
 	}
 }
 
-// recordPanic logs and counts a panic recovered in an actor.
-func recordPanic(s *Selector, k Kind, bucketID string, stage engine.Stage, policy string, r any) {
+// actorPanicked is the log message of a panic recovered in an actor.
+const actorPanicked = "actor panicked; failing its request and restarting it"
+
+// recordPanic logs (with msg) and counts a panic recovered in an actor, or in a selection a
+// request goroutine made itself (counted as its group actor's kind).
+func recordPanic(s *Selector, k Kind, bucketID string, stage engine.Stage, policy string, r any, msg string) {
 	s.counters.kinds[k].panics.Inc()
-	s.logger.Error("actor panicked; failing its request and restarting it",
+	s.logger.Error(msg,
 		slog.String("kind", k.String()),
 		slog.String("bucket", bucketID),
 		slog.String("stage", stage.String()),
