@@ -46,7 +46,9 @@ type NginxOptions struct {
 	// Binary is the nginx binary. Default: NginxBinary().
 	Binary string
 	// Keepalive is the number of idle keep-alive connections nginx's worker keeps to the
-	// engines. Default 256.
+	// engines, at least one per engine (fewer would make one request at a time open a new
+	// connection whenever round robin comes back to an engine whose idle connection was
+	// evicted). Default 256.
 	Keepalive int
 }
 
@@ -102,6 +104,7 @@ func StartNginx(engineURLs []string, opts NginxOptions) (_ *Proxy, err error) {
 	if opts.Keepalive <= 0 {
 		opts.Keepalive = 256
 	}
+	opts.Keepalive = max(opts.Keepalive, len(engineURLs))
 	dir, err := os.MkdirTemp("", "switchyard-nginx-")
 	if err != nil {
 		return nil, fmt.Errorf("cannot start nginx: %w", err)

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -120,5 +121,66 @@ func TestNginxBadBinary(t *testing.T) {
 	_, err := StartNginx([]string{"http://127.0.0.1:1"}, NginxOptions{Binary: "/bin/false"})
 	if err == nil || !strings.Contains(err.Error(), "cannot start nginx") {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+// TestNginxKeepsAConnectionPerEngine: one request at a time over more engines than the
+// keep-alive setting asks for, nginx still reuses one connection per engine instead of
+// opening a new one whenever round robin comes back to an engine.
+func TestNginxKeepsAConnectionPerEngine(t *testing.T) {
+	const engines = 3
+	var conns atomic.Int64
+	urls := make([]string, engines)
+	for i := range urls {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := &fasthttp.Server{
+			Handler: func(ctx *fasthttp.RequestCtx) {
+				ctx.SetContentType("application/json")
+				ctx.SetBodyString(`{"object":"chat.completion"}`)
+			},
+			ConnState: func(_ net.Conn, s fasthttp.ConnState) {
+				if s == fasthttp.StateNew {
+					conns.Add(1)
+				}
+			},
+		}
+		done := make(chan error, 1)
+		go func() { done <- srv.Serve(ln) }()
+		t.Cleanup(func() {
+			if err := srv.Shutdown(); err != nil {
+				t.Error(err)
+			}
+			if err := <-done; err != nil {
+				t.Error(err)
+			}
+		})
+		urls[i] = "http://" + ln.Addr().String()
+	}
+	p, err := StartNginx(urls, NginxOptions{Keepalive: 1})
+	if errors.Is(err, ErrNoNginx) {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("nginx not found: CI measures the router against it (make testdeps; Debian: apt-get install nginx)")
+		}
+		t.Skip("SKIPPED: nginx not found, the nginx reference is not tested (make testdeps; Debian: apt-get install nginx)")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := p.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	const requests = 30
+	for range requests {
+		if code, body := post(t, p.URL(), small); code != 200 {
+			t.Fatalf("%d %q", code, body)
+		}
+	}
+	if n := conns.Load(); n > engines+1 {
+		t.Errorf("nginx opened %d connections to %d engines for %d requests one at a time, want at most %d", n, engines, requests+1, engines+1)
 	}
 }
