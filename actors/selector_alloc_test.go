@@ -10,8 +10,8 @@ import (
 )
 
 // TestSelectorAllocations locks in the allocation budget of the pick path through the
-// actors: a plain and a PD round trip, and a whole Select, allocate nothing (pooled calls,
-// reply channels and timers; pooled bucket slices).
+// actors: a plain and a PD round trip, and a whole Select (made in the caller), allocate
+// nothing (pooled calls, reply channels and timers; pooled bucket slices).
 func TestSelectorAllocations(t *testing.T) {
 	ws := workers("W", 8, engine.StagePlain)
 	ps := workers("P", 4, engine.StagePrefill)

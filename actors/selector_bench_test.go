@@ -94,9 +94,10 @@ func directPick(b *engine.Bucket, reg *engine.Registry, req *engine.BucketReques
 }
 
 // BenchmarkPick measures one bucket's complete selection: through the actors
-// (Selector.PickEngines: one round trip, bucket actor → group actor(s) → caller) beside the
-// direct calls of the same steps (directPick, the baseline; under RunParallel the bucket is
-// behind a mutex, as its groups must be owned by one goroutine at a time).
+// (Selector.PickEngines: one round trip, bucket actor → group actor(s) → caller), as Select
+// makes it (Selector.pick: in the caller when the bucket is idle, else the round trip),
+// beside the direct calls of the same steps (directPick, the baseline; under RunParallel the
+// bucket is behind a mutex, as its groups must be owned by one goroutine at a time).
 func BenchmarkPick(b *testing.B) {
 	for _, mode := range []string{"plain", "pd"} {
 		for _, policy := range []string{engine.PolicyRoundRobin, engine.PolicyPowerOfTwo} {
@@ -118,6 +119,26 @@ func BenchmarkPick(b *testing.B) {
 					b.RunParallel(func(pb *testing.PB) {
 						for pb.Next() {
 							p, err := s.PickEngines(f.bucket, f.req)
+							checkPick(b, p, err)
+						}
+					})
+				})
+				b.Run(name+"/caller/serial", func(b *testing.B) {
+					f := newBenchFixture(b, mode == "pd", policy, n)
+					s := newTestSelector(b, f.set, config.Actors{}, nil, f.bucket)
+					b.ReportAllocs()
+					for b.Loop() {
+						p, err := s.pick(f.bucket, f.req)
+						checkPick(b, p, err)
+					}
+				})
+				b.Run(name+"/caller/parallel", func(b *testing.B) {
+					f := newBenchFixture(b, mode == "pd", policy, n)
+					s := newTestSelector(b, f.set, config.Actors{Mailbox: config.Mailbox{Bucket: 4096, Group: 4096}}, nil, f.bucket)
+					b.ReportAllocs()
+					b.RunParallel(func(pb *testing.PB) {
+						for pb.Next() {
+							p, err := s.pick(f.bucket, f.req)
 							checkPick(b, p, err)
 						}
 					})
@@ -149,7 +170,7 @@ func BenchmarkPick(b *testing.B) {
 }
 
 // BenchmarkSelect measures the whole selection of Selector.Select (Resolve, then the bucket
-// loop with the actor round trip as the attempt) on one compatible bucket of 64 engines.
+// loop with the bucket's selection as the attempt) on one compatible bucket of 64 engines.
 func BenchmarkSelect(b *testing.B) {
 	for _, mode := range []string{"plain", "pd"} {
 		b.Run(mode, func(b *testing.B) {
