@@ -2,8 +2,9 @@
 // configuration, the admin API, Kubernetes pods), and for each worker its registry entry,
 // its one introspection (Introspect: /server_info with load.Fetch, decoded by DecodeInfo),
 // its LoRA adapter list, active health checks, circuit breaker (Member.Admit), upstream HTTP
-// client (Upstream, with lazily moved deadlines: LazyDeadline), telemetry and KV-event
-// subscriptions; and Kubernetes discovery (Kubernetes). Failures are *Error values whose Kind
+// client (Upstream, with lazily moved deadlines: LazyDeadline; a streamed response's reads
+// paced by its connection's read deadline and interruptible from any goroutine: Stream),
+// telemetry and KV-event subscriptions; and Kubernetes discovery (Kubernetes). Failures are *Error values whose Kind
 // says whether the engine or the router is answerable. docs/architecture.md ("httpfront/fleet
 // in detail") says what each part does.
 //
@@ -17,6 +18,7 @@
 //
 // What a caller must release: every Ticket from Admit must be ended with Done, on every path.
 // Stop ends the health loops, timers and telemetry and waits for them; CloseConnections closes
-// every live upstream connection (a drain's hard stop). Kubernetes.Run returns when its
+// every live upstream connection and InterruptStreams the connections read under
+// Stream.Pace (a drain's hard stop). Kubernetes.Run returns when its
 // context is done; the workers it added stay until the fleet stops.
 package fleet

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -327,6 +328,7 @@ func (u *Upstream) dialer(headerTimeout time.Duration) fasthttp.DialFuncWithTime
 		if err != nil {
 			return nil, &dialError{timeout: ct, err: err}
 		}
+		raw := c
 		c = &lazyConn{Conn: c}
 		var note handshakeNote
 		if u.tls != nil {
@@ -340,7 +342,7 @@ func (u *Upstream) dialer(headerTimeout time.Duration) fasthttp.DialFuncWithTime
 			_ = tc.SetDeadline(time.Time{})
 			c = tc
 		}
-		uc := u.t.conns.track(c, headerTimeout)
+		uc := u.t.conns.track(c, raw, headerTimeout)
 		uc.certAsked = note.certAsked
 		uc.cancels = &u.cancels
 		return uc, nil
@@ -364,10 +366,12 @@ const noClientCert = "refused the router's TLS connection: it asks for a client 
 type connSet struct {
 	mu    sync.Mutex
 	conns map[*upConn]struct{}
+	// stopping: InterruptStreams ran; a connection paced later is interrupted at once.
+	stopping atomic.Bool
 }
 
-func (s *connSet) track(c net.Conn, headerTimeout time.Duration) *upConn {
-	uc := &upConn{Conn: c, set: s, ttfb: headerTimeout}
+func (s *connSet) track(c, raw net.Conn, headerTimeout time.Duration) *upConn {
+	uc := &upConn{Conn: c, raw: raw, set: s, ttfb: headerTimeout}
 	uc.addr = &connAddr{Addr: c.LocalAddr(), c: uc}
 	s.mu.Lock()
 	if s.conns == nil {
@@ -398,9 +402,12 @@ func (s *connSet) closeAll() {
 //
 // The fields are owned by the goroutine the connection currently serves: fasthttp hands a
 // connection to one request at a time (the hand-over through its pool orders the accesses)
-// and Upstream.do reads them only after the request failed on it.
+// and Upstream.do reads them only after the request failed on it; streaming and interrupted
+// are atomics (stream.go).
 type upConn struct {
 	net.Conn
+	// raw is the TCP socket under TLS and the lazy deadlines (Stream.Interrupt closes it).
+	raw  net.Conn
 	set  *connSet
 	ttfb time.Duration
 	addr *connAddr // made once: fasthttp asks for it on every request
@@ -419,6 +426,11 @@ type upConn struct {
 	// certAsked: the engine asked, in the TLS handshake, for a client certificate the
 	// router does not have.
 	certAsked bool
+	// pacer paces the reads of a streamed response (Stream.Pace); nil: none.
+	pacer Pacer
+	// streaming: the connection is read under Pace (InterruptStreams reaches it);
+	// interrupted: its socket was closed by Interrupt.
+	streaming, interrupted atomic.Bool
 
 	closeOnce sync.Once
 }
@@ -465,6 +477,9 @@ func (c *upConn) SetDeadline(t time.Time) error {
 }
 
 func (c *upConn) Read(b []byte) (int, error) {
+	if c.pacer != nil {
+		return c.pacedRead(b)
+	}
 	n, err := c.Conn.Read(b)
 	c.inRequest = false
 	if n > 0 {
