@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/valyala/fasthttp"
@@ -239,14 +240,19 @@ func (s *Server) watchClient(ctx *fasthttp.RequestCtx, g *clientGone) dispatchWa
 	if !s.cfg.Abort.Enabled {
 		return dispatchWatch{}
 	}
-	c := ctx.Conn()
+	return s.watchTarget(ctx.Conn(), g)
+}
+
+// watchTarget watches c until stop: t.Gone runs when its peer hangs up. Nothing may read c
+// meanwhile.
+func (s *Server) watchTarget(c net.Conn, t hangup.Target) dispatchWatch {
 	if cc, ok := c.(*clientConn); ok && s.poller != nil {
-		if s.poller.Watch(&cc.hup, cc.Conn, g) {
+		if s.poller.Watch(&cc.hup, cc.Conn, t) {
 			return dispatchWatch{p: s.poller, pc: &cc.hup}
 		}
 	}
 	// Slow path: a goroutine watches the connection.
-	w, ok := watchConn(c, g.Gone)
+	w, ok := watchConn(c, t.Gone)
 	if !ok {
 		return dispatchWatch{}
 	}

@@ -739,7 +739,7 @@ func (d *dispatch) plain(ex *exchange, o outcome) (outcome, *failedAnswer) {
 		d.routerHeaders()
 		d.ctx.Response.Header.Set("Cache-Control", "no-cache")
 		d.ctx.Response.Header.Set("X-Accel-Buffering", "no")
-		d.ctx.SetBodyStreamWriter(r.run)
+		d.ctx.SetBodyStream(r, -1)
 		o.async = true
 		o.status = status
 		return o, nil

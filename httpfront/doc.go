@@ -12,8 +12,9 @@
 //
 // Concurrency: handlers run on fasthttp's goroutines and never hand the RequestCtx, or bytes
 // aliasing it, to another goroutine. Everything that waits on I/O (tokenization, a remote
-// prefix lookup) happens in the handler before a pick. A stream is relayed by fasthttp's
-// stream-writer goroutine plus one reader goroutine per stream, both owning only copies; a
+// prefix lookup) happens in the handler before a pick. A stream is relayed on the goroutine
+// fasthttp serves its client connection on (the relay is the response's body stream, owning
+// only copies; its waits are read deadlines on the engine connection, see stream.go); a
 // PD request's prefill runs on its own goroutine, tracked by the Server. Client connections
 // come through a listener wrapper (conns.go) whose table is behind one mutex taken per
 // connection, not per request. Read-mostly state is published as immutable snapshots behind

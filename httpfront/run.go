@@ -118,6 +118,7 @@ func (s *Server) serve(ctx context.Context) error {
 	// Streams still running end now with a shutting_down event; connections carrying one get
 	// a bounded moment to deliver it before every connection closes.
 	close(s.hardStop)
+	s.workers.InterruptStreams()
 	s.conns.closeIdle()
 	gctx, cancelGrace := context.WithTimeout(context.Background(), s.opts.StreamEndGrace)
 	if !s.conns.waitClosed(gctx) {

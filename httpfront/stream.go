@@ -1,11 +1,11 @@
 package httpfront
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"io"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -14,6 +14,7 @@ import (
 	"switchyard/engine"
 	"switchyard/httpfront/fleet"
 	"switchyard/httpfront/flow"
+	"switchyard/httpfront/hangup"
 	"switchyard/load"
 )
 
@@ -39,16 +40,37 @@ var heartbeat = []byte(": keep-alive\n\n")
 var doneEvent = []byte("data: [DONE]\n\n")
 var eventSep = []byte("\n\n")
 
-// chunk is one read of the upstream body, handed from the reader to the writer.
-type chunk struct {
-	b   *[]byte
-	err error
-}
+// maxEmptyReads bounds the reads in a row that return neither bytes nor an error.
+const maxEmptyReads = 100
 
-// relay streams an engine's SSE response to the client. It owns everything the request
-// still holds once the handler returns: the upstream response, the in-flight guard, and the
-// request's metrics and in-flight count. run executes on fasthttp's stream-writer goroutine
-// and never touches the RequestCtx; a reader goroutine feeds it the upstream body.
+// errNoProgress: the engine's body stream kept returning nothing without an error.
+var errNoProgress = errors.New("the stream's reads returned nothing")
+
+// errClientWrite ends WriteTo when the client took no more (a failed write, a heartbeat it
+// did not take, or its hang-up): fasthttp then closes the connection.
+var errClientWrite = errors.New("the client left during the stream")
+
+// relay streams an engine's SSE response to the client on one goroutine, the client
+// connection's own. It is the response's body stream (RequestCtx.SetBodyStream): fasthttp's
+// server goroutine writes the response headers, then calls WriteTo, which reads the
+// engine's body directly and writes each read's whole events as one HTTP chunk, flushed (the
+// headers go out in the same write as the first chunk), then CloseWithError, which releases
+// everything. There is no goroutine, channel or timer of the stream's own, and no hand-off
+// per chunk: a held idle stream costs one goroutine (fasthttp's, parked in the engine
+// connection's read), its buffers and this struct.
+//
+// The stream's waits are read deadlines on the engine connection (fleet.Stream.Pace): the
+// next heartbeat, server.stream_idle_timeout and the request's deadline, whichever comes
+// first. When one passes, Woke runs on the same goroutine, inside the read: it writes the
+// heartbeat and the read goes on where it was, or it ends the stream (idle, timeout). What
+// must end a stream from outside records why and closes the engine connection's socket,
+// which ends the blocked read at once: the client hanging up (Gone, run by the Server's
+// hang-up poller) and the drain's hard stop (fleet.Fleet.InterruptStreams).
+//
+// The relay owns everything the request still holds once the handler returns: the upstream
+// response, the in-flight guard, the tickets, LoRA holds, spans and the request's metrics
+// and in-flight count; CloseWithError (which fasthttp calls exactly once, also when it never
+// wrote the body) releases them.
 //
 // The client only ever receives whole events: the relay writes up to the last event
 // boundary it has seen and holds the rest (up to maxEventBytes) until the event completes.
@@ -64,7 +86,9 @@ type relay struct {
 	deadline time.Time
 	resp     *fasthttp.Response
 	body     io.Reader
-	worker   *engine.Worker
+	// up is the engine connection body is read from: its read deadlines pace the stream.
+	up     fleet.Stream
+	worker *engine.Worker
 	// engine is the dispatch's ticket of the engine's lifecycle: the stream's end is
 	// charged to the engine's breaker through it.
 	engine fleet.Ticket
@@ -87,16 +111,39 @@ type relay struct {
 	sse sseFramer
 	// held is the received part of the current event, not yet written.
 	held []byte
+	// out is the bytes of one read to write when they are not a slice of it (events
+	// completing held ones, transformed events, the stream's end).
+	out []byte
 	// midEvent: bytes of an unfinished event were written (an event over maxEventBytes).
 	midEvent bool
 	// done: the [DONE] event was relayed.
 	done bool
-	// chunks carries the engine's body from the reader goroutine prime starts; first is
-	// its first read, which prime waited for and run writes first.
-	chunks chan chunk
-	first  *[]byte
-	// idle and dl are the stream's idle and deadline timers, started by prime.
-	idle, dl *time.Timer
+
+	// buf is the engine body's read buffer; its first `first` bytes are prime's read, not
+	// relayed yet. rerr is an error that came with the last read's bytes.
+	buf   *[]byte
+	first int
+	rerr  error
+	// idleAfter and hbEvery are server.stream_idle_timeout and the heartbeat interval;
+	// idleAt is when the engine's silence ends the stream, hbAt the next heartbeat.
+	idleAfter, hbEvery time.Duration
+	idleAt, hbAt       time.Time
+	// w is the client's body writer while WriteTo runs (heartbeats go to it).
+	w io.Writer
+	// woke is the end Woke decided, when wokeEnd.
+	woke    relayEnd
+	wokeEnd bool
+	// gone: the client hung up (set by Gone, on the poller's goroutine).
+	gone atomic.Bool
+	// watch is the watch of the client's connection while the body is written.
+	watch dispatchWatch
+	// end is how the stream ended, once ended; closed: CloseWithError ran.
+	end           relayEnd
+	ended, closed bool
+	opened        bool
+	// pending is what Read has not handed out yet (Read serves a caller that does not use
+	// WriteTo).
+	pending []byte
 	// slo records the stream's first token and token gaps (SLO estimates and metrics).
 	slo sloTrack
 	// holds are the request's holds of its LoRA adapter, released when the stream ends.
@@ -105,6 +152,13 @@ type relay struct {
 	tr   reqTrace
 	span trace.Span
 }
+
+var (
+	_ fasthttp.BodyWriterTo        = (*relay)(nil)
+	_ fasthttp.ReadCloserWithError = (*relay)(nil)
+	_ fleet.Pacer                  = (*relay)(nil)
+	_ hangup.Target                = (*relay)(nil)
+)
 
 func (s *Server) newRelay(d *dispatch, mm *modelMetrics, resp *fasthttp.Response, w *engine.Worker, et fleet.Ticket,
 	guard *load.Guard, transform func(dst, event []byte) []byte) *relay {
@@ -118,6 +172,7 @@ func (s *Server) newRelay(d *dispatch, mm *modelMetrics, resp *fasthttp.Response
 		deadline:  d.deadline(),
 		resp:      resp,
 		body:      resp.BodyStream(),
+		up:        fleet.StreamOf(resp),
 		worker:    w,
 		engine:    et,
 		guard:     guard,
@@ -150,27 +205,6 @@ func (d *dispatch) ridIfAborting() string {
 	return d.rid.String()
 }
 
-func (r *relay) read(out chan<- chunk) {
-	defer close(out)
-	for {
-		b := getBuf()
-		buf := (*b)[:cap(*b)]
-		n, err := r.body.Read(buf)
-		if n > 0 {
-			*b = buf[:n]
-			out <- chunk{b: b}
-		} else {
-			putBuf(b)
-		}
-		if err != nil {
-			if err != io.EOF {
-				out <- chunk{err: err}
-			}
-			return
-		}
-	}
-}
-
 // idleAfter is server.stream_idle_timeout: the longest an engine's stream may send nothing.
 func (s *Server) idleAfter() time.Duration {
 	if d := s.cfg.Server.StreamIdleTimeout; d > 0 {
@@ -185,166 +219,289 @@ var errEmptyStream = errors.New("the stream ended before its first event")
 // errPrimeStopped: the drain's hard stop came while a stream waited for its first bytes.
 var errPrimeStopped = errors.New("the router is shutting down")
 
-// prime starts reading the engine's stream and waits for its first bytes before anything of
-// the answer goes to the client: an engine that answers a stream's headers and then fails
-// before its first event (a crash during prefill) has sent the client nothing, so the
-// attempt loop may retry it. A failure is a *fleet.Error, the engine's; errPrimeStopped
+// prime reads the engine's stream until its first bytes, on the handler's goroutine, before
+// anything of the answer goes to the client: an engine that answers a stream's headers and
+// then fails before its first event (a crash during prefill) has sent the client nothing, so
+// the attempt loop may retry it. A failure is a *fleet.Error, the engine's; errPrimeStopped
 // when the drain's hard stop came first. The wait is bounded by server.stream_idle_timeout
-// and the request's deadline. On failure the caller calls abandon.
+// and the request's deadline (the engine connection's read deadline). On failure the caller
+// calls abandon.
 func (r *relay) prime() error {
-	r.chunks = make(chan chunk, 4)
-	go r.read(r.chunks)
-	idleAfter := r.s.idleAfter()
-	r.idle = time.NewTimer(idleAfter)
-	r.dl = time.NewTimer(time.Until(r.deadline))
-	select {
-	case c, ok := <-r.chunks:
-		switch {
-		case !ok:
-			return &fleet.Error{Kind: fleet.KindTransport, Detail: "ended its stream before its first event", Err: errEmptyStream}
-		case c.err != nil && fleet.IsTimeout(c.err):
-			return &fleet.Error{Kind: fleet.KindTimeout, Detail: "did not answer in time", Err: c.err}
-		case c.err != nil:
-			return &fleet.Error{Kind: fleet.KindTransport, Detail: "failed before its stream's first event", Err: c.err}
-		}
-		r.first = c.b
-		now := r.s.now()
-		r.mm.routes[r.kind].ttft.Update(since(r.start, now))
-		if r.span != nil {
-			firstToken(r.span, float64(now.Sub(r.start))/float64(time.Millisecond))
-		}
-		r.guard.FirstToken()
-		r.slo.chunk(*c.b, now)
-		r.idle.Reset(idleAfter)
-		return nil
-	case <-r.idle.C:
-		return &fleet.Error{Kind: fleet.KindTimeout, Detail: "sent no event within " + idleAfter.String() + " (server.stream_idle_timeout)",
-			Err: errEmptyStream}
-	case <-r.dl.C:
-		return &fleet.Error{Kind: fleet.KindTimeout, Detail: "did not answer in time", Err: os.ErrDeadlineExceeded}
-	case <-r.s.hardStop:
+	s := r.s
+	r.buf = getBuf()
+	r.idleAfter, r.hbEvery = s.idleAfter(), s.opts.HeartbeatInterval
+	r.idleAt = time.Now().Add(r.idleAfter)
+	if !r.up.Pace(r) {
 		return errPrimeStopped
+	}
+	buf := (*r.buf)[:cap(*r.buf)]
+	n, err := 0, error(nil)
+	for range maxEmptyReads {
+		if n, err = r.body.Read(buf); n > 0 || err != nil {
+			break
+		}
+	}
+	if n == 0 {
+		switch {
+		case r.wokeEnd && r.woke == endIdle:
+			return &fleet.Error{Kind: fleet.KindTimeout, Detail: "sent no event within " + r.idleAfter.String() + " (server.stream_idle_timeout)",
+				Err: errEmptyStream}
+		case r.wokeEnd:
+			return &fleet.Error{Kind: fleet.KindTimeout, Detail: "did not answer in time", Err: os.ErrDeadlineExceeded}
+		case r.stopping():
+			return errPrimeStopped
+		case err == io.EOF:
+			return &fleet.Error{Kind: fleet.KindTransport, Detail: "ended its stream before its first event", Err: errEmptyStream}
+		case err == nil:
+			err = errNoProgress
+		case fleet.IsTimeout(err):
+			return &fleet.Error{Kind: fleet.KindTimeout, Detail: "did not answer in time", Err: err}
+		}
+		return &fleet.Error{Kind: fleet.KindTransport, Detail: "failed before its stream's first event", Err: err}
+	}
+	r.first, r.rerr = n, err
+	now := s.now()
+	r.mm.routes[r.kind].ttft.Update(since(r.start, now))
+	if r.span != nil {
+		firstToken(r.span, float64(now.Sub(r.start))/float64(time.Millisecond))
+	}
+	r.guard.FirstToken()
+	r.slo.chunk(buf[:n], now)
+	r.idleAt = time.Now().Add(r.idleAfter)
+	return nil
+}
+
+// stopping reports whether the drain's hard stop has come.
+func (r *relay) stopping() bool {
+	select {
+	case <-r.s.hardStop:
+		return true
+	default:
+		return false
 	}
 }
 
-// abandon gives up a stream that failed in prime: it cancels the engine's request, ends the
-// reader and the timers, and releases the relay's hold on the Server. The response, guard
-// and tickets stay the caller's.
+// abandon gives up a stream that failed in prime, or whose client left before its answer:
+// it cancels the engine's request and releases the relay's buffer and hold on the Server.
+// The response, guard and tickets stay the caller's.
 func (r *relay) abandon() {
+	r.up.Unpace()
 	_ = r.resp.CloseBodyStream()
-	for c := range r.chunks {
-		if c.b != nil {
-			putBuf(c.b)
-		}
-	}
-	r.idle.Stop()
-	r.dl.Stop()
+	putBuf(r.buf)
+	r.buf = nil
 	abandonStream(r.span, nil)
 	r.s.bg.Done()
 }
 
-// run is the fasthttp StreamWriter. prime has started the reader and read the first bytes.
-func (r *relay) run(w *bufio.Writer) {
-	s := r.s
-	if r.conn != nil {
-		// The writes after the deadline deliver the timeout's error event.
-		r.conn.setWriteLimit(r.deadline.Add(s.opts.StreamEndGrace))
-		defer r.conn.setWriteLimit(time.Time{})
+// Due implements fleet.Pacer: the engine connection's read deadline is the earliest of the
+// request's deadline, the idle bound and, while the body is written and no event is cut in
+// two, the next heartbeat.
+func (r *relay) Due() time.Time {
+	t := r.idleAt
+	if !r.deadline.IsZero() && r.deadline.Before(t) {
+		t = r.deadline
 	}
-	chunks := r.chunks
-	// The client is watched: one that leaves ends the stream at once, not at the next write.
-	var gone <-chan struct{}
-	if r.conn != nil && s.cfg.Abort.Enabled {
-		if w, ok := watchConn(r.conn, nil); ok {
-			gone = w.Gone()
-			defer w.Stop()
-		}
+	if r.w != nil && !r.midEvent && r.hbAt.Before(t) {
+		t = r.hbAt
 	}
-	hbEvery := s.opts.HeartbeatInterval
-	idleAfter := s.idleAfter()
-	hb := time.NewTimer(hbEvery)
-	idle, dl := r.idle, r.dl
-	defer hb.Stop()
-	defer idle.Stop()
-	defer dl.Stop()
+	return t
+}
 
-	end := endEOF
-	if r.first != nil {
-		r.relayChunk(w, *r.first)
-		putBuf(r.first)
-		r.first = nil
-		if err := w.Flush(); err != nil {
-			end = endClientGone
+// Woke implements fleet.Pacer: the engine sent nothing until Due. Past the deadline or the
+// idle bound the stream ends; at a heartbeat the comment is written and the read goes on.
+func (r *relay) Woke() bool {
+	now := time.Now()
+	switch {
+	case !r.deadline.IsZero() && !now.Before(r.deadline):
+		r.woke, r.wokeEnd = endTimeout, true
+		return false
+	case !now.Before(r.idleAt):
+		r.woke, r.wokeEnd = endIdle, true
+		return false
+	case r.w != nil && !r.midEvent && !now.Before(r.hbAt):
+		r.hbAt = now.Add(r.hbEvery)
+		if _, err := r.w.Write(heartbeat); err != nil {
+			r.woke, r.wokeEnd = endClientGone, true
+			return false
 		}
 	}
-loop:
-	for end == endEOF {
-		select {
-		case c, ok := <-chunks:
-			if !ok {
-				break loop
+	return true
+}
+
+// Gone implements hangup.Target: the client hung up while its stream is written. The read
+// waiting on the engine ends at once (its socket is closed); the stream ends as the
+// client's.
+func (r *relay) Gone() {
+	r.gone.Store(true)
+	r.up.Interrupt()
+}
+
+// SupportsBodyWriteTo implements fasthttp.BodyWriterTo: fasthttp writes the body with
+// WriteTo, one chunk per write.
+func (r *relay) SupportsBodyWriteTo() bool { return true }
+
+// open starts writing the body: the client's writes are bounded by the request's deadline
+// (plus the grace that delivers a timeout's error event), and the client is watched, so that
+// one that leaves ends the stream at once, not at the next write.
+func (r *relay) open() {
+	if r.opened {
+		return
+	}
+	r.opened = true
+	r.hbAt = time.Now().Add(r.hbEvery)
+	if r.conn != nil {
+		r.conn.setWriteLimit(r.deadline.Add(r.s.opts.StreamEndGrace))
+		if r.s.cfg.Abort.Enabled {
+			r.watch = r.s.watchTarget(r.conn, r)
+		}
+	}
+}
+
+// WriteTo writes the stream to the client's body writer w (fasthttp's chunked writer: each
+// Write is one chunk, flushed), heartbeats included, up to its end: complete, or an error
+// event and [DONE]. It fails when the client took no more.
+func (r *relay) WriteTo(w io.Writer) (int64, error) {
+	r.open()
+	r.w = w
+	defer func() { r.w = nil }()
+	var total int64
+	for {
+		b, err := r.next()
+		if err != nil {
+			if r.end == endClientGone {
+				return total, errClientWrite
 			}
+			return total, nil
+		}
+		n, err := w.Write(b)
+		total += int64(n)
+		if err != nil {
+			if !r.ended {
+				r.end, r.ended = endClientGone, true
+			}
+			return total, err
+		}
+	}
+}
+
+// Read implements io.Reader for a caller that does not use WriteTo (fasthttp uses WriteTo
+// for a chunked body): the same bytes, without heartbeats.
+func (r *relay) Read(p []byte) (int, error) {
+	r.open()
+	for len(r.pending) == 0 {
+		b, err := r.next()
+		if err != nil {
+			return 0, err
+		}
+		r.pending = b
+	}
+	n := copy(p, r.pending)
+	r.pending = r.pending[n:]
+	return n, nil
+}
+
+// next returns the next bytes for the client (valid until the next call): the whole events
+// of the engine's next reads, then the stream's end; io.EOF once the end was returned.
+func (r *relay) next() ([]byte, error) {
+	if r.ended {
+		return nil, io.EOF
+	}
+	if r.first > 0 {
+		b := (*r.buf)[:r.first]
+		r.first = 0
+		if out := r.frame(b); len(out) > 0 {
+			return out, nil
+		}
+	}
+	buf := (*r.buf)[:cap(*r.buf)]
+	for empty := 0; ; {
+		n, err := 0, r.rerr
+		r.rerr = nil
+		if err == nil {
+			n, err = r.body.Read(buf)
+		}
+		if n > 0 {
+			empty = 0
 			// A drain that ran out of time wins over a stream that always has data.
-			select {
-			case <-s.hardStop:
-				if c.b != nil {
-					putBuf(c.b)
-				}
-				end = endShutdown
-				break loop
-			default:
+			if r.stopping() {
+				return r.closeOut(endShutdown), nil
 			}
-			if c.err != nil {
-				end = endUpstream
-				if fleet.IsTimeout(c.err) || !time.Now().Before(r.deadline) {
-					end = endTimeout // the upstream read hit the request deadline first
-				}
-				break loop
+			r.slo.chunk(buf[:n], r.s.now())
+			now := time.Now()
+			r.idleAt, r.hbAt = now.Add(r.idleAfter), now.Add(r.hbEvery)
+			r.rerr = err
+			if out := r.frame(buf[:n]); len(out) > 0 {
+				return out, nil
 			}
-			r.slo.chunk(*c.b, s.now())
-			r.relayChunk(w, *c.b)
-			putBuf(c.b)
-			if err := w.Flush(); err != nil {
-				end = endClientGone
-				break loop
-			}
-			hb.Reset(hbEvery)
-			idle.Reset(idleAfter)
-		case <-hb.C:
-			if r.midEvent {
-				// A comment inside an unfinished event would corrupt it.
-				hb.Reset(hbEvery)
+			continue
+		}
+		if err == nil {
+			if empty++; empty < maxEmptyReads {
 				continue
 			}
-			_, _ = w.Write(heartbeat)
-			if err := w.Flush(); err != nil {
-				end = endClientGone
-				break loop
-			}
-			hb.Reset(hbEvery)
-		case <-gone:
-			end = endClientGone
-			break loop
-		case <-idle.C:
-			end = endIdle
-			break loop
-		case <-dl.C:
-			end = endTimeout
-			break loop
-		case <-s.hardStop:
-			end = endShutdown
-			break loop
+			err = errNoProgress
 		}
+		return r.closeOut(r.endOf(err)), nil
 	}
+}
+
+// endOf is why a read that failed with err ends the stream.
+func (r *relay) endOf(err error) relayEnd {
+	switch {
+	case r.wokeEnd:
+		return r.woke
+	case err == io.EOF:
+		return endEOF
+	case r.gone.Load():
+		return endClientGone
+	case r.stopping():
+		return endShutdown
+	case fleet.IsTimeout(err) || !r.deadline.IsZero() && !time.Now().Before(r.deadline):
+		return endTimeout // the upstream read hit the request deadline first
+	}
+	return endUpstream
+}
+
+// closeOut ends the stream for end and returns its last bytes: a [DONE] completed, or the
+// error event and [DONE] (nothing for a client that has gone).
+func (r *relay) closeOut(end relayEnd) []byte {
+	out := r.out[:0]
 	if end == endEOF {
-		end = r.finishEvents(w)
+		out, end = r.finishEvents(out)
 	}
-	if e := r.endError(end, idleAfter); e != nil {
-		r.writeError(w, e)
+	if e := r.endError(end); e != nil {
+		out = r.appendError(out, e)
 	}
-	// Cancel the upstream request unless it completed: closing an unfinished body stream
-	// closes its connection, which makes an engine that watches it abort the request; one
-	// with an abort API is told.
+	r.out = out
+	r.end, r.ended = end, true
+	return out
+}
+
+// CloseWithError implements fasthttp.ReadCloserWithError: fasthttp is done with the body
+// (written, or given up: err). It cancels the engine's request unless it completed, and
+// releases everything the stream held.
+func (r *relay) CloseWithError(error) error {
+	if r.closed {
+		return nil
+	}
+	r.closed = true
+	s := r.s
+	end := r.end
+	if !r.ended {
+		end = endClientGone // the body was never written (the client's connection failed)
+	}
+	// The watch ends before the engine connection can go back to the pool.
+	r.watch.stop()
+	r.watch = dispatchWatch{}
+	if r.opened && r.conn != nil {
+		r.conn.setWriteLimit(time.Time{})
+	}
+	r.up.Unpace()
+	if rc, ok := r.body.(fasthttp.ReadCloserWithError); ok && r.up.Interrupted() {
+		_ = rc.CloseWithError(fleet.ErrInterrupted) // its socket is closed: never pooled
+	}
+	// Closing an unfinished body stream closes its connection, which makes an engine that
+	// watches it abort the request; one with an abort API is told.
 	_ = r.resp.CloseBodyStream()
 	switch end {
 	case endClientGone:
@@ -354,30 +511,61 @@ loop:
 	case endIdle:
 		s.abort(causeStreamIdle, r.rid, engineStop{m: r.stop})
 	}
-	for c := range chunks {
-		if c.b != nil {
-			putBuf(c.b)
-		}
-	}
+	putBuf(r.buf)
+	r.buf, r.out, r.held, r.pending = nil, nil, nil, nil
 	r.slo.end(end == endEOF)
 	r.finish(end)
+	return nil
 }
 
-// relayChunk writes the whole events that b completes (through the transform) and holds the
-// unfinished rest.
-func (r *relay) relayChunk(w *bufio.Writer, b []byte) {
+// frame returns what of b, the engine's next bytes, goes to the client now: the whole events
+// b completes (through the transform), a slice of b when nothing was held. The unfinished
+// rest is held.
+func (r *relay) frame(b []byte) []byte {
+	if !r.midEvent && len(r.held) == 0 && r.transform == nil {
+		// Fast path: no copy.
+		cut := r.lastBoundary(b)
+		if cut < 0 {
+			r.out = r.hold(r.out[:0], b)
+			return r.out
+		}
+		r.noteDone(b[:cut])
+		r.held = append(r.held, b[cut:]...) // shorter than b: within maxEventBytes
+		return b[:cut]
+	}
+	out := r.out[:0]
 	if r.midEvent {
 		// Slow path: the rest of an event already partly written goes out as it is.
 		n := r.sse.next(b)
 		if n < 0 {
-			_, _ = w.Write(b)
-			return
+			return b
 		}
-		_, _ = w.Write(b[:n])
+		out = append(out, b[:n]...)
 		r.midEvent = false
 		b = b[n:]
 	}
-	cut := -1 // past the last event boundary in b
+	cut := r.lastBoundary(b)
+	if cut < 0 {
+		out = r.hold(out, b)
+		r.out = out
+		return out
+	}
+	if len(r.held) == 0 {
+		out = r.appendEvents(out, b[:cut])
+	} else {
+		r.held = append(r.held, b[:cut]...)
+		out = r.appendEvents(out, r.held)
+		r.held = r.held[:0]
+	}
+	out = r.hold(out, b[cut:])
+	r.out = out
+	return out
+}
+
+// lastBoundary consumes b and returns the offset past its last event boundary, -1 when it
+// has none.
+func (r *relay) lastBoundary(b []byte) int {
+	cut := -1
 	for off := 0; off < len(b); {
 		n := r.sse.next(b[off:])
 		if n < 0 {
@@ -386,80 +574,72 @@ func (r *relay) relayChunk(w *bufio.Writer, b []byte) {
 		off += n
 		cut = off
 	}
-	if cut < 0 {
-		r.hold(w, b)
-		return
-	}
-	if len(r.held) == 0 {
-		r.writeEvents(w, b[:cut]) // fast path: nothing held, no copy
-	} else {
-		r.held = append(r.held, b[:cut]...)
-		r.writeEvents(w, r.held)
-		r.held = r.held[:0]
-	}
-	r.hold(w, b[cut:])
+	return cut
 }
 
-// hold keeps b, the start of an unfinished event; past maxEventBytes the event is written
-// as it is.
-func (r *relay) hold(w *bufio.Writer, b []byte) {
+// hold keeps b, the start of an unfinished event; past maxEventBytes the event is appended
+// to out as it is.
+func (r *relay) hold(out, b []byte) []byte {
 	if len(b) == 0 {
-		return
+		return out
 	}
 	if len(r.held)+len(b) <= maxEventBytes {
 		r.held = append(r.held, b...)
-		return
+		return out
 	}
 	// Slow path: an event too long to hold.
-	_, _ = w.Write(r.held)
-	_, _ = w.Write(b)
+	out = append(out, r.held...)
+	out = append(out, b...)
 	r.held = r.held[:0]
 	r.midEvent = true
+	return out
 }
 
-// writeEvents writes complete events (a run of them ending on a boundary), each through the
-// transform when there is one, and notes the [DONE] event.
-func (r *relay) writeEvents(w *bufio.Writer, events []byte) {
+// noteDone notes the [DONE] event among complete events.
+func (r *relay) noteDone(events []byte) {
 	if !r.done && hasDoneEvent(events) {
 		r.done = true
 	}
+}
+
+// appendEvents appends complete events (a run of them ending on a boundary), each through
+// the transform when there is one, and notes the [DONE] event.
+func (r *relay) appendEvents(out, events []byte) []byte {
+	r.noteDone(events)
 	if r.transform == nil {
-		_, _ = w.Write(events)
-		return
+		return append(out, events...)
 	}
 	for len(events) > 0 {
 		n := eventLen(events)
-		buf := getBuf()
-		*buf = r.transform((*buf)[:0], events[:n])
-		_, _ = w.Write(*buf)
-		putBuf(buf)
+		out = r.transform(out, events[:n])
 		events = events[n:]
 	}
+	return out
 }
 
 // finishEvents settles a stream the engine ended: complete when the [DONE] event was
 // relayed (a [DONE] missing only its blank line is completed), truncated otherwise.
-func (r *relay) finishEvents(w *bufio.Writer) relayEnd {
+func (r *relay) finishEvents(out []byte) ([]byte, relayEnd) {
 	if !r.midEvent && len(r.held) > 0 && hasDoneEvent(r.held) && len(bytes.TrimSpace(r.held)) <= len("data: [DONE]") {
-		_, _ = w.Write(doneEvent)
+		out = append(out, doneEvent...)
 		r.held, r.done = r.held[:0], true
 	}
 	if r.done && !r.midEvent && len(bytes.TrimSpace(r.held)) == 0 {
-		return endEOF
+		return out, endEOF
 	}
-	return endTruncated
+	return out, endTruncated
 }
 
 // endError is the error event a stream ending for end carries, nil for a complete one or a
 // client that has gone.
-func (r *relay) endError(end relayEnd, idleAfter time.Duration) *apiError {
+func (r *relay) endError(end relayEnd) *apiError {
 	switch end {
 	case endUpstream:
 		return newAPIError(CodeUpstream, "engine "+r.worker.ID+" failed during the stream")
 	case endTruncated:
 		return newAPIError(CodeUpstream, "engine "+r.worker.ID+" ended the stream before its [DONE] event")
 	case endIdle:
-		return newAPIError(CodeStreamIdleTimeout, "engine "+r.worker.ID+" sent nothing for "+idleAfter.String())
+		return newAPIError(CodeStreamIdleTimeout, "engine "+r.worker.ID+" sent nothing for "+r.idleAfter.String())
 	case endTimeout:
 		return newAPIError(CodeUpstreamTimeout, "the request timed out")
 	case endShutdown:
@@ -468,23 +648,18 @@ func (r *relay) endError(end relayEnd, idleAfter time.Duration) *apiError {
 	return nil
 }
 
-// writeError ends the stream with e as an event, then [DONE]. An unfinished event that was
-// partly written is closed first; one held back is dropped.
-func (r *relay) writeError(w *bufio.Writer, e *apiError) {
-	buf := getBuf()
-	b := (*buf)[:0]
+// appendError appends e as the stream's last event, then [DONE]. An unfinished event that
+// was partly written is closed first; one held back is dropped.
+func (r *relay) appendError(out []byte, e *apiError) []byte {
 	if r.midEvent {
-		b = append(b, eventSep...)
+		out = append(out, eventSep...)
 	}
-	b = append(b, "data: "...)
-	b = appendErrorJSON(b, e)
-	b = append(b, eventSep...)
-	b = append(b, doneEvent...)
-	_, _ = w.Write(b)
-	*buf = b
-	putBuf(buf)
-	_ = w.Flush()
+	out = append(out, "data: "...)
+	out = appendErrorJSON(out, e)
+	out = append(out, eventSep...)
+	out = append(out, doneEvent...)
 	r.held = r.held[:0]
+	return out
 }
 
 // finish releases what the stream held and records its outcome.
