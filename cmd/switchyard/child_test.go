@@ -79,7 +79,12 @@ type child struct {
 // stopped (SIGTERM, then SIGKILL) at the end of the test.
 func startChild(t testing.TB, nofile int, args ...string) *child {
 	t.Helper()
-	bin := switchyardBinary(t)
+	return startChildBin(t, switchyardBinary(t), nofile, args...)
+}
+
+// startChildBin is startChild running the binary bin (another build of switchyard).
+func startChildBin(t testing.TB, bin string, nofile int, args ...string) *child {
+	t.Helper()
 	var cmd *exec.Cmd
 	if nofile > 0 {
 		cmd = exec.Command("sh", append([]string{"-c", `ulimit -n ` + strconv.Itoa(nofile) + ` && exec "$0" "$@"`, bin}, args...)...)
