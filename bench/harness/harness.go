@@ -255,12 +255,26 @@ type oracles struct {
 	h        *harness
 	reqs     []workload.Request
 	capacity int
+	fleet    *workload.FleetConfig // the fleet oracle's engines, nil for the pooled oracle
 	mu       sync.Mutex
 	byN      map[int]*workload.OracleResult
 }
 
 func (h *harness) newOracles(reqs []workload.Request, capacityTokens int) *oracles {
 	return &oracles{h: h, reqs: reqs, capacity: capacityTokens, byN: make(map[int]*workload.OracleResult)}
+}
+
+// newFleetOracles memoises the fleet oracle (workload.FleetOracle) of a replayed workload on
+// opts.Engines engines of opts.EngineCache tokens at opts.Costs, with the pooled upper bound.
+func (h *harness) newFleetOracles(reqs []workload.Request) *oracles {
+	o := &h.opts
+	orc := h.newOracles(reqs, o.Engines*o.EngineCache)
+	orc.fleet = &workload.FleetConfig{
+		Engines: o.Engines, CacheTokens: o.EngineCache, PageSize: o.PageSize, TimeScale: o.TimeScale,
+		PrefillOverhead: o.Costs.PrefillOverhead, PrefillPerToken: o.Costs.PrefillPerToken,
+		DecodeStep: o.Costs.DecodeStep, DecodePerRequest: o.Costs.DecodePerRequest,
+	}
+	return orc
 }
 
 func (o *oracles) of(n int) (*workload.OracleResult, error) {
@@ -272,6 +286,13 @@ func (o *oracles) of(n int) (*workload.OracleResult, error) {
 	r, err := workload.Oracle(o.reqs[:n], o.h.tok, o.h.opts.PageSize, o.capacity)
 	if err != nil {
 		return nil, err
+	}
+	if o.fleet != nil {
+		pooled := r
+		if r, err = workload.FleetOracle(o.reqs[:n], o.h.tok, *o.fleet); err != nil {
+			return nil, err
+		}
+		r.Pooled = &pooled
 	}
 	o.byN[n] = &r
 	return &r, nil

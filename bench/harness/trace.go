@@ -34,7 +34,7 @@ func (h *harness) trace(ctx context.Context) ([]*report.Scenario, error) {
 		Name: report.ScenarioTrace, Workload: wl.Name, Description: wl.Description + "; " + th.traceArrivals(wl),
 		TimeBase: report.TimeSimulated, Speedup: o.Speedup,
 	}
-	orc := th.newOracles(wl.Requests, o.Engines*o.EngineCache)
+	orc := th.newFleetOracles(wl.Requests)
 	path := o.tracePath()
 	if o.Target != "" {
 		sc.Deployment = fmt.Sprintf("router at %s (%s); oracle assumes %d engines × %d cache tokens", o.Target, path, o.Engines, o.EngineCache)

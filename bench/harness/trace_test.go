@@ -82,6 +82,11 @@ func TestTraceEndToEnd(t *testing.T) {
 	if sc.Oracle == nil || sc.Oracle.Requests != 20 || !(sc.Oracle.HitRate > 0.4) {
 		t.Fatalf("oracle %+v", sc.Oracle)
 	}
+	// The fleet oracle, with the pooled bound beside it: the engines' caches hold the whole
+	// trace, so they agree.
+	if p := sc.Oracle.Pooled; p == nil || p.Requests != 20 || p.CachedTokens != sc.Oracle.CachedTokens {
+		t.Errorf("pooled bound %+v against the oracle %+v", p, sc.Oracle)
+	}
 	rows := map[string]*report.Row{}
 	for i := range sc.Rows {
 		r := &sc.Rows[i]

@@ -50,6 +50,29 @@ func TestWriteTableRouting(t *testing.T) {
 	}
 }
 
+func TestWriteTablePooledBound(t *testing.T) {
+	sc := routingScenario()
+	pooled := &workload.OracleResult{Requests: 2, PromptTokens: 200, CachedTokens: 170, HitRate: 0.85}
+	orc := *sc.Oracle
+	orc.Pooled = pooled
+	sc.Oracle = &orc
+	var b bytes.Buffer
+	if err := WriteTable(&b, sc); err != nil {
+		t.Fatal(err)
+	}
+	// The pooled bound's hit rate and its ratio to the oracle's.
+	if out := b.String(); !strings.Contains(out, "pooled bound") || !strings.Contains(out, "85.0%") || !strings.Contains(out, "106.2%") {
+		t.Errorf("table lacks the pooled bound:\n%s", out)
+	}
+	b.Reset()
+	if err := WriteTable(&b, routingScenario()); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(b.String(), "pooled") {
+		t.Errorf("a pooled oracle has no pooled bound row:\n%s", b.String())
+	}
+}
+
 func TestWriteTableOverheadAndMailbox(t *testing.T) {
 	ms := time.Millisecond
 	direct := Row{Name: "direct", CPUSecondsPer1K: 0.030, Summary: Summarize([]loadgen.Result{ok("e0", 1, 0, 1, ms, 0, ms)}, SummaryOptions{Workers: []string{"e0"}, Elapsed: ms})}

@@ -140,6 +140,9 @@ func policyTable(tw io.Writer, s *Scenario) {
 	}
 	if o := s.Oracle; o != nil {
 		fmt.Fprintf(tw, "oracle\t%d\t\t\t\t\t\t\t\t\t%s\t100.0%%\t\t\t\n", o.Requests, pct(o.HitRate))
+		if p := o.Pooled; p != nil && o.HitRate > 0 {
+			fmt.Fprintf(tw, "pooled bound\t%d\t\t\t\t\t\t\t\t\t%s\t%s\t\t\t\n", p.Requests, pct(p.HitRate), pct(p.HitRate/o.HitRate))
+		}
 	}
 }
 

@@ -15,11 +15,14 @@
 //     one token), so prompt lengths are what the configuration says.
 //   - Oracle: the best achievable cache hit rate of a request sequence for a given page size
 //     and total cache capacity (one pooled, page-granular LRU prefix cache that sees every
-//     request: no router can place a request better than where its whole prefix already is).
+//     request: no router can place a request better than where its whole prefix already is),
+//     and FleetOracle for a replayed trace: the same rules on separate engines of their own
+//     capacity, with running requests' pages pinned, output reserved and output pages
+//     cached as the engines do, each request placed on its longest holder.
 //
 // # Concurrency model
 //
-// Generators and Oracle are pure; a Workload is immutable once built and safe to share.
+// Generators and the oracles are pure; a Workload is immutable once built and safe to share.
 //
 // # What a caller must release
 //

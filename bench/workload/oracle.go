@@ -17,19 +17,25 @@ type OracleResult struct {
 	CachedTokens int64 `json:"cached_tokens"`
 	// HitRate is CachedTokens / PromptTokens (0 without prompt tokens).
 	HitRate float64 `json:"hit_rate"`
+	// Pooled, on a FleetOracle's result, is Oracle of the same requests over the fleet's
+	// total capacity: the pooled upper bound, which no placement reaches on separate engines.
+	Pooled *OracleResult `json:"pooled,omitempty"`
 }
 
 // Oracle bounds the cache hit rate any router can reach on reqs, sent in order, over engines
-// whose caches hold capacityTokens tokens in all, in pages of pageSize tokens.
+// whose caches hold capacityTokens tokens in all, in pages of pageSize tokens: the pooled
+// bound.
 //
 // It runs one pooled prefix cache of that total capacity that every request reaches: a
 // request hits its longest cached prefix of whole pages, less the last prompt token, which an
 // engine always computes (as the mock engine and SGLang do), and then stores its prompt's
 // whole pages; the least recently used pages are evicted beyond capacity, leaves before their
 // parents. A router that splits the traffic over several engines can at best keep every
-// request on the engine holding its prefix, which is this pooled cache, so no policy exceeds
-// the oracle except through what the oracle leaves out: output pages (the workloads never
-// reuse them) and the running requests' KV reservations (which only lower what engines reach).
+// request on the engine holding its prefix, which is this pooled cache, less what it leaves
+// out: each engine's own capacity, output pages (the workloads never reuse them, but engines
+// cache them) and the running requests' KV reservations. FleetOracle counts those for a
+// replayed workload; it stays below this bound unless an access pattern defeats LRU (a
+// cycle longer than the pooled cache, which separate engines may partly keep).
 func Oracle(reqs []Request, tok Templater, pageSize, capacityTokens int) (OracleResult, error) {
 	if pageSize < 1 {
 		return OracleResult{}, fmt.Errorf("cannot compute oracle: %w: page size %d", ErrInvalidConfig, pageSize)
@@ -38,6 +44,14 @@ func Oracle(reqs []Request, tok Templater, pageSize, capacityTokens int) (Oracle
 		return OracleResult{}, fmt.Errorf("cannot compute oracle: %w: capacity %d tokens is below one page (%d)", ErrInvalidConfig, capacityTokens, pageSize)
 	}
 	c := newPooledCache(capacityTokens / pageSize)
+	return runOracle(reqs, tok, pageSize, func(_ int, hashes []int64, promptLen int) int {
+		return CachedTokens(c.access(hashes), promptLen, pageSize)
+	})
+}
+
+// runOracle sends reqs in order to serve, each as the hashes of its prompt's whole pages and
+// its length, and sums the prompt tokens and the cached tokens serve returns.
+func runOracle(reqs []Request, tok Templater, pageSize int, serve func(i int, hashes []int64, promptLen int) int) (OracleResult, error) {
 	var res OracleResult
 	hashes := make([]int64, 0, 1024)
 	for i := range reqs {
@@ -48,7 +62,7 @@ func Oracle(reqs []Request, tok Templater, pageSize, capacityTokens int) (Oracle
 		full := len(prompt) / pageSize
 		hashes = hashing.AppendBlockHashes(hashes[:0], prompt[:full*pageSize], pageSize)
 		res.PromptTokens += int64(len(prompt))
-		res.CachedTokens += int64(CachedTokens(c.access(hashes), len(prompt), pageSize))
+		res.CachedTokens += int64(serve(i, hashes, len(prompt)))
 		res.Requests++
 	}
 	if res.PromptTokens > 0 {
