@@ -633,6 +633,12 @@ type CacheAware struct {
 	PressureGuard int `koanf:"pressure_guard" json:"pressure_guard" unit:"waiting requests"`
 	// MinLoadChoices is k of the power-of-k fallback on a miss; at least 2. Default 2.
 	MinLoadChoices int `koanf:"min_load_choices" json:"min_load_choices" unit:"engines"`
+	// DispatchWindow is how long the latency decision counts a prompt it dispatched as held
+	// by the engine it went to (its prefix to whole 1,024-token steps, the last 128 prompts),
+	// until the engine's KV events show it: a request sharing the prefix of a prompt still
+	// queued or prefilled there finds that engine as a holder. 0 disables. Decision latency,
+	// sources local and remote. Default 10s.
+	DispatchWindow time.Duration `koanf:"dispatch_window" json:"dispatch_window"`
 	// Approximate tunes source approximate, with the meanings of sgl-router's cache-aware
 	// flags; the keys above do not apply to it.
 	Approximate ApproximateCache `koanf:"approximate" json:"approximate"`

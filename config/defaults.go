@@ -86,6 +86,7 @@ func Default() *Config {
 			SwitchMargin:       256,
 			PressureGuard:      4,
 			MinLoadChoices:     2,
+			DispatchWindow:     10 * time.Second,
 			Approximate: ApproximateCache{
 				CacheThreshold:      0.3,
 				BalanceAbsThreshold: 64,

@@ -95,6 +95,7 @@ func TestDefault(t *testing.T) {
 		{"cache_aware.switch_margin", d.CacheAware.SwitchMargin, 256},
 		{"cache_aware.pressure_guard", d.CacheAware.PressureGuard, 4},
 		{"cache_aware.min_load_choices", d.CacheAware.MinLoadChoices, 2},
+		{"cache_aware.dispatch_window", d.CacheAware.DispatchWindow, 10 * time.Second},
 		{"health.interval", d.Health.Interval, 5 * time.Second},
 		{"health.timeout", d.Health.Timeout, 2 * time.Second},
 		{"health.endpoint", d.Health.Endpoint, "/health"},

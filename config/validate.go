@@ -559,6 +559,9 @@ func (c *Config) validateCacheAware(p *problems) {
 	atLeast(p, "cache_aware.switch_margin", int64(ca.SwitchMargin), 0)
 	atLeast(p, "cache_aware.pressure_guard", int64(ca.PressureGuard), 0)
 	atLeast(p, "cache_aware.min_load_choices", int64(ca.MinLoadChoices), 2)
+	if ca.DispatchWindow < 0 {
+		p.add("cache_aware.dispatch_window", ErrInvalid, fmt.Sprintf("must be at least 0 (0 disables), got %v", ca.DispatchWindow))
+	}
 	ap := ca.Approximate
 	if !(ap.CacheThreshold >= 0 && ap.CacheThreshold <= 1) {
 		p.add("cache_aware.approximate.cache_threshold", ErrInvalid, fmt.Sprintf("must be in [0, 1], got %v", ap.CacheThreshold))

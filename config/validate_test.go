@@ -392,7 +392,7 @@ func TestValidate(t *testing.T) {
 		{name: "cache_aware numbers", mutate: func(c *Config) {
 			c.CacheAware = CacheAware{Source: CacheSourceLocal, Decision: CacheDecisionLatency, MinMatchedTokens: -1, MinMatchRatio: 1.5,
 				MinCandidates: 0, CandidateRatio: 0, MaxCandidates: -1, WorkerQueueLimit: -1,
-				SaturationFloor: -0.1, SwitchMargin: -1, PressureGuard: -1, MinLoadChoices: 1,
+				SaturationFloor: -0.1, SwitchMargin: -1, PressureGuard: -1, MinLoadChoices: 1, DispatchWindow: -time.Second,
 				Approximate: Default().CacheAware.Approximate}
 		}, want: []string{
 			"cache_aware.query_timeout: must be a positive duration, got 0s",
@@ -407,6 +407,7 @@ func TestValidate(t *testing.T) {
 			"cache_aware.switch_margin: must be at least 0, got -1",
 			"cache_aware.pressure_guard: must be at least 0, got -1",
 			"cache_aware.min_load_choices: must be at least 2, got 1",
+			"cache_aware.dispatch_window: must be at least 0 (0 disables), got -1s",
 		}},
 		{name: "cache_aware candidate bounds", mutate: func(c *Config) {
 			c.CacheAware.MinCandidates = 8

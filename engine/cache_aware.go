@@ -73,6 +73,10 @@ type CacheAwareSettings struct {
 	// MinLoadChoices is k of the power-of-k fallback (at least 2); k at or above the pool
 	// size chooses the exact minimum.
 	MinLoadChoices int
+	// DispatchWindow, when > 0, makes the latency decision count a prompt it dispatched
+	// within this window as held by its engine until the index shows it
+	// (cache_aware_dispatched.go).
+	DispatchWindow time.Duration
 	// Approx, when set, selects the approximate source's algorithm (pickApprox), which the
 	// settings above do not tune.
 	Approx *ApproxSettings
@@ -96,6 +100,7 @@ func CacheAwareSettingsFromConfig(c config.CacheAware) CacheAwareSettings {
 		SwitchMargin:     int64(c.SwitchMargin),
 		PressureGuard:    int64(c.PressureGuard),
 		MinLoadChoices:   c.MinLoadChoices,
+		DispatchWindow:   c.DispatchWindow,
 		Approx:           approxSettingsFromConfig(c),
 	}
 }
@@ -237,6 +242,9 @@ type CacheAware struct {
 	latency []latencyKey
 	matched []int64
 	rates   []float64
+
+	// dispatched remembers the latency decision's recent dispatches (DispatchWindow).
+	dispatched dispatchedMemory
 }
 
 // cacheHolder is one candidate holding a usable prefix.
@@ -445,10 +453,17 @@ func (p *CacheAware) pickByLatency(c []*Worker, req *PickRequest, pm PrefixMatch
 	input := max(req.InputTokens, 0)
 	keys, matched := p.latency[:0], p.matched[:0]
 	anyHolder := false
+	remembered, notBefore := false, now.Add(-p.cfg.DispatchWindow)
+	if p.cfg.DispatchWindow > 0 {
+		remembered = p.dispatched.fingerprint(promptTokens(req))
+	}
 	for _, w := range c {
 		m := int64(0)
 		if pm != nil {
 			m = min(max(pm.MatchedTokens(w.ID), 0), input)
+		}
+		if remembered {
+			m = max(m, min(p.dispatched.matched(w, notBefore), input))
 		}
 		anyHolder = anyHolder || m > 0
 		o := observe(snap, w, now)
@@ -465,6 +480,9 @@ func (p *CacheAware) pickByLatency(c []*Worker, req *PickRequest, pm PrefixMatch
 	if limit := p.check(w, observe(snap, w, now)); limit != "" {
 		return Pick{}, &PickError{Outcome: OutcomeAdmissionRejected, Stage: req.Stage, BucketID: req.BucketID,
 			Rejections: []Rejection{{BucketID: req.BucketID, Stage: req.Stage, WorkerID: w.ID, Limit: limit}}}
+	}
+	if remembered {
+		p.dispatched.remember(w, now)
 	}
 	if matched[best] > 0 {
 		p.metrics.decisions[outcomeCandidate].Inc()

@@ -5,6 +5,7 @@ package engine
 import (
 	"testing"
 
+	"switchyard/kv"
 	"switchyard/load"
 )
 
@@ -39,6 +40,8 @@ func TestCacheAwarePickAllocations(t *testing.T) {
 			"miss":     &fakePrefix{matched: map[string]int64{}},
 			"no memo":  nil,
 			"unavail.": &fakePrefix{unavailable: true},
+			// The prompt's tokens: the latency decision remembers its dispatches.
+			"memo": kv.NewPrefixMemo("llama", prompt(8000, 4096, 1)),
 		} {
 			req := cacheReq(8000, prefix)
 			if _, err := p.Pick(ws, req); err != nil {
