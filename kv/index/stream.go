@@ -16,8 +16,10 @@ import (
 // catches up once it runs, matching being faster. The helper sends to the shards, so the
 // shard actors it wakes run beside it. It sleeps while it waits for hashes, never spins: the
 // system may put its thread on the hashing core, where a spin would steal the chain's time.
-// If the hashing ends before the helper has started, the lookup goroutine withdraws it and
-// matches the rest itself, so a lookup never waits for a wake-up.
+// If the hashing ends before the helper has started, or while it sleeps waiting for hashes,
+// the lookup goroutine withdraws it and matches the rest itself: the lookup then waits for
+// no wake-up of the helper (a sleeping helper woken for the last hashes would take one
+// wake-up to run and the lookup goroutine another to learn it is done).
 const (
 	// streamMinBlocks is how many blocks must remain after the first wave for a lookup to
 	// stream: their hashing outlasts the helper's wake-up.
@@ -37,6 +39,7 @@ const (
 const (
 	helperPending   int32 = iota // started, not yet running
 	helperRunning                // matching
+	helperSleeping               // waiting for hashes; blocks [0, matched) are matched
 	helperWithdrawn              // the lookup goroutine matches instead
 )
 
@@ -45,6 +48,7 @@ type stream struct {
 	hashed   atomic.Int64 // blocks hashed: hashes[:hashed] may be read
 	stop     atomic.Bool  // the helper found the prefix's end: stop hashing
 	state    atomic.Int32
+	matched  atomic.Int64  // while the helper sleeps: the blocks it matched
 	want     atomic.Int64  // the block count the helper sleeps for, 0 if it does not
 	wake     chan struct{} // capacity 1: hashed reached want
 	finished chan struct{} // capacity 1: the helper is done; err is set
@@ -95,7 +99,16 @@ func (x *Index) matchStream(ctx context.Context, sc *lookupScratch, w, lo, n int
 			}
 		}
 	}
-	if st.state.CompareAndSwap(helperPending, helperWithdrawn) {
+	withdrawn := st.state.CompareAndSwap(helperPending, helperWithdrawn)
+	if !withdrawn && st.state.CompareAndSwap(helperSleeping, helperWithdrawn) {
+		// The helper wrote sc last before it went to sleep. Wake it to exit.
+		withdrawn, lo = true, int(st.matched.Load())
+		select {
+		case st.wake <- struct{}{}:
+		default:
+		}
+	}
+	if withdrawn {
 		// The helper may still be about to look at st: the next lookup gets its own.
 		sc.stream = nil
 		for size := streamMaxWave; lo < n; lo += size {
@@ -127,16 +140,24 @@ func (x *Index) streamHelper(ctx context.Context, st *stream, sc *lookupScratch,
 		// run this goroutine's thread on the hashing core.
 		need := int64(min(n, lo+streamWave))
 		for err == nil && st.hashed.Load() < need {
+			// Sleep: from here until the helper is running again, the lookup goroutine may
+			// withdraw it and match from lo itself.
+			st.matched.Store(int64(lo))
+			st.state.Store(helperSleeping)
 			st.want.Store(need)
-			if st.hashed.Load() >= need { // hashed before want was visible
-				st.want.Store(0)
-				break
+			if st.hashed.Load() < need { // else hashed before want was visible
+				select {
+				case <-st.wake:
+				case <-ctx.Done():
+					err = ctx.Err()
+				}
 			}
-			select {
-			case <-st.wake:
-			case <-ctx.Done():
-				st.want.Store(0)
-				err = ctx.Err()
+			st.want.Store(0)
+			if x.obs != nil {
+				x.obs.helperWoke()
+			}
+			if !st.state.CompareAndSwap(helperSleeping, helperRunning) {
+				return // withdrawn: sc and st belong to the lookup goroutine now
 			}
 		}
 		hi := min(int(st.hashed.Load()), lo+streamMaxWave)
@@ -161,10 +182,12 @@ func (x *Index) streamHelper(ctx context.Context, st *stream, sc *lookupScratch,
 
 // streamObserver sees a streamed lookup's progress: helperStarted runs first in a streamed
 // lookup's helper, chunkHashed after each chunk the lookup goroutine hashes (to: blocks
-// hashed so far), helperStopped once the helper has told the hashing to stop. It is a seam
-// for tests (Config.observer), nil otherwise.
+// hashed so far), helperWoke each time the helper is done sleeping for hashes (before it
+// checks whether it was withdrawn meanwhile), helperStopped once the helper has told the
+// hashing to stop. It is a seam for tests (Config.observer), nil otherwise.
 type streamObserver interface {
 	helperStarted()
 	chunkHashed(st *stream, to int)
+	helperWoke()
 	helperStopped()
 }

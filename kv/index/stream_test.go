@@ -1,8 +1,11 @@
 package index
 
 import (
+	"context"
 	"testing"
 	"time"
+
+	"switchyard/kv"
 )
 
 // streamFixture is an index holding a 100,000-token prompt (6,250 blocks of 16): "full" holds
@@ -37,6 +40,7 @@ func checkStreamed(t *testing.T, got map[string]int64) {
 type streamHooks struct {
 	start   func()
 	chunk   func(*stream, int)
+	woke    func()
 	stopped func()
 }
 
@@ -49,6 +53,12 @@ func (h *streamHooks) helperStarted() {
 func (h *streamHooks) chunkHashed(st *stream, to int) {
 	if h.chunk != nil {
 		h.chunk(st, to)
+	}
+}
+
+func (h *streamHooks) helperWoke() {
+	if h.woke != nil {
+		h.woke()
 	}
 }
 
@@ -129,4 +139,42 @@ func TestStreamWithdrawsALateHelper(t *testing.T) {
 	awaitSignal(t, exited, "the first helper")
 	checkStreamed(t, lookup(t, x, "m", prompt))
 	awaitSignal(t, exited, "the second helper")
+}
+
+func TestStreamTakesOverFromASleepingHelper(t *testing.T) {
+	x, prompt, h := streamFixture(t)
+	started, release := make(chan struct{}), make(chan struct{})
+	woke := make(chan struct{}, 4)
+	chunks := 0
+	setHooks(h, func() { close(started) }, func(_ *stream, to int) {
+		if chunks++; chunks == 1 {
+			// The helper runs before the second chunk: it finds too few hashes and sleeps.
+			awaitSignal(t, started, "the helper")
+		}
+	}, nil)
+	h.woke = func() {
+		// The helper's core "wakes up" only after the lookup is over.
+		<-release
+		woke <- struct{}{}
+	}
+	done := make(chan error, 1)
+	var l kv.Lookup
+	go func() { done <- x.Lookup(context.Background(), "m", prompt, &l) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.Tokens("full") != 100_000 || l.Tokens("fork") != 40_000 || len(l.Matches) != 4 {
+			t.Fatalf("got %v", l.Matches)
+		}
+	case <-time.After(10 * time.Second):
+		close(release)
+		t.Fatal("the lookup waited for its sleeping helper to wake up")
+	}
+	close(release)
+	awaitSignal(t, woke, "the withdrawn helper")
+	setHooks(h, nil, nil, nil)
+	h.woke = nil
+	checkStreamed(t, lookup(t, x, "m", prompt))
 }
