@@ -35,9 +35,11 @@ func (b *ShardBatch) Done() {
 
 // ShardQuery asks one shard which of some owners hold some blocks of a prompt. Owners are
 // numbered for the query: Bits[o] is 1 + owner o's bit, 0 for an owner the query does not
-// ask about (Bits is shared by the shards of one lookup and only read). For Hash[i] the shard
-// writes the set of asked owners currently holding it, in any tier, as Words 64-bit words at
-// Sets[i*Words:].
+// ask about (Bits is shared by the shards of one lookup and only read). Hash lists blocks in
+// prompt order. For Hash[i] the shard writes the set of asked owners currently holding it, in
+// any tier, as Words 64-bit words at Sets[i*Words:], up to the first block no asked owner
+// holds: every prefix ends there, so the blocks after it are not looked up and their sets
+// are empty.
 type ShardQuery struct {
 	Hash  []int64
 	Bits  []uint16
@@ -277,8 +279,12 @@ func (s *Shard) Match(q *ShardQuery) {
 	}
 	bits := q.Bits
 	var found [matchGroup]uint32 // slot of each block of the group, or noSlot
-	for base := 0; base < len(q.Hash); base += matchGroup {
-		group := q.Hash[base:min(base+matchGroup, len(q.Hash))]
+	probes := 0
+	// The first block alone, then groups: a wave past the prefix's end (a cold prompt, the
+	// rest of a prompt held in part) costs one probe, not a group's read-ahead.
+	for base, end := 0, 1; base < len(q.Hash); base, end = end, end+matchGroup {
+		group := q.Hash[base:min(end, len(q.Hash))]
+		probes += len(group)
 		// Read ahead: every block's home slot, then every found block's owner run.
 		var touch int64
 		for _, h := range group {
@@ -298,7 +304,9 @@ func (s *Shard) Match(q *ShardQuery) {
 		s.touched = touch
 		for j := range group {
 			if found[j] == noSlot {
-				continue
+				s.queries.Add(1)
+				s.probes.Add(uint64(probes))
+				return // nobody holds it: the prefix ends here
 			}
 			e := &s.tab.slots[found[j]]
 			e.setAge(ageMatched)
@@ -310,19 +318,29 @@ func (s *Shard) Match(q *ShardQuery) {
 			} else {
 				one[0] = e.single()
 			}
+			var any uint64
 			if w <= 2 {
 				lo, hi := s.ownerBits2(bits, run)
 				set[0] = lo
 				if w == 2 {
 					set[1] = hi
 				}
+				any = lo | hi
 			} else {
 				s.ownerBits(bits, run, set)
+				for _, v := range set {
+					any |= v
+				}
+			}
+			if any == 0 {
+				s.queries.Add(1)
+				s.probes.Add(uint64(probes))
+				return // held by none of the asked owners (or only stale records)
 			}
 		}
 	}
 	s.queries.Add(1)
-	s.probes.Add(uint64(len(q.Hash)))
+	s.probes.Add(uint64(probes))
 }
 
 // run is the owner run of set id.

@@ -43,7 +43,7 @@ func TestShardAgainstModel(t *testing.T) {
 			bits[id] = uint16(i + 1)
 		}
 		s := NewShard(owners, 1<<20)
-		for step := range 1000 {
+		for step := range 700 {
 			b := &ShardBatch{}
 			for range 1 + r.IntN(20) {
 				h := hashes[r.IntN(len(hashes))]
@@ -86,10 +86,13 @@ func TestShardAgainstModel(t *testing.T) {
 			if pruned {
 				s.Prune()
 			}
-			q := &ShardQuery{Hash: hashes, Bits: bits, Words: 1}
-			s.Match(q)
+			// One query per block: a query stops at its first block nobody holds
+			// (TestShardMatchStopsAtPrefixEnd).
+			q := &ShardQuery{Bits: bits, Words: 1}
 			blocks, extra := 0, 0
 			for i, h := range hashes {
+				q.Hash = hashes[i : i+1]
+				s.Match(q)
 				var want uint64
 				valid := 0
 				for o, rc := range model[h] {
@@ -98,8 +101,8 @@ func TestShardAgainstModel(t *testing.T) {
 						valid++
 					}
 				}
-				if q.Sets[i] != want {
-					t.Fatalf("seed %d step %d: block %x held by %b, want %b", seed, step, h, q.Sets[i], want)
+				if q.Sets[0] != want {
+					t.Fatalf("seed %d step %d: block %x held by %b, want %b", seed, step, h, q.Sets[0], want)
 				}
 				if valid > 0 && first[i] {
 					blocks++
@@ -113,10 +116,74 @@ func TestShardAgainstModel(t *testing.T) {
 	}
 }
 
+// TestShardMatchStopsAtPrefixEnd: a query stops at its first block none of the asked owners
+// holds; the blocks after it are not looked up.
+func TestShardMatchStopsAtPrefixEnd(t *testing.T) {
+	owners := NewOwners()
+	a, _ := owners.SetWorker("a", "m", 1, 16)
+	b, _ := owners.SetWorker("b", "m", 1, 16)
+	s := NewShard(owners, 1000)
+	batch := &ShardBatch{}
+	for h := range int64(100) {
+		batch.Ops = append(batch.Ops, ShardOp{Hash: h, Owner: a[0], Epoch: owners.Epoch(a[0]), Tiers: TierGPU})
+	}
+	batch.Ops = append(batch.Ops, ShardOp{Hash: 1000, Owner: b[0], Epoch: owners.Epoch(b[0]), Tiers: TierGPU})
+	s.Apply(batch)
+	bits := make([]uint16, 8)
+	bits[a[0]] = 1 // b is not asked about
+	for _, c := range []struct {
+		name   string
+		hashes []int64
+		probes uint64
+	}{
+		{"cold", []int64{500, 1, 2, 3}, 1},
+		{"held by another owner", []int64{1000, 1, 2, 3}, 1},
+		{"ends in the first group", []int64{0, 1, 500, 3, 4}, 5},
+		{"held", []int64{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19}, 20},
+	} {
+		before := s.Stats().Probes
+		q := &ShardQuery{Hash: c.hashes, Bits: bits, Words: 1}
+		s.Match(q)
+		if got := s.Stats().Probes - before; got != c.probes {
+			t.Errorf("%s: %d probes, want %d", c.name, got, c.probes)
+		}
+		for i, h := range c.hashes {
+			want := uint64(0)
+			if h < 100 && (i == 0 || q.Sets[i-1] != 0) {
+				want = 1
+			}
+			if q.Sets[i] != want {
+				t.Errorf("%s: block %d held by %b, want %b", c.name, i, q.Sets[i], want)
+			}
+		}
+	}
+}
+
 // TestEntryLayout: a table slot is 16 bytes (four to a cache line, none straddling two) and
 // an owner record in a run 8.
 func TestEntryLayout(t *testing.T) {
 	if entryBytes != 16 || slotBytes != 8 {
 		t.Fatalf("table slot %d bytes, owner record %d: want 16 and 8", entryBytes, slotBytes)
+	}
+}
+
+// TestLookupColdPromptProbesOneBlockPerShard: a prompt nobody holds costs each shard one
+// probe, not the first wave's 64.
+func TestLookupColdPromptProbesOneBlockPerShard(t *testing.T) {
+	x, err := New(Config{Shards: 4, MaxBlocks: 1 << 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = x.Close() })
+	hold(t, x, register(t, x, "a", 1, 16)[0], seqTokens(1, 4096), 16, TierGPU)
+	before := x.Stats().Probes
+	if got := lookup(t, x, "m", seqTokens(1<<20, 4096)); len(got) != 0 {
+		t.Fatalf("a cold prompt matched %v", got)
+	}
+	if probes := x.Stats().Probes - before; probes > 4 {
+		t.Fatalf("a cold prompt of 256 blocks took %d probes over 4 shards", probes)
+	}
+	if got := lookup(t, x, "m", seqTokens(1, 4096)); got["a"] != 4096 {
+		t.Fatalf("the held prompt matched %v", got)
 	}
 }
