@@ -81,39 +81,54 @@ func (m *routeModelMetrics) response(code int) *metrics.Counter {
 	return c
 }
 
+// counterMap holds counters by key, each created on its key's first use. A lookup takes no
+// lock: the map is copied on write (under mu), so that a hot lookup writes no shared word (a
+// read lock's reader count would bounce between cores on every call).
+type counterMap[K comparable] struct {
+	m  atomic.Pointer[map[K]*metrics.Counter]
+	mu sync.Mutex
+}
+
+// get returns k's counter, created by create on k's first use.
+func (c *counterMap[K]) get(k K, create func() *metrics.Counter) *metrics.Counter {
+	if p := c.m.Load(); p != nil {
+		if ctr := (*p)[k]; ctr != nil {
+			return ctr
+		}
+	}
+	// Slow path: first use of k.
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var cur map[K]*metrics.Counter
+	if p := c.m.Load(); p != nil {
+		cur = *p
+		if ctr := cur[k]; ctr != nil {
+			return ctr
+		}
+	}
+	ctr := create()
+	next := make(map[K]*metrics.Counter, len(cur)+1)
+	maps.Copy(next, cur)
+	next[k] = ctr
+	c.m.Store(&next)
+	return ctr
+}
+
 // groupMetrics are one bucket group's selection counters, by reason.
 type groupMetrics struct {
 	set  *metrics.Set
 	base string
-	// by maps a reason to its counter. It is copied on write (under mu), so that the
-	// per-request lookup takes no lock: a read lock's shared counter would bounce between
-	// cores on every selection.
-	by atomic.Pointer[map[string]*metrics.Counter]
-	mu sync.Mutex
+	by   counterMap[string]
 }
 
 func newGroupMetrics(set *metrics.Set, base string) *groupMetrics {
-	g := &groupMetrics{set: set, base: base}
-	g.by.Store(&map[string]*metrics.Counter{})
-	return g
+	return &groupMetrics{set: set, base: base}
 }
 
 func (g *groupMetrics) selected(reason string) {
-	c := (*g.by.Load())[reason]
-	if c == nil {
-		// Slow path: first selection for this reason.
-		g.mu.Lock()
-		by := *g.by.Load()
-		if c = by[reason]; c == nil {
-			c = g.set.GetOrCreateCounter(metricSelections + "{" + g.base + `,reason="` + series.Label(reason) + `"}`)
-			next := make(map[string]*metrics.Counter, len(by)+1)
-			maps.Copy(next, by)
-			next[reason] = c
-			g.by.Store(&next)
-		}
-		g.mu.Unlock()
-	}
-	c.Inc()
+	g.by.get(reason, func() *metrics.Counter {
+		return g.set.GetOrCreateCounter(metricSelections + "{" + g.base + `,reason="` + series.Label(reason) + `"}`)
+	}).Inc()
 }
 
 // modelMetrics are one model's handles: per route, and per bucket and stage.
@@ -147,11 +162,8 @@ type serverMetrics struct {
 
 	failures [engine.OutcomePDIncompatible + 1]*metrics.Counter
 
-	admMu     sync.RWMutex
-	admission map[string]*metrics.Counter
-
-	upMu     sync.RWMutex
-	upstream map[upstreamKey]*metrics.Counter
+	admission counterMap[string]      // by limit
+	upstream  counterMap[upstreamKey] // upstream errors by worker and kind
 
 	disconnects *metrics.Counter
 	staleGuards *metrics.Counter // in-flight guards the janitor released
@@ -181,13 +193,11 @@ var otherRouteNames = [numOtherRoutes]string{"/v1/models", "/health", "/readines
 
 func newServerMetrics(set *metrics.Set, resolvers map[string]*engine.BucketResolver, retryable []int) *serverMetrics {
 	m := &serverMetrics{
-		set:       set,
-		models:    make(map[string]*modelMetrics, len(resolvers)),
-		admission: make(map[string]*metrics.Counter),
-		upstream:  make(map[upstreamKey]*metrics.Counter),
-		duration:  series.NewHistogramFamily(set, metricDuration),
-		ttft:      series.NewHistogramFamily(set, metricTTFT),
-		sloRatio:  series.NewHistogramFamily(set, metricSLORatio),
+		set:      set,
+		models:   make(map[string]*modelMetrics, len(resolvers)),
+		duration: series.NewHistogramFamily(set, metricDuration),
+		ttft:     series.NewHistogramFamily(set, metricTTFT),
+		sloRatio: series.NewHistogramFamily(set, metricSLORatio),
 	}
 	for name, r := range resolvers {
 		m.models[name] = m.newModel(name, r)
@@ -200,7 +210,7 @@ func newServerMetrics(set *metrics.Set, resolvers map[string]*engine.BucketResol
 		m.failures[o] = set.NewCounter(metricSelectionFailures + `{outcome="` + o.String() + `"}`)
 	}
 	for _, l := range []string{"max_running_requests", "max_waiting_requests", "max_kv_tokens", "max_pending_prefill_tokens", "max_inflight_requests", engine.LimitWaitingPerRank} {
-		m.admission[l] = set.NewCounter(metricAdmission + `{limit="` + l + `"}`)
+		m.admission.get(l, func() *metrics.Counter { return set.NewCounter(metricAdmission + `{limit="` + l + `"}`) })
 	}
 	m.disconnects = set.NewCounter(metricDisconnects)
 	m.retryMetrics = newRetryMetrics(set, retryable)
@@ -313,18 +323,9 @@ func (m *serverMetrics) selectionFailed(err error) {
 }
 
 func (m *serverMetrics) admissionRejected(limit string) {
-	m.admMu.RLock()
-	c := m.admission[limit]
-	m.admMu.RUnlock()
-	if c == nil {
-		m.admMu.Lock()
-		if c = m.admission[limit]; c == nil {
-			c = m.set.GetOrCreateCounter(series.Name(metricAdmission, "limit", limit))
-			m.admission[limit] = c
-		}
-		m.admMu.Unlock()
-	}
-	c.Inc()
+	m.admission.get(limit, func() *metrics.Counter {
+		return m.set.GetOrCreateCounter(series.Name(metricAdmission, "limit", limit))
+	}).Inc()
 }
 
 // Upstream error kinds.
@@ -336,19 +337,9 @@ const (
 )
 
 func (m *serverMetrics) upstreamError(worker, kind string) {
-	k := upstreamKey{worker, kind}
-	m.upMu.RLock()
-	c := m.upstream[k]
-	m.upMu.RUnlock()
-	if c == nil {
-		m.upMu.Lock()
-		if c = m.upstream[k]; c == nil {
-			c = m.set.GetOrCreateCounter(series.Name(metricUpstreamErrors, "worker", worker, "kind", kind))
-			m.upstream[k] = c
-		}
-		m.upMu.Unlock()
-	}
-	c.Inc()
+	m.upstream.get(upstreamKey{worker, kind}, func() *metrics.Counter {
+		return m.set.GetOrCreateCounter(series.Name(metricUpstreamErrors, "worker", worker, "kind", kind))
+	}).Inc()
 }
 
 // healthyWorkers registers the gauge of a model's healthy workers in one role its buckets
