@@ -7,7 +7,8 @@
 // their queues), retry (retry rules and budget), jsontext (the one JSON string writer),
 // tracing (OpenTelemetry spans per request, with tracing.enabled). With cluster.enabled
 // (cluster.go) the replicas share bindings, in-flight counts and the admin API's worker
-// changes; discovered workers are each replica's own.
+// changes; discovered workers are each replica's own. The cluster is joined while New builds
+// the server, but its gossip calls back into the fleet only once New is done.
 // docs/architecture.md ("httpfront in detail") walks a request through the files.
 //
 // Concurrency: handlers run on fasthttp's goroutines and never hand the RequestCtx, or bytes
@@ -18,7 +19,7 @@
 // PD request's prefill runs on its own goroutine, tracked by the Server. Client connections
 // come through a listener wrapper (conns.go) whose table is behind one mutex taken per
 // connection, not per request. Read-mostly state is published as immutable snapshots behind
-// atomic pointers; breakers and in-flight counts are atomics.
+// atomic pointers; breakers, in-flight counts and the request histograms are atomics.
 //
 // What a caller must release: the Server is one ordered lifecycle (life.go): New records
 // every part it builds and listens at once, Run adds its background loops, serves until its
