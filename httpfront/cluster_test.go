@@ -37,6 +37,35 @@ func (f clientsetPods) WatchPods(ctx context.Context, ns string, o metav1.ListOp
 
 func (f clientsetPods) IsWatchListSemanticsUnSupported() bool { return true }
 
+// clusterPorts returns two ports the OS chose on loopback, released for the members to
+// bind (the automanaged provider needs every member's port before any starts).
+func clusterPorts(t *testing.T) []int {
+	t.Helper()
+	var ports []int
+	for range 2 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+		_ = ln.Close()
+	}
+	return ports
+}
+
+// replicaConfig is replica i of the two-member cluster on ports: model llama served by
+// worker A (engine at url), gossip every 20ms.
+func replicaConfig(ports []int, i int, url string) *config.Config {
+	cfg := baseConfig()
+	cfg.Workers = []config.Worker{plainWorker("A", url, "llama")}
+	cfg.Models = map[string]config.Model{"llama": {Buckets: []config.Bucket{{ID: "b", Groups: config.Groups{Plain: &config.Group{}}}}}}
+	c := &cfg.Cluster
+	c.Enabled, c.Name, c.Listen, c.ProviderPort = true, fmt.Sprintf("httpfront-%d", ports[0]), "127.0.0.1:0", ports[i]
+	c.Members = []string{fmt.Sprintf("127.0.0.1:%d", ports[0]), fmt.Sprintf("127.0.0.1:%d", ports[1])}
+	c.Partitions, c.RefreshInterval, c.GossipInterval = 8, 100*time.Millisecond, 20*time.Millisecond
+	return cfg
+}
+
 // TestClusterWorkerChangesReachEveryReplica: two replicas of one cluster, each discovering
 // the same engine pod. An addition by URL alone (202) on one replica is added on the other,
 // which learns the model from the engine itself; a removal on one replica reaches the other,
@@ -57,30 +86,14 @@ func TestClusterWorkerChangesReachEveryReplica(t *testing.T) {
 			{Type: corev1.PodReady, Status: corev1.ConditionTrue}}},
 	})
 
-	// The automanaged provider needs every member's port before any starts: ports the OS
-	// chose, released for the members to bind.
-	var ports []int
-	for range 2 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-		_ = ln.Close()
-	}
+	ports := clusterPorts(t)
 	cfgOf := func(i int) *config.Config {
-		cfg := baseConfig()
-		cfg.Workers = []config.Worker{plainWorker("A", static.url, "llama")}
-		cfg.Models = map[string]config.Model{"llama": {Buckets: []config.Bucket{{ID: "b", Groups: config.Groups{Plain: &config.Group{}}}}}}
+		cfg := replicaConfig(ports, i, static.url)
 		cfg.Discovery.Kubernetes = config.Kubernetes{Enabled: true, Namespace: "ns", Selector: "app=engine", ModelLabel: "model",
 			Scheme: "http"}
 		if _, err := fmt.Sscan(podPort, &cfg.Discovery.Kubernetes.Port); err != nil {
 			t.Fatal(err)
 		}
-		c := &cfg.Cluster
-		c.Enabled, c.Name, c.Listen, c.ProviderPort = true, fmt.Sprintf("httpfront-%d", ports[0]), "127.0.0.1:0", ports[i]
-		c.Members = []string{fmt.Sprintf("127.0.0.1:%d", ports[0]), fmt.Sprintf("127.0.0.1:%d", ports[1])}
-		c.Partitions, c.RefreshInterval, c.GossipInterval = 8, 100*time.Millisecond, 20*time.Millisecond
 		return cfg
 	}
 	rs := make([]*testServer, 2)
@@ -172,33 +185,15 @@ func (g *buildGate) StopWorker(string) {}
 func TestClusterChangesWaitUntilTheServerIsBuilt(t *testing.T) {
 	static := newFakeEngine(t, "A", "llama")
 	added := newFakeEngine(t, "C", "llama")
-	var ports []int
-	for range 2 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-		_ = ln.Close()
-	}
-	cfgOf := func(i int) *config.Config {
-		cfg := baseConfig()
-		cfg.Workers = []config.Worker{plainWorker("A", static.url, "llama")}
-		cfg.Models = map[string]config.Model{"llama": {Buckets: []config.Bucket{{ID: "b", Groups: config.Groups{Plain: &config.Group{}}}}}}
-		c := &cfg.Cluster
-		c.Enabled, c.Name, c.Listen, c.ProviderPort = true, fmt.Sprintf("httpfront-%d", ports[0]), "127.0.0.1:0", ports[i]
-		c.Members = []string{fmt.Sprintf("127.0.0.1:%d", ports[0]), fmt.Sprintf("127.0.0.1:%d", ports[1])}
-		c.Partitions, c.RefreshInterval, c.GossipInterval = 8, 100*time.Millisecond, 20*time.Millisecond
-		return cfg
-	}
-	a := startServer(t, cfgOf(0), Options{NoTelemetry: true})
+	ports := clusterPorts(t)
+	a := startServer(t, replicaConfig(ports, 0, static.url), Options{NoTelemetry: true})
 	if r := post(t, a.url+"/workers", `{"id":"C","url":"`+added.url+`","model":"llama"}`); r.status != 201 {
 		t.Fatalf("add C: %d %s", r.status, r.body)
 	}
 
 	gate := &buildGate{hold: "A", entered: make(chan struct{}), release: make(chan struct{})}
 	started := make(chan *testServer, 1)
-	go func() { started <- startServer(t, cfgOf(1), Options{Telemetry: gate}) }()
+	go func() { started <- startServer(t, replicaConfig(ports, 1, static.url), Options{Telemetry: gate}) }()
 	select {
 	case <-gate.entered:
 	case <-time.After(10 * time.Second):
