@@ -157,7 +157,7 @@ func newUpstream(t *transport, hostPort, serverName string, isTLS bool, own *tls
 		ConnPoolStrategy:              fasthttp.LIFO, // the warmest connection first; idle ones age out
 		DisablePathNormalizing:        true,
 		DisableHeaderNamesNormalizing: false,
-		ReadBufferSize:                16 << 10,
+		ReadBufferSize:                4 << 10,
 		WriteBufferSize:               16 << 10,
 		DialTimeout:                   u.dialer(t.set.ResponseHeaderTimeout),
 		RetryIfErr:                    never, // Do retries a stale connection itself
