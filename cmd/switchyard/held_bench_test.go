@@ -81,8 +81,10 @@ func heldStreams(b *testing.B) (n, nofile int) {
 // event, then holds it; the benchmark opens SWITCHYARD_BENCH_HELD streams (default 10,000,
 // bounded by the open-file limit), one after the other, each read up to its first event and
 // then left unread. Reported: held_streams, the router's resident set with them all held
-// (rss_MB), its growth per held stream against one held stream (rss_KB/stream), and its
-// goroutines per held stream (goroutines/stream, from go_goroutines). With
+// (rss_MB), and per held stream (the growth from one held stream to all) its resident set
+// (rss_KB/stream), Go heap allocated (heap_KB/stream: live objects plus garbage not yet
+// collected), goroutine stacks (stack_KB/stream) and goroutines (goroutines/stream), from
+// /proc and the router's /metrics. With
 // SWITCHYARD_BENCH_BASELINE set to another build of switchyard, that binary is measured the
 // same way right after (baseline_*): a before/after pair on one machine at one time.
 //
@@ -101,18 +103,30 @@ func BenchmarkHeldStreams(b *testing.B) {
 	b.ResetTimer()
 	for range b.N {
 		for _, bin := range bins {
-			rss, perStream, goroutines := measureHeld(b, bin.path, cfgPath, n, nofile)
+			m := measureHeld(b, bin.path, cfgPath, n, nofile)
 			b.ReportMetric(float64(n), "held_streams")
-			b.ReportMetric(rss/1e6, bin.name+"rss_MB")
-			b.ReportMetric(perStream/1024, bin.name+"rss_KB/stream")
-			b.ReportMetric(goroutines, bin.name+"goroutines/stream")
+			b.ReportMetric(m.rss/1e6, bin.name+"rss_MB")
+			b.ReportMetric(m.perStream[0]/1024, bin.name+"rss_KB/stream")
+			b.ReportMetric(m.perStream[1]/1024, bin.name+"heap_KB/stream")
+			b.ReportMetric(m.perStream[2]/1024, bin.name+"stack_KB/stream")
+			b.ReportMetric(m.perStream[3], bin.name+"goroutines/stream")
 		}
 	}
 }
 
-// measureHeld holds n streams through the router binary bin and returns its resident set
-// with all of them held, its growth per stream, and its goroutines per stream.
-func measureHeld(b *testing.B, bin, cfgPath string, n, nofile int) (rss, perStream, goroutines float64) {
+// heldCost is what n held streams cost a router process: its resident set with all of
+// them held, and per stream (the growth from one held stream to n) its resident set, Go heap
+// allocated (live objects and garbage not yet collected), goroutine stacks and goroutines.
+type heldCost struct {
+	rss       float64
+	perStream [4]float64
+}
+
+// heldGauges are the router's series heldCost reads besides the resident set.
+var heldGauges = [...]string{"go_memstats_heap_alloc_bytes", "go_memstats_stack_inuse_bytes", "go_goroutines"}
+
+// measureHeld holds n streams through the router binary bin.
+func measureHeld(b *testing.B, bin, cfgPath string, n, nofile int) heldCost {
 	b.Helper()
 	e := heldtest.NewEngine(b)
 	c := startChildBin(b, bin, nofile, "serve", "--host", "127.0.0.1", "--port", "0", "--log-level", "warn",
@@ -131,10 +145,21 @@ func measureHeld(b *testing.B, bin, cfgPath string, n, nofile int) (rss, perStre
 	}()
 	body := `{"model":"bench","messages":[{"role":"user","content":"hold"}],"stream":true}`
 	conns = append(conns, heldtest.Open(b, addr, body))
-	rss1, g1 := processRSS(b, pid), scrape(b, url, "go_goroutines")
+	sample := func() (v [4]float64) {
+		v[0] = processRSS(b, pid)
+		for i, g := range heldGauges {
+			v[i+1] = scrape(b, url, g)
+		}
+		return v
+	}
+	one := sample()
 	for len(conns) < n {
 		conns = append(conns, heldtest.Open(b, addr, body))
 	}
-	rss, gn := processRSS(b, pid), scrape(b, url, "go_goroutines")
-	return rss, (rss - rss1) / float64(n-1), (gn - g1) / float64(n-1)
+	all := sample()
+	cost := heldCost{rss: all[0]}
+	for i := range all {
+		cost.perStream[i] = (all[i] - one[i]) / float64(n-1)
+	}
+	return cost
 }
