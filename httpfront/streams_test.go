@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"switchyard/config"
@@ -311,4 +312,29 @@ func FuzzRelayFraming(f *testing.F) {
 			t.Fatalf("relayed %q + held %q is not the stream %q", out.Bytes(), r.held, stream)
 		}
 	})
+}
+
+// TestRelayReadMatchesWriteTo: a caller that reads the relay (io.Reader) instead of letting
+// it write (WriteTo, what fasthttp uses) gets the same bytes: whole events, then the end.
+func TestRelayReadMatchesWriteTo(t *testing.T) {
+	stream := evA[:9] + evA[9:] + evB[:4] + evB[4:] + "data: [DONE]\n"
+	relayOf := func() *relay {
+		s := &Server{hardStop: make(chan struct{}), now: time.Now}
+		r := &relay{s: s, body: iotest.OneByteReader(strings.NewReader(stream)), buf: getBuf(),
+			idleAfter: time.Minute, hbEvery: time.Minute}
+		r.idleAt = time.Now().Add(time.Minute)
+		return r
+	}
+	var written bytes.Buffer
+	if _, err := relayOf().WriteTo(&written); err != nil {
+		t.Fatal(err)
+	}
+	read, err := io.ReadAll(relayOf())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := evA + evB + "data: [DONE]\n\n"
+	if written.String() != want || string(read) != want {
+		t.Fatalf("WriteTo wrote %q, Read gave %q; want %q", written.String(), read, want)
+	}
 }
