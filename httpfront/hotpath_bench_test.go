@@ -233,3 +233,26 @@ func benchServePlainChat(b *testing.B, set func(cfg *config.Config)) {
 		req.SetBodyRaw(body)
 	}, client.Do)
 }
+
+// BenchmarkServeStream is a streamed chat request through a Server to an engine on loopback
+// that answers 64 events, each its own chunk, from parallel keep-alive clients reading the
+// whole answer: the stream relay's path, client and engine included. cpu-ms/1000req is the
+// process's CPU time per 1,000 requests.
+func BenchmarkServeStream(b *testing.B) {
+	event := []byte(`data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hi"}}]}` + "\n\n")
+	engineAddr := loopbench.StreamEngine(b, 64, event)
+	client, uri, _ := servePlainChatWith(b, func(cfg *config.Config) {
+		cfg.Workers = []config.Worker{plainWorker("A", "http://"+engineAddr, "llama")}
+	})
+	body := []byte(`{"model":"llama","messages":[{"role":"user","content":"hi"}],"max_tokens":64,"stream":true}`)
+	cpu0 := cpuTime(b)
+	defer func() {
+		b.ReportMetric(float64(cpuTime(b)-cpu0)/float64(time.Millisecond)*1000/float64(b.N), "cpu-ms/1000req")
+	}()
+	loopbench.RoundTrips(b, 8, func(req *fasthttp.Request) {
+		req.SetRequestURI(uri)
+		req.Header.SetMethod(fasthttp.MethodPost)
+		req.Header.SetContentType("application/json")
+		req.SetBodyRaw(body)
+	}, client.Do)
+}

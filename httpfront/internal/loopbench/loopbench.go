@@ -1,10 +1,12 @@
 // Package loopbench is the setup the serving benchmarks of httpfront and its sub-packages
-// share: an engine on loopback that answers every request with one fixed JSON body, and the
-// parallel client loop that sends requests until the benchmark ends. Only tests and
+// share: an engine on loopback that answers every request with one fixed JSON body (or a
+// stream of events, each its own chunk), and the parallel client loop that sends requests
+// until the benchmark ends. Only tests and
 // benchmarks import it.
 package loopbench
 
 import (
+	"bufio"
 	"net"
 	"testing"
 
@@ -22,6 +24,41 @@ func Engine(tb testing.TB, body []byte) string {
 	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
 		ctx.SetContentType("application/json")
 		ctx.SetBody(body)
+	}}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(ln)
+	}()
+	tb.Cleanup(func() {
+		_ = srv.Shutdown()
+		<-done
+	})
+	return ln.Addr().String()
+}
+
+// StreamEngine starts a fasthttp server on 127.0.0.1 that answers every request with an SSE
+// stream of events copies of event, each flushed as its own chunk (as engines flush every
+// token), then "data: [DONE]"; it returns its address and stops when the test or benchmark
+// ends.
+func StreamEngine(tb testing.TB, events int, event []byte) string {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("text/event-stream")
+		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+			for range events {
+				_, _ = w.Write(event)
+				if w.Flush() != nil {
+					return
+				}
+			}
+			_, _ = w.WriteString("data: [DONE]\n\n")
+			_ = w.Flush()
+		})
 	}}
 	done := make(chan struct{})
 	go func() {
