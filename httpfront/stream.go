@@ -128,8 +128,14 @@ type relay struct {
 	// idleAt is when the engine's silence ends the stream, hbAt the next heartbeat.
 	idleAfter, hbEvery time.Duration
 	idleAt, hbAt       time.Time
-	// w is the client's body writer while WriteTo runs (heartbeats go to it).
-	w io.Writer
+	// w is the client's body writer while WriteTo runs (heartbeats and gathered events go
+	// to it). gather: successive reads' events are gathered in pend, written when the engine
+	// has nothing more to read (Waiting); pendOut: next returned pend, released at its next
+	// call.
+	w       io.Writer
+	gather  bool
+	pend    *[]byte
+	pendOut bool
 	// woke is the end Woke decided, when wokeEnd.
 	woke    relayEnd
 	wokeEnd bool
@@ -362,8 +368,8 @@ func (r *relay) open() {
 // event and [DONE]. It fails when the client took no more.
 func (r *relay) WriteTo(w io.Writer) (int64, error) {
 	r.open()
-	r.w = w
-	defer func() { r.w = nil }()
+	r.w, r.gather = w, r.up.Waits()
+	defer func() { r.w, r.gather = nil, false }()
 	var total int64
 	for {
 		b, err := r.next()
@@ -400,9 +406,19 @@ func (r *relay) Read(p []byte) (int, error) {
 	return n, nil
 }
 
+// gatherMax is what a relay gathers from the engine's reads at most before it writes.
+const gatherMax = 4 << 10
+
 // next returns the next bytes for the client (valid until the next call): the whole events
-// of the engine's next reads, then the stream's end; io.EOF once the end was returned.
+// of the engine's next reads, then the stream's end; io.EOF once the end was returned. When
+// gathering (WriteTo on a connection whose waits the relay hears of), the events of
+// successive reads are gathered and written by Waiting when the engine has nothing more to
+// read, or returned here past gatherMax or with the end.
 func (r *relay) next() ([]byte, error) {
+	if r.pendOut {
+		putBuf(r.pend)
+		r.pend, r.pendOut = nil, false
+	}
 	if r.ended {
 		return nil, io.EOF
 	}
@@ -410,7 +426,10 @@ func (r *relay) next() ([]byte, error) {
 		b := (*r.buf)[:r.first]
 		r.first = 0
 		if out := r.frame(b); len(out) > 0 {
-			return out, nil
+			if !r.gather {
+				return out, nil
+			}
+			r.gatherOut(out)
 		}
 	}
 	buf := (*r.buf)[:cap(*r.buf)]
@@ -424,14 +443,19 @@ func (r *relay) next() ([]byte, error) {
 			empty = 0
 			// A drain that ran out of time wins over a stream that always has data.
 			if r.stopping() {
-				return r.closeOut(endShutdown), nil
+				return r.end1(endShutdown), nil
 			}
 			r.slo.chunk(buf[:n], r.s.now())
 			now := time.Now()
 			r.idleAt, r.hbAt = now.Add(r.idleAfter), now.Add(r.hbEvery)
 			r.rerr = err
 			if out := r.frame(buf[:n]); len(out) > 0 {
-				return out, nil
+				if !r.gather {
+					return out, nil
+				}
+				if r.gatherOut(out) >= gatherMax {
+					return r.takePend(), nil
+				}
 			}
 			continue
 		}
@@ -441,8 +465,51 @@ func (r *relay) next() ([]byte, error) {
 			}
 			err = errNoProgress
 		}
-		return r.closeOut(r.endOf(err)), nil
+		return r.end1(r.endOf(err)), nil
 	}
+}
+
+// end1 ends the stream for end and returns what is left to write: the events gathered,
+// then the end.
+func (r *relay) end1(end relayEnd) []byte {
+	tail := r.closeOut(end)
+	if r.pend == nil || len(*r.pend) == 0 {
+		return tail
+	}
+	*r.pend = append(*r.pend, tail...)
+	return r.takePend()
+}
+
+// gatherOut adds b to the gathered events and returns their length.
+func (r *relay) gatherOut(b []byte) int {
+	if r.pend == nil {
+		r.pend = getBuf()
+	}
+	*r.pend = append(*r.pend, b...)
+	return len(*r.pend)
+}
+
+// takePend returns the gathered events for next's caller to write; the next call releases
+// them.
+func (r *relay) takePend() []byte {
+	r.pendOut = true
+	return *r.pend
+}
+
+// Waiting implements fleet.Pacer: the engine has nothing more to read for now, so the events
+// gathered go out. A client that takes no more ends the read.
+func (r *relay) Waiting() bool {
+	if r.pend == nil || len(*r.pend) == 0 || r.w == nil {
+		return true
+	}
+	_, err := r.w.Write(*r.pend)
+	putBuf(r.pend)
+	r.pend = nil
+	if err != nil {
+		r.woke, r.wokeEnd = endClientGone, true
+		return false
+	}
+	return true
 }
 
 // endOf is why a read that failed with err ends the stream.
@@ -512,7 +579,8 @@ func (r *relay) CloseWithError(error) error {
 		s.abort(causeStreamIdle, r.rid, engineStop{m: r.stop})
 	}
 	putBuf(r.buf)
-	r.buf, r.out, r.held, r.pending = nil, nil, nil, nil
+	putBuf(r.pend)
+	r.buf, r.pend, r.out, r.held, r.pending = nil, nil, nil, nil, nil
 	r.slo.end(end == endEOF)
 	r.finish(end)
 	return nil

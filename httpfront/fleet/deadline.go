@@ -2,8 +2,10 @@ package fleet
 
 import (
 	"errors"
+	"io"
 	"net"
 	"os"
+	"syscall"
 	"time"
 )
 
@@ -64,6 +66,11 @@ func (d *LazyDeadline) Fired(arm func(time.Time) error) bool {
 type lazyConn struct {
 	net.Conn
 	r, w LazyDeadline
+	// waiting, when set (a paced stream, Stream.Pace), runs before a read waits for the
+	// socket: nothing is left to read; false fails the read (errWaitRefused). rc is the
+	// socket's raw connection, for reads that can run it.
+	waiting func() bool
+	rc      syscall.RawConn
 }
 
 func (c *lazyConn) SetReadDeadline(t time.Time) error {
@@ -91,7 +98,13 @@ func (c *lazyConn) SetDeadline(t time.Time) error {
 // read goes on (at most once: the re-armed one is the one last set).
 func (c *lazyConn) Read(b []byte) (int, error) {
 	for {
-		n, err := c.Conn.Read(b)
+		var n int
+		var err error
+		if c.waiting != nil {
+			n, err = c.waitingRead(b)
+		} else {
+			n, err = c.Conn.Read(b)
+		}
 		if n > 0 || !errors.Is(err, os.ErrDeadlineExceeded) || !c.r.Fired(c.Conn.SetReadDeadline) {
 			return n, err
 		}
@@ -109,4 +122,46 @@ func (c *lazyConn) Write(b []byte) (int, error) {
 			return done, err
 		}
 	}
+}
+
+// errWaitRefused fails a read whose waiting hook said not to wait.
+var errWaitRefused = errors.New("the stream's reader ended the read before waiting")
+
+// waitingRead reads b from the socket as the runtime does (a read; on EAGAIN a wait for the
+// socket, bounded by the read deadline; a read again), running waiting once before it waits.
+// It makes no system call more than a plain read.
+func (c *lazyConn) waitingRead(b []byte) (int, error) {
+	var (
+		n    int
+		err  error
+		told bool
+	)
+	rerr := c.rc.Read(func(fd uintptr) bool {
+		for {
+			n, err = syscall.Read(int(fd), b)
+			if err != syscall.EINTR {
+				break
+			}
+		}
+		if err != syscall.EAGAIN {
+			return true
+		}
+		if !told {
+			told = true
+			if !c.waiting() {
+				err = errWaitRefused
+				return true
+			}
+		}
+		return false
+	})
+	switch {
+	case rerr != nil:
+		return 0, rerr
+	case err != nil:
+		return 0, &net.OpError{Op: "read", Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: os.NewSyscallError("read", err)}
+	case n == 0 && len(b) > 0:
+		return 0, io.EOF
+	}
+	return n, nil
 }

@@ -3,6 +3,7 @@ package fleet
 import (
 	"errors"
 	"net"
+	"syscall"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -17,10 +18,15 @@ import (
 // LazyDeadline): no timer of the reader's own, no goroutine, and the read resumes inside the
 // response's chunked framing exactly where it was, whatever byte it waited for.
 //
+// While paced, a read that finds the socket empty runs the Pacer's Waiting before it waits
+// (the runtime's own read does the same system calls: a read, EAGAIN, a wait for the socket,
+// a read): a reader that gathers what several reads brought writes it there, so that events
+// already received go out together and none waits for the next.
+//
 // Interrupt ends a read from any goroutine (the client hung up, the drain's hard stop): it
 // closes the connection's socket, below TLS, at once; the connection is never used again.
 
-// Pacer paces the reads of a Stream's connection (Stream.Pace). Both methods run on the
+// Pacer paces the reads of a Stream's connection (Stream.Pace). Its methods run on the
 // reading goroutine.
 type Pacer interface {
 	// Due is when the current read must wake if nothing arrives; zero: never.
@@ -28,6 +34,10 @@ type Pacer interface {
 	// Woke runs when a read waited until Due and nothing arrived. It reports whether the
 	// read goes on (with a new Due); false ends it with the timeout error.
 	Woke() bool
+	// Waiting runs when a read finds nothing left to read on the socket, before it waits
+	// (Stream.Waits reports whether it will be called): the reader writes what it has
+	// gathered. False ends the read with an error.
+	Waiting() bool
 }
 
 // ErrInterrupted is the read error of a Stream whose read was interrupted (Interrupt).
@@ -54,6 +64,16 @@ func (s Stream) Pace(p Pacer) bool {
 		return true
 	}
 	c.pacer = p
+	if l := c.lazy; l != nil {
+		if l.rc == nil {
+			if sc, ok := l.Conn.(syscall.Conn); ok {
+				l.rc, _ = sc.SyscallConn()
+			}
+		}
+		if l.rc != nil {
+			l.waiting = p.Waiting
+		}
+	}
 	c.streaming.Store(true)
 	if c.set.stopping.Load() {
 		c.interrupt()
@@ -68,8 +88,16 @@ func (s Stream) Unpace() {
 	if c := s.c; c != nil {
 		c.streaming.Store(false)
 		c.pacer = nil
+		if c.lazy != nil {
+			c.lazy.waiting = nil
+		}
 	}
 }
+
+// Waits reports whether, under Pace, the Pacer's Waiting runs before every wait for the
+// socket (a TCP socket: the router's own connections); without it a reader must not gather
+// bytes across reads.
+func (s Stream) Waits() bool { return s.c != nil && s.c.lazy != nil && s.c.lazy.waiting != nil }
 
 // Interrupt ends the connection's current and later reads with ErrInterrupted (or the
 // closed socket's error): its socket is closed. Safe from any goroutine; it never blocks.

@@ -65,10 +65,16 @@ type testPacer struct {
 	every time.Duration
 	woke  chan struct{}
 	wakes int
+	waits int
 	stop  bool
 }
 
 func (p *testPacer) Due() time.Time { return time.Now().Add(p.every) }
+
+func (p *testPacer) Waiting() bool {
+	p.waits++
+	return true
+}
 
 func (p *testPacer) Woke() bool {
 	p.wakes++
@@ -154,12 +160,15 @@ func TestPacedReadResumesMidFrame(t *testing.T) {
 					}
 				}()
 				body, err := io.ReadAll(resp.BodyStream())
-				st.Unpace()
+				defer st.Unpace()
 				if err != nil || string(body) != ev+ev {
 					t.Fatalf("body %q, %v; want %q", body, err, ev+ev)
 				}
 				if p.wakes == 0 {
 					t.Fatal("the read never woke")
+				}
+				if !st.Waits() || p.waits == 0 {
+					t.Fatalf("Waiting ran %d times (Waits %v): it must run before every wait", p.waits, st.Waits())
 				}
 			})
 		}

@@ -329,7 +329,8 @@ func (u *Upstream) dialer(headerTimeout time.Duration) fasthttp.DialFuncWithTime
 			return nil, &dialError{timeout: ct, err: err}
 		}
 		raw := c
-		c = &lazyConn{Conn: c}
+		lazy := &lazyConn{Conn: c}
+		c = lazy
 		var note handshakeNote
 		if u.tls != nil {
 			tc := tls.Client(c, u.tls)
@@ -343,6 +344,7 @@ func (u *Upstream) dialer(headerTimeout time.Duration) fasthttp.DialFuncWithTime
 			c = tc
 		}
 		uc := u.t.conns.track(c, raw, headerTimeout)
+		uc.lazy = lazy
 		uc.certAsked = note.certAsked
 		uc.cancels = &u.cancels
 		return uc, nil
@@ -406,8 +408,10 @@ func (s *connSet) closeAll() {
 // are atomics (stream.go).
 type upConn struct {
 	net.Conn
-	// raw is the TCP socket under TLS and the lazy deadlines (Stream.Interrupt closes it).
+	// raw is the TCP socket under TLS and the lazy deadlines (Stream.Interrupt closes it);
+	// lazy is the lazy-deadline layer on it (Pace hooks its waits).
 	raw  net.Conn
+	lazy *lazyConn
 	set  *connSet
 	ttfb time.Duration
 	addr *connAddr // made once: fasthttp asks for it on every request
