@@ -53,9 +53,10 @@ var errClientWrite = errors.New("the client left during the stream")
 // relay streams an engine's SSE response to the client on one goroutine, the client
 // connection's own. It is the response's body stream (RequestCtx.SetBodyStream): fasthttp's
 // server goroutine writes the response headers, then calls WriteTo, which reads the
-// engine's body directly and writes each read's whole events as one HTTP chunk, flushed (the
-// headers go out in the same write as the first chunk), then CloseWithError, which releases
-// everything. There is no goroutine, channel or timer of the stream's own, and no hand-off
+// engine's body directly and gathers the whole events of successive reads until the engine
+// has nothing more to read (Waiting, run on the read's EAGAIN), then writes them as one HTTP
+// chunk, flushed (the headers go out in the same write as the first chunk); then
+// CloseWithError, which releases everything. There is no goroutine, channel or timer of the stream's own, and no hand-off
 // per chunk: a held idle stream costs one goroutine (fasthttp's, parked in the engine
 // connection's read), its buffers and this struct.
 //
