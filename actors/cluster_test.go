@@ -134,7 +134,11 @@ func startMembersCfg(t testing.TB, ports []int, n int, sysOpts func(i int) Syste
 		}
 	}
 	for i, m := range ms {
-		m.waitFor(t, fmt.Sprintf("member %d sees %d members", i, n), func() bool { return len(m.cl.Members()) == n })
+		// The placement is recomputed after the member list changes: wait for both.
+		m.waitFor(t, fmt.Sprintf("member %d sees %d members", i, n), func() bool {
+			pl := m.cl.placement.Load()
+			return len(m.cl.Members()) == n && pl != nil && pl.n == n
+		})
 	}
 	return ms
 }
@@ -240,9 +244,29 @@ func TestClusterMembersAgreeOnBindings(t *testing.T) {
 	if w, set, err := ms[1].cl.Bind(clusterScope, "session-0", "", "W9", now); err != nil || set || w != "W0" {
 		t.Fatalf("conflicting bind = %q, %v, %v; want the binding in force W0", w, set, err)
 	}
-	local, remote := ms[0].cl.lookups.Get(), ms[0].cl.remote.Get()
-	if local == 0 || remote == 0 {
-		t.Fatalf("member 0 made %d local and %d remote requests; want both (16 partitions over 3 members)", local, remote)
+	// Each member asked locally exactly when it owns a key's partition, and remotely when
+	// another member does. Which member owns which partition follows the members' random IDs,
+	// so a member may own none of the keys' partitions (16 partitions over 3 members).
+	mixed := false
+	for i, m := range ms {
+		pl := m.cl.placement.Load()
+		owns, others := false, false
+		for k := range keys {
+			if pl.owners[m.cl.partitionOf(fmt.Sprintf("session-%d", k))] == pl.self {
+				owns = true
+			} else {
+				others = true
+			}
+		}
+		local, remote := m.cl.lookups.Get(), m.cl.remote.Get()
+		if (local > 0) != owns || (remote > 0) != others {
+			t.Errorf("member %d made %d local and %d remote requests; owns a key's partition %v, another member does %v",
+				i, local, remote, owns, others)
+		}
+		mixed = mixed || (owns && others)
+	}
+	if !mixed {
+		t.Log("no member owned some but not all of the keys' partitions")
 	}
 }
 
