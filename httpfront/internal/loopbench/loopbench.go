@@ -17,24 +17,10 @@ import (
 // application/json, and returns its address. It stops when the test or benchmark ends.
 func Engine(tb testing.TB, body []byte) string {
 	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+	return serve(tb, func(ctx *fasthttp.RequestCtx) {
 		ctx.SetContentType("application/json")
 		ctx.SetBody(body)
-	}}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = srv.Serve(ln)
-	}()
-	tb.Cleanup(func() {
-		_ = srv.Shutdown()
-		<-done
 	})
-	return ln.Addr().String()
 }
 
 // StreamEngine starts a fasthttp server on 127.0.0.1 that answers every request with an SSE
@@ -43,11 +29,7 @@ func Engine(tb testing.TB, body []byte) string {
 // ends.
 func StreamEngine(tb testing.TB, events int, event []byte) string {
 	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+	return serve(tb, func(ctx *fasthttp.RequestCtx) {
 		ctx.SetContentType("text/event-stream")
 		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
 			for range events {
@@ -59,7 +41,18 @@ func StreamEngine(tb testing.TB, events int, event []byte) string {
 			_, _ = w.WriteString("data: [DONE]\n\n")
 			_ = w.Flush()
 		})
-	}}
+	})
+}
+
+// serve runs handler on a fasthttp server listening on 127.0.0.1 and returns its address;
+// the server is shut down, and its goroutine ended, when the test or benchmark ends.
+func serve(tb testing.TB, handler fasthttp.RequestHandler) string {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	srv := &fasthttp.Server{Handler: handler}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
