@@ -215,18 +215,7 @@ func startReferences(b *testing.B, engines []string, conc int) (bare, nginx *ref
 // one-at-a-time phases take half as long) and SWITCHYARD_BENCH_ROUNDS the number of rounds
 // (default 3).
 func BenchmarkRouterVsDirect(b *testing.B) {
-	d := 3 * time.Second
-	if s := os.Getenv("SWITCHYARD_BENCH_SECONDS"); s != "" {
-		if v, err := time.ParseDuration(s + "s"); err == nil && v > 0 {
-			d = v
-		}
-	}
-	rounds := 3
-	if s := os.Getenv("SWITCHYARD_BENCH_ROUNDS"); s != "" {
-		if v, err := strconv.Atoi(s); err == nil && v > 0 {
-			rounds = v
-		}
-	}
+	d, rounds := benchTimes(3)
 	const conc = 32
 	e1 := startMock(b, mockengine.Config{WorkerID: "e1", Model: "bench", ZeroCost: true, EventPerWrite: true})
 	e2 := startMock(b, mockengine.Config{WorkerID: "e2", Model: "bench", ZeroCost: true, EventPerWrite: true})
@@ -368,18 +357,7 @@ func BenchmarkRouterVsDirect(b *testing.B) {
 // SWITCHYARD_BENCH_SECONDS sets the measured time per target (default 3) and
 // SWITCHYARD_BENCH_ROUNDS the number of rounds (default 5).
 func BenchmarkOneAtATime(b *testing.B) {
-	d := 3 * time.Second
-	if s := os.Getenv("SWITCHYARD_BENCH_SECONDS"); s != "" {
-		if v, err := time.ParseDuration(s + "s"); err == nil && v > 0 {
-			d = v
-		}
-	}
-	rounds := 5
-	if s := os.Getenv("SWITCHYARD_BENCH_ROUNDS"); s != "" {
-		if v, err := strconv.Atoi(s); err == nil && v > 0 {
-			rounds = v
-		}
-	}
+	d, rounds := benchTimes(5)
 	e1 := startMock(b, mockengine.Config{WorkerID: "e1", Model: "bench", ZeroCost: true})
 	e2 := startMock(b, mockengine.Config{WorkerID: "e2", Model: "bench", ZeroCost: true})
 	engines := []string{e1.URL(), e2.URL()}
@@ -436,4 +414,22 @@ func BenchmarkOneAtATime(b *testing.B) {
 			}
 		}
 	}
+}
+
+// benchTimes is the measured time per target (SWITCHYARD_BENCH_SECONDS, default 3 s) and
+// the number of rounds (SWITCHYARD_BENCH_ROUNDS, default rounds) of the interleaved
+// benchmarks.
+func benchTimes(rounds int) (time.Duration, int) {
+	d := 3 * time.Second
+	if s := os.Getenv("SWITCHYARD_BENCH_SECONDS"); s != "" {
+		if v, err := time.ParseDuration(s + "s"); err == nil && v > 0 {
+			d = v
+		}
+	}
+	if s := os.Getenv("SWITCHYARD_BENCH_ROUNDS"); s != "" {
+		if v, err := strconv.Atoi(s); err == nil && v > 0 {
+			rounds = v
+		}
+	}
+	return d, rounds
 }
