@@ -134,13 +134,16 @@ func startMembersCfg(t testing.TB, ports []int, n int, sysOpts func(i int) Syste
 		}
 	}
 	for i, m := range ms {
-		// The placement is recomputed after the member list changes: wait for both.
-		m.waitFor(t, fmt.Sprintf("member %d sees %d members", i, n), func() bool {
-			pl := m.cl.placement.Load()
-			return len(m.cl.Members()) == n && pl != nil && pl.n == n
-		})
+		m.waitFor(t, fmt.Sprintf("member %d sees %d members", i, n), func() bool { return m.placed(n) })
 	}
 	return ms
+}
+
+// placed reports whether m sees n members and has placed the partitions over them (the
+// placement is recomputed after the member list changes).
+func (m *testMember) placed(n int) bool {
+	pl := m.cl.placement.Load()
+	return len(m.cl.Members()) == n && pl != nil && pl.n == n
 }
 
 // newTestMember builds a member's actor system; start joins it to the cluster.
@@ -330,7 +333,7 @@ func TestClusterGracefulLeaveLosesNoBinding(t *testing.T) {
 	}
 	leaver.close()
 	for _, m := range ms[:2] {
-		m.waitFor(t, "the survivors see 2 members", func() bool { return len(m.cl.Members()) == 2 })
+		m.waitFor(t, "the survivors see 2 members", func() bool { return m.placed(2) })
 	}
 	lost := 0
 	for k := range keys {
@@ -373,7 +376,7 @@ func TestClusterJoinHandsMovedPartitionsOver(t *testing.T) {
 	}
 	all := append(ms, joiner)
 	for i, m := range all {
-		m.waitFor(t, fmt.Sprintf("member %d sees 3 members", i), func() bool { return len(m.cl.Members()) == 3 })
+		m.waitFor(t, fmt.Sprintf("member %d sees 3 members", i), func() bool { return m.placed(3) })
 	}
 	// The keys whose partition moved to the joiner, and the bindings it must adopt.
 	pl := joiner.cl.placement.Load()
@@ -415,7 +418,7 @@ func TestClusterCrashedOwnerPartitionsReactivate(t *testing.T) {
 	// Close without Leave: the member's grains stop with their bindings, as in a crash.
 	ms[2].close()
 	for _, m := range ms[:2] {
-		m.waitFor(t, "the survivors see 2 members", func() bool { return len(m.cl.Members()) == 2 })
+		m.waitFor(t, "the survivors see 2 members", func() bool { return m.placed(2) })
 	}
 	kept, missing := 0, 0
 	for k := range 60 {
@@ -521,7 +524,7 @@ func TestClusterCallbacksWaitForReady(t *testing.T) {
 		}
 	}
 	for _, m := range []*testMember{a, b} {
-		m.waitFor(t, "2 members", func() bool { return len(m.cl.Members()) == 2 })
+		m.waitFor(t, "2 members", func() bool { return m.placed(2) })
 	}
 
 	g := load.NewTracker().Acquire(a.counters["W1"], time.Now())

@@ -106,7 +106,7 @@ func TestClusterEtcdProvider(t *testing.T) {
 	}
 	a, b := start(), start()
 	for _, m := range []*testMember{a, b} {
-		m.waitFor(t, "both members registered in etcd", func() bool { return len(m.cl.Members()) == 2 })
+		m.waitFor(t, "both members registered in etcd", func() bool { return m.placed(2) })
 	}
 	now := time.Now()
 	for k := range 16 {
@@ -121,5 +121,5 @@ func TestClusterEtcdProvider(t *testing.T) {
 	}
 	// A member that leaves deregisters: the other sees it go through etcd's watch.
 	b.close()
-	a.waitFor(t, "the remaining member sees the other leave", func() bool { return len(a.cl.Members()) == 1 })
+	a.waitFor(t, "the remaining member sees the other leave", func() bool { return a.placed(1) })
 }
