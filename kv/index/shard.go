@@ -63,6 +63,9 @@ type ShardStats struct {
 	SpillCap int64
 	// TableSlots is the capacity of the block table (resident blocks use at most 70%).
 	TableSlots int64
+	// SetSlots is the capacity of the owner-set table (one set per block with several
+	// owners), and ArenaSlots the capacity, in records, of the arena its runs live in.
+	SetSlots, ArenaSlots int64
 	// Stored and Removed count applied store and remove operations.
 	Stored, Removed uint64
 	// Stale counts operations dropped because their owner was cleared after ingest.
@@ -141,6 +144,7 @@ const maxSetClass = 16
 const (
 	entryBytes = int64(unsafe.Sizeof(entry{}))
 	slotBytes  = int64(unsafe.Sizeof(slot{}))
+	setBytes   = int64(unsafe.Sizeof(ownerSet{}))
 )
 
 // sweepChunk is how many entries a shard examines for stale owners per message.
@@ -178,6 +182,7 @@ type Shard struct {
 	touched int64
 
 	blocks, spilledA, runCapA, slotsA atomic.Int64
+	setSlotsA, arenaSlotsA            atomic.Int64
 	stored, removed, stale, evicted   atomic.Uint64
 	pruned, queries, probes           atomic.Uint64
 }
@@ -207,15 +212,17 @@ func (s *Shard) Reset() {
 func (s *Shard) Stats() ShardStats {
 	return ShardStats{
 		Blocks: s.blocks.Load(), Spilled: s.spilledA.Load(), SpillCap: s.runCapA.Load(), TableSlots: s.slotsA.Load(),
+		SetSlots: s.setSlotsA.Load(), ArenaSlots: s.arenaSlotsA.Load(),
 		Stored: s.stored.Load(), Removed: s.removed.Load(), Stale: s.stale.Load(),
 		Evicted: s.evicted.Load(), Pruned: s.pruned.Load(),
 		Queries: s.queries.Load(), Probes: s.probes.Load(),
 	}
 }
 
-// MemoryBytes is the memory of the block table and the owner runs.
+// MemoryBytes is the memory of the block table, the owner-set table and the arena of owner
+// runs (free runs included).
 func (st ShardStats) MemoryBytes() int64 {
-	return st.TableSlots*entryBytes + st.SpillCap*slotBytes
+	return st.TableSlots*entryBytes + st.SetSlots*setBytes + st.ArenaSlots*slotBytes
 }
 
 // Apply applies a batch of operations in order.
@@ -669,4 +676,6 @@ func (s *Shard) publish() {
 	s.slotsA.Store(int64(len(s.tab.slots)))
 	s.spilledA.Store(s.spilled)
 	s.runCapA.Store(s.runCap)
+	s.setSlotsA.Store(int64(cap(s.sets)))
+	s.arenaSlotsA.Store(int64(cap(s.arena)))
 }

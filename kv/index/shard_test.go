@@ -1,7 +1,9 @@
 package index
 
 import (
+	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"testing"
 )
 
@@ -185,5 +187,45 @@ func TestLookupColdPromptProbesOneBlockPerShard(t *testing.T) {
 	}
 	if got := lookup(t, x, "m", seqTokens(1, 4096)); got["a"] != 4096 {
 		t.Fatalf("the held prompt matched %v", got)
+	}
+}
+
+// TestShardMemoryBytesMatchesHeap: a shard's memory estimate (ShardStats.MemoryBytes) counts
+// everything a resident block costs on the heap: the block table, the owner-set table and
+// the records of the owner runs.
+func TestShardMemoryBytesMatchesHeap(t *testing.T) {
+	const n = 1 << 17
+	for _, holders := range []int{1, 2, 3} {
+		owners := NewOwners()
+		var ids []OwnerID
+		for i := range holders {
+			got, err := owners.SetWorker(fmt.Sprintf("w%d", i), "m", 1, 16)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, got[0])
+		}
+		rng := rand.New(rand.NewPCG(5, 5))
+		b := &ShardBatch{Ops: make([]ShardOp, 0, n*holders)}
+		for range n {
+			h := int64(rng.Uint64())
+			for _, id := range ids {
+				b.Ops = append(b.Ops, ShardOp{Hash: h, Owner: id, Epoch: owners.Epoch(id), Tiers: TierGPU})
+			}
+		}
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		s := NewShard(owners, 2*n)
+		s.Apply(b)
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		heap := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+		est := s.Stats().MemoryBytes()
+		if d := float64(est-heap) / float64(heap); d < -0.03 || d > 0.03 {
+			t.Errorf("%d holders: estimate %.1f B per block, heap %.1f", holders, float64(est)/n, float64(heap)/n)
+		}
+		runtime.KeepAlive(s)
+		runtime.KeepAlive(b)
 	}
 }
