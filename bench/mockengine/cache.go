@@ -128,6 +128,20 @@ func (c *pageCache) evictOne() (int64, bool) {
 	return p.hash, true
 }
 
+// evictFor evicts least recently used unreferenced pages until the cached pages, reserved
+// tokens and need more fit capacity, or nothing more is evictable. It appends the evicted
+// hashes to removed and reports whether they fit.
+func (c *pageCache) evictFor(removed []int64, reserved, need, capacity int) ([]int64, bool) {
+	for c.tokens+reserved+need > capacity {
+		h, ok := c.evictOne()
+		if !ok {
+			break
+		}
+		removed = append(removed, h)
+	}
+	return removed, c.tokens+reserved+need <= capacity
+}
+
 // clear drops every page. Pages referenced by running requests must have been released.
 func (c *pageCache) clear() {
 	clear(c.pages)

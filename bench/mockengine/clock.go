@@ -146,6 +146,22 @@ func (c *ManualClock) Pending() int {
 	return len(c.timers)
 }
 
+// Next returns the earliest deadline of the pending timers, and false when none is pending.
+func (c *ManualClock) Next() (time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.timers) == 0 {
+		return time.Time{}, false
+	}
+	next := c.timers[0].deadline
+	for _, t := range c.timers[1:] {
+		if t.deadline.Before(next) {
+			next = t.deadline
+		}
+	}
+	return next, true
+}
+
 // WaitForTimers blocks until at least n timers are pending or ctx is done.
 func (c *ManualClock) WaitForTimers(ctx context.Context, n int) error {
 	for {

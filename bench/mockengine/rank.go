@@ -298,19 +298,11 @@ func (r *rank) tryAdmit(s *seq, budget int, first bool) (uncached int, ok bool) 
 // makeRoom evicts least recently used unreferenced pages until need more tokens fit, and
 // reports whether they do. Evictions are published as one BlockRemoved event.
 func (r *rank) makeRoom(need int) bool {
-	capacity := r.e.cfg.CacheTokens
-	var removed []int64
-	for r.cache.tokens+r.reserved+need > capacity {
-		h, ok := r.cache.evictOne()
-		if !ok {
-			break
-		}
-		removed = append(removed, h)
-	}
+	removed, ok := r.cache.evictFor(nil, r.reserved, need, r.e.cfg.CacheTokens)
 	if len(removed) > 0 {
 		r.pending = append(r.pending, events.Event{Kind: events.EventBlockRemoved, BlockHashes: removed, Medium: events.MediumGPU})
 	}
-	return r.cache.tokens+r.reserved+need <= capacity
+	return ok
 }
 
 // prefillDone completes a prefill batch: the prompts' pages enter the cache and each
