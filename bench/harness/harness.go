@@ -256,6 +256,7 @@ type oracles struct {
 	reqs     []workload.Request
 	capacity int
 	fleet    *workload.FleetConfig // the fleet oracle's engines, nil for the pooled oracle
+	sim      *traceSim             // the engines simulated, with fleet: the trace's oracle
 	mu       sync.Mutex
 	byN      map[int]*workload.OracleResult
 }
@@ -264,9 +265,12 @@ func (h *harness) newOracles(reqs []workload.Request, capacityTokens int) *oracl
 	return &oracles{h: h, reqs: reqs, capacity: capacityTokens, byN: make(map[int]*workload.OracleResult)}
 }
 
-// newFleetOracles memoises the fleet oracle (workload.FleetOracle) of a replayed workload on
-// opts.Engines engines of opts.EngineCache tokens at opts.Costs, with the pooled upper bound.
-func (h *harness) newFleetOracles(reqs []workload.Request) *oracles {
+// newFleetOracles memoises the oracle of a replayed workload on opts.Engines engines of
+// opts.EngineCache tokens at opts.Costs: with simulate, the holder placement on the engines
+// simulated as they run (traceSim), with the fleet oracle without queues
+// (workload.FleetOracle) and the pooled upper bound beside it; without (engines the harness
+// does not run, whose speed it does not know), the fleet oracle with the pooled bound.
+func (h *harness) newFleetOracles(reqs []workload.Request, simulate bool) (*oracles, error) {
 	o := &h.opts
 	orc := h.newOracles(reqs, o.Engines*o.EngineCache)
 	orc.fleet = &workload.FleetConfig{
@@ -274,7 +278,15 @@ func (h *harness) newFleetOracles(reqs []workload.Request) *oracles {
 		PrefillOverhead: o.Costs.PrefillOverhead, PrefillPerToken: o.Costs.PrefillPerToken,
 		DecodeStep: o.Costs.DecodeStep, DecodePerRequest: o.Costs.DecodePerRequest,
 	}
-	return orc
+	if !simulate {
+		return orc, nil
+	}
+	sim, err := h.newTraceSim(reqs)
+	if err != nil {
+		return nil, err
+	}
+	orc.sim = sim
+	return orc, nil
 }
 
 func (o *oracles) of(n int) (*workload.OracleResult, error) {
@@ -293,6 +305,16 @@ func (o *oracles) of(n int) (*workload.OracleResult, error) {
 			return nil, err
 		}
 		r.Pooled = &pooled
+	}
+	if o.sim != nil {
+		out, err := o.sim.holder(n)
+		if err != nil {
+			return nil, err
+		}
+		noQueue := r
+		r = o.sim.result(out)
+		r.Pooled, noQueue.Pooled = noQueue.Pooled, nil
+		r.NoQueue = &noQueue
 	}
 	o.byN[n] = &r
 	return &r, nil

@@ -244,6 +244,11 @@ type Options struct {
 	// TraceMaxOutput caps each trace request's output length, in tokens. Default 0: as
 	// recorded.
 	TraceMaxOutput int
+	// TraceOracleRow adds the trace scenario's "oracle placement" row: the requests sent
+	// straight to the engines (no router), each to the engine the oracle's simulation placed
+	// it on, so that the simulated oracle is measured on the engines themselves. Default
+	// false.
+	TraceOracleRow bool
 	// TimeScale divides the trace's recorded arrival times: 2 replays it twice as fast
 	// (twice the load). Default 1.
 	TimeScale float64

@@ -36,6 +36,8 @@ type policyRun struct {
 	// done, when set, reads the measurement, the engines and the router after the row was
 	// measured, before they stop.
 	done func(c *cluster, r *router, m *loadgen.Measurement) error
+	// loss, when set, explains the row's hits against the oracle (report.Row.Loss).
+	loss func(c *cluster, m *loadgen.Measurement) (*report.HitLoss, error)
 }
 
 // plainRun is a policy comparison on the plain engines behind one bucket.
@@ -667,6 +669,11 @@ func (h *harness) policyRow(ctx context.Context, pr policyRun, spec PolicySpec) 
 	}
 	if pr.oracles != nil && len(m.Results) > 0 {
 		if row.Oracle, err = pr.oracles.of(len(m.Results)); err != nil {
+			return row, err
+		}
+	}
+	if pr.loss != nil {
+		if row.Loss, err = pr.loss(c, m); err != nil {
 			return row, err
 		}
 	}

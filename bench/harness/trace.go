@@ -2,6 +2,7 @@ package harness
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -34,7 +35,10 @@ func (h *harness) trace(ctx context.Context) ([]*report.Scenario, error) {
 		Name: report.ScenarioTrace, Workload: wl.Name, Description: wl.Description + "; " + th.traceArrivals(wl),
 		TimeBase: report.TimeSimulated, Speedup: o.Speedup,
 	}
-	orc := th.newFleetOracles(wl.Requests)
+	orc, err := th.newFleetOracles(wl.Requests, o.Target == "")
+	if err != nil {
+		return nil, err
+	}
 	path := o.tracePath()
 	if o.Target != "" {
 		sc.Deployment = fmt.Sprintf("router at %s (%s); oracle assumes %d engines × %d cache tokens", o.Target, path, o.Engines, o.EngineCache)
@@ -51,6 +55,9 @@ func (h *harness) trace(ctx context.Context) ([]*report.Scenario, error) {
 	sc.SlowWorkers = o.slowEngines()
 	pr := o.plainRun(report.ScenarioTrace, wl, orc)
 	pr.path, pr.replay = path, o.TimeScale*o.Speedup
+	pr.loss = func(c *cluster, m *loadgen.Measurement) (*report.HitLoss, error) {
+		return orc.sim.loss(m, ids(c.plain))
+	}
 	var out error
 	for _, spec := range o.Policies {
 		row, err := th.policyRow(ctx, pr, spec)
@@ -60,9 +67,57 @@ func (h *harness) trace(ctx context.Context) ([]*report.Scenario, error) {
 		}
 		sc.Rows = append(sc.Rows, row)
 	}
+	if out == nil && o.TraceOracleRow {
+		row, err := th.oraclePlacementRow(ctx, pr)
+		if err != nil {
+			out = err
+		} else {
+			sc.Rows = append(sc.Rows, row)
+		}
+	}
 	sc.Oracle = orc.longest()
 	sc.Notes = append(sc.Notes, routingNotes(sc, wl)...)
 	return []*report.Scenario{sc}, out
+}
+
+// oraclePlacementRow measures the trace's oracle on the engines: each request sent straight
+// to the engine the simulated holder placement chose for it.
+func (h *harness) oraclePlacementRow(ctx context.Context, pr policyRun) (row report.Row, err error) {
+	o := &h.opts
+	row.Name = "oracle placement"
+	n := len(pr.wl.Requests)
+	if o.Requests > 0 {
+		n = min(n, o.Requests)
+	}
+	place, err := pr.oracles.sim.holder(n)
+	if err != nil {
+		return row, err
+	}
+	c, err := o.startCluster(ctx, pr.spec)
+	if err != nil {
+		return row, err
+	}
+	defer func() { err = errors.Join(err, c.close()) }()
+	us := urls(c.plain)
+	m, err := h.measure(ctx, load{
+		label: o.flavorPrefix() + pr.scenario + " " + pr.wl.Name + " " + row.Name, urls: us,
+		route: func(i int) string { return us[place[i].Engine] }, reqs: pr.wl.Requests,
+		stream: !o.NoStream, simulated: true, maxRequests: n, duration: o.Duration, path: pr.path, replay: pr.replay,
+	})
+	if err != nil {
+		return row, err
+	}
+	row.Summary = report.Summarize(m.Results, report.SummaryOptions{Workers: pr.serving(c), TimeScale: o.Speedup, Elapsed: m.Elapsed})
+	row.Truncated = m.Truncated
+	if len(m.Results) > 0 {
+		if row.Oracle, err = pr.oracles.of(len(m.Results)); err != nil {
+			return row, err
+		}
+	}
+	if row.Loss, err = pr.loss(c, m); err != nil {
+		return row, err
+	}
+	return row, nil
 }
 
 // readTrace reads the first Requests requests of o.Trace.

@@ -64,12 +64,41 @@ func TestWriteTablePooledBound(t *testing.T) {
 	if out := b.String(); !strings.Contains(out, "pooled bound") || !strings.Contains(out, "85.0%") || !strings.Contains(out, "106.2%") {
 		t.Errorf("table lacks the pooled bound:\n%s", out)
 	}
+	// The trace's oracle: the no-queue fleet oracle beside it, with its ratio.
+	orc.NoQueue = &workload.OracleResult{Requests: 2, PromptTokens: 200, CachedTokens: 164, HitRate: 0.82}
+	b.Reset()
+	if err := WriteTable(&b, sc); err != nil {
+		t.Fatal(err)
+	}
+	if out := b.String(); !strings.Contains(out, "no-queue oracle") || !strings.Contains(out, "82.0%") || !strings.Contains(out, "102.5%") {
+		t.Errorf("table lacks the no-queue oracle:\n%s", out)
+	}
 	b.Reset()
 	if err := WriteTable(&b, routingScenario()); err != nil {
 		t.Fatal(err)
 	}
-	if strings.Contains(b.String(), "pooled") {
-		t.Errorf("a pooled oracle has no pooled bound row:\n%s", b.String())
+	if strings.Contains(b.String(), "pooled") || strings.Contains(b.String(), "no-queue") {
+		t.Errorf("a pooled oracle has no pooled bound or no-queue row:\n%s", b.String())
+	}
+}
+
+// TestWriteTableHitLoss writes a row's HitLoss as shares of the oracle's cached tokens.
+func TestWriteTableHitLoss(t *testing.T) {
+	sc := routingScenario()
+	sc.Rows[0].Loss = &HitLoss{Simulated: 0.5, OracleCached: 1000, Gone: LossClass{Tokens: 100, Requests: 1},
+		Elsewhere: LossClass{Tokens: 250, Requests: 2}, Queued: LossClass{Tokens: 50, Requests: 1},
+		OnHolder: LossClass{Tokens: 10, Requests: 1}, Gained: LossClass{Tokens: 5, Requests: 1}}
+	var b bytes.Buffer
+	if err := WriteTable(&b, sc); err != nil {
+		t.Fatal(err)
+	}
+	want := "hits " + sc.Rows[0].Name + ": measured " + pct(sc.Rows[0].Summary.HitRate) + ", simulated 50.0%; of the oracle's cached tokens lost: " +
+		"gone 10.0% (1 req), elsewhere 25.0% (2 req), queued 5.0% (1 req), on holder 1.0% (1 req); gained 0.5% (1 req)"
+	if !strings.Contains(b.String(), want) {
+		t.Errorf("table lacks %q:\n%s", want, b.String())
+	}
+	if n := strings.Count(b.String(), "hits "); n != 1 {
+		t.Errorf("%d loss lines, want 1 (rows without a loss have none):\n%s", n, b.String())
 	}
 }
 

@@ -149,6 +149,40 @@ type Row struct {
 	RankPromptTokens []int64 `json:"rank_prompt_tokens,omitempty"`
 	// LoRA are the adapter figures of the routing scenario's LoRA table.
 	LoRA *LoRAFigures `json:"lora,omitempty"`
+	// Loss explains a trace row's hit rate against the oracle.
+	Loss *HitLoss `json:"hit_loss,omitempty"`
+}
+
+// HitLoss explains a trace row's hit rate against the oracle, request by request: the row's
+// own placement (the engine each request went to) replayed on the simulated engines says
+// what the fleet held when each request arrived.
+type HitLoss struct {
+	// Simulated is the hit rate the simulation gives the row's placement. Beside the
+	// measured one it shows how closely the simulation follows the engines of the run.
+	Simulated float64 `json:"simulated_hit_rate"`
+	// OracleCached is the prompt tokens the oracle serves from cache, over the row's
+	// successful requests.
+	OracleCached int64 `json:"oracle_cached_tokens"`
+	// The oracle's cached tokens the row did not get, by what the fleet held when the
+	// request arrived:
+	// Gone: no engine held its prefix (evicted from every cache, or never cached);
+	// Elsewhere: an engine had it cached and the request went to another;
+	// Queued: only an engine about to cache it (a request with the prefix queued or being
+	// prefilled there) and the request went to another;
+	// OnHolder: it went to an engine holding it and hit less (admitted in the same prefill
+	// batch as the prefix's request, or the prefix was evicted before it was admitted).
+	Gone      LossClass `json:"gone"`
+	Elsewhere LossClass `json:"elsewhere"`
+	Queued    LossClass `json:"queued"`
+	OnHolder  LossClass `json:"on_holder"`
+	// Gained is what the row served from cache beyond the oracle, request by request.
+	Gained LossClass `json:"gained"`
+}
+
+// LossClass counts prompt tokens and the requests they belong to.
+type LossClass struct {
+	Tokens   int64 `json:"tokens"`
+	Requests int   `json:"requests"`
 }
 
 // LoRAFigures count a row's LoRA-adapter selections.

@@ -70,6 +70,11 @@ func WriteTable(w io.Writer, s *Scenario) error {
 			fmt.Fprintf(&b, "events %s: %s\n", r.Name, strings.Join(r.Replicas.Events, "; "))
 		}
 	}
+	for i := range s.Rows {
+		if r := &s.Rows[i]; r.Loss != nil && r.Summary != nil {
+			writeLoss(&b, r)
+		}
+	}
 	for _, n := range s.Notes {
 		fmt.Fprintf(&b, "note: %s\n", n)
 	}
@@ -140,10 +145,27 @@ func policyTable(tw io.Writer, s *Scenario) {
 	}
 	if o := s.Oracle; o != nil {
 		fmt.Fprintf(tw, "oracle\t%d\t\t\t\t\t\t\t\t\t%s\t100.0%%\t\t\t\n", o.Requests, pct(o.HitRate))
+		if p := o.NoQueue; p != nil && o.HitRate > 0 {
+			fmt.Fprintf(tw, "no-queue oracle\t%d\t\t\t\t\t\t\t\t\t%s\t%s\t\t\t\n", p.Requests, pct(p.HitRate), pct(p.HitRate/o.HitRate))
+		}
 		if p := o.Pooled; p != nil && o.HitRate > 0 {
 			fmt.Fprintf(tw, "pooled bound\t%d\t\t\t\t\t\t\t\t\t%s\t%s\t\t\t\n", p.Requests, pct(p.HitRate), pct(p.HitRate/o.HitRate))
 		}
 	}
+}
+
+// writeLoss writes a row's HitLoss: its simulated hit rate, and each class of the oracle's
+// hits it lost as a share of the oracle's cached tokens.
+func writeLoss(b *strings.Builder, r *Row) {
+	l := r.Loss
+	share := func(c LossClass) string {
+		if l.OracleCached <= 0 {
+			return fmt.Sprintf("0 (%d req)", c.Requests)
+		}
+		return fmt.Sprintf("%s (%d req)", pct(float64(c.Tokens)/float64(l.OracleCached)), c.Requests)
+	}
+	fmt.Fprintf(b, "hits %s: measured %s, simulated %s; of the oracle's cached tokens lost: gone %s, elsewhere %s, queued %s, on holder %s; gained %s\n",
+		r.Name, pct(r.Summary.HitRate), pct(l.Simulated), share(l.Gone), share(l.Elsewhere), share(l.Queued), share(l.OnHolder), share(l.Gained))
 }
 
 func overheadTable(tw io.Writer, s *Scenario) {

@@ -20,6 +20,10 @@ type OracleResult struct {
 	// Pooled, on a FleetOracle's result, is Oracle of the same requests over the fleet's
 	// total capacity: the pooled upper bound, which no placement reaches on separate engines.
 	Pooled *OracleResult `json:"pooled,omitempty"`
+	// NoQueue, on the trace scenario's oracle (the holder placement on simulated engines
+	// that queue, mockengine.Simulate), is FleetOracle of the same requests: the same
+	// engines serving every request on arrival, without a queue.
+	NoQueue *OracleResult `json:"no_queue,omitempty"`
 }
 
 // Oracle bounds the cache hit rate any router can reach on reqs, sent in order, over engines

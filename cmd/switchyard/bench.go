@@ -95,6 +95,7 @@ func newBenchFlagSet(stderr io.Writer) (*flag.FlagSet, *benchFlags) {
 	fs.IntVar(&o.TraceBlockSize, "trace-block-size", harness.DefaultTraceBlockSize, "trace scenario: tokens per hash ID of the trace")
 	fs.BoolVar(&o.TraceChat, "trace-chat", false, "trace scenario: send prompts as chat text of the built-in tokenizer instead of token IDs on /generate (vLLM flavour: /v1/completions)")
 	fs.IntVar(&o.TraceMaxOutput, "trace-max-output", 0, "trace scenario: cap each request's output length, tokens; 0: as recorded")
+	fs.BoolVar(&o.TraceOracleRow, "trace-oracle-row", false, "trace scenario: add the 'oracle placement' row, each request sent straight to the engine the simulated oracle placed it on")
 	fs.Float64Var(&o.TimeScale, "time-scale", 1, "trace scenario: divide the recorded arrival times by this (2: twice the request rate)")
 
 	fs.StringVar(&f.jsonPath, "json", "", "also write the report as JSON to this file")

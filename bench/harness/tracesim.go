@@ -1,0 +1,138 @@
+package harness
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"switchyard/bench/loadgen"
+	"switchyard/bench/mockengine"
+	"switchyard/bench/report"
+	"switchyard/bench/workload"
+	"switchyard/kv/hashing"
+)
+
+// traceSim is a replayed workload on simulated engines (mockengine.Simulate) configured as
+// the scenario's: the trace's oracle (the holder placement) and the replay of a row's
+// placement that explains its hits.
+type traceSim struct {
+	cfg  mockengine.SimConfig
+	reqs []mockengine.SimRequest
+
+	mu     sync.Mutex
+	oracle map[int][]mockengine.SimOutcome // the holder placement of the first n requests
+}
+
+// newTraceSim prepares reqs, arriving at their At divided by opts.TimeScale, for the
+// simulated engines of opts.
+func (h *harness) newTraceSim(reqs []workload.Request) (*traceSim, error) {
+	o := &h.opts
+	ps := o.PageSize
+	s := &traceSim{cfg: mockengine.SimConfig{Engine: o.engineConfig(false), Engines: o.Engines},
+		reqs: make([]mockengine.SimRequest, len(reqs)), oracle: make(map[int][]mockengine.SimOutcome)}
+	if len(o.EngineSpeeds) == o.Engines {
+		s.cfg.Speeds = o.EngineSpeeds
+	}
+	scale := o.TimeScale
+	if !(scale > 0) {
+		scale = 1
+	}
+	for i := range reqs {
+		p, err := reqs[i].Prompt(h.tok)
+		if err != nil {
+			return nil, fmt.Errorf("cannot simulate the trace: %w", err)
+		}
+		full := len(p) / ps
+		hashes, _ := hashing.AppendChainHashes(make([]int64, 0, full), nil, p[:full*ps], ps)
+		s.reqs[i] = mockengine.SimRequest{At: time.Duration(float64(reqs[i].At) / scale), Hashes: hashes,
+			PromptTokens: len(p), MaxTokens: max(reqs[i].MaxTokens, 0)}
+	}
+	return s, nil
+}
+
+// holder returns the holder placement's outcome of the first n requests.
+func (s *traceSim) holder(n int) ([]mockengine.SimOutcome, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if out, ok := s.oracle[n]; ok {
+		return out, nil
+	}
+	out, err := mockengine.Simulate(s.cfg, s.reqs[:n], mockengine.HolderPlacement())
+	if err != nil {
+		return nil, err
+	}
+	s.oracle[n] = out
+	return out, nil
+}
+
+// result sums outcomes into an oracle result.
+func (s *traceSim) result(out []mockengine.SimOutcome) workload.OracleResult {
+	var r workload.OracleResult
+	for i, o := range out {
+		r.PromptTokens += int64(s.reqs[i].PromptTokens)
+		r.CachedTokens += int64(o.Cached)
+	}
+	r.Requests = len(out)
+	if r.PromptTokens > 0 {
+		r.HitRate = float64(r.CachedTokens) / float64(r.PromptTokens)
+	}
+	return r
+}
+
+// loss explains the hits of a row's measurement m on the engines named workers (engine i is
+// workers[i]) against the holder placement of the same requests (HitLoss). Requests that
+// failed, or that a worker outside workers served, count for the placement replay (on the
+// engine a rotation gives them) but not in the classes.
+func (s *traceSim) loss(m *loadgen.Measurement, workers []string) (*report.HitLoss, error) {
+	n := len(m.Results)
+	if n == 0 || n > len(s.reqs) {
+		return nil, nil
+	}
+	orc, err := s.holder(n)
+	if err != nil {
+		return nil, err
+	}
+	index := make(map[string]int, len(workers))
+	for i, w := range workers {
+		index[w] = i
+	}
+	placed := make([]int, n)
+	for i := range m.Results {
+		k, ok := index[m.Results[i].Worker]
+		if !ok {
+			k = i % len(workers)
+		}
+		placed[i] = k
+	}
+	out, err := mockengine.Simulate(s.cfg, s.reqs[:n], mockengine.FixedPlacement(placed))
+	if err != nil {
+		return nil, err
+	}
+	l := &report.HitLoss{Simulated: s.result(out).HitRate}
+	add := func(c *report.LossClass, tokens int) {
+		c.Tokens += int64(tokens)
+		c.Requests++
+	}
+	for i := range m.Results {
+		r := &m.Results[i]
+		if _, ok := index[r.Worker]; !ok || !r.OK() {
+			continue
+		}
+		want, got, at := orc[i].Cached, r.CachedTokens, out[i]
+		l.OracleCached += int64(want)
+		switch {
+		case got > want:
+			add(&l.Gained, got-want)
+		case got == want:
+		case at.OnEngine > got:
+			add(&l.OnHolder, want-got)
+		case at.HeldCached > got:
+			add(&l.Elsewhere, want-got)
+		case at.Held > got:
+			add(&l.Queued, want-got)
+		default:
+			add(&l.Gone, want-got)
+		}
+	}
+	return l, nil
+}
