@@ -7,6 +7,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"switchyard/config"
 	"switchyard/engine"
 	"switchyard/load"
 )
@@ -77,30 +78,47 @@ func TestSLOAllocations(t *testing.T) {
 	_ = tr
 }
 
+// plainChatAllocations is the allocations per small non-streaming request through a Server
+// configured by the defaults and then set (nil: none), client, router and engine counted
+// alike.
+func plainChatAllocations(t *testing.T, set func(cfg *config.Config)) float64 {
+	client, uri, body := servePlainChatWith(t, set)
+	req := fasthttp.AcquireRequest()
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	do := func() {
+		req.Reset()
+		req.SetRequestURI(uri)
+		req.Header.SetMethod(fasthttp.MethodPost)
+		req.Header.SetContentType("application/json")
+		req.SetBodyRaw(body)
+		if err := client.Do(req, resp); err != nil || resp.StatusCode() != 200 {
+			t.Fatalf("request: %v, status %d", err, resp.StatusCode())
+		}
+	}
+	for range 50 { // warm the pools and the connection
+		do()
+	}
+	return testing.AllocsPerRun(500, do)
+}
+
+// TestPlainChatAllocations: a small non-streaming request with the defaults (aborts on)
+// allocates at most twice, client, router and engine together: the load guard, and
+// fasthttp's drain of the streamed request body (an io.LimitedReader). The dispatch lives in
+// the pooled exchange.
+func TestPlainChatAllocations(t *testing.T) {
+	if n := plainChatAllocations(t, nil); n > 2 {
+		t.Errorf("%.1f allocations per request, want at most 2", n)
+	}
+}
+
 // TestAbortWatchAllocations: with aborts on (the default), a request's watch of its client
 // and its cancellable dispatch cost at most 2 allocations more than with aborts off, client,
 // router and engine counted alike (no goroutine, channel or closure per request).
 func TestAbortWatchAllocations(t *testing.T) {
 	perRequest := func(abort bool) float64 {
-		client, uri, body := servePlainChat(t, abort)
-		req := fasthttp.AcquireRequest()
-		resp := fasthttp.AcquireResponse()
-		defer fasthttp.ReleaseRequest(req)
-		defer fasthttp.ReleaseResponse(resp)
-		do := func() {
-			req.Reset()
-			req.SetRequestURI(uri)
-			req.Header.SetMethod(fasthttp.MethodPost)
-			req.Header.SetContentType("application/json")
-			req.SetBodyRaw(body)
-			if err := client.Do(req, resp); err != nil || resp.StatusCode() != 200 {
-				t.Fatalf("request: %v, status %d", err, resp.StatusCode())
-			}
-		}
-		for range 50 { // warm the pools and the connection
-			do()
-		}
-		return testing.AllocsPerRun(500, do)
+		return plainChatAllocations(t, func(cfg *config.Config) { cfg.Abort.Enabled = abort })
 	}
 	off := perRequest(false)
 	on := perRequest(true)

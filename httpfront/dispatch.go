@@ -109,6 +109,9 @@ type exchange struct {
 	memo kv.PrefixMemo
 	// att is the request's attempt loop.
 	att attempts
+	// d is the attempt's dispatch: the client watch points into it (its rid), so on the
+	// handler's stack it would move to the heap for every request.
+	d dispatch
 	// symbols are the prompt's text as the approximate source keys it, without a tokenizer.
 	symbols []uint32
 	// gone is what the watch of the client does when it leaves (abort.go).
@@ -120,6 +123,7 @@ type exchange struct {
 func (ex *exchange) trim() {
 	ex.breq = engine.BucketRequest{}
 	ex.att = attempts{}
+	ex.d = dispatch{}
 	ex.gone = clientGone{}
 	ex.tr.reset()
 	ex.memo.Reset("", nil) // it aliases facts.tokenIDs
@@ -405,8 +409,9 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 			ex.rank = injectInts(ex.rank[:0], body, intField{fieldDPRank, pick.Plain.Rank})
 			abody = ex.rank
 		}
-		d := dispatch{s: s, ctx: ctx, kind: kind, body: abody, facts: &ex.facts, pick: pick, adm: adm, hdr: *hdr, start: start,
+		ex.d = dispatch{s: s, ctx: ctx, kind: kind, body: abody, facts: &ex.facts, pick: pick, adm: adm, hdr: *hdr, start: start,
 			mm: mr.metrics, dl: att.deadline(), ticket: o.ticket, att: att, holds: holds}
+		d := &ex.d
 		if pick.IsPD() && !kind.generates() {
 			// A route that generates nothing goes to one engine: the pair's prefill engine.
 			d.adm.tDecode.Done(fleet.OutcomeNeutral)
@@ -416,7 +421,7 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 		d.slo = s.sloStart(mr, &ex.breq, &d.pick)
 		if ex.tr.on() {
 			// Slow path: the attempt is traced, and its span is the engines' parent.
-			ex.tr.startDispatch(&d, att.n, att.retryReason(), att.wait)
+			ex.tr.startDispatch(d, att.n, att.retryReason(), att.wait)
 		}
 		var failed *failedAnswer
 		if d.pick.IsPD() {
