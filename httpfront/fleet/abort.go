@@ -28,6 +28,9 @@ const HeaderDispatch = "X-Switchyard-Dispatch"
 // PathAbort is SGLang's abort route.
 const PathAbort = "/abort_request"
 
+// keyDispatch is HeaderDispatch, set under its canonical name without normalizing it again.
+var keyDispatch = []byte(HeaderDispatch)
+
 // dispatchMark is what a connection looks for in the first bytes of a request.
 var dispatchMark = []byte("\r\n" + HeaderDispatch + ": ")
 
@@ -119,7 +122,7 @@ func (u *Upstream) Cancellable(req *fasthttp.Request) Cancel {
 	gen := c.state.Load()&^cancelMask + 1<<2
 	c.state.Store(gen | cancelActive)
 	var buf [20]byte
-	req.Header.SetBytesV(HeaderDispatch, strconv.AppendUint(buf[:0], id, 10))
+	req.Header.SetCanonical(keyDispatch, strconv.AppendUint(buf[:0], id, 10))
 	u.cancels.add(id, c)
 	return Cancel{c: c, gen: gen}
 }
