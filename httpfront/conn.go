@@ -49,6 +49,14 @@ type clientConn struct {
 	// serving the connection's requests.
 	hup hangup.Conn
 
+	// pending is what the client sent after a request whose stream was relayed on a taken-over
+	// connection (relay.hijacked), read before the socket when the connection serves
+	// requests again; only the goroutine serving the connection touches it.
+	pending []byte
+	// handoff is a stream that took the connection over (relay.hijacked): fasthttp's Close
+	// after its hijack handler starts it instead of closing.
+	handoff atomic.Pointer[relay]
+
 	mu   sync.Mutex
 	r, w fleet.LazyDeadline
 	// limit is an absolute write deadline set by a stream (its request deadline); zero: none.
@@ -93,6 +101,14 @@ func (c *clientConn) SetDeadline(t time.Time) error {
 }
 
 func (c *clientConn) Read(b []byte) (int, error) {
+	if len(c.pending) > 0 {
+		// Slow path: pipelined bytes kept from before a stream took the connection over.
+		n := copy(b, c.pending)
+		if c.pending = c.pending[n:]; len(c.pending) == 0 {
+			c.pending = nil
+		}
+		return n, nil
+	}
 	for {
 		n, err := c.Conn.Read(b)
 		if n > 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
@@ -172,8 +188,14 @@ func (c *clientConn) Write(b []byte) (int, error) {
 func (c *clientConn) lingerOnClose() { c.linger.Store(true) }
 
 // Close closes the connection, lingering first when asked (see lingerMaxBytes), and
-// releases its place in the tracker. Later calls do nothing.
+// releases its place in the tracker. Later calls do nothing. The Close fasthttp makes after
+// the hijack handler of a connection a stream took over (handoff) starts the stream instead.
 func (c *clientConn) Close() error {
+	if r := c.handoff.Swap(nil); r != nil {
+		// fasthttp is done with a connection a stream took over: the stream starts.
+		go r.serve()
+		return nil
+	}
 	if !c.closed.CompareAndSwap(false, true) {
 		return nil
 	}

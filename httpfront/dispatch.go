@@ -744,7 +744,7 @@ func (d *dispatch) plain(ex *exchange, o outcome) (outcome, *failedAnswer) {
 		d.routerHeaders()
 		d.ctx.Response.Header.Set("Cache-Control", "no-cache")
 		d.ctx.Response.Header.Set("X-Accel-Buffering", "no")
-		d.ctx.SetBodyStream(r, -1)
+		r.respond(d.ctx)
 		o.async = true
 		o.status = status
 		return o, nil

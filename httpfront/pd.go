@@ -275,7 +275,7 @@ func (d *dispatch) pd(ex *exchange, o outcome) (outcome, *failedAnswer) {
 		d.routerHeaders()
 		d.ctx.Response.Header.Set("Cache-Control", "no-cache")
 		d.ctx.Response.Header.Set("X-Accel-Buffering", "no")
-		d.ctx.SetBodyStream(r, -1)
+		r.respond(d.ctx)
 		o.async = true
 		o.status = status
 		return o, nil

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"net"
 	"os"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -47,18 +49,22 @@ const maxEmptyReads = 100
 var errNoProgress = errors.New("the stream's reads returned nothing")
 
 // errClientWrite ends WriteTo when the client took no more (a failed write, a heartbeat it
-// did not take, or its hang-up): fasthttp then closes the connection.
+// did not take, or its hang-up): the connection then closes.
 var errClientWrite = errors.New("the client left during the stream")
 
-// relay streams an engine's SSE response to the client on one goroutine, the client
-// connection's own. It is the response's body stream (RequestCtx.SetBodyStream): fasthttp's
-// server goroutine writes the response headers, then calls WriteTo, which reads the
-// engine's body directly and gathers the whole events of successive reads until the engine
-// has nothing more to read (Waiting, run on the read's EAGAIN), then writes them as one HTTP
-// chunk, flushed (the headers go out in the same write as the first chunk); then
-// CloseWithError, which releases everything. There is no goroutine, channel or timer of the stream's own, and no hand-off
-// per chunk: a held idle stream costs one goroutine (fasthttp's, parked in the engine
-// connection's read), its buffers and this struct.
+// relay streams an engine's SSE response to the client on one goroutine. Once the stream
+// has its first event (prime, in the handler), the relay takes the client's connection over
+// from fasthttp (respond, hijacked): fasthttp's serving goroutine returns, with its read and
+// write buffers and the request context, and a fresh goroutine (serve) writes the response
+// headers and the body itself, each write one HTTP chunk (chunkWriter; the headers go in
+// the same write as the first). WriteTo reads the engine's body directly and gathers the
+// whole events of successive reads until the engine has nothing more to read (Waiting, run
+// on the read's EAGAIN), then writes them; CloseWithError then releases everything, and the
+// connection serves the client's next requests (fasthttp's ServeConn, the bytes the client
+// pipelined first) or closes. There is no goroutine, channel or timer of the stream's own
+// besides the one goroutine, and no hand-off per chunk: a held idle stream costs that
+// goroutine (its stack shallow: it started fresh), the engine connection's buffer, the
+// relay's read buffer and this struct.
 //
 // The stream's waits are read deadlines on the engine connection (fleet.Stream.Pace): the
 // next heartbeat, server.stream_idle_timeout and the request's deadline, whichever comes
@@ -70,8 +76,8 @@ var errClientWrite = errors.New("the client left during the stream")
 //
 // The relay owns everything the request still holds once the handler returns: the upstream
 // response, the in-flight guard, the tickets, LoRA holds, spans and the request's metrics
-// and in-flight count; CloseWithError (which fasthttp calls exactly once, also when it never
-// wrote the body) releases them.
+// and in-flight count; CloseWithError (which serve, or fasthttp for a body stream, calls
+// exactly once, also when the body was never written) releases them.
 //
 // The client only ever receives whole events: the relay writes up to the last event
 // boundary it has seen and holds the rest (up to maxEventBytes) until the event completes.
@@ -158,6 +164,15 @@ type relay struct {
 	// tr is the request's spans when it is traced (the relay ends them), span the stream's.
 	tr   reqTrace
 	span trace.Span
+
+	// ctx is the request between respond and hijacked, when the relay takes the client's
+	// connection over; taken: it did, and cw writes the body.
+	ctx   *fasthttp.RequestCtx
+	taken bool
+	cw    chunkWriter
+	// keep: the connection serves requests again after the stream (when it reached the
+	// client).
+	keep bool
 }
 
 var (
@@ -380,6 +395,10 @@ func (r *relay) WriteTo(w io.Writer) (int64, error) {
 			}
 			return total, nil
 		}
+		if r.taken {
+			// The end's bytes carry the last chunk, unless the client has gone.
+			r.cw.last = r.ended && r.end != endClientGone
+		}
 		n, err := w.Write(b)
 		total += int64(n)
 		if err != nil {
@@ -389,6 +408,170 @@ func (r *relay) WriteTo(w io.Writer) (int64, error) {
 			return total, err
 		}
 	}
+}
+
+// respond answers the request with the primed stream. The client's connection is taken over
+// (fasthttp's Hijack, without a response of fasthttp's): once the handler has returned,
+// hijacked writes the response headers and the body itself, on a goroutine of its own, and
+// fasthttp's serving goroutine lets go of the connection, its read and write buffers and the
+// request context. The body goes in chunks to an HTTP/1.1 client; to an HTTP/1.0 client,
+// which reads no chunks, as it is, up to the connection's end. A connection that is not one
+// of the Server's gets the stream as the response's body stream, written by fasthttp
+// (WriteTo).
+func (r *relay) respond(ctx *fasthttp.RequestCtx) {
+	if r.conn == nil {
+		ctx.SetBodyStream(r, -1)
+		return
+	}
+	if ctx.Request.Header.IsHTTP11() {
+		ctx.Response.Header.SetContentLength(-1) // chunked
+	} else {
+		ctx.Response.Header.SetContentLength(-2) // up to the connection's end: Connection: close
+		r.cw.plain = true
+	}
+	r.ctx = ctx
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(r.hijacked)
+}
+
+// hijacked runs on fasthttp's hijack goroutine once the handler has returned (with the
+// response headers final: fasthttp has added Connection: close when the connection ends with
+// this request). It keeps what the client pipelined after the request, which fasthttp's
+// reader holds, and serializes the headers; then it returns, and fasthttp releases its
+// reader and the request context and closes the connection (Server.KeepHijackedConns is
+// off): that Close starts the stream on a fresh goroutine instead (clientConn.Close, serve),
+// so that nothing of the request's handling (its grown stack, fasthttp's buffers, the request
+// context) stays with a held stream.
+func (r *relay) hijacked(c net.Conn) {
+	ctx, cc := r.ctx, r.conn
+	r.ctx = nil
+	r.keep = !ctx.Response.Header.ConnectionClose()
+	// Nothing read from here on waits: what is buffered is taken, the socket is left alone.
+	_ = cc.setReadDeadlineNow(time.Unix(1, 0))
+	if body := ctx.RequestBodyStream(); body != nil {
+		// A request body the handler did not read to its end would be read as the next
+		// request: the connection then closes after the stream.
+		var one [1]byte
+		n, err := body.Read(one[:])
+		r.keep = r.keep && n == 0 && err == io.EOF
+	}
+	if r.keep {
+		cc.pending = takeBuffered(c)
+	}
+	_ = cc.setReadDeadlineNow(time.Time{})
+	head := getBuf()
+	*head = ctx.Response.Header.AppendBytes((*head)[:0])
+	r.taken = true
+	r.cw.c, r.cw.head = cc, head
+	cc.handoff.Store(r)
+}
+
+// takeBuffered returns what c (the taken-over connection fasthttp hands its hijack handler)
+// has buffered, without reading the socket: its read deadline has passed.
+func takeBuffered(c net.Conn) []byte {
+	var out []byte
+	buf := getBuf()
+	b := (*buf)[:cap(*buf)]
+	for range maxEmptyReads {
+		n, err := c.Read(b)
+		out = append(out, b[:n]...)
+		if err != nil || n == 0 {
+			break
+		}
+	}
+	putBuf(buf)
+	return out
+}
+
+// serve writes the stream to the client's connection, taken over, and then serves the
+// connection's next requests (fasthttp's ServeConn, on this goroutine), or closes it: when
+// the stream failed to reach the client, the request asked for it to close, the server
+// drains, or the request body was not read to its end.
+func (r *relay) serve() {
+	s, cc := r.s, r.conn
+	_, err := r.WriteTo(&r.cw)
+	if err == nil {
+		err = r.cw.finish()
+	}
+	r.cw.release()
+	keep := r.keep
+	_ = r.CloseWithError(err)
+	if err != nil || !keep || s.draining.Load() {
+		_ = cc.Close()
+		return
+	}
+	cc.state.Store(connIdle)
+	_ = s.srv.ServeConn(cc)
+}
+
+// chunkWriter writes the body of a stream whose connection the relay took over: each Write is
+// one HTTP/1.1 chunk in one write of the connection, the response headers before the first;
+// with last set, the last chunk follows. With plain set (an HTTP/1.0 client) the bytes go
+// as they are.
+type chunkWriter struct {
+	c     *clientConn
+	plain bool
+	// head is the response headers, until the first write sends them.
+	head *[]byte
+	// last: the next write is the body's last (set by WriteTo); done: the last chunk went out.
+	last, done bool
+}
+
+func (w *chunkWriter) Write(b []byte) (int, error) {
+	if len(b) == 0 && !w.last {
+		return 0, nil
+	}
+	buf := w.head
+	w.head = nil
+	if buf == nil {
+		buf = getBuf()
+	}
+	out := *buf
+	switch {
+	case w.plain:
+		out = append(out, b...)
+	case len(b) > 0:
+		out = strconv.AppendInt(out, int64(len(b)), 16)
+		out = append(out, '\r', '\n')
+		out = append(out, b...)
+		out = append(out, '\r', '\n')
+	}
+	if w.last {
+		w.done = true
+		if !w.plain {
+			out = append(out, lastChunk...)
+		}
+	}
+	var err error
+	if len(out) > 0 {
+		_, err = w.c.Write(out)
+	}
+	*buf = out
+	putBuf(buf)
+	if err != nil {
+		return 0, err
+	}
+	return len(b), nil
+}
+
+// lastChunk ends a chunked body (no trailers).
+var lastChunk = []byte("0\r\n\r\n")
+
+// finish writes the last chunk unless the last write carried it (and the headers, when
+// nothing was written).
+func (w *chunkWriter) finish() error {
+	if w.done {
+		return nil
+	}
+	w.last = true
+	_, err := w.Write(nil)
+	return err
+}
+
+// release returns the headers' buffer when they were never written.
+func (w *chunkWriter) release() {
+	putBuf(w.head)
+	w.head = nil
 }
 
 // Read implements io.Reader for a caller that does not use WriteTo (fasthttp uses WriteTo

@@ -1,0 +1,161 @@
+package httpfront
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"switchyard/config"
+)
+
+// streamRequest is a raw chat request for the router: a stream when stream is set, with
+// extra header lines (each ending in CRLF), over proto, its body sent with Content-Length
+// or, when chunkedBody, in chunks.
+func streamRequest(stream bool, proto, extra string, chunkedBody bool) string {
+	opt := ""
+	if stream {
+		opt = `"stream":true`
+	}
+	body := chatBody("llama", "hi", opt)
+	head := "POST /v1/chat/completions " + proto + "\r\nHost: router\r\nContent-Type: application/json\r\n" + extra
+	if chunkedBody {
+		return head + "Transfer-Encoding: chunked\r\n\r\n" + chunked(body[:5]) + chunked(body[5:]) + "0\r\n\r\n"
+	}
+	return head + "Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
+}
+
+// readAnswer reads one answer from br (the answer to a POST) with its whole body; net/http
+// checks its framing (chunks, or the body up to the connection's end).
+func readAnswer(t *testing.T, br *bufio.Reader) (*http.Response, string) {
+	t.Helper()
+	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodPost})
+	if err != nil {
+		t.Fatalf("reading an answer: %v", err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("reading an answer's body (%v): %v; got %q", resp.TransferEncoding, err, b)
+	}
+	return resp, string(b)
+}
+
+// wantStream checks a complete streamed answer, chunked when chunks.
+func wantStream(t *testing.T, resp *http.Response, body string, chunks bool) {
+	t.Helper()
+	if resp.StatusCode != 200 || !strings.Contains(body, `"text":"tok3"`) || !strings.HasSuffix(body, "data: [DONE]\n\n") {
+		t.Fatalf("stream: %d %q", resp.StatusCode, body)
+	}
+	if chunked := len(resp.TransferEncoding) == 1 && resp.TransferEncoding[0] == "chunked"; chunked != chunks {
+		t.Fatalf("stream sent with transfer encoding %v", resp.TransferEncoding)
+	}
+}
+
+// wantClosed checks that the router closed c (after everything br holds was read).
+func wantClosed(t *testing.T, c net.Conn, br *bufio.Reader) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if b, err := br.ReadByte(); !errors.Is(err, io.EOF) {
+		t.Fatalf("the connection went on after its last answer: byte %q, %v", b, err)
+	}
+}
+
+// TestStreamConnectionGoesOn: a streamed answer is relayed on the client's connection, taken
+// over from fasthttp once the stream has its first event; afterwards the connection goes on
+// as after any answer. The next request on it is served, also one the client pipelined
+// right behind the stream's request (held by fasthttp's reader when the connection was taken
+// over), behind a chunked request body too; a request that asked for Connection: close gets
+// it, and the connection closes after the stream; an HTTP/1.0 client gets the events without
+// chunks, up to the connection's end. Engines over plain TCP and over TLS.
+func TestStreamConnectionGoesOn(t *testing.T) {
+	p := newTestPKI(t)
+	for _, secure := range []bool{false, true} {
+		name := "plain engine"
+		var opts []engineOpt
+		if secure {
+			name = "TLS engine"
+			opts = append(opts, withTLS(p.server))
+		}
+		t.Run(name, func(t *testing.T) {
+			e := newFakeEngine(t, "A", "llama", opts...)
+			cfg := baseConfig()
+			cfg.Workers = []config.Worker{plainWorker("A", e.url, "llama")}
+			cfg.Models = map[string]config.Model{"llama": {Buckets: []config.Bucket{plainBucket("all", nil, nil, "A")}}}
+			if secure {
+				cfg.Upstream.TLS = config.UpstreamTLS{CAFiles: []string{p.caFile}, CertFile: p.clientCertFile, KeyFile: p.clientKeyFile}
+			}
+			ts := startServer(t, cfg, Options{SkipStartupChecks: true, NoTelemetry: true})
+			dial := func(t *testing.T) (net.Conn, *bufio.Reader) {
+				c, err := net.Dial("tcp", ts.Addr().String())
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = c.Close() })
+				_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+				return c, bufio.NewReader(c)
+			}
+			send := func(t *testing.T, c net.Conn, reqs ...string) {
+				// Written at once: the requests after the first arrive with it.
+				if _, err := io.WriteString(c, strings.Join(reqs, "")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			wantPlain := func(t *testing.T, br *bufio.Reader) {
+				t.Helper()
+				if resp, body := readAnswer(t, br); resp.StatusCode != 200 || !strings.Contains(body, "hello from A") {
+					t.Fatalf("request after the stream: %d %q", resp.StatusCode, body)
+				}
+			}
+
+			t.Run("next request", func(t *testing.T) {
+				c, br := dial(t)
+				for range 2 {
+					send(t, c, streamRequest(true, "HTTP/1.1", "", false))
+					resp, body := readAnswer(t, br)
+					wantStream(t, resp, body, true)
+				}
+				send(t, c, streamRequest(false, "HTTP/1.1", "", false))
+				wantPlain(t, br)
+			})
+			t.Run("pipelined", func(t *testing.T) {
+				c, br := dial(t)
+				send(t, c, streamRequest(true, "HTTP/1.1", "", false), streamRequest(true, "HTTP/1.1", "", false),
+					streamRequest(false, "HTTP/1.1", "", false))
+				for range 2 {
+					resp, body := readAnswer(t, br)
+					wantStream(t, resp, body, true)
+				}
+				wantPlain(t, br)
+			})
+			t.Run("pipelined behind a chunked body", func(t *testing.T) {
+				c, br := dial(t)
+				send(t, c, streamRequest(true, "HTTP/1.1", "", true), streamRequest(false, "HTTP/1.1", "", true))
+				resp, body := readAnswer(t, br)
+				wantStream(t, resp, body, true)
+				wantPlain(t, br)
+			})
+			t.Run("Connection: close", func(t *testing.T) {
+				c, br := dial(t)
+				send(t, c, streamRequest(true, "HTTP/1.1", "Connection: close\r\n", false))
+				resp, body := readAnswer(t, br)
+				wantStream(t, resp, body, true)
+				if !resp.Close {
+					t.Fatalf("the answer to a request with Connection: close did not say it: %v", resp.Header)
+				}
+				wantClosed(t, c, br)
+			})
+			t.Run("HTTP/1.0", func(t *testing.T) {
+				c, br := dial(t)
+				send(t, c, streamRequest(true, "HTTP/1.0", "", false))
+				resp, body := readAnswer(t, br)
+				wantStream(t, resp, body, false)
+				wantClosed(t, c, br)
+			})
+		})
+	}
+}
