@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -250,7 +251,7 @@ var errPrimeStopped = errors.New("the router is shutting down")
 // calls abandon.
 func (r *relay) prime() error {
 	s := r.s
-	r.buf = getBuf()
+	r.buf = readBufs.Get().(*[]byte)
 	r.idleAfter, r.hbEvery = s.idleAfter(), s.opts.HeartbeatInterval
 	r.idleAt = time.Now().Add(r.idleAfter)
 	if !r.up.Pace(r) {
@@ -309,7 +310,7 @@ func (r *relay) stopping() bool {
 func (r *relay) abandon() {
 	r.up.Unpace()
 	_ = r.resp.CloseBodyStream()
-	putBuf(r.buf)
+	readBufs.Put(r.buf)
 	r.buf = nil
 	abandonStream(r.span, nil)
 	r.s.bg.Done()
@@ -590,6 +591,15 @@ func (r *relay) Read(p []byte) (int, error) {
 	return n, nil
 }
 
+// readBytes is the size of a relay's read buffer, which a stream holds while it waits for
+// the engine (the read that waits has it): an engine's events come one or a few per chunk,
+// each read returns one chunk at most, and the bytes were read from the socket into the
+// engine connection's buffer. A longer event takes more reads.
+const readBytes = 1 << 10
+
+// readBufs pools the relays' read buffers (*[]byte of capacity readBytes).
+var readBufs = sync.Pool{New: func() any { b := make([]byte, 0, readBytes); return &b }}
+
 // gatherMax is what a relay gathers from the engine's reads at most before it writes.
 const gatherMax = 4 << 10
 
@@ -762,7 +772,9 @@ func (r *relay) CloseWithError(error) error {
 	case endIdle:
 		s.abort(causeStreamIdle, r.rid, engineStop{m: r.stop})
 	}
-	putBuf(r.buf)
+	if r.buf != nil {
+		readBufs.Put(r.buf)
+	}
 	putBuf(r.pend)
 	r.buf, r.pend, r.out, r.held, r.pending = nil, nil, nil, nil, nil
 	r.slo.end(end == endEOF)
