@@ -2,6 +2,9 @@ package httpfront
 
 import (
 	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 	"unicode/utf8"
 )
@@ -73,6 +76,7 @@ func FuzzScanValue(f *testing.F) {
 	f.Add([]byte(`"\ud800"`))
 	f.Add([]byte(`-01`))
 	f.Add([]byte(` 1.5e+3 `))
+	f.Add([]byte(`{"a\"b\\":["x\\",{"c":[1,-2.5e3,true,null,"]}\"",[]]}],"d" : {} , "e":[ ] , "f":"\\\"\\"}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		_, end, err := scanValue(b, 0, 0)
 		ok := err == nil && skipWS(b, end) == len(b)
@@ -82,6 +86,12 @@ func FuzzScanValue(f *testing.F) {
 		}
 		if !ok && want && utf8.Valid(b) && err != errJSONDepth {
 			t.Fatalf("scanner rejects valid JSON %q: %v", b, err)
+		}
+		if ok {
+			v, _, _ := scanValue(b, 0, 0)
+			if walked, scanned := jsonTree(v, false), jsonTree(v, true); walked != scanned {
+				t.Fatalf("members/elems walk %q as\n%s\nthe scanner as\n%s", b, walked, scanned)
+			}
 		}
 		if ok {
 			var v any
@@ -94,6 +104,34 @@ func FuzzScanValue(f *testing.F) {
 			}
 		}
 	})
+}
+
+// jsonTree lists v's values depth first, one a line (kind and raw bytes, members with their
+// keys): through members and elems, or (scan) through the validating scanner.
+func jsonTree(v jsonValue, scan bool) string {
+	var sb strings.Builder
+	var walk func(prefix string, v jsonValue)
+	walk = func(prefix string, v jsonValue) {
+		fmt.Fprintf(&sb, "%s%c %q\n", prefix, v.kind, v.raw)
+		switch v.kind {
+		case kindObject:
+			fn := func(key []byte, mv jsonValue) error { walk(prefix+string(key)+" ", mv); return nil }
+			if scan {
+				_, _ = scanObject(v.raw, 0, 1, fn)
+			} else {
+				_ = v.members(fn)
+			}
+		case kindArray:
+			fn := func(i int, ev jsonValue) error { walk(prefix+strconv.Itoa(i)+" ", ev); return nil }
+			if scan {
+				_, _ = scanArray(v.raw, 0, 1, fn)
+			} else {
+				_ = v.elems(fn)
+			}
+		}
+	}
+	walk("", v)
+	return sb.String()
 }
 
 // skipWS2 returns the index after the last non-space byte.

@@ -1,6 +1,7 @@
 package httpfront
 
 import (
+	"bytes"
 	"errors"
 	"math"
 	"strconv"
@@ -294,23 +295,127 @@ func scanArray(b []byte, i, depth int, fn elemFunc) (int, error) {
 	}
 }
 
-// members iterates the members of an already validated object value.
+// members iterates the members of an already validated object value. Only the scanner makes
+// jsonValues, so v's bytes passed its checks: they are walked again without them (a string's
+// end found with bytes.IndexByte, a nested value's by counting brackets), not validated a
+// second time.
 func (v jsonValue) members(fn memberFunc) error {
 	if v.kind != kindObject {
 		return errJSONSyntax
 	}
-	_, err := scanObject(v.raw, 0, 1, fn)
-	return err
+	b := v.raw
+	i := skipWS(b, 1)
+	if i >= len(b) || b[i] == '}' {
+		return nil
+	}
+	for i < len(b) {
+		ks := i
+		i = skipString(b, i)
+		key := b[ks:min(i, len(b))]
+		i = skipWS(b, i)
+		i = skipWS(b, i+1) // ':'
+		val, j := walkValue(b, i)
+		if err := fn(key, val); err != nil {
+			return err
+		}
+		i = skipWS(b, j)
+		if i >= len(b) || b[i] != ',' {
+			return nil
+		}
+		i = skipWS(b, i+1)
+	}
+	return nil
 }
 
-// elems iterates the elements of an already validated array value.
+// elems iterates the elements of an already validated array value, walked as members walks.
 func (v jsonValue) elems(fn elemFunc) error {
 	if v.kind != kindArray {
 		return errJSONSyntax
 	}
-	_, err := scanArray(v.raw, 0, 1, fn)
-	return err
+	b := v.raw
+	i := skipWS(b, 1)
+	if i >= len(b) || b[i] == ']' {
+		return nil
+	}
+	for n := 0; i < len(b); n++ {
+		val, j := walkValue(b, i)
+		if err := fn(n, val); err != nil {
+			return err
+		}
+		i = skipWS(b, j)
+		if i >= len(b) || b[i] != ',' {
+			return nil
+		}
+		i = skipWS(b, i+1)
+	}
+	return nil
 }
+
+// walkValue locates the validated value starting at b[i] and returns it and the index just
+// past it.
+func walkValue(b []byte, i int) (jsonValue, int) {
+	if i >= len(b) {
+		return jsonValue{}, len(b)
+	}
+	start, kind := i, b[i]
+	switch kind {
+	case '"':
+		i = skipString(b, i)
+	case '{', '[':
+		for depth := 0; i < len(b); {
+			switch b[i] {
+			case '"':
+				i = skipString(b, i)
+				continue
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+			}
+			i++
+			if depth == 0 {
+				break
+			}
+		}
+	default: // a number or a literal: up to the next delimiter
+		if kind == '-' || kind >= '0' && kind <= '9' {
+			kind = kindNumber
+		}
+		for i < len(b) && !jsonDelimiter[b[i]] {
+			i++
+		}
+	}
+	i = min(i, len(b))
+	return jsonValue{kind: kind, raw: b[start:i]}, i
+}
+
+// skipString returns the index past the closing quote of the validated string at b[i]: the
+// first quote not escaped by an odd run of backslashes.
+func skipString(b []byte, i int) int {
+	for i++; i < len(b); i++ {
+		j := bytes.IndexByte(b[i:], '"')
+		if j < 0 {
+			return len(b)
+		}
+		i += j
+		k := i - 1
+		for k > 0 && b[k] == '\\' {
+			k--
+		}
+		if (i-1-k)%2 == 0 {
+			return i + 1
+		}
+	}
+	return len(b)
+}
+
+// jsonDelimiter marks the bytes that end a number or a literal in valid JSON.
+var jsonDelimiter = func() (t [256]bool) {
+	for _, c := range []byte(" \t\r\n,]}") {
+		t[c] = true
+	}
+	return t
+}()
 
 // keyIs reports whether the raw key (with quotes) equals name. Keys with escapes never match:
 // clients do not escape the plain ASCII parameter names this package looks up.
