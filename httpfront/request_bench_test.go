@@ -2,6 +2,7 @@ package httpfront
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 )
 
@@ -35,5 +36,32 @@ func BenchmarkInjectBootstrap(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		dst = injectBootstrap(dst[:0], body, "10.0.0.1", 8998, 0)
+	}
+}
+
+// BenchmarkParseRequestLongChat parses a chat request of four messages holding 64 KiB of
+// prompt text (plain ASCII with a few escapes): the scan of the body, then the walk of its
+// messages.
+func BenchmarkParseRequestLongChat(b *testing.B) {
+	text := strings.Repeat(`The quick brown fox jumps over the lazy dog. \"Quoted\" words\n`, 64<<10/64)
+	var body []byte
+	body = append(body, `{"model":"llama","messages":[`...)
+	for i, role := range []string{"system", "user", "assistant", "user"} {
+		if i > 0 {
+			body = append(body, ',')
+		}
+		body = append(body, `{"role":"`+role+`","content":"`+text[:len(text)/4]+`"}`...)
+	}
+	body = append(body, `],"max_tokens":64}`...)
+	var f requestFacts
+	if e := parseRequest(routeChat, body, &f); e != nil {
+		b.Fatal(e)
+	}
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		if e := parseRequest(routeChat, body, &f); e != nil {
+			b.Fatal(e)
+		}
 	}
 }
