@@ -141,13 +141,6 @@ func scanNumber(b []byte, i int) (int, error) {
 func scanString(b []byte, i int) (end int, escaped bool, err error) {
 	i++
 	for i < len(b) {
-		// Fast path: a run of printable ASCII other than the quote and the backslash.
-		for i < len(b) && plainStringByte[b[i]] {
-			i++
-		}
-		if i >= len(b) {
-			break
-		}
 		c := b[i]
 		switch {
 		case c == '"':
@@ -183,15 +176,6 @@ func scanString(b []byte, i int) (end int, escaped bool, err error) {
 	}
 	return i, escaped, errJSONSyntax
 }
-
-// plainStringByte marks the bytes a string holds as they are: printable ASCII but the quote
-// and the backslash.
-var plainStringByte = func() (t [256]bool) {
-	for c := 0x20; c < utf8.RuneSelf; c++ {
-		t[c] = c != '"' && c != '\\'
-	}
-	return t
-}()
 
 func isHex4(b []byte) bool {
 	for _, c := range b {
