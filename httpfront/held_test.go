@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"net"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,6 +16,22 @@ import (
 // heldSlack bounds the goroutines a burst of held streams may add besides one per stream:
 // those started once (the engine connection pool's cleaner, fasthttp's worker-pool cleaner).
 const heldSlack = 16
+
+// relayGoroutines counts the goroutines that relay a stream, and those of them that run on
+// fasthttp's serving goroutine (its connection loop is below the relay).
+func relayGoroutines() (relays, onServer int) {
+	buf := make([]byte, 16<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "httpfront.(*relay).WriteTo") {
+			relays++
+			if strings.Contains(g, "fasthttp.(*Server).serveConn") {
+				onServer++
+			}
+		}
+	}
+	return relays, onServer
+}
 
 // TestHeldStreamGoroutines: a held idle stream costs the router one goroutine, the one
 // fasthttp serves the client's connection on, which relays the stream itself: no reader or
@@ -68,6 +85,13 @@ func TestHeldStreamGoroutines(t *testing.T) {
 	}
 	if n := ts.metrics.inflight.Load(); n != streams+1 {
 		t.Fatalf("router in flight %d, want %d: the streams must still be held", n, streams+1)
+	}
+	// Each stream waits on a goroutine of its own, not on fasthttp's serving goroutine, which
+	// would hold fasthttp's read and write buffers, the request context and the stack the
+	// request's handling grew.
+	relays, onServer := relayGoroutines()
+	if relays < streams+1 || onServer > 0 {
+		t.Fatalf("%d goroutines relay a stream, %d of them on fasthttp's serving goroutine; want %d, none", relays, onServer, streams+1)
 	}
 	// Clients that leave end their streams (the hang-up poller interrupts the engine reads).
 	closeAll()
