@@ -321,21 +321,6 @@ func sortedNames(m map[string]int) []string {
 	return out
 }
 
-// refund gives back the token key's bucket gave a request that another limit refused.
-func (k *KeyLimiter) refund(key []byte) {
-	h := hashKey(k, key)
-	sh := &k.shards[h%uint64(len(k.shards))]
-	sh.mu.RLock()
-	var e *keyEntry
-	if i, ok := sh.index[h]; ok {
-		e = sh.entries[i]
-	}
-	sh.mu.RUnlock()
-	if e != nil {
-		e.tb.tat.Add(-e.tb.interval)
-	}
-}
-
 // limiterMetrics records one Limiter's slow-path events, then passes them on.
 type limiterMetrics struct {
 	wait                           *series.Histogram

@@ -3,6 +3,7 @@ package flow
 import (
 	"hash/maphash"
 	"math"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -65,6 +66,11 @@ func (tb *TokenBucket) full(now time.Time) bool { return tb.tat.Load() <= now.Un
 // are hashed (a per-process random seed), so the table's memory does not depend on what
 // clients send. Beyond maxKeys a key is forgotten to make room, CLOCK order (an
 // approximation of least recently used), and its bucket starts full when it returns.
+//
+// A key in the table is found without a lock: each shard is an open-addressing table of
+// atomic entry pointers (linear probing, at most half full) that readers probe while the
+// shard's mutex serialises the writers (a key added, a key forgotten). A reader that misses
+// while a writer moves entries takes the lock and looks again, so a miss is never wrong.
 type KeyLimiter struct {
 	rate   float64
 	burst  int
@@ -73,8 +79,12 @@ type KeyLimiter struct {
 }
 
 type keyShard struct {
-	mu      sync.RWMutex
-	index   map[uint64]int
+	// table holds the shard's entries at their key's home slot (the hash's top bits) or the
+	// first free slot after it. Stored under mu, loaded without it.
+	table []atomic.Pointer[keyEntry]
+	shift uint // 64 - log2(len(table))
+
+	mu      sync.Mutex // adding and forgetting keys; the fields below
 	entries []*keyEntry
 	hand    int
 	cap     int
@@ -109,7 +119,9 @@ func NewKeyLimiter(rate float64, burst, maxKeys int) *KeyLimiter {
 		if i < maxKeys%n {
 			c++
 		}
-		k.shards[i] = keyShard{index: make(map[uint64]int, c), cap: c}
+		// At least twice the slots of the keys: a probe ends at a free slot within a few.
+		lg := bits.Len(uint(2*c - 1))
+		k.shards[i] = keyShard{table: make([]atomic.Pointer[keyEntry], 1<<lg), shift: uint(64 - lg), cap: c}
 	}
 	return k
 }
@@ -119,13 +131,7 @@ func NewKeyLimiter(rate float64, burst, maxKeys int) *KeyLimiter {
 func (k *KeyLimiter) Allow(key []byte, now time.Time) (ok bool, retryAfter time.Duration) {
 	h := hashKey(k, key)
 	sh := &k.shards[h%uint64(len(k.shards))]
-	sh.mu.RLock()
-	i, found := sh.index[h]
-	var e *keyEntry
-	if found {
-		e = sh.entries[i]
-	}
-	sh.mu.RUnlock()
+	e := sh.find(h)
 	if e == nil {
 		// Slow path: a key not seen lately. It enters unmarked, so that a key used once is
 		// the first to go.
@@ -136,30 +142,103 @@ func (k *KeyLimiter) Allow(key []byte, now time.Time) (ok bool, retryAfter time.
 	return e.tb.Allow(now)
 }
 
+// refund gives back the token key's bucket gave a request that another limit refused.
+func (k *KeyLimiter) refund(key []byte) {
+	h := hashKey(k, key)
+	sh := &k.shards[h%uint64(len(k.shards))]
+	e := sh.find(h)
+	if e == nil {
+		// Slow path: missed while a writer moved entries, or forgotten meanwhile.
+		sh.mu.Lock()
+		e = sh.find(h)
+		sh.mu.Unlock()
+	}
+	if e != nil {
+		e.tb.tat.Add(-e.tb.interval)
+	}
+}
+
 // Len is the number of keys tracked.
 func (k *KeyLimiter) Len() int {
 	n := 0
 	for i := range k.shards {
 		sh := &k.shards[i]
-		sh.mu.RLock()
+		sh.mu.Lock()
 		n += len(sh.entries)
-		sh.mu.RUnlock()
+		sh.mu.Unlock()
 	}
 	return n
+}
+
+// find returns key hash h's entry, or nil. Without the lock it can miss an entry a
+// concurrent forget is moving (never return a wrong one); under the lock it is exact.
+func (sh *keyShard) find(h uint64) *keyEntry {
+	mask := uint64(len(sh.table) - 1)
+	i := h >> sh.shift
+	for range sh.table {
+		e := sh.table[i].Load()
+		if e == nil || e.key == h {
+			return e
+		}
+		i = (i + 1) & mask
+	}
+	return nil
+}
+
+// place stores e in the first free slot from its home. Under mu; the table is never full.
+func (sh *keyShard) place(e *keyEntry) {
+	mask := uint64(len(sh.table) - 1)
+	i := e.key >> sh.shift
+	for sh.table[i].Load() != nil {
+		i = (i + 1) & mask
+	}
+	sh.table[i].Store(e)
+}
+
+// forget takes key hash h out of the table, under mu: it empties h's slot and moves later
+// entries of the probe run back into the hole (so that no free slot lies between an entry
+// and its home), never leaving an entry out of the run.
+func (sh *keyShard) forget(h uint64) {
+	mask := uint64(len(sh.table) - 1)
+	i := h >> sh.shift
+	for {
+		e := sh.table[i].Load()
+		if e == nil {
+			panic("BUG: flow: a key limiter entry is missing from its table")
+		}
+		if e.key == h {
+			break
+		}
+		i = (i + 1) & mask
+	}
+	sh.table[i].Store(nil)
+	for j := (i + 1) & mask; ; j = (j + 1) & mask {
+		e := sh.table[j].Load()
+		if e == nil {
+			return
+		}
+		// e stays when its home lies cyclically in (i, j]: the hole is not on its path.
+		if home := e.key >> sh.shift; (j-home)&mask < (j-i)&mask {
+			continue
+		}
+		sh.table[i].Store(e) // present twice for a moment, never absent
+		sh.table[j].Store(nil)
+		i = j
+	}
 }
 
 // insert adds key hash h to sh, evicting when sh is full, and returns its entry.
 func (k *KeyLimiter) insert(sh *keyShard, h uint64, now time.Time) *keyEntry {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if i, ok := sh.index[h]; ok {
-		return sh.entries[i] // a concurrent request added it
+	if e := sh.find(h); e != nil {
+		return e // a concurrent request added it, or a lock-free probe missed it
 	}
 	e := &keyEntry{key: h}
 	e.tb.init(k.rate, k.burst)
 	if len(sh.entries) < sh.cap {
-		sh.index[h] = len(sh.entries)
 		sh.entries = append(sh.entries, e)
+		sh.place(e)
 		return e
 	}
 	// CLOCK: the hand clears recently used marks until it finds an entry not used since
@@ -173,10 +252,9 @@ func (k *KeyLimiter) insert(sh *keyShard, h uint64, now time.Time) *keyEntry {
 		v.used.Store(false)
 		sh.hand = (sh.hand + 1) % len(sh.entries)
 	}
-	old := sh.entries[sh.hand]
-	delete(sh.index, old.key)
+	sh.forget(sh.entries[sh.hand].key)
 	sh.entries[sh.hand] = e
-	sh.index[h] = sh.hand
+	sh.place(e)
 	sh.hand = (sh.hand + 1) % len(sh.entries)
 	return e
 }

@@ -173,3 +173,81 @@ func TestKeyLimiter(t *testing.T) {
 		}
 	})
 }
+
+// TestKeyLimiterKnownKeysTakeNoLock: a key already in the table is found, charged and
+// refunded without its shard's lock: every request of known keys completes while every
+// shard's lock is held.
+func TestKeyLimiterKnownKeysTakeNoLock(t *testing.T) {
+	k := NewKeyLimiter(1, 3, 1000)
+	keys := make([][]byte, 200)
+	for i := range keys {
+		keys[i] = []byte("sk-" + strconv.Itoa(i))
+		if ok, _ := k.Allow(keys[i], t0); !ok {
+			t.Fatalf("key %d refused its first request", i)
+		}
+	}
+	for i := range k.shards {
+		k.shards[i].mu.Lock()
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for _, key := range keys {
+			k.Allow(key, t0) // the second of the burst of 3
+			k.refund(key)    // given back
+			k.Allow(key, t0)
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Error("a known key's request waited for its shard's lock")
+	}
+	for i := range k.shards {
+		k.shards[i].mu.Unlock()
+	}
+	<-done
+	for i, key := range keys {
+		// 1 + 1 - 1 + 1 = 2 tokens of the burst of 3 taken: one is left, and no key was
+		// forgotten (a forgotten key would start with a full bucket again).
+		if ok, _ := k.Allow(key, t0); !ok {
+			t.Fatalf("key %d: its third token refused", i)
+		}
+		if ok, _ := k.Allow(key, t0); ok {
+			t.Fatalf("key %d got a fourth token of a burst of 3", i)
+		}
+	}
+}
+
+// TestKeyLimiterTableConsistent: through a churn of keys in small tables (keys forgotten
+// and added, entries moved back into the holes), each shard's table holds exactly its
+// entries, each found from its home slot.
+func TestKeyLimiterTableConsistent(t *testing.T) {
+	for _, maxKeys := range []int{1, 2, 7, 64, 200} {
+		k := NewKeyLimiter(1, 1, maxKeys)
+		for i := range 20_000 {
+			// Some keys come back (kept or forgotten), most pass once.
+			k.Allow([]byte("key-"+strconv.Itoa(i%(3*maxKeys+5))+"-"+strconv.Itoa(i%7)), t0.Add(time.Duration(i)*time.Millisecond))
+			if i%997 != 0 && i != 19_999 {
+				continue
+			}
+			for s := range k.shards {
+				sh := &k.shards[s]
+				held := 0
+				for j := range sh.table {
+					if sh.table[j].Load() != nil {
+						held++
+					}
+				}
+				if held != len(sh.entries) || len(sh.entries) > sh.cap {
+					t.Fatalf("max %d, step %d, shard %d: %d slots used for %d entries (cap %d)", maxKeys, i, s, held, len(sh.entries), sh.cap)
+				}
+				for _, e := range sh.entries {
+					if sh.find(e.key) != e {
+						t.Fatalf("max %d, step %d, shard %d: an entry is not found from its home", maxKeys, i, s)
+					}
+				}
+			}
+		}
+	}
+}
