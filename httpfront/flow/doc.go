@@ -21,12 +21,13 @@
 //
 // Everything is safe for concurrent use. The fast path (under every limit, nobody queued)
 // takes no lock: one compare-and-swap per limit and per rate bucket. A Limiter's mutex guards
-// only its queue and is taken only when the limit is reached (to queue, or by a Release that
-// finds someone waiting). A per-key lookup of a key in the table takes no lock either (its
-// shard is an open-addressing table of atomic pointers); a key not seen before takes its
-// shard's lock to be added. Waiting for a slot is a select on the grant, a timer, and the
-// caller's cancel channels; the caller supplies those (httpfront watches the client's
-// connection), so this package knows nothing of HTTP.
+// only its queue and is taken only when a request may queue (the limit reached, the queue
+// not full) or by a Release that finds someone waiting; a request refused because the limit
+// has no queue or its queue is full is refused without it. A per-key lookup of a key in the
+// table takes no lock either (its shard is an open-addressing table of atomic pointers); a
+// key not seen before takes its shard's lock to be added. Waiting for a slot is a select on
+// the grant, a timer, and the caller's cancel channels; the caller supplies those (httpfront
+// watches the client's connection), so this package knows nothing of HTTP.
 //
 // # Priorities and fair sharing
 //

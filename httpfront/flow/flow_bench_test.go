@@ -106,3 +106,37 @@ func BenchmarkAllow(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkRefuse is a request refused by a Limiter whose one slot is held, from all cores:
+// a limit without a queue, and one whose queue (of 1) is full.
+func BenchmarkRefuse(b *testing.B) {
+	for _, size := range []int{0, 1} {
+		b.Run(fmt.Sprintf("queue=%d", size), func(b *testing.B) {
+			signal := make(queuedSignal, 1)
+			l := NewLimiter("router", 1, size, time.Hour, signal)
+			if err := l.Acquire(time.Now(), Class{}, Cancel{}); err != nil {
+				b.Fatal(err)
+			}
+			stop := make(chan struct{})
+			done := make(chan error, 1)
+			if size > 0 {
+				go func() { done <- l.Acquire(time.Now(), Class{}, Cancel{Stop: stop}) }()
+				<-signal
+			}
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if l.Acquire(time.Now(), Class{}, Cancel{}) == nil {
+						b.Error("admitted over a full limit")
+						return
+					}
+				}
+			})
+			close(stop)
+			if size > 0 {
+				<-done
+			}
+			l.Release()
+		})
+	}
+}

@@ -58,6 +58,7 @@ type Limiter struct {
 
 	active  atomic.Int64 // slots held
 	waiting atomic.Int64 // requests past the fast path that may queue: taken under mu
+	queued  atomic.Int64 // q.n, stored under mu: read without it to refuse when the queue is full
 	mu      sync.Mutex
 	q       classQueue
 
@@ -96,11 +97,7 @@ func (l *Limiter) Limit() int { return int(l.limit) }
 func (l *Limiter) Active() int { return int(l.active.Load()) }
 
 // Queued is the number of requests waiting in the queue.
-func (l *Limiter) Queued() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.q.n
-}
+func (l *Limiter) Queued() int { return int(l.queued.Load()) }
 
 // Acquire takes a slot for a request of class cls. Under the limit with nobody waiting it
 // returns at once (fast path: one compare-and-swap; cls is not looked at). Otherwise the
@@ -118,6 +115,19 @@ func (l *Limiter) Acquire(arrived time.Time, cls Class, c Cancel) error {
 func (l *Limiter) acquire(arrived time.Time, cls Class, c Cancel) (queued bool, wait time.Duration, err error) {
 	if l.waiting.Load() == 0 && l.tryAcquire() {
 		return false, 0, nil
+	}
+	if l.size == 0 || l.queued.Load() >= int64(l.size) {
+		// Refused without the lock when the request could not wait anyway: there is no
+		// queue (a free slot is taken, nobody waits for one), or the queue is full (then
+		// nobody may take a free slot ahead of it; the request would be refused under the
+		// lock as it is here).
+		if l.size == 0 && l.tryAcquire() {
+			return false, 0, nil
+		}
+		if l.obs != nil {
+			l.obs.Dequeued(l, 0, l.full)
+		}
+		return false, 0, l.full
 	}
 	return l.wait(arrived, cls, c)
 }
@@ -159,6 +169,7 @@ func (l *Limiter) wait(arrived time.Time, cls Class, c Cancel) (bool, time.Durat
 	}
 	w := &waiter{ready: make(chan struct{}, 1)}
 	l.q.push(w, cls)
+	l.queued.Store(int64(l.q.n))
 	l.mu.Unlock()
 	if l.obs != nil {
 		l.obs.Queued(l)
@@ -188,6 +199,7 @@ func (l *Limiter) wait(arrived time.Time, cls Class, c Cancel) (bool, time.Durat
 		removed := l.q.remove(w)
 		if removed {
 			l.waiting.Add(-1)
+			l.queued.Store(int64(l.q.n))
 		}
 		l.mu.Unlock()
 		if !removed {
@@ -230,6 +242,7 @@ func (l *Limiter) Release() {
 			l.waiting.Add(-1)
 			w.ready <- struct{}{}
 		}
+		l.queued.Store(int64(l.q.n))
 		l.mu.Unlock()
 	}
 }

@@ -358,3 +358,63 @@ func TestLimiterStress(t *testing.T) {
 type closedWatcher chan struct{}
 
 func (w closedWatcher) Watch() (<-chan struct{}, func()) { return w, func() {} }
+
+// queuedSignal is an Observer that tells each request queued on a channel.
+type queuedSignal chan struct{}
+
+func (q queuedSignal) Queued(*Limiter)                         { q <- struct{}{} }
+func (q queuedSignal) Dequeued(*Limiter, time.Duration, error) {}
+
+// TestLimiterRefusesWithoutLock: a request that cannot wait is refused without the
+// Limiter's lock: over a limit without a queue, and over a limit whose queue is full. The
+// refusals complete while the lock is held.
+func TestLimiterRefusesWithoutLock(t *testing.T) {
+	noQueue := NewLimiter("router", 1, 0, time.Minute, nil)
+	signal := make(queuedSignal, 1)
+	full := NewLimiter("model llama", 1, 1, time.Minute, signal)
+	for _, l := range []*Limiter{noQueue, full} {
+		if err := l.Acquire(time.Now(), Class{}, Cancel{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	queued := start(full, time.Now(), Cancel{})
+	<-signal
+
+	refused := make(chan error, 2)
+	noQueue.mu.Lock()
+	full.mu.Lock()
+	go func() {
+		for _, l := range []*Limiter{noQueue, full} {
+			refused <- l.Acquire(time.Now(), Class{}, Cancel{})
+		}
+	}()
+	timeout := time.After(10 * time.Second)
+	got := 0
+	for ; got < 2; got++ {
+		select {
+		case err := <-refused:
+			if !errors.Is(err, ErrQueueFull) {
+				t.Errorf("refusal %d: %v, want ErrQueueFull", got, err)
+			}
+			continue
+		case <-timeout:
+			t.Errorf("refusal %d waited for the Limiter's lock", got)
+		}
+		break
+	}
+	noQueue.mu.Unlock()
+	full.mu.Unlock()
+	for ; got < 2; got++ {
+		<-refused
+	}
+
+	noQueue.Release()
+	full.Release() // hands the slot to the queued request
+	if err := <-queued.done; err != nil {
+		t.Fatalf("the queued request: %v", err)
+	}
+	full.Release()
+	if noQueue.Active() != 0 || full.Active() != 0 || full.Queued() != 0 {
+		t.Fatalf("active %d / %d, queued %d", noQueue.Active(), full.Active(), full.Queued())
+	}
+}
