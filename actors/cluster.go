@@ -142,10 +142,13 @@ type Cluster struct {
 	near *nearCache
 
 	lookups, remote, remoteFailed *metrics.Counter
-	remoteLatency                 *metrics.PrometheusHistogram
-	handedOff                     *metrics.Counter
-	nearSent                      *metrics.Counter // invalidations this replica's grains sent
-	names                         []string
+	// remoteLatency is lock-free (every remote binding request updates it), in its own
+	// family: not shared by name, taken out of it on Close.
+	remoteLatency *series.Histogram
+	latencies     *series.HistogramFamily
+	handedOff     *metrics.Counter
+	nearSent      *metrics.Counter // invalidations this replica's grains sent
+	names         []string
 
 	mu      sync.Mutex // guards the fields below
 	leaving map[string]bool
@@ -255,8 +258,8 @@ func NewCluster(sys *System, cfg config.Cluster, opts ClusterOptions) (cl *Clust
 	c.nearSent = c.counter(metricClusterNearInval + `{direction="sent"}`)
 	c.near = newNearCache(cfg.NearCacheTTL, cfg.NearCacheEntries, cfg.Partitions,
 		c.counter(metricClusterLookups+`{owner="near_cache"}`), c.counter(metricClusterNearInval+`{direction="received"}`))
-	c.names = append(c.names, metricClusterRemoteLatency)
-	c.remoteLatency = c.set.GetOrCreatePrometheusHistogramExt(metricClusterRemoteLatency, remoteLatencyBuckets)
+	c.latencies = series.NewHistogramFamily(c.set, metricClusterRemoteLatency)
+	c.remoteLatency = c.latencies.New(metricClusterRemoteLatency, remoteLatencyBuckets)
 	c.gauge(metricClusterMembers, func() float64 {
 		if p := c.placement.Load(); p != nil {
 			return float64(p.n)
@@ -569,6 +572,7 @@ func (c *Cluster) unregister() {
 		c.set.UnregisterMetric(n)
 	}
 	c.names = nil
+	c.latencies.Remove(c.remoteLatency)
 }
 
 // Leave hands every partition this replica owns to its next owner and waits until every

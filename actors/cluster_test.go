@@ -12,6 +12,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -24,6 +25,7 @@ import (
 	"switchyard/config"
 	"switchyard/engine"
 	"switchyard/load"
+	"switchyard/load/series/seriestest"
 )
 
 // clusterWait bounds every wait of the cluster tests on membership and gossip.
@@ -270,6 +272,18 @@ func TestClusterMembersAgreeOnBindings(t *testing.T) {
 	}
 	if !mixed {
 		t.Log("no member owned some but not all of the keys' partitions")
+	}
+	// Every remote request is timed: the latency histogram's count is the member's remote
+	// requests, exposed until the member closes.
+	for i, m := range ms {
+		lines := seriestest.FamilyLines(m.sys.set, metricClusterRemoteLatency)
+		if want := fmt.Sprintf("%s_count %d\n", metricClusterRemoteLatency, m.cl.remote.Get()); !strings.HasSuffix(lines, want) {
+			t.Errorf("member %d: remote latency series end %q, want %q", i, lines[max(0, len(lines)-80):], want)
+		}
+	}
+	ms[0].close()
+	if lines := seriestest.FamilyLines(ms[0].sys.set, metricClusterRemoteLatency); lines != "" {
+		t.Errorf("a closed member still exposes its remote latency:\n%s", lines)
 	}
 }
 

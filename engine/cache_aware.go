@@ -14,6 +14,7 @@ import (
 	"switchyard/kv"
 	"switchyard/kv/index"
 	"switchyard/load"
+	"switchyard/load/series"
 )
 
 // Selection reasons of cache_aware.
@@ -119,7 +120,7 @@ type CacheAwareMetrics struct {
 	unavailable *metrics.Counter
 	checks      *metrics.Counter
 	rejections  *metrics.Counter
-	matched     *metrics.PrometheusHistogram
+	matched     *series.Histogram
 }
 
 type cacheOutcome uint8
@@ -170,7 +171,7 @@ func NewCacheAwareMetrics(set *metrics.Set) *CacheAwareMetrics {
 	m.unavailable = set.GetOrCreateCounter(`switchyard_cache_aware_source_unavailable_total`)
 	m.checks = set.GetOrCreateCounter(`switchyard_cache_aware_admission_checks_total`)
 	m.rejections = set.GetOrCreateCounter(`switchyard_cache_aware_admission_rejections_total`)
-	m.matched = set.GetOrCreatePrometheusHistogramExt(`switchyard_cache_aware_matched_tokens`, matchedTokenBuckets)
+	m.matched = series.NewHistogramFamily(set, `switchyard_cache_aware_matched_tokens`).New(`switchyard_cache_aware_matched_tokens`, matchedTokenBuckets)
 	return m
 }
 

@@ -7,6 +7,7 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 
+	"switchyard/load/series"
 	"switchyard/load/zmtp"
 )
 
@@ -52,13 +53,16 @@ type Metrics struct {
 // eventLagBuckets are the `le` upper bounds, in seconds, of switchyard_kv_event_lag_seconds.
 var eventLagBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300}
 
+// metricLookupDuration is the lookup duration histogram family, by source kind.
+const metricLookupDuration = `switchyard_kv_lookup_duration_seconds`
+
 // lookupBuckets are the `le` upper bounds, in seconds, of switchyard_kv_lookup_duration_seconds:
 // a local lookup takes microseconds, a remote one up to cache_aware.query_timeout.
 var lookupBuckets = []float64{0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1}
 
 type lookupMetrics struct {
 	ok, unavailable, rejected *metrics.Counter
-	seconds                   *metrics.PrometheusHistogram
+	seconds                   *series.Histogram // lock-free: every cache_aware request updates it
 }
 
 // SourceKind labels lookup metrics.
@@ -89,19 +93,20 @@ const (
 var clearReasonNames = [numClearReasons]string{"all_blocks_cleared", "restart", "gap", "dropped", "removed", "rekey", "reconnect"}
 
 // NewMetrics creates the handles on set; a nil set gets a private one (metrics kept but not
-// exported).
+// exported). Call it once per set: the lookup duration histograms are not shared by name.
 func NewMetrics(set *metrics.Set) *Metrics {
 	if set == nil {
 		set = metrics.NewSet()
 	}
 	m := &Metrics{set: set}
+	durations := series.NewHistogramFamily(set, metricLookupDuration)
 	for k := range numSourceKinds {
 		src := `source="` + sourceKindNames[k] + `"`
 		m.lookups[k] = lookupMetrics{
 			ok:          set.GetOrCreateCounter(`switchyard_kv_lookups_total{` + src + `,outcome="ok"}`),
 			unavailable: set.GetOrCreateCounter(`switchyard_kv_lookups_total{` + src + `,outcome="unavailable"}`),
 			rejected:    set.GetOrCreateCounter(`switchyard_kv_lookups_total{` + src + `,outcome="rejected"}`),
-			seconds:     set.GetOrCreatePrometheusHistogramExt(`switchyard_kv_lookup_duration_seconds{`+src+`}`, lookupBuckets),
+			seconds:     durations.New(metricLookupDuration+`{`+src+`}`, lookupBuckets),
 		}
 	}
 	m.OpsApplied = set.GetOrCreateCounter(`switchyard_kv_block_ops_total{result="applied"}`)

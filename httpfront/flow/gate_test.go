@@ -11,6 +11,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 
 	"switchyard/config"
+	"switchyard/load/series/seriestest"
 )
 
 func gateConfig(mutate func(c *config.Config)) *config.Config {
@@ -292,21 +293,15 @@ func TestGateWaitHistogramsExposition(t *testing.T) {
 			t.Fatalf("want a queue timeout, got %v", err)
 		}
 
-		ref := metrics.NewSet()
-		for name, obs := range map[string][]float64{
+		obs := map[string][]float64{
 			`switchyard_queue_wait_seconds{scope="router"}`:                     {0.25, 2},
 			`switchyard_queue_wait_seconds{scope="model",model="qwen"}`:         {0.5},
 			`switchyard_queue_class_wait_seconds{priority="1",tenant="acme"}`:   {0.5},
 			`switchyard_queue_class_wait_seconds{priority="0",tenant="other"}`:  {0.25},
 			`switchyard_queue_class_wait_seconds{priority="-1",tenant="other"}`: {2},
-		} {
-			h := ref.NewPrometheusHistogramExt(name, waitBuckets)
-			for _, v := range obs {
-				h.Update(v)
-			}
 		}
 		for _, family := range []string{MetricQueueWait, MetricClassWait} {
-			got, want := familyLines(metricsText(set), family), familyLines(metricsText(ref), family)
+			got, want := seriestest.FamilyLines(set, family), seriestest.PrometheusLines(family, waitBuckets, obs)
 			if strings.Count(want, "_count{") != 2+strings.Count(family, "class") {
 				t.Fatalf("the reference lacks %s's series:\n%s", family, want)
 			}
@@ -315,18 +310,4 @@ func TestGateWaitHistogramsExposition(t *testing.T) {
 			}
 		}
 	})
-}
-
-// familyLines returns the lines of a histogram family's series (_bucket, _sum, _count) in
-// a Prometheus exposition, in order.
-func familyLines(text, family string) string {
-	var b strings.Builder
-	for line := range strings.Lines(text) {
-		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
-			if rest, ok := strings.CutPrefix(line, family+suffix); ok && (rest[0] == '{' || rest[0] == ' ') {
-				b.WriteString(line)
-			}
-		}
-	}
-	return b.String()
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/VictoriaMetrics/metrics"
 )
@@ -57,6 +58,9 @@ func (h *Histogram) Update(v float64) {
 	}
 }
 
+// UpdateDuration records the seconds since start.
+func (h *Histogram) UpdateDuration(start time.Time) { h.Update(time.Since(start).Seconds()) }
+
 // snapshot adds the shards up: per-bucket counts (the last one +Inf), the sum.
 func (h *Histogram) snapshot() (counts []uint64, sum float64) {
 	counts = make([]uint64, len(h.bounds)+1)
@@ -97,7 +101,10 @@ func (h *Histogram) writeTo(w io.Writer) {
 }
 
 // HistogramFamily is the Histograms of one metric family on a set, written together (one
-// HELP and TYPE when the set exposes metadata) at each scrape, in order of name.
+// HELP and TYPE when the set exposes metadata) at each scrape, in order of name. Unlike the
+// set's GetOrCreate metrics, a family is not shared by name: make it once per set, in the
+// component that owns the family's series (a second family of one name on a set would
+// write its series twice).
 type HistogramFamily struct {
 	family string
 	mu     sync.Mutex // registration and scrapes, never Update
@@ -132,6 +139,14 @@ func (f *HistogramFamily) New(name string, bounds []float64) *Histogram {
 	slices.SortFunc(f.hs, func(a, b *Histogram) int { return strings.Compare(a.name, b.name) })
 	f.mu.Unlock()
 	return h
+}
+
+// Remove takes h out of the family: it is no longer written (its owner closed). Updates to
+// it are kept by h alone.
+func (f *HistogramFamily) Remove(h *Histogram) {
+	f.mu.Lock()
+	f.hs = slices.DeleteFunc(f.hs, func(x *Histogram) bool { return x == h })
+	f.mu.Unlock()
 }
 
 func (f *HistogramFamily) write(w io.Writer) {

@@ -98,3 +98,29 @@ func BenchmarkHistogramUpdate(b *testing.B) {
 		})
 	})
 }
+
+// TestHistogramFamilyRemove: a removed histogram is no longer written; the family's other
+// series are, and an empty family writes nothing.
+func TestHistogramFamilyRemove(t *testing.T) {
+	set := metrics.NewSet()
+	fam := NewHistogramFamily(set, "fam")
+	a := fam.New(`fam{x="a"}`, []float64{1})
+	b := fam.New(`fam{x="b"}`, []float64{1})
+	a.Update(0.5)
+	b.Update(2)
+	fam.Remove(a)
+	var got bytes.Buffer
+	set.WritePrometheus(&got)
+	want := `fam_bucket{x="b",le="1"} 0` + "\n" + `fam_bucket{x="b",le="+Inf"} 1` + "\n" +
+		`fam_sum{x="b"} 2` + "\n" + `fam_count{x="b"} 1` + "\n"
+	if got.String() != want {
+		t.Fatalf("after removing a:\n got:\n%s\nwant:\n%s", got.String(), want)
+	}
+	fam.Remove(b)
+	fam.Remove(b) // twice: nothing
+	got.Reset()
+	set.WritePrometheus(&got)
+	if got.Len() != 0 {
+		t.Fatalf("an empty family wrote:\n%s", got.String())
+	}
+}
