@@ -15,7 +15,6 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/cluster"
-	"github.com/asynkron/protoactor-go/cluster/clusterproviders/automanaged"
 	"github.com/asynkron/protoactor-go/cluster/clusterproviders/etcd"
 	"github.com/asynkron/protoactor-go/cluster/identitylookup/disthash"
 	"github.com/asynkron/protoactor-go/remote"
@@ -276,15 +275,15 @@ func NewCluster(sys *System, cfg config.Cluster, opts ClusterOptions) (cl *Clust
 		return float64(n)
 	})
 
-	provider, err := c.provider()
-	if err != nil {
-		c.unregister()
-		return nil, err
-	}
 	host, port, err := splitHostPort(cfg.Listen)
 	if err != nil {
 		c.unregister()
 		return nil, fmt.Errorf("cannot start cluster: cluster.listen: %w", err)
+	}
+	provider, providerLn, err := c.provider(host)
+	if err != nil {
+		c.unregister()
+		return nil, err
 	}
 	var ropts []remote.ConfigOption
 	if cfg.Advertise != "" {
@@ -304,6 +303,7 @@ func NewCluster(sys *System, cfg config.Cluster, opts ClusterOptions) (cl *Clust
 	c.c = cluster.New(sys.sys, ccfg)
 	if _, ok := sys.sys.ProcessRegistry.Add(nearCacheProcess{c}, nearCacheName); !ok {
 		c.unregister()
+		closeListener(providerLn)
 		return nil, fmt.Errorf("cannot start cluster: the actor system already runs one (process %q)", nearCacheName)
 	}
 
@@ -313,6 +313,7 @@ func NewCluster(sys *System, cfg config.Cluster, opts ClusterOptions) (cl *Clust
 		c.unsubscribe()
 		sys.sys.ProcessRegistry.Remove(&actor.PID{Id: nearCacheName})
 		c.unregister()
+		closeListener(providerLn)
 		return nil, err
 	}
 	sys.cluster.Store(c)
@@ -341,22 +342,36 @@ func (c *Cluster) startMember() (err error) {
 	return nil
 }
 
-// provider builds the membership provider cluster.provider names.
-func (c *Cluster) provider() (cluster.ClusterProvider, error) {
+// provider builds the membership provider cluster.provider names. The automanaged one
+// (memberProvider) listens on host (cluster.listen's: 127.0.0.1 by default; empty for every
+// interface) at cluster.provider_port, bound here so that a taken port fails the start; its
+// Shutdown closes the listener (nil for etcd).
+func (c *Cluster) provider(host string) (cluster.ClusterProvider, net.Listener, error) {
 	switch c.cfg.Provider {
 	case config.ClusterProviderAutomanaged, "":
-		return automanaged.NewWithConfig(c.cfg.RefreshInterval, c.cfg.ProviderPort, c.cfg.Members...), nil
+		ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(c.cfg.ProviderPort)))
+		if err != nil {
+			return nil, nil, fmt.Errorf("cannot start cluster: cluster.provider_port: %w", err)
+		}
+		return newMemberProvider(c.cfg.Name, c.cfg.Members, c.cfg.ProviderPort, c.cfg.RefreshInterval, ln, c.logger), ln, nil
 	case config.ClusterProviderEtcd:
 		// The provider never reads its lease keep-alive channel, so the client would warn
 		// about it every second: its own logger is silenced (failures surface as errors).
 		p, err := etcd.NewWithConfig(c.cfg.EtcdPrefix, clientv3.Config{Endpoints: c.cfg.EtcdEndpoints, DialTimeout: 5 * time.Second,
 			Logger: zap.NewNop()})
 		if err != nil {
-			return nil, fmt.Errorf("cannot start cluster: etcd: %w", err)
+			return nil, nil, fmt.Errorf("cannot start cluster: etcd: %w", err)
 		}
-		return p, nil
+		return p, nil, nil
 	}
-	return nil, fmt.Errorf("cannot start cluster: unknown provider %q", c.cfg.Provider)
+	return nil, nil, fmt.Errorf("cannot start cluster: unknown provider %q", c.cfg.Provider)
+}
+
+// closeListener closes the provider's listener, if any, when the member fails to start.
+func closeListener(ln net.Listener) {
+	if ln != nil {
+		_ = ln.Close()
+	}
 }
 
 func splitHostPort(s string) (string, int, error) {
@@ -710,8 +725,8 @@ func (c *Cluster) publishLeaving() {
 	c.c.Gossip.SetState(gossipLeaving, &clusterpb.LeavingMembers{Ids: ids})
 }
 
-// Close stops the gossip loop, leaves the membership (gracefully: the provider deregisters
-// this replica; its grains stop) and shuts the actor system down. Components on the System
+// Close stops the gossip loop, leaves the membership (gracefully: the provider deregisters this replica; its
+// grains stop) and shuts the actor system down. Components on the System
 // must be closed first. Without a prior Leave, partitions are not handed off: their
 // bindings are re-created on the next owners as requests arrive.
 func (c *Cluster) Close() {

@@ -35,8 +35,8 @@ type Cluster struct {
 	Advertise string `koanf:"advertise" json:"advertise"`
 	// Provider is the membership provider: automanaged or etcd. Default automanaged.
 	Provider string `koanf:"provider" json:"provider"`
-	// ProviderPort is the automanaged provider's HTTP port of this replica (it binds every
-	// interface). Default 6330.
+	// ProviderPort is the automanaged provider's HTTP port of this replica; it binds the
+	// host of listen (every interface when that host is empty or 0.0.0.0). Default 6330.
 	ProviderPort int `koanf:"provider_port" json:"provider_port" unit:"TCP port"`
 	// Members are every replica's automanaged provider address, host:provider_port, this
 	// one included: required with provider automanaged. Default: none.
