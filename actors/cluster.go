@@ -166,6 +166,13 @@ type Cluster struct {
 	wg     sync.WaitGroup
 	closed atomic.Bool
 	left   atomic.Bool
+	// inflight counts the binding requests past their closed check (request); Close waits
+	// until none is left before it stops the remote, so that no request of this replica
+	// sends to a peer while Proto.Actor's endpoint manager stops (it drops its connection
+	// table, and a send then panics). drained is poked when the count drops to zero once
+	// closed is set.
+	inflight atomic.Int64
+	drained  chan struct{}
 	// ready is set once ClusterOptions.Ready has closed: the callbacks may run.
 	ready atomic.Bool
 	// applying serialises applyPeers.
@@ -239,6 +246,7 @@ func NewCluster(sys *System, cfg config.Cluster, opts ClusterOptions) (cl *Clust
 		peers:       map[string]*clusterpb.InflightCounts{},
 		changes:     map[string]WorkerChange{},
 		stop:        make(chan struct{}),
+		drained:     make(chan struct{}, 1),
 		host:        newHost(),
 	}
 	if c.timeout <= 0 {
@@ -725,7 +733,8 @@ func (c *Cluster) publishLeaving() {
 	c.c.Gossip.SetState(gossipLeaving, &clusterpb.LeavingMembers{Ids: ids})
 }
 
-// Close stops the gossip loop, leaves the membership (gracefully: the provider deregisters this replica; its
+// Close stops the gossip loop, waits for the binding requests in flight (new ones fail at
+// once), leaves the membership (gracefully: the provider deregisters this replica; its
 // grains stop) and shuts the actor system down. Components on the System
 // must be closed first. Without a prior Leave, partitions are not handed off: their
 // bindings are re-created on the next owners as requests arrive.
@@ -735,6 +744,7 @@ func (c *Cluster) Close() {
 	}
 	close(c.stop)
 	c.wg.Wait()
+	c.waitRequests()
 	c.unsubscribe()
 	func() {
 		defer func() {
@@ -748,6 +758,34 @@ func (c *Cluster) Close() {
 	c.sys.sys.ProcessRegistry.Remove(&actor.PID{Id: nearCacheName})
 	c.unregister()
 	c.stats.unregister()
+}
+
+// waitRequests waits until no binding request is in flight (closed is set: none starts),
+// at most as long as one can last (cluster.request_timeout, plus a local call's timeout).
+func (c *Cluster) waitRequests() {
+	if c.inflight.Load() == 0 {
+		return
+	}
+	bound := time.NewTimer(c.timeout + c.opts.Affinity.CallTimeout)
+	defer bound.Stop()
+	for c.inflight.Load() > 0 {
+		select {
+		case <-c.drained:
+		case <-bound.C:
+			c.logger.Warn("cluster closing with binding requests in flight", slog.Int64("requests", c.inflight.Load()))
+			return
+		}
+	}
+}
+
+// endRequest ends a binding request counted in inflight.
+func (c *Cluster) endRequest() {
+	if c.inflight.Add(-1) == 0 && c.closed.Load() {
+		select {
+		case c.drained <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // statsByScope are the per-scope binding series shared by every partition grain of this

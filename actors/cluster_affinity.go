@@ -59,6 +59,10 @@ type bindingAnswer struct {
 // moved) is asked again through its owner. Nothing here changes the placement: a slow
 // member is not a gone one.
 func (c *Cluster) request(scope engine.AffinityScope, op bindingOp) (bindingAnswer, error) {
+	// Counted before the closed check: either Close sees this request and waits for it, or
+	// this request sees Close (see waitRequests).
+	c.inflight.Add(1)
+	defer c.endRequest()
 	if c.closed.Load() {
 		return bindingAnswer{}, &engine.PickError{Outcome: engine.OutcomeInternal, Stage: scope.Stage, BucketID: scope.BucketID,
 			Detail: "cluster is shut down", Err: ErrAffinityClosed}

@@ -10,6 +10,7 @@ package actors
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -863,5 +864,83 @@ func TestClusterNearCacheForgetsMovedPartitions(t *testing.T) {
 	}
 	if got := off[0].cl.remote.Get() - remote; got != 3 {
 		t.Fatalf("3 lookups without a near cache made %d remote requests, want 3", got)
+	}
+}
+
+// TestClusterCloseWaitsForRemoteRequests: a member closed while one of its binding requests
+// is in flight at another member (whose grain is held) stops its remote only after that
+// request has its answer: the request neither fails nor sends into a stopped endpoint
+// manager (Proto.Actor then panics), and requests made after Close began fail at once. The
+// request timeout (20s) outlasts Proto.Actor's own two-second wait in its shutdown, after
+// which the remote stopped under the request before.
+func TestClusterCloseWaitsForRemoteRequests(t *testing.T) {
+	arrived := make(chan struct{}, 1)
+	release := make(chan struct{})
+	var hold atomic.Bool
+	ports := freePorts(t, 2)
+	ms := startMembersCfg(t, ports, 2, func(i int) SystemOptions {
+		if i != 1 {
+			return SystemOptions{}
+		}
+		return SystemOptions{Observe: func(k Kind, msg any) {
+			if k == KindPartition && hold.Load() {
+				if _, ok := msg.(*clusterpb.LookupBinding); ok {
+					arrived <- struct{}{}
+					<-release
+				}
+			}
+		}}
+	}, func(c *config.Cluster) {
+		c.RequestTimeout = 20 * time.Second
+		c.NearCacheTTL = 0 // every lookup asks the owner
+	})
+	pl := ms[0].cl.placement.Load()
+	key := ""
+	for k := 0; key == ""; k++ {
+		if c := fmt.Sprintf("close-%d", k); pl.owners[ms[0].cl.partitionOf(c)] == ms[1].cl.Address() {
+			key = c
+		}
+	}
+	now := time.Now()
+	if _, set, err := ms[0].cl.Bind(clusterScope, key, "", "W1", now); err != nil || !set {
+		t.Fatal(set, err)
+	}
+
+	hold.Store(true)
+	type answer struct {
+		worker string
+		err    error
+	}
+	inFlight := make(chan answer, 1)
+	go func() {
+		w, err := ms[0].cl.Lookup(clusterScope, key, now)
+		inFlight <- answer{w, err}
+	}()
+	<-arrived // the lookup waits for member 1's grain
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		ms[0].close()
+	}()
+	<-ms[0].cl.stop // Close has begun
+	if _, err := ms[0].cl.Lookup(clusterScope, key, now); !errors.Is(err, ErrAffinityClosed) {
+		t.Errorf("a lookup after Close began: %v, want ErrAffinityClosed", err)
+	}
+	// Close must not finish while the lookup is held. The grain is released when Close
+	// returns (the failure) or after Proto.Actor's shutdown would have stopped the remote
+	// under the lookup (3s, past its two-second wait): a bound on the test's length only.
+	select {
+	case <-closed:
+		t.Error("Close returned while a binding request was in flight")
+	case <-time.After(3 * time.Second):
+	}
+	close(release)
+	if a := <-inFlight; a.err != nil || a.worker != "W1" {
+		t.Errorf("the lookup in flight during Close = %q, %v; want its binding W1", a.worker, a.err)
+	}
+	select {
+	case <-closed:
+	case <-time.After(clusterWait):
+		t.Fatal("Close did not return once the request had ended")
 	}
 }
