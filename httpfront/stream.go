@@ -331,7 +331,8 @@ func (r *relay) Due() time.Time {
 }
 
 // Woke implements fleet.Pacer: the engine sent nothing until Due. Past the deadline or the
-// idle bound the stream ends; at a heartbeat the comment is written and the read goes on.
+// idle bound the stream ends; at a heartbeat the events gathered, or else the comment, are
+// written and the read goes on.
 func (r *relay) Woke() bool {
 	now := time.Now()
 	switch {
@@ -343,6 +344,11 @@ func (r *relay) Woke() bool {
 		return false
 	case r.w != nil && !r.midEvent && !now.Before(r.hbAt):
 		r.hbAt = now.Add(r.hbEvery)
+		if r.pend != nil && len(*r.pend) > 0 {
+			// Events gathered and not yet written (the read began after the heartbeat was
+			// due) go out instead: a heartbeat never overtakes an event.
+			return r.Waiting()
+		}
 		if _, err := r.w.Write(heartbeat); err != nil {
 			r.woke, r.wokeEnd = endClientGone, true
 			return false

@@ -338,3 +338,30 @@ func TestRelayReadMatchesWriteTo(t *testing.T) {
 		t.Fatalf("WriteTo wrote %q, Read gave %q; want %q", written.String(), read, want)
 	}
 }
+
+// TestHeartbeatNeverOvertakesAnEvent: when the heartbeat is due before the read that would
+// write the gathered events waits (a stream's goroutine started late on a busy machine: the
+// first event, read in prime, is gathered, then the read finds the heartbeat past), the
+// events go out, not a heartbeat ahead of them.
+func TestHeartbeatNeverOvertakesAnEvent(t *testing.T) {
+	var out bytes.Buffer
+	r := &relay{s: &Server{hardStop: make(chan struct{}), now: time.Now}, hbEvery: time.Minute}
+	r.w, r.gather = &out, true
+	now := time.Now()
+	r.idleAt, r.hbAt = now.Add(time.Hour), now.Add(-time.Millisecond)
+	r.gatherOut([]byte(evA))
+	if !r.Woke() {
+		t.Fatal("the stream ended at a heartbeat")
+	}
+	if out.String() != evA {
+		t.Fatalf("wrote %q, want the gathered event %q", out.String(), evA)
+	}
+	if !r.hbAt.After(now) {
+		t.Fatal("the next heartbeat was not pushed back")
+	}
+	r.hbAt = time.Now().Add(-time.Millisecond)
+	out.Reset()
+	if !r.Woke() || out.String() != string(heartbeat) {
+		t.Fatalf("with nothing gathered: wrote %q, want the heartbeat", out.String())
+	}
+}
