@@ -65,3 +65,52 @@ func BenchmarkParseRequestLongChat(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkMessagesWalk reads the role and content of every message of a validated messages
+// array (four messages, 64 KiB of text): through members and elems, which only locate the
+// values (walk), and through the validating scanner, as they did before (scan, the baseline).
+func BenchmarkMessagesWalk(b *testing.B) {
+	text := strings.Repeat(`The quick brown fox jumps over the lazy dog. \"Quoted\" words\n`, 16<<10/64)
+	msgs := []byte(`[`)
+	for i, role := range []string{"system", "user", "assistant", "user"} {
+		if i > 0 {
+			msgs = append(msgs, ',')
+		}
+		msgs = append(msgs, `{"role":"`+role+`","content":"`+text+`"}`...)
+	}
+	msgs = append(msgs, ']')
+	v, _, err := scanValue(msgs, 0, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var n int
+	member := func(key []byte, mv jsonValue) error {
+		if keyIs(key, "content") {
+			n += len(mv.raw)
+		}
+		return nil
+	}
+	for _, walk := range []bool{true, false} {
+		name := "scan"
+		if walk {
+			name = "walk"
+		}
+		b.Run(name, func(b *testing.B) {
+			b.SetBytes(int64(len(msgs)))
+			for b.Loop() {
+				n = 0
+				if walk {
+					_ = v.elems(func(_ int, m jsonValue) error { return m.members(member) })
+				} else {
+					_, _ = scanArray(v.raw, 0, 1, func(_ int, m jsonValue) error {
+						_, err := scanObject(m.raw, 0, 1, member)
+						return err
+					})
+				}
+				if n != 4*(len(text)+2) {
+					b.Fatalf("content bytes %d, want %d", n, 4*(len(text)+2))
+				}
+			}
+		})
+	}
+}
