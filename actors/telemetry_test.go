@@ -372,11 +372,12 @@ func TestTelemetrySubscribesToEveryGaugeEndpoint(t *testing.T) {
 
 // vllmServer is a loopback engine that speaks only what vLLM serves for load: a Prometheus
 // page at /metrics (two DP engines), 404 elsewhere; every /metrics request is signalled on
-// hits, every other request counted in others.
+// hits, every other request counted in others (those to /get_load also in getLoad).
 type vllmServer struct {
 	*httptest.Server
-	hits   chan struct{}
-	others atomic.Int64
+	hits    chan struct{}
+	others  atomic.Int64
+	getLoad atomic.Int64
 }
 
 func newVLLMServer(t *testing.T) *vllmServer {
@@ -394,6 +395,9 @@ func newVLLMServer(t *testing.T) *vllmServer {
 	s := &vllmServer{hits: make(chan struct{}, 1024)}
 	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/metrics" {
+			if r.URL.Path == "/get_load" {
+				s.getLoad.Add(1)
+			}
 			s.others.Add(1)
 			http.NotFound(w, r)
 			return
@@ -410,7 +414,9 @@ func newVLLMServer(t *testing.T) *vllmServer {
 }
 
 // TestTelemetryScrapesVLLM: a worker whose engine has only a Prometheus page gets its load
-// from it, in auto mode after one probe of each native route, with flavor vllm at once.
+// from it, in auto mode once both native routes answered 404 (a probe that outlasts the
+// poll's timeout, the 25ms interval here, is asked again: it failed, it did not answer
+// 404), with flavor vllm at once; once the page is read no native route is asked again.
 func TestTelemetryScrapesVLLM(t *testing.T) {
 	for _, flavor := range []string{"", config.FlavorVLLM} {
 		t.Run("flavor "+flavor, func(t *testing.T) {
@@ -423,11 +429,15 @@ func TestTelemetryScrapesVLLM(t *testing.T) {
 				t.Fatal(err)
 			}
 			var obs load.Observation
+			detected := int64(-1) // native probes before the page was first read
 			for round := 0; round < 100 && !obs.Known(); round++ {
 				select {
 				case <-srv.hits:
 				case <-time.After(10 * time.Second):
 					t.Fatal("the metrics page was not scraped")
+				}
+				if detected < 0 {
+					detected = srv.others.Load()
 				}
 				snap, err := tel.Flush()
 				if err != nil {
@@ -445,12 +455,15 @@ func TestTelemetryScrapesVLLM(t *testing.T) {
 			if err := tel.RemoveWorker("V1"); err != nil {
 				t.Fatal(err)
 			}
-			want := int64(2) // auto: /v1/loads and /get_load, once
-			if flavor == config.FlavorVLLM {
-				want = 0
+			getLoad, loads := srv.getLoad.Load(), detected-srv.getLoad.Load()
+			if flavor == config.FlavorVLLM && detected != 0 {
+				t.Fatalf("flavor vllm: %d requests to native load routes, want none", detected)
 			}
-			if got := srv.others.Load(); got != want {
-				t.Fatalf("%d requests to routes other than /metrics, want %d", got, want)
+			if flavor != config.FlavorVLLM && (loads < 1 || getLoad < 1) {
+				t.Fatalf("auto: /v1/loads asked %d times and /get_load %d before the page, want both", loads, getLoad)
+			}
+			if got := srv.others.Load(); got != detected {
+				t.Fatalf("%d requests to native load routes after the page was read", got-detected)
 			}
 		})
 	}
