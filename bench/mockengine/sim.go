@@ -117,6 +117,19 @@ func (v EngineView) Backlog(now time.Duration) time.Duration {
 	return d
 }
 
+// Started is the prefill time of the step in progress already spent (0 without one).
+func (v EngineView) Started(now time.Duration) time.Duration {
+	e := v.e
+	if !e.prefilling || e.stepEnd <= now {
+		return 0
+	}
+	d := e.costs.PrefillOverhead
+	for _, s := range e.batch {
+		d += time.Duration(s.r.PromptTokens-s.cached) * e.costs.PrefillPerToken
+	}
+	return d - (e.stepEnd - now)
+}
+
 // Running is the requests admitted (being prefilled or decoding).
 func (v EngineView) Running() int { return len(v.e.running) }
 
