@@ -45,12 +45,14 @@ func startCall(t *testing.T, e *Engine, path string, body map[string]any) *rawCa
 
 // awaitLine ends the prefill step (its first token) and waits for a response line with
 // prefix.
-func (rc *rawCall) awaitLine(t *testing.T, clk *ManualClock, prefix string) {
+func (rc *rawCall) awaitLine(t *testing.T, e *Engine, clk *ManualClock, prefix string) {
 	t.Helper()
-	if err := clk.WaitForTimers(t.Context(), 1); err != nil {
-		t.Fatal(err)
+	ctx, cancel := context.WithTimeout(t.Context(), testDeadline)
+	defer cancel()
+	if err := clk.WaitForTimers(ctx, 1); err != nil {
+		t.Fatalf("no prefill step begins: %v; %s", err, engineState(e, clk))
 	}
-	if _, err := clk.AdvanceToNext(t.Context()); err != nil {
+	if _, err := clk.AdvanceToNext(ctx); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.After(testDeadline)
@@ -113,6 +115,13 @@ func stoppedWithinOneStep(t *testing.T, e *Engine, clk *ManualClock) int64 {
 	return genTokens(e)
 }
 
+// engineState describes rank 0 and the clock for a failure message.
+func engineState(e *Engine, clk *ManualClock) string {
+	reps, _ := e.reports()
+	return fmt.Sprintf("rank 0: %d running, %d waiting, %d tokens generated; %d aborts; %d timers pending",
+		reps[0].Running, reps[0].Waiting, genTokens(e), e.Aborts(), clk.Pending())
+}
+
 // running is rank 0's running count, as its load report says.
 func running(e *Engine) int64 {
 	reps, _ := e.reports()
@@ -150,7 +159,7 @@ func TestAbortStopsTheWork(t *testing.T) {
 			body["rid"] = "req-1"
 			rc := startCall(t, e, "/v1/chat/completions", body)
 			if tt.stream {
-				rc.awaitLine(t, clk, `data: {`) // the first token reached the caller
+				rc.awaitLine(t, e, clk, `data: {`) // the first token reached the caller
 			} else {
 				runningAfterOneStep(t, e, clk, 1) // prefilled, decoding
 			}
@@ -185,5 +194,51 @@ func TestAbortStopsTheWork(t *testing.T) {
 				t.Errorf("%d tokens generated, want the first ones and at most one step after the caller left", tokens)
 			}
 		})
+	}
+}
+
+// TestAbortIsInEffectWhenCounted: an abort is counted (Aborts, WaitAborts) only once the
+// scheduler can see it, so that the step in progress when the count moves is the request's
+// last. The test holds the lock the count takes while a vLLM caller hangs up: the request
+// must be marked aborted, and stop when that step ends, before its count can move. (Counted
+// first, a waiter could let the step end before the mark, and the request ran on.)
+func TestAbortIsInEffectWhenCounted(t *testing.T) {
+	clk := NewManualClock(time.Unix(1_800_000_000, 0))
+	e := startEngine(t, Config{Clock: clk, Flavor: FlavorVLLM, Model: "m",
+		Costs:    &Costs{PrefillOverhead: time.Millisecond, DecodeStep: 10 * time.Millisecond},
+		KVEvents: KVEvents{Disabled: true}, LoadPublish: LoadPublish{Disabled: true}})
+	body := chatReq(false, 100)
+	body["rid"] = "req-1"
+	rc := startCall(t, e, "/v1/chat/completions", body)
+	runningAfterOneStep(t, e, clk, 1) // prefilled, decoding
+	e.jobsMu.Lock()
+	j := e.jobs["req-1"]
+	locked := true
+	unlock := func() {
+		if locked {
+			locked = false
+			e.jobsMu.Unlock()
+		}
+	}
+	defer unlock()
+	if j == nil {
+		t.Fatal("no job req-1")
+	}
+	_ = rc.conn.Close()
+	poll(t, "the request marked aborted before its abort is counted", func() bool {
+		return j.seqs[0].aborted.Load()
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), testDeadline)
+	defer cancel()
+	if _, err := clk.AdvanceToNext(ctx); err != nil { // the step in progress ends
+		t.Fatal(err)
+	}
+	poll(t, "nothing running after the step in progress", func() bool { return running(e) == 0 })
+	if p := clk.Pending(); p != 0 {
+		t.Errorf("%d steps begun after the abort", p)
+	}
+	unlock()
+	if err := e.WaitAborts(ctx, 1); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -599,7 +599,9 @@ func (e *Engine) Aborts() uint64 {
 	return e.aborts
 }
 
-// WaitAborts waits until the engine has aborted at least n requests, or ctx is done.
+// WaitAborts waits until the engine has aborted at least n requests, or ctx is done. An
+// abort is counted once it is in effect: the request takes part in no step after the one in
+// progress.
 func (e *Engine) WaitAborts(ctx context.Context, n uint64) error {
 	for {
 		e.jobsMu.Lock()

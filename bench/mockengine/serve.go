@@ -151,17 +151,20 @@ func (e *Engine) abort(rid string, all bool) int {
 	return len(seen)
 }
 
+// abort marks the job's sequences for the scheduler, which finishes them at its next step
+// boundary, and counts the abort last: whoever sees the count (WaitAborts) finds the abort
+// in effect, so the step in progress is the last one the request takes part in.
 func (j *job) abort() {
 	j.abortOnce.Do(func() {
-		j.e.counted()
-		close(j.abortCh)
 		for _, s := range j.seqs {
 			s.aborted.Store(true)
 		}
+		close(j.abortCh)
 		select {
 		case j.rank.wake <- struct{}{}:
 		default:
 		}
+		j.e.counted()
 	})
 }
 
