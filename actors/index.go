@@ -52,14 +52,16 @@ func IndexHost(opts IndexOptions) func(shards []*index.Shard) (index.ShardHost, 
 }
 
 // IndexShards hosts the prefix index's shards on index shard actors, one per shard: each
-// actor owns its index.Shard and applies ApplyEvents, MatchPrefix and PruneOwners in mailbox
-// order. It implements index.ShardHost.
+// actor owns its index.Shard, is its only writer, and applies ApplyEvents, MatchPrefix and
+// PruneOwners in mailbox order. It implements index.ShardHost.
 //
 // Writes are fire-and-forget: batches queue per shard behind one ApplyEvents doorbell; a
 // full queue or mailbox refuses them at once and the index writer clears the affected
-// owners. A lookup (MatchPrefix) fans out to the shards it needs
-// with one pooled call whose reply channel collects every answer, and waits until the
-// lookup's deadline; a miss abandons the call. A panicking shard actor is logged, counted,
+// owners. Lookups read the shard tables on their own goroutines (index.Shard.MatchDirect)
+// and do not message the actors; a query a lookup could not read beside the writer, and
+// index.Index.Sync, go through the actors (MatchPrefix): one pooled call per fan-out whose
+// reply channel collects every answer, waiting until the lookup's deadline; a miss abandons
+// the call. A panicking shard actor is logged, counted,
 // restarted with an empty shard, and fails only the message that hit it.
 //
 // All methods are safe for concurrent use. Close stops every actor.
@@ -132,11 +134,11 @@ func (s *IndexShards) Panics() uint64 { return s.counters.panics.Get() }
 // Apply implements index.ShardHost: it queues the batch on shard i and rings the shard's
 // doorbell (one ApplyEvents in its mailbox) unless one is already pending, so that under
 // load many batches cost one actor wake-up. The shard actor also applies its queue before
-// every other message, which keeps writes ordered before later lookups and lets a doorbell
-// refused by a full mailbox wait for the messages that fill it. The queue holds at most
-// the mailbox size in batches (actors.mailbox.index_shard): beyond it a batch is refused at
-// once, which bounds how far the index may lag behind the events and how long a lookup
-// waits behind writes.
+// every other message, which keeps writes ordered before later queries through the actor
+// (index.Index.Sync) and lets a doorbell refused by a full mailbox wait for the messages that
+// fill it. The queue holds at most the mailbox size in batches (actors.mailbox.index_shard):
+// beyond it a batch is refused at once, which bounds how far the index may lag behind the
+// events.
 func (s *IndexShards) Apply(i int, b *index.ShardBatch) error {
 	if s.closed.Load() {
 		return s.closedErr

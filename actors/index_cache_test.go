@@ -202,6 +202,13 @@ func (h *cacheHarness) waitApplied(t *testing.T, worker string, seq uint64) {
 		select {
 		case got := <-h.applied:
 			if got == want {
+				// Ingested: its block operations are queued for the shard actors, which
+				// lookups do not wait for. Wait until the shards applied them.
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				if err := h.cs.Index().Sync(ctx); err != nil {
+					t.Fatal(err)
+				}
 				return
 			}
 		case <-deadline:

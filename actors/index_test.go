@@ -50,6 +50,25 @@ func holdPrompt(t *testing.T, x *index.Index, worker string, tokens []uint32) in
 	return w.Flush()
 }
 
+// syncIndex waits until every shard actor applied the batches handed to it.
+func syncIndex(t *testing.T, x *index.Index) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := x.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// queries returns one empty query per shard, for IndexShards.Match.
+func queries(n int) []*index.ShardQuery {
+	qs := make([]*index.ShardQuery, n)
+	for i := range qs {
+		qs[i] = &index.ShardQuery{}
+	}
+	return qs
+}
+
 func matched(t *testing.T, x *index.Index, tokens []uint32) (map[string]int64, error) {
 	t.Helper()
 	var l kv.Lookup
@@ -74,7 +93,8 @@ func TestIndexShardsServeTheIndex(t *testing.T) {
 	if d := holdPrompt(t, x, "b", long[:3008]); d != 0 {
 		t.Fatalf("dropped %d", d)
 	}
-	// Applies are asynchronous: a lookup queued behind them in every shard sees them.
+	// Applies are asynchronous: once every shard has applied them, a lookup sees them.
+	syncIndex(t, x)
 	got, err := matched(t, x, long)
 	if err != nil || got["a"] != 20_000 || got["b"] != 3008 {
 		t.Fatalf("got %v, err %v", got, err)
@@ -128,24 +148,26 @@ func TestIndexShardsRejectFastWhenFull(t *testing.T) {
 	if c := x.Metrics().Ingest(); c.ClearsDropped == 0 {
 		t.Fatalf("the owner of a refused batch was not cleared: %+v", c)
 	}
-	// Lookups queue in the mailbox behind the blocked actor; once it is full, the next one is
-	// unavailable at once, not after its deadline.
+	// Lookups read the shards directly: they answer at once while the actor is blocked, with
+	// what it applied (nothing yet).
+	if got, err := matched(t, x, prompt(0, 32)); err != nil || len(got) != 0 {
+		t.Fatalf("lookup beside a blocked shard actor: %v, %v", got, err)
+	}
+	// Queries through the actor (a lookup's fallback, Sync) queue in the mailbox behind it;
+	// once it is full, the next one is refused at once, not after its deadline.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	results := make(chan error, 16)
 	for range 16 {
-		go func() {
-			var l kv.Lookup
-			results <- x.Lookup(ctx, "m", prompt(0, 32), &l)
-		}()
+		go func() { results <- h.Match(ctx, queries(1)) }()
 	}
 	select {
 	case err := <-results:
-		if !errors.Is(err, kv.ErrUnavailable) || !errors.Is(err, index.ErrShardBusy) {
+		if !errors.Is(err, index.ErrShardBusy) {
 			t.Fatalf("first answer: %v", err)
 		}
 	case <-time.After(30 * time.Second):
-		t.Fatal("no lookup was refused by the full mailbox")
+		t.Fatal("no query was refused by the full mailbox")
 	}
 	release()
 	for range 15 {
@@ -157,18 +179,31 @@ func TestIndexShardsRejectFastWhenFull(t *testing.T) {
 
 func TestIndexShardsLookupDeadline(t *testing.T) {
 	x, h := actorIndex(t, 2, 64)
-	if _, err := x.SetWorker("a", "m", 1, 16); err != nil {
+	ids, err := x.SetWorker("a", "m", 1, 16)
+	if err != nil {
 		t.Fatal(err)
 	}
+	holdPrompt(t, x, "a", prompt(0, 64))
+	syncIndex(t, x)
 	_, release := blockShards(t, h)
 	defer release()
+	// A query through blocked actors ends with its context.
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // the deadline has passed
-	var l kv.Lookup
-	if err := x.Lookup(ctx, "m", prompt(0, 64), &l); !errors.Is(err, kv.ErrUnavailable) {
+	if err := h.Match(ctx, queries(2)); !errors.Is(err, context.Canceled) {
 		t.Fatalf("err = %v", err)
 	}
+	// A lookup does not wait for them: it reads what they applied.
+	w := x.NewWriter()
+	w.Remove(ids[0], x.Owners().Epoch(ids[0]), hashing.AppendBlockHashes(nil, prompt(0, 64), 16)[0], index.AllTiers)
+	if d := w.Flush(); d != 0 {
+		t.Fatalf("dropped %d", d)
+	}
+	if got, err := matched(t, x, prompt(0, 64)); err != nil || got["a"] != 64 {
+		t.Fatalf("beside blocked actors: %v, %v", got, err)
+	}
 	release()
+	syncIndex(t, x)
 	if got, err := matched(t, x, prompt(0, 64)); err != nil || len(got) != 0 {
 		t.Fatalf("after release: %v, %v", got, err)
 	}
@@ -178,6 +213,7 @@ func TestIndexShardsRestartAfterPanic(t *testing.T) {
 	x, h := actorIndex(t, 1, 64)
 	tokens := prompt(0, 64)
 	holdPrompt(t, x, "a", tokens)
+	syncIndex(t, x)
 	if got, _ := matched(t, x, tokens); got["a"] != 64 {
 		t.Fatalf("before: %v", got)
 	}
@@ -192,14 +228,18 @@ func TestIndexShardsRestartAfterPanic(t *testing.T) {
 			}
 		}
 	})
-	if _, err := matched(t, x, tokens); !errors.Is(err, kv.ErrUnavailable) || !errors.Is(err, ErrPanicked) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := x.Sync(ctx); !errors.Is(err, ErrPanicked) {
 		t.Fatalf("the query that hit the panic: %v", err)
 	}
+	syncIndex(t, x) // the restart (which empties the shard) is handled before this query
 	got, err := matched(t, x, tokens)
 	if err != nil || len(got) != 0 || h.Panics() != 1 {
 		t.Fatalf("after restart: %v, %v, panics %d (the shard restarts empty)", got, err, h.Panics())
 	}
 	holdPrompt(t, x, "a", tokens)
+	syncIndex(t, x)
 	if got, _ := matched(t, x, tokens); got["a"] != 64 {
 		t.Fatalf("refilled: %v", got)
 	}

@@ -65,9 +65,12 @@ func TestCacheAwareServing(t *testing.T) {
 	if _, err := subscribe.NewIngestor(x, "A", false, nil).Apply(payload, 0); err != nil {
 		t.Fatal(err)
 	}
-	var l kv.Lookup // the shards apply writes before any later lookup
+	var l kv.Lookup
 	lookupCtx, cancelLookup := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancelLookup()
+	if err := x.Sync(lookupCtx); err != nil { // lookups read what the shards applied
+		t.Fatal(err)
+	}
 	if err := x.Lookup(lookupCtx, "llama", ids, &l); err != nil || l.Tokens("A") < 32 {
 		t.Fatalf("the index did not apply A's blocks: %+v, %v", l, err)
 	}

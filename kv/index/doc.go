@@ -14,9 +14,21 @@
 // Clearing an owner (ClearOwner, worker removal) is one atomic increment, effective for every
 // lookup at once; shards reclaim the stale records in bounded sweeps.
 //
-// Concurrency: Index is safe for concurrent use. A Shard belongs to one goroutine at a time:
-// an index shard actor (package actors implements ShardHost) or a mutex (LockedShards).
-// Owners publishes immutable snapshots and keeps epochs in atomics. A Writer belongs to one
-// goroutine. Close an Index (it stops its shard host); a host returns the ShardBatch values
-// handed to it with Done.
+// Concurrency: Index is safe for concurrent use. Each Shard has one writer at a time, the
+// goroutine that owns it (an index shard actor, package actors implements ShardHost, or a
+// mutex in LockedShards): writes, clears, prunes and sweeps run there, in order. Lookups
+// read the shard tables on their own goroutine (Shard.MatchDirect), beside the writer and
+// without waiting for it: every table, owner-set and owner-record word is written and read
+// with sync/atomic; reallocated arrays are published with atomic.Pointer (a reader keeps the
+// old ones until it is done); and a sequence per stripe of block hashes, odd while the
+// writer changes a block of the stripe (insert, backward-shift move, delete, owner run),
+// lets a reader keep only reads no write overlapped, so each block's owner set read is one
+// it had at some moment of the lookup. A block whose stripe keeps changing is read again a
+// bounded number of times, then its shard's query goes to the owner (ShardHost.Match) as a
+// fallback. Readers mark the blocks they match for the CLOCK with a compare-and-swap of the
+// entry's age, skipped when it is already set; a concurrent write may undo it (LRU stays
+// approximate). A lookup sees what the shards have applied, not batches still queued for
+// them; Sync waits for those. Owners publishes immutable snapshots and keeps epochs in
+// atomics. A Writer belongs to one goroutine. Close an Index (it stops its shard host); a
+// host returns the ShardBatch values handed to it with Done.
 package index

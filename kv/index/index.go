@@ -44,7 +44,8 @@ type Config struct {
 	// MaxBlocks bounds the resident blocks over all shards; past it, the least recently
 	// used (CLOCK approximation) are evicted. Default DefaultMaxBlocks (4,000,000).
 	MaxBlocks int
-	// LookupTimeout bounds a lookup whose context has no deadline. Default
+	// LookupTimeout bounds a lookup whose context has no deadline: how long it may wait for
+	// the shards it could not read directly to answer through their host. Default
 	// DefaultLookupTimeout (100 ms).
 	LookupTimeout time.Duration
 	// Host starts the goroutines (or locks) that own the shards. Default NewLockedShards.
@@ -178,6 +179,7 @@ func (x *Index) Stats() Stats {
 		st.Pruned += ss.Pruned
 		st.Queries += ss.Queries
 		st.Probes += ss.Probes
+		st.Fallbacks += ss.Fallbacks
 	}
 	st.MemoryBytes = st.ShardStats.MemoryBytes()
 	st.Owners = x.owners.Len()
@@ -217,6 +219,20 @@ func (x *Index) Prune() {
 	for i := range x.shards {
 		_ = x.host.Prune(i)
 	}
+}
+
+// Sync waits until every shard has applied the operations handed to it before Sync was
+// called. A host may apply writes asynchronously (the shard actors do) and a lookup reads
+// what its shards have applied, not what is still queued for them.
+func (x *Index) Sync(ctx context.Context) error {
+	qs := make([]*ShardQuery, len(x.shards))
+	for i := range qs {
+		qs[i] = &ShardQuery{}
+	}
+	if err := x.host.Match(ctx, qs); err != nil {
+		return fmt.Errorf("cannot sync index shards: %w", err)
+	}
+	return nil
 }
 
 func (x *Index) shardOf(h int64) int {
@@ -348,6 +364,8 @@ type lookupScratch struct {
 	key    chunkKey
 	keyed  bool
 	stream *stream // reused by the streamed lookups of this scratch
+	// start is when the lookup started (its LookupTimeout runs from there).
+	start time.Time
 }
 
 // hashUpTo hashes the prompt's blocks up to block hi (exclusive) into sc.hashes.
@@ -411,12 +429,12 @@ func (x *Index) getScratch(maxID OwnerID) *lookupScratch {
 // Lookup implements CacheSource.
 func (x *Index) Lookup(ctx context.Context, model string, tokens []uint32, dst *kv.Lookup) error {
 	start := time.Now()
-	err := x.lookup(ctx, model, tokens, dst)
+	err := x.lookup(ctx, start, model, tokens, dst)
 	x.metrics.ObserveLookup(kv.SourceLocal, start, err)
 	return err
 }
 
-func (x *Index) lookup(ctx context.Context, model string, tokens []uint32, dst *kv.Lookup) error {
+func (x *Index) lookup(ctx context.Context, start time.Time, model string, tokens []uint32, dst *kv.Lookup) error {
 	dst.Reset()
 	dst.QueryTokens = len(tokens)
 	if len(tokens) == 0 {
@@ -427,14 +445,8 @@ func (x *Index) lookup(ctx context.Context, model string, tokens []uint32, dst *
 	if len(groups) == 0 {
 		return nil
 	}
-	if _, ok := ctx.Deadline(); !ok {
-		if _, locked := x.host.(*LockedShards); !locked {
-			var cancel context.CancelFunc
-			ctx, cancel = context.WithTimeout(ctx, x.timeout)
-			defer cancel()
-		}
-	}
 	sc := x.getScratch(snap.maxID)
+	sc.start = start
 	for _, g := range groups {
 		sc.startChain(tokens, g.blockSize, x.hcache)
 		if err := x.matchGroup(ctx, sc, g.owners, (len(tokens)+g.blockSize-1)/g.blockSize); err != nil {
@@ -472,14 +484,8 @@ func (x *Index) MatchHashes(ctx context.Context, model string, blockSize int, ha
 	if len(hashes) == 0 || len(owners) == 0 {
 		return nil
 	}
-	if _, ok := ctx.Deadline(); !ok {
-		if _, locked := x.host.(*LockedShards); !locked {
-			var cancel context.CancelFunc
-			ctx, cancel = context.WithTimeout(ctx, x.timeout)
-			defer cancel()
-		}
-	}
 	sc := x.getScratch(snap.maxID)
+	sc.start = time.Now()
 	sc.hashes = append(sc.hashes[:0], hashes...)
 	sc.tokens, sc.hashed = nil, len(hashes)
 	if err := x.matchGroup(ctx, sc, owners, len(hashes)); err != nil {
@@ -569,8 +575,22 @@ func (x *Index) matchWave(ctx context.Context, sc *lookupScratch, w, lo, hi int)
 		q.Hash = append(q.Hash, h)
 		sc.qp[i] = q
 	}
-	if err := x.host.Match(ctx, sc.qp); err != nil {
-		return false, err
+	// Fast path: every shard's table is read on this goroutine, beside its writer. Slow
+	// path: the shards whose blocks kept changing under the read answer through their host.
+	rest := false
+	for i, q := range sc.qp {
+		if q != nil {
+			if x.shards[i].MatchDirect(q) {
+				sc.qp[i] = nil
+			} else {
+				rest = true
+			}
+		}
+	}
+	if rest {
+		if err := x.hostMatch(ctx, sc); err != nil {
+			return false, err
+		}
 	}
 	for p := lo; p < hi; p++ {
 		i := x.shardOf(sc.hashes[p])
@@ -592,6 +612,19 @@ func (x *Index) matchWave(ctx context.Context, sc *lookupScratch, w, lo, hi int)
 		}
 	}
 	return true, nil
+}
+
+// hostMatch has the shard host answer the non-nil queries of sc.qp, within the lookup's
+// deadline: ctx's, or LookupTimeout from the lookup's start.
+func (x *Index) hostMatch(ctx context.Context, sc *lookupScratch) error {
+	if _, ok := ctx.Deadline(); !ok {
+		if _, locked := x.host.(*LockedShards); !locked {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(ctx, sc.start.Add(x.timeout))
+			defer cancel()
+		}
+	}
+	return x.host.Match(ctx, sc.qp)
 }
 
 // holdAll records that the owners still alive hold all n blocks.

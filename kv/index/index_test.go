@@ -380,6 +380,23 @@ func (stuckHost) Match(ctx context.Context, _ []*ShardQuery) error {
 	return ctx.Err()
 }
 
+// holdStripes makes every stripe of x's shards odd, as a writer does while it changes a
+// block: direct reads give up and leave their queries to the host. It returns the release.
+func holdStripes(x *Index) (release func()) {
+	for _, s := range x.shards {
+		for i := range s.seqs {
+			s.seqs[i].Add(1)
+		}
+	}
+	return func() {
+		for _, s := range x.shards {
+			s.seqs.release()
+		}
+	}
+}
+
+// TestLookupTimeoutIsUnavailable: a lookup whose reads fall back to a host that does not
+// answer gives up at its deadline, unavailable.
 func TestLookupTimeoutIsUnavailable(t *testing.T) {
 	x, err := New(Config{Shards: 2, LookupTimeout: 1, Host: func(s []*Shard) (ShardHost, error) {
 		return stuckHost{NewLockedShards(s)}, nil
@@ -388,6 +405,7 @@ func TestLookupTimeoutIsUnavailable(t *testing.T) {
 		t.Fatal(err)
 	}
 	register(t, x, "a", 1, 16)
+	defer holdStripes(x)()
 	var l kv.Lookup
 	err = x.Lookup(context.Background(), "m", seqTokens(0, 64), &l)
 	if !errors.Is(err, kv.ErrUnavailable) || len(l.Matches) != 0 {
@@ -529,9 +547,57 @@ func TestLookupLeavesAbandonedQueriesAlone(t *testing.T) {
 	}
 	defer x.Close()
 	register(t, x, "a", 1, 16)
+	defer holdStripes(x)()
 	var l kv.Lookup
 	if err := x.Lookup(context.Background(), "m", seqTokens(0, 64), &l); !errors.Is(err, kv.ErrUnavailable) {
 		t.Fatalf("lookup: %v, want ErrUnavailable", err)
 	}
 	h.wg.Wait()
+}
+
+// answeringHost is a host whose shards finish the write they were in (the held stripes)
+// before they answer a query, as a shard actor does: it counts the queries it answers.
+type answeringHost struct {
+	*LockedShards
+	release func()
+	queries int
+}
+
+func (h *answeringHost) Match(ctx context.Context, qs []*ShardQuery) error {
+	h.release()
+	for _, q := range qs {
+		if q != nil {
+			h.queries++
+		}
+	}
+	return h.LockedShards.Match(ctx, qs)
+}
+
+// TestLookupReadsShardsDirectly: a lookup reads the shards on its own goroutine and asks the
+// host nothing; while a shard's blocks are being written under the read (held stripes) it
+// falls back to the host, and gets the same answer.
+func TestLookupReadsShardsDirectly(t *testing.T) {
+	h := &answeringHost{}
+	x, err := New(Config{Shards: 2, MaxBlocks: 1 << 16, Host: func(s []*Shard) (ShardHost, error) {
+		h.LockedShards = NewLockedShards(s)
+		return h, nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Close()
+	id := register(t, x, "a", 1, 16)[0]
+	held := seqTokens(0, 16*300)
+	hold(t, x, id, held, 16, TierGPU)
+	h.release = func() {}
+	if got := lookup(t, x, "m", held); got["a"] != int64(len(held)) || h.queries != 0 {
+		t.Fatalf("direct: matched %v, %d host queries", got, h.queries)
+	}
+	h.release = holdStripes(x)
+	if got := lookup(t, x, "m", held); got["a"] != int64(len(held)) || h.queries == 0 {
+		t.Fatalf("fallback: matched %v, %d host queries", got, h.queries)
+	}
+	if st := x.Stats(); st.Fallbacks == 0 {
+		t.Fatalf("no fallback counted: %+v", st)
+	}
 }

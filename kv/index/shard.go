@@ -45,6 +45,8 @@ type ShardQuery struct {
 	Bits  []uint16
 	Words int
 	Sets  []uint64
+
+	sink int64 // keeps the read-ahead loads of a match from being optimised away
 }
 
 // reset empties q for reuse.
@@ -76,9 +78,12 @@ type ShardStats struct {
 	Pruned uint64
 	// Queries and Probes count match requests and the block lookups they made.
 	Queries, Probes uint64
+	// Fallbacks counts queries a reader could not read consistently beside the writer
+	// (MatchDirect returned false), left to the shard's owner.
+	Fallbacks uint64
 }
 
-// entryLive flags a slot of the block table that holds a block; the CLOCK age is in the
+// entryLive flags a live entry in the flags byte of its meta word; the CLOCK age is in the
 // flags' bits ageShift and up.
 const (
 	entryLive uint8 = 1
@@ -95,7 +100,8 @@ const (
 )
 
 // slot is one owner of a block. Owner IDs below MaxOwners (1<<16) fit 16 bits: an operation
-// of a larger ID is invalid and never stored.
+// of a larger ID is invalid and never stored. In an owner run it is packed in a uint64
+// (packSlot).
 type slot struct {
 	epoch uint32
 	owner uint16
@@ -104,108 +110,196 @@ type slot struct {
 
 func (sl slot) ownerID() OwnerID { return OwnerID(sl.owner) }
 
+func packSlot(sl slot) uint64 { return uint64(sl.epoch) | uint64(sl.owner)<<32 | uint64(sl.tiers)<<48 }
+
+func unpackSlot(v uint64) slot { return slot{uint32(v), uint16(v >> 32), Tiers(v >> 48)} }
+
 // entry is one resident block, 16 bytes, so that a table slot never straddles two cache
-// lines and four share one. A block with one owner (most) holds it inline; a block with
-// several owners holds them all in a run of Shard.arena, and ref names the run. An entry
-// with no owner is deleted at once, so a live entry always has an owner.
+// lines and four share one: the block hash and a meta word. A block with one owner (most)
+// holds it inline in the meta word; a block with several holds them all in a run of
+// Shard.arena, and the meta word names the run's set. An entry with no owner is deleted at
+// once, so a live entry always has an owner. Both words are accessed with sync/atomic
+// (readers probe beside the writer; see blockTable).
 type entry struct {
 	hash int64
-	// ref is the single owner's epoch, or the index in Shard.sets of the owners' run when
-	// owner is 0 (OwnerID 0 is never valid).
-	ref   uint32
-	owner uint16 // the single owner, 0 when the owners are in a run
-	tiers Tiers  // the single owner's tiers
-	flags uint8  // entryLive, and the CLOCK age (0..ageMatched) from bit ageShift
+	meta uint64
 }
 
-// multi reports whether e's owners are in a run.
-func (e *entry) multi() bool { return e.owner == 0 }
+func (e *entry) key() int64      { return atomic.LoadInt64(&e.hash) }
+func (e *entry) setKey(h int64)  { atomic.StoreInt64(&e.hash, h) }
+func (e *entry) load() meta      { return meta(atomic.LoadUint64(&e.meta)) }
+func (e *entry) put(m meta)      { atomic.StoreUint64(&e.meta, uint64(m)) }
+func (e *entry) cas(old, m meta) { atomic.CompareAndSwapUint64(&e.meta, uint64(old), uint64(m)) }
 
-// single is e's owner when it has only one.
-func (e *entry) single() slot { return slot{e.ref, e.owner, e.tiers} }
+// meta is an entry's meta word: bits 0-31 ref, the single owner's epoch, or the index in
+// Shard.sets of the owners' run when owner is 0 (OwnerID 0 is never valid); bits 32-47 the
+// single owner, 0 when the owners are in a run; bits 48-55 the single owner's tiers; bits
+// 56-63 flags (entryLive, and the CLOCK age from bit ageShift). 0 is an empty slot.
+type meta uint64
 
-func (e *entry) setSingle(sl slot) { e.ref, e.owner, e.tiers = sl.epoch, sl.owner, sl.tiers }
+func newMeta(ref uint32, owner uint16, tiers Tiers, flags uint8) meta {
+	return meta(uint64(ref) | uint64(owner)<<32 | uint64(tiers)<<48 | uint64(flags)<<56)
+}
 
-func (e *entry) age() uint8 { return e.flags >> ageShift }
+func (m meta) ref() uint32  { return uint32(m) }
+func (m meta) flags() uint8 { return uint8(m >> 56) }
+func (m meta) live() bool   { return m.flags()&entryLive != 0 }
 
-func (e *entry) setAge(a uint8) { e.flags = e.flags&entryLive | a<<ageShift }
+// multi reports whether the owners are in a run.
+func (m meta) multi() bool { return uint16(m>>32) == 0 }
 
-// ownerSet is a run of arena[off:off+n] with room for 1<<class records.
+// single is the owner when there is only one.
+func (m meta) single() slot { return slot{uint32(m), uint16(m >> 32), Tiers(m >> 48)} }
+
+func (m meta) withSingle(sl slot) meta { return newMeta(sl.epoch, sl.owner, sl.tiers, m.flags()) }
+
+func (m meta) withSet(id uint32) meta { return newMeta(id, 0, 0, m.flags()) }
+
+func (m meta) age() uint8 { return m.flags() >> ageShift }
+
+func (m meta) withAge(a uint8) meta {
+	return m&^(0xff<<56) | meta(m.flags()&entryLive|a<<ageShift)<<56
+}
+
+// ownerSet is a run of arena[off:off+n] with room for 1<<class records. In Shard.sets it is
+// packed in a uint64 (pack).
 type ownerSet struct {
 	off   uint32
 	n     uint16
 	class uint8
 }
 
+func (rs ownerSet) pack() uint64 { return uint64(rs.off) | uint64(rs.n)<<32 | uint64(rs.class)<<48 }
+
+func unpackSet(v uint64) ownerSet { return ownerSet{uint32(v), uint16(v >> 32), uint8(v >> 48)} }
+
 // maxSetClass is the largest run class: 1<<16 = 65,536 records (MaxOwners).
 const maxSetClass = 16
 
-// Bytes of memory a table slot and a further owner record cost.
+// Bytes of memory a table slot, an owner record and an owner set cost.
 const (
 	entryBytes = int64(unsafe.Sizeof(entry{}))
-	slotBytes  = int64(unsafe.Sizeof(slot{}))
-	setBytes   = int64(unsafe.Sizeof(ownerSet{}))
+	slotBytes  = int64(unsafe.Sizeof(uint64(0)))
+	setBytes   = int64(unsafe.Sizeof(uint64(0)))
 )
 
 // sweepChunk is how many entries a shard examines for stale owners per message.
 const sweepChunk = 4096
 
+// MatchDirect reads a block that changed under its read at most maxReadTries more times, and
+// waits for a write of its stripe in progress for at most maxReadSpins loads of the
+// sequence, before it leaves the query to the shard's owner.
+const (
+	maxReadTries = 16
+	maxReadSpins = 1 << 12
+)
+
 // Shard is one part of the prefix index: block hash → owners with their storage tiers.
 // Blocks are assigned to shards by hash. A block with one owner keeps it in its table entry;
 // a block with several keeps them all in a contiguous run, so that a block every engine holds
-// (a shared system prompt) is read sequentially. A shard's memory is bounded: past its maximum, the least recently used
-// block is evicted, approximated with a CLOCK of small ages (a block matched by a request
-// survives longer than one only stored; see ageMatched).
+// (a shared system prompt) is read sequentially. A shard's memory is bounded: past its
+// maximum, the least recently used block is evicted, approximated with a CLOCK of small ages
+// (a block matched by a request survives longer than one only stored; see ageMatched).
 //
-// A Shard is NOT safe for concurrent use: it is owned by one goroutine at a time (its index
-// shard actor, or a mutex in LockedShards). Stats may be read from any goroutine.
+// One goroutine at a time owns a Shard and is its only writer (its index shard actor, or a
+// mutex in LockedShards): Apply, Match, Prune and Reset. Any goroutine may read it at the
+// same time with MatchDirect: every word it reads is written atomically, the arrays are
+// published with atomic.Pointer when they are reallocated, and a per-stripe sequence (see
+// stripes) tells a reader whether a block changed under it. Stats may be read from any
+// goroutine.
 type Shard struct {
 	owners  *Owners
 	max     int
 	metrics *kv.Metrics // the index's counters of stale operations and evictions; nil for none
 
-	tab     blockTable
-	sets    []ownerSet // sets[0] is never used
-	setFree []uint32
-	arena   []slot
-	runFree [maxSetClass + 1][]uint32
-	hand    uint32
-	spilled int64
-	runCap  int64
+	// Owned by the writer. sets and arena are kept at their full capacity (len == cap), so
+	// that readers of a published view may read any record; nsets and arenaLen are in use.
+	tab      blockTable
+	sets     []uint64 // packed ownerSet; sets[0] is never used
+	nsets    uint32
+	setFree  []uint32
+	arena    []uint64 // packed slot
+	arenaLen uint32
+	runFree  [maxSetClass + 1][]uint32
+	hand     uint32
+	spilled  int64
+	runCap   int64
 
 	// Sweep state: entries of owners cleared since sweepGen are reclaimed in chunks.
 	sweepGen    uint64
 	sweepTarget uint64
 	sweepPos    uint32 // 0: not sweeping
 
-	// touched keeps Match's read-ahead loads from being optimised away.
+	// touched keeps Apply's read-ahead loads from being optimised away.
 	touched int64
+
+	// What readers see: the arrays, republished whenever one is reallocated, and the
+	// write sequences.
+	view atomic.Pointer[shardView]
+	seqs *stripes
 
 	blocks, spilledA, runCapA, slotsA atomic.Int64
 	setSlotsA, arenaSlotsA            atomic.Int64
 	stored, removed, stale, evicted   atomic.Uint64
 	pruned, queries, probes           atomic.Uint64
+	fallbacks                         atomic.Uint64
+}
+
+// shardView is the shard's arrays as readers find them.
+type shardView struct {
+	slots []entry
+	mask  uint64
+	shift uint8
+	sets  []uint64
+	arena []uint64
+}
+
+func (v *shardView) home(h int64) uint64 { return (uint64(h) * hashMultiplier) >> v.shift }
+
+// find returns the slot holding h and its meta word; ok is false when the probe did not end
+// (a reader racing the writer: the read is retried).
+func (v *shardView) find(h int64) (idx uint32, m meta, found, ok bool) {
+	for i, n := v.home(h), 0; n < len(v.slots); i, n = (i+1)&v.mask, n+1 {
+		e := &v.slots[i]
+		m := e.load() // the meta word first: a live meta's hash is loaded after it
+		if !m.live() {
+			return 0, 0, false, true
+		}
+		if e.key() == h {
+			return uint32(i), m, true, true
+		}
+	}
+	return 0, 0, false, false
 }
 
 // NewShard returns an empty shard of at most maxBlocks blocks (at least 1) whose owners are
 // registered in owners.
 func NewShard(owners *Owners, maxBlocks int) *Shard {
-	s := &Shard{owners: owners, max: max(maxBlocks, 1)}
+	s := &Shard{owners: owners, max: max(maxBlocks, 1), seqs: new(stripes)}
 	s.Reset()
 	return s
 }
 
 // Reset empties the shard (after its owner goroutine failed mid-operation, its state cannot
-// be trusted; an empty shard only costs misses).
+// be trusted; an empty shard only costs misses). Readers of the old arrays keep them.
 func (s *Shard) Reset() {
-	s.tab = newBlockTable(0)
+	s.tab = newBlockTable(0, s.seqs)
 	s.setFree = nil
-	s.sets = append(make([]ownerSet, 0, 64), ownerSet{})
-	s.arena = s.arena[:0]
+	s.sets, s.nsets = make([]uint64, 64), 1
+	s.arena, s.arenaLen = nil, 0
 	s.runFree = [maxSetClass + 1][]uint32{}
 	s.hand, s.sweepPos, s.spilled, s.runCap = 0, 0, 0, 0
 	s.sweepGen = s.owners.ClearGen()
+	s.publishView()
+	s.seqs.release()
 	s.publish()
+}
+
+// publishView publishes the current arrays to readers. The writer calls it after every
+// reallocation, before it writes anything a reader could reach through the new arrays
+// under a stripe sequence.
+func (s *Shard) publishView() {
+	s.view.Store(&shardView{slots: s.tab.slots, mask: s.tab.mask, shift: s.tab.shift, sets: s.sets, arena: s.arena})
 }
 
 // Stats returns the shard's counters. Safe for concurrent use.
@@ -215,7 +309,7 @@ func (s *Shard) Stats() ShardStats {
 		SetSlots: s.setSlotsA.Load(), ArenaSlots: s.arenaSlotsA.Load(),
 		Stored: s.stored.Load(), Removed: s.removed.Load(), Stale: s.stale.Load(),
 		Evicted: s.evicted.Load(), Pruned: s.pruned.Load(),
-		Queries: s.queries.Load(), Probes: s.probes.Load(),
+		Queries: s.queries.Load(), Probes: s.probes.Load(), Fallbacks: s.fallbacks.Load(),
 	}
 }
 
@@ -236,7 +330,7 @@ func (s *Shard) Apply(b *ShardBatch) {
 			// Read ahead: the home slots of the next group of blocks, so that their cache
 			// misses overlap (see Match).
 			for j := i; j < min(i+matchGroup, len(b.Ops)); j++ {
-				touch += s.tab.slots[s.tab.home(b.Ops[j].Hash)].hash
+				touch += s.tab.slots[s.tab.home(b.Ops[j].Hash)].key()
 			}
 		}
 		op := &b.Ops[i]
@@ -268,14 +362,34 @@ func (s *Shard) Apply(b *ShardBatch) {
 	s.publish()
 }
 
-// matchGroup is how many blocks Match looks up together: it first touches the table slot,
+// matchGroup is how many blocks a match looks up together: it first touches the table slot,
 // then the owner run of each block of a group, so that their cache misses overlap instead of
 // following one another.
 const matchGroup = 16
 
-// Match answers q (see ShardQuery).
+// Match answers q (see ShardQuery) on the shard's owner goroutine; it also advances a sweep
+// of stale owners.
 func (s *Shard) Match(q *ShardQuery) {
 	s.maintain()
+	if !s.match(q) {
+		panic("BUG: a shard's owner could not read its own shard")
+	}
+}
+
+// MatchDirect answers q (see ShardQuery) on the caller's goroutine, beside the shard's
+// writer, without waiting for it. Each block's owner set is one the block had at some
+// moment of the read. It reports false, leaving q to the shard's owner (Match), when a
+// block kept changing under the read (maxReadTries reads).
+func (s *Shard) MatchDirect(q *ShardQuery) bool {
+	if s.match(q) {
+		return true
+	}
+	s.fallbacks.Add(1)
+	return false
+}
+
+// match answers q from the published view; see MatchDirect.
+func (s *Shard) match(q *ShardQuery) bool {
 	w := q.Words
 	n := len(q.Hash) * w
 	if cap(q.Sets) < n {
@@ -285,80 +399,148 @@ func (s *Shard) Match(q *ShardQuery) {
 		clear(q.Sets)
 	}
 	bits := q.Bits
+	var seq0 [matchGroup]uint64
 	var found [matchGroup]uint32 // slot of each block of the group, or noSlot
+	var metas [matchGroup]meta
 	probes := 0
+	done := func(ok bool) bool {
+		s.queries.Add(1)
+		s.probes.Add(uint64(probes))
+		return ok
+	}
 	// The first block alone, then groups: a wave past the prefix's end (a cold prompt, the
 	// rest of a prompt held in part) costs one probe, not a group's read-ahead.
 	for base, end := 0, 1; base < len(q.Hash); base, end = end, end+matchGroup {
 		group := q.Hash[base:min(end, len(q.Hash))]
 		probes += len(group)
-		// Read ahead: every block's home slot, then every found block's owner run.
+		// Fast path: the group's sequences, then the view (loaded after them), a read-ahead
+		// of every block's home slot, then every found block's owner run.
+		for j, h := range group {
+			seq0[j] = s.seqs.of(h).Load()
+		}
+		v := s.view.Load()
 		var touch int64
 		for _, h := range group {
-			touch += s.tab.slots[s.tab.home(h)].hash
+			touch += v.slots[v.home(h)].key()
 		}
 		for j, h := range group {
-			idx, ok := s.tab.find(h)
-			if !ok {
-				found[j] = noSlot
+			idx, m, ok, complete := v.find(h)
+			found[j], metas[j] = noSlot, m
+			if !complete {
+				seq0[j] = 1 // retried alone
 				continue
 			}
-			found[j] = idx
-			if e := &s.tab.slots[idx]; e.multi() {
-				touch += int64(s.arena[s.sets[e.ref].off].owner)
+			if ok {
+				found[j] = idx
+				if m.multi() {
+					if rs := int(m.ref()); rs < len(v.sets) {
+						if off := uint32(atomic.LoadUint64(&v.sets[rs])); int(off) < len(v.arena) {
+							touch += int64(atomic.LoadUint64(&v.arena[off]))
+						}
+					}
+				}
 			}
 		}
-		s.touched = touch
-		for j := range group {
-			if found[j] == noSlot {
-				s.queries.Add(1)
-				s.probes.Add(uint64(probes))
-				return // nobody holds it: the prefix ends here
-			}
-			e := &s.tab.slots[found[j]]
-			e.setAge(ageMatched)
+		q.sink = touch
+		for j, h := range group {
 			set := q.Sets[(base+j)*w : (base+j)*w+w]
-			var one [1]slot
-			run := one[:]
-			if e.multi() {
-				run = s.run(e.ref)
-			} else {
-				one[0] = e.single()
-			}
-			var any uint64
-			if w <= 2 {
-				lo, hi := s.ownerBits2(bits, run)
-				set[0] = lo
-				if w == 2 {
-					set[1] = hi
+			seq := s.seqs.of(h)
+			any, ok := s.ownersOf(v, metas[j], found[j] != noSlot, bits, set)
+			if !ok || seq0[j]&1 != 0 || seq.Load() != seq0[j] {
+				// Slow path: the block changed under the read; read it alone again.
+				if any, ok = s.readBlock(h, bits, set); !ok {
+					return done(false)
 				}
-				any = lo | hi
-			} else {
-				s.ownerBits(bits, run, set)
-				for _, v := range set {
-					any |= v
-				}
+			} else if found[j] != noSlot && metas[j].age() != ageMatched {
+				bump(v, found[j], metas[j])
 			}
 			if any == 0 {
-				s.queries.Add(1)
-				s.probes.Add(uint64(probes))
-				return // held by none of the asked owners (or only stale records)
+				return done(true) // held by none of the asked owners: the prefix ends here
 			}
 		}
 	}
-	s.queries.Add(1)
-	s.probes.Add(uint64(probes))
+	return done(true)
 }
 
-// run is the owner run of set id.
-func (s *Shard) run(id uint32) []slot {
-	rs := s.sets[id]
-	return s.arena[rs.off : rs.off+uint32(rs.n)]
+// bump gives the entry read as m at slot idx the matched age, unless it changed since (a
+// bump lost to a concurrent write only approximates LRU a little more).
+func bump(v *shardView, idx uint32, m meta) { v.slots[idx].cas(m, m.withAge(ageMatched)) }
+
+// readBlock reads h's owner set alone, retrying while its stripe is being written; false
+// after maxReadTries.
+func (s *Shard) readBlock(h int64, bits []uint16, set []uint64) (uint64, bool) {
+	seq := s.seqs.of(h)
+	for tries, spins := 0, 0; tries < maxReadTries; {
+		s0 := seq.Load()
+		if s0&1 != 0 {
+			// A write of the stripe is in progress: wait for it, a while.
+			if spins++; spins > maxReadSpins {
+				break
+			}
+			continue
+		}
+		tries++
+		clear(set)
+		v := s.view.Load()
+		idx, m, found, complete := v.find(h)
+		if !complete {
+			continue
+		}
+		any, ok := s.ownersOf(v, m, found, bits, set)
+		if !ok || seq.Load() != s0 {
+			continue
+		}
+		if found && m.age() != ageMatched {
+			bump(v, idx, m)
+		}
+		return any, true
+	}
+	clear(set)
+	return 0, false
+}
+
+// ownersOf sets in set the asked owners holding the block read as m (found: the block is
+// resident) and returns the union of set's words; ok is false when m names a run the view
+// cannot hold (a read racing the writer).
+func (s *Shard) ownersOf(v *shardView, m meta, found bool, bits []uint16, set []uint64) (any uint64, ok bool) {
+	if !found {
+		return 0, true
+	}
+	var one [1]uint64
+	run := one[:]
+	if m.multi() {
+		id := int(m.ref())
+		if id >= len(v.sets) {
+			return 0, false
+		}
+		rs := unpackSet(atomic.LoadUint64(&v.sets[id]))
+		end := int(rs.off) + int(rs.n)
+		if end > len(v.arena) {
+			return 0, false
+		}
+		run = v.arena[rs.off:end]
+	} else {
+		one[0] = packSlot(m.single())
+	}
+	if len(set) <= 2 {
+		lo, hi := s.ownerBits2(bits, run)
+		set[0] = lo
+		if len(set) == 2 {
+			set[1] = hi
+		}
+		return lo | hi, true
+	}
+	s.ownerBits(bits, run, set)
+	for _, v := range set {
+		any |= v
+	}
+	return any, true
 }
 
 // ownerBits sets in set the bits of the asked owners in run that are valid.
-func (s *Shard) ownerBits(bits []uint16, run []slot, set []uint64) {
-	for _, sl := range run {
+func (s *Shard) ownerBits(bits []uint16, run []uint64, set []uint64) {
+	for i := range run {
+		sl := unpackSlot(atomic.LoadUint64(&run[i]))
 		if o := sl.ownerID(); int(o) < len(bits) && bits[o] != 0 && s.owners.Valid(o, sl.epoch) {
 			b := bits[o] - 1
 			set[b>>6] |= 1 << (b & 63)
@@ -370,8 +552,9 @@ func (s *Shard) ownerBits(bits []uint16, run []slot, set []uint64) {
 // low and high word (0 for a one-word query). It accumulates in
 // registers: a block every engine holds sets a bit per owner, and a read-modify-write of
 // memory per owner would chain on store forwarding.
-func (s *Shard) ownerBits2(bits []uint16, run []slot) (lo, hi uint64) {
-	for _, sl := range run {
+func (s *Shard) ownerBits2(bits []uint16, run []uint64) (lo, hi uint64) {
+	for i := range run {
+		sl := unpackSlot(atomic.LoadUint64(&run[i]))
 		if o := sl.ownerID(); int(o) < len(bits) && bits[o] != 0 && s.owners.Valid(o, sl.epoch) {
 			b := bits[o] - 1
 			bit := uint64(1) << (b & 63)
@@ -383,7 +566,7 @@ func (s *Shard) ownerBits2(bits []uint16, run []slot) (lo, hi uint64) {
 	return lo, hi
 }
 
-// noSlot marks a block Match did not find.
+// noSlot marks a block a match did not find.
 const noSlot = ^uint32(0)
 
 // Prune runs a sweep for stale owners to completion if one is due.
@@ -400,48 +583,74 @@ func (s *Shard) Prune() {
 // valid reports whether sl's owner is still at sl's epoch.
 func (s *Shard) valid(sl slot) bool { return s.owners.Valid(sl.ownerID(), sl.epoch) }
 
-// store records that sl.owner (at sl.epoch) holds h in sl.tiers.
+// Writer-side access to the owner sets and records: the writer reads its own arrays plainly
+// and stores atomically (readers load them).
+func (s *Shard) set(id uint32) ownerSet        { return unpackSet(s.sets[id]) }
+func (s *Shard) putSet(id uint32, rs ownerSet) { atomic.StoreUint64(&s.sets[id], rs.pack()) }
+func (s *Shard) rec(i uint32) slot             { return unpackSlot(s.arena[i]) }
+func (s *Shard) putRec(i uint32, sl slot)      { atomic.StoreUint64(&s.arena[i], packSlot(sl)) }
+
+// store records that sl.owner (at sl.epoch) holds h in sl.tiers. A change of a single
+// owner's record is one store of the entry's meta word; anything else is done under h's
+// stripe.
 func (s *Shard) store(h int64, sl slot) {
 	idx, ok := s.tab.find(h)
 	if !ok {
-		idx = s.newEntry(h)
-		s.tab.slots[idx].setSingle(sl)
+		q := s.seqs.lock(h)
+		s.newEntry(h, sl)
+		q.unlock()
 		return
 	}
 	e := &s.tab.slots[idx]
-	e.setAge(max(e.age(), ageStored))
-	if !e.multi() {
+	m := e.load()
+	m = m.withAge(max(m.age(), ageStored))
+	if !m.multi() {
 		// Merge into the owner, or replace a stale one, or move both to a run.
-		if first := e.single(); merge(&first, sl) || !s.valid(first) {
+		if first := m.single(); merge(&first, sl) || !s.valid(first) {
 			if first.owner != sl.owner {
 				first = sl
 			}
-			e.setSingle(first)
+			e.put(m.withSingle(first))
 			return
 		}
-		first := e.single()
+		q := s.seqs.lock(h)
 		id := s.newSet(1)
-		rs := &s.sets[id]
-		s.arena[rs.off], s.arena[rs.off+1] = first, sl
+		rs := s.set(id)
+		s.putRec(rs.off, m.single())
+		s.putRec(rs.off+1, sl)
 		rs.n = 2
+		s.putSet(id, rs)
 		s.spilled++
-		e.ref, e.owner, e.tiers = id, 0, 0
+		e.put(m.withSet(id))
+		q.unlock()
 		return
 	}
-	run := s.run(e.ref)
-	for i := range run {
-		if merge(&run[i], sl) {
+	if m != e.load() {
+		e.put(m)
+	}
+	q := s.seqs.lock(h)
+	s.storeInRun(m.ref(), sl)
+	q.unlock()
+}
+
+// storeInRun records sl in set id's run: merged into its owner's record, over a stale
+// record, or appended.
+func (s *Shard) storeInRun(id uint32, sl slot) {
+	rs := s.set(id)
+	for i := rs.off; i < rs.off+uint32(rs.n); i++ {
+		if r := s.rec(i); merge(&r, sl) {
+			s.putRec(i, r)
 			return
 		}
 	}
 	// Reuse a stale record before adding one.
-	for i := range run {
-		if !s.valid(run[i]) {
-			run[i] = sl
+	for i := rs.off; i < rs.off+uint32(rs.n); i++ {
+		if !s.valid(s.rec(i)) {
+			s.putRec(i, sl)
 			return
 		}
 	}
-	s.appendOwner(idx, sl)
+	s.appendOwner(id, sl)
 }
 
 // merge folds sl into r when r is the same owner: more tiers at the same epoch, or a fresh
@@ -458,69 +667,81 @@ func merge(r *slot, sl slot) bool {
 	return true
 }
 
-// remove records that sl.owner (at sl.epoch) no longer holds h in sl.tiers.
+// remove records that sl.owner (at sl.epoch) no longer holds h in sl.tiers; like store, a
+// change of a single owner's tiers is one store, anything else is done under h's stripe.
 func (s *Shard) remove(h int64, sl slot) {
 	idx, ok := s.tab.find(h)
 	if !ok {
 		return
 	}
 	e := &s.tab.slots[idx]
-	if !e.multi() {
-		if e.owner == sl.owner && e.ref == sl.epoch {
-			e.tiers &^= sl.tiers
-			if e.tiers == 0 {
+	m := e.load()
+	if !m.multi() {
+		if first := m.single(); first.owner == sl.owner && first.epoch == sl.epoch {
+			first.tiers &^= sl.tiers
+			if first.tiers == 0 {
 				s.deleteEntry(idx)
+				return
 			}
+			e.put(m.withSingle(first))
 		}
 		return
 	}
-	run := s.run(e.ref)
-	for i := range run {
-		if run[i].owner != sl.owner || run[i].epoch != sl.epoch {
+	rs := s.set(m.ref())
+	for i := range uint32(rs.n) {
+		r := s.rec(rs.off + i)
+		if r.owner != sl.owner || r.epoch != sl.epoch {
 			continue
 		}
-		run[i].tiers &^= sl.tiers
-		if run[i].tiers == 0 {
-			s.removeOwnerAt(idx, i)
+		r.tiers &^= sl.tiers
+		q := s.seqs.lock(h)
+		if r.tiers == 0 {
+			s.removeOwnerAt(idx, int(i))
+		} else {
+			s.putRec(rs.off+i, r)
 		}
+		q.unlock()
 		return
 	}
 }
 
-// appendOwner adds sl to entry idx's run, growing it to the next class when full.
-func (s *Shard) appendOwner(idx uint32, sl slot) {
-	e := &s.tab.slots[idx]
-	rs := &s.sets[e.ref]
+// appendOwner adds sl to set id's run, moving the run to the next class when full.
+func (s *Shard) appendOwner(id uint32, sl slot) {
+	rs := s.set(id)
 	if int(rs.n) == 1<<rs.class {
 		if rs.class == maxSetClass {
 			return // MaxOwners records: cannot happen with at most MaxOwners owners
 		}
-		off := s.allocRun(rs.class + 1)
-		rs = &s.sets[e.ref] // allocRun may grow s.arena, never s.sets
-		copy(s.arena[off:], s.arena[rs.off:rs.off+uint32(rs.n)])
+		off := s.allocRun(rs.class + 1) // may reallocate s.arena
+		for i := range uint32(rs.n) {
+			s.putRec(off+i, s.rec(rs.off+i))
+		}
 		s.freeRun(rs.off, rs.class)
 		rs.off, rs.class = off, rs.class+1
 	}
-	s.arena[rs.off+uint32(rs.n)] = sl
+	s.putRec(rs.off+uint32(rs.n), sl)
 	rs.n++
+	s.putSet(id, rs)
 	s.spilled++
 }
 
 // removeOwnerAt removes record i of entry idx's run (the last one moves into its place). A
-// run left with one owner is freed and the owner moves inline into the entry.
+// run left with one owner is freed and the owner moves inline into the entry. The caller
+// holds the entry's stripe.
 func (s *Shard) removeOwnerAt(idx uint32, i int) {
 	e := &s.tab.slots[idx]
-	rs := &s.sets[e.ref]
+	m := e.load()
+	rs := s.set(m.ref())
 	last := rs.off + uint32(rs.n) - 1
-	s.arena[rs.off+uint32(i)] = s.arena[last]
-	s.arena[last] = slot{}
+	if at := rs.off + uint32(i); at != last {
+		s.putRec(at, s.rec(last))
+	}
 	rs.n--
+	s.putSet(m.ref(), rs)
 	s.spilled--
 	if rs.n == 1 {
-		only := s.arena[rs.off]
-		s.arena[rs.off] = slot{}
-		s.freeSet(e.ref)
-		e.setSingle(only)
+		e.put(m.withSingle(s.rec(rs.off)))
+		s.freeSet(m.ref())
 	}
 }
 
@@ -531,18 +752,23 @@ func (s *Shard) newSet(class uint8) uint32 {
 		id = s.setFree[n-1]
 		s.setFree = s.setFree[:n-1]
 	} else {
-		s.sets = append(s.sets, ownerSet{})
-		id = uint32(len(s.sets) - 1)
+		if int(s.nsets) == len(s.sets) {
+			grown := append(s.sets[:s.nsets:s.nsets], 0)
+			s.sets = grown[:cap(grown)]
+			s.publishView()
+		}
+		id = s.nsets
+		s.nsets++
 	}
-	s.sets[id] = ownerSet{off: off, class: class}
+	s.putSet(id, ownerSet{off: off, class: class})
 	return id
 }
 
-// freeSet frees set id and its run, whose records the caller cleared.
+// freeSet frees set id and its run.
 func (s *Shard) freeSet(id uint32) {
-	rs := &s.sets[id]
+	rs := s.set(id)
 	s.freeRun(rs.off, rs.class)
-	*rs = ownerSet{}
+	s.putSet(id, ownerSet{})
 	s.setFree = append(s.setFree, id)
 }
 
@@ -553,8 +779,13 @@ func (s *Shard) allocRun(class uint8) uint32 {
 		s.runFree[class] = fl[:len(fl)-1]
 		return off
 	}
-	off := uint32(len(s.arena))
-	s.arena = append(s.arena, make([]slot, 1<<class)...)
+	off, size := s.arenaLen, uint32(1)<<class
+	if int(off+size) > len(s.arena) {
+		grown := append(s.arena[:off:off], make([]uint64, size)...)
+		s.arena = grown[:cap(grown)]
+		s.publishView()
+	}
+	s.arenaLen += size
 	return off
 }
 
@@ -563,25 +794,27 @@ func (s *Shard) freeRun(off uint32, class uint8) {
 	s.runFree[class] = append(s.runFree[class], off)
 }
 
-func (s *Shard) newEntry(h int64) uint32 {
+// newEntry inserts h with its single owner sl; h's stripe is held.
+func (s *Shard) newEntry(h int64, sl slot) {
 	if s.tab.n >= s.max {
 		s.evict()
 	}
-	idx := s.tab.insert(h)
-	s.tab.slots[idx].setAge(ageInserted)
-	return idx
+	if _, grew := s.tab.insert(h, newMeta(sl.epoch, sl.owner, sl.tiers, entryLive|ageInserted<<ageShift)); grew {
+		s.publishView()
+	}
 }
 
 // deleteEntry frees entry idx's run and removes it from the table (moving later entries of
-// its probe run back).
+// its probe run back), under the entry's stripe.
 func (s *Shard) deleteEntry(idx uint32) {
-	if e := &s.tab.slots[idx]; e.multi() {
-		rs := &s.sets[e.ref]
-		clear(s.arena[rs.off : rs.off+uint32(rs.n)])
-		s.spilled -= int64(rs.n) - 1
-		s.freeSet(e.ref)
+	e := &s.tab.slots[idx]
+	q := s.seqs.lock(e.key())
+	if m := e.load(); m.multi() {
+		s.spilled -= int64(s.set(m.ref()).n) - 1
+		s.freeSet(m.ref())
 	}
 	s.tab.remove(idx)
+	q.unlock()
 }
 
 // evict deletes one block chosen by the CLOCK hand: the first live block whose age is down
@@ -594,11 +827,12 @@ func (s *Shard) evict() {
 	for range (ageMatched+1)*n + 1 {
 		s.hand = (s.hand + 1) & uint32(s.tab.mask)
 		e := &s.tab.slots[s.hand]
-		if e.flags&entryLive == 0 {
+		m := e.load()
+		if !m.live() {
 			continue
 		}
-		if a := e.age(); a > 0 && (e.multi() || s.valid(e.single())) {
-			e.setAge(a - 1)
+		if a := m.age(); a > 0 && (m.multi() || s.valid(m.single())) {
+			e.put(m.withAge(a - 1))
 			continue
 		}
 		s.deleteEntry(s.hand)
@@ -623,13 +857,13 @@ func (s *Shard) maintain() {
 	var pruned uint64
 	for i := int(s.sweepPos); i < end; {
 		e := &s.tab.slots[i-1]
-		if e.flags&entryLive == 0 {
+		if !e.load().live() {
 			i++
 			continue
 		}
-		h := e.hash
+		h := e.key()
 		pruned += s.pruneEntry(uint32(i - 1))
-		if e.flags&entryLive != 0 && e.hash != h {
+		if e.load().live() && e.key() != h {
 			continue // another entry moved in: examine it too
 		}
 		i++
@@ -650,20 +884,26 @@ func (s *Shard) maintain() {
 func (s *Shard) pruneEntry(idx uint32) uint64 {
 	var n uint64
 	e := &s.tab.slots[idx]
-	for i := 0; e.multi(); {
+	q := s.seqs.lock(e.key())
+	defer q.unlock()
+	for i := 0; ; {
 		// A run holds two or more records; removing one may move the last inline.
-		run := s.run(e.ref)
-		if i >= len(run) {
+		m := e.load()
+		if !m.multi() {
 			break
 		}
-		if s.valid(run[i]) {
+		rs := s.set(m.ref())
+		if i >= int(rs.n) {
+			break
+		}
+		if s.valid(s.rec(rs.off + uint32(i))) {
 			i++
 			continue
 		}
 		n++
 		s.removeOwnerAt(idx, i)
 	}
-	if !e.multi() && !s.valid(e.single()) {
+	if m := e.load(); !m.multi() && !s.valid(m.single()) {
 		s.deleteEntry(idx)
 		n++
 	}
@@ -676,6 +916,6 @@ func (s *Shard) publish() {
 	s.slotsA.Store(int64(len(s.tab.slots)))
 	s.spilledA.Store(s.spilled)
 	s.runCapA.Store(s.runCap)
-	s.setSlotsA.Store(int64(cap(s.sets)))
-	s.arenaSlotsA.Store(int64(cap(s.arena)))
+	s.setSlotsA.Store(int64(len(s.sets)))
+	s.arenaSlotsA.Store(int64(len(s.arena)))
 }

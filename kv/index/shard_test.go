@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -227,5 +230,223 @@ func TestShardMemoryBytesMatchesHeap(t *testing.T) {
 		}
 		runtime.KeepAlive(s)
 		runtime.KeepAlive(b)
+	}
+}
+
+// TestShardConcurrentReadersAgainstModel runs random stores, removes, owner clears and
+// prunes on a shard's writer goroutine while two goroutines read it with MatchDirect, and
+// checks every answer against a model that keeps each block's history: the owner set read
+// for a block must be one the block had at some version between the read's start and end
+// (an owner's validity may be read at any moment of that span, as owner epochs are read
+// without the shard). Blocks collide in few home slots (long probe runs, backward-shift
+// moves), move between one owner inline and several in a run, and the table grows while
+// they are read.
+func TestShardConcurrentReadersAgainstModel(t *testing.T) {
+	for seed := range uint64(2) {
+		r := rand.New(rand.NewPCG(seed, 17))
+		owners := NewOwners()
+		var ids []OwnerID
+		for _, w := range []string{"a", "b", "c", "d", "e", "f"} {
+			got, err := owners.SetWorker(w, "m", 1, 16)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, got[0])
+		}
+		bits := make([]uint16, 16)
+		for i, id := range ids {
+			bits[id] = uint16(i + 1)
+		}
+		hashes := make([]int64, 6000)
+		for i := range hashes {
+			hashes[i] = int64(r.IntN(48)) << 40 // few home slots: long probe runs
+			if i%2 == 1 {
+				hashes[i] = int64(r.Uint64())
+			}
+		}
+		slices.Sort(hashes)
+		hashes = slices.Compact(hashes)
+		r.Shuffle(len(hashes), func(i, j int) { hashes[i], hashes[j] = hashes[j], hashes[i] })
+
+		type rec struct{ epoch uint32 }
+		type state struct {
+			ver  int64
+			recs map[OwnerID]uint32
+		}
+		type epochAt struct {
+			ver   int64
+			epoch uint32
+		}
+		hist := map[int64][]state{}
+		epochs := map[OwnerID][]epochAt{}
+		for _, id := range ids {
+			epochs[id] = []epochAt{{0, owners.Epoch(id)}}
+		}
+		cur := map[int64]map[OwnerID]rec{}
+		tiers := map[int64]map[OwnerID]Tiers{}
+
+		s := NewShard(owners, 1<<20)
+		var ver atomic.Int64
+		var done atomic.Bool
+		type answer struct {
+			from, to int64
+			hashes   []int64
+			sets     []uint64
+		}
+		answers := make([][]answer, 2)
+		var wg sync.WaitGroup
+		for g := range answers {
+			rr := rand.New(rand.NewPCG(seed, uint64(g)))
+			wg.Go(func() {
+				q := &ShardQuery{Bits: bits, Words: 1}
+				for i := 0; i < 200_000 && !done.Load(); i++ {
+					lo := rr.IntN(len(hashes))
+					q.Hash = hashes[lo:min(len(hashes), lo+1+rr.IntN(24))]
+					from := ver.Load()
+					if !s.MatchDirect(q) {
+						continue
+					}
+					to := ver.Load() + 1 // the write after the last published may be visible
+					// Keep the reads that overlapped a write, and a sample of the others.
+					if len(answers[g]) < 20_000 && (to > from+1 || i%16 == 0) {
+						answers[g] = append(answers[g], answer{from, to, q.Hash, slices.Clone(q.Sets)})
+					}
+				}
+			})
+		}
+		const steps = 20_000
+		for step := int64(1); step <= steps; step++ {
+			if r.IntN(400) == 0 {
+				o := ids[r.IntN(len(ids))]
+				owners.Clear(o)
+				epochs[o] = append(epochs[o], epochAt{step, owners.Epoch(o)})
+				ver.Store(step)
+				continue
+			}
+			h := hashes[r.IntN(len(hashes))]
+			o := ids[r.IntN(len(ids))]
+			epoch := owners.Epoch(o)
+			if r.IntN(8) == 0 {
+				epoch-- // from before a clear: dropped
+			}
+			op := ShardOp{Hash: h, Owner: o, Epoch: epoch, Tiers: Tiers(1 + r.IntN(int(AllTiers))), Remove: r.IntN(3) == 0}
+			s.Apply(&ShardBatch{Ops: []ShardOp{op}})
+			if r.IntN(500) == 0 {
+				s.Prune()
+			}
+			if owners.Valid(o, epoch) {
+				m, tm := cur[h], tiers[h]
+				if m == nil {
+					m, tm = map[OwnerID]rec{}, map[OwnerID]Tiers{}
+					cur[h], tiers[h] = m, tm
+				}
+				old, ok := m[o]
+				switch {
+				case op.Remove:
+					if ok && old.epoch == epoch {
+						if tm[o] &^= op.Tiers; tm[o] == 0 {
+							delete(m, o)
+						}
+					}
+				case ok && old.epoch == epoch:
+					tm[o] |= op.Tiers
+				default:
+					m[o], tm[o] = rec{epoch}, op.Tiers
+				}
+				recs := make(map[OwnerID]uint32, len(m))
+				for id, rc := range m {
+					recs[id] = rc.epoch
+				}
+				hist[h] = append(hist[h], state{step, recs})
+			}
+			ver.Store(step)
+		}
+		done.Store(true)
+		wg.Wait()
+		if st := s.Stats(); st.TableSlots < 2*minTableSlots {
+			t.Fatalf("seed %d: the table did not grow: %d slots", seed, st.TableSlots)
+		}
+
+		// validIn reports whether owner o's record of epoch e can have been read as valid
+		// (and as invalid) at some version in [from, to].
+		validIn := func(o OwnerID, e uint32, from, to int64) (canValid, canInvalid bool) {
+			eh := epochs[o]
+			for i, ea := range eh {
+				if i+1 < len(eh) && eh[i+1].ver <= from {
+					continue // superseded before the span
+				}
+				if ea.ver > to {
+					break
+				}
+				if ea.epoch == e {
+					canValid = true
+				} else {
+					canInvalid = true
+				}
+			}
+			return canValid, canInvalid
+		}
+		possible := func(h int64, from, to int64, got uint64) bool {
+			hs := hist[h]
+			states := []map[OwnerID]uint32{nil} // before its first change: empty
+			for i, st := range hs {
+				if st.ver > to {
+					break
+				}
+				if i+1 < len(hs) && hs[i+1].ver <= from {
+					continue
+				}
+				if st.ver <= from {
+					states = states[:0] // this one is in force at the start
+				}
+				states = append(states, st.recs)
+			}
+		next:
+			for _, recs := range states {
+				for _, id := range ids {
+					bit := got>>(bits[id]-1)&1 != 0
+					e, held := recs[id]
+					if !held {
+						if bit {
+							continue next
+						}
+						continue
+					}
+					canValid, canInvalid := validIn(id, e, from, to)
+					if (bit && !canValid) || (!bit && !canInvalid) {
+						continue next
+					}
+				}
+				return true
+			}
+			return false
+		}
+		n, overlapped := 0, 0
+		for _, as := range answers {
+			for _, a := range as {
+				n++
+				if a.to > a.from+1 {
+					overlapped++
+				}
+				ended := false
+				for i, h := range a.hashes {
+					got := a.sets[i]
+					if ended {
+						if got != 0 {
+							t.Fatalf("seed %d: block %d after the prefix's end reads %b", seed, i, got)
+						}
+						continue
+					}
+					if !possible(h, a.from, a.to, got) {
+						t.Fatalf("seed %d: block %x read as %b between versions %d and %d: no state of the block then (history %v)", seed, h, got, a.from, a.to, hist[h])
+					}
+					ended = got == 0
+				}
+			}
+		}
+		if overlapped == 0 {
+			t.Fatalf("seed %d: no direct read overlapped a write (%d reads)", seed, n)
+		}
+		t.Logf("seed %d: %d reads checked, %d overlapped writes, %d left to the owner", seed, n, overlapped, s.Stats().Fallbacks)
 	}
 }

@@ -19,7 +19,7 @@ func TestBlockTableAgainstMap(t *testing.T) {
 	} {
 		t.Run(keys.name, func(t *testing.T) {
 			r := rand.New(rand.NewPCG(1, 2))
-			tab := newBlockTable(0)
+			tab := newBlockTable(0, new(stripes))
 			ref := map[int64]Tiers{}
 			for step := range 200_000 {
 				k := keys.gen(r)
@@ -33,13 +33,12 @@ func TestBlockTableAgainstMap(t *testing.T) {
 					tab.remove(idx)
 					delete(ref, k)
 				case ok:
-					if got := tab.slots[idx].tiers; got != ref[k] {
+					if got := tab.slots[idx].load().single().tiers; got != ref[k] {
 						t.Fatalf("step %d: key %d carries %d, want %d", step, k, got, ref[k])
 					}
 				case len(ref) < 20_000:
-					idx = tab.insert(k)
 					tag := Tiers(step)
-					tab.slots[idx].tiers = tag
+					tab.insert(k, newMeta(1, 1, tag, entryLive))
 					ref[k] = tag
 				}
 				if tab.n != len(ref) {
@@ -48,7 +47,7 @@ func TestBlockTableAgainstMap(t *testing.T) {
 			}
 			for k, tag := range ref {
 				idx, ok := tab.find(k)
-				if !ok || tab.slots[idx].tiers != tag {
+				if !ok || tab.slots[idx].load().single().tiers != tag {
 					t.Fatalf("key %d lost", k)
 				}
 			}
