@@ -8,6 +8,7 @@ import (
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/asynkron/protoactor-go/actor"
@@ -138,7 +139,9 @@ func (s *IndexShards) Panics() uint64 { return s.counters.panics.Get() }
 // (index.Index.Sync) and lets a doorbell refused by a full mailbox wait for the messages that
 // fill it. The queue holds at most the mailbox size in batches (actors.mailbox.index_shard):
 // beyond it a batch is refused at once, which bounds how far the index may lag behind the
-// events.
+// events. Past an eighth of it, the writer waits for the actor's next drain, at most
+// applyWait (5 ms): lookups no longer wait for the actor, so writers alone would keep it off
+// busy processors until its queue is full and their batches are refused.
 func (s *IndexShards) Apply(i int, b *index.ShardBatch) error {
 	if s.closed.Load() {
 		return s.closedErr
@@ -153,7 +156,11 @@ func (s *IndexShards) Apply(i int, b *index.ShardBatch) error {
 	h.pending = append(h.pending, b)
 	ring := !h.rung
 	h.rung = true
+	deep := len(h.pending) > h.maxPending/8
 	h.mu.Unlock()
+	if deep {
+		defer h.yield()
+	}
 	if ring {
 		msg := &ApplyEvents{}
 		s.root.Send(h.pid, msg)
@@ -168,6 +175,32 @@ func (s *IndexShards) Apply(i int, b *index.ShardBatch) error {
 	return nil
 }
 
+// yield waits, a bounded time, while the shard's queue is deep: writers that never wait
+// (lookups no longer wait for the shard actor) could otherwise keep the actor off the
+// processors until its queue is full and batches are refused.
+func (h *indexShardHost) yield() {
+	h.mu.Lock()
+	ch := h.drained
+	if ch == nil {
+		ch = make(chan struct{})
+		h.drained = ch
+	}
+	deep := len(h.pending) > h.maxPending/8
+	h.mu.Unlock()
+	if !deep {
+		return
+	}
+	t := time.NewTimer(applyWait)
+	defer t.Stop()
+	select {
+	case <-ch:
+	case <-t.C:
+	}
+}
+
+// applyWait bounds how long a writer waits for a shard actor that falls behind.
+const applyWait = 5 * time.Millisecond
+
 // drain takes the shard's queued batches; called by the shard actor on its doorbell.
 func (h *indexShardHost) drain(dst []*index.ShardBatch) []*index.ShardBatch {
 	h.mu.Lock()
@@ -175,6 +208,10 @@ func (h *indexShardHost) drain(dst []*index.ShardBatch) []*index.ShardBatch {
 	clear(h.pending)
 	h.pending = h.pending[:0]
 	h.rung = false
+	if h.drained != nil {
+		close(h.drained)
+		h.drained = nil
+	}
 	h.mu.Unlock()
 	return dst
 }
@@ -271,6 +308,7 @@ type indexShardHost struct {
 	pending    []*index.ShardBatch
 	rung       bool
 	maxPending int
+	drained    chan struct{} // closed by the next drain; nil until a writer waits for one
 }
 
 // props returns the shard actor's props with a fresh mailbox. Shard actors are always

@@ -380,6 +380,9 @@ func benchIngestAndLookup(b *testing.B, h benchHost, resident int) {
 	if n := lookupErrs.Load(); n > 0 {
 		b.ReportMetric(float64(n), "lookup-errors")
 	}
+	if n := x.Stats().Fallbacks; n > 0 {
+		b.ReportMetric(float64(n), "read-fallbacks")
+	}
 	if ok := lookups.Load() - lookupErrs.Load(); ok > 0 && hits.Load() < ok/2 {
 		b.Fatalf("only %d of %d lookups hit the hot prompts", hits.Load(), lookups.Load())
 	}

@@ -14,9 +14,10 @@ var ErrShardBusy = errors.New("index shard busy")
 // The router hosts them on index shard actors (package actors); LockedShards hosts them
 // behind mutexes on the caller's goroutine.
 type ShardHost interface {
-	// Apply hands b to shard i without blocking. On success the host owns b and calls
-	// b.Done after applying it; on error (ErrShardBusy) the caller still owns b and the
-	// operations were not applied.
+	// Apply hands b to shard i without waiting for it to be applied (a host may make the
+	// caller wait a bounded time while the shard falls behind). On success the host owns b
+	// and calls b.Done after applying it; on error (ErrShardBusy) the caller still owns b
+	// and the operations were not applied.
 	Apply(i int, b *ShardBatch) error
 	// Match runs qs[i] on shard i for every non-nil qs[i] and returns once all are answered,
 	// or with an error when ctx ends first or a shard cannot take the query. After an error

@@ -1,6 +1,7 @@
 package index
 
 import (
+	"runtime"
 	"sync/atomic"
 	"unsafe"
 
@@ -187,11 +188,13 @@ const (
 const sweepChunk = 4096
 
 // MatchDirect reads a block that changed under its read at most maxReadTries more times, and
-// waits for a write of its stripe in progress for at most maxReadSpins loads of the
-// sequence, before it leaves the query to the shard's owner.
+// waits for a write of its stripe in progress for at most maxReadYields rounds of
+// maxReadSpins loads of the sequence, yielding its processor between rounds, before it
+// leaves the query to the shard's owner.
 const (
-	maxReadTries = 16
-	maxReadSpins = 1 << 12
+	maxReadTries  = 16
+	maxReadSpins  = 1 << 10
+	maxReadYields = 64
 )
 
 // Shard is one part of the prefix index: block hash → owners with their storage tiers.
@@ -470,12 +473,17 @@ func bump(v *shardView, idx uint32, m meta) { v.slots[idx].cas(m, m.withAge(ageM
 // after maxReadTries.
 func (s *Shard) readBlock(h int64, bits []uint16, set []uint64) (uint64, bool) {
 	seq := s.seqs.of(h)
-	for tries, spins := 0, 0; tries < maxReadTries; {
+	for tries, spins, yields := 0, 0, 0; tries < maxReadTries; {
 		s0 := seq.Load()
 		if s0&1 != 0 {
-			// A write of the stripe is in progress: wait for it, a while.
+			// A write of the stripe is in progress: wait for it, a while. A writer that
+			// takes longer may have lost its processor (preempted mid-write): yield ours.
 			if spins++; spins > maxReadSpins {
-				break
+				if yields++; yields > maxReadYields {
+					break
+				}
+				spins = 0
+				runtime.Gosched()
 			}
 			continue
 		}

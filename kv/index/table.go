@@ -145,9 +145,9 @@ func (t *blockTable) grow() {
 // keeps the read only if both are the same even value.
 type stripes [stripeCount]atomic.Uint64
 
-// stripeCount is the number of stripes per shard (8 KiB of sequences): enough that a reader
-// seldom shares one with the block being written.
-const stripeCount = 1024
+// stripeCount is the number of stripes per shard (32 KiB of sequences): enough that a
+// reader seldom shares one with the block being written.
+const stripeCount = 4096
 
 // of is h's stripe.
 func (s *stripes) of(h int64) *atomic.Uint64 { return &s[uint64(h)&(stripeCount-1)] }
