@@ -13,10 +13,12 @@
 //
 // Concurrency: handlers run on fasthttp's goroutines and never hand the RequestCtx, or bytes
 // aliasing it, to another goroutine. Everything that waits on I/O (tokenization, a remote
-// prefix lookup) happens in the handler before a pick. A stream is relayed on the goroutine
-// fasthttp serves its client connection on (the relay is the response's body stream, owning
-// only copies; its waits are read deadlines on the engine connection, see stream.go); a
-// PD request's prefill runs on its own goroutine, tracked by the Server. Client connections
+// prefix lookup) happens in the handler before a pick. A stream, once it has its first
+// event, takes its client connection over from fasthttp and is relayed on one fresh
+// goroutine, which then serves the connection's next requests (fasthttp's ServeConn) or
+// closes it; the relay owns only copies, and its waits are read deadlines on the engine
+// connection (stream.go). A PD request's prefill runs on its own goroutine, tracked by the
+// Server. Client connections
 // come through a listener wrapper (conns.go) whose table is behind one mutex taken per
 // connection, not per request. Read-mostly state is published as immutable snapshots behind
 // atomic pointers; breakers, in-flight counts and the request histograms are atomics.
