@@ -297,15 +297,7 @@ func TestIndexMemoryBoundEvictsLeastRecentlyUsed(t *testing.T) {
 }
 
 func TestShardSpillAndPrune(t *testing.T) {
-	owners := NewOwners()
-	var ids []OwnerID
-	for _, w := range []string{"a", "b", "c", "d"} {
-		got, err := owners.SetWorker(w, "m", 1, 16)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, got[0])
-	}
+	owners, ids := testOwners(t, "a", "b", "c", "d")
 	s := NewShard(owners, 10)
 	b := &ShardBatch{}
 	for _, id := range ids {

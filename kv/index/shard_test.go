@@ -1,7 +1,6 @@
 package index
 
 import (
-	"fmt"
 	"math/rand/v2"
 	"runtime"
 	"slices"
@@ -17,15 +16,7 @@ import (
 func TestShardAgainstModel(t *testing.T) {
 	for seed := range uint64(3) {
 		r := rand.New(rand.NewPCG(seed, 11))
-		owners := NewOwners()
-		var ids []OwnerID
-		for _, w := range []string{"a", "b", "c", "d", "e", "f"} {
-			got, err := owners.SetWorker(w, "m", 1, 16)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ids = append(ids, got[0])
-		}
+		owners, ids := testOwners(t, "a", "b", "c", "d", "e", "f")
 		type rec struct {
 			epoch uint32
 			tiers Tiers
@@ -199,15 +190,7 @@ func TestLookupColdPromptProbesOneBlockPerShard(t *testing.T) {
 func TestShardMemoryBytesMatchesHeap(t *testing.T) {
 	const n = 1 << 17
 	for _, holders := range []int{1, 2, 3} {
-		owners := NewOwners()
-		var ids []OwnerID
-		for i := range holders {
-			got, err := owners.SetWorker(fmt.Sprintf("w%d", i), "m", 1, 16)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ids = append(ids, got[0])
-		}
+		owners, ids := testOwners(t, []string{"w0", "w1", "w2"}[:holders]...)
 		rng := rand.New(rand.NewPCG(5, 5))
 		b := &ShardBatch{Ops: make([]ShardOp, 0, n*holders)}
 		for range n {
@@ -244,15 +227,7 @@ func TestShardMemoryBytesMatchesHeap(t *testing.T) {
 func TestShardConcurrentReadersAgainstModel(t *testing.T) {
 	for seed := range uint64(2) {
 		r := rand.New(rand.NewPCG(seed, 17))
-		owners := NewOwners()
-		var ids []OwnerID
-		for _, w := range []string{"a", "b", "c", "d", "e", "f"} {
-			got, err := owners.SetWorker(w, "m", 1, 16)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ids = append(ids, got[0])
-		}
+		owners, ids := testOwners(t, "a", "b", "c", "d", "e", "f")
 		bits := make([]uint16, 16)
 		for i, id := range ids {
 			bits[id] = uint16(i + 1)
@@ -449,4 +424,20 @@ func TestShardConcurrentReadersAgainstModel(t *testing.T) {
 		}
 		t.Logf("seed %d: %d reads checked, %d overlapped writes, %d left to the owner", seed, n, overlapped, s.Stats().Fallbacks)
 	}
+}
+
+// testOwners registers workers (model "m", one rank, 16-token pages) and returns their
+// owner IDs in order.
+func testOwners(t *testing.T, workers ...string) (*Owners, []OwnerID) {
+	t.Helper()
+	owners := NewOwners()
+	var ids []OwnerID
+	for _, w := range workers {
+		got, err := owners.SetWorker(w, "m", 1, 16)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, got[0])
+	}
+	return owners, ids
 }
