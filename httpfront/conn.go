@@ -51,8 +51,11 @@ type clientConn struct {
 
 	// pending is what the client sent after a request whose stream was relayed on a taken-over
 	// connection (relay.hijacked), read before the socket when the connection serves
-	// requests again; only the goroutine serving the connection touches it.
-	pending []byte
+	// requests again (also the first bytes of the request awaitRequest waited for); only the
+	// goroutine serving the connection touches it. pendingBuf is the pooled buffer pending
+	// lies in, returned once pending is read.
+	pending    []byte
+	pendingBuf *[]byte
 	// handoff is a stream that took the connection over (relay.hijacked): fasthttp's Close
 	// after its hijack handler starts it instead of closing.
 	handoff atomic.Pointer[relay]
@@ -106,6 +109,8 @@ func (c *clientConn) Read(b []byte) (int, error) {
 		n := copy(b, c.pending)
 		if c.pending = c.pending[n:]; len(c.pending) == 0 {
 			c.pending = nil
+			putBuf(c.pendingBuf)
+			c.pendingBuf = nil
 		}
 		return n, nil
 	}
@@ -121,6 +126,28 @@ func (c *clientConn) Read(b []byte) (int, error) {
 			return n, err
 		}
 	}
+}
+
+// awaitRequest waits up to idle for the client's next request on a connection a stream took
+// over, as fasthttp waits on a keep-alive connection (server.idle_timeout), and reports
+// whether its first bytes came: they are kept in pending, read before the socket, and the
+// request then has server.read_timeout from there, as on any connection. False: the client
+// closed the connection, or idle passed first.
+func (c *clientConn) awaitRequest(idle time.Duration) bool {
+	if len(c.pending) > 0 {
+		return true // pipelined behind the stream's request
+	}
+	if c.SetReadDeadline(time.Now().Add(idle)) != nil {
+		return false
+	}
+	buf := getBuf()
+	n, _ := c.Read((*buf)[:cap(*buf)])
+	if n == 0 {
+		putBuf(buf)
+		return false
+	}
+	c.pending, c.pendingBuf = (*buf)[:n], buf
+	return true
 }
 
 // setWriteLimit bounds every later write by t as well (zero clears the limit).

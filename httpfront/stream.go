@@ -503,11 +503,17 @@ func (r *relay) serve() {
 	r.cw.release()
 	keep := r.keep
 	_ = r.CloseWithError(err)
-	if err != nil || !keep || s.draining.Load() {
+	if err != nil || !keep {
 		_ = cc.Close()
 		return
 	}
+	// Idle between requests as after any answer (the drain's closeIdle ends the wait); the
+	// next request's read is then bounded by server.read_timeout from its first byte on.
 	cc.state.Store(connIdle)
+	if s.draining.Load() || !cc.awaitRequest(s.opts.IdleTimeout) {
+		_ = cc.Close()
+		return
+	}
 	_ = s.srv.ServeConn(cc)
 }
 

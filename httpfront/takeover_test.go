@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/valyala/fasthttp"
+
 	"switchyard/config"
 )
 
@@ -158,4 +160,80 @@ func TestStreamConnectionGoesOn(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestStreamConnectionTimeouts: after a stream on a taken-over connection, the connection
+// waits for its next request as any keep-alive connection does, up to server.idle_timeout
+// (not server.read_timeout, which bounds reading a request), and the request that comes is
+// then read under server.read_timeout. The timeouts are scaled down; every wait is for an
+// event (the router closing a connection), bounded by the client's deadline.
+func TestStreamConnectionTimeouts(t *testing.T) {
+	e := newFakeEngine(t, "A", "llama")
+	cfg := baseConfig()
+	cfg.Workers = []config.Worker{plainWorker("A", e.url, "llama")}
+	cfg.Models = map[string]config.Model{"llama": {Buckets: []config.Bucket{plainBucket("all", nil, nil, "A")}}}
+	dial := func(t *testing.T, ts *testServer) (net.Conn, *bufio.Reader) {
+		t.Helper()
+		c, err := net.Dial("tcp", ts.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+		return c, bufio.NewReader(c)
+	}
+	afterStream := func(t *testing.T, ts *testServer) (net.Conn, *bufio.Reader) {
+		t.Helper()
+		c, br := dial(t, ts)
+		if _, err := io.WriteString(c, streamRequest(true, "HTTP/1.1", "", false)); err != nil {
+			t.Fatal(err)
+		}
+		resp, body := readAnswer(t, br)
+		wantStream(t, resp, body, true)
+		return c, br
+	}
+
+	t.Run("idle timeout shorter than the read timeout", func(t *testing.T) {
+		ts := startServer(t, cfg, Options{SkipStartupChecks: true, NoTelemetry: true,
+			ReadTimeout: time.Hour, IdleTimeout: 100 * time.Millisecond})
+		c, br := afterStream(t, ts)
+		// Before the fix the connection waited for the read timeout (an hour here): the
+		// client's deadline (20 s) passed first.
+		wantClosed(t, c, br)
+	})
+
+	t.Run("idle timeout longer than the read timeout", func(t *testing.T) {
+		const readTimeout = 150 * time.Millisecond
+		ts := startServer(t, cfg, Options{SkipStartupChecks: true, NoTelemetry: true,
+			ReadTimeout: readTimeout, IdleTimeout: time.Hour})
+		c, br := afterStream(t, ts)
+		// Two fresh connections opened one after the other after the stream, each closed by
+		// the router at its read timeout: the stream's connection has then been idle longer
+		// than twice the read timeout. Before the fix it was closed at one.
+		for range 2 {
+			_, fbr := dial(t, ts)
+			if _, err := io.ReadAll(fbr); err != nil { // a 408 answer, then the close
+				t.Fatalf("a fresh connection was not closed at the read timeout: %v", err)
+			}
+		}
+		if _, err := io.WriteString(c, streamRequest(false, "HTTP/1.1", "", false)); err != nil {
+			t.Fatal(err)
+		}
+		if resp, body := readAnswer(t, br); resp.StatusCode != 200 || !strings.Contains(body, "hello from A") {
+			t.Fatalf("request after the idle wait: %d %q", resp.StatusCode, body)
+		}
+		// A request that starts after a stream and then stalls is cut at the read timeout.
+		c2, br2 := afterStream(t, ts)
+		start := time.Now()
+		if _, err := io.WriteString(c2, "POST /v1/chat/completions HTTP/1.1\r\nHost: router\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		if resp, body := readAnswer(t, br2); resp.StatusCode != fasthttp.StatusRequestTimeout {
+			t.Fatalf("a stalled request after a stream: %d %q, want 408", resp.StatusCode, body)
+		}
+		wantClosed(t, c2, br2)
+		if d := time.Since(start); d < readTimeout {
+			t.Fatalf("the stalled request was cut after %v, before the read timeout %v", d, readTimeout)
+		}
+	})
 }
