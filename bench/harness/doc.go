@@ -9,9 +9,11 @@
 //     cost), and an httpfront router configured per row (a policy, a bucket layout, a
 //     mailbox size), all on 127.0.0.1 with ports chosen by the OS. Every row starts fresh
 //     engines, so caches are cold and no policy inherits another's state.
-//   - The scenarios: overhead (router against the same engines reached directly, zero
-//     simulated cost: requests/s, added latency, router CPU seconds per 1,000 requests from
-//     the process's CPU time), routing (one workload under each policy of a list, with the
+//   - The scenarios: overhead (router against the same engines reached directly, through
+//     a bare fasthttp proxy and through nginx, zero simulated cost: requests/s, added
+//     latency, CPU seconds per 1,000 requests; the router and the bare proxy run as their
+//     own processes when Options.ReplicaCommand and Options.BareCommand are set, as nginx
+//     does, and each one's own CPU is its process's), routing (one workload under each policy of a list, with the
 //     oracle's bound on the hit rate), pd (the prefill group's policy compared on a PD
 //     bucket), buckets (the long-context mix on one pool against length buckets, per
 //     length class), mailbox (an overload burst at several actors.mailbox sizes:

@@ -273,10 +273,15 @@ type Options struct {
 	RequestTimeout time.Duration
 	// Replicas is the replicas scenario's number of router processes. Default 3.
 	Replicas int
-	// ReplicaCommand runs one router process of the replicas scenario; the harness appends
-	// "--config FILE". switchyard bench sets it to its own binary's serve command. Required
-	// by the replicas scenario.
+	// ReplicaCommand runs one router process (the replicas scenario's routers, the overhead
+	// scenario's router); the harness appends "--config FILE". switchyard bench sets it to
+	// its own binary's serve command. Required by the replicas scenario; without it the
+	// overhead scenario runs its router in this process.
 	ReplicaCommand []string
+	// BareCommand runs the overhead scenario's bare fasthttp proxy as its own process
+	// (reference.StartBareProcess appends its flags). switchyard bench sets it to its own
+	// binary's bare-proxy command. Without it the bare proxy runs in this process.
+	BareCommand []string
 
 	// Progress receives the progress line; nil prints none.
 	Progress io.Writer

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"time"
 
@@ -38,12 +39,16 @@ const streamTokens = 64
 
 // overheadTarget is one way of reaching the engines, measured in one mode.
 type overheadTarget struct {
-	name  string
-	urls  []string
-	proxy *reference.Proxy // nil: in this process (direct, router)
-	m     loadgen.Measurement
-	cpu   time.Duration // this process's CPU plus the proxy's own, over the measured phases
-	okCPU bool          // every phase's CPU was known
+	name string
+	urls []string
+	// own is the CPU time the target's own process (the router, the bare proxy, nginx's
+	// master and worker) has used so far; nil: it runs in this process (direct, or a proxy
+	// started in-process).
+	own    func() (time.Duration, bool)
+	m      loadgen.Measurement
+	cpu    time.Duration // this process's CPU plus the target's own, over the measured phases
+	ownCPU time.Duration // the target's own process's CPU over the measured phases
+	okCPU  bool          // every phase's CPU was known
 }
 
 // overhead measures the same zero-cost engines reached directly, through the router
@@ -51,7 +56,11 @@ type overheadTarget struct {
 // small non-streaming requests and for streams of 64 events, each its own chunk. Every
 // target gets a warm-up, then the measured time is split into rounds in which every target
 // runs once, in rotating order, so that a change in the machine's load hits all of them
-// alike. CPU per 1,000 requests counts this process and the proxy's own processes.
+// alike. The router and the bare proxy run as their own processes when their commands are
+// set (Options.ReplicaCommand, Options.BareCommand; switchyard bench sets both), as nginx
+// does, so that one's garbage collection and scheduling do not land in another's phase;
+// else in this process. CPU per 1,000 requests counts this process and the target's own
+// processes; own CPU per 1,000 requests counts the target's own process alone.
 func (h *harness) overhead(ctx context.Context) (scs []*report.Scenario, err error) {
 	o := &h.opts
 	clients := h.concurrency(DefaultOverheadClients)
@@ -80,16 +89,41 @@ func (h *harness) overhead(ctx context.Context) (scs []*report.Scenario, err err
 	cfg := o.routerConfig(c)
 	cfg.Models = map[string]config.Model{o.Model: {Buckets: []config.Bucket{
 		plainBucket("all", ids(c.plain), config.Policy{Type: config.PolicyRoundRobin})}}}
-	r, err := o.startRouter(ctx, cfg)
-	if err != nil {
-		return scs, err
+	var routerURL string
+	var routerCPU func() (time.Duration, bool)
+	if len(o.ReplicaCommand) > 0 {
+		var p *replicaProc
+		p, err = h.startOverheadRouterProc(ctx, c)
+		if p != nil {
+			defer func() { err = errors.Join(err, stopReplicaProcs([]*replicaProc{p})) }()
+		}
+		if err != nil {
+			return scs, err
+		}
+		pid := p.cmd.Process.Pid
+		routerURL, routerCPU = p.url, func() (time.Duration, bool) { return reference.ProcessTreeCPU(pid) }
+	} else {
+		var r *router
+		if r, err = o.startRouter(ctx, cfg); err != nil {
+			return scs, err
+		}
+		defer func() { err = errors.Join(err, r.close()) }()
+		routerURL = r.url
 	}
-	defer func() { err = errors.Join(err, r.close()) }()
-	bare, err := reference.StartBare(urls(c.plain))
+	var bare *reference.Proxy
+	if len(o.BareCommand) > 0 {
+		bare, err = reference.StartBareProcess(o.BareCommand, urls(c.plain))
+	} else {
+		bare, err = reference.StartBare(urls(c.plain))
+	}
 	if err != nil {
 		return scs, err
 	}
 	defer func() { err = errors.Join(err, bare.Close()) }()
+	bareCPU := func() (time.Duration, bool) { return bare.ExternalCPU() }
+	if len(o.BareCommand) == 0 {
+		bareCPU = nil
+	}
 	nginx, err := reference.StartNginx(urls(c.plain), reference.NginxOptions{Keepalive: 2 * clients})
 	switch {
 	case errors.Is(err, reference.ErrNoNginx):
@@ -112,11 +146,11 @@ func (h *harness) overhead(ctx context.Context) (scs []*report.Scenario, err err
 	}{{"", small, false}, {" stream", streams, true}} {
 		targets := []*overheadTarget{
 			{name: "direct", urls: urls(c.plain), okCPU: true},
-			{name: "router", urls: []string{r.url}, okCPU: true},
-			{name: "bare", urls: []string{bare.URL()}, proxy: bare, okCPU: true},
+			{name: "router", urls: []string{routerURL}, own: routerCPU, okCPU: true},
+			{name: "bare", urls: []string{bare.URL()}, own: bareCPU, okCPU: true},
 		}
 		if nginx != nil {
-			targets = append(targets, &overheadTarget{name: "nginx", urls: []string{nginx.URL()}, proxy: nginx, okCPU: true})
+			targets = append(targets, &overheadTarget{name: "nginx", urls: []string{nginx.URL()}, own: nginx.ExternalCPU, okCPU: true})
 		}
 		for _, t := range targets {
 			t.name += mode.suffix
@@ -145,6 +179,9 @@ func (h *harness) overhead(ctx context.Context) (scs []*report.Scenario, err err
 				Summary: report.Summarize(t.m.Results, report.SummaryOptions{Workers: workers, TimeScale: 1, Elapsed: t.m.Elapsed})}
 			if t.okCPU && len(t.m.Results) > 0 {
 				rows[i].CPUSecondsPer1K = t.cpu.Seconds() / float64(len(t.m.Results)) * 1000
+				if t.own != nil {
+					rows[i].OwnCPUSecondsPer1K = t.ownCPU.Seconds() / float64(len(t.m.Results)) * 1000
+				}
 			}
 		}
 		sc.Rows = append(sc.Rows, rows...)
@@ -159,37 +196,70 @@ func (h *harness) overhead(ctx context.Context) (scs []*report.Scenario, err err
 			sc.Overhead.References = append(sc.Overhead.References, referenceRatio(mname, rows[0], rows[1], ref))
 		}
 	}
-	sc.Notes = append(sc.Notes,
-		"engines, router, bare proxy and load generator share this process and its CPUs (nginx runs in its own processes); CPU s/1k req is this process's CPU time plus the proxy's own per 1,000 requests, so a proxy's own cost is its row's minus direct's")
+	if len(o.ReplicaCommand) > 0 && len(o.BareCommand) > 0 {
+		sc.Notes = append(sc.Notes,
+			"the router, the bare proxy and nginx each run as their own process; engines and load generator share this process. CPU s/1k req is this process's CPU time plus the target's own per 1,000 requests; OWN CPU s/1k is the target's own process's alone, which the CPU ratios against the references compare")
+	} else {
+		sc.Notes = append(sc.Notes,
+			"engines, load generator and the router or bare proxy without their commands share this process and its CPUs (nginx and the rows with an OWN CPU figure run in their own processes); CPU s/1k req is this process's CPU time plus the target's own per 1,000 requests, so an in-process proxy's own cost is its row's minus direct's")
+	}
 	return scs, nil
 }
 
 // overheadPhase runs one measured phase of t and adds it to t's figures.
 func (h *harness) overheadPhase(ctx context.Context, t *overheadTarget, l load) error {
 	cpu0, ok0 := reference.ProcessCPU()
-	ext0, okExt0 := t.externalCPU()
+	own0, okOwn0 := t.ownProcessCPU()
 	m, err := h.measure(ctx, l)
 	if err != nil {
 		return err
 	}
 	cpu1, ok1 := reference.ProcessCPU()
-	ext1, okExt1 := t.externalCPU()
+	own1, okOwn1 := t.ownProcessCPU()
 	t.m.Results = append(t.m.Results, m.Results...)
 	t.m.Elapsed += m.Elapsed
-	t.okCPU = t.okCPU && ok0 && ok1 && okExt0 && okExt1
-	t.cpu += cpu1 - cpu0 + ext1 - ext0
+	t.okCPU = t.okCPU && ok0 && ok1 && okOwn0 && okOwn1
+	t.cpu += cpu1 - cpu0 + own1 - own0
+	t.ownCPU += own1 - own0
 	return nil
 }
 
-func (t *overheadTarget) externalCPU() (time.Duration, bool) {
-	if t.proxy == nil {
+func (t *overheadTarget) ownProcessCPU() (time.Duration, bool) {
+	if t.own == nil {
 		return 0, true
 	}
-	return t.proxy.ExternalCPU()
+	return t.own()
+}
+
+// startOverheadRouterProc starts the overhead scenario's router as its own process (one
+// plain bucket over c's engines, round_robin) and waits until it is ready. A process it
+// returns, also with an error, is the caller's to stop.
+func (h *harness) startOverheadRouterProc(ctx context.Context, c *cluster) (*replicaProc, error) {
+	o := &h.opts
+	ports, err := freePorts(1)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "switchyard-overhead-")
+	if err != nil {
+		return nil, fmt.Errorf("cannot start the router process: %w", err)
+	}
+	defer os.RemoveAll(dir)
+	b := o.routerProcConfig(c, ports[0])
+	o.plainModelYAML(b, c, config.PolicyRoundRobin)
+	p, err := o.startRouterProc(dir, "router", ports[0], b.String())
+	if err != nil {
+		return nil, err
+	}
+	if err := WaitReady(ctx, p.url, replicaStartTimeout); err != nil {
+		return p, fmt.Errorf("router process: %w; stderr: %s", err, p.stderr.String())
+	}
+	return p, nil
 }
 
 // referenceRatio compares the router with a reference proxy measured in the same mode:
-// throughput, and each one's own CPU per request (its row's minus direct's).
+// throughput, and each one's own CPU per request: its own process's when both ran as
+// their own processes, else its row's minus direct's.
 func referenceRatio(mode string, direct, router, ref report.Row) report.ReferenceRatio {
 	rr := report.ReferenceRatio{Mode: mode, Against: ref.Name, CPU: -1}
 	if i := strings.IndexByte(rr.Against, ' '); i >= 0 {
@@ -197,6 +267,10 @@ func referenceRatio(mode string, direct, router, ref report.Row) report.Referenc
 	}
 	if ref.Summary != nil && ref.Summary.RequestsPerS > 0 && router.Summary != nil {
 		rr.Throughput = router.Summary.RequestsPerS / ref.Summary.RequestsPerS
+	}
+	if router.OwnCPUSecondsPer1K > 0 && ref.OwnCPUSecondsPer1K > 0 {
+		rr.CPU = router.OwnCPUSecondsPer1K / ref.OwnCPUSecondsPer1K
+		return rr
 	}
 	rOwn, refOwn := router.CPUSecondsPer1K-direct.CPUSecondsPer1K, ref.CPUSecondsPer1K-direct.CPUSecondsPer1K
 	if direct.CPUSecondsPer1K > 0 && router.CPUSecondsPer1K > 0 && ref.CPUSecondsPer1K > 0 && refOwn > 0 {
@@ -215,7 +289,10 @@ func overheadFigures(direct, routed report.Row) *report.Overhead {
 	}
 	f.AddedP50ms = r.E2E.P50 - d.E2E.P50
 	f.AddedP99ms = r.E2E.P99 - d.E2E.P99
-	if direct.CPUSecondsPer1K > 0 && routed.CPUSecondsPer1K > 0 {
+	switch {
+	case routed.OwnCPUSecondsPer1K > 0:
+		f.RouterCPUSecondsPer1K = routed.OwnCPUSecondsPer1K
+	case direct.CPUSecondsPer1K > 0 && routed.CPUSecondsPer1K > 0:
 		f.RouterCPUSecondsPer1K = routed.CPUSecondsPer1K - direct.CPUSecondsPer1K
 	}
 	return f

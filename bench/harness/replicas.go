@@ -329,24 +329,10 @@ func (h *harness) startReplicaProcs(ctx context.Context, c *cluster, n int) ([]*
 	defer os.RemoveAll(dir)
 	var procs []*replicaProc
 	for i := range n {
-		path := filepath.Join(dir, fmt.Sprintf("r%d.yaml", i))
-		if err := os.WriteFile(path, []byte(o.replicaConfig(c, ports, n, i)), 0o600); err != nil {
-			return procs, fmt.Errorf("cannot start replicas: %w", err)
+		p, err := o.startRouterProc(dir, "r"+strconv.Itoa(i), ports[i], o.replicaConfig(c, ports, n, i))
+		if err != nil {
+			return procs, err
 		}
-		args := append(slices.Clone(o.ReplicaCommand[1:]), "--config", path)
-		p := &replicaProc{name: "r" + strconv.Itoa(i), url: fmt.Sprintf("http://127.0.0.1:%d", ports[i]),
-			stderr: &tailWriter{max: replicaStderrTail}, done: make(chan struct{})}
-		p.cmd = exec.Command(o.ReplicaCommand[0], args...)
-		p.cmd.Stdout = io.Discard
-		p.cmd.Stderr = p.stderr
-		if err := p.cmd.Start(); err != nil {
-			return procs, fmt.Errorf("cannot start replica %s: %w", p.name, err)
-		}
-		go func() {
-			_ = p.cmd.Wait()
-			p.state = p.cmd.ProcessState
-			close(p.done)
-		}()
 		procs = append(procs, p)
 	}
 	for _, p := range procs {
@@ -364,24 +350,63 @@ func (h *harness) startReplicaProcs(ctx context.Context, c *cluster, n int) ([]*
 	return procs, nil
 }
 
-// replicaConfig is replica i's configuration file (YAML).
-func (o *Options) replicaConfig(c *cluster, ports []int, n, i int) string {
+// startRouterProc starts one router process (Options.ReplicaCommand) serving on port with
+// the configuration conf (YAML, written into dir); the caller waits for it to be ready and
+// stops it (stopReplicaProcs).
+func (o *Options) startRouterProc(dir, name string, port int, conf string) (*replicaProc, error) {
+	path := filepath.Join(dir, name+".yaml")
+	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
+		return nil, fmt.Errorf("cannot start router %s: %w", name, err)
+	}
+	args := append(slices.Clone(o.ReplicaCommand[1:]), "--config", path)
+	p := &replicaProc{name: name, url: fmt.Sprintf("http://127.0.0.1:%d", port),
+		stderr: &tailWriter{max: replicaStderrTail}, done: make(chan struct{})}
+	p.cmd = exec.Command(o.ReplicaCommand[0], args...)
+	p.cmd.Stdout = io.Discard
+	p.cmd.Stderr = p.stderr
+	if err := p.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("cannot start router %s: %w", name, err)
+	}
+	go func() {
+		_ = p.cmd.Wait()
+		p.state = p.cmd.ProcessState
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// routerProcConfig is the start of a router process's configuration (YAML): the server on
+// port, warnings only, the load poll and block size of the in-process router
+// (Options.routerConfig), and c's workers. The caller adds the models.
+func (o *Options) routerProcConfig(c *cluster, port int) *strings.Builder {
 	var b strings.Builder
-	fmt.Fprintf(&b, "server: {host: 127.0.0.1, port: %d, drain_timeout: 10s, request_timeout: %s}\n", ports[i], o.RequestTimeout)
+	fmt.Fprintf(&b, "server: {host: 127.0.0.1, port: %d, drain_timeout: 10s, request_timeout: %s}\n", port, o.RequestTimeout)
 	b.WriteString("log: {level: warn}\n")
 	fmt.Fprintf(&b, "load: {poll_interval: %s}\n", gaugeInterval)
 	fmt.Fprintf(&b, "kv: {block_size: %d}\n", o.PageSize)
-	b.WriteString("affinity: {prefix_rebind: true}\n")
-	// A session's conversation is a prefix of a few blocks at least.
-	fmt.Fprintf(&b, "cache_aware: {min_matched_tokens: %d}\n", 4*o.PageSize)
 	b.WriteString("workers:\n")
 	for _, w := range c.workers(o.Model) {
 		wj, _ := json.Marshal(map[string]any{"id": w.ID, "url": w.URL, "model": w.Model, "role": string(w.Role), "dp_size": 1,
 			"flavor": string(w.Flavor), "kv_events": w.KVEvents})
 		fmt.Fprintf(&b, "  - %s\n", cleanJSONFlow(wj))
 	}
+	return &b
+}
+
+// plainModelYAML adds the models section: o.Model on one plain bucket over c's plain
+// engines under policy.
+func (o *Options) plainModelYAML(b *strings.Builder, c *cluster, policy string) {
 	idList, _ := json.Marshal(ids(c.plain))
-	fmt.Fprintf(&b, "models:\n  %q:\n    buckets:\n      - {id: all, groups: {plain: {worker_ids: %s, policy: {type: session_aware}}}}\n", o.Model, idList)
+	fmt.Fprintf(b, "models:\n  %q:\n    buckets:\n      - {id: all, groups: {plain: {worker_ids: %s, policy: {type: %s}}}}\n", o.Model, idList, policy)
+}
+
+// replicaConfig is replica i's configuration file (YAML).
+func (o *Options) replicaConfig(c *cluster, ports []int, n, i int) string {
+	b := o.routerProcConfig(c, ports[i])
+	b.WriteString("affinity: {prefix_rebind: true}\n")
+	// A session's conversation is a prefix of a few blocks at least.
+	fmt.Fprintf(b, "cache_aware: {min_matched_tokens: %d}\n", 4*o.PageSize)
+	o.plainModelYAML(b, c, "session_aware")
 	if n > 1 {
 		members := make([]string, n)
 		for k := range n {
@@ -389,7 +414,7 @@ func (o *Options) replicaConfig(c *cluster, ports []int, n, i int) string {
 		}
 		// The cluster's intervals and timeouts are the defaults: their CPU cost is part of
 		// what the scenario measures.
-		fmt.Fprintf(&b, "cluster: {enabled: true, name: bench-%d, listen: \"127.0.0.1:0\", provider: automanaged, provider_port: %d, members: [%s]}\n",
+		fmt.Fprintf(b, "cluster: {enabled: true, name: bench-%d, listen: \"127.0.0.1:0\", provider: automanaged, provider_port: %d, members: [%s]}\n",
 			ports[0], ports[n+i], strings.Join(members, ", "))
 	}
 	return b.String()

@@ -1,8 +1,13 @@
 package reference
 
 import (
+	"context"
+	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"net"
+	"os"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -25,27 +30,43 @@ func (p *Proxy) Name() string { return p.name }
 func (p *Proxy) URL() string { return p.url }
 
 // ExternalCPU is the CPU time (user + system) the proxy used outside this process so far;
-// false when it cannot be known. The bare proxy's is zero: it runs in this process.
+// false when it cannot be known. StartBare's is zero: it runs in this process.
 func (p *Proxy) ExternalCPU() (time.Duration, bool) { return p.cpu() }
 
 // Close stops the proxy and waits for it.
 func (p *Proxy) Close() error { return p.close() }
 
 // StartBare starts the bare fasthttp reverse proxy on 127.0.0.1 (a port chosen by the OS)
-// in front of engineURLs (http://host:port): round robin over them, each request copied to
-// the engine as it is, each answer copied back (a chunked one, a stream, relayed as it
-// arrives). No parsing, selection, metrics or deadlines: the least a fasthttp proxy does.
+// in this process, in front of engineURLs (http://host:port): round robin over them, each
+// request copied to the engine as it is, each answer copied back (a chunked one, a stream,
+// relayed as it arrives). No parsing, selection, metrics or deadlines: the least a fasthttp
+// proxy does. Its CPU is this process's (ExternalCPU is zero); StartBareProcess runs the
+// same proxy as its own process.
 func StartBare(engineURLs []string) (*Proxy, error) {
 	if len(engineURLs) == 0 {
-		return nil, fmt.Errorf("cannot start the bare proxy: no engine")
-	}
-	clients := make([]*fasthttp.HostClient, len(engineURLs))
-	for i, u := range engineURLs {
-		clients[i] = &fasthttp.HostClient{Addr: strings.TrimPrefix(u, "http://"), MaxConns: 8192, StreamResponseBody: true}
+		return nil, fmt.Errorf("cannot start the bare proxy: %w", errNoEngine)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("cannot start the bare proxy: %w", err)
+	}
+	stop := serveBare(ln, engineURLs)
+	return &Proxy{
+		name:  "bare",
+		url:   "http://" + ln.Addr().String(),
+		close: stop,
+		cpu:   func() (time.Duration, bool) { return 0, true },
+	}, nil
+}
+
+var errNoEngine = errors.New("no engine")
+
+// serveBare serves the bare proxy on ln until the returned stop, which closes ln, waits for
+// the server and closes the engine connections.
+func serveBare(ln net.Listener, engineURLs []string) (stop func() error) {
+	clients := make([]*fasthttp.HostClient, len(engineURLs))
+	for i, u := range engineURLs {
+		clients[i] = &fasthttp.HostClient{Addr: strings.TrimPrefix(u, "http://"), MaxConns: 8192, StreamResponseBody: true}
 	}
 	var next atomic.Uint64
 	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
@@ -76,19 +97,65 @@ func StartBare(engineURLs []string) (*Proxy, error) {
 		defer close(done)
 		_ = srv.Serve(ln)
 	}()
-	return &Proxy{
-		name: "bare",
-		url:  "http://" + ln.Addr().String(),
-		close: func() error {
-			err := srv.Shutdown()
-			<-done
-			for _, c := range clients {
-				c.CloseIdleConnections()
-			}
-			return err
-		},
-		cpu: func() (time.Duration, bool) { return 0, true },
-	}, nil
+	return func() error {
+		err := srv.Shutdown()
+		<-done
+		for _, c := range clients {
+			c.CloseIdleConnections()
+		}
+		return err
+	}
+}
+
+// BareCommand runs the bare proxy as a command (switchyard bare-proxy) until ctx is
+// cancelled: --engines lists the engines' URLs, comma-separated; it listens on the
+// inherited socket --listen-fd names (how StartBareProcess starts it) or on --listen, and
+// prints its URL on stdout.
+func BareCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("bare-proxy", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	engines := fs.String("engines", "", "the engines' base URLs (http://host:port), comma-separated")
+	listen := fs.String("listen", "127.0.0.1:0", "listen `ADDRESS` (port 0 lets the OS choose)")
+	fd := fs.Int("listen-fd", 0, "serve on this inherited listening socket `FD` instead of --listen (0: none)")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `usage: switchyard bare-proxy --engines URL[,URL...] [--listen ADDRESS]
+
+The reference proxy of switchyard bench's overhead scenario: a bare fasthttp reverse proxy,
+round robin over the engines, requests and answers copied through unparsed, streams relayed
+as they arrive. The bench starts it as its own process.
+
+flags:
+`)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var urls []string
+	for _, u := range strings.Split(*engines, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			urls = append(urls, u)
+		}
+	}
+	if len(urls) == 0 {
+		return fmt.Errorf("cannot start the bare proxy: %w (--engines)", errNoEngine)
+	}
+	var ln net.Listener
+	var err error
+	if *fd > 0 {
+		f := os.NewFile(uintptr(*fd), "listener")
+		ln, err = net.FileListener(f)
+		_ = f.Close()
+	} else {
+		ln, err = net.Listen("tcp", *listen)
+	}
+	if err != nil {
+		return fmt.Errorf("cannot start the bare proxy: %w", err)
+	}
+	stop := serveBare(ln, urls)
+	fmt.Fprintf(stdout, "bare proxy listening on http://%s\n", ln.Addr())
+	<-ctx.Done()
+	return stop()
 }
 
 // upstreamBody is an engine's streamed answer as the client's response body.

@@ -1,7 +1,8 @@
 // Package reference runs the proxies the router's serving path is measured against, in
-// the same run and on the same engines: a bare fasthttp reverse proxy (StartBare: round
-// robin, the request and answer copied through, streams relayed as they come, nothing
-// parsed) and nginx (StartNginx: the reverse proxy users compare against, started from
+// the same run and on the same engines: a bare fasthttp reverse proxy (round robin, the
+// request and answer copied through, streams relayed as they come, nothing parsed; in this
+// process with StartBare, as its own process with StartBareProcess, which runs a command
+// serving BareCommand: switchyard bare-proxy) and nginx (StartNginx: the reverse proxy users compare against, started from
 // the nginx binary with a configuration generated for the run).
 //
 // # nginx
@@ -19,11 +20,12 @@
 // # CPU
 //
 // Proxy.ExternalCPU is the CPU time the proxy spent outside this process (nginx: its
-// master and worker processes, from /proc on Linux); the bare proxy runs in this process,
-// so its CPU is in the process's own.
+// master and worker processes; the bare proxy process; from /proc on Linux); StartBare's
+// proxy runs in this process, so its CPU is in the process's own.
 //
 // # Concurrency model and what a caller must release
 //
-// A Proxy serves on its own goroutines (the bare proxy) or processes (nginx) until Close,
+// A Proxy serves on its own goroutines (StartBare) or processes (nginx, StartBareProcess;
+// each in its own process group, SIGTERM then SIGKILL on Close) until Close,
 // which stops them and waits for them, and removes nginx's directory. Close every Proxy.
 package reference

@@ -22,11 +22,11 @@ import (
 // ErrNoNginx: no nginx binary on PATH nor at /usr/sbin/nginx.
 var ErrNoNginx = errors.New("no nginx binary (install the Debian package nginx or nginx-light)")
 
-// nginxStartTimeout bounds nginx's start, up to its first answer.
-const nginxStartTimeout = 10 * time.Second
+// procStartTimeout bounds the start of a proxy process (nginx, the bare proxy), up to its first answer.
+const procStartTimeout = 10 * time.Second
 
-// nginxStopTimeout bounds nginx's fast shutdown before it is killed.
-const nginxStopTimeout = 5 * time.Second
+// procStopTimeout bounds a proxy process's shutdown (nginx: its fast shutdown) before it is killed.
+const procStopTimeout = 5 * time.Second
 
 // NginxBinary returns the path of the nginx binary, or ErrNoNginx.
 func NginxBinary() (string, error) {
@@ -114,13 +114,7 @@ func StartNginx(engineURLs []string, opts NginxOptions) (_ *Proxy, err error) {
 			_ = os.RemoveAll(dir)
 		}
 	}()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, fmt.Errorf("cannot start nginx: %w", err)
-	}
-	// nginx takes the socket over; this process keeps none of it once nginx has started.
-	lf, err := ln.(*net.TCPListener).File()
-	_ = ln.Close()
+	lf, addr, err := listenerFile()
 	if err != nil {
 		return nil, fmt.Errorf("cannot start nginx: %w", err)
 	}
@@ -136,7 +130,7 @@ func StartNginx(engineURLs []string, opts NginxOptions) (_ *Proxy, err error) {
 	}
 	err = nginxConf.Execute(f, map[string]any{
 		"Root": os.Geteuid() == 0, "Dir": dir, "Engines": engines, "Keepalive": opts.Keepalive,
-		"Listen": ln.Addr().String(),
+		"Listen": addr,
 	})
 	if cerr := f.Close(); err == nil {
 		err = cerr
@@ -149,36 +143,9 @@ func StartNginx(engineURLs []string, opts NginxOptions) (_ *Proxy, err error) {
 	cmd.ExtraFiles = []*os.File{lf} // fd 3
 	cmd.Env = []string{"NGINX=3;", "PATH=" + os.Getenv("PATH")}
 	cmd.Stdout, cmd.Stderr = io.Discard, &limitedWriter{w: &stderr, n: 4 << 10}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("cannot start nginx: %w", err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	stop := func() error {
-		select {
-		case err := <-exited:
-			exited <- err
-			return nil
-		default:
-		}
-		_ = cmd.Process.Signal(syscall.SIGTERM) // fast shutdown: master and worker exit
-		t := time.NewTimer(nginxStopTimeout)
-		defer t.Stop()
-		select {
-		case err := <-exited:
-			exited <- err
-			return nil
-		case <-t.C:
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			err := <-exited
-			exited <- err
-			return fmt.Errorf("nginx did not stop within %s and was killed", nginxStopTimeout)
-		}
-	}
-	url := "http://" + ln.Addr().String()
-	if err := firstAnswer(url, exited); err != nil {
-		_ = stop()
+	url := "http://" + addr
+	stop, err := runProcess("nginx", cmd, url)
+	if err != nil {
 		log, _ := os.ReadFile(filepath.Join(dir, "error.log"))
 		return nil, fmt.Errorf("cannot start nginx: %w (stderr: %s; error.log: %s)", err,
 			strings.TrimSpace(stderr.String()), strings.TrimSpace(string(tail(log, 2<<10))))
@@ -195,10 +162,64 @@ func StartNginx(engineURLs []string, opts NginxOptions) (_ *Proxy, err error) {
 	}, nil
 }
 
-// firstAnswer waits for nginx's first answer (any status: the engines' 404 for / will do),
-// or for its exit, within nginxStartTimeout.
-func firstAnswer(url string, exited chan error) error {
-	ctx, cancel := context.WithTimeout(context.Background(), nginxStartTimeout)
+// listenerFile opens a listening socket on 127.0.0.1 (a port chosen by the OS) for a
+// proxy process to inherit, and returns it as a file (the caller closes it once the
+// process has started: this process then keeps none of the socket) and its address.
+func listenerFile() (*os.File, string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, "", err
+	}
+	lf, err := ln.(*net.TCPListener).File()
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	if err != nil {
+		return nil, "", err
+	}
+	return lf, addr, nil
+}
+
+// runProcess starts cmd, a proxy serving url, in its own process group and waits for its
+// first answer. stop ends it: SIGTERM, then after procStopTimeout SIGKILL to its group.
+func runProcess(name string, cmd *exec.Cmd, url string) (stop func() error, err error) {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	stop = func() error {
+		select {
+		case err := <-exited:
+			exited <- err
+			return nil
+		default:
+		}
+		_ = cmd.Process.Signal(syscall.SIGTERM) // nginx: fast shutdown, master and worker exit
+		t := time.NewTimer(procStopTimeout)
+		defer t.Stop()
+		select {
+		case err := <-exited:
+			exited <- err
+			return nil
+		case <-t.C:
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			err := <-exited
+			exited <- err
+			return fmt.Errorf("%s did not stop within %s and was killed", name, procStopTimeout)
+		}
+	}
+	if err := firstAnswer(name, url, exited); err != nil {
+		_ = stop()
+		return nil, err
+	}
+	return stop, nil
+}
+
+// firstAnswer waits for a proxy process's first answer (any status will do), or for its
+// exit, within procStartTimeout; name is the proxy's in the error.
+func firstAnswer(name, url string, exited chan error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), procStartTimeout)
 	defer cancel()
 	answered := make(chan error, 1)
 	go func() {
@@ -206,16 +227,16 @@ func firstAnswer(url string, exited chan error) error {
 		defer fasthttp.ReleaseRequest(req)
 		defer fasthttp.ReleaseResponse(resp)
 		req.SetRequestURI(url + "/health")
-		answered <- fasthttp.DoTimeout(req, resp, nginxStartTimeout)
+		answered <- fasthttp.DoTimeout(req, resp, procStartTimeout)
 	}()
 	select {
 	case err := <-answered:
 		return err
 	case err := <-exited:
 		exited <- err
-		return fmt.Errorf("nginx exited: %v", err)
+		return fmt.Errorf("%s exited: %v", name, err)
 	case <-ctx.Done():
-		return fmt.Errorf("nginx did not answer within %s", nginxStartTimeout)
+		return fmt.Errorf("%s did not answer within %s", name, procStartTimeout)
 	}
 }
 

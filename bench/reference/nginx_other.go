@@ -18,3 +18,8 @@ type NginxOptions struct {
 
 // StartNginx returns ErrNoNginx.
 func StartNginx([]string, NginxOptions) (*Proxy, error) { return nil, ErrNoNginx }
+
+// StartBareProcess returns an error: proxy processes are run on unix systems only.
+func StartBareProcess([]string, []string) (*Proxy, error) {
+	return nil, errors.New("cannot start the bare proxy process: unix only")
+}

@@ -3,10 +3,13 @@ package reference
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
+	"os/signal"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -14,6 +17,35 @@ import (
 
 	"switchyard/bench/mockengine"
 )
+
+// bareChildEnv, set in a child's environment, makes this test binary the bare proxy
+// command (BareCommand): StartBareProcess is tested with the test binary as its program.
+const bareChildEnv = "REFERENCE_TEST_BARE_PROXY"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(bareChildEnv) == "1" {
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+		err := BareCommand(ctx, os.Args[1:], os.Stdout, os.Stderr)
+		stop()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// bareProcess starts the bare proxy as its own process (this test binary as BareCommand).
+func bareProcess(t *testing.T, engines []string) *Proxy {
+	t.Helper()
+	t.Setenv(bareChildEnv, "1")
+	p, err := StartBareProcess([]string{os.Args[0]}, engines)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
 
 // startEngines starts n zero-cost mock engines that flush every streamed event, closed at
 // the end of the test.
@@ -74,18 +106,21 @@ const (
 // unchanged in shape, over several keep-alive requests, and stop cleanly.
 func TestProxies(t *testing.T) {
 	engines := startEngines(t, 2)
-	for _, name := range []string{"bare", "nginx"} {
+	for _, name := range []string{"bare", "bare process", "nginx"} {
 		t.Run(name, func(t *testing.T) {
 			var p *Proxy
-			if name == "nginx" {
+			switch name {
+			case "nginx":
 				p = nginx(t, engines)
-			} else {
+			case "bare process":
+				p = bareProcess(t, engines)
+			default:
 				var err error
 				if p, err = StartBare(engines); err != nil {
 					t.Fatal(err)
 				}
 			}
-			if p.Name() != name {
+			if want, _, _ := strings.Cut(name, " "); p.Name() != want {
 				t.Errorf("Name %q", p.Name())
 			}
 			for range 4 {
@@ -100,7 +135,7 @@ func TestProxies(t *testing.T) {
 				}
 			}
 			cpu, ok := p.ExternalCPU()
-			if !ok || cpu < 0 {
+			if !ok || cpu < 0 || (name == "bare" && cpu != 0) {
 				t.Errorf("ExternalCPU %v %v", cpu, ok)
 			}
 			addr := strings.TrimPrefix(p.URL(), "http://")
@@ -112,6 +147,36 @@ func TestProxies(t *testing.T) {
 				t.Errorf("%s still accepts connections after Close", name)
 			}
 		})
+	}
+}
+
+// TestBareProcessCounted: the bare proxy process's CPU is its own, counted by ExternalCPU
+// while it serves (not this process's), and a command that does not serve fails the start
+// with what it said.
+func TestBareProcessCounted(t *testing.T) {
+	engines := startEngines(t, 1)
+	p := bareProcess(t, engines)
+	t.Cleanup(func() { _ = p.Close() })
+	before, _ := p.ExternalCPU()
+	// /proc counts CPU in 10 ms ticks: enough requests for a few of them.
+	deadline := time.Now().Add(20 * time.Second)
+	for n := 0; ; n++ {
+		if code, body := post(t, p.URL(), small); code != 200 {
+			t.Fatalf("%d %q", code, body)
+		}
+		if cpu, ok := p.ExternalCPU(); !ok {
+			t.Fatal("ExternalCPU unknown")
+		} else if cpu-before >= 30*time.Millisecond {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the bare proxy process used no CPU over %d requests", n)
+		}
+	}
+	t.Setenv(bareChildEnv, "1")
+	_, err := StartBareProcess([]string{os.Args[0], "--no-such-flag"}, engines)
+	if err == nil || !strings.Contains(err.Error(), "no-such-flag") {
+		t.Fatalf("a failing command: err = %v", err)
 	}
 }
 

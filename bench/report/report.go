@@ -136,8 +136,13 @@ type Row struct {
 	Oracle *workload.OracleResult `json:"oracle,omitempty"`
 	// Mailbox is the actors.mailbox size of a mailbox row.
 	Mailbox int `json:"mailbox,omitempty"`
-	// CPUSecondsPer1K is the process CPU time per 1,000 requests of an overhead row.
+	// CPUSecondsPer1K is the process CPU time per 1,000 requests of an overhead row: the
+	// bench process's plus the target's own processes'.
 	CPUSecondsPer1K float64 `json:"cpu_s_per_1k,omitempty"`
+	// OwnCPUSecondsPer1K is the CPU time per 1,000 requests of an overhead row's target in
+	// its own process (the router, the bare proxy, nginx), alone; 0 when it ran in the bench
+	// process.
+	OwnCPUSecondsPer1K float64 `json:"own_cpu_s_per_1k,omitempty"`
 	// Truncated is set when the duration bound ended the row before its request bound.
 	Truncated bool `json:"truncated,omitempty"`
 	// Replicas holds a replicas row's cluster figures.
@@ -236,9 +241,10 @@ type Overhead struct {
 	// AddedP50ms and AddedP99ms are the latency the router adds, in wall milliseconds.
 	AddedP50ms float64 `json:"added_p50_ms"`
 	AddedP99ms float64 `json:"added_p99_ms"`
-	// RouterCPUSecondsPer1K is the router's CPU time per 1,000 requests: the process's CPU
-	// per request through the router minus its CPU per request direct (the load generator
-	// and the engines do the same work in both), or -1 when unknown (an external router).
+	// RouterCPUSecondsPer1K is the router's CPU time per 1,000 requests: its own process's
+	// when it ran as one, else the bench process's CPU per request through the router minus
+	// its CPU per request direct (the load generator and the engines do the same work in
+	// both), or -1 when unknown (an external router).
 	RouterCPUSecondsPer1K float64 `json:"router_cpu_s_per_1k"`
 	// References compare the router with the reference proxies measured in the same run.
 	References []ReferenceRatio `json:"references,omitempty"`
@@ -253,8 +259,9 @@ type ReferenceRatio struct {
 	Against string `json:"against"`
 	// Throughput is the router's requests/s divided by the reference's.
 	Throughput float64 `json:"throughput_ratio"`
-	// CPU is the router's own CPU time per request divided by the reference's (each its
-	// row's CPU minus direct's), or -1 when unknown.
+	// CPU is the router's own CPU time per request divided by the reference's (each its own
+	// process's when both ran as their own, else its row's CPU minus direct's), or -1 when
+	// unknown.
 	CPU float64 `json:"cpu_ratio"`
 }
 

@@ -169,16 +169,20 @@ func writeLoss(b *strings.Builder, r *Row) {
 }
 
 func overheadTable(tw io.Writer, s *Scenario) {
-	fmt.Fprintln(tw, "MODE\tREQS\tERR\tREQ/S\tp50\tp90\tp99\tCPU s/1k req\t")
+	fmt.Fprintln(tw, "MODE\tREQS\tERR\tREQ/S\tp50\tp90\tp99\tCPU s/1k req\tOWN CPU s/1k\t")
 	for i := range s.Rows {
 		r := &s.Rows[i]
 		if r.Skipped != "" {
-			fmt.Fprintf(tw, "%s\tskipped\t\t\t\t\t\t\t\n", r.Name)
+			fmt.Fprintf(tw, "%s\tskipped\t\t\t\t\t\t\t\t\n", r.Name)
 			continue
 		}
 		m := r.Summary
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%.3f\t\n", r.Name, m.Requests, m.ErrorCount(), num(m.RequestsPerS),
-			num(m.E2E.P50), num(m.E2E.P90), num(m.E2E.P99), r.CPUSecondsPer1K)
+		own := "-"
+		if r.OwnCPUSecondsPer1K > 0 {
+			own = fmt.Sprintf("%.3f", r.OwnCPUSecondsPer1K)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%.3f\t%s\t\n", r.Name, m.Requests, m.ErrorCount(), num(m.RequestsPerS),
+			num(m.E2E.P50), num(m.E2E.P90), num(m.E2E.P99), r.CPUSecondsPer1K, own)
 	}
 }
 

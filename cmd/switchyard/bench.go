@@ -67,7 +67,7 @@ func newBenchFlagSet(stderr io.Writer) (*flag.FlagSet, *benchFlags) {
 	fs.StringVar(&f.mailboxSizes, "mailbox-sizes", ints(harness.DefaultMailboxSizes()), "mailbox scenario actors.mailbox sizes (bucket and group)")
 	fs.IntVar(&o.MailboxRequests, "mailbox-requests", harness.DefaultMailboxRequests, "requests in each mailbox row's burst")
 	fs.IntVar(&o.Replicas, "replicas", harness.DefaultReplicas, "replicas scenario: router processes forming one cluster")
-	fs.StringVar(&f.routerBinary, "router-binary", "", "replicas scenario: the switchyard binary each router process runs (default: this one)")
+	fs.StringVar(&f.routerBinary, "router-binary", "", "replicas and overhead scenarios: the switchyard binary each router process runs (default: this one)")
 	fs.DurationVar(&o.SLOTTFT, "slo-ttft", harness.DefaultSLOTTFT, "slo scenario: the foreground requests' time-to-first-token target, simulated time")
 	fs.Float64Var(&o.SLORate, "slo-rate", harness.DefaultSLORate, "slo scenario: foreground open-loop arrivals, requests per simulated second")
 	fs.Float64Var(&o.SLOBackgroundRate, "slo-background-rate", harness.DefaultSLOBackgroundRate, "slo scenario: background arrivals per engine of the loaded bucket, requests per simulated second")
@@ -111,7 +111,7 @@ the report for machines and an SVG chart per scenario. Scenarios:
   overhead  the router vs the same zero-cost engines reached directly, through a bare
             fasthttp proxy and through nginx (when installed), interleaved in one run:
             small requests and 64-event streams; requests/s, added latency, CPU seconds
-            per 1,000 requests
+            per 1,000 requests; router, bare proxy and nginx each its own process
   routing   each workload of --workloads under each policy of --policies, with the oracle
             (the best hit rate any placement reaches for the workload and the cache size)
   pd        the prefill group's policy on a PD bucket (shared_prefix workload)
@@ -178,14 +178,20 @@ func (f *benchFlags) options(stderr io.Writer) (harness.Options, error) {
 		errs = append(errs, err)
 	}
 	o.Workloads = splitList(f.workloads)
-	if slices.Contains(o.Scenarios, report.ScenarioReplicas) {
+	if slices.Contains(o.Scenarios, report.ScenarioReplicas) || slices.Contains(o.Scenarios, report.ScenarioOverhead) {
 		bin := f.routerBinary
 		if bin == "" {
 			if bin, err = os.Executable(); err != nil {
-				errs = append(errs, fmt.Errorf("%w: cannot find this binary for the replicas scenario (pass --router-binary): %w", errBenchFlags, err))
+				errs = append(errs, fmt.Errorf("%w: cannot find this binary for the router processes (pass --router-binary): %w", errBenchFlags, err))
 			}
 		}
 		o.ReplicaCommand = []string{bin, "serve"}
+		// The bare proxy is this binary's, whatever router is measured.
+		self, err := os.Executable()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%w: cannot find this binary for the bare proxy process: %w", errBenchFlags, err))
+		}
+		o.BareCommand = []string{self, "bare-proxy"}
 	}
 	o.MailboxSizes = nil
 	for _, s := range splitList(f.mailboxSizes) {

@@ -6,10 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // runBenchCmd runs the bench subcommand and maps its error to an exit code as run does
@@ -223,6 +226,84 @@ func TestBenchReplicas(t *testing.T) {
 		}
 		if i == 2 && (f.AgreementAfterCrash < 0.9 || f.CrashErrors > 8) {
 			t.Errorf("after the crash: agreement %v, %d errors on the crashed replica (at most its 8 clients' requests)", f.AgreementAfterCrash, f.CrashErrors)
+		}
+	}
+}
+
+// TestBenchOverheadProcesses runs the overhead scenario from the binary: the router and
+// the bare proxy run as their own processes (as nginx does), every proxy row carries its
+// own process's CPU, and the CPU ratios against the references compare those.
+func TestBenchOverheadProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and runs proxy processes")
+	}
+	bin := switchyardBinary(t)
+	jsonPath := filepath.Join(t.TempDir(), "report.json")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "bench", "--scenario", "overhead", "--engines", "2", "--concurrency", "4",
+		"--duration", "1500ms", "--json", jsonPath, "--quiet")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v:\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "each run as their own process") {
+		t.Errorf("the table's notes do not say the proxies ran as their own processes:\n%s", out)
+	}
+	b, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Scenarios []struct {
+			Rows []struct {
+				Name    string                     `json:"name"`
+				Summary struct{ Requests, OK int } `json:"summary"`
+				CPU     float64                    `json:"cpu_s_per_1k"`
+				Own     float64                    `json:"own_cpu_s_per_1k"`
+			} `json:"rows"`
+			Overhead struct {
+				RouterCPU  float64 `json:"router_cpu_s_per_1k"`
+				References []struct {
+					Mode, Against string
+					CPU           float64 `json:"cpu_ratio"`
+				} `json:"references"`
+			} `json:"overhead"`
+		} `json:"scenarios"`
+	}
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Scenarios) != 1 {
+		t.Fatalf("report %+v", rep)
+	}
+	sc := rep.Scenarios[0]
+	own := map[string]float64{}
+	for _, r := range sc.Rows {
+		if r.Summary.Requests == 0 || r.Summary.OK != r.Summary.Requests {
+			t.Errorf("row %s: %d requests, %d ok", r.Name, r.Summary.Requests, r.Summary.OK)
+		}
+		// Direct has no process of its own; every proxy does (its CPU is counted in ticks of
+		// 10 ms over thousands of requests: never zero).
+		if (r.Own > 0) == strings.HasPrefix(r.Name, "direct") || r.Own > r.CPU {
+			t.Errorf("row %s: own CPU %v s/1k, total %v", r.Name, r.Own, r.CPU)
+		}
+		own[r.Name] = r.Own
+	}
+	if sc.Overhead.RouterCPU != own["router"] {
+		t.Errorf("router CPU %v, want its own process's %v", sc.Overhead.RouterCPU, own["router"])
+	}
+	if len(sc.Overhead.References) == 0 {
+		t.Fatal("no reference ratios")
+	}
+	for _, rr := range sc.Overhead.References {
+		prefix := ""
+		if rr.Mode == "stream" {
+			prefix = " stream"
+		}
+		want := own["router"+prefix] / own[rr.Against+prefix]
+		if math.Abs(rr.CPU-want) > 1e-9*want {
+			t.Errorf("%s against %s: CPU ratio %v, want own %v", rr.Mode, rr.Against, rr.CPU, want)
 		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"syscall"
 
 	"switchyard/bench/mockengine"
+	"switchyard/bench/reference"
 )
 
 func main() {
@@ -38,6 +39,7 @@ func commands() []command {
 		{"dispatch-demo", "start mock engines and the router, send a burst of requests, print where each went", runServeDemo},
 		{"select", "print the selection core's picks for the built-in example (no engines needed)", runSelect},
 		{"mockengine", "run simulated SGLang engines: switchyard mockengine [--count N] (see --help)", mockengine.Command},
+		{"bare-proxy", "the bench's reference, a bare fasthttp reverse proxy: switchyard bare-proxy --engines URL[,URL...]", reference.BareCommand},
 		{"indexer", "serve the prefix index to several routers: switchyard indexer [--listen HOST:PORT] --config FILE", runIndexer},
 		{"tokenize", "print the token IDs of stdin: switchyard tokenize --tokenizer PATH [--chat]", runTokenize},
 		{"version", "print the version, commit, Go version and platform of this binary", runVersion},

@@ -161,6 +161,22 @@ func (t *benchTarget) cpuPer1K() float64 {
 	return float64(t.cpu.Microseconds()) / float64(t.load.requests)
 }
 
+// startBareProcess runs the bare fasthttp proxy as its own process (switchyard
+// bare-proxy), as the router process and nginx run, closed at the end of the benchmark.
+func startBareProcess(b *testing.B, engines []string) *reference.Proxy {
+	b.Helper()
+	p, err := reference.StartBareProcess([]string{switchyardBinary(b), "bare-proxy"}, engines)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		if err := p.Close(); err != nil {
+			b.Error(err)
+		}
+	})
+	return p
+}
+
 // startReferences starts the bare fasthttp proxy and nginx in front of engines. Without an
 // nginx binary the benchmark says so and measures without it (fails under CI=true).
 func startReferences(b *testing.B, engines []string, conc int) (bare, nginx *reference.Proxy) {
@@ -196,8 +212,9 @@ func startReferences(b *testing.B, engines []string, conc int) (bare, nginx *ref
 // the direct throughput each keeps, the router's throughput against each reference
 // (router_x_nginx, router_x_bare), CPU milliseconds per 1,000 requests of each (this
 // process's plus the proxy's own processes'; a proxy's own cost is its figure minus
-// direct's), and the latency the router adds at p50 one request at a time. The same four
-// are then measured with streamed answers of 64 events, each its own chunk (stream_*). A
+// direct's), the router process against the bare proxy as its own process too
+// (router_proc_x_bare_proc: both have a process of their own, as nginx has), and the
+// latency the router adds at p50 one request at a time. The same are then measured with streamed answers of 64 events, each its own chunk (stream_*). A
 // fifth target, "limits", is the router with every admission limit (concurrency limits,
 // queues, rate limits) configured but never reached: limits_%_of_router is what the idle
 // machinery costs. A sixth, "noretry", is the router with retries off (the router target
@@ -244,6 +261,7 @@ func BenchmarkRouterVsDirect(b *testing.B) {
 	engines := []string{e1.URL(), e2.URL()}
 	bare, nginx := startReferences(b, engines, conc)
 	procURL, procCPU := startRouterProcess(b, engines)
+	bareProc := startBareProcess(b, engines)
 
 	b.ResetTimer()
 	for range b.N {
@@ -253,12 +271,14 @@ func BenchmarkRouterVsDirect(b *testing.B) {
 		noretry := &benchTarget{name: "noretry", urls: []string{noRetryURL}}
 		targets := []*benchTarget{direct, router, limits, noretry,
 			{name: "bare", urls: []string{bare.URL()}, ext: proxyCPU(bare)},
-			{name: "router_proc", urls: []string{procURL}, ext: procCPU}}
+			{name: "router_proc", urls: []string{procURL}, ext: procCPU},
+			{name: "bare_proc", urls: []string{bareProc.URL()}, ext: proxyCPU(bareProc)}}
 		streams := []*benchTarget{
 			{name: "stream_direct", urls: engines},
 			{name: "stream_router", urls: []string{routerURL}},
 			{name: "stream_bare", urls: []string{bare.URL()}, ext: proxyCPU(bare)},
 			{name: "stream_router_proc", urls: []string{procURL}, ext: procCPU},
+			{name: "stream_bare_proc", urls: []string{bareProc.URL()}, ext: proxyCPU(bareProc)},
 		}
 		if nginx != nil {
 			targets = append(targets, &benchTarget{name: "nginx", urls: []string{nginx.URL()}, ext: proxyCPU(nginx)})
@@ -313,7 +333,7 @@ func BenchmarkRouterVsDirect(b *testing.B) {
 				b.ReportMetric(t.cpuPer1K()-direct.cpuPer1K(), t.name+"_cpu_ms/1k")
 				b.ReportMetric(t.load.rps()/direct.load.rps()*100, t.name+"_%_of_direct")
 			}
-			for _, pair := range [][2]string{{"router", "bare"}, {"router_proc", "nginx"}, {"router_proc", "bare"}} {
+			for _, pair := range [][2]string{{"router", "bare"}, {"router_proc", "nginx"}, {"router_proc", "bare"}, {"router_proc", "bare_proc"}} {
 				r, ref := byName[pair[0]], byName[pair[1]]
 				if r == nil || ref == nil {
 					continue
