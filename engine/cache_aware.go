@@ -468,7 +468,7 @@ func (p *CacheAware) pickByLatency(c []*Worker, req *PickRequest, pm PrefixMatch
 		}
 		anyHolder = anyHolder || m > 0
 		o := observe(snap, w, now)
-		k := latencyOf(w, &o, max(input-m, 1))
+		k := latencyOf(w, &o, max(input-m, 1), now)
 		k.credit = float64(m) // a hit counts twice: see latency.go
 		keys = append(keys, k)
 		matched = append(matched, m)

@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"switchyard/load"
 )
@@ -123,5 +124,40 @@ func TestCacheAwareLatencyAdmission(t *testing.T) {
 	_, _ = p.Pick(ws, cacheReq(4000, nil))
 	if c := p.Metrics().Counts(); c.Fallback != 2 || c.NoHolder != 1 || c.NoLookup != 1 {
 		t.Fatalf("counts %+v", c)
+	}
+}
+
+// TestCacheAwareLatencyPrefillProgress: a holder busy with a long prompt it has mostly
+// prefilled is not slower than it looks: the router counts what is left of that prompt at
+// the holder's learned rate (load.Counters.PendingPrefillLeft), so the hit stays there.
+func TestCacheAwareLatencyPrefillProgress(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		started time.Duration // before the pick, the holder's 10,000-token prompt was dispatched
+		want    int
+		reason  string
+	}{
+		// 10,000 + 1,000 tokens at 100 µs: 1.1 s less the 0.3 s hit, against 0.4 s idle.
+		{name: "just dispatched: counted in full, the idle engine", started: 0, want: 0, reason: ReasonCacheMissFallback},
+		// 900 ms into it, 1,000 tokens are left: 0.2 s less the hit.
+		{name: "nine tenths prefilled: the holder", started: 900 * time.Millisecond, want: 1, reason: ReasonCacheCandidate},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ws := sortedWorkers(t, 2)
+			tr := load.NewTracker()
+			for _, w := range ws {
+				w.Counters = tr.Counters(w.ID)
+				for x := 1000.0; x <= 20000; x += 1000 {
+					w.Counters.Rates().Prefill.Observe(x, 100e-6*x)
+				}
+			}
+			g := tr.AcquirePrefill(ws[1].Counters, t0.Add(-tt.started), 10000)
+			defer g.Release()
+			p := NewCacheAware(nil, nil, nil, testCacheSettings(), testRNG(), nil)
+			got, err := p.Pick(ws, cacheReq(4000, &fakePrefix{matched: map[string]int64{ws[1].ID: 3000}}))
+			if err != nil || got.Worker != ws[tt.want] || got.Reason != tt.reason {
+				t.Fatalf("got %v (%s), err %v; want %v (%s)", got.Worker, got.Reason, err, ws[tt.want], tt.reason)
+			}
+		})
 	}
 }

@@ -3,6 +3,7 @@ package engine
 import (
 	"math"
 	"slices"
+	"time"
 
 	"switchyard/load"
 )
@@ -14,10 +15,14 @@ import (
 //	TTFT(e) = work(e) / rate(e),   work(e) = pending(e) + queued(e) + uncached(e)
 //
 // work(e) is load.PrefillWork: pending(e) is the uncached prompt tokens of the router's own
-// requests sent to e that have no first token yet (exact and current: it covers a long
-// prompt e is prefilling, which its report counts as running, and every dispatch since the
-// report), queued(e) what e's last report queued beyond them, uncached(e) the request's
-// prompt tokens e does not hold in cache. rate(e) is e's learned prefill rate in tokens per
+// requests sent to e that have no first token yet (current: it covers the prompt e is
+// prefilling, which its report counts as running, and every dispatch since the report),
+// less what e has done of the one at their head at its learned rate since it began it, at
+// most one prompt's worth and nothing while e cannot be prefilling (its running slots full
+// of decoding requests, or its report showing them all waiting):
+// load.Counters.PendingPrefillLeft, so a long prompt half prefilled counts half.
+// queued(e) is what e's last report queued beyond them, uncached(e) the request's prompt
+// tokens e does not hold in cache. rate(e) is e's learned prefill rate in tokens per
 // second: load.Rates.PrefillSecondsPerToken, the mean cost per token of e's learned
 // time-to-first-token line at the work e typically sees, its fixed part included, so that
 // how the line split its fit between fixed part and slope does not matter (a slope alone
@@ -53,11 +58,11 @@ type latencyKey struct {
 	inflight int64
 }
 
-// latencyOf computes w's key for a request with uncached prompt tokens there, from w's
-// observation o (the zero Observation when unknown) and its counters.
-func latencyOf(w *Worker, o *load.Observation, uncached int64) latencyKey {
+// latencyOf computes w's key for a request with uncached prompt tokens there at now, from
+// w's observation o (the zero Observation when unknown) and its counters.
+func latencyOf(w *Worker, o *load.Observation, uncached int64, now time.Time) latencyKey {
 	k := latencyKey{
-		work:     load.PrefillWork(o, w.Counters, uncached),
+		work:     load.PrefillWork(o, w.Counters, uncached, now),
 		decode:   load.DecodeLoad(o, w.Counters),
 		inflight: w.Counters.InFlight(),
 	}

@@ -57,7 +57,7 @@ func (p *LoadBased) Pick(c []*Worker, req *PickRequest) (Pick, error) {
 		for _, w := range c {
 			o := observe(snap, w, now)
 			native = native && o.Native()
-			lk = append(lk, latencyOf(w, &o, uncachedOf(req, w)))
+			lk = append(lk, latencyOf(w, &o, uncachedOf(req, w), now))
 		}
 		p.latency = lk
 		if native {

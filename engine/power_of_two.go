@@ -72,7 +72,7 @@ func (p *PowerOfTwo) Pick(c []*Worker, req *PickRequest) (Pick, error) {
 func choosePair(req *PickRequest, snap *load.Snapshot, now time.Time, a, b *Worker) (*Worker, string, load.Observation) {
 	oa, ob := observe(snap, a, now), observe(snap, b, now)
 	if oa.Native() && ob.Native() && req.Stage != StageDecode {
-		pair := [2]latencyKey{latencyOf(a, &oa, uncachedOf(req, a)), latencyOf(b, &ob, uncachedOf(req, b))}
+		pair := [2]latencyKey{latencyOf(a, &oa, uncachedOf(req, a), now), latencyOf(b, &ob, uncachedOf(req, b), now)}
 		var buf [2]float64
 		timed, _ := prepareKeys(pair[:], buf[:0])
 		va, vb := pair[0].score(timed), pair[1].score(timed)

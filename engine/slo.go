@@ -142,7 +142,7 @@ func scan(e *BucketEstimate, reg *Registry, g *EngineGroup, snap *load.Snapshot,
 			if !ttft {
 				bypassed++
 			}
-			v, ok := load.EstimateTTFT(&o, w.Counters, UncachedTokens(req, w))
+			v, ok := load.EstimateTTFT(&o, w.Counters, UncachedTokens(req, w), req.Now)
 			if !ok {
 				v, knownT = 0, false
 			}

@@ -116,8 +116,8 @@ func (s *Server) sloStart(mr *modelRoute, req *engine.BucketRequest, pick *engin
 	snap := s.opts.Loads.Load()
 	po := snap.Observe(pw.ID, req.Now)
 	t.uncached = engine.UncachedTokens(req, pw)
-	t.work = load.PrefillWork(&po, pw.Counters, t.uncached)
-	t.estTTFT, t.hasTTFT = load.EstimateTTFT(&po, pw.Counters, t.uncached)
+	t.work = load.PrefillWork(&po, pw.Counters, t.uncached, req.Now)
+	t.estTTFT, t.hasTTFT = load.EstimateTTFT(&po, pw.Counters, t.uncached, req.Now)
 	do := po
 	if dw != pw {
 		do = snap.Observe(dw.ID, req.Now)

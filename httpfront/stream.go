@@ -288,7 +288,7 @@ func (r *relay) prime() error {
 	if r.span != nil {
 		firstToken(r.span, float64(now.Sub(r.start))/float64(time.Millisecond))
 	}
-	r.guard.FirstToken()
+	r.guard.FirstToken(now)
 	r.slo.chunk(buf[:n], now)
 	r.idleAt = time.Now().Add(r.idleAfter)
 	return nil

@@ -56,6 +56,9 @@ type rankAgg struct {
 	// pendingReqs and pendingTokens are Counters.PendingPrefill() when rep was ingested.
 	pendingReqs, pendingTokens int64
 	queueMs                    float64
+	// slots is the rank's running-request slots: its reported max_running_requests, else
+	// the most running requests it reported while requests waited; 0 while unknown.
+	slots int64
 
 	// base is the previous counter sample throughput is measured against.
 	baseOK       bool
@@ -182,13 +185,34 @@ func (a *Aggregator) Ingest(id string, r RankReport) {
 	}
 	rk.rep = r
 	rk.has = true
+	switch {
+	case r.MaxRunningRequests > 0:
+		rk.slots = r.MaxRunningRequests
+	case r.Has(HasRunning|HasWaiting) && r.Waiting > 0:
+		// Requests waited: the engine ran as many as it could (or as its KV allowed).
+		rk.slots = max(rk.slots, r.Running)
+	}
 	if w.counters != nil {
 		rk.dispatches = w.counters.Dispatched()
 		rk.pendingReqs, rk.pendingTokens = w.counters.PendingPrefill()
+		w.counters.slots.Store(w.slots())
 	} else {
 		rk.dispatches, rk.pendingReqs, rk.pendingTokens = 0, 0, 0
 	}
 	w.dirty = true
+}
+
+// slots is the worker's running-request slots, the sum over its ranks; 0 while some rank's
+// is unknown.
+func (w *workerAgg) slots() int64 {
+	var n int64
+	for i := range w.ranks {
+		if w.ranks[i].slots <= 0 {
+			return 0
+		}
+		n += w.ranks[i].slots
+	}
+	return n
 }
 
 // throughput advances rk's counter baseline with r's sample and returns the prefill

@@ -20,7 +20,7 @@ func TestAllocationBudget(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(1000, func() {
 		g := tr.AcquirePrefill(c, now, 100)
-		g.FirstToken()
+		g.FirstToken(now)
 		g.Release()
 	}); n > 1 {
 		t.Errorf("AcquirePrefill+FirstToken+Release: %v allocs, want <= 1 (the Guard)", n)
@@ -29,7 +29,7 @@ func TestAllocationBudget(t *testing.T) {
 	if n := testing.AllocsPerRun(1000, func() {
 		c.Rates().Prefill.Observe(1000, 0.05)
 		c.Rates().Decode.Observe(3, 0.01)
-		_, _ = EstimateTTFT(&o, c, 1000)
+		_, _ = EstimateTTFT(&o, c, 1000, now)
 		_, _ = EstimateTPOT(&o, c)
 	}); n != 0 {
 		t.Errorf("learning and estimating: %v allocs, want 0", n)

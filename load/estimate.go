@@ -1,5 +1,7 @@
 package load
 
+import "time"
+
 // SLO estimates: what a request's time to first token (TTFT) and time per output token
 // (TPOT) would be on one engine, from what the router already holds: the engine's load
 // observation, its router-local counters and its learned Rates. Nothing here does I/O,
@@ -8,17 +10,17 @@ package load
 // PrefillWork is the prefill work, in tokens, a request with uncached prompt tokens would
 // wait for and then do on an engine: the work queued ahead of it plus its own.
 //
-// The queue ahead is the router's own pending prefill (Counters.PendingPrefill: requests it
-// sent that have no first token yet), which is exact and current, plus what others queued
+// The queue ahead is the router's own pending prefill at now (Counters.PendingPrefillLeft:
+// the uncached tokens of requests it sent that have no first token yet, less what the
+// engine has done of the one it is prefilling, if it can be prefilling one), plus what others queued
 // as of the engine's last report: its waiting uncached tokens less the router's pending
 // tokens when the report was ingested (Observation.PendingTokensAtCapture), or, from an
 // engine that reports only waiting requests, its waiting requests less the router's then,
 // each counted at this request's uncached tokens. Without a fresh report only the router's
 // own pending work is known.
-func PrefillWork(o *Observation, c *Counters, uncached int64) float64 {
+func PrefillWork(o *Observation, c *Counters, uncached int64, now time.Time) float64 {
 	uncached = max(uncached, 0)
-	_, tokens := c.PendingPrefill()
-	q := float64(max(tokens, 0))
+	q := c.PendingPrefillLeft(o, now)
 	switch {
 	case o.Has(HasWaitingUncached):
 		q += float64(max(o.WaitingUncachedTokens-o.PendingTokensAtCapture, 0))
@@ -41,12 +43,12 @@ func DecodeLoad(o *Observation, c *Counters) float64 {
 
 // EstimateTTFT estimates, in seconds, the time to first token of a request with uncached
 // prompt tokens on an engine with observation o (the zero Observation when unknown) and
-// counters c: the learned prefill line at PrefillWork. Before the line has learned
+// counters c at now: the learned prefill line at PrefillWork. Before the line has learned
 // anything, an engine that reports its prefill queue time gives the prior
 // PrefillWork × queue time per waiting uncached token (its own measured prefill rate).
 // ok is false when neither is known.
-func EstimateTTFT(o *Observation, c *Counters, uncached int64) (seconds float64, ok bool) {
-	work := PrefillWork(o, c, uncached)
+func EstimateTTFT(o *Observation, c *Counters, uncached int64, now time.Time) (seconds float64, ok bool) {
+	work := PrefillWork(o, c, uncached, now)
 	if y, ok := c.rates.Prefill.At(work); ok {
 		return y, true
 	}

@@ -285,7 +285,7 @@ func BenchmarkEstimate(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			o := tab.Load().Observe("w", now)
-			_, _ = EstimateTTFT(&o, c, 1000)
+			_, _ = EstimateTTFT(&o, c, 1000, now)
 			_, _ = EstimateTPOT(&o, c)
 		}
 	})
@@ -300,7 +300,7 @@ func BenchmarkEstimate(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			g := tr.AcquirePrefill(c, now, 1000)
-			g.FirstToken()
+			g.FirstToken(now)
 			g.Release()
 		}
 	})

@@ -80,7 +80,18 @@ type Counters struct {
 	// Tracker.AcquirePrefill) that have no first token yet, and their uncached tokens.
 	pendingReqs   atomic.Int64
 	pendingTokens atomic.Int64
-	rates         Rates
+	// prefillFrom (unix nanoseconds) is when the worker began the prefill at the head of
+	// the router's pending prompts, as far as the router can tell: the latest first token
+	// (a prefill batch ended, the next begins), or the dispatch that found nothing pending.
+	// stalledAt (unix nanoseconds) is the latest time an estimate found the worker unable to
+	// be prefilling any of them. See PendingPrefillLeft.
+	prefillFrom atomic.Int64
+	stalledAt   atomic.Int64
+	// slots is the worker's running-request slots, summed over its DP ranks: its reported
+	// max_running_requests, else the most running requests a report showed while requests
+	// waited; 0 while unknown. Written by the Aggregator at ingest.
+	slots atomic.Int64
+	rates Rates
 }
 
 // InFlight is the number of requests the router — with a cluster, every replica — has
@@ -115,6 +126,70 @@ func (c *Counters) SetPeers(inflight int64, dispatched uint64) {
 // tokens.
 func (c *Counters) PendingPrefill() (requests, tokens int64) {
 	return c.pendingReqs.Load(), c.pendingTokens.Load()
+}
+
+// PendingPrefillLeft is the part of the pending prefill (PendingPrefill's tokens) the
+// worker has not done yet at now, given its latest load observation o (the zero Observation
+// when unknown).
+//
+// An engine admits prompts first come, first served, and prefills the admitted ones (whole,
+// or in chunks between decode steps) before the next: of the router's pending prompts, the
+// one at the head is being prefilled, unless no running slot is free or the engine queues
+// work ahead of it, and the others wait. So the pending tokens count in full, less the
+// progress on the head prompt: the time since the engine began it (the latest first token,
+// or the dispatch that found nothing pending), at its learned prefill rate
+// (Rates.PrefillSecondsPerToken), at most one prompt's worth (the mean pending prompt). A
+// prompt half prefilled thus counts half, and prompts behind it in full.
+//
+// No progress counts while the worker cannot be prefilling any of them: when the router's
+// own requests past their first token fill its running slots (InFlight less the pending
+// requests, against the slots its reports give), or when its latest report, captured since
+// the head began, showed at least as many requests waiting as the router had pending then
+// (none of them admitted). Such a call records now (stalledAt), and progress counts from
+// the latest such time once the worker can go on: a prompt waiting behind full slots
+// begins at the earliest when a slot frees. Before a rate is learned the pending tokens
+// count in full. The result is never negative.
+func (c *Counters) PendingPrefillLeft(o *Observation, now time.Time) float64 {
+	reqs, tokens := c.pendingReqs.Load(), c.pendingTokens.Load()
+	if tokens <= 0 || reqs <= 0 {
+		return float64(max(tokens, 0))
+	}
+	full := float64(tokens)
+	perToken := c.rates.PrefillSecondsPerToken()
+	if !(perToken > 0) {
+		return full
+	}
+	ns := now.UnixNano()
+	from := c.prefillFrom.Load()
+	if c.stalled(o, reqs, from) {
+		storeLater(&c.stalledAt, ns)
+		return full
+	}
+	elapsed := float64(ns-max(from, c.stalledAt.Load())) / 1e9
+	if !(elapsed > 0) {
+		return full
+	}
+	return full - min(elapsed/perToken, full/float64(reqs))
+}
+
+// stalled reports whether the worker cannot be prefilling any of the router's reqs pending
+// prompts (PendingPrefillLeft), the head having begun at from (unix nanoseconds).
+func (c *Counters) stalled(o *Observation, reqs, from int64) bool {
+	if m := c.slots.Load(); m > 0 && c.inflight.Load()-reqs >= m {
+		return true
+	}
+	return o != nil && o.Has(HasWaiting) && o.Waiting > 0 && o.Waiting >= o.PendingRequestsAtCapture &&
+		unixNanoSat(o.CapturedAt) >= from
+}
+
+// storeLater stores ns in v unless v already holds a later time.
+func storeLater(v *atomic.Int64, ns int64) {
+	for {
+		old := v.Load()
+		if old >= ns || v.CompareAndSwap(old, ns) {
+			return
+		}
+	}
 }
 
 // Rates are the worker's learned service rates.

@@ -121,14 +121,14 @@ func TestGuardPendingPrefill(t *testing.T) {
 	if r, tok := c.PendingPrefill(); r != 2 || tok != 350 {
 		t.Fatalf("pending %d requests, %d tokens; want 2, 350", r, tok)
 	}
-	g1.FirstToken()
-	g1.FirstToken()
+	g1.FirstToken(t0)
+	g1.FirstToken(t0)
 	if r, tok := c.PendingPrefill(); r != 1 || tok != 50 {
 		t.Fatalf("after a first token: %d, %d; want 1, 50", r, tok)
 	}
 	g1.Release() // its prefill slot is already back
 	g2.Release() // releases both slots
-	g3.FirstToken()
+	g3.FirstToken(t0)
 	g3.Release()
 	if r, tok := c.PendingPrefill(); r != 0 || tok != 0 || c.InFlight() != 0 {
 		t.Fatalf("after release: pending %d, %d, in flight %d", r, tok, c.InFlight())
@@ -142,7 +142,7 @@ func TestGuardPendingPrefill(t *testing.T) {
 		t.Fatalf("after ReleaseStale: %d, %d", r, tok)
 	}
 	var nilGuard *Guard
-	nilGuard.FirstToken()
+	nilGuard.FirstToken(t0)
 	// An absurd token count is clamped, and given back as clamped.
 	big := tr.AcquirePrefill(c, t0, 1<<40)
 	if _, tok := c.PendingPrefill(); tok != math.MaxInt32 {
@@ -161,9 +161,9 @@ func TestGuardFirstTokenRacesRelease(t *testing.T) {
 	for range 200 {
 		g := tr.AcquirePrefill(c, t0, 10)
 		var wg sync.WaitGroup
-		wg.Go(g.FirstToken)
+		wg.Go(func() { g.FirstToken(t0) })
 		wg.Go(g.Release)
-		wg.Go(g.FirstToken)
+		wg.Go(func() { g.FirstToken(t0) })
 		wg.Wait()
 	}
 	if r, tok := c.PendingPrefill(); r != 0 || tok != 0 || c.InFlight() != 0 {
@@ -178,7 +178,7 @@ func TestAggregatorPendingAtCapture(t *testing.T) {
 	a.SetWorker("w", 2, c)
 	g := tr.AcquirePrefill(c, t0, 400)
 	a.Ingest("w", nativeRep(0, t0, 1, 1, 10, 100, 900))
-	g.FirstToken()
+	g.FirstToken(t0)
 	a.Ingest("w", nativeRep(1, t0, 1, 0, 10, 100, 0))
 	o := a.Snapshot(t0).Observe("w", t0)
 	// The lowest over the ranks: rank 1 was ingested after the first token.
@@ -229,7 +229,7 @@ func TestPrefillWorkAndDecodeLoad(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := PrefillWork(&tt.o, c, tt.uncached); got != tt.work {
+			if got := PrefillWork(&tt.o, c, tt.uncached, t0); got != tt.work {
 				t.Errorf("PrefillWork = %v, want %v", got, tt.work)
 			}
 			if got := DecodeLoad(&tt.o, c); got != tt.load {
@@ -241,7 +241,7 @@ func TestPrefillWorkAndDecodeLoad(t *testing.T) {
 
 func TestEstimates(t *testing.T) {
 	var c Counters
-	if _, ok := EstimateTTFT(&Observation{}, &c, 100); ok {
+	if _, ok := EstimateTTFT(&Observation{}, &c, 100, t0); ok {
 		t.Fatal("TTFT estimated with nothing known")
 	}
 	if _, ok := EstimateTPOT(&Observation{}, &c); ok {
@@ -249,12 +249,12 @@ func TestEstimates(t *testing.T) {
 	}
 	// The engine's own prefill rate is the prior: 2000 waiting tokens take 100ms.
 	o := Observation{Fields: HasNative | HasWaitingUncached | HasPrefillQueue, WaitingUncachedTokens: 2000, PrefillQueueMs: 100}
-	if got, ok := EstimateTTFT(&o, &c, 1000); !ok || !within(got, 0.150, 1e-9) {
+	if got, ok := EstimateTTFT(&o, &c, 1000, t0); !ok || !within(got, 0.150, 1e-9) {
 		t.Fatalf("prior TTFT = %v, %v; want 0.150", got, ok)
 	}
 	// Once learned, the line wins.
 	c.Rates().Prefill.Observe(3000, 0.3)
-	if got, ok := EstimateTTFT(&o, &c, 1000); !ok || !within(got, 0.3, 1e-9) {
+	if got, ok := EstimateTTFT(&o, &c, 1000, t0); !ok || !within(got, 0.3, 1e-9) {
 		t.Fatalf("learned TTFT = %v, %v; want 0.3", got, ok)
 	}
 	c.Rates().Decode.Observe(4, 0.02)
@@ -292,4 +292,140 @@ func TestPrefillSecondsPerToken(t *testing.T) {
 	if tps := r.PrefillTokensPerSecond(); tps != 0 && 1/tps > got/2 {
 		t.Fatalf("slope %v s per token, expected well below the mean cost", 1/tps)
 	}
+}
+
+// TestPendingPrefillLeft: the router's pending prefill on an engine counts what is left of
+// the prompt at its head at the engine's learned rate (a prompt half prefilled counts half),
+// from the dispatch that found the engine idle or the latest first token, and the prompts
+// behind it in full: at most one prompt's worth is credited.
+func TestPendingPrefillLeft(t *testing.T) {
+	tr := NewTracker()
+	c := tr.Counters("w")
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	var o Observation
+	g1 := tr.AcquirePrefill(c, t0, 1000)
+	if got := PrefillWork(&o, c, 200, at(500*time.Millisecond)); got != 1200 {
+		t.Fatalf("before a rate is learned: work %v, want the pending prompt in full, 1200", got)
+	}
+	c.Rates().Prefill.Observe(1000, 1) // 1 ms a token
+	if got := c.Rates().PrefillSecondsPerToken(); !within(got, 0.001, 1e-12) {
+		t.Fatalf("learned %v s a token, want 0.001", got)
+	}
+	g2 := tr.AcquirePrefill(c, at(100*time.Millisecond), 1000) // queued behind g1
+	for _, tt := range []struct {
+		at   time.Duration
+		left float64
+	}{
+		{-time.Second, 2000},           // a clock before the start credits nothing
+		{0, 2000},                      // just dispatched
+		{500 * time.Millisecond, 1500}, // the first prompt half prefilled counts half
+		{time.Second, 1000},
+		{5 * time.Second, 1000}, // the second has not begun: one prompt's worth at most
+	} {
+		if got := c.PendingPrefillLeft(&o, at(tt.at)); !within(got, tt.left, 1e-6) {
+			t.Errorf("at +%v: %v tokens left, want %v", tt.at, got, tt.left)
+		}
+	}
+	if got := PrefillWork(&o, c, 200, at(500*time.Millisecond)); !within(got, 1700, 1e-6) {
+		t.Errorf("work at +500ms = %v, want 1500 left ahead + 200", got)
+	}
+	// g1's first token at +1.2s: the engine began g2 then.
+	g1.FirstToken(at(1200 * time.Millisecond))
+	if got := c.PendingPrefillLeft(&o, at(1450*time.Millisecond)); !within(got, 750, 1e-6) {
+		t.Errorf("a quarter into the second prompt: %v left, want 750", got)
+	}
+	g2.Release()
+	if got := c.PendingPrefillLeft(&o, at(2*time.Second)); got != 0 {
+		t.Errorf("nothing pending: %v left", got)
+	}
+	// A dispatch to an idle engine starts its prefill at the dispatch.
+	g3 := tr.AcquirePrefill(c, at(10*time.Second), 400)
+	defer g3.Release()
+	if got := c.PendingPrefillLeft(&o, at(10*time.Second+100*time.Millisecond)); !within(got, 300, 1e-6) {
+		t.Errorf("100ms after an idle engine's dispatch: %v left, want 300", got)
+	}
+	// Unequal prompts: the credit stops at the mean pending prompt.
+	g4 := tr.AcquirePrefill(c, at(10*time.Second+200*time.Millisecond), 200)
+	defer g4.Release()
+	if got := c.PendingPrefillLeft(&o, at(20*time.Second)); !within(got, 300, 1e-6) {
+		t.Errorf("400 + 200 pending long after: %v left, want 300", got)
+	}
+}
+
+// TestPendingPrefillStalled: a prompt that waits because the engine's running slots are
+// full of the router's decoding requests, or that the engine's report shows waiting with
+// every other pending prompt, counts in full however long it waits; its progress counts
+// from the latest estimate that found it waiting once a slot frees.
+func TestPendingPrefillStalled(t *testing.T) {
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	var unknown Observation
+	t.Run("running slots full", func(t *testing.T) {
+		tr := NewTracker()
+		c := tr.Counters("w")
+		a := NewAggregator(time.Minute)
+		a.SetWorker("w", 1, c)
+		rep := nativeRep(0, t0, 0, 0, 10, 100000, 0)
+		rep.MaxRunningRequests = 2
+		a.Ingest("w", rep)
+		c.Rates().Prefill.Observe(1000, 1) // 1 ms a token
+		d1, d2 := tr.AcquirePrefill(c, t0, 100), tr.AcquirePrefill(c, t0, 100)
+		d1.FirstToken(at(200 * time.Millisecond))
+		d2.FirstToken(at(200 * time.Millisecond))
+		g := tr.AcquirePrefill(c, at(300*time.Millisecond), 500) // both slots decode
+		defer g.Release()
+		for _, d := range []time.Duration{300 * time.Millisecond, time.Second, 5 * time.Second} {
+			if got := c.PendingPrefillLeft(&unknown, at(d)); got != 500 {
+				t.Fatalf("at +%v with both slots decoding: %v left, want 500 (not begun)", d, got)
+			}
+		}
+		d1.Release() // a slot frees: the engine begins the prompt
+		if got := c.PendingPrefillLeft(&unknown, at(5*time.Second+100*time.Millisecond)); !within(got, 400, 1e-6) {
+			t.Errorf("100ms after the last estimate that found the slots full: %v left, want 400", got)
+		}
+		d2.Release()
+	})
+	t.Run("the report shows it waiting", func(t *testing.T) {
+		tr := NewTracker()
+		c := tr.Counters("w")
+		c.Rates().Prefill.Observe(1000, 1)
+		g := tr.AcquirePrefill(c, t0, 500)
+		defer g.Release()
+		// Captured after the dispatch: one request waiting, the router's one pending.
+		waiting := Observation{Fields: HasRunning | HasWaiting, Running: 2, Waiting: 1, PendingRequestsAtCapture: 1, CapturedAt: at(50 * time.Millisecond)}
+		if got := c.PendingPrefillLeft(&waiting, at(400*time.Millisecond)); got != 500 {
+			t.Fatalf("reported waiting: %v left, want 500", got)
+		}
+		// A report before the dispatch says nothing about this prompt.
+		old := waiting
+		old.CapturedAt = at(-time.Second)
+		admitted := Observation{Fields: HasRunning | HasWaiting, Running: 2, PendingRequestsAtCapture: 1, CapturedAt: at(450 * time.Millisecond)}
+		for _, o := range []*Observation{&old, &admitted} {
+			if got := c.PendingPrefillLeft(o, at(500*time.Millisecond)); !within(got, 400, 1e-6) {
+				t.Errorf("report captured at %v: %v left at +500ms, want 400 (credited since the last estimate that found it waiting)", o.CapturedAt.Sub(t0), got)
+			}
+		}
+		// Others' requests waiting ahead of the router's: not begun either.
+		crowd := Observation{Fields: HasWaiting, Waiting: 3, PendingRequestsAtCapture: 1, CapturedAt: at(600 * time.Millisecond)}
+		if got := c.PendingPrefillLeft(&crowd, at(700*time.Millisecond)); got != 500 {
+			t.Errorf("behind others' waiting requests: %v left, want 500", got)
+		}
+	})
+	t.Run("slots learned from a report", func(t *testing.T) {
+		tr := NewTracker()
+		c := tr.Counters("w")
+		a := NewAggregator(time.Minute)
+		a.SetWorker("w", 2, c)
+		// Rank 0 reports its slots; rank 1 ran 3 while 1 waited, then 2 while none did.
+		r0 := nativeRep(0, t0, 1, 0, 10, 1000, 0)
+		r0.MaxRunningRequests = 4
+		a.Ingest("w", r0)
+		if got := c.slots.Load(); got != 0 {
+			t.Fatalf("slots %d with a rank unknown, want 0", got)
+		}
+		a.Ingest("w", nativeRep(1, t0, 3, 1, 10, 1000, 0))
+		a.Ingest("w", nativeRep(1, t0, 2, 0, 10, 1000, 0))
+		if got := c.slots.Load(); got != 7 {
+			t.Fatalf("slots %d, want 4 + 3", got)
+		}
+	})
 }

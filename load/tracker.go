@@ -98,6 +98,11 @@ func (t *Tracker) AcquirePrefill(c *Counters, now time.Time, uncached int64) *Gu
 	if uncached >= 0 {
 		g.prefill = int32(min(uncached, math.MaxInt32))
 		st = guardPrefill
+		if c.pendingReqs.Load() <= 0 {
+			// Nothing pending: the worker begins this prompt now (if a running slot is
+			// free: Counters.PendingPrefillLeft).
+			storeLater(&c.prefillFrom, ns)
+		}
 		c.pendingReqs.Add(1)
 		c.pendingTokens.Add(int64(g.prefill))
 	}
@@ -153,9 +158,10 @@ func (g *Guard) unregister() {
 }
 
 // FirstToken gives the guard's pending-prefill slot back: the request's first token
-// arrived, so its prefill is no longer ahead of anyone. Only the first call (or Release)
-// has an effect; it does nothing on a guard from Acquire or on nil.
-func (g *Guard) FirstToken() {
+// arrived at now, so its prefill is no longer ahead of anyone, and the worker's progress on
+// what is still pending counts from now (Counters.PendingPrefillLeft). Only the first call
+// (or Release) has an effect; it does nothing on a guard from Acquire or on nil.
+func (g *Guard) FirstToken(now time.Time) {
 	if g == nil {
 		return
 	}
@@ -165,6 +171,7 @@ func (g *Guard) FirstToken() {
 			return
 		}
 		if g.state.CompareAndSwap(s, s&^guardPrefill) {
+			storeLater(&g.c.prefillFrom, now.UnixNano())
 			g.givePrefill()
 			return
 		}

@@ -176,7 +176,7 @@ func TestAcquireReleaseTakeNoLock(t *testing.T) {
 		for i := range held {
 			held[i] = tr.AcquirePrefill(c, t0, 10)
 		}
-		held[0].FirstToken()
+		held[0].FirstToken(t0)
 		for _, g := range held {
 			g.Release()
 		}

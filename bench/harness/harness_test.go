@@ -320,6 +320,7 @@ func TestHeterogeneousFlavorsEndToEnd(t *testing.T) {
 			checkRow(t, &sc.Rows[j], 64, 4, true)
 		}
 		rr, lb := sc.SlowShare(&sc.Rows[0]), sc.SlowShare(&sc.Rows[1])
+		t.Logf("%s: slow engine's share %.3f under round_robin, %.3f under load_based", flavor, rr, lb)
 		if rr != 0.25 || !(lb < rr) {
 			t.Errorf("%s: slow engine's share %.3f under round_robin (want 0.25), %.3f under load_based (want less)", flavor, rr, lb)
 		}

@@ -16,9 +16,11 @@ import (
 // perfect knowledge of each engine's cache and of the prompts queued there (what the index
 // and the dispatch memory give the router), with one to four credits for a hit beyond its
 // own prefill (one is the default), and with each engine's queue as the engine has it or as
-// the router sees it (the prompt being prefilled counted in full). It logs each one's hit
-// rate against the holder placement and its TTFT, and checks that the default rule keeps at
-// least 97% of the holder placement's hits with the engines' queues.
+// the router sees it (queueView: the prompts being prefilled counted in full, or what is
+// left of them). It logs each one's hit rate against the holder placement and its TTFT, and
+// checks that the default rule keeps at least 97% of the holder placement's hits with the
+// engines' queues, and more counting what is left of the prefill in progress than counting
+// it in full.
 func TestTraceDecisionRuleSimulation(t *testing.T) {
 	path := os.Getenv("SWITCHYARD_BENCH_TRACE")
 	if path == "" {
@@ -48,30 +50,52 @@ func TestTraceDecisionRuleSimulation(t *testing.T) {
 	}
 	oracle, _ := run(mockengine.HolderPlacement())
 	perToken := o.Costs.PrefillPerToken.Seconds()
-	var got float64
-	for _, routerView := range []bool{false, true} {
+	var got [3]float64
+	for view := range queueView(len(got)) {
 		for credit := 1; credit <= 4; credit++ {
-			hit, ttft := run(latencyRule(float64(credit), perToken, routerView))
+			hit, ttft := run(latencyRule(float64(credit), perToken, view))
 			q := func(p float64) time.Duration { return ttft[int(p*float64(len(ttft)-1))] }
-			t.Logf("router view %v, %d credits: %.1f%% of the holder placement's hits; TTFT p50 %v p90 %v p99 %v",
-				routerView, credit, 100*hit/oracle, q(0.5).Round(time.Millisecond), q(0.9).Round(time.Millisecond), q(0.99).Round(time.Millisecond))
-			if !routerView && credit == 1 {
-				got = hit / oracle
+			t.Logf("%s, %d credits: %.1f%% of the holder placement's hits; TTFT p50 %v p90 %v p99 %v",
+				view, credit, 100*hit/oracle, q(0.5).Round(time.Millisecond), q(0.9).Round(time.Millisecond), q(0.99).Round(time.Millisecond))
+			if credit == 1 {
+				got[view] = hit / oracle
 			}
 		}
 	}
-	if got < 0.97 {
-		t.Errorf("the default rule with the engines' queues keeps %.1f%% of the holder placement's hits, want at least 97%%", 100*got)
+	if got[engineQueues] < 0.97 {
+		t.Errorf("the default rule with the engines' queues keeps %.1f%% of the holder placement's hits, want at least 97%%", 100*got[engineQueues])
 	}
+	if got[routerLeft] <= got[routerFull] {
+		t.Errorf("the default rule keeps %.1f%% of the holder placement's hits counting what is left of the prefill in progress, %.1f%% counting it in full: want more",
+			100*got[routerLeft], 100*got[routerFull])
+	}
+}
+
+// queueView is how the simulated latency rule sees an engine's queue.
+type queueView int
+
+const (
+	// engineQueues: the engine's queue as the engine has it.
+	engineQueues queueView = iota
+	// routerFull: the prompts of the prefill in progress counted in full until their
+	// first token, as the router's pending prefill did before it counted progress.
+	routerFull
+	// routerLeft: the router's pending prefill (load.Counters.PendingPrefillLeft) at an
+	// exact rate: the prefill in progress less the time spent on it, at most one prompt's
+	// worth (the mean pending prompt).
+	routerLeft
+)
+
+func (v queueView) String() string {
+	return [...]string{"engine's queue", "router's view, in full", "router's view, what is left"}[v]
 }
 
 // latencyRule is cache_aware's latency decision (engine.CacheAware.pickByLatency) on
 // simulated engines: each engine's expected TTFT is its queued prefill plus the request's
 // prompt less the prefix it holds, at perToken seconds a token; its score that TTFT less
 // credit times the held prefix's prefill; scores within 10% of the fastest TTFT tie, and a tie
-// goes to fewer running requests, then the longer prefix. With routerView, an engine's
-// queue counts the prefill in progress in full, as the router's pending prefill does.
-func latencyRule(credit, perToken float64, routerView bool) mockengine.Placer {
+// goes to fewer running requests, then the longer prefix. view says how the queue is seen.
+func latencyRule(credit, perToken float64, view queueView) mockengine.Placer {
 	type key struct {
 		score, ttft float64
 		held, run   int
@@ -83,8 +107,13 @@ func latencyRule(credit, perToken float64, routerView bool) mockengine.Placer {
 		for i, e := range fleet {
 			held := e.Held(r)
 			queue := e.Backlog(now)
-			if routerView {
-				queue += e.Started(now)
+			switch started := e.Started(now); view {
+			case routerFull:
+				queue += started
+			case routerLeft:
+				if n := e.Waiting() + e.Prefilling(now); n > 0 {
+					queue += max(started-(queue+started)/time.Duration(n), 0)
+				}
 			}
 			ttft := queue.Seconds() + float64(r.PromptTokens-held)*perToken
 			k := key{score: ttft - credit*float64(held)*perToken, ttft: ttft, held: held, run: e.Running()}

@@ -136,6 +136,14 @@ func (v EngineView) Running() int { return len(v.e.running) }
 // Waiting is the requests queued.
 func (v EngineView) Waiting() int { return len(v.e.waiting) }
 
+// Prefilling is the requests of the prefill step in progress (0 without one).
+func (v EngineView) Prefilling(now time.Duration) int {
+	if !v.e.prefilling || v.e.stepEnd <= now {
+		return 0
+	}
+	return len(v.e.batch)
+}
+
 // Simulate runs reqs (in order of At) on a fleet of mock engines as discrete events,
 // following the rules of the engine's scheduler (rank.run): a request queues on arrival;
 // between steps the engine admits waiting requests first come first served while a running
