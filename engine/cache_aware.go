@@ -81,6 +81,9 @@ type CacheAwareSettings struct {
 	// Approx, when set, selects the approximate source's algorithm (pickApprox), which the
 	// settings above do not tune.
 	Approx *ApproxSettings
+	// Observer, when set, is told of every latency decision (cache_aware_observe.go); nil
+	// records nothing.
+	Observer CacheAwareObserver
 }
 
 // CacheAwareSettingsFromConfig converts the configured tuning.
@@ -246,6 +249,8 @@ type CacheAware struct {
 
 	// dispatched remembers the latency decision's recent dispatches (DispatchWindow).
 	dispatched dispatchedMemory
+	// decision is the record handed to cfg.Observer.
+	decision LatencyDecision
 }
 
 // cacheHolder is one candidate holding a usable prefix.
@@ -478,7 +483,11 @@ func (p *CacheAware) pickByLatency(c []*Worker, req *PickRequest, pm PrefixMatch
 	p.latency, p.matched = keys, matched
 	best := fastestHolder(keys, matched, timed)
 	w := c[best]
-	if limit := p.check(w, observe(snap, w, now)); limit != "" {
+	limit := p.check(w, observe(snap, w, now))
+	if p.cfg.Observer != nil {
+		p.observeLatency(c, req, keys, matched, timed, best, limit)
+	}
+	if limit != "" {
 		return Pick{}, &PickError{Outcome: OutcomeAdmissionRejected, Stage: req.Stage, BucketID: req.BucketID,
 			Rejections: []Rejection{{BucketID: req.BucketID, Stage: req.Stage, WorkerID: w.ID, Limit: limit}}}
 	}

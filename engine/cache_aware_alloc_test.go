@@ -10,8 +10,9 @@ import (
 )
 
 // TestCacheAwarePickAllocations locks in that a cache_aware pick — hit, soft-gate diversion
-// and miss fallback, under either decision — allocates nothing; only a rejection builds its
-// error. The load policies' latency comparison allocates nothing either.
+// and miss fallback, under either decision, the latency one also told to an observer —
+// allocates nothing; only a rejection builds its error. The load policies' latency
+// comparison allocates nothing either.
 func TestCacheAwarePickAllocations(t *testing.T) {
 	ws := sortedWorkers(t, 16)
 	reports := map[*Worker]load.RankReport{}
@@ -30,10 +31,13 @@ func TestCacheAwarePickAllocations(t *testing.T) {
 	}
 	adm := AdmissionLimits{MaxRunning: 1 << 40}
 	latency := NewCacheAware(adm, tab, nil, testCacheSettings(), testRNG(), nil)
+	observed := testCacheSettings()
+	observed.Observer = nopObserver{}
 	policies := map[string]Policy{
 		"threshold": newCache(adm, tab, nil), "latency": latency,
 		"load_based": NewLoadBased(adm, tab), "power_of_two": NewPowerOfTwo(adm, tab, testRNG()),
 	}
+	policies["latency observed"] = NewCacheAware(adm, tab, nil, observed, testRNG(), nil)
 	for pname, p := range policies {
 		for name, prefix := range map[string]PrefixMatcher{
 			"hit":      &fakePrefix{matched: matched},
@@ -53,3 +57,8 @@ func TestCacheAwarePickAllocations(t *testing.T) {
 		}
 	}
 }
+
+// nopObserver records nothing: a pick told to an observer allocates nothing more.
+type nopObserver struct{}
+
+func (nopObserver) LatencyDecided(*PickRequest, *LatencyDecision) {}

@@ -30,6 +30,10 @@ type Deps struct {
 	Cache kv.CacheSource
 	// Metrics receives the policies' metrics (cache_aware decisions). Nil keeps them private.
 	Metrics *metrics.Set
+	// CacheAwareObserver, when set, is told of every latency decision of every cache_aware
+	// policy (a diagnostic seam: the bench records why requests left their prefix's
+	// holder). Nil records nothing.
+	CacheAwareObserver CacheAwareObserver
 }
 
 // WorkersFromConfig builds the configured workers, taking each one's router-local counters
@@ -255,5 +259,7 @@ func (b *builder) cacheAware(adm EngineAdmission, stage Stage, path string) (Pol
 	if b.cacheMetrics == nil {
 		b.cacheMetrics = NewCacheAwareMetrics(b.deps.Metrics)
 	}
-	return NewCacheAware(adm, b.deps.Loads, b.deps.Cache, CacheAwareSettingsFromConfig(b.cfg.CacheAware), b.rng(), b.cacheMetrics), nil
+	s := CacheAwareSettingsFromConfig(b.cfg.CacheAware)
+	s.Observer = b.deps.CacheAwareObserver
+	return NewCacheAware(adm, b.deps.Loads, b.deps.Cache, s, b.rng(), b.cacheMetrics), nil
 }

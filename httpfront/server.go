@@ -96,6 +96,10 @@ type Options struct {
 	// Flow is the admission of inference requests (rate limits, concurrency limits and
 	// queues). Default: built from the configuration (nil when it sets no limit).
 	Flow *flow.Gate
+	// CacheAwareObserver, when set, is told of every latency decision of the cache_aware
+	// policies (engine.CacheAwareObserver: the bench's record of why requests left their
+	// prefix's holder). Default: none.
+	CacheAwareObserver engine.CacheAwareObserver
 }
 
 // selector runs the bucket loop for one request (actors.Selector).
@@ -325,7 +329,8 @@ func (s *Server) build() error {
 		return err
 	}
 	s.life.add("affinity store", s.affinity.Close)
-	deps := engine.Deps{Loads: opts.Loads, Seed: opts.Seed, Affinity: s.affinity, Metrics: opts.Metrics}
+	deps := engine.Deps{Loads: opts.Loads, Seed: opts.Seed, Affinity: s.affinity, Metrics: opts.Metrics,
+		CacheAwareObserver: opts.CacheAwareObserver}
 	if s.cache, err = newCacheState(cfg, opts, s.sys); err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 
 	"switchyard/bench/mockengine"
 	"switchyard/config"
+	"switchyard/engine"
 	"switchyard/httpfront"
 	"switchyard/tokenizer"
 )
@@ -198,6 +199,12 @@ var errRouterBuild = errors.New("cannot build router")
 
 // startRouter validates cfg, builds the router and waits until it is ready.
 func (o *Options) startRouter(ctx context.Context, cfg *config.Config) (*router, error) {
+	return o.startObservedRouter(ctx, cfg, nil)
+}
+
+// startObservedRouter is startRouter whose cache_aware policies tell obs (nil: none) of
+// their latency decisions.
+func (o *Options) startObservedRouter(ctx context.Context, cfg *config.Config, obs engine.CacheAwareObserver) (*router, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", errRouterBuild, err)
 	}
@@ -206,6 +213,8 @@ func (o *Options) startRouter(ctx context.Context, cfg *config.Config) (*router,
 		Logger:    o.Logger,
 		Tokenizer: func(string) tokenizer.Tokenizer { return tok },
 		Seed:      o.Seed,
+
+		CacheAwareObserver: obs,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errRouterBuild, err)

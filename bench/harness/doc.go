@@ -21,6 +21,10 @@
 //     also fed background load sent to its engines directly; requests with a TTFT target,
 //     arriving open loop, under capacity and slo bucket order: SLO attainment, goodput,
 //     TTFT percentiles and the router's TTFT estimates against the observed TTFT).
+//   - The trace scenario's hit-loss lines: each row's placement replayed on simulated
+//     engines (mockengine.Simulate) against the oracle's, and, for a cache_aware row, the
+//     router's own latency decisions (recorded through httpfront.Options.CacheAwareObserver
+//     and matched to the requests by prompt) saying why a request left its prefix's holder.
 //   - Policy lists as data (PolicySpec, ParsePolicies): a policy the router cannot build
 //     yet becomes a skipped row carrying the reason, not a failed run.
 //   - The progress line on the progress writer during every measured row.

@@ -15,6 +15,7 @@ import (
 	"switchyard/bench/report"
 	"switchyard/bench/workload"
 	"switchyard/config"
+	"switchyard/engine"
 )
 
 // policyRun is what measuring one policy row needs beyond the policy.
@@ -36,8 +37,10 @@ type policyRun struct {
 	// done, when set, reads the measurement, the engines and the router after the row was
 	// measured, before they stop.
 	done func(c *cluster, r *router, m *loadgen.Measurement) error
-	// loss, when set, explains the row's hits against the oracle (report.Row.Loss).
-	loss func(c *cluster, m *loadgen.Measurement) (*report.HitLoss, error)
+	// loss, when set, explains the row's hits against the oracle (report.Row.Loss), with
+	// the router's decisions when decisions is set (nil otherwise).
+	loss      func(c *cluster, m *loadgen.Measurement, d *decisionLog) (*report.HitLoss, error)
+	decisions bool
 }
 
 // plainRun is a policy comparison on the plain engines behind one bucket.
@@ -638,7 +641,15 @@ func (h *harness) policyRow(ctx context.Context, pr policyRun, spec PolicySpec) 
 	if pr.router != nil {
 		pr.router(cfg)
 	}
-	r, err := o.startRouter(ctx, cfg)
+	var log *decisionLog
+	if pr.decisions {
+		log = newDecisionLog()
+	}
+	var obs engine.CacheAwareObserver
+	if log != nil {
+		obs = log
+	}
+	r, err := o.startObservedRouter(ctx, cfg, obs)
 	if errors.Is(err, errRouterBuild) {
 		row.Skipped = skipReason(err)
 		h.progress.note("%s %s %s: skipped: %s", pr.scenario, pr.wl.Name, spec.Name, row.Skipped)
@@ -673,7 +684,7 @@ func (h *harness) policyRow(ctx context.Context, pr policyRun, spec PolicySpec) 
 		}
 	}
 	if pr.loss != nil {
-		if row.Loss, err = pr.loss(c, m); err != nil {
+		if row.Loss, err = pr.loss(c, m, log); err != nil {
 			return row, err
 		}
 	}

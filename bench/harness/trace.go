@@ -55,9 +55,10 @@ func (h *harness) trace(ctx context.Context) ([]*report.Scenario, error) {
 	sc.SlowWorkers = o.slowEngines()
 	pr := o.plainRun(report.ScenarioTrace, wl, orc)
 	pr.path, pr.replay = path, o.TimeScale*o.Speedup
-	pr.loss = func(c *cluster, m *loadgen.Measurement) (*report.HitLoss, error) {
-		return orc.sim.loss(m, ids(c.plain))
+	pr.loss = func(c *cluster, m *loadgen.Measurement, d *decisionLog) (*report.HitLoss, error) {
+		return orc.sim.loss(m, ids(c.plain), d)
 	}
+	pr.decisions = true
 	var out error
 	for _, spec := range o.Policies {
 		row, err := th.policyRow(ctx, pr, spec)
@@ -114,7 +115,7 @@ func (h *harness) oraclePlacementRow(ctx context.Context, pr policyRun) (row rep
 			return row, err
 		}
 	}
-	if row.Loss, err = pr.loss(c, m); err != nil {
+	if row.Loss, err = pr.loss(c, m, nil); err != nil {
 		return row, err
 	}
 	return row, nil

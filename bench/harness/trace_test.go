@@ -114,6 +114,15 @@ func TestTraceEndToEnd(t *testing.T) {
 		t.Errorf("cache_aware's placement lost %d of the oracle's %d cached tokens, round_robin's %d",
 			moved(l), l.OracleCached, moved(rr.Loss))
 	}
+	// The router's decisions explain every request cache_aware lost elsewhere or queued;
+	// round_robin makes none.
+	if l := ca.Loss.Left; l == nil || l.Unrecorded.Requests != 0 ||
+		l.Unseen.Requests+l.Slower.Requests+l.Tie.Requests != ca.Loss.Elsewhere.Requests+ca.Loss.Queued.Requests {
+		t.Errorf("cache_aware's decisions: %+v against %+v", l, ca.Loss)
+	}
+	if rr.Loss.Left != nil {
+		t.Errorf("round_robin has decision records: %+v", rr.Loss.Left)
+	}
 	// The oracle placement row sends each request where the oracle's simulation placed it.
 	if l := op.Loss; moved(l) != 0 || l.Simulated != sc.Oracle.HitRate {
 		t.Errorf("oracle placement: %+v against the oracle %+v", l, sc.Oracle)

@@ -2,6 +2,7 @@ package harness
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	"switchyard/bench/mockengine"
 	"switchyard/bench/report"
 	"switchyard/bench/workload"
+	"switchyard/engine"
 	"switchyard/kv/hashing"
 )
 
@@ -18,6 +20,7 @@ import (
 type traceSim struct {
 	cfg  mockengine.SimConfig
 	reqs []mockengine.SimRequest
+	keys []uint64 // promptKey of each request's prompt
 
 	mu     sync.Mutex
 	oracle map[int][]mockengine.SimOutcome // the holder placement of the first n requests
@@ -29,7 +32,7 @@ func (h *harness) newTraceSim(reqs []workload.Request) (*traceSim, error) {
 	o := &h.opts
 	ps := o.PageSize
 	s := &traceSim{cfg: mockengine.SimConfig{Engine: o.engineConfig(false), Engines: o.Engines},
-		reqs: make([]mockengine.SimRequest, len(reqs)), oracle: make(map[int][]mockengine.SimOutcome)}
+		reqs: make([]mockengine.SimRequest, len(reqs)), keys: make([]uint64, len(reqs)), oracle: make(map[int][]mockengine.SimOutcome)}
 	if len(o.EngineSpeeds) == o.Engines {
 		s.cfg.Speeds = o.EngineSpeeds
 	}
@@ -42,6 +45,7 @@ func (h *harness) newTraceSim(reqs []workload.Request) (*traceSim, error) {
 		if err != nil {
 			return nil, fmt.Errorf("cannot simulate the trace: %w", err)
 		}
+		s.keys[i] = promptKey(p)
 		full := len(p) / ps
 		hashes, _ := hashing.AppendChainHashes(make([]int64, 0, full), nil, p[:full*ps], ps)
 		s.reqs[i] = mockengine.SimRequest{At: time.Duration(float64(reqs[i].At) / scale), Hashes: hashes,
@@ -82,8 +86,10 @@ func (s *traceSim) result(out []mockengine.SimOutcome) workload.OracleResult {
 // loss explains the hits of a row's measurement m on the engines named workers (engine i is
 // workers[i]) against the holder placement of the same requests (HitLoss). Requests that
 // failed, or that a worker outside workers served, count for the placement replay (on the
-// engine a rotation gives them) but not in the classes.
-func (s *traceSim) loss(m *loadgen.Measurement, workers []string) (*report.HitLoss, error) {
+// engine a rotation gives them) but not in the classes. With the router's decisions (d
+// holding any), the requests lost elsewhere or queued are also split by what the router saw
+// (leftHolder).
+func (s *traceSim) loss(m *loadgen.Measurement, workers []string, d *decisionLog) (*report.HitLoss, error) {
 	n := len(m.Results)
 	if n == 0 || n > len(s.reqs) {
 		return nil, nil
@@ -109,9 +115,9 @@ func (s *traceSim) loss(m *loadgen.Measurement, workers []string) (*report.HitLo
 		return nil, err
 	}
 	l := &report.HitLoss{Simulated: s.result(out).HitRate}
-	add := func(c *report.LossClass, tokens int) {
-		c.Tokens += int64(tokens)
-		c.Requests++
+	var left *leftHolder
+	if d.recorded() {
+		left = &leftHolder{}
 	}
 	for i := range m.Results {
 		r := &m.Results[i]
@@ -128,11 +134,80 @@ func (s *traceSim) loss(m *loadgen.Measurement, workers []string) (*report.HitLo
 			add(&l.OnHolder, want-got)
 		case at.HeldCached > got:
 			add(&l.Elsewhere, want-got)
+			left.add(d.take(s.keys[i], r.Worker), want-got, &at)
 		case at.Held > got:
 			add(&l.Queued, want-got)
+			left.add(d.take(s.keys[i], r.Worker), want-got, &at)
 		default:
 			add(&l.Gone, want-got)
 		}
 	}
+	l.Left = left.result()
 	return l, nil
+}
+
+func add(c *report.LossClass, tokens int) {
+	c.Tokens += int64(tokens)
+	c.Requests++
+}
+
+// leftHolder gathers report.LeftHolder: why the router sent requests away from the engine
+// that held their prefix, from its decision records. A nil leftHolder gathers nothing.
+type leftHolder struct {
+	report.LeftHolder
+	holderQ, chosenQ, actual []float64 // over the Slower requests
+}
+
+// add classes one request that lost the oracle's cached tokens (lost) away from the
+// holder: d is the router's decision for it (nil: none recorded), at its simulated outcome.
+// Unseen: no candidate held more, as the router saw it, than the engine it chose; otherwise
+// it saw a longer prefix and judged its holder slower (beyond the tie ceiling), or let the
+// tie order choose.
+func (x *leftHolder) add(d *engine.LatencyDecision, lost int, at *mockengine.SimOutcome) {
+	if x == nil {
+		return
+	}
+	if d == nil {
+		add(&x.Unrecorded, lost)
+		return
+	}
+	// The holder as the router saw it: the longest prefix, the lower score among equals.
+	h := -1
+	for i := range d.Candidates {
+		c := &d.Candidates[i]
+		if h < 0 || c.Matched > d.Candidates[h].Matched || (c.Matched == d.Candidates[h].Matched && c.Score < d.Candidates[h].Score) {
+			h = i
+		}
+	}
+	hc := &d.Candidates[h]
+	switch {
+	case hc.Matched <= d.Candidates[d.Chosen].Matched:
+		add(&x.Unseen, lost) // the router chose the longest prefix it saw
+	case hc.Score > d.Ceiling:
+		add(&x.Slower, lost)
+		x.holderQ = append(x.holderQ, hc.Queue())
+		x.chosenQ = append(x.chosenQ, d.Candidates[d.Chosen].Queue())
+		x.actual = append(x.actual, at.HolderBacklog.Seconds())
+	default:
+		add(&x.Tie, lost)
+	}
+}
+
+// result is the gathered classes, nil for a nil leftHolder.
+func (x *leftHolder) result() *report.LeftHolder {
+	if x == nil {
+		return nil
+	}
+	out := x.LeftHolder
+	out.HolderQueue, out.ChosenQueue, out.HolderActual = median(x.holderQ), median(x.chosenQ), median(x.actual)
+	return &out
+}
+
+// median is the middle value of xs (the lower of the middle two), 0 for none. It sorts xs.
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	slices.Sort(xs)
+	return xs[(len(xs)-1)/2]
 }

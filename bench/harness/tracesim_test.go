@@ -7,6 +7,7 @@ import (
 	"switchyard/bench/loadgen"
 	"switchyard/bench/report"
 	"switchyard/bench/workload"
+	"switchyard/engine"
 	"switchyard/tokenizer"
 )
 
@@ -52,7 +53,7 @@ func TestTraceSimLoss(t *testing.T) {
 		res("e1", 0),  // sent to engine 1, which holds 5 blocks since request 1: missed there
 		{Status: 500, Error: "internal_error", Worker: "e1"},
 	}}
-	l, err := sim.loss(m, []string{"e0", "e1"})
+	l, err := sim.loss(m, []string{"e0", "e1"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,6 +68,41 @@ func TestTraceSimLoss(t *testing.T) {
 	if *l != want {
 		t.Errorf("loss %+v\nwant %+v", *l, want)
 	}
+
+	// With the router's decisions, the requests lost elsewhere (1) and queued (3) are split
+	// by what the router saw.
+	decide := func(log *decisionLog, i int, chosen int, cands ...engine.LatencyCandidate) {
+		p, err := reqs[i].Prompt(h.tok)
+		if err != nil {
+			t.Fatal(err)
+		}
+		log.LatencyDecided(&engine.PickRequest{BucketRequest: &engine.BucketRequest{TokenIDs: p}},
+			&engine.LatencyDecision{Candidates: cands, Chosen: chosen, Timed: true, Ceiling: 0.11})
+	}
+	seen := engine.LatencyCandidate{WorkerID: "e0", Matched: 4 * block, Uncached: block, Work: 3000, PerToken: 1e-3, Score: 2.0}
+	away := engine.LatencyCandidate{WorkerID: "e1", Uncached: 5 * block, Work: 5 * block, PerToken: 1e-3, Score: 0.1}
+	log := newDecisionLog()
+	decide(log, 1, 1, seen, away)                                                // e0 judged slower
+	decide(log, 3, 1, engine.LatencyCandidate{WorkerID: "e0", Score: 0.2}, away) // nothing seen on e0
+	if l, err = sim.loss(m, []string{"e0", "e1"}, log); err != nil {
+		t.Fatal(err)
+	}
+	wantLeft := report.LeftHolder{Slower: report.LossClass{Tokens: 4 * block, Requests: 1}, Unseen: report.LossClass{Tokens: 3 * block, Requests: 1},
+		HolderQueue: float64(3000-block) * 1e-3, ChosenQueue: 0}
+	if l.Left == nil || *l.Left != wantLeft {
+		t.Errorf("left %+v\nwant %+v", l.Left, wantLeft)
+	}
+	seen.Score = 0.105 // within the ceiling: a tie the holder lost
+	log = newDecisionLog()
+	decide(log, 1, 1, seen, away)
+	if l, err = sim.loss(m, []string{"e0", "e1"}, log); err != nil {
+		t.Fatal(err)
+	}
+	wantLeft = report.LeftHolder{Tie: report.LossClass{Tokens: 4 * block, Requests: 1}, Unrecorded: report.LossClass{Tokens: 3 * block, Requests: 1}}
+	if l.Left == nil || *l.Left != wantLeft {
+		t.Errorf("left %+v\nwant %+v", l.Left, wantLeft)
+	}
+
 	r := sim.result(orc)
 	if r.Requests != 6 || r.CachedTokens != 12*block || r.PromptTokens != 24*block {
 		t.Errorf("oracle result %+v", r)

@@ -31,6 +31,9 @@ type SimOutcome struct {
 	// token) any engine held or was about to hold (EngineView.Held); HeldCached the longest
 	// any engine had cached; OnEngine what the chosen engine held.
 	Held, HeldCached, OnEngine int
+	// HolderBacklog is, at arrival, the Backlog of the engine with HeldCached (the first such
+	// engine; 0 when none had any of the prompt cached).
+	HolderBacklog time.Duration
 	// FirstToken is the time from arrival to the first output token.
 	FirstToken time.Duration
 }
@@ -207,15 +210,21 @@ func Simulate(cfg SimConfig, reqs []SimRequest, place Placer) ([]SimOutcome, err
 			e := heap.Pop(&f.steps).(*simEngine)
 			e.endStep()
 		}
-		held, cached := 0, 0
-		for _, v := range views {
-			held, cached = max(held, v.Held(r)), max(cached, v.Cached(r))
+		held, cached, holder := 0, 0, -1
+		for j, v := range views {
+			held = max(held, v.Held(r))
+			if c := v.Cached(r); c > cached {
+				cached, holder = c, j
+			}
 		}
 		k := place.Place(i, r.At, r, views)
 		if k < 0 || k >= len(views) {
 			return nil, fmt.Errorf("cannot simulate: placement chose engine %d of %d for request %d", k, len(views), i)
 		}
 		f.out[i] = SimOutcome{Engine: k, Held: held, HeldCached: cached, OnEngine: views[k].Held(r)}
+		if holder >= 0 {
+			f.out[i].HolderBacklog = views[holder].Backlog(r.At)
+		}
 		f.engines[k].submit(i, r.At)
 	}
 	for len(f.steps) > 0 {

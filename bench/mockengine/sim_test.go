@@ -138,6 +138,27 @@ func TestSimulateHeldCountsWhatIsAboutToBeCached(t *testing.T) {
 	}
 }
 
+// TestSimulateHolderBacklog: an outcome carries the backlog of the engine that had the
+// longest prefix cached when the request arrived, there the rest of another prompt's prefill.
+func TestSimulateHolderBacklog(t *testing.T) {
+	const ps = 16
+	p, q := ids(1, 1000), ids(5000, 2000)
+	c := simCosts
+	longer := append(append([]uint32(nil), p...), ids(9000, 100)...)
+	out, err := Simulate(SimConfig{Engines: 2, Engine: Config{PageSize: ps, Costs: &c}},
+		[]SimRequest{simReq(p, 0, 1, ps), simReq(q, 60, 1, ps), simReq(longer, 100, 1, ps)}, FixedPlacement([]int{0, 0, 1}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// p's prefill ends at 55 ms; q's runs from 60 to 165 ms (5 ms + 2,000 × 50 µs).
+	if o := out[2]; o.HeldCached != 992 || o.HolderBacklog != 65*time.Millisecond || o.Cached != 0 {
+		t.Errorf("third request: %+v, want 992 held cached on an engine 65 ms from its next prefill, nothing cached", o)
+	}
+	if o := out[0]; o.HolderBacklog != 0 {
+		t.Errorf("first request: holder backlog %v, want 0 (nothing cached anywhere)", o.HolderBacklog)
+	}
+}
+
 func TestSimulateRejects(t *testing.T) {
 	ok := simReq(ids(1, 100), 0, 1, 16)
 	cases := map[string]struct {

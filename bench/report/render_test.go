@@ -100,6 +100,21 @@ func TestWriteTableHitLoss(t *testing.T) {
 	if n := strings.Count(b.String(), "hits "); n != 1 {
 		t.Errorf("%d loss lines, want 1 (rows without a loss have none):\n%s", n, b.String())
 	}
+	if strings.Contains(b.String(), "left ") {
+		t.Errorf("a row without decision records has a left line:\n%s", b.String())
+	}
+
+	sc.Rows[0].Loss.Left = &LeftHolder{Unseen: LossClass{Tokens: 100, Requests: 1}, Slower: LossClass{Tokens: 120, Requests: 2},
+		Tie: LossClass{Tokens: 30, Requests: 1}, HolderQueue: 1.5, ChosenQueue: 0.25, HolderActual: 0.75}
+	b.Reset()
+	if err := WriteTable(&b, sc); err != nil {
+		t.Fatal(err)
+	}
+	want = "left " + sc.Rows[0].Name + ": elsewhere and queued by the router's view: unseen 10.0% (1 req), slower 12.0% (2 req), tie 3.0% (1 req), unrecorded 0.0% (0 req); " +
+		"slower: queue ahead on the holder 1.50 s (simulated 0.75 s), on the engine chosen 0.25 s (medians)"
+	if !strings.Contains(b.String(), want) {
+		t.Errorf("table lacks %q:\n%s", want, b.String())
+	}
 }
 
 func TestWriteTableOverheadAndMailbox(t *testing.T) {

@@ -182,6 +182,31 @@ type HitLoss struct {
 	OnHolder  LossClass `json:"on_holder"`
 	// Gained is what the row served from cache beyond the oracle, request by request.
 	Gained LossClass `json:"gained"`
+	// Left splits Elsewhere and Queued by what the router saw when it placed the request
+	// (its recorded decision); nil when the row's policy records none.
+	Left *LeftHolder `json:"left_holder,omitempty"`
+}
+
+// LeftHolder is why the router sent requests away from the engine holding their prefix,
+// from its decision records (cache_aware's latency decision).
+type LeftHolder struct {
+	// Unseen: the router's prefix lookup matched less on every engine than the prefix the
+	// fleet held (the index had not seen it, or the dispatch memory did not cover it).
+	Unseen LossClass `json:"unseen"`
+	// Slower: the router saw the holder and expected it slower than another engine beyond
+	// the tie margin (its queue costing more than twice the hit).
+	Slower LossClass `json:"slower"`
+	// Tie: the holder tied with the chosen engine and lost the tie order (decode load).
+	Tie LossClass `json:"tie"`
+	// Unrecorded: no decision matched the request.
+	Unrecorded LossClass `json:"unrecorded"`
+	// Over the Slower requests, medians: the work ahead of the request's prefill as the
+	// router saw it on the holder and on the engine it chose, and the holder's backlog in
+	// the simulation (what was left of its prefill in progress and its waiting prompts),
+	// seconds.
+	HolderQueue  float64 `json:"holder_queue_s"`
+	ChosenQueue  float64 `json:"chosen_queue_s"`
+	HolderActual float64 `json:"holder_backlog_s"`
 }
 
 // LossClass counts prompt tokens and the requests they belong to.

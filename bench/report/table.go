@@ -166,6 +166,15 @@ func writeLoss(b *strings.Builder, r *Row) {
 	}
 	fmt.Fprintf(b, "hits %s: measured %s, simulated %s; of the oracle's cached tokens lost: gone %s, elsewhere %s, queued %s, on holder %s; gained %s\n",
 		r.Name, pct(r.Summary.HitRate), pct(l.Simulated), share(l.Gone), share(l.Elsewhere), share(l.Queued), share(l.OnHolder), share(l.Gained))
+	if x := l.Left; x != nil {
+		fmt.Fprintf(b, "left %s: elsewhere and queued by the router's view: unseen %s, slower %s, tie %s, unrecorded %s",
+			r.Name, share(x.Unseen), share(x.Slower), share(x.Tie), share(x.Unrecorded))
+		if x.Slower.Requests > 0 {
+			fmt.Fprintf(b, "; slower: queue ahead on the holder %.2f s (simulated %.2f s), on the engine chosen %.2f s (medians)",
+				x.HolderQueue, x.HolderActual, x.ChosenQueue)
+		}
+		b.WriteString("\n")
+	}
 }
 
 func overheadTable(tw io.Writer, s *Scenario) {
