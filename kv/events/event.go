@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -678,12 +679,21 @@ func (d *Decoder) hashList(sp *eventSpan) error {
 		return fmt.Errorf("block_hashes: %w: %d hashes, at most %d", ErrTooLarge, n, MaxHashesPerEvent)
 	}
 	sp.h0 = len(d.hashes)
-	for i := range n {
+	d.hashes = slices.Grow(d.hashes, n) // n is bounded by the bytes left
+	for i := 0; i < n; {
+		// The common encodings in one loop (an engine's hashes are 64-bit integers); any
+		// other value, and every error, goes through hash.
+		k := d.r.fastInts(d.hashes[len(d.hashes) : len(d.hashes)+n-i])
+		d.hashes, i = d.hashes[:len(d.hashes)+k], i+k
+		if i == n {
+			break
+		}
 		h, err := d.hash()
 		if err != nil {
 			return fmt.Errorf("block_hashes[%d]: %w", i, err)
 		}
 		d.hashes = append(d.hashes, h)
+		i++
 	}
 	sp.h1 = len(d.hashes)
 	return nil
@@ -698,7 +708,15 @@ func (d *Decoder) tokenList(sp *eventSpan) error {
 		return fmt.Errorf("token_ids: %w: %d tokens, at most %d", ErrTooLarge, n, MaxTokensPerEvent)
 	}
 	sp.t0 = len(d.tokens)
-	for i := range n {
+	d.tokens = slices.Grow(d.tokens, n) // n is bounded by the bytes left
+	for i := 0; i < n; i++ {
+		// Token IDs below 2^32 in one loop without calls; anything else, and every
+		// error, through integer.
+		k := d.r.fastTokens(d.tokens[len(d.tokens) : len(d.tokens)+n-i])
+		d.tokens, i = d.tokens[:len(d.tokens)+k], i+k
+		if i == n {
+			break
+		}
 		v, neg, err := d.r.integer()
 		if err != nil {
 			return fmt.Errorf("token_ids[%d]: %w", i, err)
@@ -854,6 +872,61 @@ func (r *reader) u64() (uint64, error) {
 		return 0, err
 	}
 	return binary.BigEndian.Uint64(p), nil
+}
+
+// fastTokens decodes leading unsigned integers below 2^32 (positive fixint, uint 8, 16 and
+// 32) into dst, at most len(dst), and returns how many; it stops, consuming nothing of it,
+// at any other value or one cut short.
+func (r *reader) fastTokens(dst []uint32) int {
+	b, off := r.b, r.off
+	k := 0
+	for ; k < len(dst) && off < len(b); k++ {
+		switch c := b[off]; {
+		case c <= 0x7f:
+			dst[k] = uint32(c)
+			off++
+		case c == 0xce && len(b)-off >= 5:
+			dst[k] = binary.BigEndian.Uint32(b[off+1:])
+			off += 5
+		case c == 0xcd && len(b)-off >= 3:
+			dst[k] = uint32(binary.BigEndian.Uint16(b[off+1:]))
+			off += 3
+		case c == 0xcc && len(b)-off >= 2:
+			dst[k] = uint32(b[off+1])
+			off += 2
+		default:
+			r.off = off
+			return k
+		}
+	}
+	r.off = off
+	return k
+}
+
+// fastInts decodes leading 64-bit and 32-bit integers (uint 64, int 64, uint 32, positive
+// fixint) into dst as int64 (a uint64 wraps, as integer reads it), at most len(dst), and
+// returns how many; it stops, consuming nothing of it, at any other value or one cut short.
+func (r *reader) fastInts(dst []int64) int {
+	b, off := r.b, r.off
+	k := 0
+	for ; k < len(dst) && off < len(b); k++ {
+		switch c := b[off]; {
+		case (c == 0xcf || c == 0xd3) && len(b)-off >= 9:
+			dst[k] = int64(binary.BigEndian.Uint64(b[off+1:]))
+			off += 9
+		case c == 0xce && len(b)-off >= 5:
+			dst[k] = int64(binary.BigEndian.Uint32(b[off+1:]))
+			off += 5
+		case c <= 0x7f:
+			dst[k] = int64(c)
+			off++
+		default:
+			r.off = off
+			return k
+		}
+	}
+	r.off = off
+	return k
 }
 
 // nilNext consumes a nil and reports whether there was one.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -326,4 +327,92 @@ func FuzzDecodeEventBatch(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestDecodeEveryIntegerEncoding: token IDs and block hashes in every msgpack integer
+// encoding, mixed in one list (the decoder reads the common ones in a loop of its own and
+// the others one by one), and each list cut off inside a value.
+func TestDecodeEveryIntegerEncoding(t *testing.T) {
+	type enc struct {
+		raw []byte
+		v   int64
+	}
+	ints := []enc{
+		{[]byte{0x05}, 5},
+		{[]byte{0xcc, 0xc8}, 200},
+		{[]byte{0xcd, 0x12, 0x34}, 0x1234},
+		{[]byte{0xce, 0xf0, 0x00, 0x00, 0x01}, 0xf0000001},
+		{[]byte{0xcf, 0, 0, 0, 0, 0, 0, 0, 0x07}, 7},
+		{[]byte{0xd0, 0x05}, 5},
+		{[]byte{0xd1, 0x01, 0x00}, 256},
+		{[]byte{0xd2, 0x00, 0x01, 0x00, 0x00}, 65536},
+		{[]byte{0xd3, 0, 0, 0, 0, 0, 0, 0x01, 0x00}, 256},
+	}
+	hashOnly := []enc{
+		{[]byte{0xcf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xfe}, -2},
+		{[]byte{0xd3, 0x80, 0, 0, 0, 0, 0, 0, 0}, math.MinInt64},
+		{[]byte{0xff}, -1},
+		{[]byte{0xd0, 0x80}, -128},
+		{[]byte{0xc4, 0x08, 0, 0, 0, 0, 0, 0, 0x01, 0x02}, 258},
+	}
+	list := func(es []enc) (raw []byte, want []int64) {
+		raw = []byte{0xdc, byte(len(es) >> 8), byte(len(es))}
+		for _, e := range es {
+			raw = append(raw, e.raw...)
+			want = append(want, e.v)
+		}
+		return raw, want
+	}
+	// Each encoding after each other one: a run of common ones, then a slow one, and back.
+	var tokens, hashes []enc
+	for _, a := range ints {
+		for _, b := range ints {
+			tokens = append(tokens, a, b)
+		}
+	}
+	for _, a := range append(ints, hashOnly...) {
+		for _, b := range append(ints, hashOnly...) {
+			hashes = append(hashes, a, b)
+		}
+	}
+	hs, wantH := list(hashes)
+	ts, wantT := list(tokens)
+	payload := []byte{0x92, 0x01, 0x91, 0x95, 0xab}
+	payload = append(payload, "BlockStored"...)
+	payload = append(payload, hs...)
+	payload = append(payload, 0xc0)
+	payload = append(payload, ts...)
+	payload = append(payload, 0x10)
+	var d Decoder
+	var b EventBatch
+	if err := d.Decode(payload, &b); err != nil {
+		t.Fatal(err)
+	}
+	ev := b.Events[0]
+	if !slices.Equal(ev.BlockHashes, wantH) {
+		t.Fatalf("hashes\n got %v\nwant %v", ev.BlockHashes, wantH)
+	}
+	gotT := make([]int64, len(ev.TokenIDs))
+	for i, v := range ev.TokenIDs {
+		gotT[i] = int64(v)
+	}
+	if !slices.Equal(gotT, wantT) {
+		t.Fatalf("tokens\n got %v\nwant %v", gotT, wantT)
+	}
+	for n := range len(payload) {
+		if err := d.Decode(payload[:n], &b); !errors.Is(err, ErrMalformed) {
+			t.Fatalf("prefix of %d bytes: err = %v, want ErrMalformed", n, err)
+		}
+	}
+	// A negative token and one above 2^32 among common ones are refused.
+	for _, bad := range [][]byte{{0xff}, {0xd0, 0x80}, {0xcf, 0, 0, 0, 0x01, 0, 0, 0, 0}} {
+		p := []byte{0x92, 0x01, 0x91, 0x95, 0xab}
+		p = append(p, "BlockStored"...)
+		p = append(p, 0x91, 0x01, 0xc0, 0x93, 0x01, 0xce, 0, 0, 0, 0x02)
+		p = append(p, bad...)
+		p = append(p, 0x10)
+		if err := d.Decode(p, &b); !errors.Is(err, ErrMalformed) {
+			t.Fatalf("token % x: err = %v, want ErrMalformed", bad, err)
+		}
+	}
 }
