@@ -126,6 +126,7 @@ func (s *Server) serve(ctx context.Context) error {
 	}
 	cancelGrace()
 	s.conns.closeAll()
+	s.resumed.close()
 	s.workers.CloseConnections()
 	<-bgDone
 	return runErr

@@ -128,7 +128,9 @@ type Server struct {
 	now    func() time.Time
 	ln     net.Listener
 	srv    *fasthttp.Server
-	sel    selector
+	// resumed serves client connections again after their streams, on warm goroutines.
+	resumed *resumers
+	sel     selector
 	// life holds the started parts (state, actors, telemetry, workers, listener, background
 	// loops) and stops them in reverse order.
 	life lifecycle
@@ -450,6 +452,7 @@ func (s *Server) build() error {
 	if cfg.Server.MaxBodyBytes <= 0 {
 		s.srv.MaxRequestBodySize = 32 << 20
 	}
+	s.resumed = newResumers(s.srv, resumeIdle)
 	if opts.Listener != nil {
 		s.ln = opts.Listener
 	} else {

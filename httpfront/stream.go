@@ -491,7 +491,7 @@ func takeBuffered(c net.Conn) []byte {
 }
 
 // serve writes the stream to the client's connection, taken over, and then serves the
-// connection's next requests (fasthttp's ServeConn, on this goroutine), or closes it: when
+// connection's next requests (fasthttp's ServeConn, on a warm goroutine: resumers), or closes it: when
 // the stream failed to reach the client, the request asked for it to close, the server
 // drains, or the request body was not read to its end.
 func (r *relay) serve() {
@@ -514,7 +514,7 @@ func (r *relay) serve() {
 		_ = cc.Close()
 		return
 	}
-	_ = s.srv.ServeConn(cc)
+	s.resumed.serve(cc)
 }
 
 // chunkWriter writes the body of a stream whose connection the relay took over: each Write is

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -236,4 +237,66 @@ func TestStreamConnectionTimeouts(t *testing.T) {
 			t.Fatalf("the stalled request was cut after %v, before the read timeout %v", d, readTimeout)
 		}
 	})
+}
+
+// TestResumedConnectionsOnWarmGoroutines: the requests that follow a stream on its
+// connection are served on a warm goroutine (one that has served requests before, its stack
+// grown), not on the stream's fresh goroutine, whose stack would grow, copied, at each such
+// request; and the warm goroutines are reused from one stream to the next.
+func TestResumedConnectionsOnWarmGoroutines(t *testing.T) {
+	const rounds = 8
+	e := newFakeEngine(t, "A", "llama")
+	cfg := baseConfig()
+	cfg.Workers = []config.Worker{plainWorker("A", e.url, "llama")}
+	cfg.Models = map[string]config.Model{"llama": {Buckets: []config.Bucket{plainBucket("all", nil, nil, "A")}}}
+	ts := startServer(t, cfg, Options{SkipStartupChecks: true, NoTelemetry: true})
+	c, err := net.Dial("tcp", ts.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	br := bufio.NewReader(c)
+	for range rounds {
+		if _, err := io.WriteString(c, streamRequest(true, "HTTP/1.1", "", false)); err != nil {
+			t.Fatal(err)
+		}
+		resp, body := readAnswer(t, br)
+		wantStream(t, resp, body, true)
+		if _, err := io.WriteString(c, streamRequest(false, "HTTP/1.1", "", false)); err != nil {
+			t.Fatal(err)
+		}
+		if resp, body := readAnswer(t, br); resp.StatusCode != 200 || !strings.Contains(body, "hello from A") {
+			t.Fatalf("request after the stream: %d %q", resp.StatusCode, body)
+		}
+	}
+	// The connection now waits for its next request in fasthttp's ServeConn, on a warm
+	// goroutine (the first stream's, which found none idle, became one). A warm goroutine the
+	// scheduler has not run since its last stream took the connection over may still be
+	// leaving ServeConn: every goroutine in it must be a warm one.
+	buf := make([]byte, 16<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	serving, warm := 0, 0
+	var cold []string
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		isWarm := strings.Contains(g, "httpfront.(*resumers).serve")
+		if isWarm {
+			warm++
+		}
+		if strings.Contains(g, "fasthttp.(*Server).ServeConn") {
+			serving++
+			if !isWarm {
+				cold = append(cold, g)
+			}
+		}
+	}
+	if serving == 0 || len(cold) > 0 {
+		t.Fatalf("the connection is served on %d goroutines, %d of them not warm:\n%s", serving, len(cold), strings.Join(cold, "\n\n"))
+	}
+	// Every round ends with the warm goroutine idle again (the next stream took the
+	// connection over); one that missed a hand-off (it had not gone idle yet) makes another.
+	// Without reuse every round would leave one.
+	if warm >= rounds {
+		t.Fatalf("%d warm goroutines after %d streams on one connection: they are not reused", warm, rounds)
+	}
 }
