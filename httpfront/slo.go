@@ -148,13 +148,29 @@ var orderValues = [...][]byte{engine.OrderCapacity: []byte("capacity"), engine.O
 var (
 	dataField = []byte("data:")
 	doneData  = []byte("[DONE]")
+	lfData    = []byte("\ndata:")
+	crData    = []byte("\rdata:")
 )
+
+// dataLines counts the data lines in b, a chunk of an SSE stream: "data:" at b's start or
+// after a line terminator. The scans look for the terminators, rare bytes, not for the
+// field's first letter, which every JSON payload is full of.
+func dataLines(b []byte) int {
+	n := bytes.Count(b, lfData)
+	if bytes.IndexByte(b, '\r') >= 0 {
+		n += bytes.Count(b, crData) // CR-terminated lines
+	}
+	if bytes.HasPrefix(b, dataField) {
+		n++
+	}
+	return n
+}
 
 // chunk records one chunk of the upstream stream arriving at now: the first carries the
 // first token, and every data event counts as one token (approximately: a final chunk that
 // only carries finish_reason or usage counts too).
 func (t *sloTrack) chunk(b []byte, now time.Time) {
-	n := bytes.Count(b, dataField)
+	n := dataLines(b)
 	if n == 0 {
 		return
 	}

@@ -343,3 +343,29 @@ func TestSLORatioHistogramsExposition(t *testing.T) {
 		t.Fatalf("/metrics lacks the ratio histograms as metrics.PrometheusHistogram writes them:\n%s\nwant:\n%s", got, want.String())
 	}
 }
+
+// TestDataLines: a stream chunk's data lines are counted at its start and after every line
+// terminator (LF, CRLF, CR), not where "data:" appears inside a payload.
+func TestDataLines(t *testing.T) {
+	for _, tc := range []struct {
+		name, chunk string
+		want        int
+	}{
+		{"empty", "", 0},
+		{"one event", "data: {\"x\":1}\n\n", 1},
+		{"two events", "data: a\n\ndata: b\n\n", 2},
+		{"multi-line event", "data: a\ndata: b\n\n", 2},
+		{"CRLF", "data: a\r\n\r\ndata: b\r\n\r\n", 2},
+		{"CR", "data: a\r\rdata: b\r\r", 2},
+		{"comment and event", ": keep-alive\n\ndata: a\n\n", 1},
+		{"in a payload", "data: {\"text\":\"data: no\"}\n\n", 1},
+		{"mid-line start", "ta: a\n\ndata: b\n\n", 1},
+		{"done", "data: [DONE]\n\n", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := dataLines([]byte(tc.chunk)); got != tc.want {
+				t.Fatalf("dataLines(%q) = %d, want %d", tc.chunk, got, tc.want)
+			}
+		})
+	}
+}
