@@ -207,6 +207,9 @@ type Server struct {
 	built chan struct{}
 	// serving is closed once the start-up checks are done and Serve begins.
 	serving chan struct{}
+
+	// wallNow: now is the wall clock (time.Now).
+	wallNow bool
 }
 
 // New builds a Server from a validated configuration and starts listening (so Addr is known),
@@ -218,6 +221,8 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	// The wall clock: a stream's idle bounds and the metrics it records can share one reading.
+	wallClock := opts.Clock == nil && opts.Now == nil
 	if opts.Clock == nil {
 		opts.Clock = fleet.SystemClock{}
 	}
@@ -250,6 +255,7 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		opts:     opts,
 		logger:   opts.Logger,
 		now:      opts.Now,
+		wallNow:  wallClock,
 		tracker:  opts.Tracker,
 		loads:    opts.Loads,
 		set:      opts.Metrics,

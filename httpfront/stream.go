@@ -651,8 +651,13 @@ func (r *relay) next() ([]byte, error) {
 			if r.stopping() {
 				return r.end1(endShutdown), nil
 			}
-			r.slo.chunk(buf[:n], r.s.now())
+			// One clock reading per read when the Server's clock is the wall clock.
 			now := time.Now()
+			at := now
+			if !r.s.wallNow {
+				at = r.s.now()
+			}
+			r.slo.chunk(buf[:n], at)
 			r.idleAt, r.hbAt = now.Add(r.idleAfter), now.Add(r.hbEvery)
 			r.rerr = err
 			if out := r.frame(buf[:n]); len(out) > 0 {
