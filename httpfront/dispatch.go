@@ -662,6 +662,11 @@ func (d *dispatch) plain(ex *exchange, o outcome) (outcome, *failedAnswer) {
 	// The request's start time stamps the guard: one clock read less per request. Until its
 	// first token the request is pending prefill on the engine.
 	guard := s.tracker.AcquirePrefill(w.Counters, d.start, d.slo.uncached)
+	if !d.facts.stream && d.slo.hasTTFT {
+		// A buffered answer reports no first token: it leaves the pending prefill when the
+		// estimate made at dispatch expects it, or with the answer if that comes first.
+		guard.FirstTokenAt(d.start.Add(time.Duration(d.slo.estTTFT * float64(time.Second))))
+	}
 	req := fasthttp.AcquireRequest()
 	resp := fasthttp.AcquireResponse()
 	d.upstreamHeaders(req, m.Upstream().HostPort())
@@ -763,6 +768,10 @@ func (d *dispatch) plain(ex *exchange, o outcome) (outcome, *failedAnswer) {
 		d.ctx.SetBody(resp.Body())
 	}
 	fasthttp.ReleaseResponse(resp)
+	if !d.facts.stream {
+		// The first token came with the answer at the latest (FirstTokenAt).
+		guard.FirstToken(s.now())
+	}
 	guard.Release()
 	ticket.Done(verdict)
 	o.status = status

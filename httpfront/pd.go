@@ -340,6 +340,8 @@ func (s *Server) runPrefill(m *fleet.Member, w *engine.Worker, ticket fleet.Tick
 		}
 		return
 	}
+	// The prefill engine answers once it has prefilled the prompt: its first token.
+	guard.FirstToken(s.now())
 	res.status = resp.StatusCode()
 	verdict = s.statusOutcome(w, res.status)
 	if keepBody || (res.status >= 400 && res.status < 500) {

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/VictoriaMetrics/metrics"
 
@@ -368,4 +369,43 @@ func TestDataLines(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestBufferedAnswerFirstTokenExpected: a non-streamed request reports no first token; it
+// leaves its engine's pending prefill when the estimate made at dispatch expects its first
+// token (the dispatch plus the learned prefill time of its work), not when its answer ends,
+// so the engine's progress on what follows counts from then. A stream keeps its prompt
+// pending until its first token.
+func TestBufferedAnswerFirstTokenExpected(t *testing.T) {
+	a := newFakeEngine(t, "A", "llama")
+	a.hold, a.entered = make(chan struct{}), make(chan struct{}, 1)
+	tr := load.NewTracker()
+	c := tr.Counters("A")
+	c.Rates().Prefill.Observe(1000, 2) // learned so far: 2 ms a prefill token
+	clock := newFakeClock()
+	ts := startServer(t, oneEngineConfig(a), Options{NoTelemetry: true, Tracker: tr, Now: clock.Now})
+	body := chatBody("llama", strings.Repeat("word ", 1000), "")
+	out := make(chan result, 1)
+	postAsync(t.Context(), ts.url+"/v1/chat/completions", body, out)
+	waitFor(t, a.entered, "the engine's request")
+	r, input := c.PendingPrefill()
+	if r != 1 || math.Abs(float64(input)-float64(len(body))/4) > 1 { // the body-size estimate, without a tokenizer
+		t.Fatalf("pending prefill %d requests, %d tokens at dispatch; want 1, about %d", r, input, len(body)/4)
+	}
+	expected := clock.Now().Add(time.Duration(input) * 2 * time.Millisecond)
+	var o load.Observation
+	if left := c.PendingPrefillLeft(&o, expected.Add(-time.Millisecond)); !(left > 0) {
+		t.Fatalf("%v tokens left just before the expected first token", left)
+	}
+	if left := c.PendingPrefillLeft(&o, expected.Add(time.Millisecond)); left != 0 {
+		t.Fatalf("%v tokens left after the expected first token, the answer still held: want 0", left)
+	}
+	if r, tok := c.PendingPrefill(); r != 0 || tok != 0 || c.InFlight() != 1 {
+		t.Fatalf("pending %d, %d, in flight %d after the expected first token; want 0, 0, 1", r, tok, c.InFlight())
+	}
+	close(a.hold)
+	if got := collect(t, out, 1, "the answer")[0]; got.status != 200 {
+		t.Fatalf("status %d", got.status)
+	}
+	waitUntil(t, "the request's end", func() bool { return c.InFlight() == 0 })
 }

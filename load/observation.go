@@ -91,7 +91,26 @@ type Counters struct {
 	// max_running_requests, else the most running requests a report showed while requests
 	// waited; 0 while unknown. Written by the Aggregator at ingest.
 	slots atomic.Int64
-	rates Rates
+	// due holds the guards of requests that report no first token, with the time it is
+	// expected (Guard.FirstTokenAt); dueNext is the earliest of those times (unix
+	// nanoseconds, 0 when none), and sweeping is held by the one call that settles them.
+	due      [dueSlots]dueEntry
+	dueNext  atomic.Int64
+	sweeping atomic.Bool
+	rates    Rates
+}
+
+// dueSlots is how many requests per worker can carry an expected first-token time
+// (Guard.FirstTokenAt); a request beyond them stays pending until its FirstToken or
+// Release.
+const dueSlots = 16
+
+// dueEntry is one request with an expected first-token time. g is set by the request
+// (from nil) and cleared by Counters.settle; at (unix nanoseconds) is 0 until g's request
+// stores it, and cleared before g.
+type dueEntry struct {
+	g  atomic.Pointer[Guard]
+	at atomic.Int64
 }
 
 // InFlight is the number of requests the router — with a cluster, every replica — has
@@ -122,8 +141,9 @@ func (c *Counters) SetPeers(inflight int64, dispatched uint64) {
 }
 
 // PendingPrefill is the number of requests the router dispatched to the worker for
-// prefill whose first token has not arrived yet, and the sum of their uncached prompt
-// tokens.
+// prefill whose first token has not arrived yet (for a request that reports none, whose
+// expected first token was not yet found due: Guard.FirstTokenAt), and the sum of their
+// uncached prompt tokens.
 func (c *Counters) PendingPrefill() (requests, tokens int64) {
 	return c.pendingReqs.Load(), c.pendingTokens.Load()
 }
@@ -148,8 +168,13 @@ func (c *Counters) PendingPrefill() (requests, tokens int64) {
 // (none of them admitted). Such a call records now (stalledAt), and progress counts from
 // the latest such time once the worker can go on: a prompt waiting behind full slots
 // begins at the earliest when a slot frees. Before a rate is learned the pending tokens
-// count in full. The result is never negative.
+// count in full. The result is never negative. Requests whose expected first token
+// (Guard.FirstTokenAt) is due by now leave the pending prefill first.
 func (c *Counters) PendingPrefillLeft(o *Observation, now time.Time) float64 {
+	ns := now.UnixNano()
+	if d := c.dueNext.Load(); d != 0 && d <= ns {
+		c.settle(ns)
+	}
 	reqs, tokens := c.pendingReqs.Load(), c.pendingTokens.Load()
 	if tokens <= 0 || reqs <= 0 {
 		return float64(max(tokens, 0))
@@ -159,7 +184,6 @@ func (c *Counters) PendingPrefillLeft(o *Observation, now time.Time) float64 {
 	if !(perToken > 0) {
 		return full
 	}
-	ns := now.UnixNano()
 	from := c.prefillFrom.Load()
 	if c.stalled(o, reqs, from) {
 		storeLater(&c.stalledAt, ns)
@@ -180,6 +204,54 @@ func (c *Counters) stalled(o *Observation, reqs, from int64) bool {
 	}
 	return o != nil && o.Has(HasWaiting) && o.Waiting > 0 && o.Waiting >= o.PendingRequestsAtCapture &&
 		unixNanoSat(o.CapturedAt) >= from
+}
+
+// settle gives back the pending-prefill slots of the requests whose expected first token
+// (Guard.FirstTokenAt) is at or before now (unix nanoseconds), as their FirstToken at that
+// time would, and frees the entries of those and of requests that ended. One call at a time
+// settles; a concurrent call returns at once.
+func (c *Counters) settle(now int64) {
+	if !c.sweeping.CompareAndSwap(false, true) {
+		return
+	}
+	// A request registering meanwhile stores its time in dueNext after its entry's, so
+	// either this scan sees the entry or its own store comes after this one.
+	c.dueNext.Store(0)
+	var next int64
+	for i := range c.due {
+		e := &c.due[i]
+		g := e.g.Load()
+		if g == nil {
+			continue
+		}
+		at := e.at.Load()
+		if at == 0 {
+			continue // being registered
+		}
+		if at > now && g.state.Load()&guardPrefill != 0 {
+			if next == 0 || at < next {
+				next = at
+			}
+			continue
+		}
+		g.FirstToken(time.Unix(0, at)) // nothing when it already had one or ended
+		e.at.Store(0)
+		e.g.Store(nil)
+	}
+	if next != 0 {
+		storeEarlier(&c.dueNext, next)
+	}
+	c.sweeping.Store(false)
+}
+
+// storeEarlier stores ns (non-zero) in v unless v holds an earlier non-zero time.
+func storeEarlier(v *atomic.Int64, ns int64) {
+	for {
+		old := v.Load()
+		if old != 0 && old <= ns || v.CompareAndSwap(old, ns) {
+			return
+		}
+	}
 }
 
 // storeLater stores ns in v unless v already holds a later time.

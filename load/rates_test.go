@@ -429,3 +429,107 @@ func TestPendingPrefillStalled(t *testing.T) {
 		}
 	})
 }
+
+// TestFirstTokenAt: a request that reports no first token (a buffered answer) leaves the
+// pending prefill at its expected first token, found due by the next estimate or dispatch,
+// and the engine's progress on the prompt behind it counts from then; FirstToken or
+// Release before it give the slot back as usual, and the worker holds dueSlots such
+// requests at a time.
+func TestFirstTokenAt(t *testing.T) {
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	var o Observation
+	tr := NewTracker()
+	c := tr.Counters("w")
+	c.Rates().Prefill.Observe(1000, 1) // 1 ms a token
+	buffered := tr.AcquirePrefill(c, t0, 1000)
+	if !buffered.FirstTokenAt(at(time.Second)) {
+		t.Fatal("no room for the first request")
+	}
+	stream := tr.AcquirePrefill(c, at(200*time.Millisecond), 400)
+	if got := c.PendingPrefillLeft(&o, at(500*time.Millisecond)); !within(got, 900, 1e-6) {
+		t.Fatalf("at +500ms: %v left, want 500 of the first prompt and 400", got)
+	}
+	if r, tok := c.PendingPrefill(); r != 2 || tok != 1400 {
+		t.Fatalf("pending %d, %d before the expected first token; want 2, 1400", r, tok)
+	}
+	// Due at +1s: at +1.2s the second prompt is 200ms in.
+	if got := c.PendingPrefillLeft(&o, at(1200*time.Millisecond)); !within(got, 200, 1e-6) {
+		t.Fatalf("at +1.2s: %v left, want 200", got)
+	}
+	if r, tok := c.PendingPrefill(); r != 1 || tok != 400 || c.InFlight() != 2 {
+		t.Fatalf("pending %d, %d, in flight %d after the expected first token; want 1, 400, 2", r, tok, c.InFlight())
+	}
+	buffered.Release()
+	stream.FirstToken(at(1400 * time.Millisecond))
+	stream.Release()
+
+	// The answer before the expected first token: Release gives the slot back, and the
+	// entry is free for another request.
+	var held []*Guard
+	for i := range dueSlots {
+		g := tr.AcquirePrefill(c, at(2*time.Second), 10)
+		if !g.FirstTokenAt(at(time.Hour + time.Duration(i))) {
+			t.Fatalf("no room for request %d of %d", i+1, dueSlots)
+		}
+		held = append(held, g)
+	}
+	extra := tr.AcquirePrefill(c, at(2*time.Second), 10)
+	if extra.FirstTokenAt(at(time.Hour)) {
+		t.Fatalf("room for %d requests", dueSlots+1)
+	}
+	held[3].Release()
+	if !extra.FirstTokenAt(at(time.Hour)) {
+		t.Fatal("no room after a request ended")
+	}
+	if r, tok := c.PendingPrefill(); r != dueSlots || tok != 10*dueSlots {
+		t.Fatalf("pending %d, %d; want %d, %d", r, tok, dueSlots, 10*dueSlots)
+	}
+	// All due: one dispatch settles them.
+	g := tr.AcquirePrefill(c, at(2*time.Hour), 5)
+	if r, tok := c.PendingPrefill(); r != 1 || tok != 5 {
+		t.Fatalf("pending %d, %d after a dispatch past every expected first token; want only its own", r, tok)
+	}
+	g.Release()
+	extra.Release()
+	for _, g := range held {
+		g.Release()
+	}
+	var nilGuard *Guard
+	if nilGuard.FirstTokenAt(t0) || tr.Acquire(c, t0).FirstTokenAt(t0) {
+		t.Fatal("FirstTokenAt on a guard without a pending prefill")
+	}
+}
+
+// TestFirstTokenAtConcurrent: requests expecting their first token, estimates and releases
+// from many goroutines leave nothing pending and every entry free.
+func TestFirstTokenAtConcurrent(t *testing.T) {
+	tr := NewTracker()
+	c := tr.Counters("w")
+	c.Rates().Prefill.Observe(1000, 1)
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			var o Observation
+			for i := range 500 {
+				now := t0.Add(time.Duration(i) * time.Millisecond)
+				g := tr.AcquirePrefill(c, now, 100)
+				g.FirstTokenAt(now.Add(time.Duration(w+1) * time.Millisecond))
+				_ = c.PendingPrefillLeft(&o, now.Add(2*time.Millisecond))
+				if i%3 == 0 {
+					g.FirstToken(now)
+				}
+				g.Release()
+			}
+		})
+	}
+	wg.Wait()
+	c.settle(math.MinInt64)
+	if r, tok := c.PendingPrefill(); r != 0 || tok != 0 || c.InFlight() != 0 {
+		t.Fatalf("pending %d, %d, in flight %d", r, tok, c.InFlight())
+	}
+	for i := range c.due {
+		if c.due[i].g.Load() != nil {
+			t.Fatalf("entry %d still held", i)
+		}
+	}
+}

@@ -98,6 +98,9 @@ func (t *Tracker) AcquirePrefill(c *Counters, now time.Time, uncached int64) *Gu
 	if uncached >= 0 {
 		g.prefill = int32(min(uncached, math.MaxInt32))
 		st = guardPrefill
+		if d := c.dueNext.Load(); d != 0 && d <= ns {
+			c.settle(ns)
+		}
 		if c.pendingReqs.Load() <= 0 {
 			// Nothing pending: the worker begins this prompt now (if a running slot is
 			// free: Counters.PendingPrefillLeft).
@@ -176,6 +179,37 @@ func (g *Guard) FirstToken(now time.Time) {
 			return
 		}
 	}
+}
+
+// FirstTokenAt is for a request that will not report its first token (a buffered
+// answer): its pending-prefill slot is given back as FirstToken(at) would, once the
+// worker's next estimate or dispatch at or after at finds it due (Counters.PendingPrefillLeft,
+// Tracker.AcquirePrefill), unless FirstToken or Release gave it back first. at is the
+// expected first token: the dispatch plus the expected time to first token. It reports
+// whether the worker had room for it (dueSlots requests at a time); without, the slot waits
+// for FirstToken or Release. It does nothing on a guard from Acquire or on nil.
+func (g *Guard) FirstTokenAt(at time.Time) bool {
+	if g == nil || g.state.Load()&guardPrefill == 0 {
+		return false
+	}
+	ns := at.UnixNano()
+	if ns <= 0 {
+		return false
+	}
+	c := g.c
+	for range 2 {
+		for i := range c.due {
+			e := &c.due[i]
+			if e.g.Load() == nil && e.g.CompareAndSwap(nil, g) {
+				e.at.Store(ns)
+				storeEarlier(&c.dueNext, ns)
+				return true
+			}
+		}
+		// Full: free the entries of requests that ended, then look once more.
+		c.settle(math.MinInt64)
+	}
+	return false
 }
 
 // claim marks the guard released and gives its pending-prefill slot back if it still held
