@@ -405,6 +405,14 @@ func (r *relay) WriteTo(w io.Writer) (int64, error) {
 		if r.taken {
 			// The end's bytes carry the last chunk, unless the client has gone.
 			r.cw.last = r.ended && r.end != endClientGone
+			if r.cw.last {
+				// The slots go back before the client can read the end, as on fasthttp's
+				// path (which ends the body after CloseWithError): a client that sends its
+				// next request on reading the end finds the slot free.
+				r.ticket.Release()
+				r.ticket = flow.Ticket{}
+				r.guard.Release()
+			}
 		}
 		n, err := w.Write(b)
 		total += int64(n)
