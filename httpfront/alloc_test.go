@@ -57,9 +57,12 @@ func TestInjectBootstrapAllocations(t *testing.T) {
 func TestSLOAllocations(t *testing.T) {
 	with := parseRequestHeader(t, "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nX-Slo-Ttft-Ms: 250.5\r\nX-Slo-Tpot-Ms: 20\r\n\r\n")
 	without := parseRequestHeader(t, "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\n\r\n")
+	fwd := newForwardNames("", "")
 	for name, h := range map[string]*fasthttp.RequestHeader{"with targets": with, "without": without} {
 		if n := testing.AllocsPerRun(200, func() {
-			if _, e := sloTargets(h, engine.SLOTargets{}); e != nil {
+			var hdr clientHeaders
+			fwd.scan(h, &hdr)
+			if _, e := sloTargets(&hdr, engine.SLOTargets{}); e != nil {
 				t.Fatal(e)
 			}
 		}); n != 0 {

@@ -30,18 +30,25 @@ const (
 	numForward
 )
 
+// The client headers read in the same pass and never forwarded: the SLO targets (slo.go).
+const (
+	readSLOTTFT = numForward + iota
+	readSLOTPOT
+	numRead
+)
+
 // forwardHeaders are the allow-listed names in the canonical form the server gives received
 // header names.
 var forwardHeaders = [fwdSession]string{"Authorization", "X-Request-Id", "X-Correlation-Id", "Traceparent", "Tracestate"}
 
-// clientHeaders holds a request's forwarded header values by slot, found in one pass over
+// clientHeaders holds a request's forwarded (and read) header values by slot, found in one pass over
 // the received headers (the first occurrence of a name counts; empty values are not
 // forwarded). The values alias the request: valid until its handler returns.
-type clientHeaders [numForward][]byte
+type clientHeaders [numRead][]byte
 
-// forwardNames are a Server's forwarded header names by slot, canonical; an unconfigured
-// affinity header is empty.
-type forwardNames [numForward][]byte
+// forwardNames are a Server's forwarded (then read) header names by slot, canonical; an
+// unconfigured affinity header is empty.
+type forwardNames [numRead][]byte
 
 func newForwardNames(sessionHeader, routingHeader string) forwardNames {
 	var n forwardNames
@@ -54,6 +61,8 @@ func newForwardNames(sessionHeader, routingHeader string) forwardNames {
 	if routingHeader != "" {
 		n[fwdRouting] = fasthttp.AppendNormalizedHeaderKey(nil, routingHeader)
 	}
+	n[readSLOTTFT] = fasthttp.AppendNormalizedHeaderKey(nil, headerSLOTTFT)
+	n[readSLOTPOT] = fasthttp.AppendNormalizedHeaderKey(nil, headerSLOTPOT)
 	return n
 }
 
@@ -286,7 +295,7 @@ func (s *Server) serveInference(ctx *fasthttp.RequestCtx, kind routeKind, ex *ex
 	if e != nil {
 		return s.fail(ctx, o, e)
 	}
-	targets, e := sloTargets(&ctx.Request.Header, mr.slo)
+	targets, e := sloTargets(&hdr, mr.slo)
 	if e != nil {
 		return s.fail(ctx, o, e)
 	}
@@ -585,7 +594,7 @@ func (d *dispatch) upstreamHeaders(req *fasthttp.Request, hostPort string) {
 	req.Header.SetContentType("application/json")
 	// The router's own key authenticates the client to the router, not to the engine.
 	dropAuth := d.s.cfg.Server.APIKey != ""
-	for i, v := range &d.hdr {
+	for i, v := range d.hdr[:numForward] {
 		name := d.s.fwd[i]
 		if len(v) == 0 || dropAuth && string(name) == fasthttp.HeaderAuthorization {
 			continue

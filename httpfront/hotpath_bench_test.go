@@ -11,6 +11,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"switchyard/config"
+	"switchyard/engine"
 	"switchyard/httpfront/internal/loopbench"
 	"switchyard/httpfront/tracing/tracingtest"
 )
@@ -252,4 +253,20 @@ func postLoop(b *testing.B, client *fasthttp.HostClient, uri string, body []byte
 		req.Header.SetContentType("application/json")
 		req.SetBodyRaw(body)
 	}, client.Do)
+}
+
+// BenchmarkClientHeaders is a request's reads of its client headers: the forwarded ones, the
+// affinity keys and the SLO targets (absent, as on most requests).
+func BenchmarkClientHeaders(b *testing.B) {
+	cfg := config.Default()
+	s := &Server{cfg: cfg, fwd: newForwardNames(cfg.Affinity.SessionHeader, cfg.Affinity.RoutingKeyHeader)}
+	h := parseRequestHeader(b, benchClientHeaders)
+	b.ReportAllocs()
+	for b.Loop() {
+		var hdr clientHeaders
+		s.fwd.scan(h, &hdr)
+		if _, e := sloTargets(&hdr, engine.SLOTargets{}); e != nil {
+			b.Fatal(e)
+		}
+	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"switchyard/config"
+	"switchyard/engine"
 )
 
 // parseRequestHeader parses raw request headers the way the server does (names normalized).
@@ -32,17 +33,19 @@ func TestForwardedHeaders(t *testing.T) {
 		raw                      string
 		want                     map[string]string // forwarded headers; "" = must be absent
 		wantSession, wantRouting string
+		wantTTFT, wantTPOT       time.Duration // the SLO targets read in the same pass
 	}{
 		{
 			name:    "allow-list and affinity headers, any case; the rest dropped",
 			session: "x-session-id", routing: "X-SGL-Routing-Key",
 			raw: "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nx-request-id: r1\r\nTRACEPARENT: 00-a-01\r\n" +
 				"Tracestate: k=v\r\nX-Correlation-Id: c1\r\nAuthorization: Bearer e\r\nx-session-id: s1\r\n" +
-				"x-sgl-routing-key: rk\r\nCookie: a=b\r\nX-Custom: no\r\nConnection: keep-alive\r\n\r\n",
+				"x-sgl-routing-key: rk\r\nCookie: a=b\r\nX-Custom: no\r\nConnection: keep-alive\r\n" +
+				"x-slo-ttft-ms: 250\r\nX-SLO-TPOT-MS: 20\r\nX-Slo-Ttft-Ms: 9\r\n\r\n",
 			want: map[string]string{"X-Request-Id": "r1", "Traceparent": "00-a-01", "Tracestate": "k=v",
 				"X-Correlation-Id": "c1", "Authorization": "Bearer e", "X-Session-Id": "s1", "X-Sgl-Routing-Key": "rk",
-				"Cookie": "", "X-Custom": "", "Connection": ""},
-			wantSession: "s1", wantRouting: "rk",
+				"Cookie": "", "X-Custom": "", "Connection": "", "X-Slo-Ttft-Ms": "", "X-Slo-Tpot-Ms": ""},
+			wantSession: "s1", wantRouting: "rk", wantTTFT: 250 * time.Millisecond, wantTPOT: 20 * time.Millisecond,
 		},
 		{
 			name: "the router's key is not forwarded", session: "x-session-id", key: "k1",
@@ -74,6 +77,9 @@ func TestForwardedHeaders(t *testing.T) {
 			}
 			if got := hdr.string(fwdRouting); got != tt.wantRouting {
 				t.Errorf("routing key %q, want %q", got, tt.wantRouting)
+			}
+			if got, e := sloTargets(&hdr, engine.SLOTargets{}); e != nil || got.TTFT != tt.wantTTFT || got.TPOT != tt.wantTPOT {
+				t.Errorf("SLO targets %+v (%v), want TTFT %v TPOT %v", got, e, tt.wantTTFT, tt.wantTPOT)
 			}
 			d := dispatch{s: s, kind: routeChat, hdr: hdr}
 			req := fasthttp.AcquireRequest()

@@ -51,21 +51,22 @@ func modelTargets(s config.SLO) engine.SLOTargets {
 
 func msDuration(ms float64) time.Duration { return time.Duration(ms * float64(time.Millisecond)) }
 
-// sloTargets returns the request's targets: each header that is present, else the model's
-// default. A header that is not a number of milliseconds in (0, 10,000,000] is a 400.
-func sloTargets(h *fasthttp.RequestHeader, def engine.SLOTargets) (engine.SLOTargets, *apiError) {
+// sloTargets returns the request's targets: each header that is present (read in the
+// client header pass, forwardNames.scan), else the model's default. A header that is not a
+// number of milliseconds in (0, 10,000,000] is a 400.
+func sloTargets(h *clientHeaders, def engine.SLOTargets) (engine.SLOTargets, *apiError) {
 	t := def
 	var e *apiError
-	if t.TTFT, e = targetHeader(h, headerSLOTTFT, t.TTFT); e != nil {
+	if t.TTFT, e = targetHeader(h[readSLOTTFT], headerSLOTTFT, t.TTFT); e != nil {
 		return t, e
 	}
-	t.TPOT, e = targetHeader(h, headerSLOTPOT, t.TPOT)
+	t.TPOT, e = targetHeader(h[readSLOTPOT], headerSLOTPOT, t.TPOT)
 	return t, e
 }
 
-// targetHeader returns the target header name holds, or def when it is absent.
-func targetHeader(h *fasthttp.RequestHeader, name string, def time.Duration) (time.Duration, *apiError) {
-	v := h.Peek(name)
+// targetHeader returns the target v, the value of header name, holds, or def when it is
+// absent.
+func targetHeader(v []byte, name string, def time.Duration) (time.Duration, *apiError) {
 	if len(v) == 0 {
 		return def, nil
 	}
