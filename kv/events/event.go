@@ -363,6 +363,11 @@ func DecodeEventBatch(payload []byte) (*EventBatch, error) {
 // A Decoder reuses its buffers: it allocates only while they grow. It is not safe for
 // concurrent use.
 type Decoder struct {
+	// SkipTokenIDs: token_ids lists are checked as usual (each an unsigned 32-bit value, at
+	// most MaxTokensPerEvent) but not kept, so events carry no TokenIDs. For a consumer that
+	// keys blocks by the engine's own hashes.
+	SkipTokenIDs bool
+
 	r      reader
 	hashes []int64
 	tokens []uint32
@@ -707,14 +712,22 @@ func (d *Decoder) tokenList(sp *eventSpan) error {
 	if n > MaxTokensPerEvent {
 		return fmt.Errorf("token_ids: %w: %d tokens, at most %d", ErrTooLarge, n, MaxTokensPerEvent)
 	}
+	keep := !d.SkipTokenIDs
 	sp.t0 = len(d.tokens)
-	d.tokens = slices.Grow(d.tokens, n) // n is bounded by the bytes left
+	if keep {
+		d.tokens = slices.Grow(d.tokens, n) // n is bounded by the bytes left
+	}
 	for i := 0; i < n; i++ {
 		// Token IDs below 2^32 in one loop without calls; anything else, and every
 		// error, through integer.
-		k := d.r.fastTokens(d.tokens[len(d.tokens) : len(d.tokens)+n-i])
-		d.tokens, i = d.tokens[:len(d.tokens)+k], i+k
-		if i == n {
+		var k int
+		if keep {
+			k = d.r.fastTokens(d.tokens[len(d.tokens) : len(d.tokens)+n-i])
+			d.tokens = d.tokens[:len(d.tokens)+k]
+		} else {
+			k = d.r.skipTokens(n - i)
+		}
+		if i += k; i == n {
 			break
 		}
 		v, neg, err := d.r.integer()
@@ -724,7 +737,9 @@ func (d *Decoder) tokenList(sp *eventSpan) error {
 		if neg || uint64(v) > math.MaxUint32 {
 			return fmt.Errorf("token_ids[%d]: %d is not an unsigned 32-bit value", i, v)
 		}
-		d.tokens = append(d.tokens, uint32(v))
+		if keep {
+			d.tokens = append(d.tokens, uint32(v))
+		}
 	}
 	sp.t1 = len(d.tokens)
 	return nil
@@ -898,6 +913,34 @@ func (r *reader) fastTokens(dst []uint32) int {
 			r.off = off
 			return k
 		}
+	}
+	r.off = off
+	return k
+}
+
+// skipTokens passes over up to n leading values fastTokens would decode and returns how
+// many.
+func (r *reader) skipTokens(n int) int {
+	b, off := r.b, r.off
+	k := 0
+	for ; k < n && off < len(b); k++ {
+		c := b[off]
+		w := 1
+		switch {
+		case c <= 0x7f:
+		case c == 0xce:
+			w = 5
+		case c == 0xcd:
+			w = 3
+		case c == 0xcc:
+			w = 2
+		default:
+			w = 0
+		}
+		if w == 0 || len(b)-off < w {
+			break
+		}
+		off += w
 	}
 	r.off = off
 	return k

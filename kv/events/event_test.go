@@ -296,9 +296,24 @@ func FuzzDecodeEventBatch(f *testing.F) {
 		}
 	}
 	var d Decoder
+	skip := Decoder{SkipTokenIDs: true}
 	f.Fuzz(func(t *testing.T, payload []byte) {
-		var b EventBatch
-		if err := d.Decode(payload, &b); err != nil {
+		var b, sb EventBatch
+		err := d.Decode(payload, &b)
+		// Skipping token IDs refuses what keeping them refuses, and decodes the rest alike.
+		if serr := skip.Decode(payload, &sb); (serr == nil) != (err == nil) {
+			t.Fatalf("keeping token IDs: %v; skipping them: %v", err, serr)
+		} else if err == nil {
+			kept := *normalize(&b)
+			kept.Events = slices.Clone(kept.Events)
+			for i := range kept.Events {
+				kept.Events[i].TokenIDs = nil
+			}
+			if g := normalize(&sb); !reflect.DeepEqual(g, &kept) {
+				t.Fatalf("skipping token IDs:\n got %+v\nwant %+v", g, &kept)
+			}
+		}
+		if err != nil {
 			if !errors.Is(err, ErrMalformed) {
 				t.Fatalf("error does not wrap ErrMalformed: %v", err)
 			}
@@ -399,9 +414,16 @@ func TestDecodeEveryIntegerEncoding(t *testing.T) {
 	if !slices.Equal(gotT, wantT) {
 		t.Fatalf("tokens\n got %v\nwant %v", gotT, wantT)
 	}
+	skip := Decoder{SkipTokenIDs: true}
+	if err := skip.Decode(payload, &b); err != nil || len(b.Events[0].TokenIDs) != 0 || !slices.Equal(b.Events[0].BlockHashes, wantH) {
+		t.Fatalf("skipping token IDs: err %v, %d token IDs kept, hashes equal %t", err, len(b.Events[0].TokenIDs), slices.Equal(b.Events[0].BlockHashes, wantH))
+	}
 	for n := range len(payload) {
 		if err := d.Decode(payload[:n], &b); !errors.Is(err, ErrMalformed) {
 			t.Fatalf("prefix of %d bytes: err = %v, want ErrMalformed", n, err)
+		}
+		if err := skip.Decode(payload[:n], &b); !errors.Is(err, ErrMalformed) {
+			t.Fatalf("prefix of %d bytes, skipping token IDs: err = %v, want ErrMalformed", n, err)
 		}
 	}
 	// A negative token and one above 2^32 among common ones are refused.
@@ -413,6 +435,9 @@ func TestDecodeEveryIntegerEncoding(t *testing.T) {
 		p = append(p, 0x10)
 		if err := d.Decode(p, &b); !errors.Is(err, ErrMalformed) {
 			t.Fatalf("token % x: err = %v, want ErrMalformed", bad, err)
+		}
+		if err := skip.Decode(p, &b); !errors.Is(err, ErrMalformed) {
+			t.Fatalf("token % x, skipping token IDs: err = %v, want ErrMalformed", bad, err)
 		}
 	}
 }

@@ -95,6 +95,11 @@ func newApplier(x *index.Index, worker, scheme string, log *slog.Logger) *applie
 		rekey: scheme == HashSchemeRekey, verified: scheme == HashSchemeSGLang, keys: map[int][]rekeyMap{}, rawRanks: map[int]bool{}}
 }
 
+// needsTokens reports whether the applier reads events' token IDs: to verify an engine's
+// hashes, or to re-key its blocks. An engine whose hashes are the router's needs none, and
+// its batches are decoded without them (events.Decoder.SkipTokenIDs).
+func (a *applier) needsTokens() bool { return a.rekey || !a.verified }
+
 // keysFor returns the re-key map of owner at epoch, emptied when the owner's epoch moved on.
 func (a *applier) keysFor(rank int, owner index.OwnerID, epoch uint32) *rekeyMap {
 	ks := a.keys[rank]

@@ -1,6 +1,8 @@
 package subscribe
 
 import (
+	"bytes"
+	"errors"
 	"log/slog"
 	"testing"
 
@@ -177,4 +179,55 @@ func TestApplierClearsAndBlockSize(t *testing.T) {
 			t.Fatalf("got %v", got)
 		}
 	})
+}
+
+// TestIngestorDecodesTokenIDsWhileNeeded: an engine's batches are decoded with their token IDs
+// until its hashes are known to be the router's, and always for an engine re-keyed from them;
+// once verified, its batches are decoded without them (events.Decoder.SkipTokenIDs), which
+// still refuses a malformed token list.
+func TestIngestorDecodesTokenIDsWhileNeeded(t *testing.T) {
+	x := kvtest.NewIndex(t, 4, 1<<16)
+	kvtest.Register(t, x, "s", 1, 16)
+	kvtest.Register(t, x, "v", 1, 16)
+	prompt := kvtest.SeqTokens(1<<31, 320)
+	rh := hashing.AppendBlockHashes(nil, prompt, 16)
+	eh := engineHashes(1, 20)
+	encode := func(evs ...events.Event) []byte {
+		p, err := events.AppendEventBatch(nil, &events.EventBatch{Events: evs}, events.ShapeArray)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	sg, vl := NewIngestor(x, "s", false, nil), NewIngestor(x, "v", false, nil)
+	for _, step := range []struct {
+		ing     *Ingestor
+		payload []byte
+	}{
+		{sg, encode(stored(rh[:10], 0, prompt[:160], 16, events.MediumGPU))},
+		{sg, encode(stored(rh[10:], rh[9], prompt[160:], 16, events.MediumGPU))},
+		{vl, encode(stored(eh[:10], 0, prompt[:160], 16, events.MediumGPU))},
+		{vl, encode(stored(eh[10:], eh[9], prompt[160:], 16, events.MediumGPU))},
+	} {
+		if _, err := step.ing.Apply(step.payload, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !sg.ap.verified || sg.ap.needsTokens() || !vl.ap.rekey || !vl.ap.needsTokens() {
+		t.Fatalf("sglang verified %t, needs tokens %t; vllm rekey %t, needs tokens %t",
+			sg.ap.verified, sg.ap.needsTokens(), vl.ap.rekey, vl.ap.needsTokens())
+	}
+	if got := kvtest.Lookup(t, x, "m", prompt); got["s"] != 320 || got["v"] != 320 {
+		t.Fatalf("lookup %v, want both engines holding all 320 tokens", got)
+	}
+	// A verified engine's batch with a negative token ID is still refused, and changes nothing.
+	bad := encode(stored(rh[:1], 0, []uint32{1, 2}, 16, events.MediumGPU))
+	i := bytes.LastIndex(bad, []byte{0x92, 0x01, 0x02})
+	if i < 0 {
+		t.Fatalf("token list not found in % x", bad)
+	}
+	bad[i+2] = 0xff // -1
+	if _, err := sg.Apply(bad, 0); !errors.Is(err, events.ErrMalformed) {
+		t.Fatalf("err = %v, want ErrMalformed", err)
+	}
 }

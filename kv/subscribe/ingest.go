@@ -34,6 +34,7 @@ func NewIngestor(x *index.Index, worker string, rekey bool, log *slog.Logger) *I
 // rank wins). It returns the number of events applied; a malformed payload is an error
 // wrapping ErrMalformed and changes nothing.
 func (g *Ingestor) Apply(payload []byte, rank int) (int, error) {
+	g.dec.SkipTokenIDs = !g.ap.needsTokens()
 	if err := g.dec.Decode(payload, &g.batch); err != nil {
 		g.ap.m.BatchesMalformed.Inc()
 		return 0, err

@@ -157,6 +157,7 @@ func (s *rankSub) handle(ctx context.Context, frames [][]byte) bool {
 func (s *rankSub) applyPayload(seq uint64, payload []byte) {
 	s.seq.advance(seq)
 	s.lastSeq.Store(seq)
+	s.dec.SkipTokenIDs = !s.ap.needsTokens()
 	if err := s.dec.Decode(payload, &s.batch); err != nil {
 		s.malformed(err)
 		s.clear(kv.ClearGap)
