@@ -3,7 +3,9 @@
 // msgpack as tagged arrays or tagged maps (Encoder, AppendEventBatch) and decoded from either
 // shape by a hand-written, allocation-free msgpack reader (Decoder, DecodeEventBatch) that
 // takes every variant INTEROP.md lists, enforces the per-event caps (MaxHashesPerEvent,
-// MaxTokensPerEvent) and never panics: bad input is an error wrapping ErrMalformed. Medium
+// MaxTokensPerEvent) and never panics: bad input is an error wrapping ErrMalformed. Token IDs
+// and block hashes in their common encodings are read in a loop of their own; a consumer that
+// does not need the token IDs sets Decoder.SkipTokenIDs (they are checked, not kept). Medium
 // names a block's storage tier as engines report it.
 //
 // An Encoder and a Decoder each reuse their buffers and belong to one goroutine at a time;

@@ -12,8 +12,10 @@
 //
 // The applier (apply.go) keys a worker's events by the engine's hashes once a first block
 // without a parent proves them to be the router's (or WorkerSpec.HashScheme declares it),
-// and otherwise re-keys them from their token IDs (vLLM-style engines). Ingestor applies raw
-// payloads without a transport.
+// and otherwise re-keys them from their token IDs (vLLM-style engines). Once a worker's
+// hashes are the router's, its batches (on a per-rank subscription or an Ingestor) are decoded
+// without their token IDs (events.Decoder.SkipTokenIDs). Ingestor applies raw payloads
+// without a transport.
 //
 // Concurrency: Manager is safe for concurrent use; cancel the context of Manager.Run and wait
 // for it (it closes every socket it opened). An Ingestor belongs to one goroutine.
