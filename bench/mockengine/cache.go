@@ -8,6 +8,7 @@ type page struct {
 	refs       int
 	prev, next *page // the LRU list of unreferenced pages, when listed
 	listed     bool
+	released   int64 // pageCache.now when last listed
 }
 
 // pageCache is a paged prefix cache: a tree of pages keyed by their chained block hashes.
@@ -20,9 +21,10 @@ type page struct {
 type pageCache struct {
 	pageSize  int
 	pages     map[int64]*page
-	lru       page // sentinel: lru.next is the front (oldest)
-	tokens    int  // tokens of every page in the tree
-	evictable int  // tokens of unreferenced pages
+	lru       page  // sentinel: lru.next is the front (oldest)
+	tokens    int   // tokens of every page in the tree
+	evictable int   // tokens of unreferenced pages
+	now       int64 // the owner's time, stamped on a page when it is listed (the simulation's; 0 on an engine)
 }
 
 func newPageCache(pageSize int) *pageCache {
@@ -83,6 +85,7 @@ func (c *pageCache) unref(p *page) {
 
 func (c *pageCache) list(p *page) {
 	p.prev, p.next = c.lru.prev, &c.lru
+	p.released = c.now
 	c.lru.prev.next = p
 	c.lru.prev = p
 	p.listed = true

@@ -133,6 +133,19 @@ func (v EngineView) Started(now time.Duration) time.Duration {
 	return d - (e.stepEnd - now)
 }
 
+// VictimAge is the time since the page the engine would evict first was released; -1 when
+// nothing is evictable.
+func (v EngineView) VictimAge(now time.Duration) time.Duration {
+	p := v.e.cache.lru.next
+	if p == &v.e.cache.lru {
+		return -1
+	}
+	return now - time.Duration(p.released)
+}
+
+// Free is the tokens the engine can take without evicting.
+func (v EngineView) Free() int { return v.e.cfg.CacheTokens - v.e.cache.tokens - v.e.reserved }
+
 // Running is the requests admitted (being prefilled or decoding).
 func (v EngineView) Running() int { return len(v.e.running) }
 
@@ -294,6 +307,7 @@ func (e *simEngine) tokens(r *SimRequest, n int) int {
 // submit queues request i arriving at now, and starts a step when the engine is idle.
 func (e *simEngine) submit(i int, now time.Duration) {
 	r := &e.fleet.reqs[i]
+	e.cache.now = int64(now)
 	s := &simSeq{req: i, r: r, arrived: now, state: stWaiting}
 	s.estUncached = r.PromptTokens - e.tokens(r, e.cache.match(r.Hashes))
 	e.waiting = append(e.waiting, s)
@@ -336,6 +350,7 @@ func (e *simEngine) iterate(now time.Duration) {
 // endStep completes the step in progress at its end and starts the next.
 func (e *simEngine) endStep() {
 	now := e.stepEnd
+	e.cache.now = int64(now)
 	if e.prefilling {
 		for _, s := range e.batch {
 			e.insertPrompt(s)

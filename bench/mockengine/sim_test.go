@@ -159,6 +159,34 @@ func TestSimulateHolderBacklog(t *testing.T) {
 	}
 }
 
+// TestSimulateEvictionView: at the third request's arrival (100 ms), engine 0's least
+// recently used page is one of the first prompt's, released when its prefill ended (55 ms),
+// and its free KV is its capacity less that prompt's 62 cached pages and the reservation of
+// the second (2,000 prompt tokens and 1 output token); engine 1 has nothing to evict.
+func TestSimulateEvictionView(t *testing.T) {
+	const ps = 16
+	c := simCosts
+	var age [2]time.Duration
+	var free [2]int
+	place := PlaceFunc(func(i int, now time.Duration, _ *SimRequest, fleet []EngineView) int {
+		if i == 2 {
+			for k, v := range fleet {
+				age[k], free[k] = v.VictimAge(now), v.Free()
+			}
+			return 1
+		}
+		return 0
+	})
+	_, err := Simulate(SimConfig{Engines: 2, Engine: Config{PageSize: ps, CacheTokens: 8192, Costs: &c}},
+		[]SimRequest{simReq(ids(1, 1000), 0, 1, ps), simReq(ids(5000, 2000), 60, 1, ps), simReq(ids(9000, 100), 100, 1, ps)}, place)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if age != [2]time.Duration{45 * time.Millisecond, -1} || free != [2]int{8192 - 62*ps - 2001, 8192} {
+		t.Errorf("victim ages %v, free %v; want [45ms -1], [%d 8192]", age, free, 8192-62*ps-2001)
+	}
+}
+
 func TestSimulateRejects(t *testing.T) {
 	ok := simReq(ids(1, 100), 0, 1, 16)
 	cases := map[string]struct {
