@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"switchyard/kv"
 	"switchyard/kv/events"
@@ -69,7 +70,11 @@ func drop(t testing.TB, x *Index, id OwnerID, hashes []int64, tiers Tiers) {
 func lookup(t testing.TB, x *Index, model string, tokens []uint32) map[string]int64 {
 	t.Helper()
 	var l kv.Lookup
-	if err := x.Lookup(context.Background(), model, tokens, &l); err != nil {
+	// A deadline of its own: the index's default (100 ms) is not what these tests check, and
+	// a loaded machine can take longer (a lookup falling back to the host, say).
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := x.Lookup(ctx, model, tokens, &l); err != nil {
 		t.Fatal(err)
 	}
 	if !slices.IsSortedFunc(l.Matches, func(a, b kv.Match) int { return compareStrings(a.Worker, b.Worker) }) {
