@@ -15,8 +15,9 @@
 // aliasing it, to another goroutine. Everything that waits on I/O (tokenization, a remote
 // prefix lookup) happens in the handler before a pick. A stream, once it has its first
 // event, takes its client connection over from fasthttp and is relayed on one fresh
-// goroutine, which then serves the connection's next requests (fasthttp's ServeConn) or
-// closes it; the relay owns only copies, and its waits are read deadlines on the engine
+// goroutine, which then waits for the connection's next request and hands the connection
+// to a warm goroutine (resume.go: fasthttp's ServeConn) or closes it; the relay owns only
+// copies, and its waits are read deadlines on the engine
 // connection (stream.go). A PD request's prefill runs on its own goroutine, tracked by the
 // Server. Client connections
 // come through a listener wrapper (conns.go) whose table is behind one mutex taken per
