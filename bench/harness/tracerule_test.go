@@ -183,7 +183,7 @@ func goneShare(orc, out []mockengine.SimOutcome) float64 {
 	for i := range out {
 		want, at := orc[i].Cached, &out[i]
 		total += want
-		if at.Cached < want && at.Held <= at.Cached && at.HeldCached <= at.Cached {
+		if lossOf(want, at.Cached, at) == lossGone {
 			gone += want - at.Cached
 		}
 	}

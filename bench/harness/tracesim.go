@@ -126,24 +126,54 @@ func (s *traceSim) loss(m *loadgen.Measurement, workers []string, d *decisionLog
 		}
 		want, got, at := orc[i].Cached, r.CachedTokens, out[i]
 		l.OracleCached += int64(want)
-		switch {
-		case got > want:
+		switch lossOf(want, got, &at) {
+		case lossGained:
 			add(&l.Gained, got-want)
-		case got == want:
-		case at.OnEngine > got:
+		case lossOnHolder:
 			add(&l.OnHolder, want-got)
-		case at.HeldCached > got:
+		case lossElsewhere:
 			add(&l.Elsewhere, want-got)
 			left.add(d.take(s.keys[i], r.Worker), want-got, &at)
-		case at.Held > got:
+		case lossQueued:
 			add(&l.Queued, want-got)
 			left.add(d.take(s.keys[i], r.Worker), want-got, &at)
-		default:
+		case lossGone:
 			add(&l.Gone, want-got)
 		}
 	}
 	l.Left = left.result()
 	return l, nil
+}
+
+// loss is the class of a request's cached tokens against the oracle's (report.HitLoss).
+type loss uint8
+
+const (
+	lossNone      loss = iota // as many as the oracle's
+	lossGained                // more than the oracle's
+	lossOnHolder              // fewer, though the engine it went to held more (host timing)
+	lossElsewhere             // fewer: another engine held more when it arrived
+	lossQueued                // fewer: another engine was about to hold more (its prefill queued)
+	lossGone                  // fewer: no engine held more (evicted under the placement)
+)
+
+// lossOf classes a request that got got cached tokens where the oracle's placement got
+// want, at its outcome in the simulation of the placement it was given.
+func lossOf(want, got int, at *mockengine.SimOutcome) loss {
+	switch {
+	case got > want:
+		return lossGained
+	case got == want:
+		return lossNone
+	case at.OnEngine > got:
+		return lossOnHolder
+	case at.HeldCached > got:
+		return lossElsewhere
+	case at.Held > got:
+		return lossQueued
+	default:
+		return lossGone
+	}
 }
 
 func add(c *report.LossClass, tokens int) {
