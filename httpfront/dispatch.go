@@ -180,6 +180,9 @@ type outcome struct {
 	async bool
 	// keep: the exchange must not be reused (an actor may still read it).
 	keep bool
+	// end is the Server's clock at the answer when the dispatch read it (a buffered answer's
+	// first token): the request's end, one reading for both. Zero: not read.
+	end time.Time
 	// ticket holds the request's concurrency slots; a stream relay releases it (async).
 	ticket flow.Ticket
 }
@@ -200,7 +203,11 @@ func (s *Server) inference(ctx *fasthttp.RequestCtx, kind routeKind) {
 		ex.tr.endRequest(o.status)
 		o.ticket.Release()
 		rm.response(o.status).Inc()
-		rm.duration.Update(since(start, s.now()))
+		end := o.end
+		if end.IsZero() {
+			end = s.now()
+		}
+		rm.duration.Update(since(start, end))
 		s.metrics.inflight.Add(-1)
 	}
 	s.budget.release(ex.held)
@@ -439,7 +446,9 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 			o, failed = d.plain(ex, o)
 		}
 		if !o.async {
-			holds.release(s.opts.Now()) // a stream's relay releases them when it ends
+			if holds.any() {
+				holds.release(s.opts.Now()) // a stream's relay releases them when it ends
+			}
 			ex.tr.endDispatch(o.status, failed)
 		}
 		if failed == nil {
@@ -778,8 +787,10 @@ func (d *dispatch) plain(ex *exchange, o outcome) (outcome, *failedAnswer) {
 	}
 	fasthttp.ReleaseResponse(resp)
 	if !d.facts.stream {
-		// The first token came with the answer at the latest (FirstTokenAt).
-		guard.FirstToken(s.now())
+		// The first token came with the answer at the latest (FirstTokenAt); the reading is
+		// also the request's end.
+		o.end = s.now()
+		guard.FirstToken(o.end)
 	}
 	guard.Release()
 	ticket.Done(verdict)

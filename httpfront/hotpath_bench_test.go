@@ -187,6 +187,12 @@ func servePlainChat(b testing.TB, abort bool) (client *fasthttp.HostClient, uri 
 // servePlainChatWith is servePlainChat with a Server configured by the defaults, then by set
 // (nil: none).
 func servePlainChatWith(b testing.TB, set func(cfg *config.Config)) (client *fasthttp.HostClient, uri string, body []byte) {
+	return servePlainChatOpts(b, set, Options{})
+}
+
+// servePlainChatOpts is servePlainChatWith with opts for the Server (startup checks and
+// telemetry always off).
+func servePlainChatOpts(b testing.TB, set func(cfg *config.Config), opts Options) (client *fasthttp.HostClient, uri string, body []byte) {
 	answer := []byte(`{"id":"c1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`)
 	engineAddr := loopbench.Engine(b, answer)
 
@@ -200,7 +206,8 @@ func servePlainChatWith(b testing.TB, set func(cfg *config.Config)) (client *fas
 	if err := cfg.Validate(); err != nil {
 		b.Fatal(err)
 	}
-	s, err := New(cfg, Options{SkipStartupChecks: true, NoTelemetry: true})
+	opts.SkipStartupChecks, opts.NoTelemetry = true, true
+	s, err := New(cfg, opts)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -291,5 +292,39 @@ func TestWatchAfterWatch(t *testing.T) {
 	case <-w.Gone():
 	case <-time.After(10 * time.Second):
 		t.Fatal("the second watch did not see the client leave")
+	}
+}
+
+// TestPlainChatClockReads: a small non-streamed request reads the Server's clock twice, at
+// its start and at its answer (the answer's reading ends the load guard's prefill and the
+// request's duration alike); a request without LoRA adapter holds reads none for them.
+func TestPlainChatClockReads(t *testing.T) {
+	var reads atomic.Int64
+	now := func() time.Time {
+		reads.Add(1)
+		return time.Now()
+	}
+	client, uri, body := servePlainChatOpts(t, nil, Options{Now: now})
+	req := fasthttp.AcquireRequest()
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	const requests = 20
+	var before int64
+	for i := range requests + 1 {
+		if i == 1 {
+			before = reads.Load() // the first request's reads include the Server's first ones
+		}
+		req.Reset()
+		req.SetRequestURI(uri)
+		req.Header.SetMethod(fasthttp.MethodPost)
+		req.SetBodyRaw(body)
+		if err := client.Do(req, resp); err != nil || resp.StatusCode() != fasthttp.StatusOK {
+			t.Fatalf("request %d: %v, status %d", i, err, resp.StatusCode())
+		}
+	}
+	// A janitor tick (every DefaultJanitorInterval) may add one reading.
+	if n := float64(reads.Load()-before) / requests; n > 2.25 {
+		t.Errorf("%.2f clock readings per request, want 2 (start and answer)", n)
 	}
 }

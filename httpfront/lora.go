@@ -156,6 +156,9 @@ func holdAdapter(adapter string, pick *engine.BucketPick, now time.Time) (h adap
 	return h, nil
 }
 
+// any reports whether h holds an adapter on some engine.
+func (h *adapterHolds) any() bool { return *h != adapterHolds{} }
+
 // release ends the holds at now.
 func (h *adapterHolds) release(now time.Time) {
 	for i := range h {

@@ -197,19 +197,38 @@ func (g *Guard) FirstTokenAt(at time.Time) bool {
 		return false
 	}
 	c := g.c
-	for range 2 {
-		for i := range c.due {
-			e := &c.due[i]
-			if e.g.Load() == nil && e.g.CompareAndSwap(nil, g) {
+	if ok, ended := c.registerDue(g, ns); ok || !ended {
+		// Registered, or full of requests still waiting for their first token: settling
+		// would free nothing (under load, with dueSlots such requests, each later one ends
+		// here after one scan).
+		return ok
+	}
+	// Full: free the entries of requests that ended, then look once more.
+	c.settle(math.MinInt64)
+	ok, _ := c.registerDue(g, ns)
+	return ok
+}
+
+// registerDue puts g, expected at ns, in a free entry of c.due; when none is free, ended
+// reports whether an entry holds a request that no longer waits for its first token (one
+// settle frees).
+func (c *Counters) registerDue(g *Guard, ns int64) (ok, ended bool) {
+	for i := range c.due {
+		e := &c.due[i]
+		h := e.g.Load()
+		if h == nil {
+			if e.g.CompareAndSwap(nil, g) {
 				e.at.Store(ns)
 				storeEarlier(&c.dueNext, ns)
-				return true
+				return true, false
 			}
+			continue
 		}
-		// Full: free the entries of requests that ended, then look once more.
-		c.settle(math.MinInt64)
+		if h.state.Load()&guardPrefill == 0 {
+			ended = true
+		}
 	}
-	return false
+	return false, ended
 }
 
 // claim marks the guard released and gives its pending-prefill slot back if it still held
