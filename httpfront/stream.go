@@ -64,8 +64,8 @@ var errClientWrite = errors.New("the client left during the stream")
 // connection serves the client's next requests (fasthttp's ServeConn, the bytes the client
 // pipelined first) or closes. There is no goroutine, channel or timer of the stream's own
 // besides the one goroutine, and no hand-off per chunk: a held idle stream costs that
-// goroutine (its stack shallow: it started fresh), the engine connection's buffer, the
-// relay's read buffer and this struct.
+// goroutine (its stack shallow: it started fresh), the relay's read buffer (the engine
+// connection's reads go straight into it) and this struct.
 //
 // The stream's waits are read deadlines on the engine connection (fleet.Stream.Pace): the
 // next heartbeat, server.stream_idle_timeout and the request's deadline, whichever comes
@@ -612,10 +612,11 @@ func (r *relay) Read(p []byte) (int, error) {
 }
 
 // readBytes is the size of a relay's read buffer, which a stream holds while it waits for
-// the engine (the read that waits has it): an engine's events come one or a few per chunk,
-// each read returns one chunk at most, and the bytes were read from the socket into the
-// engine connection's buffer. A longer event takes more reads.
-const readBytes = 1 << 10
+// the engine (the read that waits has it): the engine connection is read straight into it
+// (fleet's streamed body holds no buffer of its own once the bytes read with the headers
+// are out), and one read takes every chunk the connection has brought, their framing
+// removed in place. A longer event takes more reads.
+const readBytes = 4 << 10
 
 // readBufs pools the relays' read buffers (*[]byte of capacity readBytes).
 var readBufs = sync.Pool{New: func() any { b := make([]byte, 0, readBytes); return &b }}

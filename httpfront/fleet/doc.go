@@ -3,7 +3,9 @@
 // its one introspection (Introspect: /server_info with load.Fetch, decoded by DecodeInfo),
 // its LoRA adapter list, active health checks, circuit breaker (Member.Admit), upstream HTTP
 // client (Upstream, with lazily moved deadlines: LazyDeadline; a streamed response's reads
-// paced by its connection's read deadline and interruptible from any goroutine: Stream),
+// paced by its connection's read deadline and interruptible from any goroutine: Stream;
+// its chunked body decoded below fasthttp's client, straight into the reader's buffer:
+// streamTransport, streamBody, chunkDecoder),
 // telemetry and KV-event subscriptions; and Kubernetes discovery (Kubernetes). Failures are *Error values whose Kind
 // says whether the engine or the router is answerable. docs/architecture.md ("httpfront/fleet
 // in detail") says what each part does.
@@ -16,7 +18,9 @@
 // Clock's timer. Upstream is safe for concurrent use. Kubernetes discovery's informer only
 // queues pod keys; a few reconciler goroutines (never two for one pod) call the Sink.
 //
-// What a caller must release: every Ticket from Admit must be ended with Done, on every path.
+// What a caller must release: every Ticket from Admit must be ended with Done, on every path;
+// a streamed response's body stream must be closed (Response.CloseBodyStream or
+// ReleaseResponse), which gives its connection back to the pool or closes it.
 // Stop ends the health loops, timers and telemetry and waits for them; CloseConnections closes
 // every live upstream connection and InterruptStreams the connections read under
 // Stream.Pace (a drain's hard stop). Kubernetes.Run returns when its

@@ -160,7 +160,8 @@ func newUpstream(t *transport, hostPort, serverName string, isTLS bool, own *tls
 		ReadBufferSize:                4 << 10,
 		WriteBufferSize:               16 << 10,
 		DialTimeout:                   u.dialer(t.set.ResponseHeaderTimeout),
-		RetryIfErr:                    never, // Do retries a stale connection itself
+		RetryIfErr:                    never,             // Do retries a stale connection itself
+		Transport:                     streamTransport{}, // streamed answers decoded by streamBody
 	}
 	u.probe = &fasthttp.HostClient{
 		Addr:                     hostPort,
