@@ -16,10 +16,13 @@ const chunkBlocks = firstWave
 // hashCache remembers the block hashes of recently hashed prompt chunks, so that a prompt
 // sharing a prefix with an earlier one (a conversation's next turn, a common system prompt)
 // is not hashed with SHA-256 again. A chunk is chunkBlocks whole blocks aligned on a multiple
-// of chunkBlocks from the prompt's start. Its key is a 128-bit keyed hash (hash/maphash,
-// random seeds per process) chained over the chunks before it, so it names the whole prefix
-// up to the chunk, and the block size; finding a chunk costs two passes of maphash over its
-// tokens, several times cheaper than its SHA-256 chain.
+// of chunkBlocks from the prompt's start. Its key is 128 bits chained over the chunks before
+// it, so it names the whole prefix up to the chunk, and the block size: one pass of a keyed
+// hash (hash/maphash, random seeds per process) over the chunk's tokens, then each half of
+// the key mixes that, the previous chunk's key and the block size under a seed of its own.
+// Finding a chunk costs one pass of maphash over its tokens, many times cheaper than its
+// SHA-256 chain. Two different chunks after the same prefix get the same key only when their
+// 64-bit keyed token hashes collide (about 2^-64 for a pair, and the seeds are secret).
 //
 // Each key has two candidate slots (one per half of the key): a lookup reads both, an insert
 // takes an empty one or else replaces one chosen by the key, so two hot prefixes whose keys
@@ -63,9 +66,9 @@ func newHashCache(chunks int, m *kv.Metrics) *hashCache {
 // prefix whose key is prev (the zero key for the first chunk).
 func (c *hashCache) key(prev chunkKey, blockSize int, tokens []uint32) chunkKey {
 	b := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(tokens))), 4*len(tokens))
+	body := maphash.Bytes(c.seeds[0], b)
 	var k chunkKey
 	for i, seed := range c.seeds {
-		body := maphash.Bytes(seed, b)
 		k[i] = maphash.Comparable(seed, [4]uint64{prev[0], prev[1], body, uint64(blockSize)})
 	}
 	return k

@@ -216,3 +216,14 @@ func cpuTime(b *testing.B) time.Duration {
 func reportCPU(b *testing.B, start time.Duration) {
 	b.ReportMetric(float64(cpuTime(b)-start)/float64(b.N), "cpu-ns/op")
 }
+
+// BenchmarkHashCacheKey: the key of one chunk of 16-token blocks (1,024 tokens), what a
+// lookup pays per chunk to find its hashes in the cache.
+func BenchmarkHashCacheKey(b *testing.B) {
+	c := newHashCache(16, nil)
+	tokens := seqTokens(0, chunkBlocks*16)
+	var k chunkKey
+	for b.Loop() {
+		k = c.key(k, 16, tokens)
+	}
+}
