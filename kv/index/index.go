@@ -266,12 +266,12 @@ func (x *Index) NewWriter() *Writer {
 
 // Store queues: owner (at epoch) holds block h in tiers t.
 func (w *Writer) Store(owner OwnerID, epoch uint32, h int64, t Tiers) {
-	w.add(ShardOp{Hash: h, Owner: owner, Epoch: epoch, Tiers: t})
+	w.add(ShardOp{Hash: h, Owner: opOwner(owner), Epoch: epoch, Tiers: t})
 }
 
 // Remove queues: owner (at epoch) no longer holds block h in tiers t.
 func (w *Writer) Remove(owner OwnerID, epoch uint32, h int64, t Tiers) {
-	w.add(ShardOp{Hash: h, Owner: owner, Epoch: epoch, Tiers: t, Remove: true})
+	w.add(ShardOp{Hash: h, Owner: opOwner(owner), Epoch: epoch, Tiers: t, Remove: true})
 }
 
 func (w *Writer) add(op ShardOp) {
@@ -315,7 +315,7 @@ func (w *Writer) send(i int) int {
 	}
 	w.dropped = w.dropped[:0]
 	for k := range b.Ops {
-		o := b.Ops[k].Owner
+		o := OwnerID(b.Ops[k].Owner)
 		if len(w.dropped) == 0 || w.dropped[len(w.dropped)-1] != o {
 			w.dropped = append(w.dropped, o)
 		}

@@ -82,10 +82,10 @@ func BenchmarkShardApply(b *testing.B) {
 					}
 					k := (i / 2) % n
 					if i%2 == 0 {
-						batch.Ops = append(batch.Ops, ShardOp{Hash: keys[k], Owner: ids[0], Epoch: owners.Epoch(ids[0]), Tiers: AllTiers, Remove: true})
+						batch.Ops = append(batch.Ops, ShardOp{Hash: keys[k], Owner: uint16(ids[0]), Epoch: owners.Epoch(ids[0]), Tiers: AllTiers, Remove: true})
 					} else {
 						keys[k] ^= 0x5555
-						batch.Ops = append(batch.Ops, ShardOp{Hash: keys[k], Owner: ids[0], Epoch: owners.Epoch(ids[0]), Tiers: TierGPU})
+						batch.Ops = append(batch.Ops, ShardOp{Hash: keys[k], Owner: uint16(ids[0]), Epoch: owners.Epoch(ids[0]), Tiers: TierGPU})
 					}
 					if i++; i%batchOps == 0 {
 						s.Apply(batch)
@@ -107,7 +107,7 @@ func residentShard(n int) (*Shard, []OwnerID, []int64) {
 	batch := &ShardBatch{}
 	for i := range keys {
 		keys[i] = int64(rng.Uint64())
-		batch.Ops = append(batch.Ops, ShardOp{Hash: keys[i], Owner: ids[0], Epoch: owners.Epoch(ids[0]), Tiers: TierGPU})
+		batch.Ops = append(batch.Ops, ShardOp{Hash: keys[i], Owner: uint16(ids[0]), Epoch: owners.Epoch(ids[0]), Tiers: TierGPU})
 	}
 	s.Apply(batch)
 	return s, ids, keys

@@ -306,7 +306,7 @@ func TestShardSpillAndPrune(t *testing.T) {
 	s := NewShard(owners, 10)
 	b := &ShardBatch{}
 	for _, id := range ids {
-		b.Ops = append(b.Ops, ShardOp{Hash: 42, Owner: id, Epoch: owners.Epoch(id), Tiers: TierGPU})
+		b.Ops = append(b.Ops, ShardOp{Hash: 42, Owner: uint16(id), Epoch: owners.Epoch(id), Tiers: TierGPU})
 	}
 	s.Apply(b)
 	if st := s.Stats(); st.Blocks != 1 || st.Spilled != 3 || st.SpillCap != 4 {
@@ -329,8 +329,8 @@ func TestShardSpillAndPrune(t *testing.T) {
 	}
 	// Removing the remaining owners deletes the block.
 	s.Apply(&ShardBatch{Ops: []ShardOp{
-		{Hash: 42, Owner: ids[1], Epoch: owners.Epoch(ids[1]), Tiers: AllTiers, Remove: true},
-		{Hash: 42, Owner: ids[3], Epoch: owners.Epoch(ids[3]), Tiers: AllTiers, Remove: true},
+		{Hash: 42, Owner: uint16(ids[1]), Epoch: owners.Epoch(ids[1]), Tiers: AllTiers, Remove: true},
+		{Hash: 42, Owner: uint16(ids[3]), Epoch: owners.Epoch(ids[3]), Tiers: AllTiers, Remove: true},
 	}})
 	if st := s.Stats(); st.Blocks != 0 || st.Spilled != 0 {
 		t.Fatalf("stats after removal %+v", st)

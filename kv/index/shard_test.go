@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"unsafe"
 )
 
 // TestShardAgainstModel runs random stores, removes, owner clears and prunes on a shard and
@@ -48,7 +49,7 @@ func TestShardAgainstModel(t *testing.T) {
 				if r.IntN(8) == 0 {
 					epoch-- // from before a clear: dropped
 				}
-				op := ShardOp{Hash: h, Owner: o, Epoch: epoch, Tiers: Tiers(1 + r.IntN(int(AllTiers))), Remove: r.IntN(3) == 0}
+				op := ShardOp{Hash: h, Owner: uint16(o), Epoch: epoch, Tiers: Tiers(1 + r.IntN(int(AllTiers))), Remove: r.IntN(3) == 0}
 				b.Ops = append(b.Ops, op)
 				if !owners.Valid(o, epoch) {
 					continue
@@ -121,9 +122,9 @@ func TestShardMatchStopsAtPrefixEnd(t *testing.T) {
 	s := NewShard(owners, 1000)
 	batch := &ShardBatch{}
 	for h := range int64(100) {
-		batch.Ops = append(batch.Ops, ShardOp{Hash: h, Owner: a[0], Epoch: owners.Epoch(a[0]), Tiers: TierGPU})
+		batch.Ops = append(batch.Ops, ShardOp{Hash: h, Owner: uint16(a[0]), Epoch: owners.Epoch(a[0]), Tiers: TierGPU})
 	}
-	batch.Ops = append(batch.Ops, ShardOp{Hash: 1000, Owner: b[0], Epoch: owners.Epoch(b[0]), Tiers: TierGPU})
+	batch.Ops = append(batch.Ops, ShardOp{Hash: 1000, Owner: uint16(b[0]), Epoch: owners.Epoch(b[0]), Tiers: TierGPU})
 	s.Apply(batch)
 	bits := make([]uint16, 8)
 	bits[a[0]] = 1 // b is not asked about
@@ -163,6 +164,27 @@ func TestEntryLayout(t *testing.T) {
 	}
 }
 
+// TestShardOpLayout: a block operation is 16 bytes, and an owner ID out of range is never
+// taken for the owner its low 16 bits name: its operations are stale and store nothing.
+func TestShardOpLayout(t *testing.T) {
+	if n := unsafe.Sizeof(ShardOp{}); n != 16 {
+		t.Fatalf("ShardOp is %d bytes, want 16", n)
+	}
+	x := newTestIndex(t, 1, 1<<10)
+	ids := register(t, x, "a", 1, 16)
+	if ids[0] != 1 {
+		t.Fatalf("first owner %d, want 1", ids[0])
+	}
+	w := x.NewWriter()
+	w.Store(ids[0]+MaxOwners, x.Owners().Epoch(ids[0]), 42, TierGPU)
+	if d := w.Flush(); d != 0 {
+		t.Fatalf("%d ops dropped", d)
+	}
+	if st := x.Stats(); st.Blocks != 0 || st.Stale != 1 {
+		t.Fatalf("%d blocks resident, %d stale operations: want 0 and 1", st.Blocks, st.Stale)
+	}
+}
+
 // TestLookupColdPromptProbesOneBlockPerShard: a prompt nobody holds costs each shard one
 // probe, not the first wave's 64.
 func TestLookupColdPromptProbesOneBlockPerShard(t *testing.T) {
@@ -196,7 +218,7 @@ func TestShardMemoryBytesMatchesHeap(t *testing.T) {
 		for range n {
 			h := int64(rng.Uint64())
 			for _, id := range ids {
-				b.Ops = append(b.Ops, ShardOp{Hash: h, Owner: id, Epoch: owners.Epoch(id), Tiers: TierGPU})
+				b.Ops = append(b.Ops, ShardOp{Hash: h, Owner: uint16(id), Epoch: owners.Epoch(id), Tiers: TierGPU})
 			}
 		}
 		var before, after runtime.MemStats
@@ -304,7 +326,7 @@ func TestShardConcurrentReadersAgainstModel(t *testing.T) {
 			if r.IntN(8) == 0 {
 				epoch-- // from before a clear: dropped
 			}
-			op := ShardOp{Hash: h, Owner: o, Epoch: epoch, Tiers: Tiers(1 + r.IntN(int(AllTiers))), Remove: r.IntN(3) == 0}
+			op := ShardOp{Hash: h, Owner: uint16(o), Epoch: epoch, Tiers: Tiers(1 + r.IntN(int(AllTiers))), Remove: r.IntN(3) == 0}
 			s.Apply(&ShardBatch{Ops: []ShardOp{op}})
 			if r.IntN(500) == 0 {
 				s.Prune()
