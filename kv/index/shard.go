@@ -268,7 +268,7 @@ type shardView struct {
 	arena []uint64
 }
 
-func (v *shardView) home(h int64) uint64 { return (uint64(h) * hashMultiplier) >> v.shift }
+func (v *shardView) home(h int64) uint64 { return homeSlot(h, v.shift) }
 
 // find returns the slot holding h and its meta word; ok is false when the probe did not end
 // (a reader racing the writer: the read is retried).

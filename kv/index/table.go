@@ -5,7 +5,9 @@ import "sync/atomic"
 // blockTable is an open-addressing hash table of entries keyed by block hash: linear
 // probing over a power-of-two array, entries stored inline (one cache miss per lookup, not
 // a map probe and then a slab access), deletion by backward shift (no tombstones, so a
-// table with constant churn keeps short probe sequences). It grows by doubling past
+// table with constant churn keeps short probe sequences). A block's home is the first slot of
+// a cache line (homeSlot), so that a probe, and the shift after a removal, usually stay in
+// the one line the lookup's read-ahead loaded. It grows by doubling past
 // maxLoadNum/maxLoadDen occupancy and never shrinks.
 //
 // One goroutine writes the table (the shard's owner); readers may probe it at the same time
@@ -47,7 +49,16 @@ func newBlockTable(slots int, seqs *stripes) blockTable {
 }
 
 // home is h's preferred slot.
-func (t *blockTable) home(h int64) uint64 { return (uint64(h) * hashMultiplier) >> t.shift }
+func (t *blockTable) home(h int64) uint64 { return homeSlot(h, t.shift) }
+
+// homeSlot is the preferred slot of h in a table of 64-shift bits of slots: the first slot of
+// a cache line (slotsPerLine entries), so that a probe usually reads one line.
+func homeSlot(h int64, shift uint8) uint64 {
+	return (uint64(h) * hashMultiplier) >> shift &^ (slotsPerLine - 1)
+}
+
+// slotsPerLine is how many entries share a 64-byte cache line.
+const slotsPerLine = 4
 
 // find returns the slot holding h.
 func (t *blockTable) find(h int64) (uint32, bool) {

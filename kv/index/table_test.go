@@ -3,6 +3,7 @@ package index
 import (
 	"math/rand/v2"
 	"testing"
+	"unsafe"
 )
 
 // TestBlockTableAgainstMap checks inserts, finds and backward-shift removals against a Go
@@ -55,5 +56,54 @@ func TestBlockTableAgainstMap(t *testing.T) {
 				t.Fatalf("%d slots for %d entries", len(tab.slots), len(ref))
 			}
 		})
+	}
+}
+
+// TestBlockTableProbesStayInTheHomeLine: a block's home is the first slot of a cache line, so
+// that at the table's highest occupancy most blocks are found in the one line their probe
+// starts in (a home anywhere in the line leaves a block in the next line more often), and
+// the slot array starts on a line.
+func TestBlockTableProbesStayInTheHomeLine(t *testing.T) {
+	tab := newBlockTable(1<<16, new(stripes))
+	if p := uintptr(unsafe.Pointer(unsafe.SliceData(tab.slots))); p%64 != 0 {
+		t.Fatalf("slot array at %#x, not on a cache line", p)
+	}
+	r := rand.New(rand.NewPCG(3, 4))
+	keys := make([]int64, 0, len(tab.slots)*maxLoadNum/maxLoadDen)
+	for len(keys) < cap(keys) {
+		k := int64(r.Uint64())
+		if _, ok := tab.find(k); ok {
+			continue
+		}
+		tab.insert(k, newMeta(1, 1, TierGPU, entryLive))
+		keys = append(keys, k)
+	}
+	if len(tab.slots) != 1<<16 {
+		t.Fatalf("the table grew to %d slots", len(tab.slots))
+	}
+	// A held block is found, and a new block's probe ends at an empty slot, in the home line.
+	inLine, emptyInLine := 0, 0
+	for _, k := range keys {
+		idx, ok := tab.find(k)
+		if !ok {
+			t.Fatalf("key %d lost", k)
+		}
+		if uint64(idx)/slotsPerLine == tab.home(k)/slotsPerLine {
+			inLine++
+		}
+		absent := int64(r.Uint64())
+		i := tab.home(absent)
+		for tab.slots[i].load().live() {
+			i = (i + 1) & tab.mask
+		}
+		if i/slotsPerLine == tab.home(absent)/slotsPerLine {
+			emptyInLine++
+		}
+	}
+	// Measured at 70% occupancy: 89% of the held blocks and 60% of the new ones (homes
+	// anywhere in the line: 81% and 49%).
+	n := float64(len(keys))
+	if held, absent := float64(inLine)/n, float64(emptyInLine)/n; held < 0.86 || absent < 0.55 {
+		t.Fatalf("%.1f%% of the held blocks and %.1f%% of the new ones in their home line, want at least 86%% and 55%%", 100*held, 100*absent)
 	}
 }
