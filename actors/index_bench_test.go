@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
+	"runtime/metrics"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -302,6 +304,8 @@ func newIngestWorkload(b *testing.B, worker string, seed uint64) *ingestWorkload
 // stores and removes the shards applied), block-ops+lookups/s, and the process's CPU over the
 // measured phase, as cpu-cores (CPU seconds a second: 2 is both cores busy) and cpu-ns/op
 // (CPU per event or lookup), which a shared machine disturbs less than the rates.
+// idle-procs is how many of the Go scheduler's processors (GOMAXPROCS) had no goroutine to
+// run, on average: work that could not keep both cores busy, whatever else the machine runs.
 //
 // The index is filled once per sub-benchmark and kept across its runs (the testing package
 // runs a benchmark with b.N = 1 before the measured run, even with -benchtime Nx): the runs
@@ -376,6 +380,7 @@ func (st *ingestBench) run(b *testing.B) {
 		}
 		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	}
+	idle0 := idleProcs()
 	cpu0 := cpuTime()
 	start := time.Now()
 	b.RunParallel(func(pb *testing.PB) {
@@ -415,6 +420,7 @@ func (st *ingestBench) run(b *testing.B) {
 	drain(b, x, 16)
 	elapsed := time.Since(start).Seconds()
 	cpu := (cpuTime() - cpu0).Seconds()
+	idle := idleProcs() - idle0
 	if firstErr != nil {
 		b.Fatal(firstErr)
 	}
@@ -426,6 +432,7 @@ func (st *ingestBench) run(b *testing.B) {
 	b.ReportMetric(float64(events.Load()+lookups.Load())/elapsed, "ops/s")
 	b.ReportMetric((ops+float64(lookups.Load()))/elapsed, "block-ops+lookups/s")
 	b.ReportMetric(cpu/elapsed, "cpu-cores")
+	b.ReportMetric(idle/elapsed, "idle-procs")
 	if n := events.Load() + lookups.Load(); n > 0 {
 		b.ReportMetric(cpu*1e9/float64(n), "cpu-ns/op")
 	}
@@ -441,4 +448,13 @@ func (st *ingestBench) run(b *testing.B) {
 	if ok := lookups.Load() - lookupErrs.Load(); ok > 0 && hits.Load() < ok/2 {
 		b.Fatalf("only %d of %d lookups hit the hot prompts", hits.Load(), lookups.Load())
 	}
+}
+
+// idleProcs is the runtime's estimate of the processor time no goroutine used, in seconds,
+// as of a garbage collection it runs (the runtime updates its CPU classes at each one).
+func idleProcs() float64 {
+	runtime.GC()
+	m := []metrics.Sample{{Name: "/cpu/classes/idle:cpu-seconds"}}
+	metrics.Read(m)
+	return m[0].Value.Float64()
 }
