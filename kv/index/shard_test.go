@@ -221,19 +221,29 @@ func TestShardMemoryBytesMatchesHeap(t *testing.T) {
 				b.Ops = append(b.Ops, ShardOp{Hash: h, Owner: uint16(id), Epoch: owners.Epoch(id), Tiers: TierGPU})
 			}
 		}
-		var before, after runtime.MemStats
-		runtime.GC()
-		runtime.ReadMemStats(&before)
-		s := NewShard(owners, 2*n)
-		s.Apply(b)
-		runtime.GC()
-		runtime.ReadMemStats(&after)
-		heap := int64(after.HeapAlloc) - int64(before.HeapAlloc)
-		est := s.Stats().MemoryBytes()
+		// The heap is the whole process's: memory another goroutine of the run frees or
+		// allocates between the two readings (a previous test's actors winding down) moves
+		// it. A miss is measured again, up to three times; an estimate off by more than 3%
+		// misses every time.
+		var est, heap int64
+		for range 3 {
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			s := NewShard(owners, 2*n)
+			s.Apply(b)
+			runtime.GC()
+			runtime.ReadMemStats(&after)
+			heap = int64(after.HeapAlloc) - int64(before.HeapAlloc)
+			est = s.Stats().MemoryBytes()
+			runtime.KeepAlive(s)
+			if d := float64(est-heap) / float64(heap); d >= -0.03 && d <= 0.03 {
+				break
+			}
+		}
 		if d := float64(est-heap) / float64(heap); d < -0.03 || d > 0.03 {
 			t.Errorf("%d holders: estimate %.1f B per block, heap %.1f", holders, float64(est)/n, float64(heap)/n)
 		}
-		runtime.KeepAlive(s)
 		runtime.KeepAlive(b)
 	}
 }
