@@ -450,7 +450,8 @@ func (p *CacheAware) pickHolder(c []*Worker, req *PickRequest, pm PrefixMatcher,
 
 // pickByLatency is the latency decision: the candidate with the best score (latency.go):
 // its expected time to first token, each one's uncached tokens being the input less the
-// prefix it holds, less that prefix's prefill time once more. Scores within 10% of the best
+// prefix it holds, less that prefix's prefill time once more, times the fleet's hit weight
+// (weighHits). Scores within 10% of the best
 // expected time tie; a tie goes to the lower decode load, then the longer prefix, then the
 // lower in-flight, then the lower ID. Hard admission is checked once, on the winner; a
 // rejection is AdmissionRejected. pm is nil when the request has no usable lookup (miss
@@ -474,10 +475,11 @@ func (p *CacheAware) pickByLatency(c []*Worker, req *PickRequest, pm PrefixMatch
 		anyHolder = anyHolder || m > 0
 		o := observe(snap, w, now)
 		k := latencyOf(w, &o, max(input-m, 1), now)
-		k.credit = float64(m) // a hit counts twice: see latency.go
+		k.credit = float64(m) // weighed by the fleet (weighHits): see latency.go
 		keys = append(keys, k)
 		matched = append(matched, m)
 	}
+	weight := weighHits(keys, matched, input)
 	var timed bool
 	timed, p.rates = prepareKeys(keys, p.rates)
 	p.latency, p.matched = keys, matched
@@ -485,7 +487,7 @@ func (p *CacheAware) pickByLatency(c []*Worker, req *PickRequest, pm PrefixMatch
 	w := c[best]
 	limit := p.check(w, observe(snap, w, now))
 	if p.cfg.Observer != nil {
-		p.observeLatency(c, req, keys, matched, timed, best, limit)
+		p.observeLatency(c, req, keys, matched, timed, weight, best, limit)
 	}
 	if limit != "" {
 		return Pick{}, &PickError{Outcome: OutcomeAdmissionRejected, Stage: req.Stage, BucketID: req.BucketID,

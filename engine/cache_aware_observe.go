@@ -21,6 +21,9 @@ type LatencyDecision struct {
 	// Timed says the candidates were compared in seconds (every one had learned a prefill
 	// rate); otherwise in tokens, PerToken being 0.
 	Timed bool
+	// HitWeight is the fleet's hit weight the credits were multiplied by (weighHits):
+	// (n+1)/(n+1−b) for n candidates, b of them with prefill queued ahead; 1 when none.
+	HitWeight float64
 	// Ceiling is the largest score that tied with the best (the best score plus the slack
 	// of the fastest expected TTFT); among the candidates at or below it the tie order
 	// chose.
@@ -45,7 +48,8 @@ type LatencyCandidate struct {
 	// group's median within the rate band); 0 when compared in tokens.
 	PerToken float64
 	// TTFT is the expected time to first token (seconds; tokens when not timed); Score is
-	// TTFT less the hit's credit, the figure compared.
+	// TTFT less the hit's credit (the matched tokens' prefill times HitWeight), the figure
+	// compared.
 	TTFT, Score float64
 	// Decode is the decode load the request would join; InFlight the router's requests in
 	// flight there (the tie order).
@@ -65,7 +69,7 @@ func (c *LatencyCandidate) Queue() float64 {
 
 // observeLatency tells the observer of a latency pick: keys and matched are the decision's
 // candidates (c's order), best the index picked.
-func (p *CacheAware) observeLatency(c []*Worker, req *PickRequest, keys []latencyKey, matched []int64, timed bool, best int, limit string) {
+func (p *CacheAware) observeLatency(c []*Worker, req *PickRequest, keys []latencyKey, matched []int64, timed bool, weight float64, best int, limit string) {
 	d := &p.decision
 	d.Candidates = d.Candidates[:0]
 	for i := range keys {
@@ -79,6 +83,6 @@ func (p *CacheAware) observeLatency(c []*Worker, req *PickRequest, keys []latenc
 			PerToken: per, TTFT: k.ttft(timed), Score: k.score(timed), Decode: k.decode, InFlight: k.inflight,
 		})
 	}
-	d.Chosen, d.Timed, d.Ceiling, d.Rejected = best, timed, latencyCeiling(keys, timed), limit
+	d.Chosen, d.Timed, d.HitWeight, d.Ceiling, d.Rejected = best, timed, weight, latencyCeiling(keys, timed), limit
 	p.cfg.Observer.LatencyDecided(req, d)
 }

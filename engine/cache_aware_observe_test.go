@@ -18,8 +18,8 @@ func (l *decisionLog) LatencyDecided(_ *PickRequest, d *LatencyDecision) {
 
 // TestCacheAwareObserver: the observer sees each latency decision as the policy weighed it:
 // every candidate's prefix, uncached tokens, work ahead, expected TTFT and score, the tie
-// ceiling and the engine chosen, here a holder left because its queue costs more than twice
-// its hit (the record says so: its score is above the ceiling).
+// ceiling, the hit weight and the engine chosen, here a holder left because its queue
+// costs more than its weighted hit (the record says so: its score is above the ceiling).
 func TestCacheAwareObserver(t *testing.T) {
 	ws := sortedWorkers(t, 3)
 	tr := load.NewTracker()
@@ -52,8 +52,12 @@ func TestCacheAwareObserver(t *testing.T) {
 		t.Fatalf("holder %+v, want 1,000 matched, 1,000 uncached, 6,000 tokens of work, a learned cost", h)
 	}
 	near := func(a, b float64) bool { return math.Abs(a-b) <= 1e-9*math.Max(1, math.Abs(b)) }
-	if !near(h.TTFT, 6000*per) || !near(h.Score, 5000*per) || !near(h.Queue(), 5000*per) {
-		t.Errorf("holder TTFT %g score %g queue %g, want %g, %g, %g", h.TTFT, h.Score, h.Queue(), 6000*per, 5000*per, 5000*per)
+	// One of three engines busy: the hit weighs 4/3.
+	if !near(d.HitWeight, 4.0/3) {
+		t.Errorf("hit weight %g, want 4/3", d.HitWeight)
+	}
+	if !near(h.TTFT, 6000*per) || !near(h.Score, (6000-1000*4.0/3)*per) || !near(h.Queue(), 5000*per) {
+		t.Errorf("holder TTFT %g score %g queue %g, want %g, %g, %g", h.TTFT, h.Score, h.Queue(), 6000*per, (6000-1000*4.0/3)*per, 5000*per)
 	}
 	c := d.Candidates[0]
 	if c.Matched != 0 || c.Work != 2000 || !near(c.Score, 2000*per) || c.Queue() != 0 {
@@ -70,7 +74,7 @@ func TestCacheAwareObserver(t *testing.T) {
 	if _, err := p.Pick(ws2, cacheReq(3000, &fakePrefix{matched: map[string]int64{ws2[1].ID: 2048}})); err != nil {
 		t.Fatal(err)
 	}
-	if d := log.got[0]; d.Timed || d.Chosen != 1 || d.Candidates[1].PerToken != 0 || d.Candidates[1].Score != 3000-2*2048 {
+	if d := log.got[0]; d.Timed || d.Chosen != 1 || d.HitWeight != 1 || d.Candidates[1].PerToken != 0 || d.Candidates[1].Score != 3000-2*2048 {
 		t.Errorf("untimed decision %+v, want the holder chosen in tokens (score %d)", d, 3000-2*2048)
 	}
 }

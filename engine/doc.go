@@ -32,9 +32,9 @@
 // but worker IDs, so that router replicas agree.
 //
 // cache_aware's latency decision can tell a CacheAwareObserver (Deps.CacheAwareObserver) of
-// every pick: each candidate's prefix, work ahead, expected TTFT and score, the tie ceiling
-// and the engine chosen. It is a diagnostic seam (the bench records why requests left their
-// prefix's holder); without an observer a pick records nothing.
+// every pick: each candidate's prefix, work ahead, expected TTFT and score, the hit weight,
+// the tie ceiling and the engine chosen. It is a diagnostic seam (the bench records why
+// requests left their prefix's holder); without an observer a pick records nothing.
 //
 // Everything here is synchronous and deterministic for a given state and seed; nothing does
 // I/O. Anything that waits on the network (tokenization, remote prefix lookups) is resolved by

@@ -76,6 +76,36 @@ func TestFastest(t *testing.T) {
 	}
 }
 
+// TestWeighHits: a hit's credit is weighted by (n+1)/(n+1−b), b the candidates with
+// prefill queued ahead of the request (work beyond its own uncached tokens).
+func TestWeighHits(t *testing.T) {
+	const input = 1000
+	for _, tt := range []struct {
+		name string
+		work []float64 // each candidate's work; candidate 0 holds 600 tokens
+		want float64   // candidate 0's credit after weighing
+	}{
+		{name: "idle fleet: the hit counts once more", work: []float64{400, 1000, 1000}, want: 600},
+		{name: "the holder busy", work: []float64{900, 1000, 1000}, want: 600 * 4.0 / 3},
+		{name: "two of three busy", work: []float64{900, 1500, 1000}, want: 600 * 2},
+		{name: "every engine busy: n+1", work: []float64{900, 1500, 1001}, want: 600 * 4},
+		{name: "less than a token ahead is idle", work: []float64{400.5, 1000.9, 1000}, want: 600},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			keys := make([]latencyKey, len(tt.work))
+			matched := make([]int64, len(tt.work))
+			matched[0] = 600
+			for i, w := range tt.work {
+				keys[i] = latencyKey{work: w, credit: float64(matched[i])}
+			}
+			weighHits(keys, matched, input)
+			if keys[0].credit != tt.want || keys[1].credit != 0 {
+				t.Fatalf("credits %v, %v, want %v, 0", keys[0].credit, keys[1].credit, tt.want)
+			}
+		})
+	}
+}
+
 // TestLatencyFlatLine: an engine whose first tokens cost a flat 0.5 s (its learned line
 // mostly fixed part, a small slope) is slow, not fast: engines compare by the mean cost per
 // token of their lines.

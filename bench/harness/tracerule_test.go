@@ -1,8 +1,10 @@
 package harness
 
 import (
+	"cmp"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"os"
 	"slices"
 	"strings"
@@ -17,13 +19,15 @@ import (
 // the file; skipped without it) on the simulated engines of the trace scenario's default
 // run (1,500 requests, 8 engines, --time-scale 2.5) by cache_aware's latency rule with
 // perfect knowledge of each engine's cache and of the prompts queued there (what the index
-// and the dispatch memory give the router), with one to four credits for a hit beyond its
-// own prefill (one is the default), and with each engine's queue as the engine has it or as
-// the router sees it (queueView: the prompts being prefilled counted in full, or what is
-// left of them). It logs each one's hit rate against the holder placement and its TTFT, and
-// checks that the default rule keeps at least 97% of the holder placement's hits with the
+// and the dispatch memory give the router): a hit credited once beyond its own prefill (the
+// rule that weighs only the request's own TTFT), three times, and once times the fleet's
+// hit weight (the default), each with each engine's queue as the engine has it or as the
+// router sees it (queueView: the prompts being prefilled counted in full, or what is left of
+// them). It logs each one's hit rate against the holder placement and its TTFT, and checks
+// that the own-TTFT rule keeps at least 97% of the holder placement's hits with the
 // engines' queues, and more counting what is left of the prefill in progress than counting
-// it in full.
+// it in full. One run of one window swings by several points with the placement of a few
+// requests: TestTraceHitWeightSimulation compares the rules over many.
 func TestTraceDecisionRuleSimulation(t *testing.T) {
 	path := os.Getenv("SWITCHYARD_BENCH_TRACE")
 	if path == "" {
@@ -55,23 +59,188 @@ func TestTraceDecisionRuleSimulation(t *testing.T) {
 	perToken := o.Costs.PrefillPerToken.Seconds()
 	var got [3]float64
 	for view := range queueView(len(got)) {
-		for credit := 1; credit <= 4; credit++ {
-			hit, ttft := run(latencyRule(simRule{credit: float64(credit), view: view}, perToken))
+		for _, r := range simRules {
+			r.rule.view = view
+			hit, ttft := run(latencyRule(r.rule, perToken))
 			q := func(p float64) time.Duration { return ttft[int(p*float64(len(ttft)-1))] }
-			t.Logf("%s, %d credits: %.1f%% of the holder placement's hits; TTFT p50 %v p90 %v p99 %v",
-				view, credit, 100*hit/oracle, q(0.5).Round(time.Millisecond), q(0.9).Round(time.Millisecond), q(0.99).Round(time.Millisecond))
-			if credit == 1 {
+			t.Logf("%s, %s: %.1f%% of the holder placement's hits; TTFT p50 %v p90 %v p99 %v",
+				view, r.name, 100*hit/oracle, q(0.5).Round(time.Millisecond), q(0.9).Round(time.Millisecond), q(0.99).Round(time.Millisecond))
+			if r.rule == ownTTFTRule(view) {
 				got[view] = hit / oracle
 			}
 		}
 	}
 	if got[engineQueues] < 0.97 {
-		t.Errorf("the default rule with the engines' queues keeps %.1f%% of the holder placement's hits, want at least 97%%", 100*got[engineQueues])
+		t.Errorf("the own-TTFT rule with the engines' queues keeps %.1f%% of the holder placement's hits, want at least 97%%", 100*got[engineQueues])
 	}
 	if got[routerLeft] <= got[routerFull] {
-		t.Errorf("the default rule keeps %.1f%% of the holder placement's hits counting what is left of the prefill in progress, %.1f%% counting it in full: want more",
+		t.Errorf("the own-TTFT rule keeps %.1f%% of the holder placement's hits counting what is left of the prefill in progress, %.1f%% counting it in full: want more",
 			100*got[routerLeft], 100*got[routerFull])
 	}
+}
+
+// simRules are the latency rules the simulations compare: the own-TTFT rule (a hit
+// credited once beyond its own prefill, the default until the hit weight), a flat credit of
+// three, and the default (one credit times the fleet's hit weight).
+var simRules = []struct {
+	name string
+	rule simRule
+}{
+	{"own TTFT (1 credit)", simRule{credit: 1}},
+	{"3 credits", simRule{credit: 3}},
+	{"hit weight (default)", simRule{credit: 1, weigh: true}},
+}
+
+// ownTTFTRule is the rule that weighs a hit by the request's own TTFT alone, seeing queues
+// by view.
+func ownTTFTRule(view queueView) simRule { return simRule{credit: 1, view: view} }
+
+// TestTraceHitWeightSimulation compares the latency rules of simRules with the router's view
+// of the queues on the simulated engines of the trace scenario (SWITCHYARD_BENCH_TRACE;
+// skipped without it): seven windows of 1,500 requests of the trace (from requests 0, 400,
+// ..., 2,400), each sped up to offer the 8 engines 40%, 68% (the trace scenario's load) or
+// 85% of their prefill capacity, each replayed as recorded and with two seeds of arrival
+// jitter (up to 50 ms a request, the timing noise of a run), 21 runs a load. It logs, for
+// each rule and load, the share of the holder placement's hits (the mean over the runs, the
+// lowest, and the runs it wins and loses against the own-TTFT rule), the shares of the
+// holder placement's cached tokens lost to prefixes gone from every engine, lost away from
+// a holder (elsewhere or queued) and gained, the mean TTFT percentiles and the largest
+// request and prefill spreads. It checks that at 68% the default keeps at least 98% of
+// the holder placement's hits on the mean and at least a point more than the own-TTFT rule,
+// and that at 40% it keeps at least as many less a point.
+func TestTraceHitWeightSimulation(t *testing.T) {
+	path := os.Getenv("SWITCHYARD_BENCH_TRACE")
+	if path == "" {
+		t.Skip("SWITCHYARD_BENCH_TRACE names the trace to simulate")
+	}
+	const window, engines = 1500, 8
+	all, o := fullTraceSim(t, path, engines)
+	perToken := o.Costs.PrefillPerToken.Seconds()
+	type runs struct{ share, gone, away, gained, p50, p90, p99, spread, prefill []float64 }
+	for _, offered := range []float64{0.4, 0.68, 0.85} {
+		res := make([]runs, len(simRules))
+		for start := 0; start <= 2400; start += 400 {
+			for jitter := range uint64(3) {
+				sim, _ := all.window(t, &o, start, window, offered, jitter)
+				orc, err := sim.holder(window)
+				if err != nil {
+					t.Fatal(err)
+				}
+				held := sim.result(orc).HitRate
+				for ri, r := range simRules {
+					r.rule.view = routerLeft
+					out, err := mockengine.Simulate(sim.cfg, sim.reqs, latencyRule(r.rule, perToken))
+					if err != nil {
+						t.Fatal(err)
+					}
+					x := &res[ri]
+					x.share = append(x.share, sim.result(out).HitRate/held)
+					var lost [lossGone + 1]float64
+					var total float64
+					served, prefilled := make([]float64, engines), make([]float64, engines)
+					ttft := make([]time.Duration, 0, len(out))
+					for i := range out {
+						want, at := orc[i].Cached, &out[i]
+						total += float64(want)
+						lost[lossOf(want, at.Cached, at)] += math.Abs(float64(want - at.Cached))
+						served[at.Engine]++
+						prefilled[at.Engine] += float64(sim.reqs[i].PromptTokens - at.Cached)
+						ttft = append(ttft, at.FirstToken)
+					}
+					slices.Sort(ttft)
+					q := func(p float64) float64 { return ttft[int(p*float64(len(ttft)-1))].Seconds() }
+					x.gone = append(x.gone, lost[lossGone]/total)
+					x.away = append(x.away, (lost[lossElsewhere]+lost[lossQueued])/total)
+					x.gained = append(x.gained, lost[lossGained]/total)
+					x.p50, x.p90, x.p99 = append(x.p50, q(0.5)), append(x.p90, q(0.9)), append(x.p99, q(0.99))
+					x.spread = append(x.spread, slices.Max(served)/meanOf(served))
+					x.prefill = append(x.prefill, slices.Max(prefilled)/meanOf(prefilled))
+				}
+			}
+		}
+		for ri, r := range simRules {
+			x := &res[ri]
+			wins, losses := 0, 0
+			for i, s := range x.share {
+				switch d := s - res[0].share[i]; {
+				case d > 0.0005:
+					wins++
+				case d < -0.0005:
+					losses++
+				}
+			}
+			t.Logf("load %.0f%%, %s: %.1f%% of the holder placement's hits (lowest %.1f%%, %d wins, %d losses in %d runs); gone %.1f%%, away %.1f%%, gained %.1f%%; TTFT p50 %.0f p90 %.0f p99 %.0f ms; spread at most %.2f / %.2f",
+				100*offered, r.name, 100*meanOf(x.share), 100*slices.Min(x.share), wins, losses, len(x.share),
+				100*meanOf(x.gone), 100*meanOf(x.away), 100*meanOf(x.gained),
+				1000*meanOf(x.p50), 1000*meanOf(x.p90), 1000*meanOf(x.p99), slices.Max(x.spread), slices.Max(x.prefill))
+		}
+		own, def := meanOf(res[0].share), meanOf(res[len(res)-1].share)
+		switch offered {
+		case 0.68:
+			if def < 0.98 || def < own+0.01 {
+				t.Errorf("at 68%% load the default keeps %.1f%% of the holder placement's hits, the own-TTFT rule %.1f%%: want at least 98%% and a point more",
+					100*def, 100*own)
+			}
+		case 0.4:
+			if def < own-0.01 {
+				t.Errorf("at 40%% load the default keeps %.1f%% of the holder placement's hits, the own-TTFT rule %.1f%%: want at least as many less a point",
+					100*def, 100*own)
+			}
+		}
+	}
+}
+
+// fullTraceSim is the whole trace at path, at its recorded rate, on the given number of
+// simulated engines of the trace scenario, with the options it was read with.
+func fullTraceSim(t *testing.T, path string, engines int) (*traceSim, Options) {
+	t.Helper()
+	o := Options{Trace: path, Engines: engines, TimeScale: 1, Seed: 1}.withDefaults()
+	o.EngineCache = DefaultTraceEngineCache
+	wl, err := readTrace(&o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{opts: o, tok: tokenizer.NewSimple()}
+	all, err := h.newTraceSim(wl.Requests)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return all, o
+}
+
+// window is n requests of s from start, arriving from 0 at the speed that offers s's engines
+// the share offered of their prefill capacity (o's cost model, no cache hits), and the
+// factor by which their recorded arrivals were sped up; jitter > 0 delays each arrival by up
+// to 50 ms, seeded by jitter.
+func (s *traceSim) window(t *testing.T, o *Options, start, n int, offered float64, jitter uint64) (*traceSim, float64) {
+	t.Helper()
+	if len(s.reqs) < start+n {
+		t.Fatalf("the trace has %d requests, want at least %d", len(s.reqs), start+n)
+	}
+	reqs := slices.Clone(s.reqs[start : start+n])
+	first, work := reqs[0].At, 0.0
+	for i := range reqs {
+		reqs[i].At -= first
+		work += (o.Costs.PrefillOverhead + time.Duration(reqs[i].PromptTokens)*o.Costs.PrefillPerToken).Seconds()
+	}
+	scale := offered * float64(s.cfg.Engines) * reqs[n-1].At.Seconds() / work
+	rng := rand.New(rand.NewPCG(jitter, 0))
+	for i := range reqs {
+		reqs[i].At = time.Duration(float64(reqs[i].At) / scale)
+		if jitter > 0 {
+			reqs[i].At += time.Duration(rng.Int64N(int64(50 * time.Millisecond)))
+		}
+	}
+	slices.SortStableFunc(reqs, func(a, b mockengine.SimRequest) int { return cmp.Compare(a.At, b.At) })
+	return &traceSim{cfg: s.cfg, reqs: reqs, oracle: map[int][]mockengine.SimOutcome{}}, scale
+}
+
+func meanOf(xs []float64) float64 {
+	sum := 0.0
+	for _, x := range xs {
+		sum += x
+	}
+	return sum / float64(len(xs))
 }
 
 // queueView is how the simulated latency rule sees an engine's queue.
@@ -107,22 +276,9 @@ func TestTraceColdPlacementSimulation(t *testing.T) {
 		t.Skip("SWITCHYARD_BENCH_TRACE names the trace to simulate")
 	}
 	const window, engines = 1500, 8
-	o := Options{Trace: path, Engines: engines, TimeScale: 1, Seed: 1}.withDefaults()
-	o.EngineCache = DefaultTraceEngineCache
-	wl, err := readTrace(&o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := &harness{opts: o, tok: tokenizer.NewSimple()}
-	all, err := h.newTraceSim(wl.Requests)
-	if err != nil {
-		t.Fatal(err)
-	}
+	all, o := fullTraceSim(t, path, engines)
 	perToken := o.Costs.PrefillPerToken.Seconds()
 	starts := []int{0, 800, 1600, 2400}
-	if len(all.reqs) < starts[len(starts)-1]+window {
-		t.Fatalf("the trace has %d requests, want at least %d", len(all.reqs), starts[len(starts)-1]+window)
-	}
 	var defaultShare float64
 	for _, offered := range []float64{0.2, 0.68} {
 		for _, view := range []queueView{engineQueues, routerLeft} {
@@ -131,18 +287,7 @@ func TestTraceColdPlacementSimulation(t *testing.T) {
 			}
 			var mean [len(coldOrderNames)]float64
 			for _, start := range starts {
-				// The window's arrivals from 0, sped up to offer the load.
-				reqs := slices.Clone(all.reqs[start : start+window])
-				first, work := reqs[0].At, 0.0
-				for i := range reqs {
-					reqs[i].At -= first
-					work += (o.Costs.PrefillOverhead + time.Duration(reqs[i].PromptTokens)*o.Costs.PrefillPerToken).Seconds()
-				}
-				scale := offered * engines * reqs[window-1].At.Seconds() / work
-				for i := range reqs {
-					reqs[i].At = time.Duration(float64(reqs[i].At) / scale)
-				}
-				sim := &traceSim{cfg: all.cfg, reqs: reqs, oracle: map[int][]mockengine.SimOutcome{}}
+				sim, scale := all.window(t, &o, start, window, offered, 0)
 				orc, err := sim.holder(window)
 				if err != nil {
 					t.Fatal(err)
@@ -150,7 +295,7 @@ func TestTraceColdPlacementSimulation(t *testing.T) {
 				held := sim.result(orc)
 				var line strings.Builder
 				for c := range coldOrderNames {
-					out, err := mockengine.Simulate(sim.cfg, sim.reqs, latencyRule(simRule{credit: 1, view: view, cold: coldOrder(c)}, perToken))
+					out, err := mockengine.Simulate(sim.cfg, sim.reqs, latencyRule(simRule{credit: 1, weigh: true, view: view, cold: coldOrder(c)}, perToken))
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -215,16 +360,21 @@ var coldOrderNames = [...]string{"decode load", "free KV", "LRU victim", "churn"
 // simRule is cache_aware's latency decision on simulated engines (latencyRule).
 type simRule struct {
 	credit float64   // credits for a hit beyond its own prefill (1: the default)
+	weigh  bool      // the credit times the fleet's hit weight (the default)
 	view   queueView // how the rule sees an engine's queue
 	cold   coldOrder // the tie order of a request no engine holds any page of
 }
 
+// defaultRule is cache_aware's default latency decision with the router's view.
+var defaultRule = simRule{credit: 1, weigh: true, view: routerLeft}
+
 // latencyRule is cache_aware's latency decision (engine.CacheAware.pickByLatency) on
 // simulated engines: each engine's expected TTFT is its queued prefill plus the request's
 // prompt less the prefix it holds, at perToken seconds a token; its score that TTFT less
-// r.credit times the held prefix's prefill; scores within 10% of the fastest TTFT tie, and a
-// tie goes to fewer running requests, then the longer prefix (a cold request: r.cold first).
-// r.view says how the queue is seen.
+// r.credit times the held prefix's prefill, with r.weigh times the fleet's hit weight
+// (n+1)/(n+1−b), b the engines with at least a token's prefill queued ahead; scores within
+// 10% of the fastest TTFT tie, and a tie goes to fewer running requests, then the longer
+// prefix (a cold request: r.cold first). r.view says how the queue is seen.
 func latencyRule(r simRule, perToken float64) mockengine.Placer {
 	type key struct {
 		score, ttft float64
@@ -248,6 +398,16 @@ func latencyRule(r simRule, perToken float64) mockengine.Placer {
 		keys = keys[:0]
 		best, fastest := 0.0, 0.0
 		cold := true
+		weight := 1.0
+		if r.weigh {
+			busy := 0
+			for _, e := range fleet {
+				if e.Backlog(now).Seconds() >= perToken {
+					busy++
+				}
+			}
+			weight = float64(len(fleet)+1) / float64(len(fleet)+1-busy)
+		}
 		for i, e := range fleet {
 			held := e.Held(req)
 			cold = cold && held == 0
@@ -261,7 +421,7 @@ func latencyRule(r simRule, perToken float64) mockengine.Placer {
 				}
 			}
 			ttft := queue.Seconds() + float64(req.PromptTokens-held)*perToken
-			k := key{score: ttft - r.credit*float64(held)*perToken, ttft: ttft, held: held, run: e.Running(),
+			k := key{score: ttft - weight*r.credit*float64(held)*perToken, ttft: ttft, held: held, run: e.Running(),
 				free: e.Free() - (req.PromptTokens - held), age: e.VictimAge(now)}
 			keys = append(keys, k)
 			if i == 0 || k.score < best {

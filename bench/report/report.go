@@ -194,7 +194,7 @@ type LeftHolder struct {
 	// fleet held (the index had not seen it, or the dispatch memory did not cover it).
 	Unseen LossClass `json:"unseen"`
 	// Slower: the router saw the holder and expected it slower than another engine beyond
-	// the tie margin (its queue costing more than twice the hit).
+	// the tie margin (its queue costing more than the hit, weighted by how busy the fleet was).
 	Slower LossClass `json:"slower"`
 	// Tie: the holder tied with the chosen engine and lost the tie order (decode load).
 	Tie LossClass `json:"tie"`
