@@ -22,7 +22,8 @@ type LatencyDecision struct {
 	// rate); otherwise in tokens, PerToken being 0.
 	Timed bool
 	// HitWeight is the fleet's hit weight the credits were multiplied by (weighHits):
-	// (n+1)/(n+1−b) for n candidates, b of them with prefill queued ahead; 1 when none.
+	// (n+1)/(n+1−b) for n candidates, b of them with at least the longest held prefix's
+	// prefill queued ahead; 1 when none.
 	HitWeight float64
 	// Ceiling is the largest score that tied with the best (the best score plus the slack
 	// of the fastest expected TTFT); among the candidates at or below it the tie order

@@ -33,30 +33,36 @@ import (
 // cache_aware's latency decision credits a prefix hit once more (credit), weighted by how
 // busy the group's engines are (weighHits): its score is TTFT(e) − f × matched(e)/rate(e)
 // (TTFT(e) already leaves the matched tokens out), with f = (n+1)/(n+1−b) for n candidates
-// of which b have prefill queued ahead of the request. A hit saves the fleet its prefill:
-// that time is not only the request's own wait, it is also the wait of every request that
-// will queue behind that prefill on the engine that would do it instead, and how many do
-// grows with the fleet's prefill utilization ρ as 1/(1−ρ) (a queue's mean number in
-// system, ρ/(1−ρ), plus the request itself). ρ is estimated as the share of busy engines
-// at this arrival, b/(n+1), the arrival itself counted as one more sample of an idle
-// engine so that the estimate stays below 1 (f at most n+1). An idle fleet gives f = 1:
-// an engine holding matched(e) tokens is kept unless its queue exceeds another's by more
-// than twice matched(e); with every engine busy, by (n+2) times. Prefill utilization, not
-// the requests decoding, sets f: a decode-bound fleet (short prompts, long answers) stays
-// near 1 and its holders do not herd. load_based and power_of_two score TTFT(e) alone.
+// of which b have at least the hit's prefill queued ahead of the request (the longest
+// prefix any candidate holds). A hit saves the fleet its prefill: that time is not only
+// the request's own wait, it is also the wait of every request that will queue behind that
+// prefill on the engine that would do it instead, and how many do grows with the fleet's
+// prefill utilization ρ as 1/(1−ρ) (a queue's mean number in system, ρ/(1−ρ), plus the
+// request itself). ρ is estimated at this arrival as the share of engines whose queue is
+// at least as long as the saved prefill, b/(n+1), the arrival itself counted as one more
+// sample of an idle engine so that the estimate stays below 1 (f at most n+1); a queue
+// shorter than the hit clears within the hit's own prefill time and is counted idle, so
+// that small, frequent queues (many short requests sharing a system prompt) leave f near 1
+// and their holders do not herd. An idle fleet gives f = 1: an engine holding matched(e)
+// tokens is kept unless its queue exceeds another's by more than twice matched(e); with
+// every engine busy, by (n+2) times. load_based and power_of_two score TTFT(e) alone.
 //
 // Scores within latencySlack of the best engine's TTFT are a tie, broken by the decode load
 // the request would join (load.DecodeLoad: the larger of reported running requests and
 // router in-flight), then by router in-flight, then by the policy's own order.
 
 // weighHits multiplies each key's credit (a held prefix, matched tokens of input) by the
-// fleet's hit weight (n+1)/(n+1−b), b the candidates with at least a token of prefill
-// queued ahead of the request's own (the request's uncached part, at least 1, is the rest
-// of a key's work), and returns the weight.
+// fleet's hit weight (n+1)/(n+1−b), b the candidates with at least the longest held prefix
+// (and at least a token) of prefill queued ahead of the request's own (the request's
+// uncached part, at least 1, is the rest of a key's work), and returns the weight.
 func weighHits(keys []latencyKey, matched []int64, input int64) float64 {
+	hit := int64(1)
+	for _, m := range matched {
+		hit = max(hit, m)
+	}
 	busy := 0
 	for i := range keys {
-		if keys[i].work-float64(max(input-matched[i], 1)) >= 1 {
+		if keys[i].work-float64(max(input-matched[i], 1)) >= float64(hit) {
 			busy++
 		}
 	}

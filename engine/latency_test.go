@@ -76,8 +76,9 @@ func TestFastest(t *testing.T) {
 	}
 }
 
-// TestWeighHits: a hit's credit is weighted by (n+1)/(n+1−b), b the candidates with
-// prefill queued ahead of the request (work beyond its own uncached tokens).
+// TestWeighHits: a hit's credit is weighted by (n+1)/(n+1−b), b the candidates with at
+// least the hit's prefill queued ahead of the request (work beyond its own uncached
+// tokens).
 func TestWeighHits(t *testing.T) {
 	const input = 1000
 	for _, tt := range []struct {
@@ -86,10 +87,10 @@ func TestWeighHits(t *testing.T) {
 		want float64   // candidate 0's credit after weighing
 	}{
 		{name: "idle fleet: the hit counts once more", work: []float64{400, 1000, 1000}, want: 600},
-		{name: "the holder busy", work: []float64{900, 1000, 1000}, want: 600 * 4.0 / 3},
-		{name: "two of three busy", work: []float64{900, 1500, 1000}, want: 600 * 2},
-		{name: "every engine busy: n+1", work: []float64{900, 1500, 1001}, want: 600 * 4},
-		{name: "less than a token ahead is idle", work: []float64{400.5, 1000.9, 1000}, want: 600},
+		{name: "the holder busy", work: []float64{1000, 1000, 1000}, want: 600 * 4.0 / 3},
+		{name: "two of three busy", work: []float64{1000, 1600, 1000}, want: 600 * 2},
+		{name: "every engine busy: n+1", work: []float64{1000, 1600, 1600}, want: 600 * 4},
+		{name: "a queue shorter than the hit is idle", work: []float64{999.5, 1599, 1500}, want: 600},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			keys := make([]latencyKey, len(tt.work))

@@ -359,10 +359,11 @@ var coldOrderNames = [...]string{"decode load", "free KV", "LRU victim", "churn"
 
 // simRule is cache_aware's latency decision on simulated engines (latencyRule).
 type simRule struct {
-	credit float64   // credits for a hit beyond its own prefill (1: the default)
-	weigh  bool      // the credit times the fleet's hit weight (the default)
-	view   queueView // how the rule sees an engine's queue
-	cold   coldOrder // the tie order of a request no engine holds any page of
+	credit   float64 // credits for a hit beyond its own prefill (1: the default)
+	weigh    bool    // the credit times the fleet's hit weight (the default)
+	busyMode int
+	view     queueView // how the rule sees an engine's queue
+	cold     coldOrder // the tie order of a request no engine holds any page of
 }
 
 // defaultRule is cache_aware's default latency decision with the router's view.
@@ -372,7 +373,8 @@ var defaultRule = simRule{credit: 1, weigh: true, view: routerLeft}
 // simulated engines: each engine's expected TTFT is its queued prefill plus the request's
 // prompt less the prefix it holds, at perToken seconds a token; its score that TTFT less
 // r.credit times the held prefix's prefill, with r.weigh times the fleet's hit weight
-// (n+1)/(n+1−b), b the engines with at least a token's prefill queued ahead; scores within
+// (n+1)/(n+1−b), b the engines with at least the longest held prefix's prefill queued
+// ahead (as the engine has it); scores within
 // 10% of the fastest TTFT tie, and a tie goes to fewer running requests, then the longer
 // prefix (a cold request: r.cold first). r.view says how the queue is seen.
 func latencyRule(r simRule, perToken float64) mockengine.Placer {
@@ -400,9 +402,13 @@ func latencyRule(r simRule, perToken float64) mockengine.Placer {
 		cold := true
 		weight := 1.0
 		if r.weigh {
+			hit := 1
+			for _, e := range fleet {
+				hit = max(hit, e.Held(req))
+			}
 			busy := 0
 			for _, e := range fleet {
-				if e.Backlog(now).Seconds() >= perToken {
+				if e.Backlog(now).Seconds() >= float64(hit)*perToken {
 					busy++
 				}
 			}
