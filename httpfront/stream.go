@@ -120,8 +120,9 @@ type relay struct {
 	// held is the received part of the current event, not yet written.
 	held []byte
 	// out is the bytes of one read to write when they are not a slice of it (events
-	// completing held ones, transformed events, the stream's end).
-	out []byte
+	// completing held ones, transformed events, the stream's end): a pooled buffer (getBuf),
+	// taken at its first use (outBuf) and returned when the stream closes.
+	out *[]byte
 	// midEvent: bytes of an unfinished event were written (an event over maxEventBytes).
 	midEvent bool
 	// done: the [DONE] event was relayed.
@@ -311,7 +312,8 @@ func (r *relay) abandon() {
 	r.up.Unpace()
 	_ = r.resp.CloseBodyStream()
 	readBufs.Put(r.buf)
-	r.buf = nil
+	putBuf(r.out)
+	r.buf, r.out = nil, nil
 	abandonStream(r.span, nil)
 	r.s.bg.Done()
 }
@@ -752,14 +754,14 @@ func (r *relay) endOf(err error) relayEnd {
 // closeOut ends the stream for end and returns its last bytes: a [DONE] completed, or the
 // error event and [DONE] (nothing for a client that has gone).
 func (r *relay) closeOut(end relayEnd) []byte {
-	out := r.out[:0]
+	out := r.outBuf()
 	if end == endEOF {
 		out, end = r.finishEvents(out)
 	}
 	if e := r.endError(end); e != nil {
 		out = r.appendError(out, e)
 	}
-	r.out = out
+	*r.out = out
 	r.end, r.ended = end, true
 	return out
 }
@@ -802,6 +804,7 @@ func (r *relay) CloseWithError(error) error {
 		readBufs.Put(r.buf)
 	}
 	putBuf(r.pend)
+	putBuf(r.out)
 	r.buf, r.pend, r.out, r.held, r.pending = nil, nil, nil, nil, nil
 	r.slo.end(end == endEOF)
 	r.finish(end)
@@ -816,14 +819,15 @@ func (r *relay) frame(b []byte) []byte {
 		// Fast path: no copy.
 		cut := r.lastBoundary(b)
 		if cut < 0 {
-			r.out = r.hold(r.out[:0], b)
-			return r.out
+			out := r.hold(r.outBuf(), b)
+			*r.out = out
+			return out
 		}
 		r.noteDone(b[:cut])
 		r.held = append(r.held, b[cut:]...) // shorter than b: within maxEventBytes
 		return b[:cut]
 	}
-	out := r.out[:0]
+	out := r.outBuf()
 	if r.midEvent {
 		// Slow path: the rest of an event already partly written goes out as it is.
 		n := r.sse.next(b)
@@ -837,19 +841,35 @@ func (r *relay) frame(b []byte) []byte {
 	cut := r.lastBoundary(b)
 	if cut < 0 {
 		out = r.hold(out, b)
-		r.out = out
+		*r.out = out
 		return out
 	}
-	if len(r.held) == 0 {
+	switch {
+	case len(r.held) == 0:
 		out = r.appendEvents(out, b[:cut])
-	} else {
+	case r.transform == nil:
+		// The held start of an event, then the events b completes, copied once.
+		start := len(out)
+		out = append(out, r.held...)
+		out = append(out, b[:cut]...)
+		r.noteDone(out[start:])
+		r.held = r.held[:0]
+	default:
 		r.held = append(r.held, b[:cut]...)
 		out = r.appendEvents(out, r.held)
 		r.held = r.held[:0]
 	}
 	out = r.hold(out, b[cut:])
-	r.out = out
+	*r.out = out
 	return out
+}
+
+// outBuf returns r.out emptied, taking it from the pool at its first use.
+func (r *relay) outBuf() []byte {
+	if r.out == nil {
+		r.out = getBuf()
+	}
+	return (*r.out)[:0]
 }
 
 // lastBoundary consumes b and returns the offset past its last event boundary, -1 when it
