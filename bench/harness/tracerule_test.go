@@ -29,21 +29,7 @@ import (
 // it in full. One run of one window swings by several points with the placement of a few
 // requests: TestTraceHitWeightSimulation compares the rules over many.
 func TestTraceDecisionRuleSimulation(t *testing.T) {
-	path := os.Getenv("SWITCHYARD_BENCH_TRACE")
-	if path == "" {
-		t.Skip("SWITCHYARD_BENCH_TRACE names the trace to simulate")
-	}
-	o := Options{Trace: path, Requests: 1500, Engines: 8, TimeScale: 2.5, Seed: 1}.withDefaults()
-	o.EngineCache = DefaultTraceEngineCache
-	wl, err := readTrace(&o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := &harness{opts: o, tok: tokenizer.NewSimple()}
-	sim, err := h.newTraceSim(wl.Requests)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sim, o := traceSimOf(t, Options{Trace: tracePathOf(t), Requests: 1500, Engines: 8, TimeScale: 2.5, Seed: 1})
 	run := func(p mockengine.Placer) (hit float64, ttft []time.Duration) {
 		out, err := mockengine.Simulate(sim.cfg, sim.reqs, p)
 		if err != nil {
@@ -109,12 +95,8 @@ func ownTTFTRule(view queueView) simRule { return simRule{credit: 1, view: view}
 // the holder placement's hits on the mean and at least a point more than the own-TTFT rule,
 // and that at 40% it keeps at least as many less a point.
 func TestTraceHitWeightSimulation(t *testing.T) {
-	path := os.Getenv("SWITCHYARD_BENCH_TRACE")
-	if path == "" {
-		t.Skip("SWITCHYARD_BENCH_TRACE names the trace to simulate")
-	}
 	const window, engines = 1500, 8
-	all, o := fullTraceSim(t, path, engines)
+	all, o := fullTraceSim(t, engines)
 	perToken := o.Costs.PrefillPerToken.Seconds()
 	type runs struct{ share, gone, away, gained, p50, p90, p99, spread, prefill []float64 }
 	for _, offered := range []float64{0.4, 0.68, 0.85} {
@@ -190,11 +172,29 @@ func TestTraceHitWeightSimulation(t *testing.T) {
 	}
 }
 
-// fullTraceSim is the whole trace at path, at its recorded rate, on the given number of
-// simulated engines of the trace scenario, with the options it was read with.
-func fullTraceSim(t *testing.T, path string, engines int) (*traceSim, Options) {
+// tracePathOf is the trace the simulations replay, SWITCHYARD_BENCH_TRACE; without it the
+// test is skipped.
+func tracePathOf(t *testing.T) string {
 	t.Helper()
-	o := Options{Trace: path, Engines: engines, TimeScale: 1, Seed: 1}.withDefaults()
+	path := os.Getenv("SWITCHYARD_BENCH_TRACE")
+	if path == "" {
+		t.Skip("SWITCHYARD_BENCH_TRACE names the trace to simulate")
+	}
+	return path
+}
+
+// fullTraceSim is the whole trace (tracePathOf), at its recorded rate, on the given number of
+// simulated engines of the trace scenario, with the options it was read with.
+func fullTraceSim(t *testing.T, engines int) (*traceSim, Options) {
+	t.Helper()
+	return traceSimOf(t, Options{Trace: tracePathOf(t), Engines: engines, TimeScale: 1, Seed: 1})
+}
+
+// traceSimOf is the trace of o (its defaults applied, with the trace scenario's engine
+// cache) on its simulated engines, with the options it was read with.
+func traceSimOf(t *testing.T, o Options) (*traceSim, Options) {
+	t.Helper()
+	o = o.withDefaults()
 	o.EngineCache = DefaultTraceEngineCache
 	wl, err := readTrace(&o)
 	if err != nil {
@@ -271,12 +271,8 @@ func (v queueView) String() string {
 // the mean over the windows much less. At the trace scenario's load (68%) it checks that the
 // default rule with the engines' queues keeps at least 95% of the holder placement's hits.
 func TestTraceColdPlacementSimulation(t *testing.T) {
-	path := os.Getenv("SWITCHYARD_BENCH_TRACE")
-	if path == "" {
-		t.Skip("SWITCHYARD_BENCH_TRACE names the trace to simulate")
-	}
 	const window, engines = 1500, 8
-	all, o := fullTraceSim(t, path, engines)
+	all, o := fullTraceSim(t, engines)
 	perToken := o.Costs.PrefillPerToken.Seconds()
 	starts := []int{0, 800, 1600, 2400}
 	var defaultShare float64
