@@ -228,6 +228,8 @@ func TestStreamHostileChunks(t *testing.T) {
 		{"closed before the last chunk", good, 2, CodeUpstream},
 		{"trailers past their bound", good + "0\r\nX: " + strings.Repeat("y", 5000) + "\r\n\r\n", 2, CodeUpstream},
 		{"bytes past the answer", good + chunked("data: [DONE]\n\n") + "0\r\n\r\nHTTP/1.1 200 OK\r\n\r\n", 2, ""},
+		{"closed after [DONE], before the last chunk", good + chunked("data: [DONE]\n\n"), 2, ""},
+		{"bad framing after [DONE]", good + chunked("data: [DONE]\n\n") + "zz\r\n", 2, ""},
 	}
 	for _, tt := range tests {
 		for _, cut := range []bool{false, true} {

@@ -39,6 +39,7 @@ const (
 	DefaultIdleTimeout       = 120 * time.Second
 	DefaultJanitorInterval   = time.Minute
 	DefaultStreamEndGrace    = 2 * time.Second
+	DefaultStreamDoneWait    = 50 * time.Millisecond
 )
 
 // Options are the Server's collaborators and tuning beyond the configuration. The zero value
@@ -90,6 +91,12 @@ type Options struct {
 	// running have to deliver their shutting_down event before every connection closes.
 	// Default 2s.
 	StreamEndGrace time.Duration
+	// StreamDoneWait is how long a stream's [DONE] event waits for the end of the engine's
+	// answer, which then goes to the client in the same write: a client that stops reading
+	// at [DONE] (Go's HTTP client, many SDKs) finds the end of the body there and keeps its
+	// connection. An engine that has not ended its answer by then is not waited for: the
+	// client's stream ends, complete, and the engine connection is closed. Default 50ms.
+	StreamDoneWait time.Duration
 	// SkipStartupChecks skips the health check and introspection of configured workers
 	// before serving: they start healthy with their configured facts.
 	SkipStartupChecks bool
@@ -249,6 +256,9 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 	}
 	if opts.StreamEndGrace <= 0 {
 		opts.StreamEndGrace = DefaultStreamEndGrace
+	}
+	if opts.StreamDoneWait <= 0 {
+		opts.StreamDoneWait = DefaultStreamDoneWait
 	}
 	s := &Server{
 		cfg:      cfg,

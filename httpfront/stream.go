@@ -125,8 +125,11 @@ type relay struct {
 	out *[]byte
 	// midEvent: bytes of an unfinished event were written (an event over maxEventBytes).
 	midEvent bool
-	// done: the [DONE] event was relayed.
-	done bool
+	// done: the [DONE] event was relayed (or, while gathering, is held for the engine's
+	// end); doneBy is when the engine's answer must have ended after it (Options.
+	// StreamDoneWait), zero until the [DONE] was read.
+	done   bool
+	doneBy time.Time
 
 	// buf is the engine body's read buffer; its first `first` bytes are prime's read, not
 	// relayed yet. rerr is an error that came with the last read's bytes.
@@ -329,6 +332,9 @@ func (r *relay) Due() time.Time {
 	if r.w != nil && !r.midEvent && r.hbAt.Before(t) {
 		t = r.hbAt
 	}
+	if !r.doneBy.IsZero() && r.doneBy.Before(t) {
+		t = r.doneBy
+	}
 	return t
 }
 
@@ -338,6 +344,11 @@ func (r *relay) Due() time.Time {
 func (r *relay) Woke() bool {
 	now := time.Now()
 	switch {
+	case !r.doneBy.IsZero() && !now.Before(r.doneBy):
+		// The [DONE] came and the engine has not ended its answer since: the stream is
+		// complete for the client; the engine connection, mid-answer, is not reused.
+		r.woke, r.wokeEnd = endEOF, true
+		return false
 	case !r.deadline.IsZero() && !now.Before(r.deadline):
 		r.woke, r.wokeEnd = endTimeout, true
 		return false
@@ -642,7 +653,11 @@ func (r *relay) next() ([]byte, error) {
 	if r.first > 0 {
 		b := (*r.buf)[:r.first]
 		r.first = 0
-		if out := r.frame(b); len(out) > 0 {
+		out := r.frame(b)
+		if r.done {
+			r.noteDoneAt(time.Now())
+		}
+		if len(out) > 0 {
 			if !r.gather {
 				return out, nil
 			}
@@ -671,7 +686,9 @@ func (r *relay) next() ([]byte, error) {
 			r.slo.chunk(buf[:n], at)
 			r.idleAt, r.hbAt = now.Add(r.idleAfter), now.Add(r.hbEvery)
 			r.rerr = err
-			if out := r.frame(buf[:n]); len(out) > 0 {
+			out := r.frame(buf[:n])
+			r.noteDoneAt(now)
+			if len(out) > 0 {
 				if !r.gather {
 					return out, nil
 				}
@@ -724,6 +741,11 @@ func (r *relay) Waiting() bool {
 	if r.pend == nil || len(*r.pend) == 0 || r.w == nil {
 		return true
 	}
+	if r.done {
+		// The [DONE] waits for the engine's end (at most until doneBy), so that both go to
+		// the client in one write.
+		return true
+	}
 	_, err := r.w.Write(*r.pend)
 	putBuf(r.pend)
 	r.pend = nil
@@ -740,6 +762,10 @@ func (r *relay) endOf(err error) relayEnd {
 	case r.wokeEnd:
 		return r.woke
 	case err == io.EOF:
+		return endEOF
+	case r.done && !r.gone.Load():
+		// Whatever broke after the [DONE] (the engine's framing, a close before its
+		// answer's end, the deadline), the client's stream is complete.
 		return endEOF
 	case r.gone.Load():
 		return endClientGone
@@ -903,6 +929,13 @@ func (r *relay) hold(out, b []byte) []byte {
 	r.held = r.held[:0]
 	r.midEvent = true
 	return out
+}
+
+// noteDoneAt starts the wait for the engine's end once the [DONE] was read (at now).
+func (r *relay) noteDoneAt(now time.Time) {
+	if r.done && r.doneBy.IsZero() {
+		r.doneBy = now.Add(r.s.opts.StreamDoneWait)
+	}
 }
 
 // noteDone notes the [DONE] event among complete events.
