@@ -564,11 +564,15 @@ func (w *chunkWriter) Write(b []byte) (int, error) {
 	switch {
 	case w.plain:
 		out = append(out, b...)
+	case w.last && len(b) > len(doneEvent) && bytes.HasSuffix(b, doneEvent):
+		// The [DONE] event goes in a chunk of its own before the last chunk: a client
+		// that reads a long chunk's data straight from its socket (Go's chunked reader
+		// does, past its 4 KiB buffer) then still finds the body's end buffered with the
+		// [DONE], and one that stops reading at [DONE] keeps its connection.
+		out = appendChunk(out, b[:len(b)-len(doneEvent)])
+		out = appendChunk(out, doneEvent)
 	case len(b) > 0:
-		out = strconv.AppendInt(out, int64(len(b)), 16)
-		out = append(out, '\r', '\n')
-		out = append(out, b...)
-		out = append(out, '\r', '\n')
+		out = appendChunk(out, b)
 	}
 	if w.last {
 		w.done = true
@@ -586,6 +590,14 @@ func (w *chunkWriter) Write(b []byte) (int, error) {
 		return 0, err
 	}
 	return len(b), nil
+}
+
+// appendChunk appends b to dst as one HTTP/1.1 chunk.
+func appendChunk(dst, b []byte) []byte {
+	dst = strconv.AppendInt(dst, int64(len(b)), 16)
+	dst = append(dst, '\r', '\n')
+	dst = append(dst, b...)
+	return append(dst, '\r', '\n')
 }
 
 // lastChunk ends a chunked body (no trailers).
@@ -636,6 +648,12 @@ var readBufs = sync.Pool{New: func() any { b := make([]byte, 0, readBytes); retu
 
 // gatherMax is what a relay gathers from the engine's reads at most before it writes.
 const gatherMax = 4 << 10
+
+// gatherDoneMax is what a relay gathers at most once it has read the [DONE] event: the
+// [DONE] waits for the engine's end, so that both reach the client in one write (a client
+// that stops reading at [DONE] keeps its connection only then); an engine that sends more
+// after its [DONE] has it written past this bound.
+const gatherDoneMax = 64 << 10
 
 // next returns the next bytes for the client (valid until the next call): the whole events
 // of the engine's next reads, then the stream's end; io.EOF once the end was returned. When
@@ -692,7 +710,7 @@ func (r *relay) next() ([]byte, error) {
 				if !r.gather {
 					return out, nil
 				}
-				if r.gatherOut(out) >= gatherMax {
+				if n := r.gatherOut(out); n >= gatherMax && (!r.done || n >= gatherDoneMax) {
 					return r.takePend(), nil
 				}
 			}
