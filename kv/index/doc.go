@@ -18,7 +18,7 @@
 // goroutine that owns it (an index shard actor, package actors implements ShardHost, or a
 // mutex in LockedShards): writes, clears, prunes and sweeps run there, in order. Lookups
 // read the shard tables on their own goroutine (Shard.MatchDirect), beside the writer and
-// without waiting for it: every table, owner-set and owner-record word is written and read
+// without waiting for it: every table word and owner record is written and read
 // with sync/atomic; reallocated arrays are published with atomic.Pointer (a reader keeps the
 // old ones until it is done); and a sequence per stripe of block hashes, odd while the
 // writer changes a block of the stripe (insert, backward-shift move, delete, owner run),

@@ -170,7 +170,6 @@ func (x *Index) Stats() Stats {
 		st.Spilled += ss.Spilled
 		st.SpillCap += ss.SpillCap
 		st.TableSlots += ss.TableSlots
-		st.SetSlots += ss.SetSlots
 		st.ArenaSlots += ss.ArenaSlots
 		st.Stored += ss.Stored
 		st.Removed += ss.Removed

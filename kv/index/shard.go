@@ -1,6 +1,7 @@
 package index
 
 import (
+	"math/bits"
 	"runtime"
 	"sync/atomic"
 	"unsafe"
@@ -73,13 +74,12 @@ type ShardStats struct {
 	Blocks int64
 	// Spilled is the number of extra owner records (blocks held by more than one owner).
 	Spilled int64
-	// SpillCap is the capacity, in records, of the runs holding them.
+	// SpillCap is the capacity, in records, of the runs of blocks with several owners.
 	SpillCap int64
 	// TableSlots is the capacity of the block table (resident blocks use at most 70%).
 	TableSlots int64
-	// SetSlots is the capacity of the owner-set table (one set per block with several
-	// owners), and ArenaSlots the capacity, in records, of the arena its runs live in.
-	SetSlots, ArenaSlots int64
+	// ArenaSlots is the capacity, in records, of the arena the owner runs live in.
+	ArenaSlots int64
 	// Stored and Removed count applied store and remove operations.
 	Stored, Removed uint64
 	// Stale counts operations dropped because their owner was cleared after ingest.
@@ -95,11 +95,13 @@ type ShardStats struct {
 	Fallbacks uint64
 }
 
-// entryLive flags a live entry in the flags byte of its meta word; the CLOCK age is in the
-// flags' bits ageShift and up.
+// Flags of an entry, in the flags byte of its meta word: entryLive marks a live entry,
+// entryMulti one whose owners are in a run; the CLOCK age is the ageMask bits from ageShift.
 const (
-	entryLive uint8 = 1
-	ageShift        = 1
+	entryLive  uint8 = 1
+	ageShift         = 1
+	ageMask    uint8 = 3 << ageShift
+	entryMulti uint8 = 1 << 3
 )
 
 // CLOCK ages: a new block starts young, a stored block is bumped, a matched one (a request
@@ -129,9 +131,10 @@ func unpackSlot(v uint64) slot { return slot{uint32(v), uint16(v >> 32), Tiers(v
 // entry is one resident block, 16 bytes, so that a table slot never straddles two cache
 // lines and four share one: the block hash and a meta word. A block with one owner (most)
 // holds it inline in the meta word; a block with several holds them all in a run of
-// Shard.arena, and the meta word names the run's set. An entry with no owner is deleted at
-// once, so a live entry always has an owner. Both words are accessed with sync/atomic
-// (readers probe beside the writer; see blockTable).
+// Shard.arena, and the meta word holds the run's offset and length, so that a reader of the
+// block waits for two cache misses (its table line, then its run), not three. An entry with
+// no owner is deleted at once, so a live entry always has an owner. Both words are accessed
+// with sync/atomic (readers probe beside the writer; see blockTable).
 type entry struct {
 	hash int64
 	meta uint64
@@ -143,14 +146,15 @@ func (e *entry) load() meta      { return meta(atomic.LoadUint64(&e.meta)) }
 func (e *entry) put(m meta)      { atomic.StoreUint64(&e.meta, uint64(m)) }
 func (e *entry) cas(old, m meta) { atomic.CompareAndSwapUint64(&e.meta, uint64(old), uint64(m)) }
 
-// meta is an entry's meta word: bits 0-31 ref, the single owner's epoch, or the index in
-// Shard.sets of the owners' run when owner is 0 (OwnerID 0 is never valid); bits 32-47 the
-// single owner, 0 when the owners are in a run; bits 48-55 the single owner's tiers; bits
-// 56-63 flags (entryLive, and the CLOCK age from bit ageShift). 0 is an empty slot.
+// meta is an entry's meta word. Bits 56-63 are flags (entryLive, entryMulti, the CLOCK
+// age); 0 is an empty slot. A block with one owner (entryMulti clear) has bits 0-31 its
+// epoch, bits 32-47 the owner (never 0) and bits 48-55 its tiers; a block with several has
+// bits 0-31 the offset in Shard.arena of their run and bits 32-55 its length (2 to
+// MaxOwners records). A run of n records has room for 1<<runClass(n).
 type meta uint64
 
 func newMeta(ref uint32, owner uint16, tiers Tiers, flags uint8) meta {
-	return meta(uint64(ref) | uint64(owner)<<32 | uint64(tiers)<<48 | uint64(flags)<<56)
+	return meta(uint64(ref) | uint64(owner)<<32 | uint64(tiers)<<48 | uint64(flags&^entryMulti)<<56)
 }
 
 func (m meta) ref() uint32  { return uint32(m) }
@@ -158,41 +162,39 @@ func (m meta) flags() uint8 { return uint8(m >> 56) }
 func (m meta) live() bool   { return m.flags()&entryLive != 0 }
 
 // multi reports whether the owners are in a run.
-func (m meta) multi() bool { return uint16(m>>32) == 0 }
+func (m meta) multi() bool { return m.flags()&entryMulti != 0 }
+
+// run is the owners' run: arena[off:off+n] (multi only).
+func (m meta) run() (off, n uint32) { return uint32(m), uint32(m>>32) & (1<<24 - 1) }
 
 // single is the owner when there is only one.
 func (m meta) single() slot { return slot{uint32(m), uint16(m >> 32), Tiers(m >> 48)} }
 
 func (m meta) withSingle(sl slot) meta { return newMeta(sl.epoch, sl.owner, sl.tiers, m.flags()) }
 
-func (m meta) withSet(id uint32) meta { return newMeta(id, 0, 0, m.flags()) }
+// withRun names the owners' run arena[off:off+n], n from 2 to MaxOwners.
+func (m meta) withRun(off, n uint32) meta {
+	return meta(uint64(off) | uint64(n)<<32 | uint64(m.flags()|entryMulti)<<56)
+}
 
-func (m meta) age() uint8 { return m.flags() >> ageShift }
+func (m meta) age() uint8 { return m.flags() & ageMask >> ageShift }
 
 func (m meta) withAge(a uint8) meta {
-	return m&^(0xff<<56) | meta(m.flags()&entryLive|a<<ageShift)<<56
+	return m&^(meta(ageMask)<<56) | meta(a<<ageShift&ageMask)<<56
 }
 
-// ownerSet is a run of arena[off:off+n] with room for 1<<class records. In Shard.sets it is
-// packed in a uint64 (pack).
-type ownerSet struct {
-	off   uint32
-	n     uint16
-	class uint8
-}
+// runClass is the class of a run of n records (2 or more): room for 1<<runClass(n), the
+// smallest power of two that holds them. A run grows to the next class when full and gives
+// back its upper half when it shrinks below it, so its class follows from its length.
+func runClass(n uint32) uint8 { return uint8(bits.Len32(n - 1)) }
 
-func (rs ownerSet) pack() uint64 { return uint64(rs.off) | uint64(rs.n)<<32 | uint64(rs.class)<<48 }
+// maxRunClass is the largest run class: 1<<16 = 65,536 records (MaxOwners).
+const maxRunClass = 16
 
-func unpackSet(v uint64) ownerSet { return ownerSet{uint32(v), uint16(v >> 32), uint8(v >> 48)} }
-
-// maxSetClass is the largest run class: 1<<16 = 65,536 records (MaxOwners).
-const maxSetClass = 16
-
-// Bytes of memory a table slot, an owner record and an owner set cost.
+// Bytes of memory a table slot and an owner record cost.
 const (
 	entryBytes = int64(unsafe.Sizeof(entry{}))
 	slotBytes  = int64(unsafe.Sizeof(uint64(0)))
-	setBytes   = int64(unsafe.Sizeof(uint64(0)))
 )
 
 // sweepChunk is how many entries a shard examines for stale owners per message.
@@ -226,15 +228,12 @@ type Shard struct {
 	max     int
 	metrics *kv.Metrics // the index's counters of stale operations and evictions; nil for none
 
-	// Owned by the writer. sets and arena are kept at their full capacity (len == cap), so
-	// that readers of a published view may read any record; nsets and arenaLen are in use.
+	// Owned by the writer. arena is kept at its full capacity (len == cap), so that readers
+	// of a published view may read any record; arenaLen records are in use.
 	tab      blockTable
-	sets     []uint64 // packed ownerSet; sets[0] is never used
-	nsets    uint32
-	setFree  []uint32
 	arena    []uint64 // packed slot
 	arenaLen uint32
-	runFree  [maxSetClass + 1][]uint32
+	runFree  [maxRunClass + 1][]uint32
 	hand     uint32
 	spilled  int64
 	runCap   int64
@@ -253,7 +252,7 @@ type Shard struct {
 	seqs *stripes
 
 	blocks, spilledA, runCapA, slotsA atomic.Int64
-	setSlotsA, arenaSlotsA            atomic.Int64
+	arenaSlotsA                       atomic.Int64
 	stored, removed, stale, evicted   atomic.Uint64
 	pruned, queries, probes           atomic.Uint64
 	fallbacks                         atomic.Uint64
@@ -264,7 +263,6 @@ type shardView struct {
 	slots []entry
 	mask  uint64
 	shift uint8
-	sets  []uint64
 	arena []uint64
 }
 
@@ -298,10 +296,8 @@ func NewShard(owners *Owners, maxBlocks int) *Shard {
 // be trusted; an empty shard only costs misses). Readers of the old arrays keep them.
 func (s *Shard) Reset() {
 	s.tab = newBlockTable(0, s.seqs)
-	s.setFree = nil
-	s.sets, s.nsets = make([]uint64, 64), 1
 	s.arena, s.arenaLen = nil, 0
-	s.runFree = [maxSetClass + 1][]uint32{}
+	s.runFree = [maxRunClass + 1][]uint32{}
 	s.hand, s.sweepPos, s.spilled, s.runCap = 0, 0, 0, 0
 	s.sweepGen = s.owners.ClearGen()
 	s.publishView()
@@ -313,24 +309,24 @@ func (s *Shard) Reset() {
 // reallocation, before it writes anything a reader could reach through the new arrays
 // under a stripe sequence.
 func (s *Shard) publishView() {
-	s.view.Store(&shardView{slots: s.tab.slots, mask: s.tab.mask, shift: s.tab.shift, sets: s.sets, arena: s.arena})
+	s.view.Store(&shardView{slots: s.tab.slots, mask: s.tab.mask, shift: s.tab.shift, arena: s.arena})
 }
 
 // Stats returns the shard's counters. Safe for concurrent use.
 func (s *Shard) Stats() ShardStats {
 	return ShardStats{
-		Blocks: s.blocks.Load(), Spilled: s.spilledA.Load(), SpillCap: s.runCapA.Load(), TableSlots: s.slotsA.Load(),
-		SetSlots: s.setSlotsA.Load(), ArenaSlots: s.arenaSlotsA.Load(),
+		Blocks: s.blocks.Load(), Spilled: s.spilledA.Load(), SpillCap: s.runCapA.Load(),
+		TableSlots: s.slotsA.Load(), ArenaSlots: s.arenaSlotsA.Load(),
 		Stored: s.stored.Load(), Removed: s.removed.Load(), Stale: s.stale.Load(),
 		Evicted: s.evicted.Load(), Pruned: s.pruned.Load(),
 		Queries: s.queries.Load(), Probes: s.probes.Load(), Fallbacks: s.fallbacks.Load(),
 	}
 }
 
-// MemoryBytes is the memory of the block table, the owner-set table and the arena of owner
-// runs (free runs included).
+// MemoryBytes is the memory of the block table and the arena of owner runs (free runs
+// included).
 func (st ShardStats) MemoryBytes() int64 {
-	return st.TableSlots*entryBytes + st.SetSlots*setBytes + st.ArenaSlots*slotBytes
+	return st.TableSlots*entryBytes + st.ArenaSlots*slotBytes
 }
 
 // Apply applies a batch of operations in order.
@@ -446,12 +442,8 @@ func (s *Shard) match(q *ShardQuery) bool {
 			}
 			if ok {
 				found[j] = idx
-				if m.multi() {
-					if rs := int(m.ref()); rs < len(v.sets) {
-						if off := uint32(atomic.LoadUint64(&v.sets[rs])); int(off) < len(v.arena) {
-							touch += int64(atomic.LoadUint64(&v.arena[off]))
-						}
-					}
+				if off, _ := m.run(); m.multi() && int(off) < len(v.arena) {
+					touch += int64(atomic.LoadUint64(&v.arena[off]))
 				}
 			}
 		}
@@ -528,16 +520,12 @@ func (s *Shard) ownersOf(v *shardView, m meta, found bool, bits []uint16, set []
 	var one [1]uint64
 	run := one[:]
 	if m.multi() {
-		id := int(m.ref())
-		if id >= len(v.sets) {
-			return 0, false
-		}
-		rs := unpackSet(atomic.LoadUint64(&v.sets[id]))
-		end := int(rs.off) + int(rs.n)
+		off, n := m.run()
+		end := int(off) + int(n)
 		if end > len(v.arena) {
 			return 0, false
 		}
-		run = v.arena[rs.off:end]
+		run = v.arena[off:end]
 	} else {
 		one[0] = packSlot(m.single())
 	}
@@ -602,12 +590,10 @@ func (s *Shard) Prune() {
 // valid reports whether sl's owner is still at sl's epoch.
 func (s *Shard) valid(sl slot) bool { return s.owners.Valid(sl.ownerID(), sl.epoch) }
 
-// Writer-side access to the owner sets and records: the writer reads its own arrays plainly
-// and stores atomically (readers load them).
-func (s *Shard) set(id uint32) ownerSet        { return unpackSet(s.sets[id]) }
-func (s *Shard) putSet(id uint32, rs ownerSet) { atomic.StoreUint64(&s.sets[id], rs.pack()) }
-func (s *Shard) rec(i uint32) slot             { return unpackSlot(s.arena[i]) }
-func (s *Shard) putRec(i uint32, sl slot)      { atomic.StoreUint64(&s.arena[i], packSlot(sl)) }
+// Writer-side access to the owner records: the writer reads its own arena plainly and
+// stores atomically (readers load it).
+func (s *Shard) rec(i uint32) slot        { return unpackSlot(s.arena[i]) }
+func (s *Shard) putRec(i uint32, sl slot) { atomic.StoreUint64(&s.arena[i], packSlot(sl)) }
 
 // store records that sl.owner (at sl.epoch) holds h in sl.tiers. A change of a single
 // owner's record is one store of the entry's meta word; anything else is done under h's
@@ -633,14 +619,11 @@ func (s *Shard) store(h int64, sl slot) {
 			return
 		}
 		q := s.seqs.lock(h)
-		id := s.newSet(1)
-		rs := s.set(id)
-		s.putRec(rs.off, m.single())
-		s.putRec(rs.off+1, sl)
-		rs.n = 2
-		s.putSet(id, rs)
+		off := s.allocRun(runClass(2))
+		s.putRec(off, m.single())
+		s.putRec(off+1, sl)
 		s.spilled++
-		e.put(m.withSet(id))
+		e.put(m.withRun(off, 2))
 		q.unlock()
 		return
 	}
@@ -648,28 +631,28 @@ func (s *Shard) store(h int64, sl slot) {
 		e.put(m)
 	}
 	q := s.seqs.lock(h)
-	s.storeInRun(m.ref(), sl)
+	s.storeInRun(e, sl)
 	q.unlock()
 }
 
-// storeInRun records sl in set id's run: merged into its owner's record, over a stale
-// record, or appended.
-func (s *Shard) storeInRun(id uint32, sl slot) {
-	rs := s.set(id)
-	for i := rs.off; i < rs.off+uint32(rs.n); i++ {
+// storeInRun records sl in e's run: merged into its owner's record, over a stale record, or
+// appended.
+func (s *Shard) storeInRun(e *entry, sl slot) {
+	off, n := e.load().run()
+	for i := off; i < off+n; i++ {
 		if r := s.rec(i); merge(&r, sl) {
 			s.putRec(i, r)
 			return
 		}
 	}
 	// Reuse a stale record before adding one.
-	for i := rs.off; i < rs.off+uint32(rs.n); i++ {
+	for i := off; i < off+n; i++ {
 		if !s.valid(s.rec(i)) {
 			s.putRec(i, sl)
 			return
 		}
 	}
-	s.appendOwner(id, sl)
+	s.appendOwner(e, sl)
 }
 
 // merge folds sl into r when r is the same owner: more tiers at the same epoch, or a fresh
@@ -706,89 +689,66 @@ func (s *Shard) remove(h int64, sl slot) {
 		}
 		return
 	}
-	rs := s.set(m.ref())
-	for i := range uint32(rs.n) {
-		r := s.rec(rs.off + i)
+	off, n := m.run()
+	for i := range n {
+		r := s.rec(off + i)
 		if r.owner != sl.owner || r.epoch != sl.epoch {
 			continue
 		}
 		r.tiers &^= sl.tiers
 		q := s.seqs.lock(h)
 		if r.tiers == 0 {
-			s.removeOwnerAt(idx, int(i))
+			s.removeOwnerAt(idx, i)
 		} else {
-			s.putRec(rs.off+i, r)
+			s.putRec(off+i, r)
 		}
 		q.unlock()
 		return
 	}
 }
 
-// appendOwner adds sl to set id's run, moving the run to the next class when full.
-func (s *Shard) appendOwner(id uint32, sl slot) {
-	rs := s.set(id)
-	if int(rs.n) == 1<<rs.class {
-		if rs.class == maxSetClass {
-			return // MaxOwners records: cannot happen with at most MaxOwners owners
-		}
-		off := s.allocRun(rs.class + 1) // may reallocate s.arena
-		for i := range uint32(rs.n) {
-			s.putRec(off+i, s.rec(rs.off+i))
-		}
-		s.freeRun(rs.off, rs.class)
-		rs.off, rs.class = off, rs.class+1
+// appendOwner adds sl to e's run, moving the run to the next class when full. The caller
+// holds the entry's stripe.
+func (s *Shard) appendOwner(e *entry, sl slot) {
+	m := e.load()
+	off, n := m.run()
+	if n >= MaxOwners {
+		return // MaxOwners records: cannot happen with at most MaxOwners owners
 	}
-	s.putRec(rs.off+uint32(rs.n), sl)
-	rs.n++
-	s.putSet(id, rs)
+	if c := runClass(n); runClass(n+1) != c {
+		moved := s.allocRun(c + 1) // may reallocate s.arena
+		for i := range n {
+			s.putRec(moved+i, s.rec(off+i))
+		}
+		s.freeRun(off, c)
+		off = moved
+	}
+	s.putRec(off+n, sl)
 	s.spilled++
+	e.put(m.withRun(off, n+1))
 }
 
 // removeOwnerAt removes record i of entry idx's run (the last one moves into its place). A
-// run left with one owner is freed and the owner moves inline into the entry. The caller
-// holds the entry's stripe.
-func (s *Shard) removeOwnerAt(idx uint32, i int) {
+// run left with one owner is freed and the owner moves inline into the entry; a run left in
+// the lower half of its room gives back the upper half. The caller holds the entry's stripe.
+func (s *Shard) removeOwnerAt(idx uint32, i uint32) {
 	e := &s.tab.slots[idx]
 	m := e.load()
-	rs := s.set(m.ref())
-	last := rs.off + uint32(rs.n) - 1
-	if at := rs.off + uint32(i); at != last {
+	off, n := m.run()
+	last := off + n - 1
+	if at := off + i; at != last {
 		s.putRec(at, s.rec(last))
 	}
-	rs.n--
-	s.putSet(m.ref(), rs)
 	s.spilled--
-	if rs.n == 1 {
-		e.put(m.withSingle(s.rec(rs.off)))
-		s.freeSet(m.ref())
+	if n == 2 {
+		e.put(m.withSingle(s.rec(off)))
+		s.freeRun(off, runClass(2))
+		return
 	}
-}
-
-func (s *Shard) newSet(class uint8) uint32 {
-	off := s.allocRun(class)
-	var id uint32
-	if n := len(s.setFree); n > 0 {
-		id = s.setFree[n-1]
-		s.setFree = s.setFree[:n-1]
-	} else {
-		if int(s.nsets) == len(s.sets) {
-			grown := append(s.sets[:s.nsets:s.nsets], 0)
-			s.sets = grown[:cap(grown)]
-			s.publishView()
-		}
-		id = s.nsets
-		s.nsets++
+	e.put(m.withRun(off, n-1))
+	if c := runClass(n); runClass(n-1) != c {
+		s.freeRun(off+1<<(c-1), c-1)
 	}
-	s.putSet(id, ownerSet{off: off, class: class})
-	return id
-}
-
-// freeSet frees set id and its run.
-func (s *Shard) freeSet(id uint32) {
-	rs := s.set(id)
-	s.freeRun(rs.off, rs.class)
-	s.putSet(id, ownerSet{})
-	s.setFree = append(s.setFree, id)
 }
 
 func (s *Shard) allocRun(class uint8) uint32 {
@@ -829,8 +789,9 @@ func (s *Shard) deleteEntry(idx uint32) {
 	e := &s.tab.slots[idx]
 	q := s.seqs.lock(e.key())
 	if m := e.load(); m.multi() {
-		s.spilled -= int64(s.set(m.ref()).n) - 1
-		s.freeSet(m.ref())
+		off, n := m.run()
+		s.spilled -= int64(n) - 1
+		s.freeRun(off, runClass(n))
 	}
 	s.tab.remove(idx)
 	q.unlock()
@@ -905,17 +866,17 @@ func (s *Shard) pruneEntry(idx uint32) uint64 {
 	e := &s.tab.slots[idx]
 	q := s.seqs.lock(e.key())
 	defer q.unlock()
-	for i := 0; ; {
+	for i := uint32(0); ; {
 		// A run holds two or more records; removing one may move the last inline.
 		m := e.load()
 		if !m.multi() {
 			break
 		}
-		rs := s.set(m.ref())
-		if i >= int(rs.n) {
+		off, size := m.run()
+		if i >= size {
 			break
 		}
-		if s.valid(s.rec(rs.off + uint32(i))) {
+		if s.valid(s.rec(off + i)) {
 			i++
 			continue
 		}
@@ -935,6 +896,5 @@ func (s *Shard) publish() {
 	s.slotsA.Store(int64(len(s.tab.slots)))
 	s.spilledA.Store(s.spilled)
 	s.runCapA.Store(s.runCap)
-	s.setSlotsA.Store(int64(len(s.sets)))
 	s.arenaSlotsA.Store(int64(len(s.arena)))
 }

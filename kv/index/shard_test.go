@@ -12,8 +12,9 @@ import (
 
 // TestShardAgainstModel runs random stores, removes, owner clears and prunes on a shard and
 // compares every block's valid owners (as Match reports them) with a plain model, and,
-// after each prune, the resident blocks and extra owner records. Few hashes and owners, so
-// blocks move between one owner inline and several in a run many times.
+// after each prune, the resident blocks, the extra owner records and the room of the runs.
+// Few hashes and owners, so blocks move between one owner inline and several in a run many
+// times.
 func TestShardAgainstModel(t *testing.T) {
 	for seed := range uint64(3) {
 		r := rand.New(rand.NewPCG(seed, 11))
@@ -108,6 +109,11 @@ func TestShardAgainstModel(t *testing.T) {
 			}
 			if st := s.Stats(); pruned && (st.Blocks != int64(blocks) || st.Spilled != int64(extra)) {
 				t.Fatalf("seed %d step %d: %d blocks, %d extra owners after prune, want %d and %d", seed, step, st.Blocks, st.Spilled, blocks, extra)
+			}
+			// A run has room for at most twice its records: one that lost owners gave back
+			// the room it no longer needs (a run of n owners holds n-1 extra records).
+			if st := s.Stats(); pruned && st.SpillCap > 2*st.Spilled {
+				t.Fatalf("seed %d step %d: runs have room for %d records, holding %d extra owners", seed, step, st.SpillCap, st.Spilled)
 			}
 		}
 	}
@@ -207,8 +213,8 @@ func TestLookupColdPromptProbesOneBlockPerShard(t *testing.T) {
 }
 
 // TestShardMemoryBytesMatchesHeap: a shard's memory estimate (ShardStats.MemoryBytes) counts
-// everything a resident block costs on the heap: the block table, the owner-set table and
-// the records of the owner runs.
+// everything a resident block costs on the heap: the block table and the records of the
+// owner runs.
 func TestShardMemoryBytesMatchesHeap(t *testing.T) {
 	const n = 1 << 17
 	for _, holders := range []int{1, 2, 3} {
@@ -245,6 +251,34 @@ func TestShardMemoryBytesMatchesHeap(t *testing.T) {
 			t.Errorf("%d holders: estimate %.1f B per block, heap %.1f", holders, float64(est)/n, float64(heap)/n)
 		}
 		runtime.KeepAlive(b)
+	}
+}
+
+// TestShardSeveralOwnersCostOneRun: a block held by several owners costs its table slot and
+// one run of their records, which its entry names (no table of owner sets beside it: a
+// reader waits for the table line, then the run), with little more than the arena's growth
+// room on top.
+func TestShardSeveralOwnersCostOneRun(t *testing.T) {
+	const n = 1 << 15
+	for _, c := range []struct{ holders, room int }{{2, 2}, {3, 4}} { // room: records of a run
+		holders := c.holders
+		owners, ids := testOwners(t, []string{"w0", "w1", "w2"}[:holders]...)
+		rng := rand.New(rand.NewPCG(7, 7))
+		s := NewShard(owners, 2*n)
+		b := &ShardBatch{}
+		for range n {
+			h := int64(rng.Uint64())
+			for _, id := range ids {
+				b.Ops = append(b.Ops, ShardOp{Hash: h, Owner: uint16(id), Epoch: owners.Epoch(id), Tiers: TierGPU})
+			}
+		}
+		s.Apply(b)
+		st := s.Stats()
+		room := int64(c.room)
+		beyond := float64(st.MemoryBytes()-st.TableSlots*entryBytes) / n
+		if limit := 1.25 * float64(room*slotBytes); beyond > limit {
+			t.Errorf("%d holders: %.1f B per block beyond the table, want at most %.1f (one run of %d records)", holders, beyond, limit, room)
+		}
 	}
 }
 
