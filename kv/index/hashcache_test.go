@@ -122,3 +122,37 @@ func TestHashCacheTwoChoices(t *testing.T) {
 		t.Fatalf("k3: %v", e)
 	}
 }
+
+// TestLookupHashesAWaveOnlyPastItsFirstBlock: a lookup asks about a wave's first block
+// before it hashes the wave, so a prompt nobody holds, or one held up to the end of a wave,
+// does not hash (nor key in the hash cache) the next wave's chunk; the answers stay right.
+func TestLookupHashesAWaveOnlyPastItsFirstBlock(t *testing.T) {
+	x, err := New(Config{Shards: 2, MaxBlocks: 1 << 16, HashCacheChunks: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = x.Close() })
+	prompt := seqTokens(11, 2*chunkBlocks*16) // two whole chunks: the first wave, and more
+	hold(t, x, register(t, x, "a", 1, 16)[0], prompt[:chunkBlocks*16], 16, TierGPU)
+	hold(t, x, register(t, x, "b", 1, 16)[0], prompt[:3*16], 16, TierGPU)
+	for _, c := range []struct {
+		name         string
+		tokens       []uint32
+		want         map[string]int64
+		hits, misses uint64
+	}{
+		{"cold", seqTokens(1<<20, 2*chunkBlocks*16), map[string]int64{}, 0, 0},
+		{"held to the first wave's end", prompt, map[string]int64{"a": chunkBlocks * 16, "b": 3 * 16}, 0, 1},
+		{"again, from the cache", prompt, map[string]int64{"a": chunkBlocks * 16, "b": 3 * 16}, 1, 0},
+	} {
+		hits0, misses0 := x.Metrics().HashCacheChunks()
+		got := lookup(t, x, "m", c.tokens)
+		if len(got) != len(c.want) || got["a"] != c.want["a"] || got["b"] != c.want["b"] {
+			t.Errorf("%s: matched %v, want %v", c.name, got, c.want)
+		}
+		hits, misses := x.Metrics().HashCacheChunks()
+		if hits-hits0 != c.hits || misses-misses0 != c.misses {
+			t.Errorf("%s: %d chunks from the hash cache, %d hashed; want %d and %d", c.name, hits-hits0, misses-misses0, c.hits, c.misses)
+		}
+	}
+}

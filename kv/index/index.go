@@ -540,8 +540,9 @@ func (x *Index) matchGroup(ctx context.Context, sc *lookupScratch, owners []Owne
 
 // matchWaves asks the shards about the prompt's n blocks in growing waves, following the
 // set of owners that hold every block so far, and stops at the first block nobody left
-// holds. A prompt still held after its first wave with at least streamMinBlocks to go is
-// streamed (see matchStream).
+// holds. A wave's first block is asked about alone before the wave is hashed (see
+// probeNext). A prompt still held after its first wave with at least streamMinBlocks to go
+// is streamed (see matchStream).
 func (x *Index) matchWaves(ctx context.Context, sc *lookupScratch, w, n int) error {
 	size := firstWave
 	for lo := 0; lo < n; lo, size = lo+size, nextWave(size) {
@@ -549,6 +550,11 @@ func (x *Index) matchWaves(ctx context.Context, sc *lookupScratch, w, n int) err
 			return x.matchStream(ctx, sc, w, lo, n)
 		}
 		hi := min(n, lo+size)
+		if hi-lo > 1 {
+			if alive, err := x.probeNext(ctx, sc, w); err != nil || !alive {
+				return err
+			}
+		}
 		sc.hashUpTo(hi)
 		if alive, err := x.matchWave(ctx, sc, w, lo, hi); err != nil || !alive {
 			return err
@@ -556,6 +562,26 @@ func (x *Index) matchWaves(ctx context.Context, sc *lookupScratch, w, n int) err
 	}
 	sc.holdAll(n)
 	return nil
+}
+
+// probeNext asks the shards about the prompt's next block to hash alone, hashed beside the
+// chain (which it leaves as it was, with the hash cache's key): a prefix that ends there
+// (a prompt nobody holds, one held up to the end of a wave) costs one block's hash, not
+// the next wave's (64 blocks at first) nor a chunk of the hash cache. It reports whether
+// some owner still holds every block so far.
+func (x *Index) probeNext(ctx context.Context, sc *lookupScratch, w int) (bool, error) {
+	lo, bs := sc.hashed, sc.blockSize
+	if sc.tokens == nil || len(sc.hashes) != lo || lo*bs >= len(sc.tokens) {
+		return true, nil // hashes given (MatchHashes), or nothing left to probe
+	}
+	var parent *hashing.Digest
+	if lo > 0 {
+		parent = &sc.last
+	}
+	sc.hashes, _ = hashing.AppendChainHashes(sc.hashes, parent, sc.tokens[lo*bs:min((lo+1)*bs, len(sc.tokens))], bs)
+	alive, err := x.matchWave(ctx, sc, w, lo, lo+1)
+	sc.hashes = sc.hashes[:lo]
+	return alive, err
 }
 
 // matchWave asks the shards about blocks [lo, hi), which are hashed, and folds the answers
