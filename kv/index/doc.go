@@ -5,10 +5,12 @@
 // open-addressing table (table.go: linear probing from the first slot of a cache line,
 // backward-shift deletion). A lookup (Index.Lookup) hashes the prompt with each block size
 // its model's engines use and computes every owner's longest held prefix: the shards answer
-// in growing waves, a long cached prompt is streamed (stream.go: one goroutine hashes, a
-// helper matches), and whole 64-block chunks of recent prompts keep their hashes in a
-// lock-free cache (hashcache.go). The index is bounded (Config.MaxBlocks) with a CLOCK
-// approximation of LRU in which blocks a request matched outlive blocks only stored.
+// in growing waves (each wave's first block asked about alone before the wave is hashed, so
+// a prompt nobody holds costs one block's hash), a long cached prompt is streamed
+// (stream.go: one goroutine hashes, a helper matches), and whole 64-block chunks of recent
+// prompts keep their hashes in a lock-free cache (hashcache.go). The index is bounded
+// (Config.MaxBlocks) with a CLOCK approximation of LRU in which blocks a request matched
+// outlive blocks only stored.
 //
 // Clearing: every owner has an epoch; an entry is valid only with its owner's current epoch.
 // Clearing an owner (ClearOwner, worker removal) is one atomic increment, effective for every

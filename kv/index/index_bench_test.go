@@ -115,36 +115,54 @@ func residentShard(n int) (*Shard, []OwnerID, []int64) {
 
 // BenchmarkShardMatch measures a shard answering queries of 64 resident blocks (a lookup's
 // first wave of a held prompt) picked at random among n: mostly cache misses. b.N counts
-// blocks. (A query stops at its first block nobody holds.)
+// blocks. (A query stops at its first block nobody holds.) "holders=2": every block is held
+// by two owners (their records in a run), as a prompt two engines cached.
 func BenchmarkShardMatch(b *testing.B) {
 	for _, n := range []int{1_000_000, 5_000_000} {
-		b.Run(fmt.Sprintf("resident=%d", n), func(b *testing.B) {
-			s, ids, keys := residentShard(n)
-			bits := make([]uint16, int(ids[0])+1)
-			bits[ids[0]] = 1
-			rng := rand.New(rand.NewPCG(4, 4))
-			q := &ShardQuery{Bits: bits, Words: 1}
-			held := 0
-			b.ReportAllocs()
-			cpu := cpuTime(b)
-			i := 0
-			for b.Loop() {
-				if i%64 == 0 {
-					q.Hash = q.Hash[:0]
-				}
-				q.Hash = append(q.Hash, keys[rng.IntN(n)])
-				if i++; i%64 == 0 {
-					s.Match(q)
-					for _, set := range q.Sets {
-						held += int(set)
-					}
-				}
+		for _, holders := range []int{1, 2} {
+			name := fmt.Sprintf("resident=%d", n)
+			if holders > 1 {
+				name += fmt.Sprintf("/holders=%d", holders)
 			}
-			reportCPU(b, cpu)
-			if want := i / 64 * 64; held != want {
-				b.Fatalf("%d of %d blocks matched", held, want)
+			b.Run(name, func(b *testing.B) { benchShardMatch(b, n, holders) })
+		}
+	}
+}
+
+func benchShardMatch(b *testing.B, n, holders int) {
+	s, ids, keys := residentShard(n)
+	if holders > 1 {
+		second, _ := s.owners.SetWorker("b", "m", 1, 16)
+		ids = append(ids, second[0])
+		batch := &ShardBatch{}
+		for _, h := range keys {
+			batch.Ops = append(batch.Ops, ShardOp{Hash: h, Owner: uint16(second[0]), Epoch: s.owners.Epoch(second[0]), Tiers: TierGPU})
+		}
+		s.Apply(batch)
+	}
+	bits := make([]uint16, int(ids[len(ids)-1])+1)
+	bits[ids[0]] = 1
+	rng := rand.New(rand.NewPCG(4, 4))
+	q := &ShardQuery{Bits: bits, Words: 1}
+	held := 0
+	b.ReportAllocs()
+	cpu := cpuTime(b)
+	i := 0
+	for b.Loop() {
+		if i%64 == 0 {
+			q.Hash = q.Hash[:0]
+		}
+		q.Hash = append(q.Hash, keys[rng.IntN(n)])
+		if i++; i%64 == 0 {
+			s.Match(q)
+			for _, set := range q.Sets {
+				held += int(set)
 			}
-		})
+		}
+	}
+	reportCPU(b, cpu)
+	if want := i / 64 * 64; held != want {
+		b.Fatalf("%d of %d blocks matched", held, want)
 	}
 }
 
