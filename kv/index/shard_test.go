@@ -507,3 +507,43 @@ func testOwners(t *testing.T, workers ...string) (*Owners, []OwnerID) {
 	}
 	return owners, ids
 }
+
+// TestShardEvictionFreesRuns: blocks with several owners evicted by the memory bound give
+// their runs back: the runs' room (SpillCap) and extra records (Spilled) are those of the
+// resident blocks' runs, and the arena does not grow past what they and the free runs of
+// each class need.
+func TestShardEvictionFreesRuns(t *testing.T) {
+	owners, ids := testOwners(t, "a", "b", "c", "d", "e")
+	s := NewShard(owners, 64)
+	r := rand.New(rand.NewPCG(9, 9))
+	for range 200 {
+		b := &ShardBatch{}
+		for range 20 {
+			h := int64(r.Uint64())
+			for _, id := range ids[:1+r.IntN(len(ids))] {
+				b.Ops = append(b.Ops, ShardOp{Hash: h, Owner: uint16(id), Epoch: owners.Epoch(id), Tiers: TierGPU})
+			}
+		}
+		s.Apply(b)
+		var room, extra int64
+		for i := range s.tab.slots {
+			if m := s.tab.slots[i].load(); m.live() && m.multi() {
+				_, n := m.run()
+				room += 1 << runClass(n)
+				extra += int64(n) - 1
+			}
+		}
+		if st := s.Stats(); st.Blocks > 64 || st.SpillCap != room || st.Spilled != extra {
+			t.Fatalf("%d blocks, runs with room for %d and %d extra records; the resident blocks' runs: %d and %d", st.Blocks, st.SpillCap, st.Spilled, room, extra)
+		}
+	}
+	st := s.Stats()
+	if st.Evicted == 0 {
+		t.Fatal("nothing evicted")
+	}
+	// Freed runs are reused: the arena holds at most the resident blocks' runs of every
+	// class (2, 4 and 8 records for up to five owners) and its growth room.
+	if limit := int64(64 * (2 + 4 + 8) * 5 / 4); st.ArenaSlots > limit {
+		t.Fatalf("arena of %d records after %d evictions, want at most %d", st.ArenaSlots, st.Evicted, limit)
+	}
+}
