@@ -118,13 +118,13 @@ func (s *Server) sloStart(mr *modelRoute, req *engine.BucketRequest, pick *engin
 	po := snap.Observe(pw.ID, req.Now)
 	t.uncached = engine.UncachedTokens(req, pw)
 	t.work = load.PrefillWork(&po, pw.Counters, t.uncached, req.Now)
-	t.estTTFT, t.hasTTFT = load.EstimateTTFT(&po, pw.Counters, t.uncached, req.Now)
+	t.estTTFT, t.hasTTFT = load.EstimateTTFTAtWork(&po, pw.Counters, t.work)
 	do := po
 	if dw != pw {
 		do = snap.Observe(dw.ID, req.Now)
 	}
 	t.dload = load.DecodeLoad(&do, dw.Counters)
-	t.estTPOT, t.hasTPOT = load.EstimateTPOT(&do, dw.Counters)
+	t.estTPOT, t.hasTPOT = load.EstimateTPOTAtLoad(dw.Counters, t.dload)
 	return t
 }
 

@@ -48,7 +48,12 @@ func DecodeLoad(o *Observation, c *Counters) float64 {
 // PrefillWork × queue time per waiting uncached token (its own measured prefill rate).
 // ok is false when neither is known.
 func EstimateTTFT(o *Observation, c *Counters, uncached int64, now time.Time) (seconds float64, ok bool) {
-	work := PrefillWork(o, c, uncached, now)
+	return EstimateTTFTAtWork(o, c, PrefillWork(o, c, uncached, now))
+}
+
+// EstimateTTFTAtWork is EstimateTTFT for a request whose PrefillWork is work, for a caller
+// that needs the work as well: the router's pending prefill is read once.
+func EstimateTTFTAtWork(o *Observation, c *Counters, work float64) (seconds float64, ok bool) {
 	if y, ok := c.rates.Prefill.At(work); ok {
 		return y, true
 	}
@@ -62,5 +67,11 @@ func EstimateTTFT(o *Observation, c *Counters, uncached int64, now time.Time) (s
 // engine with observation o and counters c: the learned decode line at DecodeLoad. ok is
 // false before the line has learned anything.
 func EstimateTPOT(o *Observation, c *Counters) (seconds float64, ok bool) {
-	return c.rates.Decode.At(DecodeLoad(o, c))
+	return EstimateTPOTAtLoad(c, DecodeLoad(o, c))
+}
+
+// EstimateTPOTAtLoad is EstimateTPOT on an engine whose DecodeLoad is dload, for a caller
+// that needs the load as well.
+func EstimateTPOTAtLoad(c *Counters, dload float64) (seconds float64, ok bool) {
+	return c.rates.Decode.At(dload)
 }

@@ -337,6 +337,28 @@ func BenchmarkEstimate(b *testing.B) {
 			_, _ = EstimateTPOT(&o, c)
 		}
 	})
+	// A dispatch's estimates as the router makes them (httpfront's sloStart): the prefill
+	// work and decode load, kept for what a stream learns, and the estimates at them. The
+	// baseline computes the work and load again inside EstimateTTFT and EstimateTPOT.
+	b.Run("dispatch/baseline-twice", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			o := tab.Load().Observe("w", now)
+			_ = PrefillWork(&o, c, 1000, now)
+			_, _ = EstimateTTFT(&o, c, 1000, now)
+			_ = DecodeLoad(&o, c)
+			_, _ = EstimateTPOT(&o, c)
+		}
+	})
+	b.Run("dispatch/once", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			o := tab.Load().Observe("w", now)
+			work := PrefillWork(&o, c, 1000, now)
+			_, _ = EstimateTTFTAtWork(&o, c, work)
+			_, _ = EstimateTPOTAtLoad(c, DecodeLoad(&o, c))
+		}
+	})
 	b.Run("learn", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {

@@ -241,26 +241,26 @@ func TestPrefillWorkAndDecodeLoad(t *testing.T) {
 
 func TestEstimates(t *testing.T) {
 	var c Counters
-	if _, ok := EstimateTTFT(&Observation{}, &c, 100, t0); ok {
+	if _, ok := ttft(t, &Observation{}, &c, 100); ok {
 		t.Fatal("TTFT estimated with nothing known")
 	}
-	if _, ok := EstimateTPOT(&Observation{}, &c); ok {
+	if _, ok := tpot(t, &Observation{}, &c); ok {
 		t.Fatal("TPOT estimated with nothing known")
 	}
 	// The engine's own prefill rate is the prior: 2000 waiting tokens take 100ms.
 	o := Observation{Fields: HasNative | HasWaitingUncached | HasPrefillQueue, WaitingUncachedTokens: 2000, PrefillQueueMs: 100}
-	if got, ok := EstimateTTFT(&o, &c, 1000, t0); !ok || !within(got, 0.150, 1e-9) {
+	if got, ok := ttft(t, &o, &c, 1000); !ok || !within(got, 0.150, 1e-9) {
 		t.Fatalf("prior TTFT = %v, %v; want 0.150", got, ok)
 	}
 	// Once learned, the line wins.
 	c.Rates().Prefill.Observe(3000, 0.3)
-	if got, ok := EstimateTTFT(&o, &c, 1000, t0); !ok || !within(got, 0.3, 1e-9) {
+	if got, ok := ttft(t, &o, &c, 1000); !ok || !within(got, 0.3, 1e-9) {
 		t.Fatalf("learned TTFT = %v, %v; want 0.3", got, ok)
 	}
 	c.Rates().Decode.Observe(4, 0.02)
 	o.Fields |= HasRunning
 	o.Running = 3
-	if got, ok := EstimateTPOT(&o, &c); !ok || !within(got, 0.02, 1e-9) {
+	if got, ok := tpot(t, &o, &c); !ok || !within(got, 0.02, 1e-9) {
 		t.Fatalf("TPOT = %v, %v; want 0.02", got, ok)
 	}
 	if tps := c.Rates().PrefillTokensPerSecond(); !within(tps, 10000, 1e-9) {
@@ -270,6 +270,27 @@ func TestEstimates(t *testing.T) {
 	if empty.PrefillTokensPerSecond() != 0 {
 		t.Fatal("an empty line has a throughput")
 	}
+}
+
+// ttft is EstimateTTFT at t0, checked against EstimateTTFTAtWork at the request's
+// PrefillWork: the two forms agree.
+func ttft(t *testing.T, o *Observation, c *Counters, uncached int64) (float64, bool) {
+	t.Helper()
+	v, ok := EstimateTTFT(o, c, uncached, t0)
+	if v2, ok2 := EstimateTTFTAtWork(o, c, PrefillWork(o, c, uncached, t0)); v2 != v || ok2 != ok {
+		t.Fatalf("EstimateTTFTAtWork = %v, %v; EstimateTTFT = %v, %v", v2, ok2, v, ok)
+	}
+	return v, ok
+}
+
+// tpot is EstimateTPOT, checked against EstimateTPOTAtLoad at the engine's DecodeLoad.
+func tpot(t *testing.T, o *Observation, c *Counters) (float64, bool) {
+	t.Helper()
+	v, ok := EstimateTPOT(o, c)
+	if v2, ok2 := EstimateTPOTAtLoad(c, DecodeLoad(o, c)); v2 != v || ok2 != ok {
+		t.Fatalf("EstimateTPOTAtLoad = %v, %v; EstimateTPOT = %v, %v", v2, ok2, v, ok)
+	}
+	return v, ok
 }
 
 // TestPrefillSecondsPerToken: the mean cost per token at the typical work holds whatever
