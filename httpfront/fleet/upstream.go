@@ -374,7 +374,7 @@ type connSet struct {
 }
 
 func (s *connSet) track(c, raw net.Conn, headerTimeout time.Duration) *upConn {
-	uc := &upConn{Conn: c, raw: raw, set: s, ttfb: headerTimeout}
+	uc := &upConn{Conn: c, raw: raw, set: s, ttfb: headerTimeout, raddr: c.RemoteAddr()}
 	uc.addr = &connAddr{Addr: c.LocalAddr(), c: uc}
 	s.mu.Lock()
 	if s.conns == nil {
@@ -416,6 +416,9 @@ type upConn struct {
 	set  *connSet
 	ttfb time.Duration
 	addr *connAddr // made once: fasthttp asks for it on every request
+	// raddr is the engine's address, read once: fasthttp asks for it on every answer
+	// (Response.ParseNetConn), through the TLS and lazy-deadline layers otherwise.
+	raddr net.Addr
 	// cancels is the registry of the upstream's cancellable dispatches, told of the
 	// dispatch each request on the connection carries.
 	cancels *cancels
@@ -521,6 +524,9 @@ func (c *upConn) Close() error {
 // how Upstream.do finds, through fasthttp.Response.LocalAddr, the connection a failed
 // request used.
 func (c *upConn) LocalAddr() net.Addr { return c.addr }
+
+// RemoteAddr returns the engine's address.
+func (c *upConn) RemoteAddr() net.Addr { return c.raddr }
 
 type connAddr struct {
 	net.Addr

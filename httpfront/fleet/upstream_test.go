@@ -525,3 +525,29 @@ func TestUpstreamAPIKey(t *testing.T) {
 		t.Errorf("dispatch without a workers' key carried %q", got)
 	}
 }
+
+// addrConn is a net.Conn that counts its RemoteAddr calls.
+type addrConn struct {
+	net.Conn
+	remote net.Addr
+	calls  int
+}
+
+func (c *addrConn) RemoteAddr() net.Addr { c.calls++; return c.remote }
+func (c *addrConn) LocalAddr() net.Addr  { return c.remote }
+
+// TestUpConnRemoteAddrReadOnce: fasthttp asks an engine connection for its remote address on
+// every answer; the connection reads it from the socket's layers once, when it is made.
+func TestUpConnRemoteAddrReadOnce(t *testing.T) {
+	raw := &addrConn{remote: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 30000}}
+	var set connSet
+	uc := set.track(raw, raw, 0)
+	for range 3 {
+		if got := uc.RemoteAddr(); got != raw.remote {
+			t.Fatalf("RemoteAddr = %v, want %v", got, raw.remote)
+		}
+	}
+	if raw.calls != 1 {
+		t.Fatalf("the socket's RemoteAddr was called %d times, want once", raw.calls)
+	}
+}
