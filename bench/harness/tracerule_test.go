@@ -67,7 +67,7 @@ func TestTraceDecisionRuleSimulation(t *testing.T) {
 
 // simRules are the latency rules the simulations compare: the own-TTFT rule (a hit
 // credited once beyond its own prefill, the default until the hit weight), a flat credit of
-// three, and the default (one credit times the fleet's hit weight).
+// three, and the default (one credit times the fleet's hit weight), last.
 var simRules = []struct {
 	name string
 	rule simRule
@@ -170,6 +170,132 @@ func TestTraceHitWeightSimulation(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestTraceGoneSimulation finds where the prefixes that the latency rule loses to eviction
+// (gone: no engine held them when the next request needing them arrived, while the holder
+// placement's caches kept them) came from, on the simulated engines of the trace scenario
+// (SWITCHYARD_BENCH_TRACE; skipped without it): the seven windows and three arrival jitters
+// of TestTraceHitWeightSimulation at 68% load, placed by the default rule with the router's
+// view of the queues, exact and with each queue seen times e^(0.7 × N(0,1)) (a host's timing
+// error). For each request the rule lost to `gone` or gained over the holder placement it
+// finds the provider (the latest earlier request whose prompt holds the prefix in question)
+// and logs how the rule placed the provider (on the engine holding its own prefix, away from
+// it, or cold: no engine held any of it), how many tokens the provider's engine took in
+// until the request came, under the rule and under the holder placement, and the time
+// between them. It checks that providers sent away from a holder start less than 5% of the
+// gone tokens (a duplicated prefix does not push out the ones lost), and that the timing
+// error raises the tokens lost away from a holder by more than a point while gone moves by
+// less than one.
+func TestTraceGoneSimulation(t *testing.T) {
+	const window, engines = 1500, 8
+	all, o := fullTraceSim(t, engines)
+	perToken := o.Costs.PrefillPerToken.Seconds()
+	ps := o.PageSize
+	type class struct {
+		tokens, requests             float64
+		provider                     [3]float64 // tokens by the provider's placement: on its holder, away, cold
+		inflowRule, inflowHeld, gaps []float64
+	}
+	type result struct {
+		gone, gained         class
+		goneShare, awayShare []float64
+	}
+	var res [2]result
+	for start := 0; start <= 2400; start += 400 {
+		for jitter := range uint64(3) {
+			sim, _ := all.window(t, &o, start, window, 0.68, jitter)
+			orc, err := sim.holder(window)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for ni, noise := range []float64{0, 0.7} {
+				out, err := mockengine.Simulate(sim.cfg, sim.reqs, latencyRule(simRule{credit: 1, weigh: true, view: routerLeft, noise: noise}, perToken))
+				if err != nil {
+					t.Fatal(err)
+				}
+				x := &res[ni]
+				var lost [lossGone + 1]float64
+				var total float64
+				latest := make(map[int64]int) // a prompt page's hash: the latest request holding it
+				for i := range out {
+					want, at := orc[i].Cached, &out[i]
+					total += float64(want)
+					l := lossOf(want, at.Cached, at)
+					lost[l] += math.Abs(float64(want - at.Cached))
+					c, pages := &x.gone, want/ps
+					if l == lossGained {
+						c, pages = &x.gained, at.Cached/ps
+					}
+					p, ok := -1, false
+					if pages > 0 && (l == lossGone || l == lossGained) {
+						p, ok = latest[sim.reqs[i].Hashes[pages-1]]
+					}
+					if ok {
+						d := math.Abs(float64(want - at.Cached))
+						c.tokens += d
+						c.requests++
+						c.provider[placedAs(&out[p])] += d
+						c.inflowRule = append(c.inflowRule, inflowOf(sim, out, out[p].Engine, p, i))
+						c.inflowHeld = append(c.inflowHeld, inflowOf(sim, orc, orc[p].Engine, p, i))
+						c.gaps = append(c.gaps, (sim.reqs[i].At - sim.reqs[p].At).Seconds())
+					}
+					for _, h := range sim.reqs[i].Hashes {
+						latest[h] = i
+					}
+				}
+				x.goneShare = append(x.goneShare, lost[lossGone]/total)
+				x.awayShare = append(x.awayShare, (lost[lossElsewhere]+lost[lossQueued])/total)
+			}
+		}
+	}
+	for ni, name := range []string{"exact view", "view with timing error"} {
+		x := &res[ni]
+		t.Logf("%s: gone %.1f%%, away %.1f%% of the holder placement's cached tokens (mean of %d runs)", name, 100*meanOf(x.goneShare), 100*meanOf(x.awayShare), len(x.goneShare))
+		for _, c := range []struct {
+			name string
+			c    *class
+		}{{"gone", &x.gone}, {"gained", &x.gained}} {
+			k := c.c
+			t.Logf("%s, %s: %.0f requests, %.0fk tokens; the provider placed on its holder %.0f%%, away from it %.0f%%, cold %.0f%%; tokens its engine took in until the request %.0fk (holder placement %.0fk), %.0f s later (medians)",
+				name, c.name, k.requests, k.tokens/1000, 100*k.provider[0]/k.tokens, 100*k.provider[1]/k.tokens, 100*k.provider[2]/k.tokens,
+				median(k.inflowRule)/1000, median(k.inflowHeld)/1000, median(k.gaps))
+		}
+	}
+	if away := res[0].gone.provider[1] / res[0].gone.tokens; away >= 0.05 {
+		t.Errorf("providers sent away from a holder start %.1f%% of the gone tokens, want less than 5%%", 100*away)
+	}
+	exact, noisy := &res[0], &res[1]
+	if d := meanOf(noisy.awayShare) - meanOf(exact.awayShare); d <= 0.01 {
+		t.Errorf("the timing error raises the tokens lost away from a holder by %.1f points, want more than 1", 100*d)
+	}
+	if d := meanOf(noisy.goneShare) - meanOf(exact.goneShare); math.Abs(d) >= 0.01 {
+		t.Errorf("the timing error moves gone by %.1f points, want less than 1", 100*d)
+	}
+}
+
+// placedAs classes a request's placement: 0 on an engine holding its longest held prefix
+// (or about to), 1 away from it, 2 cold (no engine held any of its prompt).
+func placedAs(x *mockengine.SimOutcome) int {
+	switch {
+	case x.Held == 0 && x.HeldCached == 0:
+		return 2
+	case x.OnEngine < x.Held:
+		return 1
+	}
+	return 0
+}
+
+// inflowOf is the tokens engine e took in (uncached prompt and output) from the requests
+// placed on it (out) after request from and before request to.
+func inflowOf(s *traceSim, out []mockengine.SimOutcome, e, from, to int) float64 {
+	n := 0
+	for k := from + 1; k < to; k++ {
+		if out[k].Engine == e {
+			n += s.reqs[k].PromptTokens - out[k].Cached + s.reqs[k].MaxTokens
+		}
+	}
+	return float64(n)
 }
 
 // tracePathOf is the trace the simulations replay, SWITCHYARD_BENCH_TRACE; without it the
@@ -355,24 +481,21 @@ var coldOrderNames = [...]string{"decode load", "free KV", "LRU victim", "churn"
 
 // simRule is cache_aware's latency decision on simulated engines (latencyRule).
 type simRule struct {
-	credit   float64 // credits for a hit beyond its own prefill (1: the default)
-	weigh    bool    // the credit times the fleet's hit weight (the default)
-	busyMode int
-	view     queueView // how the rule sees an engine's queue
-	cold     coldOrder // the tie order of a request no engine holds any page of
+	credit float64   // credits for a hit beyond its own prefill (1: the default)
+	weigh  bool      // the credit times the fleet's hit weight (the default)
+	view   queueView // how the rule sees an engine's queue
+	noise  float64   // each queue seen times e^(noise × N(0,1)) (a host's timing error)
+	cold   coldOrder // the tie order of a request no engine holds any page of
 }
-
-// defaultRule is cache_aware's default latency decision with the router's view.
-var defaultRule = simRule{credit: 1, weigh: true, view: routerLeft}
 
 // latencyRule is cache_aware's latency decision (engine.CacheAware.pickByLatency) on
 // simulated engines: each engine's expected TTFT is its queued prefill plus the request's
 // prompt less the prefix it holds, at perToken seconds a token; its score that TTFT less
 // r.credit times the held prefix's prefill, with r.weigh times the fleet's hit weight
 // (n+1)/(n+1−b), b the engines with at least the longest held prefix's prefill queued
-// ahead (as the engine has it); scores within
-// 10% of the fastest TTFT tie, and a tie goes to fewer running requests, then the longer
-// prefix (a cold request: r.cold first). r.view says how the queue is seen.
+// ahead (as the engine has it); scores within 10% of the fastest TTFT tie, and a tie goes
+// to fewer running requests, then the longer prefix (a cold request: r.cold first). r.view says how the queue is seen, r.noise how far
+// off (each engine's queue times its own draw of e^(noise × N(0,1)), seeded by noise).
 func latencyRule(r simRule, perToken float64) mockengine.Placer {
 	type key struct {
 		score, ttft float64
@@ -384,6 +507,8 @@ func latencyRule(r simRule, perToken float64) mockengine.Placer {
 	var churn []float64
 	var last time.Duration
 	const halfLife = 300 // seconds
+	noise := rand.New(rand.NewPCG(uint64(1000*r.noise), 1))
+	var queues []time.Duration
 	return mockengine.PlaceFunc(func(_ int, now time.Duration, req *mockengine.SimRequest, fleet []mockengine.EngineView) int {
 		if churn == nil {
 			churn = make([]float64, len(fleet))
@@ -397,6 +522,22 @@ func latencyRule(r simRule, perToken float64) mockengine.Placer {
 		best, fastest := 0.0, 0.0
 		cold := true
 		weight := 1.0
+		queues = queues[:0]
+		for _, e := range fleet {
+			queue := e.Backlog(now)
+			switch started := e.Started(now); r.view {
+			case routerFull:
+				queue += started
+			case routerLeft:
+				if n := e.Waiting() + e.Prefilling(now); n > 0 {
+					queue += max(started-(queue+started)/time.Duration(n), 0)
+				}
+			}
+			if r.noise > 0 {
+				queue = time.Duration(float64(queue) * math.Exp(r.noise*noise.NormFloat64()))
+			}
+			queues = append(queues, queue)
+		}
 		if r.weigh {
 			hit := 1
 			for _, e := range fleet {
@@ -413,15 +554,7 @@ func latencyRule(r simRule, perToken float64) mockengine.Placer {
 		for i, e := range fleet {
 			held := e.Held(req)
 			cold = cold && held == 0
-			queue := e.Backlog(now)
-			switch started := e.Started(now); r.view {
-			case routerFull:
-				queue += started
-			case routerLeft:
-				if n := e.Waiting() + e.Prefilling(now); n > 0 {
-					queue += max(started-(queue+started)/time.Duration(n), 0)
-				}
-			}
+			queue := queues[i]
 			ttft := queue.Seconds() + float64(req.PromptTokens-held)*perToken
 			k := key{score: ttft - weight*r.credit*float64(held)*perToken, ttft: ttft, held: held, run: e.Running(),
 				free: e.Free() - (req.PromptTokens - held), age: e.VictimAge(now)}
