@@ -450,10 +450,10 @@ func (p *CacheAware) pickHolder(c []*Worker, req *PickRequest, pm PrefixMatcher,
 
 // pickByLatency is the latency decision: the candidate with the best score (latency.go):
 // its expected time to first token, each one's uncached tokens being the input less the
-// prefix it holds, less that prefix's prefill time once more, times the fleet's hit weight
-// (weighHits). Scores within 10% of the best
-// expected time tie; a tie goes to the lower decode load, then the longer prefix, then the
-// lower in-flight, then the lower ID. Hard admission is checked once, on the winner; a
+// prefix it holds, less that prefix's prefill time twice more (hitCredits), times the
+// fleet's hit weight (weighHits). Scores within 10% of the best expected time tie; a tie
+// goes to the longer prefix, then the lower decode load, then the lower in-flight, then
+// the lower ID. Hard admission is checked once, on the winner; a
 // rejection is AdmissionRejected. pm is nil when the request has no usable lookup (miss
 // says why).
 func (p *CacheAware) pickByLatency(c []*Worker, req *PickRequest, pm PrefixMatcher, snap *load.Snapshot, now time.Time, miss missReason) (Pick, error) {
@@ -475,7 +475,7 @@ func (p *CacheAware) pickByLatency(c []*Worker, req *PickRequest, pm PrefixMatch
 		anyHolder = anyHolder || m > 0
 		o := observe(snap, w, now)
 		k := latencyOf(w, &o, max(input-m, 1), now)
-		k.credit = float64(m) // weighed by the fleet (weighHits): see latency.go
+		k.credit = hitCredits * float64(m) // weighed by the fleet (weighHits): see latency.go
 		keys = append(keys, k)
 		matched = append(matched, m)
 	}
@@ -528,14 +528,14 @@ func fastestHolder(keys []latencyKey, matched []int64, timed bool) int {
 	return best
 }
 
-// tieBefore orders tied candidates for the latency decision: lower decode load, then the
-// longer prefix, then lower in-flight.
+// tieBefore orders tied candidates for the latency decision: the longer prefix, then lower
+// decode load, then lower in-flight.
 func tieBefore(a, b *latencyKey, ma, mb int64) bool {
 	switch {
-	case a.decode != b.decode:
-		return a.decode < b.decode
 	case ma != mb:
 		return ma > mb
+	case a.decode != b.decode:
+		return a.decode < b.decode
 	}
 	return a.inflight < b.inflight
 }

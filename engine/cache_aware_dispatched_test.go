@@ -84,10 +84,11 @@ func TestCacheAwareDispatchedMemory(t *testing.T) {
 			if joined := got.Worker == holder; joined != tt.joins {
 				t.Fatalf("follow-up on %v (%s), holder %v: joined %v, want %v", got.Worker, got.Reason, holder, joined, tt.joins)
 			}
-			// The holder's credit is its matched tokens, weighted by the busy engines (itself).
-			weight := float64(len(ws)+1) / float64(len(ws))
-			if tt.joins && (got.Reason != ReasonCacheCandidate || p.latency[slicesIndex(ws, holder)].credit != float64(tt.matched)*weight) {
-				t.Errorf("reason %s, credit %v, want %s and %v", got.Reason, p.latency[slicesIndex(ws, holder)].credit, ReasonCacheCandidate, float64(tt.matched)*weight)
+			// The holder's credit is twice its matched tokens, weighted by the busy engines
+			// (itself).
+			want := hitCredits * float64(tt.matched) * float64(len(ws)+1) / float64(len(ws))
+			if tt.joins && (got.Reason != ReasonCacheCandidate || p.latency[slicesIndex(ws, holder)].credit != want) {
+				t.Errorf("reason %s, credit %v, want %s and %v", got.Reason, p.latency[slicesIndex(ws, holder)].credit, ReasonCacheCandidate, want)
 			}
 		})
 	}

@@ -30,18 +30,21 @@ func TestCacheAwareLatency(t *testing.T) {
 			engines: []engine{{matched: 2000}, {matched: 8000}, {matched: 4000}}, want: 1, wantReason: ReasonCacheCandidate},
 		{name: "a holder whose queue costs more than the hit saves is left", input: 600,
 			engines: []engine{{}, {matched: 400, pending: 5000}, {}}, want: 0, wantReason: ReasonCacheMissFallback},
-		{name: "a hit is credited twice: a queue between one and two savings keeps it", input: 2000,
+		{name: "a holder queued one and a half times its hit is kept", input: 2000,
 			engines: []engine{{}, {matched: 1000, pending: 1500}, {}}, want: 1, wantReason: ReasonCacheCandidate},
-		{name: "a holder queued beyond twice its hit is left while the other engines are idle", input: 2000,
-			engines: []engine{{}, {matched: 1000, pending: 3000}, {}}, want: 0, wantReason: ReasonCacheMissFallback},
+		// The holder alone busy: a weight of 4/3, a credit of 2,667 tokens.
+		{name: "a holder queued between two and three times its hit is kept", input: 2000,
+			engines: []engine{{}, {matched: 1000, pending: 3000}, {}}, want: 1, wantReason: ReasonCacheCandidate},
+		{name: "a holder queued beyond its weighted credits is left while the other engines are idle", input: 2000,
+			engines: []engine{{}, {matched: 1000, pending: 4500}, {}}, want: 0, wantReason: ReasonCacheMissFallback},
 		{name: "the same holder is kept while every engine has the hit's prefill queued: the hit saves the fleet more", input: 2000,
 			engines: []engine{{pending: 1000}, {matched: 1000, pending: 5000}, {pending: 1000}}, want: 1, wantReason: ReasonCacheCandidate},
 		{name: "queues shorter than the hit do not weigh it", input: 2000,
 			engines: []engine{{pending: 900}, {matched: 1000, pending: 5000}, {pending: 900}}, want: 0, wantReason: ReasonCacheMissFallback},
 		{name: "a holder's queue smaller than the hit's saving is kept", input: 9000,
 			engines: []engine{{}, {matched: 8000, pending: 3000}, {}}, want: 1, wantReason: ReasonCacheCandidate},
-		{name: "a tiny shared prefix does not herd: decode load decides the tie", input: 10000,
-			engines: []engine{{matched: 16, inflight: 3}, {inflight: 1}, {matched: 16, inflight: 2}}, want: 1, wantReason: ReasonCacheMissFallback},
+		{name: "a tie goes to the longer prefix, then among its holders to the lower decode load", input: 10000,
+			engines: []engine{{matched: 16, inflight: 3}, {inflight: 1}, {matched: 16, inflight: 2}}, want: 2, wantReason: ReasonCacheCandidate},
 		{name: "equally busy ties go to the longer prefix", input: 10000,
 			engines: []engine{{matched: 16}, {}, {matched: 32}}, want: 2, wantReason: ReasonCacheCandidate},
 		{name: "no lookup: the least loaded engine", input: 1000, noLookup: true,
@@ -139,14 +142,15 @@ func TestCacheAwareLatencyAdmission(t *testing.T) {
 func TestCacheAwareLatencyPrefillProgress(t *testing.T) {
 	for _, tt := range []struct {
 		name    string
-		started time.Duration // before the pick, the holder's 10,000-token prompt was dispatched
+		started time.Duration // before the pick, the holder's 20,000-token prompt was dispatched
 		want    int
 		reason  string
 	}{
-		// 10,000 + 1,000 tokens at 100 µs: 1.1 s less the 0.3 s hit, against 0.4 s idle.
+		// 20,000 + 1,000 tokens at 100 µs: 2.1 s less the hit's 0.3 s credited twice times
+		// the weight of 3/2 (0.9 s), against 0.4 s idle.
 		{name: "just dispatched: counted in full, the idle engine", started: 0, want: 0, reason: ReasonCacheMissFallback},
-		// 900 ms into it, 1,000 tokens are left: 0.2 s less the hit.
-		{name: "nine tenths prefilled: the holder", started: 900 * time.Millisecond, want: 1, reason: ReasonCacheCandidate},
+		// 1.8 s into it, 2,000 tokens are left: 0.3 s less the credit.
+		{name: "nine tenths prefilled: the holder", started: 1800 * time.Millisecond, want: 1, reason: ReasonCacheCandidate},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			ws := sortedWorkers(t, 2)
@@ -157,7 +161,7 @@ func TestCacheAwareLatencyPrefillProgress(t *testing.T) {
 					w.Counters.Rates().Prefill.Observe(x, 100e-6*x)
 				}
 			}
-			g := tr.AcquirePrefill(ws[1].Counters, t0.Add(-tt.started), 10000)
+			g := tr.AcquirePrefill(ws[1].Counters, t0.Add(-tt.started), 20000)
 			defer g.Release()
 			p := NewCacheAware(nil, nil, nil, testCacheSettings(), testRNG(), nil)
 			got, err := p.Pick(ws, cacheReq(4000, &fakePrefix{matched: map[string]int64{ws[1].ID: 3000}}))

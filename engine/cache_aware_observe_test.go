@@ -56,8 +56,8 @@ func TestCacheAwareObserver(t *testing.T) {
 	if !near(d.HitWeight, 4.0/3) {
 		t.Errorf("hit weight %g, want 4/3", d.HitWeight)
 	}
-	if !near(h.TTFT, 6000*per) || !near(h.Score, (6000-1000*4.0/3)*per) || !near(h.Queue(), 5000*per) {
-		t.Errorf("holder TTFT %g score %g queue %g, want %g, %g, %g", h.TTFT, h.Score, h.Queue(), 6000*per, (6000-1000*4.0/3)*per, 5000*per)
+	if !near(h.TTFT, 6000*per) || !near(h.Score, (6000-2*1000*4.0/3)*per) || !near(h.Queue(), 5000*per) {
+		t.Errorf("holder TTFT %g score %g queue %g, want %g, %g, %g", h.TTFT, h.Score, h.Queue(), 6000*per, (6000-2*1000*4.0/3)*per, 5000*per)
 	}
 	c := d.Candidates[0]
 	if c.Matched != 0 || c.Work != 2000 || !near(c.Score, 2000*per) || c.Queue() != 0 {
@@ -74,7 +74,7 @@ func TestCacheAwareObserver(t *testing.T) {
 	if _, err := p.Pick(ws2, cacheReq(3000, &fakePrefix{matched: map[string]int64{ws2[1].ID: 2048}})); err != nil {
 		t.Fatal(err)
 	}
-	if d := log.got[0]; d.Timed || d.Chosen != 1 || d.HitWeight != 1 || d.Candidates[1].PerToken != 0 || d.Candidates[1].Score != 3000-2*2048 {
-		t.Errorf("untimed decision %+v, want the holder chosen in tokens (score %d)", d, 3000-2*2048)
+	if d := log.got[0]; d.Timed || d.Chosen != 1 || d.HitWeight != 1 || d.Candidates[1].PerToken != 0 || d.Candidates[1].Score != 3000-3*2048 {
+		t.Errorf("untimed decision %+v, want the holder chosen in tokens (score %d)", d, 3000-3*2048)
 	}
 }

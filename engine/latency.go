@@ -30,8 +30,9 @@ import (
 // thus weighed in one unit. Until every candidate has learned a rate, all are compared by
 // work(e) in tokens (equal speeds assumed).
 //
-// cache_aware's latency decision credits a prefix hit once more (credit), weighted by how
-// busy the group's engines are (weighHits): its score is TTFT(e) − f × matched(e)/rate(e)
+// cache_aware's latency decision credits a prefix hit twice more (credit, hitCredits),
+// weighted by how busy the group's engines are (weighHits): its score is
+// TTFT(e) − 2f × matched(e)/rate(e)
 // (TTFT(e) already leaves the matched tokens out), with f = (n+1)/(n+1−b) for n candidates
 // of which b have at least the hit's prefill queued ahead of the request (the longest
 // prefix any candidate holds). A hit saves the fleet its prefill: that time is not only
@@ -43,13 +44,20 @@ import (
 // sample of an idle engine so that the estimate stays below 1 (f at most n+1); a queue
 // shorter than the hit clears within the hit's own prefill time and is counted idle, so
 // that small, frequent queues (many short requests sharing a system prompt) leave f near 1
-// and their holders do not herd. An idle fleet gives f = 1: an engine holding matched(e)
-// tokens is kept unless its queue exceeds another's by more than twice matched(e); with
-// every engine busy, by (n+2) times. load_based and power_of_two score TTFT(e) alone.
+// and their holders do not herd. The second credit is measured, not derived: on the
+// trace's simulated engines, with ties going to the holder (tieBefore), it keeps 1.3-1.7
+// points more of the holder placement's hits than one credit at 40-85% load, as many as a
+// flat three without its request spread (docs/benchmarks.md, "Where gone starts"). An idle
+// fleet gives f = 1: an engine holding matched(e) tokens is kept unless its queue exceeds
+// another's by more than three times matched(e); with every engine busy, by (2n+3) times.
+// load_based and power_of_two score TTFT(e) alone.
 //
 // Scores within latencySlack of the best engine's TTFT are a tie, broken by the decode load
 // the request would join (load.DecodeLoad: the larger of reported running requests and
-// router in-flight), then by router in-flight, then by the policy's own order.
+// router in-flight), then by router in-flight, then by the policy's own order; cache_aware
+// breaks them by the longer prefix first (tieBefore): within the margin the expected TTFTs
+// are equal within the noise of the learned rates, and the hit is a saving the fleet
+// certainly makes.
 
 // weighHits multiplies each key's credit (a held prefix, matched tokens of input) by the
 // fleet's hit weight (n+1)/(n+1−b), b the candidates with at least the longest held prefix
@@ -75,6 +83,10 @@ func weighHits(keys []latencyKey, matched []int64, input int64) float64 {
 	}
 	return f
 }
+
+// hitCredits is how many times cache_aware's latency decision credits a held prefix's
+// prefill beyond the request's own (each times the fleet's hit weight): see above.
+const hitCredits = 2
 
 // latencySlack is the margin, a fraction of the best expected TTFT, within which scores
 // count as equal: the learned rates of identical engines differ by noise, and an idle fleet
