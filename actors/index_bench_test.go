@@ -49,6 +49,14 @@ func routerHost() benchHost {
 	return benchHost{"actors+hashcache", 0, IndexHost(IndexOptions{}), config.Default().KV.HashCacheChunks}
 }
 
+// coldCacheHost is the actor host with a hash cache of one chunk: each chunk a lookup hashes
+// evicts the one before, so every lookup of a long prompt misses every chunk and pays for
+// the cache (a chunk's key, the probe, the entry) on top of the hashing, as a prompt the
+// router sees for the first time does.
+func coldCacheHost() benchHost {
+	return benchHost{"actors+coldcache", 0, IndexHost(IndexOptions{}), 1}
+}
+
 func newBenchIndex(b *testing.B, h benchHost, maxBlocks int) *index.Index {
 	b.Helper()
 	x, err := index.New(index.Config{Shards: h.shards, MaxBlocks: maxBlocks, Host: h.host, HashCacheChunks: h.hashCache})
@@ -138,10 +146,11 @@ func reportPercentiles(b *testing.B, d []time.Duration) {
 // system prompt), four hold all of it, ten hold 10%…100% of it. "full" hashes the prompt
 // and matches (a full hit: the worst case); "miss" looks up a prompt nobody holds; "match"
 // matches precomputed hashes; "hash" only hashes (the floor of full). On "actors+hashcache"
-// the repeated prompt's hashes come from the hash cache after the first lookup.
+// the repeated prompt's hashes come from the hash cache after the first lookup; on
+// "actors+coldcache" every lookup misses the cache (the router's first lookup of a prompt).
 func BenchmarkLookup100kTokens(b *testing.B) {
 	const engines, resident, promptLen = 100, 1_000_000, 100_000
-	for _, h := range append(benchHosts(), routerHost()) {
+	for _, h := range append(benchHosts(), routerHost(), coldCacheHost()) {
 		for _, bs := range []int{16, 64} {
 			var x *index.Index
 			var prompt []uint32
