@@ -145,6 +145,9 @@ func (x *Index) streamHelper(ctx context.Context, st *stream, sc *lookupScratch,
 			st.matched.Store(int64(lo))
 			st.state.Store(helperSleeping)
 			st.want.Store(need)
+			if x.obs != nil {
+				x.obs.helperSleeps()
+			}
 			if st.hashed.Load() < need { // else hashed before want was visible
 				select {
 				case <-st.wake:
@@ -182,12 +185,14 @@ func (x *Index) streamHelper(ctx context.Context, st *stream, sc *lookupScratch,
 
 // streamObserver sees a streamed lookup's progress: helperStarted runs first in a streamed
 // lookup's helper, chunkHashed after each chunk the lookup goroutine hashes (to: blocks
-// hashed so far), helperWoke each time the helper is done sleeping for hashes (before it
-// checks whether it was withdrawn meanwhile), helperStopped once the helper has told the
+// hashed so far), helperSleeps each time the helper is about to sleep for hashes (the
+// lookup goroutine may withdraw it from then on), helperWoke each time it is done sleeping
+// (before it checks whether it was withdrawn meanwhile), helperStopped once the helper has told the
 // hashing to stop. It is a seam for tests (Config.observer), nil otherwise.
 type streamObserver interface {
 	helperStarted()
 	chunkHashed(st *stream, to int)
+	helperSleeps()
 	helperWoke()
 	helperStopped()
 }

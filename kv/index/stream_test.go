@@ -40,6 +40,7 @@ func checkStreamed(t *testing.T, got map[string]int64) {
 type streamHooks struct {
 	start   func()
 	chunk   func(*stream, int)
+	sleeps  func()
 	woke    func()
 	stopped func()
 }
@@ -53,6 +54,12 @@ func (h *streamHooks) helperStarted() {
 func (h *streamHooks) chunkHashed(st *stream, to int) {
 	if h.chunk != nil {
 		h.chunk(st, to)
+	}
+}
+
+func (h *streamHooks) helperSleeps() {
+	if h.sleeps != nil {
+		h.sleeps()
 	}
 }
 
@@ -144,14 +151,23 @@ func TestStreamWithdrawsALateHelper(t *testing.T) {
 func TestStreamTakesOverFromASleepingHelper(t *testing.T) {
 	x, prompt, h := streamFixture(t)
 	started, release := make(chan struct{}), make(chan struct{})
-	woke := make(chan struct{}, 4)
+	woke, sleeps := make(chan struct{}, 4), make(chan struct{}, 1)
 	chunks := 0
 	setHooks(h, func() { close(started) }, func(_ *stream, to int) {
 		if chunks++; chunks == 1 {
 			// The helper runs before the second chunk: it finds too few hashes and sleeps.
+			// Wait until it does: a helper whose thread the system holds back until the
+			// hashing is past its first wave never sleeps.
 			awaitSignal(t, started, "the helper")
+			awaitSignal(t, sleeps, "the helper to sleep")
 		}
 	}, nil)
+	h.sleeps = func() {
+		select {
+		case sleeps <- struct{}{}:
+		default:
+		}
+	}
 	h.woke = func() {
 		// The helper's core "wakes up" only after the lookup is over.
 		<-release
@@ -175,6 +191,6 @@ func TestStreamTakesOverFromASleepingHelper(t *testing.T) {
 	close(release)
 	awaitSignal(t, woke, "the withdrawn helper")
 	setHooks(h, nil, nil, nil)
-	h.woke = nil
+	h.woke, h.sleeps = nil, nil
 	checkStreamed(t, lookup(t, x, "m", prompt))
 }
