@@ -65,8 +65,18 @@ func newHashCache(chunks int, m *kv.Metrics) *hashCache {
 // key is the key of the chunk tokens (chunkBlocks whole blocks of blockSize) that follows the
 // prefix whose key is prev (the zero key for the first chunk).
 func (c *hashCache) key(prev chunkKey, blockSize int, tokens []uint32) chunkKey {
+	return c.keyOf(prev, blockSize, c.body(tokens))
+}
+
+// body is the keyed hash of a chunk's tokens: nearly all of the cost of its key, and, unlike
+// the key, independent of the chunks before it.
+func (c *hashCache) body(tokens []uint32) uint64 {
 	b := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(tokens))), 4*len(tokens))
-	body := maphash.Bytes(c.seeds[0], b)
+	return maphash.Bytes(c.seeds[0], b)
+}
+
+// keyOf is key for the chunk whose body is body.
+func (c *hashCache) keyOf(prev chunkKey, blockSize int, body uint64) chunkKey {
 	var k chunkKey
 	for i, seed := range c.seeds {
 		k[i] = maphash.Comparable(seed, [4]uint64{prev[0], prev[1], body, uint64(blockSize)})

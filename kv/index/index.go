@@ -363,6 +363,9 @@ type lookupScratch struct {
 	key    chunkKey
 	keyed  bool
 	stream *stream // reused by the streamed lookups of this scratch
+	// ahead is the stream of a streamed lookup with a hash cache: its helper computes the
+	// bodies of the chunks ahead of the hashing (stream.bodies).
+	ahead *stream
 	// start is when the lookup started (its LookupTimeout runs from there).
 	start time.Time
 }
@@ -386,7 +389,13 @@ func (sc *lookupScratch) hashInto(dst []int64, hi int) []int64 {
 		end := min(hi, (from/chunkBlocks+1)*chunkBlocks)
 		toks := sc.tokens[from*bs : min(end*bs, len(sc.tokens))]
 		if c := sc.cache; c != nil && sc.keyed && from%chunkBlocks == 0 && len(toks) == chunkBlocks*bs {
-			k := c.key(sc.key, bs, toks)
+			var body uint64
+			if st, ch := sc.ahead, from/chunkBlocks; st != nil && ch < len(st.ready) && st.ready[ch].Load() {
+				body = st.bodies[ch] // the streamed lookup's helper read the tokens
+			} else {
+				body = c.body(toks)
+			}
+			k := c.keyOf(sc.key, bs, body)
 			if e := c.get(k); e != nil {
 				dst = append(dst, e.hashes[:]...)
 				sc.last = e.last
@@ -408,6 +417,7 @@ func (sc *lookupScratch) hashInto(dst []int64, hi int) []int64 {
 func (sc *lookupScratch) startChain(tokens []uint32, blockSize int, cache *hashCache) {
 	sc.hashes, sc.tokens, sc.blockSize, sc.hashed = sc.hashes[:0], tokens, blockSize, 0
 	sc.cache, sc.key, sc.keyed = cache, chunkKey{}, true
+	sc.ahead = nil
 }
 
 func (x *Index) getScratch(maxID OwnerID) *lookupScratch {

@@ -53,6 +53,15 @@ type stream struct {
 	wake     chan struct{} // capacity 1: hashed reached want
 	finished chan struct{} // capacity 1: the helper is done; err is set
 	err      error
+
+	// With a hash cache, the helper computes, while it waits for hashes, the bodies
+	// (hashCache.body) of the chunks the hashing has yet to reach: the lookup goroutine keys
+	// chunk c from bodies[c] once ready[c] is set, without reading its tokens (a chunk's body
+	// is a tenth of its SHA-256 chain in 16-token blocks). bodyNext is the helper's: the
+	// first chunk whose body it has not computed.
+	bodies   []uint64
+	ready    []atomic.Bool
+	bodyNext int
 }
 
 func newStream() *stream {
@@ -83,6 +92,19 @@ func (x *Index) matchStream(ctx context.Context, sc *lookupScratch, w, lo, n int
 	default:
 	}
 	st.err = nil
+	st.bodyNext = 0
+	st.bodies, st.ready = st.bodies[:0], st.ready[:0]
+	if sc.cache != nil && sc.keyed {
+		chunks := len(sc.tokens) / sc.blockSize / chunkBlocks
+		if cap(st.ready) < chunks {
+			st.bodies, st.ready = make([]uint64, chunks), make([]atomic.Bool, chunks)
+		}
+		st.bodies, st.ready = st.bodies[:chunks], st.ready[:chunks]
+		for i := range st.ready {
+			st.ready[i].Store(false)
+		}
+		sc.ahead = st
+	}
 	go x.streamHelper(ctx, st, sc, w, lo, n)
 
 	for from := sc.hashed; from < n && !st.stop.Load(); from += streamChunk {
@@ -140,6 +162,7 @@ func (x *Index) streamHelper(ctx context.Context, st *stream, sc *lookupScratch,
 		// run this goroutine's thread on the hashing core.
 		need := int64(min(n, lo+streamWave))
 		for err == nil && st.hashed.Load() < need {
+			x.bodiesAhead(st, sc)
 			// Sleep: from here until the helper is running again, the lookup goroutine may
 			// withdraw it and match from lo itself.
 			st.matched.Store(int64(lo))
@@ -183,16 +206,46 @@ func (x *Index) streamHelper(ctx context.Context, st *stream, sc *lookupScratch,
 	st.finished <- struct{}{}
 }
 
+// aheadChunks is how many chunks past the one being hashed the helper computes the bodies of:
+// two of its largest waves, so that the hashing does not catch up between its sleeps.
+const aheadChunks = 2 * streamMaxWave / chunkBlocks
+
+// bodiesAhead computes the bodies of the chunks up to aheadChunks past the one being hashed
+// (see stream.bodies). The helper calls it when it has nothing to match.
+func (x *Index) bodiesAhead(st *stream, sc *lookupScratch) {
+	if len(st.ready) == 0 {
+		return
+	}
+	bs := sc.blockSize
+	next := int(st.hashed.Load())/chunkBlocks + 1 // the chunk being hashed is keyed already
+	c := max(st.bodyNext, next)
+	end := min(next+aheadChunks, len(st.ready))
+	if c >= end {
+		return
+	}
+	for ; c < end; c++ {
+		st.bodies[c] = sc.cache.body(sc.tokens[c*chunkBlocks*bs : (c+1)*chunkBlocks*bs])
+		st.ready[c].Store(true)
+	}
+	st.bodyNext = c
+	if x.obs != nil {
+		x.obs.bodiesComputed(st, c)
+	}
+}
+
 // streamObserver sees a streamed lookup's progress: helperStarted runs first in a streamed
 // lookup's helper, chunkHashed after each chunk the lookup goroutine hashes (to: blocks
 // hashed so far), helperSleeps each time the helper is about to sleep for hashes (the
 // lookup goroutine may withdraw it from then on), helperWoke each time it is done sleeping
 // (before it checks whether it was withdrawn meanwhile), helperStopped once the helper has told the
-// hashing to stop. It is a seam for tests (Config.observer), nil otherwise.
+// hashing to stop, bodiesComputed after the helper computed chunks' bodies ahead of the
+// hashing (to: the chunk after the last). It is a seam for tests (Config.observer), nil
+// otherwise.
 type streamObserver interface {
 	helperStarted()
 	chunkHashed(st *stream, to int)
 	helperSleeps()
 	helperWoke()
 	helperStopped()
+	bodiesComputed(st *stream, to int)
 }
