@@ -7,7 +7,8 @@
 // its model's engines use and computes every owner's longest held prefix: the shards answer
 // in growing waves (each wave's first block asked about alone before the wave is hashed, so
 // a prompt nobody holds costs one block's hash), a long cached prompt is streamed
-// (stream.go: one goroutine hashes, a helper matches), and whole 64-block chunks of recent
+// (stream.go: one goroutine hashes, a helper matches and, while it waits for hashes, reads
+// the tokens of the chunks ahead for their cache keys), and whole 64-block chunks of recent
 // prompts keep their hashes in a lock-free cache (hashcache.go). The index is bounded
 // (Config.MaxBlocks) with a CLOCK approximation of LRU in which blocks a request matched
 // outlive blocks only stored.
