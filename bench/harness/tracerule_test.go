@@ -76,8 +76,12 @@ var simRules = []struct {
 	{"own TTFT (1 credit)", simRule{credit: 1}},
 	{"3 credits", simRule{credit: 3}},
 	{"hit weight, 1 credit", simRule{credit: 1, weigh: true}},
-	{"hit weight, 2 credits, holder first in ties (default)", simRule{credit: 2, weigh: true, holderFirst: true}},
+	{"hit weight, 2 credits, holder first in ties (default)", defaultRule},
 }
+
+// defaultRule is cache_aware's default latency decision (engine.CacheAware.pickByLatency):
+// two credits times the fleet's hit weight, ties to the longer prefix first.
+var defaultRule = simRule{credit: 2, weigh: true, holderFirst: true}
 
 // ownTTFTRule is the rule that weighs a hit by the request's own TTFT alone, seeing queues
 // by view.
@@ -100,51 +104,14 @@ func ownTTFTRule(view queueView) simRule { return simRule{credit: 1, view: view}
 // least half a point more than one weighted credit. It takes several minutes of CPU (go
 // test -timeout 30m on a busy machine).
 func TestTraceHitWeightSimulation(t *testing.T) {
-	const window, engines = 1500, 8
+	const engines = 8
 	all, o := fullTraceSim(t, engines)
-	perToken := o.Costs.PrefillPerToken.Seconds()
-	type runs struct{ share, gone, away, gained, p50, p90, p99, spread, prefill []float64 }
+	rules := make([]simRule, len(simRules))
+	for i, r := range simRules {
+		rules[i] = r.rule
+	}
 	for _, offered := range []float64{0.4, 0.68, 0.85} {
-		res := make([]runs, len(simRules))
-		for start := 0; start <= 2400; start += 400 {
-			for jitter := range uint64(3) {
-				sim, _ := all.window(t, &o, start, window, offered, jitter)
-				orc, err := sim.holder(window)
-				if err != nil {
-					t.Fatal(err)
-				}
-				held := sim.result(orc).HitRate
-				for ri, r := range simRules {
-					r.rule.view = routerLeft
-					out, err := mockengine.Simulate(sim.cfg, sim.reqs, latencyRule(r.rule, perToken))
-					if err != nil {
-						t.Fatal(err)
-					}
-					x := &res[ri]
-					x.share = append(x.share, sim.result(out).HitRate/held)
-					var lost [lossGone + 1]float64
-					var total float64
-					served, prefilled := make([]float64, engines), make([]float64, engines)
-					ttft := make([]time.Duration, 0, len(out))
-					for i := range out {
-						want, at := orc[i].Cached, &out[i]
-						total += float64(want)
-						lost[lossOf(want, at.Cached, at)] += math.Abs(float64(want - at.Cached))
-						served[at.Engine]++
-						prefilled[at.Engine] += float64(sim.reqs[i].PromptTokens - at.Cached)
-						ttft = append(ttft, at.FirstToken)
-					}
-					slices.Sort(ttft)
-					q := func(p float64) float64 { return ttft[int(p*float64(len(ttft)-1))].Seconds() }
-					x.gone = append(x.gone, lost[lossGone]/total)
-					x.away = append(x.away, (lost[lossElsewhere]+lost[lossQueued])/total)
-					x.gained = append(x.gained, lost[lossGained]/total)
-					x.p50, x.p90, x.p99 = append(x.p50, q(0.5)), append(x.p90, q(0.9)), append(x.p99, q(0.99))
-					x.spread = append(x.spread, slices.Max(served)/meanOf(served))
-					x.prefill = append(x.prefill, slices.Max(prefilled)/meanOf(prefilled))
-				}
-			}
-		}
+		res := all.runRules(t, &o, offered, rules)
 		for ri, r := range simRules {
 			x := &res[ri]
 			wins, losses := winsOf(x.share, res[0].share)
@@ -172,6 +139,64 @@ func TestTraceHitWeightSimulation(t *testing.T) {
 			}
 		}
 	}
+}
+
+// ruleRuns are one rule's figures over the runs of traceSim.runRules, one entry a run: its
+// share of the holder placement's hits, the shares of the holder placement's cached tokens
+// lost to prefixes gone from every engine, lost away from a holder (elsewhere or queued)
+// and gained, its TTFT percentiles (seconds) and its request and prefill spreads.
+type ruleRuns struct{ share, gone, away, gained, p50, p90, p99, spread, prefill []float64 }
+
+// runRules places 21 runs on s's simulated engines (the whole trace, as fullTraceSim reads
+// it) by each of rules with the router's view of the queues: seven windows of 1,500
+// requests (from requests 0, 400, ..., 2,400), each sped up to offer the engines the share
+// offered of their prefill capacity, each replayed as recorded and with two seeds of
+// arrival jitter (window). The runs of every rule are the same, entry for entry.
+func (s *traceSim) runRules(t *testing.T, o *Options, offered float64, rules []simRule) []ruleRuns {
+	t.Helper()
+	const window = 1500
+	perToken := o.Costs.PrefillPerToken.Seconds()
+	res := make([]ruleRuns, len(rules))
+	for start := 0; start <= 2400; start += 400 {
+		for jitter := range uint64(3) {
+			sim, _ := s.window(t, o, start, window, offered, jitter)
+			orc, err := sim.holder(window)
+			if err != nil {
+				t.Fatal(err)
+			}
+			held := sim.result(orc).HitRate
+			for ri, r := range rules {
+				r.view = routerLeft
+				out, err := mockengine.Simulate(sim.cfg, sim.reqs, latencyRule(r, perToken))
+				if err != nil {
+					t.Fatal(err)
+				}
+				x := &res[ri]
+				x.share = append(x.share, sim.result(out).HitRate/held)
+				var lost [lossGone + 1]float64
+				var total float64
+				served, prefilled := make([]float64, sim.cfg.Engines), make([]float64, sim.cfg.Engines)
+				ttft := make([]time.Duration, 0, len(out))
+				for i := range out {
+					want, at := orc[i].Cached, &out[i]
+					total += float64(want)
+					lost[lossOf(want, at.Cached, at)] += math.Abs(float64(want - at.Cached))
+					served[at.Engine]++
+					prefilled[at.Engine] += float64(sim.reqs[i].PromptTokens - at.Cached)
+					ttft = append(ttft, at.FirstToken)
+				}
+				slices.Sort(ttft)
+				q := func(p float64) float64 { return ttft[int(p*float64(len(ttft)-1))].Seconds() }
+				x.gone = append(x.gone, lost[lossGone]/total)
+				x.away = append(x.away, (lost[lossElsewhere]+lost[lossQueued])/total)
+				x.gained = append(x.gained, lost[lossGained]/total)
+				x.p50, x.p90, x.p99 = append(x.p50, q(0.5)), append(x.p90, q(0.9)), append(x.p99, q(0.99))
+				x.spread = append(x.spread, slices.Max(served)/meanOf(served))
+				x.prefill = append(x.prefill, slices.Max(prefilled)/meanOf(prefilled))
+			}
+		}
+	}
+	return res
 }
 
 // TestTraceGoneSimulation finds where the prefixes that the latency rule loses to eviction
@@ -434,7 +459,9 @@ func TestTraceColdPlacementSimulation(t *testing.T) {
 				held := sim.result(orc)
 				var line strings.Builder
 				for c := range coldOrderNames {
-					out, err := mockengine.Simulate(sim.cfg, sim.reqs, latencyRule(simRule{credit: 1, weigh: true, view: view, cold: coldOrder(c)}, perToken))
+					r := defaultRule
+					r.view, r.cold = view, coldOrder(c)
+					out, err := mockengine.Simulate(sim.cfg, sim.reqs, latencyRule(r, perToken))
 					if err != nil {
 						t.Fatal(err)
 					}
