@@ -33,4 +33,8 @@
 // released by Tracker.ReleaseStale, which the owner of the Tracker runs periodically with a
 // maximum age; each such release is counted (StaleReleased). Run
 // methods return when their context is done and close what they opened.
+//
+// A Guard acquired in the caller's storage (Tracker.AcquirePrefillInto) is released the
+// same way, once; after that the storage may be acquired again, and the former guard's
+// methods must not be called.
 package load

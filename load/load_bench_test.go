@@ -116,36 +116,49 @@ func BenchmarkAcquireRelease(b *testing.B) {
 }
 
 // BenchmarkBufferedGuard is a non-streamed request's guard on its engine, as the router
-// holds it: AcquirePrefill at dispatch, with its expected first token registered when the
+// holds it: acquired at dispatch, with its expected first token registered when the
 // engine has an estimate (estimate) or not (none), FirstToken and Release at the answer;
 // inflight other requests of the engine wait for their answers meanwhile, each expecting its
-// first token (inflight=32 fills the engine's table of expected first tokens).
+// first token (inflight=32 fills the engine's table of expected first tokens). The guard is
+// allocated (AcquirePrefill, the baseline) or in the caller's storage, reused
+// (AcquirePrefillInto, /own: as the router holds a buffered answer's).
 func BenchmarkBufferedGuard(b *testing.B) {
 	now := time.Now()
 	for _, inflight := range []int{0, 32} {
 		for _, est := range []bool{false, true} {
-			name := fmt.Sprintf("inflight=%d/none", inflight)
-			if est {
-				name = fmt.Sprintf("inflight=%d/estimate", inflight)
-			}
-			b.Run(name, func(b *testing.B) {
-				b.ReportAllocs()
-				tr := NewTracker()
-				c := tr.Counters("w")
-				for i := range inflight {
-					g := tr.AcquirePrefill(c, now, 16)
-					g.FirstTokenAt(now.Add(time.Hour + time.Duration(i)))
-					defer g.Release()
+			for _, own := range []bool{false, true} {
+				name := fmt.Sprintf("inflight=%d/none", inflight)
+				if est {
+					name = fmt.Sprintf("inflight=%d/estimate", inflight)
 				}
-				for b.Loop() {
-					g := tr.AcquirePrefill(c, now, 16)
-					if est {
-						g.FirstTokenAt(now.Add(time.Millisecond))
+				if own {
+					name += "/own"
+				}
+				b.Run(name, func(b *testing.B) {
+					b.ReportAllocs()
+					tr := NewTracker()
+					c := tr.Counters("w")
+					for i := range inflight {
+						g := tr.AcquirePrefill(c, now, 16)
+						g.FirstTokenAt(now.Add(time.Hour + time.Duration(i)))
+						defer g.Release()
 					}
-					g.FirstToken(now)
-					g.Release()
-				}
-			})
+					var storage Guard
+					for b.Loop() {
+						var g *Guard
+						if own {
+							g = tr.AcquirePrefillInto(&storage, c, now, 16)
+						} else {
+							g = tr.AcquirePrefill(c, now, 16)
+						}
+						if est {
+							g.FirstTokenAt(now.Add(time.Millisecond))
+						}
+						g.FirstToken(now)
+						g.Release()
+					}
+				})
+			}
 		}
 	}
 }

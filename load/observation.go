@@ -109,8 +109,16 @@ const dueSlots = 16
 // (from nil) and cleared by Counters.settle; at (unix nanoseconds) is 0 until g's request
 // stores it, and cleared before g.
 type dueEntry struct {
-	g  atomic.Pointer[Guard]
-	at atomic.Int64
+	g   atomic.Pointer[Guard]
+	gen atomic.Uint64 // g's generation when it registered (Guard)
+	at  atomic.Int64
+}
+
+// waiting reports whether the entry's request, g (as loaded from the entry), still waits for
+// its first token: g holds the pending-prefill slot of the acquisition that registered.
+func (e *dueEntry) waiting(g *Guard) bool {
+	s := g.state.Load()
+	return s&guardPrefill != 0 && gen(s) == e.gen.Load()
 }
 
 // InFlight is the number of requests the router — with a cluster, every replica — has
@@ -228,13 +236,13 @@ func (c *Counters) settle(now int64) {
 		if at == 0 {
 			continue // being registered
 		}
-		if at > now && g.state.Load()&guardPrefill != 0 {
+		if at > now && e.waiting(g) {
 			if next == 0 || at < next {
 				next = at
 			}
 			continue
 		}
-		g.FirstToken(time.Unix(0, at)) // nothing when it already had one or ended
+		g.firstToken(e.gen.Load(), time.Unix(0, at)) // nothing when it already had one or ended
 		e.at.Store(0)
 		e.g.Store(nil)
 	}
