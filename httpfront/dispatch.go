@@ -12,6 +12,7 @@ import (
 	"switchyard/httpfront/flow"
 	"switchyard/httpfront/retry"
 	"switchyard/kv"
+	"switchyard/load"
 )
 
 // maxErrorBody bounds an engine's non-SSE answer read from a streamed response.
@@ -127,6 +128,11 @@ type exchange struct {
 	gone clientGone
 	// tr is the request's spans (tracing.enabled); zero when not traced.
 	tr reqTrace
+	// guard is the storage of a buffered answer's load guard (plain dispatch), released
+	// before the dispatch returns and acquired again by the next; trim leaves it, as its
+	// generation tells the tracker's late references to a former acquisition apart
+	// (load.Tracker.AcquirePrefillInto). A stream's relay holds a guard of its own.
+	guard load.Guard
 }
 
 func (ex *exchange) trim() {
@@ -678,8 +684,14 @@ func (d *dispatch) plain(ex *exchange, o outcome) (outcome, *failedAnswer) {
 	w := d.pick.Plain.Worker
 	m, ticket := d.adm.plain, d.adm.tPlain
 	// The request's start time stamps the guard: one clock read less per request. Until its
-	// first token the request is pending prefill on the engine.
-	guard := s.tracker.AcquirePrefill(w.Counters, d.start, d.slo.uncached)
+	// first token the request is pending prefill on the engine. A buffered answer releases
+	// its guard before this returns: the exchange holds it, no allocation (fast path).
+	var guard *load.Guard
+	if d.facts.stream {
+		guard = s.tracker.AcquirePrefill(w.Counters, d.start, d.slo.uncached)
+	} else {
+		guard = s.tracker.AcquirePrefillInto(&ex.guard, w.Counters, d.start, d.slo.uncached)
+	}
 	if !d.facts.stream && d.slo.hasTTFT {
 		// A buffered answer reports no first token: it leaves the pending prefill when the
 		// estimate made at dispatch expects it, or with the answer if that comes first.
