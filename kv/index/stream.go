@@ -220,17 +220,17 @@ func (x *Index) bodiesAhead(st *stream, sc *lookupScratch) {
 	next := int(st.hashed.Load())/chunkBlocks + 1 // the chunk being hashed is keyed already
 	c := max(st.bodyNext, next)
 	end := min(next+aheadChunks, len(st.ready))
-	if c >= end {
-		return
-	}
 	for ; c < end; c++ {
+		if int(st.hashed.Load())/chunkBlocks >= c {
+			break // the hashing caught up (its chunks came from the cache): back to matching
+		}
 		st.bodies[c] = sc.cache.body(sc.tokens[c*chunkBlocks*bs : (c+1)*chunkBlocks*bs])
 		st.ready[c].Store(true)
+		if x.obs != nil {
+			x.obs.bodyComputed(st, c)
+		}
 	}
 	st.bodyNext = c
-	if x.obs != nil {
-		x.obs.bodiesComputed(st, c)
-	}
 }
 
 // streamObserver sees a streamed lookup's progress: helperStarted runs first in a streamed
@@ -238,14 +238,13 @@ func (x *Index) bodiesAhead(st *stream, sc *lookupScratch) {
 // hashed so far), helperSleeps each time the helper is about to sleep for hashes (the
 // lookup goroutine may withdraw it from then on), helperWoke each time it is done sleeping
 // (before it checks whether it was withdrawn meanwhile), helperStopped once the helper has told the
-// hashing to stop, bodiesComputed after the helper computed chunks' bodies ahead of the
-// hashing (to: the chunk after the last). It is a seam for tests (Config.observer), nil
-// otherwise.
+// hashing to stop, bodyComputed each time the helper computed the body of a chunk c ahead of
+// the hashing. It is a seam for tests (Config.observer), nil otherwise.
 type streamObserver interface {
 	helperStarted()
 	chunkHashed(st *stream, to int)
 	helperSleeps()
 	helperWoke()
 	helperStopped()
-	bodiesComputed(st *stream, to int)
+	bodyComputed(st *stream, c int)
 }

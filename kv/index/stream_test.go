@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -130,9 +131,9 @@ func (h *streamHooks) helperStopped() {
 	}
 }
 
-func (h *streamHooks) bodiesComputed(st *stream, to int) {
+func (h *streamHooks) bodyComputed(st *stream, c int) {
 	if h.computed != nil {
-		h.computed(st, to)
+		h.computed(st, c)
 	}
 }
 
@@ -287,28 +288,31 @@ func TestStreamTakesOverFromASleepingHelper(t *testing.T) {
 // from it), so the cache then holds the prompt's chunks up to that one only.
 func TestStreamHelperKeysTheChunksAhead(t *testing.T) {
 	x, prompt, h := streamFixture(t, streamCaches[1])
-	started, computed := make(chan struct{}), make(chan int, 1)
+	started, computed := make(chan struct{}), make(chan int, 128)
 	altered, chunks := -1, 0
 	setHooks(h, func() { close(started) }, func(st *stream, to int) {
 		if chunks++; chunks > 1 {
 			return
 		}
 		awaitSignal(t, started, "the helper")
-		select {
-		case c := <-computed: // the helper found too few hashes to match, and read ahead
-			if c <= to/chunkBlocks+1 {
-				t.Errorf("the helper computed bodies up to chunk %d; the hashing is at %d", c, to/chunkBlocks)
+		// The helper finds too few hashes to match and reads ahead: take a chunk it read
+		// that the hashing, held here, has yet to key.
+		for altered < 0 {
+			select {
+			case c := <-computed:
+				if c > to/chunkBlocks {
+					altered = c
+					st.bodies[altered] ^= 1
+				}
+			case <-time.After(10 * time.Second):
+				t.Error("timed out waiting for the helper to read ahead")
 				return
 			}
-			altered = c - 1
-			st.bodies[altered] ^= 1
-		case <-time.After(10 * time.Second):
-			t.Error("timed out waiting for the helper to read ahead")
 		}
 	}, nil)
-	h.computed = func(_ *stream, to int) {
+	h.computed = func(_ *stream, c int) {
 		select {
-		case computed <- to:
+		case computed <- c:
 		default:
 		}
 	}
@@ -323,5 +327,46 @@ func TestStreamHelperKeysTheChunksAhead(t *testing.T) {
 	}
 	if got := cachedChunks(t, x, prompt); got != altered {
 		t.Fatalf("the cache holds the prompt's first %d chunks; want %d, the chunk whose body the test altered", got, altered)
+	}
+}
+
+// The helper reads chunks ahead only while it is ahead: once the hashing passes the chunk it
+// would read next (as a prompt whose chunks come from the cache does), it stops and goes back
+// to matching. The test holds the helper after its first chunk until the hashing is past the
+// next few.
+func TestStreamHelperStopsReadingAheadOnceOvertaken(t *testing.T) {
+	x, prompt, h := streamFixture(t, streamCaches[1])
+	started, first, passed := make(chan struct{}), make(chan int, 1), make(chan struct{})
+	var st *stream
+	chunks, firstChunk := 0, -1
+	setHooks(h, func() { close(started) }, func(s *stream, to int) {
+		if chunks++; chunks == 1 {
+			st = s
+			awaitSignal(t, started, "the helper")
+			select {
+			case firstChunk = <-first:
+			case <-time.After(10 * time.Second):
+				t.Error("timed out waiting for the helper to read ahead")
+			}
+		}
+		if firstChunk >= 0 && to/chunkBlocks == firstChunk+4 {
+			close(passed) // the hashing is three chunks past the helper's next
+		}
+	}, nil)
+	var held atomic.Bool
+	h.computed = func(_ *stream, c int) {
+		if !held.Swap(true) {
+			first <- c
+			awaitSignal(t, passed, "the hashing to pass the helper")
+		}
+	}
+	checkStreamed(t, lookup(t, x, "m", prompt))
+	if firstChunk < 0 {
+		t.FailNow()
+	}
+	for c := firstChunk + 1; c <= firstChunk+4; c++ {
+		if st.ready[c].Load() {
+			t.Errorf("the helper read chunk %d after the hashing passed it", c)
+		}
 	}
 }
