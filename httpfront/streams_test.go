@@ -3,6 +3,7 @@ package httpfront
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"testing/iotest"
 	"time"
@@ -206,7 +208,11 @@ func TestStreamEndsOnEventBoundary(t *testing.T) {
 
 // TestDrainDeliversShuttingDown: streams still running when the drain timeout passes each
 // end with a shutting_down event and [DONE], whether they wait on the engine or are
-// back-pressured by a client reading more slowly than the engine writes.
+// back-pressured: the engine floods and the client reads nothing until the hard stop, so
+// the stream's end is queued behind what the sockets hold, and reaches the client once it
+// has read that. The drain promises the end only within Options.StreamEndGrace: the test's
+// grace is long, for a client that -race and a loaded machine slow down (a stream whose end
+// is not written by then loses it, and the test fails).
 func TestDrainDeliversShuttingDown(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -222,8 +228,10 @@ func TestDrainDeliversShuttingDown(t *testing.T) {
 			e.flood = tt.flood
 			cfg := oneEngineConfig(e)
 			cfg.Server.DrainTimeout = 300 * time.Millisecond
-			ts := startServer(t, cfg, Options{SkipStartupChecks: true, NoTelemetry: true, HeartbeatInterval: 50 * time.Millisecond})
-			tr := &http.Transport{DisableKeepAlives: true}
+			ln := listenPressed(t, tt.streams)
+			ts := startServer(t, cfg, Options{SkipStartupChecks: true, NoTelemetry: true, HeartbeatInterval: 50 * time.Millisecond,
+				Listener: ln, StreamEndGrace: 30 * time.Second})
+			tr := &http.Transport{DisableKeepAlives: true, DialContext: dialPressed}
 			defer tr.CloseIdleConnections()
 			client := &http.Client{Transport: tr}
 			bodies := make([]string, tt.streams)
@@ -234,23 +242,20 @@ func TestDrainDeliversShuttingDown(t *testing.T) {
 					t.Fatal(err)
 				}
 				waitFor(t, e.streamed, "a stream's first chunk")
+				if tt.flood {
+					// The client has read nothing past the headers: its stream's writes fill
+					// the socket's buffers and then wait.
+					waitFor(t, ln.pressed, "a stream's write to wait for its client")
+				}
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
 					defer resp.Body.Close()
-					var b strings.Builder
-					buf := make([]byte, 64<<10)
-					for {
-						n, err := resp.Body.Read(buf)
-						b.Write(buf[:n])
-						if err != nil {
-							break
-						}
-						if tt.flood {
-							time.Sleep(time.Millisecond) // slower than the engine writes
-						}
+					if tt.flood {
+						<-ts.hardStop
 					}
-					bodies[i] = b.String()
+					b, _ := io.ReadAll(resp.Body)
+					bodies[i] = string(b)
 				}()
 			}
 			ts.stop(t) // the drain times out and ends every stream
@@ -264,6 +269,100 @@ func TestDrainDeliversShuttingDown(t *testing.T) {
 			}
 		})
 	}
+}
+
+// pressedListener hands the Server connections whose writes signal on pressed, once each,
+// when the kernel first refuses their bytes: the socket's send buffer is full, the client
+// has not read what it holds. It tells a back-pressured stream from a fast one without a
+// guess at timing.
+type pressedListener struct {
+	net.Listener
+	pressed chan struct{}
+}
+
+// listenPressed listens on a loopback port the OS chooses; pressed holds up to n signals.
+func listenPressed(t *testing.T, n int) *pressedListener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &pressedListener{Listener: ln, pressed: make(chan struct{}, n)}
+}
+
+func (l *pressedListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	tc := c.(*net.TCPConn)
+	rc, err := tc.SyscallConn()
+	if err == nil {
+		err = tc.SetWriteBuffer(pressedBuffer)
+	}
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	return &pressedConn{TCPConn: tc, rc: rc, pressed: l.pressed}, nil
+}
+
+// pressedBuffer is the socket buffer size of both ends of a pressedListener's connections
+// (the client's with dialPressed): a stream is back-pressured once a few of its events wait,
+// not megabytes that a loaded machine's client then takes seconds to read.
+const pressedBuffer = 32 << 10
+
+// dialPressed dials a pressedListener with a small receive buffer (pressedBuffer).
+func dialPressed(ctx context.Context, network, addr string) (net.Conn, error) {
+	c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.(*net.TCPConn).SetReadBuffer(pressedBuffer); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// pressedConn is a connection of pressedListener.
+type pressedConn struct {
+	*net.TCPConn
+	rc      syscall.RawConn
+	pressed chan<- struct{}
+	once    sync.Once
+}
+
+// Write writes b as net.TCPConn does (waiting in the runtime's poller, under the deadline
+// set), noting the first write the kernel refused.
+func (c *pressedConn) Write(b []byte) (int, error) {
+	n := 0
+	var werr error
+	err := c.rc.Write(func(fd uintptr) bool {
+		for n < len(b) {
+			m, err := syscall.Write(int(fd), b[n:])
+			if m > 0 {
+				n += m
+			}
+			switch {
+			case err == syscall.EAGAIN:
+				c.once.Do(func() { signal(c.pressed) })
+				return false // wait until the socket takes more
+			case err == syscall.EINTR:
+			case err != nil:
+				werr = err
+				return true
+			case m <= 0:
+				werr = io.ErrShortWrite
+				return true
+			}
+		}
+		return true
+	})
+	if werr == nil {
+		werr = err
+	}
+	return n, werr
 }
 
 // lastBoundary is the reference: the offset past the last line terminator (CRLF, LF or CR)
