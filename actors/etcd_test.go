@@ -95,7 +95,7 @@ func TestClusterEtcdProvider(t *testing.T) {
 		cfg.EtcdEndpoints = []string{endpoint}
 		cfg.Partitions = 8
 		cfg.GossipInterval = 20 * time.Millisecond
-		cfg.RequestTimeout = time.Second
+		cfg.RequestTimeout = clusterRequestTimeout
 		var err error
 		if m.cl, err = NewCluster(m.sys, cfg, ClusterOptions{}); err != nil {
 			m.sys.Close()
