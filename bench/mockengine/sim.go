@@ -143,6 +143,19 @@ func (v EngineView) VictimAge(now time.Duration) time.Duration {
 	return now - time.Duration(p.released)
 }
 
+// EvictionOrder appends to dst the hashes of the pages the engine would evict, in the order
+// it would evict them, to take n more tokens now: none while n fits its free KV (Free),
+// then its least recently used unreferenced pages (leaves first) until they cover the rest
+// or none is left.
+func (v EngineView) EvictionOrder(dst []int64, n int) []int64 {
+	need := n - v.Free()
+	for p := v.e.cache.lru.next; p != &v.e.cache.lru && need > 0; p = p.next {
+		dst = append(dst, p.hash)
+		need -= v.e.cfg.PageSize
+	}
+	return dst
+}
+
 // Free is the tokens the engine can take without evicting.
 func (v EngineView) Free() int { return v.e.cfg.CacheTokens - v.e.cache.tokens - v.e.reserved }
 

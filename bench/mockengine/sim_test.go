@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -162,28 +163,39 @@ func TestSimulateHolderBacklog(t *testing.T) {
 // TestSimulateEvictionView: at the third request's arrival (100 ms), engine 0's least
 // recently used page is one of the first prompt's, released when its prefill ended (55 ms),
 // and its free KV is its capacity less that prompt's 62 cached pages and the reservation of
-// the second (2,000 prompt tokens and 1 output token); engine 1 has nothing to evict.
+// the second (2,000 prompt tokens and 1 output token); engine 1 has nothing to evict. Taking
+// its free KV evicts nothing on engine 0; three pages more evict the first prompt's last
+// three pages, leaf first; engine 1 evicts nothing whatever it takes.
 func TestSimulateEvictionView(t *testing.T) {
 	const ps = 16
 	c := simCosts
 	var age [2]time.Duration
 	var free [2]int
+	var within, beyond, empty []int64
 	place := PlaceFunc(func(i int, now time.Duration, _ *SimRequest, fleet []EngineView) int {
 		if i == 2 {
 			for k, v := range fleet {
 				age[k], free[k] = v.VictimAge(now), v.Free()
 			}
+			within = fleet[0].EvictionOrder(nil, fleet[0].Free())
+			beyond = fleet[0].EvictionOrder(nil, fleet[0].Free()+3*ps)
+			empty = fleet[1].EvictionOrder(nil, 1<<20)
 			return 1
 		}
 		return 0
 	})
+	first := simReq(ids(1, 1000), 0, 1, ps)
 	_, err := Simulate(SimConfig{Engines: 2, Engine: Config{PageSize: ps, CacheTokens: 8192, Costs: &c}},
-		[]SimRequest{simReq(ids(1, 1000), 0, 1, ps), simReq(ids(5000, 2000), 60, 1, ps), simReq(ids(9000, 100), 100, 1, ps)}, place)
+		[]SimRequest{first, simReq(ids(5000, 2000), 60, 1, ps), simReq(ids(9000, 100), 100, 1, ps)}, place)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if age != [2]time.Duration{45 * time.Millisecond, -1} || free != [2]int{8192 - 62*ps - 2001, 8192} {
 		t.Errorf("victim ages %v, free %v; want [45ms -1], [%d 8192]", age, free, 8192-62*ps-2001)
+	}
+	h := first.Hashes
+	if want := []int64{h[61], h[60], h[59]}; len(within) != 0 || !slices.Equal(beyond, want) || len(empty) != 0 {
+		t.Errorf("eviction orders %v, %v, %v; want [], %v, []", within, beyond, empty, want)
 	}
 }
 
