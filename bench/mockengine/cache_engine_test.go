@@ -125,7 +125,14 @@ func TestTTFTFallsOnRealClock(t *testing.T) {
 		}
 		return d
 	}
-	cold, warm := measure(), measure()
+	// The warm TTFT is the fastest of three hits: a scheduling stall of a loaded host (which
+	// can only lengthen a measurement) in one of them does not fail the test, a cache that does
+	// not hit fails all three.
+	cold := measure()
+	warm := measure()
+	for range 2 {
+		warm = min(warm, measure())
+	}
 	if warm >= cold/2 {
 		t.Fatalf("TTFT did not fall on a cache hit: cold %v, warm %v", cold, warm)
 	}
