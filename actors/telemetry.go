@@ -22,7 +22,7 @@ import (
 // Telemetry defaults, used when TelemetryOptions leaves a field at zero.
 const (
 	// DefaultPublishInterval is the coalescing window: a dirty load table is rebuilt and
-	// published at most once per interval.
+	// published at most once per interval, at once when the last publish tick is older.
 	DefaultPublishInterval = 20 * time.Millisecond
 	// DefaultRefreshInterval is how often the table is rebuilt even when no report arrived,
 	// so that its build time follows the clock and expired reports drop out.
@@ -133,8 +133,8 @@ type TelemetryOptions struct {
 	RefreshInterval time.Duration
 	// Now is the clock of snapshots and report receipt times. Default time.Now.
 	Now func() time.Time
-	// Ticks, when set, replaces the publish ticker (tests drive it); Telemetry does not own
-	// or close it.
+	// Ticks, when set, replaces the publish schedule (tests drive it: every tick is an
+	// unforced publish); Telemetry does not own or close it.
 	Ticks <-chan time.Time
 	// Client sends the polls of workers whose WorkerSource names no client of its own.
 	// Default: the load package's.
@@ -212,9 +212,9 @@ type TelemetryStats struct {
 }
 
 // Telemetry ingests engine load reports and publishes them into a load.Table. It owns a
-// telemetry actor (holding the load.Aggregator), a publish ticker and one transport goroutine
-// per worker: a load.Poller (HTTP) or a load.GaugeSubscriber (ZMQ), chosen by load.source.
-// Its methods are safe for concurrent use.
+// telemetry actor (holding the load.Aggregator), a publish pacer (pace) and one transport
+// goroutine per worker: a load.Poller (HTTP) or a load.GaugeSubscriber (ZMQ), chosen by
+// load.source. Its methods are safe for concurrent use.
 type Telemetry struct {
 	opts       TelemetryOptions
 	gaugeDrops *zmtp.Metrics
@@ -229,10 +229,11 @@ type Telemetry struct {
 	th       *telemetryHost
 	counters *Counters
 	tick     *PublishLoads // shared, reply-less
+	refresh  *PublishLoads // shared, reply-less, forced: the pacer's refresh
 
 	ctx    context.Context
 	cancel context.CancelFunc
-	wg     sync.WaitGroup // ticker and transports
+	wg     sync.WaitGroup // pacer and transports
 
 	mu     sync.Mutex
 	feeds  map[string]*feed
@@ -260,13 +261,25 @@ type telemetryHost struct {
 	reports   atomic.Uint64
 	failures  atomic.Uint64
 	publishes atomic.Uint64
+	// changed wakes the publish pacer when the table becomes dirty (capacity 1, sent
+	// without blocking); nil when tests drive the ticks.
+	changed chan struct{}
 
 	// Owned by the actor.
 	dirty     bool
 	lastBuild time.Time
 }
 
-// NewTelemetry starts the telemetry actor and its publish ticker. Workers are added with
+// markDirty records a change the next publish must include and wakes the pacer.
+func (h *telemetryHost) markDirty() {
+	h.dirty = true
+	select {
+	case h.changed <- struct{}{}:
+	default: // a wake-up is pending already (or no pacer)
+	}
+}
+
+// NewTelemetry starts the telemetry actor and its publish pacer. Workers are added with
 // AddWorker; Close stops everything.
 func NewTelemetry(table *load.Table, opts TelemetryOptions) (*Telemetry, error) {
 	if table == nil {
@@ -303,6 +316,7 @@ func NewTelemetry(table *load.Table, opts TelemetryOptions) (*Telemetry, error) 
 		host:       newHost(),
 		feeds:      make(map[string]*feed),
 		tick:       &PublishLoads{},
+		refresh:    &PublishLoads{Force: true},
 	}
 	t.sys, t.closeSys = systemOr(opts.System, opts.Logger)
 	t.counters = t.sys.counters
@@ -314,6 +328,9 @@ func NewTelemetry(table *load.Table, opts TelemetryOptions) (*Telemetry, error) 
 		logger:   opts.Logger,
 		counters: &t.counters.kinds[KindTelemetry],
 		internal: &engine.PickError{Outcome: engine.OutcomeInternal, Detail: "telemetry actor failed", Err: ErrPanicked},
+	}
+	if opts.Ticks == nil {
+		t.th.changed = make(chan struct{}, 1)
 	}
 	mb := newMailbox(sizeOr(opts.Mailbox, config.Default().Actors.Mailbox.Telemetry), t.host, t.th.counters,
 		&engine.PickError{Outcome: engine.OutcomeOverloaded, Detail: "telemetry actor mailbox is full"},
@@ -330,26 +347,58 @@ func NewTelemetry(table *load.Table, opts TelemetryOptions) (*Telemetry, error) 
 	t.pid = pid
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 
-	ticks := opts.Ticks
-	var ticker *time.Ticker
-	if ticks == nil {
-		ticker = time.NewTicker(opts.PublishInterval)
-		ticks = ticker.C
-	}
-	t.wg.Go(func() {
-		if ticker != nil {
-			defer ticker.Stop()
-		}
-		for {
-			select {
-			case <-t.ctx.Done():
-				return
-			case <-ticks:
-				t.sys.root.Send(t.pid, t.tick)
+	if ticks := opts.Ticks; ticks != nil {
+		t.wg.Go(func() {
+			for {
+				select {
+				case <-t.ctx.Done():
+					return
+				case <-ticks:
+					t.sys.root.Send(t.pid, t.tick)
+				}
 			}
-		}
-	})
+		})
+		return t, nil
+	}
+	t.wg.Go(func() { t.pace(t.th.changed) })
 	return t, nil
+}
+
+// pace sends the telemetry actor its publish ticks: PublishInterval after the last tick
+// when the table became dirty (at once when that has passed), and a forced rebuild
+// RefreshInterval after the last tick otherwise. An idle router wakes once a refresh
+// interval, not once a publish interval (a ticker woke the process 50 times a second
+// whether or not a report came), and a report no longer waits for a tick's phase.
+func (t *Telemetry) pace(changed <-chan struct{}) {
+	every, refresh := t.opts.PublishInterval, t.opts.RefreshInterval
+	timer := time.NewTimer(refresh)
+	defer timer.Stop()
+	last := time.Now()
+	soon := false // the timer is armed for a change's publish
+	for {
+		// While a change's publish is armed, later changes are left in the channel's one
+		// slot: the actor's sends then fail at once and wake nobody, however many reports
+		// come in the interval.
+		wake := changed
+		if soon {
+			wake = nil
+		}
+		select {
+		case <-t.ctx.Done():
+			return
+		case <-wake:
+			soon = true
+			timer.Reset(max(0, every-time.Since(last)))
+		case <-timer.C:
+			if soon {
+				t.sys.root.Send(t.pid, t.tick)
+			} else {
+				t.sys.root.Send(t.pid, t.refresh)
+			}
+			last, soon = time.Now(), false
+			timer.Reset(refresh)
+		}
+	}
 }
 
 // Counters returns the telemetry actor's failure counts (mailbox rejections: dropped
@@ -555,7 +604,7 @@ func (t *Telemetry) Flush() (*load.Snapshot, error) {
 	return r.Snapshot, r.Err
 }
 
-// Close stops every transport and the ticker, waits for them, then stops the telemetry
+// Close stops every transport and the pacer, waits for them, then stops the telemetry
 // actor and waits for it. The table keeps its last snapshot.
 func (t *Telemetry) Close() {
 	t.mu.Lock()
@@ -608,14 +657,14 @@ func (a *telemetryActor) Receive(ctx actor.Context) {
 		for _, r := range m.Reports {
 			h.agg.Ingest(m.WorkerID, r)
 		}
-		h.dirty = true
+		h.markDirty()
 	case *AddWorker:
 		h.agg.SetWorker(m.WorkerID, m.DPSize, m.Counters)
-		h.dirty = true
+		h.markDirty()
 		answer(m.call, &AddWorkerResult{})
 	case *RemoveWorker:
 		h.agg.RemoveWorker(m.WorkerID)
-		h.dirty = true
+		h.markDirty()
 		answer(m.call, &RemoveWorkerResult{})
 	case *PublishLoads:
 		now := h.now()

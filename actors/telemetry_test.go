@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
@@ -483,4 +484,64 @@ type countingDoer struct {
 func (c *countingDoer) DoDeadline(req *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) error {
 	c.n.Add(1)
 	return c.d.DoDeadline(req, resp, deadline)
+}
+
+// TestTelemetryPacesPublishes runs the default publish schedule (no Ticks) on a fake clock:
+// a change is published at once when the last publish tick is older than the publish
+// interval, changes within the interval wait for its end and are published together, and
+// with nothing reported the table is rebuilt once a refresh interval.
+func TestTelemetryPacesPublishes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		table := load.NewTable()
+		tel, err := NewTelemetry(table, TelemetryOptions{PublishInterval: 20 * time.Millisecond, RefreshInterval: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tel.Close()
+		send := func(msg any) { tel.sys.root.Send(tel.pid, msg) }
+		c := newCall[*AddWorkerResult]()
+		if r, err := ask(tel, c, &AddWorker{WorkerID: "W1", DPSize: 1, call: c}); err != nil || r.Err != nil {
+			t.Fatal(err, r)
+		}
+		running := func() int64 {
+			t.Helper()
+			snap := table.Load()
+			if snap == nil {
+				return -1
+			}
+			return snap.Observe("W1", time.Now()).Running
+		}
+
+		// Idle: the table is rebuilt once a refresh interval (the worker's addition first).
+		time.Sleep(10*time.Second + 5*time.Millisecond)
+		synctest.Wait()
+		if got := tel.Stats().Publishes; got < 10 || got > 11 {
+			t.Fatalf("publishes in 10 idle seconds = %d, want 10 or 11 (one per refresh interval)", got)
+		}
+
+		// A report long after the last tick is published at once, not at a tick's phase.
+		base := tel.Stats().Publishes
+		send(&LoadReported{WorkerID: "W1", Reports: []load.RankReport{report(1, time.Now())}})
+		time.Sleep(time.Millisecond)
+		synctest.Wait()
+		if got := running(); got != 1 {
+			t.Fatalf("running = %d 1 ms after the report, want 1 (published at once)", got)
+		}
+		// Reports within the publish interval wait for its end and are published together.
+		send(&LoadReported{WorkerID: "W1", Reports: []load.RankReport{report(2, time.Now())}})
+		send(&LoadReported{WorkerID: "W1", Reports: []load.RankReport{report(3, time.Now())}})
+		time.Sleep(10 * time.Millisecond)
+		synctest.Wait()
+		if got := running(); got != 1 {
+			t.Fatalf("running = %d within the publish interval, want 1 (not published yet)", got)
+		}
+		time.Sleep(10 * time.Millisecond)
+		synctest.Wait()
+		if got := running(); got != 3 {
+			t.Fatalf("running = %d at the publish interval's end, want 3", got)
+		}
+		if got := tel.Stats().Publishes - base; got != 2 {
+			t.Fatalf("publishes for three reports = %d, want 2 (the first at once, two coalesced)", got)
+		}
+	})
 }
