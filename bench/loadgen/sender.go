@@ -104,6 +104,15 @@ var (
 	_ sender = (*streamSender)(nil)
 )
 
+// conns is how many requests of a run can be in flight, so how many connections a sender
+// keeps: the closed loop's clients, or an open loop's (Poisson or replay) bound.
+func (c Config) conns() int {
+	if c.Rate > 0 || c.Replay > 0 {
+		return c.MaxOutstanding
+	}
+	return c.Concurrency
+}
+
 // fastSender sends non-streaming requests with a fasthttp client.
 type fastSender struct {
 	client  *fasthttp.Client
@@ -112,10 +121,7 @@ type fastSender struct {
 }
 
 func newFastSender(cfg Config) *fastSender {
-	conns := cfg.Concurrency
-	if cfg.Rate > 0 {
-		conns = cfg.MaxOutstanding
-	}
+	conns := cfg.conns()
 	return &fastSender{
 		cfg:     cfg,
 		timeout: cfg.Timeout,
@@ -212,10 +218,7 @@ type streamSender struct {
 }
 
 func newStreamSender(cfg Config) *streamSender {
-	conns := cfg.Concurrency
-	if cfg.Rate > 0 {
-		conns = cfg.MaxOutstanding
-	}
+	conns := cfg.conns()
 	t := &http.Transport{
 		Proxy:               nil,
 		MaxIdleConns:        conns,

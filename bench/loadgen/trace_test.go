@@ -2,7 +2,13 @@ package loadgen
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -131,5 +137,46 @@ func TestReplayArrivals(t *testing.T) {
 	}
 	if err := (Config{URLs: []string{srv.URL}, Model: "m", Replay: 1, Rate: 3}).Validate(); err == nil {
 		t.Error("replay and rate accepted together")
+	}
+}
+
+// TestReplayRequestsOverlap: a replay's requests are in flight together, streaming or not,
+// as an open loop's are. (The non-streaming client was sized for one closed-loop client in
+// a replay, so a replay sent one request at a time and queued the rest for a connection.)
+func TestReplayRequestsOverlap(t *testing.T) {
+	const n = 3
+	for _, stream := range []bool{false, true} {
+		t.Run(fmt.Sprint("stream=", stream), func(t *testing.T) {
+			var inflight atomic.Int64
+			reached := make(chan struct{})
+			var once sync.Once
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if inflight.Add(1) == n {
+					once.Do(func() { close(reached) })
+				}
+				// Hold every request until all are in flight.
+				select {
+				case <-reached:
+				case <-r.Context().Done():
+				case <-time.After(10 * time.Second):
+					t.Errorf("the replay never had %d requests in flight", n)
+				}
+				if stream {
+					io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n")
+					return
+				}
+				io.WriteString(w, `{"usage":{"prompt_tokens":1,"completion_tokens":1}}`)
+			}))
+			defer srv.Close()
+			m, err := Measure(context.Background(), Config{URLs: []string{srv.URL}, Model: "m", Replay: 1, Stream: stream}, requests(n))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, r := range m.Results {
+				if !r.OK() {
+					t.Errorf("request %d: %+v", i, r)
+				}
+			}
+		})
 	}
 }
