@@ -101,6 +101,10 @@ func TestTraceEndToEnd(t *testing.T) {
 		if r.Summary.PromptTokens != 5*(256*(6+8+10+12)-4*10) {
 			t.Errorf("%s: %d prompt tokens", r.Name, r.Summary.PromptTokens)
 		}
+		// The replay reports how late it sent the requests.
+		if l := r.Summary.SendLate; l == nil || !(l.Max > 0) || l.Max < l.P99 || l.P99 < l.P50 {
+			t.Errorf("%s: send lateness %+v", r.Name, l)
+		}
 	}
 	// cache_aware keeps most conversations on their engine, round_robin moves them. What
 	// the placement lost is judged by the simulated engines, which follow the placement

@@ -18,9 +18,13 @@
 //
 // # Concurrency model
 //
-// Measure starts one goroutine per closed-loop client (or per open-loop request in flight),
-// a progress ticker, and waits for all of them before it returns. Results are written by
-// index, one writer per slot.
+// Measure starts one goroutine per closed-loop client, or, in an open loop, a pool of
+// senders (one per request in flight, at most MaxOutstanding) fed by the calling goroutine,
+// which sends the requests in their order: it hands request i+1 to a sender only once
+// request i's sender is about to send it. A progress ticker runs beside them; Measure waits
+// for all of them before it returns. Results are merged under one mutex per request (open
+// loop) or per client (closed loop). An open-loop Result records how late it was sent
+// (Result.Late).
 //
 // # What a caller must release
 //

@@ -170,6 +170,10 @@ type Result struct {
 	Class string `json:"class"`
 	// Start is when the request was sent, from the start of the run.
 	Start time.Duration `json:"start_ns"`
+	// Late is, in an open loop, how long after its arrival the request was sent (after its
+	// dependency's completion, when that came later): the load generator's own delay, which
+	// a loaded machine makes tens of milliseconds. 0 in a closed loop.
+	Late time.Duration `json:"late_ns,omitempty"`
 	// TTFT is the time to the first output token of a stream, or to the whole response
 	// otherwise; 0 when the request failed before it.
 	TTFT time.Duration `json:"ttft_ns"`
@@ -221,6 +225,11 @@ type Measurement struct {
 // Measure sends reqs (at most MaxRequests of them, for at most Duration) and measures them.
 // It returns what it measured, with ctx's error when ctx ended the run early.
 func Measure(ctx context.Context, cfg Config, reqs []workload.Request) (*Measurement, error) {
+	return measure(ctx, cfg, reqs, nil)
+}
+
+// measure is Measure through send, or, when send is nil, through the sender cfg asks for.
+func measure(ctx context.Context, cfg Config, reqs []workload.Request, send sender) (*Measurement, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -256,9 +265,12 @@ func Measure(ctx context.Context, cfg Config, reqs []workload.Request) (*Measure
 			r.rendered[i] = r.bodies.of(&reqs[i])
 		}
 	}
-	if cfg.Stream {
+	switch {
+	case send != nil:
+		r.send = send
+	case cfg.Stream:
 		r.send = newStreamSender(cfg)
-	} else {
+	default:
 		r.send = newFastSender(cfg)
 	}
 	defer r.send.close()
@@ -266,8 +278,10 @@ func Measure(ctx context.Context, cfg Config, reqs []workload.Request) (*Measure
 }
 
 type sender interface {
-	// do sends one request and fills res (all but Index, Class and Start).
-	do(ctx context.Context, url string, body []byte, req *workload.Request, res *Result, start time.Time)
+	// do sends one request and fills res (all but Index, Class, Start and Late). It calls
+	// sent, when not nil, exactly once: as soon as the request is on its way (see the
+	// senders), or when do returns.
+	do(ctx context.Context, url string, body []byte, req *workload.Request, res *Result, start time.Time, sent func())
 	close()
 }
 
@@ -344,7 +358,7 @@ func (r *runner) closedLoop(ctx context.Context, deadline time.Time) int {
 					return
 				}
 				mine = append(mine, Result{})
-				r.issue(ctx, int(i), &mine[len(mine)-1])
+				r.issue(ctx, int(i), &mine[len(mine)-1], nil, time.Time{}, nil)
 			}
 		}()
 	}
@@ -354,11 +368,30 @@ func (r *runner) closedLoop(ctx context.Context, deadline time.Time) int {
 
 // openLoop sends request i at the i-th arrival of a Poisson process of rate Rate, or at
 // its own arrival time scaled by Replay, and returns how many requests it sent.
+//
+// Requests leave in order: this goroutine is the scheduler. It renders request i's body,
+// waits for its arrival, hands it to an idle sender of a pool (started as needed, at most
+// MaxOutstanding), and hands over request i+1 only once request i is on its way (written,
+// for a stream; see the senders) or waits for its dependency. A goroutine per
+// request would not keep the order: on a loaded machine goroutines start tens of
+// milliseconds late and in any order, and a conversation's next turn could reach the router
+// before the turn it extends.
 func (r *runner) openLoop(ctx context.Context, deadline time.Time) int {
 	rng := rand.New(rand.NewPCG(r.cfg.Seed, 0xa77))
-	sem := make(chan struct{}, r.cfg.MaxOutstanding)
+	jobs := make(chan openJob)
+	sending := make(chan struct{})
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	defer close(jobs)
+	senders := 0
+	sender := func() {
+		defer wg.Done()
+		for j := range jobs {
+			var res Result
+			r.issue(ctx, j.i, &res, j.body, j.due, func() { sending <- struct{}{} })
+			r.merge([]Result{res})
+		}
+	}
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	at := time.Duration(0)
@@ -372,6 +405,7 @@ func (r *runner) openLoop(ctx context.Context, deadline time.Time) int {
 		if !deadline.IsZero() && due.After(deadline) {
 			return i
 		}
+		j := openJob{i: i, due: due, body: r.body(i)} // rendered while waiting for the arrival
 		if wait := due.Sub(r.cfg.Now()); wait > 0 {
 			timer.Reset(wait)
 			select {
@@ -384,24 +418,44 @@ func (r *runner) openLoop(ctx context.Context, deadline time.Time) int {
 			return i
 		}
 		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
-			return i
+		case jobs <- j: // fast path: an idle sender
+		default:
+			if senders < r.cfg.MaxOutstanding {
+				senders++
+				wg.Add(1)
+				go sender()
+			}
+			select { // past MaxOutstanding in flight, the arrival waits for a sender
+			case jobs <- j:
+			case <-ctx.Done():
+				return i
+			}
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			var res Result
-			r.issue(ctx, i, &res)
-			r.merge([]Result{res})
-		}()
+		<-sending
 	}
 	return r.limit
 }
 
-// issue waits for request i's dependency, sends it and records its result in res.
-func (r *runner) issue(ctx context.Context, i int, res *Result) {
+// openJob is an open-loop request handed to a sender: its index, arrival and body.
+type openJob struct {
+	i    int
+	due  time.Time
+	body []byte
+}
+
+// body is request i's body: rendered once for a repeated run, else rendered now.
+func (r *runner) body(i int) []byte {
+	if r.rendered != nil {
+		return r.rendered[i%len(r.reqs)]
+	}
+	return r.bodies.of(&r.reqs[i%len(r.reqs)])
+}
+
+// issue waits for request i's dependency, sends it and records its result in res. body is
+// its rendered body, or nil to render it here. In an open loop due is the request's arrival,
+// from which its lateness is measured, and sending is called exactly once: when the request
+// is on its way (sender.do's sent), or when it starts waiting for its dependency.
+func (r *runner) issue(ctx context.Context, i int, res *Result, body []byte, due time.Time, sending func()) {
 	req := &r.reqs[i%len(r.reqs)]
 	res.Index, res.Class = i, req.Class
 	if r.done != nil {
@@ -411,12 +465,22 @@ func (r *runner) issue(ctx context.Context, i int, res *Result) {
 			}
 		}()
 		if a := req.After; a >= 0 && a < len(r.done) {
+			if sending != nil {
+				sending()
+				sending = nil
+			}
 			select {
 			case <-r.done[a]:
 			case <-ctx.Done():
 				res.Error = "cancelled"
 				r.failed.Add(1)
 				return
+			}
+			// A dependent request is due when its arrival and its dependency have both come.
+			if !due.IsZero() {
+				if now := r.cfg.Now(); now.After(due) {
+					due = now
+				}
 			}
 		}
 	}
@@ -428,15 +492,15 @@ func (r *runner) issue(ctx context.Context, i int, res *Result) {
 		base = r.cfg.URLs[i%len(r.cfg.URLs)]
 	}
 	url := base + r.cfg.Path
-	var body []byte
-	if r.rendered != nil {
-		body = r.rendered[i%len(r.reqs)]
-	} else {
-		body = r.bodies.of(req)
+	if body == nil {
+		body = r.body(i)
 	}
 	start := r.cfg.Now()
 	res.Start = start.Sub(r.start)
-	r.send.do(ctx, url, body, req, res, start)
+	if !due.IsZero() {
+		res.Late = max(start.Sub(due), 0)
+	}
+	r.send.do(ctx, url, body, req, res, start, sending)
 	end := res.Start + res.E2E
 	for {
 		old := r.last.Load()

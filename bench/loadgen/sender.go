@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"strconv"
 	"sync"
 	"time"
@@ -138,7 +139,9 @@ func newFastSender(cfg Config) *fastSender {
 
 func (s *fastSender) close() { s.client.CloseIdleConnections() }
 
-func (s *fastSender) do(_ context.Context, url string, body []byte, r *workload.Request, res *Result, start time.Time) {
+// do calls sent just before the client sends the request: fasthttp writes it in this
+// goroutine, with no hook after the write.
+func (s *fastSender) do(_ context.Context, url string, body []byte, r *workload.Request, res *Result, start time.Time, sent func()) {
 	req := fasthttp.AcquireRequest()
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
@@ -156,6 +159,9 @@ func (s *fastSender) do(_ context.Context, url string, body []byte, r *workload.
 		req.Header.Set(s.cfg.TenantHeader, r.Tenant)
 	}
 	req.SetBodyRaw(body)
+	if sent != nil {
+		sent()
+	}
 	err := s.client.DoTimeout(req, resp, s.timeout)
 	res.E2E = s.cfg.Now().Sub(start)
 	if err != nil {
@@ -234,9 +240,18 @@ func newStreamSender(cfg Config) *streamSender {
 
 func (s *streamSender) close() { s.transport.CloseIdleConnections() }
 
-func (s *streamSender) do(ctx context.Context, url string, body []byte, r *workload.Request, res *Result, start time.Time) {
+// do calls sent once the request is written, headers and body, or once the response (or a
+// transport error) comes if that is first: a request sent after it reaches the router after it.
+func (s *streamSender) do(ctx context.Context, url string, body []byte, r *workload.Request, res *Result, start time.Time, sent func()) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
+	wrote := func() {}
+	if sent != nil {
+		var once sync.Once
+		wrote = func() { once.Do(sent) }
+		defer wrote()
+		ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: func(httptrace.WroteRequestInfo) { wrote() }})
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		res.Error = "transport"
@@ -254,6 +269,7 @@ func (s *streamSender) do(ctx context.Context, url string, body []byte, r *workl
 		req.Header.Set(s.cfg.TenantHeader, r.Tenant)
 	}
 	resp, err := s.client.Do(req)
+	wrote() // a response can come before the write ends: the request is on its way
 	if err != nil {
 		res.E2E = s.cfg.Now().Sub(start)
 		res.Error = transportError(err)

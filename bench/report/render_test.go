@@ -50,6 +50,27 @@ func TestWriteTableRouting(t *testing.T) {
 	}
 }
 
+// TestWriteTableSendLate: an open-loop row says how late its requests were sent; a closed
+// loop's rows say nothing.
+func TestWriteTableSendLate(t *testing.T) {
+	sc := routingScenario()
+	var b bytes.Buffer
+	if err := WriteTable(&b, sc); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(b.String(), "sent late") {
+		t.Errorf("closed-loop rows report send lateness:\n%s", b.String())
+	}
+	sc.Rows[0].Summary.SendLate = &Lateness{P50: 0.3, P99: 3.5, Max: 41}
+	b.Reset()
+	if err := WriteTable(&b, sc); err != nil {
+		t.Fatal(err)
+	}
+	if want := "sent late (wall ms after the arrival, p50 / p99 / max): round_robin 0.3 / 3.5 / 41.0\n"; !strings.Contains(b.String(), want) {
+		t.Errorf("table lacks %q:\n%s", want, b.String())
+	}
+}
+
 func TestWriteTablePooledBound(t *testing.T) {
 	sc := routingScenario()
 	pooled := &workload.OracleResult{Requests: 2, PromptTokens: 200, CachedTokens: 170, HitRate: 0.85}

@@ -138,6 +138,17 @@ func TestSummarize(t *testing.T) {
 	if s.Unknown != 1 || len(s.Workers) != 3 || s.Workers[2] != (WorkerLoad{Worker: "c"}) {
 		t.Errorf("unknown %d workers %+v", s.Unknown, s.Workers)
 	}
+	if s.SendLate != nil {
+		t.Errorf("send lateness %+v without a late request", s.SendLate)
+	}
+	// An open loop's lateness, failures included, in wall milliseconds (not doubled).
+	for i, late := range []time.Duration{1, 2, 3, 4, 5, 40} {
+		results[i].Late = late * ms
+	}
+	s = Summarize(results, SummaryOptions{Workers: []string{"a", "b", "c"}, TimeScale: 2, Elapsed: 500 * ms})
+	if want := (Lateness{P50: 3, P99: 40, Max: 40}); s.SendLate == nil || *s.SendLate != want {
+		t.Errorf("send lateness %+v, want %+v", s.SendLate, want)
+	}
 }
 
 func TestSummarizePD(t *testing.T) {

@@ -70,6 +70,17 @@ type Summary struct {
 	// Bypassed counts, in a prefill/decode deployment (SummaryOptions.PrefillWorkers), the
 	// successful requests a decode engine served alone (no prefill engine named).
 	Bypassed int `json:"bypassed,omitempty"`
+	// SendLate is how late an open-loop run sent its requests (loadgen.Result.Late), over
+	// every request sent; nil when none was late (a closed loop).
+	SendLate *Lateness `json:"send_late,omitempty"`
+}
+
+// Lateness summarizes how late requests were sent, in milliseconds of wall time whatever
+// the summary's time base: the load generator's delay, not the fleet's.
+type Lateness struct {
+	P50 float64 `json:"p50_ms"`
+	P99 float64 `json:"p99_ms"`
+	Max float64 `json:"max_ms"`
 }
 
 // ErrorCount is the number of failed requests.
@@ -108,10 +119,13 @@ func Summarize(results []loadgen.Result, o SummaryOptions) *Summary {
 		}
 	}
 
-	var ttft, itl, e2e []float64
+	var ttft, itl, e2e, late []float64
 	var outTokens int64
+	anyLate := false
 	for i := range results {
 		r := &results[i]
+		late = append(late, float64(r.Late)/float64(time.Millisecond))
+		anyLate = anyLate || r.Late > 0
 		if !r.OK() {
 			status := r.Error
 			if r.Status != 0 {
@@ -152,6 +166,10 @@ func Summarize(results []loadgen.Result, o SummaryOptions) *Summary {
 		}
 	}
 	s.TTFT, s.ITL, s.E2E = PercentilesOf(ttft), PercentilesOf(itl), PercentilesOf(e2e)
+	if anyLate {
+		p := PercentilesOf(late)
+		s.SendLate = &Lateness{P50: p.P50, P99: p.P99, Max: late[len(late)-1]}
+	}
 	s.HitRate = HitRate(s.CachedTokens, s.PromptTokens)
 	if s.ElapsedS > 0 {
 		s.RequestsPerS = float64(s.OK) / s.ElapsedS

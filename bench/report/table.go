@@ -75,6 +75,16 @@ func WriteTable(w io.Writer, s *Scenario) error {
 			writeLoss(&b, r)
 		}
 	}
+	var late []string
+	for i := range s.Rows {
+		if r := &s.Rows[i]; r.Summary != nil && r.Summary.SendLate != nil {
+			l := r.Summary.SendLate
+			late = append(late, fmt.Sprintf("%s %.1f / %.1f / %.1f", r.Name, l.P50, l.P99, l.Max))
+		}
+	}
+	if len(late) > 0 {
+		fmt.Fprintf(&b, "sent late (wall ms after the arrival, p50 / p99 / max): %s\n", strings.Join(late, "; "))
+	}
 	for _, n := range s.Notes {
 		fmt.Fprintf(&b, "note: %s\n", n)
 	}
