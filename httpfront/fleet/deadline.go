@@ -66,11 +66,26 @@ func (d *LazyDeadline) Fired(arm func(time.Time) error) bool {
 type lazyConn struct {
 	net.Conn
 	r, w LazyDeadline
-	// waiting, when set (a paced stream, Stream.Pace), runs before a read waits for the
-	// socket: nothing is left to read; false fails the read (errWaitRefused). rc is the
+	// waiting, when set (a paced stream, Stream.Pace), runs Waiting before a read waits for
+	// the socket: nothing is left to read; false fails the read (errWaitRefused). rc is the
 	// socket's raw connection, for reads that can run it.
-	waiting func() bool
+	waiting waiter
 	rc      syscall.RawConn
+	// rd is the read in progress in waitingRead, for rawRead, the function rc runs (made
+	// once a connection, rawReadFn): a read allocates nothing.
+	rd        rawReadState
+	rawReadFn func(fd uintptr) bool
+}
+
+// waiter is what a paced read runs before it waits: Pacer's Waiting.
+type waiter interface{ Waiting() bool }
+
+// rawReadState is one read of waitingRead: its buffer, and what the system calls returned.
+type rawReadState struct {
+	b    []byte
+	n    int
+	err  error
+	told bool // Waiting ran
 }
 
 func (c *lazyConn) SetReadDeadline(t time.Time) error {
@@ -131,30 +146,13 @@ var errWaitRefused = errors.New("the stream's reader ended the read before waiti
 // socket, bounded by the read deadline; a read again), running waiting once before it waits.
 // It makes no system call more than a plain read.
 func (c *lazyConn) waitingRead(b []byte) (int, error) {
-	var (
-		n    int
-		err  error
-		told bool
-	)
-	rerr := c.rc.Read(func(fd uintptr) bool {
-		for {
-			n, err = syscall.Read(int(fd), b)
-			if err != syscall.EINTR {
-				break
-			}
-		}
-		if err != syscall.EAGAIN {
-			return true
-		}
-		if !told {
-			told = true
-			if !c.waiting() {
-				err = errWaitRefused
-				return true
-			}
-		}
-		return false
-	})
+	if c.rawReadFn == nil {
+		c.rawReadFn = c.rawRead
+	}
+	c.rd = rawReadState{b: b}
+	rerr := c.rc.Read(c.rawReadFn)
+	n, err := c.rd.n, c.rd.err
+	c.rd = rawReadState{} // the caller's buffer is not kept
 	switch {
 	case rerr != nil:
 		return 0, rerr
@@ -164,4 +162,27 @@ func (c *lazyConn) waitingRead(b []byte) (int, error) {
 		return 0, io.EOF
 	}
 	return n, nil
+}
+
+// rawRead is the function the raw connection runs for waitingRead (c.rd): one read, and
+// Waiting before the first wait.
+func (c *lazyConn) rawRead(fd uintptr) bool {
+	rd := &c.rd
+	for {
+		rd.n, rd.err = syscall.Read(int(fd), rd.b)
+		if rd.err != syscall.EINTR {
+			break
+		}
+	}
+	if rd.err != syscall.EAGAIN {
+		return true
+	}
+	if !rd.told {
+		rd.told = true
+		if !c.waiting.Waiting() {
+			rd.err = errWaitRefused
+			return true
+		}
+	}
+	return false
 }

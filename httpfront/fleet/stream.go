@@ -71,7 +71,7 @@ func (s Stream) Pace(p Pacer) bool {
 			}
 		}
 		if l.rc != nil {
-			l.waiting = p.Waiting
+			l.waiting = p
 		}
 	}
 	c.streaming.Store(true)
