@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/VictoriaMetrics/metrics"
 	"github.com/go-zeromq/zmq4"
 	"github.com/valyala/fasthttp"
 
@@ -559,5 +560,24 @@ func TestWorkerSpecFromDeclaredKVFacts(t *testing.T) {
 				t.Fatalf("got %+v, want %+v", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestCacheStateBlockKey: kv.block_key reaches the index, under the index's own names.
+func TestCacheStateBlockKey(t *testing.T) {
+	if config.BlockKeyEngine != index.BlockKeyEngine || config.BlockKeyRouter != index.BlockKeyRouter {
+		t.Fatalf("kv.block_key values %q, %q; the index's %q, %q", config.BlockKeyEngine, config.BlockKeyRouter, index.BlockKeyEngine, index.BlockKeyRouter)
+	}
+	for _, key := range []string{config.BlockKeyEngine, config.BlockKeyRouter} {
+		cfg := config.Default()
+		cfg.KV.Shards, cfg.KV.BlockKey = 2, key
+		cs, err := NewCacheState(cfg, CacheOptions{Metrics: metrics.NewSet()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cs.Index() == nil || (cs.Index().RouterKeys() != nil) != (key == config.BlockKeyRouter) {
+			t.Errorf("kv.block_key %s: index %v not keyed as configured", key, cs.Index())
+		}
+		cs.Close()
 	}
 }

@@ -485,6 +485,13 @@ type KV struct {
 	// HashCacheChunks is how many prompt chunks (64 blocks, about 560 bytes each) keep their
 	// block hashes for later lookups; 0 turns the cache off. Default 16384 (about 9 MiB).
 	HashCacheChunks int `koanf:"hash_cache_chunks" json:"hash_cache_chunks" unit:"chunks of 64 blocks"`
+	// BlockKey is what the index keys blocks by: "engine" (the engines' SHA-256 block
+	// hashes, SGLang's, reproduced from the prompt at lookup; engines whose hashes differ are
+	// re-keyed from their token IDs) or "router" (the router's own chained 64-bit keys,
+	// computed from every BlockStored's token IDs and from the prompt: a cheaper lookup, for
+	// more ingest work and a map entry per held block; hash_cache_chunks is not used).
+	// Default "engine".
+	BlockKey string `koanf:"block_key" json:"block_key"`
 	// MaxMessageBytes bounds one ZeroMQ message (its frames together) read from any
 	// engine or peer: KV events, replays, the bound SUB and the load gauge. A peer that
 	// announces more is disconnected and counted in switchyard_zmq_peer_drops_total.

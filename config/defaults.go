@@ -49,6 +49,7 @@ func Default() *Config {
 			MaxBlocks:        4_000_000,
 			ReconnectBackoff: 500 * time.Millisecond,
 			HashCacheChunks:  16384,
+			BlockKey:         BlockKeyEngine,
 			MaxMessageBytes:  16 << 20,
 		},
 		Affinity: Affinity{
@@ -147,6 +148,13 @@ const (
 	KVHashAuto   = "auto"
 	KVHashSGLang = "sglang"
 	KVHashRekey  = "rekey"
+)
+
+// kv.block_key: what the prefix index keys blocks by (index.BlockKeyEngine,
+// index.BlockKeyRouter).
+const (
+	BlockKeyEngine = "engine"
+	BlockKeyRouter = "router"
 )
 
 // Load sources, cache sources, bucket orders and log levels, as written in configuration.

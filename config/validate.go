@@ -447,6 +447,11 @@ func (c *Config) validateKV(p *problems) {
 	positive(p, "kv.reconnect_backoff", k.ReconnectBackoff)
 	atLeast(p, "kv.hash_cache_chunks", int64(k.HashCacheChunks), 0) // 0: off
 	atLeast(p, "kv.max_message_bytes", k.MaxMessageBytes, 4096)
+	switch k.BlockKey {
+	case "", BlockKeyEngine, BlockKeyRouter: // "": engine
+	default:
+		p.add("kv.block_key", ErrInvalid, fmt.Sprintf("unknown block key %q (%s or %s)", k.BlockKey, BlockKeyEngine, BlockKeyRouter))
+	}
 	if k.BindEndpoint != "" {
 		if msg := checkZMQEndpoint(k.BindEndpoint); msg != "" {
 			p.add("kv.bind_endpoint", ErrInvalid, msg)

@@ -378,6 +378,9 @@ func TestValidate(t *testing.T) {
 		{name: "kv max message bytes ok", mutate: func(c *Config) { c.KV.MaxMessageBytes = 1 << 30 }},
 		{name: "kv bind endpoint ok", mutate: func(c *Config) { c.KV.BindEndpoint = "tcp://127.0.0.1:5557" }},
 		{name: "kv shards zero is one per core", mutate: func(c *Config) { c.KV.Shards = 0 }},
+		{name: "kv block key router", mutate: func(c *Config) { c.KV.BlockKey = BlockKeyRouter }},
+		{name: "kv block key unknown", mutate: func(c *Config) { c.KV.BlockKey = "sha256" },
+			want: []string{`kv.block_key: unknown block key "sha256" (engine or router)`}},
 		{name: "kv shards explicit", mutate: func(c *Config) { c.KV.Shards = 8 }},
 		{name: "kv hash cache off", mutate: func(c *Config) { c.KV.HashCacheChunks = 0 }},
 		{name: "affinity", mutate: func(c *Config) {

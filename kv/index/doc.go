@@ -1,6 +1,11 @@
 // Package index is the prefix index: block hash → owners per storage tier (Tiers), where an
 // owner is a (worker, DP rank) pair (Owners, OwnerID).
 //
+// A block's key (Config.BlockKey) is the engines' SHA-256 wire hash (BlockKeyEngine, package
+// hashing) or the router's own 64-bit chained key (BlockKeyRouter, blockkey.go: RouterKeys,
+// a keyed hash per block whose seed is the index's), which a lookup computes several times
+// faster from the prompt; ingest then keys every engine's blocks from their token IDs.
+//
 // Blocks are sharded by hash over Shards; each shard keeps its blocks inline in an
 // open-addressing table (table.go: linear probing from the first slot of a cache line,
 // backward-shift deletion). A lookup (Index.Lookup) hashes the prompt with each block size

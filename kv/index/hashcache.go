@@ -3,7 +3,6 @@ package index
 import (
 	"hash/maphash"
 	"sync/atomic"
-	"unsafe"
 
 	"switchyard/kv"
 	"switchyard/kv/hashing"
@@ -71,8 +70,7 @@ func (c *hashCache) key(prev chunkKey, blockSize int, tokens []uint32) chunkKey 
 // body is the keyed hash of a chunk's tokens: nearly all of the cost of its key, and, unlike
 // the key, independent of the chunks before it.
 func (c *hashCache) body(tokens []uint32) uint64 {
-	b := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(tokens))), 4*len(tokens))
-	return maphash.Bytes(c.seeds[0], b)
+	return maphash.Bytes(c.seeds[0], tokenBytes(tokens))
 }
 
 // keyOf is key for the chunk whose body is body.

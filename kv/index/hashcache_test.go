@@ -10,7 +10,7 @@ import (
 
 // chainWith hashes tokens in blocks of bs through sc with cache, as a lookup does.
 func chainWith(sc *lookupScratch, cache *hashCache, tokens []uint32, bs int) []int64 {
-	sc.startChain(tokens, bs, cache)
+	sc.startChain(tokens, bs, cache, nil)
 	sc.hashUpTo((len(tokens) + bs - 1) / bs)
 	return slices.Clone(sc.hashes)
 }
@@ -72,7 +72,7 @@ func TestHashCacheGivesTheSameHashes(t *testing.T) {
 		t.Fatal("block size 32: hashes differ")
 	}
 	// A chunk past a partial one is not cached (the key chain stops), and still right.
-	sc.startChain(prompt, 16, c)
+	sc.startChain(prompt, 16, c, nil)
 	sc.hashUpTo(10)
 	sc.hashUpTo(300)
 	if !slices.Equal(sc.hashes, want[:300]) {

@@ -57,6 +57,10 @@ type Config struct {
 	// not hashed again. 0 (the default here; the router's kv.hash_cache_chunks is 16384)
 	// turns the cache off.
 	HashCacheChunks int
+	// BlockKey is what blocks are keyed by: BlockKeyEngine (the default, also "") or
+	// BlockKeyRouter. With BlockKeyRouter there is no hash cache (HashCacheChunks is not
+	// used): a chunk's cache key costs about what its router keys do.
+	BlockKey string
 
 	// observer sees streamed lookups (tests in this package); nil: none.
 	observer streamObserver
@@ -78,7 +82,8 @@ type Index struct {
 	n       uint64
 	timeout time.Duration
 	metrics *kv.Metrics
-	hcache  *hashCache // nil: none
+	hcache  *hashCache  // nil: none
+	keys    *RouterKeys // nil: BlockKeyEngine
 
 	scratch sync.Pool // *lookupScratch
 	batches sync.Pool // *ShardBatch
@@ -100,7 +105,16 @@ func New(cfg Config) (*Index, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics = kv.NewMetrics(nil)
 	}
+	var keys *RouterKeys
+	switch cfg.BlockKey {
+	case "", BlockKeyEngine:
+	case BlockKeyRouter:
+		keys, cfg.HashCacheChunks = NewRouterKeys(), 0
+	default:
+		return nil, fmt.Errorf("cannot build the index: unknown block key %q (%s or %s)", cfg.BlockKey, BlockKeyEngine, BlockKeyRouter)
+	}
 	x := &Index{
+		keys:    keys,
 		owners:  NewOwners(),
 		n:       uint64(cfg.Shards),
 		timeout: cfg.LookupTimeout,
@@ -137,6 +151,20 @@ func New(cfg Config) (*Index, error) {
 
 // Owners returns the index's owner registry.
 func (x *Index) Owners() *Owners { return x.owners }
+
+// RouterKeys returns the index's own block keys when blocks are keyed by them
+// (BlockKeyRouter), nil when they are keyed by the engines' hashes (BlockKeyEngine).
+func (x *Index) RouterKeys() *RouterKeys { return x.keys }
+
+// AppendBlockKeys appends to dst the keys the index holds tokens' blocks of blockSize under:
+// the router's keys (BlockKeyRouter) or SGLang's wire hashes (BlockKeyEngine).
+func (x *Index) AppendBlockKeys(dst []int64, tokens []uint32, blockSize int) []int64 {
+	if x.keys != nil {
+		dst, _ = x.keys.AppendChain(dst, 0, tokens, blockSize)
+		return dst
+	}
+	return hashing.AppendBlockHashes(dst, tokens, blockSize)
+}
 
 // Metrics returns the index's metric handles.
 func (x *Index) Metrics() *kv.Metrics { return x.metrics }
@@ -357,6 +385,10 @@ type lookupScratch struct {
 	blockSize int
 	hashed    int
 	last      hashing.Digest
+	// keys, when not nil, keys the blocks instead of the SHA-256 chain (BlockKeyRouter);
+	// lastKey is the last block's key.
+	keys    *RouterKeys
+	lastKey int64
 	// The hash cache (nil: none) and the key of the chunks hashed so far; keyed is false
 	// once a partial chunk was hashed.
 	cache  *hashCache
@@ -380,6 +412,14 @@ func (sc *lookupScratch) hashInto(dst []int64, hi int) []int64 {
 		return dst
 	}
 	bs := sc.blockSize
+	if sc.keys != nil && sc.hashed < hi {
+		if sc.hashed == 0 {
+			sc.lastKey = 0
+		}
+		dst, sc.lastKey = sc.keys.AppendChain(dst, sc.lastKey, sc.tokens[sc.hashed*bs:min(hi*bs, len(sc.tokens))], bs)
+		sc.hashed = hi
+		return dst
+	}
 	for sc.hashed < hi {
 		from := sc.hashed
 		var parent *hashing.Digest
@@ -413,10 +453,12 @@ func (sc *lookupScratch) hashInto(dst []int64, hi int) []int64 {
 	return dst
 }
 
-// startChain points sc at the prompt tokens, hashed in blocks of blockSize from the start.
-func (sc *lookupScratch) startChain(tokens []uint32, blockSize int, cache *hashCache) {
+// startChain points sc at the prompt tokens, hashed in blocks of blockSize from the start,
+// with keys (nil: the SHA-256 chain, through cache if any).
+func (sc *lookupScratch) startChain(tokens []uint32, blockSize int, cache *hashCache, keys *RouterKeys) {
 	sc.hashes, sc.tokens, sc.blockSize, sc.hashed = sc.hashes[:0], tokens, blockSize, 0
 	sc.cache, sc.key, sc.keyed = cache, chunkKey{}, true
+	sc.keys, sc.lastKey = keys, 0
 	sc.ahead = nil
 }
 
@@ -457,7 +499,7 @@ func (x *Index) lookup(ctx context.Context, start time.Time, model string, token
 	sc := x.getScratch(snap.maxID)
 	sc.start = start
 	for _, g := range groups {
-		sc.startChain(tokens, g.blockSize, x.hcache)
+		sc.startChain(tokens, g.blockSize, x.hcache, x.keys)
 		if err := x.matchGroup(ctx, sc, g.owners, (len(tokens)+g.blockSize-1)/g.blockSize); err != nil {
 			// A shard may still read or write the queries: drop the scratch instead of pooling it.
 			dst.Reset()
@@ -496,7 +538,7 @@ func (x *Index) MatchHashes(ctx context.Context, model string, blockSize int, ha
 	sc := x.getScratch(snap.maxID)
 	sc.start = time.Now()
 	sc.hashes = append(sc.hashes[:0], hashes...)
-	sc.tokens, sc.hashed = nil, len(hashes)
+	sc.tokens, sc.hashed, sc.keys = nil, len(hashes), nil
 	if err := x.matchGroup(ctx, sc, owners, len(hashes)); err != nil {
 		dst.Reset()
 		return fmt.Errorf("cannot match %d block hashes: %w: %w", len(hashes), kv.ErrUnavailable, err)
@@ -552,11 +594,12 @@ func (x *Index) matchGroup(ctx context.Context, sc *lookupScratch, owners []Owne
 // set of owners that hold every block so far, and stops at the first block nobody left
 // holds. A wave's first block is asked about alone before the wave is hashed (see
 // probeNext). A prompt still held after its first wave with at least streamMinBlocks to go
-// is streamed (see matchStream).
+// is streamed (see matchStream), unless it is keyed by the router's keys, whose hashing is
+// too short a part of the lookup for a helper's wake-up to pay.
 func (x *Index) matchWaves(ctx context.Context, sc *lookupScratch, w, n int) error {
 	size := firstWave
 	for lo := 0; lo < n; lo, size = lo+size, nextWave(size) {
-		if lo > 0 && sc.tokens != nil && n-lo >= streamMinBlocks {
+		if lo > 0 && sc.tokens != nil && sc.keys == nil && n-lo >= streamMinBlocks {
 			return x.matchStream(ctx, sc, w, lo, n)
 		}
 		hi := min(n, lo+size)
@@ -584,11 +627,20 @@ func (x *Index) probeNext(ctx context.Context, sc *lookupScratch, w int) (bool, 
 	if sc.tokens == nil || len(sc.hashes) != lo || lo*bs >= len(sc.tokens) {
 		return true, nil // hashes given (MatchHashes), or nothing left to probe
 	}
-	var parent *hashing.Digest
-	if lo > 0 {
-		parent = &sc.last
+	block := sc.tokens[lo*bs : min((lo+1)*bs, len(sc.tokens))]
+	if sc.keys != nil {
+		parent := int64(0)
+		if lo > 0 {
+			parent = sc.lastKey
+		}
+		sc.hashes = append(sc.hashes, sc.keys.Block(parent, block))
+	} else {
+		var parent *hashing.Digest
+		if lo > 0 {
+			parent = &sc.last
+		}
+		sc.hashes, _ = hashing.AppendChainHashes(sc.hashes, parent, block, bs)
 	}
-	sc.hashes, _ = hashing.AppendChainHashes(sc.hashes, parent, sc.tokens[lo*bs:min((lo+1)*bs, len(sc.tokens))], bs)
 	alive, err := x.matchWave(ctx, sc, w, lo, lo+1)
 	sc.hashes = sc.hashes[:lo]
 	return alive, err

@@ -268,7 +268,7 @@ func BenchmarkChainPath(b *testing.B) {
 				if mode != "nocache" {
 					cache = newHashCache(1, m)
 				}
-				sc.startChain(prompt, 16, cache)
+				sc.startChain(prompt, 16, cache, nil)
 				if mode == "ahead" {
 					st := newStream()
 					st.bodies, st.ready = make([]uint64, n/chunkBlocks), make([]atomic.Bool, n/chunkBlocks)

@@ -26,7 +26,13 @@ func seqTokens(base, n int) []uint32 {
 // newTestIndex returns an index of shards shards and maxBlocks blocks on locked shards.
 func newTestIndex(t testing.TB, shards, maxBlocks int) *Index {
 	t.Helper()
-	x, err := New(Config{Shards: shards, MaxBlocks: maxBlocks})
+	return newKeyedIndex(t, shards, maxBlocks, BlockKeyEngine)
+}
+
+// newKeyedIndex is newTestIndex keyed by key (Config.BlockKey).
+func newKeyedIndex(t testing.TB, shards, maxBlocks int, key string) *Index {
+	t.Helper()
+	x, err := New(Config{Shards: shards, MaxBlocks: maxBlocks, BlockKey: key})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,10 +50,10 @@ func register(t testing.TB, x *Index, worker string, dp, bs int) []OwnerID {
 	return ids
 }
 
-// hold stores the blocks of tokens for owner id in tiers.
+// hold stores the blocks of tokens for owner id in tiers, under the index's keys.
 func hold(t testing.TB, x *Index, id OwnerID, tokens []uint32, bs int, tiers Tiers) []int64 {
 	t.Helper()
-	hs := hashing.AppendBlockHashes(nil, tokens, bs)
+	hs := x.AppendBlockKeys(nil, tokens, bs)
 	w := x.NewWriter()
 	for _, h := range hs {
 		w.Store(id, x.Owners().Epoch(id), h, tiers)
@@ -175,21 +181,23 @@ func TestIndexLongestPrefixPerWorker(t *testing.T) {
 			}
 		}, map[string]int64{"a": 96, "b": 96, "c": 96, "d": 96, "e": 96}},
 	}
-	for _, shards := range []int{1, 3, 8} {
-		for _, tt := range tests {
-			t.Run(tt.name, func(t *testing.T) {
-				x := newTestIndex(t, shards, 1<<20)
-				tt.setup(t, x)
-				got := lookup(t, x, "m", prompt)
-				if len(got) != len(tt.want) {
-					t.Fatalf("shards=%d: got %v, want %v", shards, got, tt.want)
-				}
-				for w, n := range tt.want {
-					if got[w] != n {
+	for _, key := range []string{BlockKeyEngine, BlockKeyRouter} {
+		for _, shards := range []int{1, 3, 8} {
+			for _, tt := range tests {
+				t.Run(key+"/"+tt.name, func(t *testing.T) {
+					x := newKeyedIndex(t, shards, 1<<20, key)
+					tt.setup(t, x)
+					got := lookup(t, x, "m", prompt)
+					if len(got) != len(tt.want) {
 						t.Fatalf("shards=%d: got %v, want %v", shards, got, tt.want)
 					}
-				}
-			})
+					for w, n := range tt.want {
+						if got[w] != n {
+							t.Fatalf("shards=%d: got %v, want %v", shards, got, tt.want)
+						}
+					}
+				})
+			}
 		}
 	}
 }
@@ -226,14 +234,16 @@ func TestIndexLookupNamesRanks(t *testing.T) {
 }
 
 func TestIndexLongPromptAcrossWaves(t *testing.T) {
-	x := newTestIndex(t, 4, 1<<20)
-	prompt := seqTokens(7, 100_000)
-	hold(t, x, register(t, x, "full", 1, 16)[0], prompt, 16, TierGPU)
-	hold(t, x, register(t, x, "half", 1, 16)[0], prompt[:50_000], 16, TierGPU)
-	hold(t, x, register(t, x, "edge", 1, 16)[0], prompt[:64*16], 16, TierGPU) // exactly the first wave
-	got := lookup(t, x, "m", prompt)
-	if got["full"] != 100_000 || got["half"] != 50_000 || got["edge"] != 1024 {
-		t.Fatalf("got %v", got)
+	for _, key := range []string{BlockKeyEngine, BlockKeyRouter} {
+		x := newKeyedIndex(t, 4, 1<<20, key)
+		prompt := seqTokens(7, 100_000)
+		hold(t, x, register(t, x, "full", 1, 16)[0], prompt, 16, TierGPU)
+		hold(t, x, register(t, x, "half", 1, 16)[0], prompt[:50_000], 16, TierGPU)
+		hold(t, x, register(t, x, "edge", 1, 16)[0], prompt[:64*16], 16, TierGPU) // exactly the first wave
+		got := lookup(t, x, "m", prompt)
+		if got["full"] != 100_000 || got["half"] != 50_000 || got["edge"] != 1024 {
+			t.Fatalf("%s: got %v", key, got)
+		}
 	}
 }
 

@@ -9,11 +9,16 @@ import (
 	"switchyard/kv/events"
 	"switchyard/kv/hashing"
 	"switchyard/kv/index"
+	"switchyard/load"
 )
 
-// maxRekeyBlocks bounds the engine-hash → router-digest map of one re-keyed owner; past it,
+// maxRekeyBlocks bounds the engine-hash → router-key map of one re-keyed owner; past it,
 // new blocks are not indexed (a miss, never a stale hit).
 const maxRekeyBlocks = 1 << 21
+
+// msgUnkeyed is the throttled log of BlockStored events whose token IDs do not cover their
+// blocks, so that they cannot be keyed.
+const msgUnkeyed = "KV blocks not indexed: their token IDs do not cover them"
 
 // seqVerdict is what a sequence number says about the messages before it.
 type seqVerdict uint8
@@ -66,6 +71,8 @@ func (t *seqTracker) reset() { *t = seqTracker{} }
 // by the engine's own hashes once they are verified to be the router's (SGLang), or re-keys
 // them from the token IDs carried by BlockStored (vLLM-style engines, whose hashes the
 // router cannot reproduce), mapping the engine's hashes to the router's for later removes.
+// An index keyed by the router's own keys (index.BlockKeyRouter) has every engine re-keyed
+// to them, whatever its hashes.
 //
 // An applier is owned by one goroutine.
 type applier struct {
@@ -78,21 +85,36 @@ type applier struct {
 	// matched the router's (or the scheme says so), so engine hashes are used as they are.
 	rekey, verified bool
 	keys            map[int][]rekeyMap // by DP rank
+	// routerKeys, when not nil, are the index's own keys (index.BlockKeyRouter): rekey is
+	// set, and blocks are re-keyed to them rather than to the SHA-256 chain.
+	routerKeys *index.RouterKeys
+	// maxKeys bounds each owner's map (maxRekeyBlocks).
+	maxKeys int
+	unkeyed load.LogThrottle // msgUnkeyed
 	// rawRanks are the ranks this applier indexed under the engine's own hashes before
 	// they were verified: a mismatch clears them (and no other applier's).
 	rawRanks map[int]bool
 }
 
-// rekeyMap maps an engine's block hashes to the router's digests for one owner.
+// rekeyMap maps an engine's block hashes to the router's keys for one owner: m to the
+// SHA-256 chain's digests (index.BlockKeyEngine; a block's key is its digest's wire hash),
+// r to the router's own keys (index.BlockKeyRouter, which chain from the key itself).
 type rekeyMap struct {
 	owner index.OwnerID
 	epoch uint32
 	m     map[int64]hashing.Digest
+	r     map[int64]int64
 }
 
-func newApplier(x *index.Index, worker, scheme string, log *slog.Logger) *applier {
+// newApplier returns the applier of worker's events on x, its engine's hashes declared by
+// scheme; unkeyed is the throttled log of blocks whose token IDs do not cover them.
+func newApplier(x *index.Index, worker, scheme string, log *slog.Logger, unkeyed load.LogThrottle) *applier {
+	rk := x.RouterKeys()
+	unkeyed.Msg = msgUnkeyed
 	return &applier{x: x, w: x.NewWriter(), m: x.Metrics(), log: log, worker: worker,
-		rekey: scheme == HashSchemeRekey, verified: scheme == HashSchemeSGLang, keys: map[int][]rekeyMap{}, rawRanks: map[int]bool{}}
+		rekey: scheme == HashSchemeRekey || rk != nil, verified: scheme == HashSchemeSGLang && rk == nil,
+		routerKeys: rk, maxKeys: maxRekeyBlocks, unkeyed: unkeyed,
+		keys: map[int][]rekeyMap{}, rawRanks: map[int]bool{}}
 }
 
 // needsTokens reports whether the applier reads events' token IDs: to verify an engine's
@@ -108,10 +130,34 @@ func (a *applier) keysFor(rank int, owner index.OwnerID, epoch uint32) *rekeyMap
 		a.keys[rank] = ks
 	}
 	k := &ks[0]
-	if k.m == nil || k.owner != owner || k.epoch != epoch {
-		*k = rekeyMap{owner: owner, epoch: epoch, m: make(map[int64]hashing.Digest)}
+	if (k.m == nil && k.r == nil) || k.owner != owner || k.epoch != epoch {
+		*k = rekeyMap{owner: owner, epoch: epoch}
+		if a.routerKeys != nil {
+			k.r = make(map[int64]int64)
+		} else {
+			k.m = make(map[int64]hashing.Digest)
+		}
 	}
 	return k
+}
+
+// key returns the index key engine hash h was re-keyed to.
+func (k *rekeyMap) key(h int64) (int64, bool) {
+	if k.r != nil {
+		key, ok := k.r[h]
+		return key, ok
+	}
+	d, ok := k.m[h]
+	return d.Hash(), ok
+}
+
+// forget drops engine hash h.
+func (k *rekeyMap) forget(h int64) {
+	if k.r != nil {
+		delete(k.r, h)
+		return
+	}
+	delete(k.m, h)
 }
 
 // apply applies one batch of the publisher of defaultRank (a batch's own DP rank wins). It
@@ -178,10 +224,10 @@ func (a *applier) apply(b *events.EventBatch, defaultRank int) error {
 			if a.rekey {
 				k := a.keysFor(rank, owner, epoch)
 				for _, h := range ev.BlockHashes {
-					if d, ok := k.m[h]; ok {
-						a.w.Remove(owner, epoch, d.Hash(), t)
+					if key, ok := k.key(h); ok {
+						a.w.Remove(owner, epoch, key, t)
 						if t == index.AllTiers {
-							delete(k.m, h)
+							k.forget(h)
 						}
 					}
 				}
@@ -220,12 +266,20 @@ func (a *applier) verify(ev *events.Event, blockSize, rank int) {
 	a.log.Warn("engine block hashes differ from the router's; re-keying from token IDs", slog.String("worker", a.worker))
 }
 
-// rekeyStore indexes a BlockStored under router hashes chained from the parent's digest.
+// rekeyStore indexes a BlockStored under router keys chained from the parent's.
 func (a *applier) rekeyStore(ev *events.Event, rank int, owner index.OwnerID, epoch uint32, blockSize int, t index.Tiers) {
 	k := a.keysFor(rank, owner, epoch)
 	n := len(ev.BlockHashes)
-	if n == 0 || blockSize < 1 || len(ev.TokenIDs) > n*blockSize || len(ev.TokenIDs) <= (n-1)*blockSize {
-		a.m.OpsDroppedUnkey.Add(n) // token IDs do not cover the blocks
+	if n == 0 {
+		return
+	}
+	if blockSize < 1 || len(ev.TokenIDs) > n*blockSize || len(ev.TokenIDs) <= (n-1)*blockSize {
+		a.m.OpsDroppedUnkey.Add(n)
+		a.unkeyed.Note(fmt.Errorf("%d token IDs for %d blocks of %d tokens", len(ev.TokenIDs), n, blockSize))
+		return
+	}
+	if k.r != nil {
+		a.routerStore(ev, k, owner, epoch, blockSize, t)
 		return
 	}
 	var parent *hashing.Digest
@@ -238,7 +292,7 @@ func (a *applier) rekeyStore(ev *events.Event, rank int, owner index.OwnerID, ep
 		parent = &d
 	}
 	for i, h := range ev.BlockHashes {
-		if len(k.m) >= maxRekeyBlocks {
+		if len(k.m) >= a.maxKeys {
 			a.m.OpsDroppedUnkey.Add(n - i)
 			return
 		}
@@ -246,5 +300,30 @@ func (a *applier) rekeyStore(ev *events.Event, rank int, owner index.OwnerID, ep
 		k.m[h] = d
 		a.w.Store(owner, epoch, d.Hash(), t)
 		parent = &d
+	}
+}
+
+// routerStore indexes a BlockStored, whose token IDs cover its blocks, under the index's own
+// keys (index.BlockKeyRouter) chained from the parent's.
+func (a *applier) routerStore(ev *events.Event, k *rekeyMap, owner index.OwnerID, epoch uint32, blockSize int, t index.Tiers) {
+	n := len(ev.BlockHashes)
+	var parent int64
+	if ev.HasParent {
+		p, ok := k.r[ev.ParentHash]
+		if !ok {
+			a.m.OpsDroppedUnkey.Add(n) // parent stored before we subscribed, or evicted
+			return
+		}
+		parent = p
+	}
+	for i, h := range ev.BlockHashes {
+		if len(k.r) >= a.maxKeys {
+			a.m.OpsDroppedUnkey.Add(n - i)
+			return
+		}
+		key := a.routerKeys.Block(parent, ev.TokenIDs[i*blockSize:min((i+1)*blockSize, len(ev.TokenIDs))])
+		k.r[h] = key
+		a.w.Store(owner, epoch, key, t)
+		parent = key
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"switchyard/kv/hashing"
 	"switchyard/kv/index"
 	"switchyard/kv/internal/kvtest"
+	"switchyard/load"
 )
 
 func TestSeqTracker(t *testing.T) {
@@ -63,7 +64,7 @@ func newTestApplier(t *testing.T, x *index.Index, worker string, rekey bool) *ap
 	if rekey {
 		scheme = HashSchemeRekey
 	}
-	return newApplier(x, worker, scheme, slog.New(slog.DiscardHandler))
+	return newApplier(x, worker, scheme, slog.New(slog.DiscardHandler), load.LogThrottle{})
 }
 
 func applyEvents(t *testing.T, a *applier, rank int, evs ...events.Event) {

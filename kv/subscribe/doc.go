@@ -12,7 +12,9 @@
 //
 // The applier (apply.go) keys a worker's events by the engine's hashes once a first block
 // without a parent proves them to be the router's (or WorkerSpec.HashScheme declares it),
-// and otherwise re-keys them from their token IDs (vLLM-style engines). Once a worker's
+// and otherwise re-keys them from their token IDs (vLLM-style engines); on an index keyed by
+// the router's own keys (index.BlockKeyRouter) it re-keys every engine's blocks to them,
+// mapping the engine's hashes to keys per owner (at most 2M blocks each). Once a worker's
 // hashes are the router's, its batches (on a per-rank subscription or an Ingestor) are decoded
 // without their token IDs (events.Decoder.SkipTokenIDs). Ingestor applies raw payloads
 // without a transport.

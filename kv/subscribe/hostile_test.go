@@ -12,6 +12,7 @@ import (
 	"switchyard/kv/events"
 	"switchyard/kv/hashing"
 	"switchyard/kv/internal/kvtest"
+	"switchyard/load"
 	"switchyard/load/zmtp/zmtptest"
 )
 
@@ -206,7 +207,7 @@ func TestLateJoinerNotIndexedUnderEngineHashes(t *testing.T) {
 	}
 	// A declared SGLang engine is trusted at once, parent or not.
 	kvtest.Register(t, x, "s", 1, 16)
-	s := newApplier(x, "s", HashSchemeSGLang, slog.New(slog.DiscardHandler))
+	s := newApplier(x, "s", HashSchemeSGLang, slog.New(slog.DiscardHandler), load.LogThrottle{})
 	hs := hashing.AppendBlockHashes(nil, prompt, 16)
 	applyEvents(t, s, 0, stored(hs[2:], hs[1], prompt[32:], 16, events.MediumGPU))
 	if n := x.Stats().Blocks; n != 2+2 {

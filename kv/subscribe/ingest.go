@@ -5,6 +5,7 @@ import (
 
 	"switchyard/kv/events"
 	"switchyard/kv/index"
+	"switchyard/load"
 )
 
 // Ingestor applies one worker's raw KV-event payloads (msgpack batches) to an index: decode,
@@ -17,7 +18,8 @@ type Ingestor struct {
 	ap    *applier
 }
 
-// NewIngestor returns an ingestor of worker's events on index x; rekey forces re-keying from token IDs.
+// NewIngestor returns an ingestor of worker's events on index x; rekey forces re-keying from
+// token IDs (as an index keyed by the router's own keys does for every engine).
 // The worker must be registered (SetWorker) before its batches are applied.
 func NewIngestor(x *index.Index, worker string, rekey bool, log *slog.Logger) *Ingestor {
 	if log == nil {
@@ -27,7 +29,7 @@ func NewIngestor(x *index.Index, worker string, rekey bool, log *slog.Logger) *I
 	if rekey {
 		scheme = HashSchemeRekey
 	}
-	return &Ingestor{ap: newApplier(x, worker, scheme, log)}
+	return &Ingestor{ap: newApplier(x, worker, scheme, log, load.LogThrottle{Logger: log})}
 }
 
 // Apply decodes payload and applies its events as published by DP rank rank (a batch's own

@@ -206,7 +206,15 @@ func (m *Manager) backoff() zmtp.Backoff {
 
 // malformedLog is the throttled log of one publisher's malformed messages.
 func (m *Manager) malformedLog(log *slog.Logger) load.LogThrottle {
-	return load.LogThrottle{Logger: log, Msg: "malformed KV-event messages", Every: m.cfg.MalformedLogEvery, Now: m.cfg.Now}
+	t := m.throttledLog(log)
+	t.Msg = "malformed KV-event messages"
+	return t
+}
+
+// throttledLog is a log of one publisher's repeating problems, at most one line per
+// MalformedLogEvery; its message is the caller's.
+func (m *Manager) throttledLog(log *slog.Logger) load.LogThrottle {
+	return load.LogThrottle{Logger: log, Every: m.cfg.MalformedLogEvery, Now: m.cfg.Now}
 }
 
 // Index returns the index the manager feeds.
@@ -633,7 +641,7 @@ func (b *boundState) worker(id string) *boundWorker {
 	w := b.appliers[id]
 	if w == nil {
 		log := b.m.log.With(slog.String("worker", id))
-		w = &boundWorker{ap: newApplier(b.m.x, id, b.m.schemeOf(id), log), badLog: b.m.malformedLog(log)}
+		w = &boundWorker{ap: newApplier(b.m.x, id, b.m.schemeOf(id), log, b.m.throttledLog(log)), badLog: b.m.malformedLog(log)}
 		b.appliers[id] = w
 	}
 	return w

@@ -41,7 +41,7 @@ type rankSub struct {
 
 func newRankSub(m *Manager, worker string, pub Publisher, scheme string) *rankSub {
 	log := m.log.With(slog.String("worker", worker), slog.Int("rank", pub.Rank))
-	return &rankSub{m: m, worker: worker, pub: pub, ap: newApplier(m.x, worker, scheme, log), log: log, badLog: m.malformedLog(log)}
+	return &rankSub{m: m, worker: worker, pub: pub, ap: newApplier(m.x, worker, scheme, log, m.throttledLog(log)), log: log, badLog: m.malformedLog(log)}
 }
 
 // run subscribes until ctx is done. A lost or refused connection is retried with doubling

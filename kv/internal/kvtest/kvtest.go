@@ -11,7 +11,6 @@ import (
 	"testing"
 
 	"switchyard/kv"
-	"switchyard/kv/hashing"
 	"switchyard/kv/index"
 )
 
@@ -28,7 +27,13 @@ func SeqTokens(base, n int) []uint32 {
 // when the test ends.
 func NewIndex(t testing.TB, shards, maxBlocks int) *index.Index {
 	t.Helper()
-	x, err := index.New(index.Config{Shards: shards, MaxBlocks: maxBlocks})
+	return NewKeyedIndex(t, shards, maxBlocks, index.BlockKeyEngine)
+}
+
+// NewKeyedIndex is NewIndex keyed by key (index.Config.BlockKey).
+func NewKeyedIndex(t testing.TB, shards, maxBlocks int, key string) *index.Index {
+	t.Helper()
+	x, err := index.New(index.Config{Shards: shards, MaxBlocks: maxBlocks, BlockKey: key})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,10 +51,11 @@ func Register(t testing.TB, x *index.Index, worker string, dp, bs int) []index.O
 	return ids
 }
 
-// Hold stores the blocks of tokens for owner id in tiers and returns their hashes.
+// Hold stores the blocks of tokens for owner id in tiers and returns their keys (the index's:
+// SGLang's hashes, or the router's own keys).
 func Hold(t testing.TB, x *index.Index, id index.OwnerID, tokens []uint32, bs int, tiers index.Tiers) []int64 {
 	t.Helper()
-	hs := hashing.AppendBlockHashes(nil, tokens, bs)
+	hs := x.AppendBlockKeys(nil, tokens, bs)
 	w := x.NewWriter()
 	for _, h := range hs {
 		w.Store(id, x.Owners().Epoch(id), h, tiers)
