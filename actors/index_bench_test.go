@@ -25,7 +25,9 @@ import (
 // shards behind mutexes on the caller's goroutine: the baseline) and "actors" (index shard
 // actors, as the router runs them: one per core by default; "actors-8shards" for comparison).
 // These hash every lookup's prompt from scratch; "actors+hashcache" has the router's default
-// hash cache (kv.hash_cache_chunks), so a prompt looked up again is not hashed again.
+// hash cache (kv.hash_cache_chunks), so a prompt looked up again is not hashed again;
+// "actors+routerkey" keys blocks by the router's own keys (kv.block_key router), which every
+// lookup computes from scratch (there is no hash cache with them).
 
 type benchHost struct {
 	name   string
@@ -33,20 +35,27 @@ type benchHost struct {
 	host   func([]*index.Shard) (index.ShardHost, error)
 	// hashCache is kv.hash_cache_chunks (0: off).
 	hashCache int
+	// blockKey is kv.block_key ("": engine).
+	blockKey string
 }
 
 func benchHosts() []benchHost {
 	locked := func(s []*index.Shard) (index.ShardHost, error) { return index.NewLockedShards(s), nil }
 	return []benchHost{
-		{"locked", 8, locked, 0},
-		{"actors", 0, IndexHost(IndexOptions{}), 0}, // the default: one shard per core
-		{"actors-8shards", 8, IndexHost(IndexOptions{}), 0},
+		{"locked", 8, locked, 0, ""},
+		{"actors", 0, IndexHost(IndexOptions{}), 0, ""}, // the default: one shard per core
+		{"actors-8shards", 8, IndexHost(IndexOptions{}), 0, ""},
 	}
 }
 
 // routerHost is the actor host with the router's default hash cache.
 func routerHost() benchHost {
-	return benchHost{"actors+hashcache", 0, IndexHost(IndexOptions{}), config.Default().KV.HashCacheChunks}
+	return benchHost{"actors+hashcache", 0, IndexHost(IndexOptions{}), config.Default().KV.HashCacheChunks, ""}
+}
+
+// routerKeyHost is the actor host keyed by the router's own block keys (kv.block_key router).
+func routerKeyHost() benchHost {
+	return benchHost{"actors+routerkey", 0, IndexHost(IndexOptions{}), 0, index.BlockKeyRouter}
 }
 
 // coldCacheHost is the actor host with a hash cache of one chunk: each chunk a lookup hashes
@@ -54,12 +63,12 @@ func routerHost() benchHost {
 // the cache (a chunk's key, the probe, the entry) on top of the hashing, as a prompt the
 // router sees for the first time does.
 func coldCacheHost() benchHost {
-	return benchHost{"actors+coldcache", 0, IndexHost(IndexOptions{}), 1}
+	return benchHost{"actors+coldcache", 0, IndexHost(IndexOptions{}), 1, ""}
 }
 
 func newBenchIndex(b *testing.B, h benchHost, maxBlocks int) *index.Index {
 	b.Helper()
-	x, err := index.New(index.Config{Shards: h.shards, MaxBlocks: maxBlocks, Host: h.host, HashCacheChunks: h.hashCache})
+	x, err := index.New(index.Config{Shards: h.shards, MaxBlocks: maxBlocks, Host: h.host, HashCacheChunks: h.hashCache, BlockKey: h.blockKey})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -115,7 +124,7 @@ func drain(b testing.TB, x *index.Index, _ int) {
 func holdTokens(b testing.TB, x *index.Index, o index.OwnerID, tokens []uint32, bs int) {
 	b.Helper()
 	w := x.NewWriter()
-	for _, h := range hashing.AppendBlockHashes(nil, tokens, bs) {
+	for _, h := range x.AppendBlockKeys(nil, tokens, bs) {
 		w.Store(o, x.Owners().Epoch(o), h, index.TierGPU)
 	}
 	if d := w.Flush(); d != 0 {
@@ -152,7 +161,7 @@ func reportPercentiles(b *testing.B, d []time.Duration) {
 // "actors+coldcache" every lookup misses the cache (the router's first lookup of a prompt).
 func BenchmarkLookup100kTokens(b *testing.B) {
 	const engines, resident, promptLen = 100, 1_000_000, 100_000
-	for _, h := range append(benchHosts(), routerHost(), coldCacheHost()) {
+	for _, h := range append(benchHosts(), routerHost(), coldCacheHost(), routerKeyHost()) {
 		for _, bs := range []int{16, 64} {
 			var x *index.Index
 			var prompt []uint32
@@ -221,7 +230,7 @@ func BenchmarkLookup100kTokens(b *testing.B) {
 			})
 			b.Run(fmt.Sprintf("%s/bs=%d/match", h.name, bs), func(b *testing.B) {
 				setup(b)
-				hashes := hashing.AppendBlockHashes(nil, prompt, bs)
+				hashes := x.AppendBlockKeys(nil, prompt, bs)
 				var l kv.Lookup
 				var d []time.Duration
 				ctx := context.Background()
@@ -245,6 +254,19 @@ func BenchmarkLookup100kTokens(b *testing.B) {
 					for b.Loop() {
 						t := time.Now()
 						dst = hashing.AppendBlockHashes(dst[:0], prompt, bs)
+						d = append(d, time.Since(t))
+					}
+					reportPercentiles(b, d)
+				})
+				b.Run(fmt.Sprintf("routerkey-only/bs=%d", bs), func(b *testing.B) {
+					setup(b)
+					keys := index.NewRouterKeys()
+					dst := make([]int64, 0, promptLen)
+					var d []time.Duration
+					b.ReportAllocs()
+					for b.Loop() {
+						t := time.Now()
+						dst, _ = keys.AppendChain(dst[:0], 0, prompt, bs)
 						d = append(d, time.Since(t))
 					}
 					reportPercentiles(b, d)
@@ -324,7 +346,7 @@ func newIngestWorkload(b *testing.B, worker string, seed uint64) *ingestWorkload
 // resident.
 func BenchmarkIngestAndLookup(b *testing.B) {
 	for _, resident := range []int{100_000, 1_000_000, 10_000_000} {
-		for _, h := range append(benchHosts(), routerHost()) {
+		for _, h := range append(benchHosts(), routerHost(), routerKeyHost()) {
 			var st *ingestBench
 			b.Run(fmt.Sprintf("%s/resident=%d", h.name, resident), func(b *testing.B) {
 				if st == nil {
@@ -341,12 +363,14 @@ func BenchmarkIngestAndLookup(b *testing.B) {
 
 const ingestEngines, ingestHot, ingestLookupEvery, ingestParallelism = 16, 64, 4, 2
 
-// ingestBench is BenchmarkIngestAndLookup's index, filled, with its hot prompts and the
-// engines' event batches.
+// ingestBench is BenchmarkIngestAndLookup's index, filled, with its hot prompts, the
+// engines' event batches and their ingestors (one per engine, kept across runs with their
+// re-key maps).
 type ingestBench struct {
 	x         *index.Index
 	prompts   [][]uint32
 	workloads []*ingestWorkload
+	ingestors []*subscribe.Ingestor
 }
 
 func newIngestBench(b *testing.B, h benchHost, resident int) *ingestBench {
@@ -357,7 +381,15 @@ func newIngestBench(b *testing.B, h benchHost, resident int) *ingestBench {
 		b.Fatal(err)
 	}
 	ids := registerEngines(b, x, ingestEngines, 16)
-	fillResident(b, x, ids, resident, 16)
+	ingestors := make([]*subscribe.Ingestor, ingestEngines)
+	for i := range ingestors {
+		ingestors[i] = subscribe.NewIngestor(x, fmt.Sprintf("e%03d", i), false, nil)
+	}
+	if x.RouterKeys() != nil {
+		fillIngested(b, x, ingestors, resident)
+	} else {
+		fillResident(b, x, ids, resident, 16)
+	}
 	rng := rand.New(rand.NewPCG(3, 3))
 	prompts := make([][]uint32, ingestHot)
 	for i := range prompts {
@@ -370,7 +402,42 @@ func newIngestBench(b *testing.B, h benchHost, resident int) *ingestBench {
 		workloads[i] = newIngestWorkload(b, fmt.Sprintf("e%03d", i%ingestEngines), uint64(i))
 	}
 	drain(b, x, 16)
-	return &ingestBench{x: x, prompts: prompts, workloads: workloads}
+	return &ingestBench{x: x, prompts: prompts, workloads: workloads, ingestors: ingestors}
+}
+
+// fillIngested stores n blocks of random tokens through the engines' ingestors, spread
+// round-robin over them, in chains of 32 blocks under random engine hashes: on an index keyed
+// by the router's keys, each engine's re-key map then holds its resident blocks, as it would
+// have after their BlockStored events.
+func fillIngested(b *testing.B, x *index.Index, ingestors []*subscribe.Ingestor, n int) {
+	b.Helper()
+	const chain = 32
+	rng := rand.New(rand.NewPCG(1, uint64(n)))
+	enc := events.NewEncoder()
+	tokens := make([]uint32, chain*16)
+	for done, i := 0, 0; done < n; i++ {
+		k := min(chain, n-done)
+		for j := range tokens[:k*16] {
+			tokens[j] = rng.Uint32()
+		}
+		hs := make([]int64, k)
+		for j := range hs {
+			hs[j] = int64(rng.Uint64())
+		}
+		batch := &events.EventBatch{Events: []events.Event{{Kind: events.EventBlockStored, BlockHashes: hs, TokenIDs: tokens[:k*16], BlockSize: 16, Medium: events.MediumGPU}}}
+		p, err := enc.Encode(batch, events.ShapeArray)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := ingestors[i%len(ingestors)].Apply(p, 0); err != nil {
+			b.Fatal(err)
+		}
+		done += k
+	}
+	if dropped := x.Metrics().Ingest().OpsDroppedBusy; dropped != 0 {
+		b.Fatalf("fill dropped %d operations", dropped)
+	}
+	drain(b, x, 16)
 }
 
 func (st *ingestBench) run(b *testing.B) {
@@ -396,8 +463,11 @@ func (st *ingestBench) run(b *testing.B) {
 	start := time.Now()
 	b.RunParallel(func(pb *testing.PB) {
 		g := int(next.Add(1) - 1)
-		wl := workloads[g%len(workloads)]
-		ing := subscribe.NewIngestor(x, wl.worker, false, nil)
+		if g >= len(workloads) || g >= len(st.ingestors) {
+			panic("BUG: more goroutines than workloads: two would share an ingestor")
+		}
+		wl := workloads[g]
+		ing := st.ingestors[g%ingestEngines] // wl.worker's
 		var l kv.Lookup
 		ctx := context.Background()
 		var ev, lk, lkErr, hit int64
