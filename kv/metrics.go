@@ -25,7 +25,7 @@ type Metrics struct {
 	// Ingest.
 	OpsApplied       *metrics.Counter // block operations handed to shards
 	OpsDroppedBusy   *metrics.Counter // block operations refused by a full shard mailbox
-	OpsDroppedUnkey  *metrics.Counter // stores that could not be re-keyed (parent unknown)
+	OpsDroppedUnkey  *metrics.Counter // stores that could not be re-keyed (parent unknown, token IDs short, a map full)
 	BatchesOK        *metrics.Counter
 	BatchesMalformed *metrics.Counter
 	BatchesUnknown   *metrics.Counter // bound SUB: topic of no known worker
