@@ -499,20 +499,27 @@ func TestTraceColdPlacementSimulation(t *testing.T) {
 // scenario's load: the 21 runs of traceSim.runRules at 68% (SWITCHYARD_BENCH_TRACE; skipped
 // without it) placed by the default rule with its own tie order, with the fewest uncached
 // tokens placed lately first (coldChurn: the order the router could keep from its own
-// dispatches), and with the fewest evicted pages that a request uses again within 60 s
-// first (coldFuture: future knowledge, a bound). It logs each one's share of the holder
+// dispatches), with the fewest evicted pages that a request uses again within 60 s first
+// (coldFuture: future knowledge, a bound), and with the value order the router can keep
+// (coldSteps: the fewest steps of conversations in progress evicted from its shadow of each
+// engine's cache, after a share guard: an engine past 1.1 times the mean of the requests
+// placed lately, half-life 300 s, loses first). It logs each one's share of the holder
 // placement's hits (mean, lowest, runs won and lost against the default), gone, away and
 // gained, TTFT p90 and the largest spreads, and checks the bound: it keeps at least 3
 // points more than the default on the mean, winning at least 18 of the 21 runs, without a
 // higher TTFT p90; the tie set of cold work is large enough at this load, what a rule
-// lacks is which evicted pages return. It takes a few minutes of CPU.
+// lacks is which evicted pages return. It checks that the value order from the shadow
+// keeps as many hits as the default within half a point, no more than a point more, and
+// no larger request spread: what the router can know of the evicted pages does not move
+// the share at this load. It takes a few minutes of CPU.
 func TestTraceColdValueSimulation(t *testing.T) {
 	all, o := fullTraceSim(t, 8)
-	churn, bound := defaultRule, defaultRule
+	churn, bound, shadow := defaultRule, defaultRule, defaultRule
 	churn.cold = coldChurn
 	bound.cold, bound.horizon = coldFuture, 60*time.Second
-	names := []string{"default", "churn", "future (bound)"}
-	res := all.runRules(t, &o, 0.68, []simRule{defaultRule, churn, bound})
+	shadow.cold, shadow.share, shadow.shareHalfLife = coldSteps, 1.1, 300
+	names := []string{"default", "churn", "future (bound)", "value from the router's shadow, share guard"}
+	res := all.runRules(t, &o, 0.68, []simRule{defaultRule, churn, bound, shadow})
 	for i, name := range names {
 		x := &res[i]
 		wins, losses := winsOf(x.share, res[0].share)
@@ -520,11 +527,15 @@ func TestTraceColdValueSimulation(t *testing.T) {
 			name, 100*meanOf(x.share), 100*slices.Min(x.share), wins, losses, len(x.share),
 			100*meanOf(x.gone), 100*meanOf(x.away), 100*meanOf(x.gained), 1000*meanOf(x.p90), slices.Max(x.spread), slices.Max(x.prefill))
 	}
-	def, b := &res[0], &res[2]
+	def, b, sh := &res[0], &res[2], &res[3]
 	wins, _ := winsOf(b.share, def.share)
 	if meanOf(b.share) < meanOf(def.share)+0.03 || wins < 18 || meanOf(b.p90) > meanOf(def.p90) {
 		t.Errorf("the bound keeps %.1f%% of the holder placement's hits (wins %d of %d, TTFT p90 %.0f ms), the default %.1f%% (%.0f ms): want 3 points more, 18 wins and no higher p90",
 			100*meanOf(b.share), wins, len(b.share), 1000*meanOf(b.p90), 100*meanOf(def.share), 1000*meanOf(def.p90))
+	}
+	if d := meanOf(sh.share) - meanOf(def.share); d < -0.005 || d > 0.01 || slices.Max(sh.spread) > slices.Max(def.spread) {
+		t.Errorf("the value order from the shadow keeps %.1f%% of the holder placement's hits (request spread at most %.2f), the default %.1f%% (%.2f): want within -0.5 to +1 point and no larger spread",
+			100*meanOf(sh.share), slices.Max(sh.spread), 100*meanOf(def.share), slices.Max(def.spread))
 	}
 }
 
@@ -564,9 +575,90 @@ const (
 	// uncached part and output) that a later request uses within simRule.horizon: future
 	// knowledge, a bound on what any tie order for cold work can keep, not a rule.
 	coldFuture
+	// coldValue: the fewest pages evicted (EngineView.EvictionOrder) whose last use was by
+	// a request that had a held prefix at arrival (a conversation in progress), then
+	// coldDecode: the engine's own eviction order, which the router does not know.
+	coldValue
+	// coldSteps: coldValue with the router's shadow of each engine's cache (shadowLRU) in
+	// place of the engine's eviction order: the whole 1,024-token steps of the prompts it
+	// sent there (the granularity of the dispatch memory's fingerprints), by the time it
+	// sent them, the prompts' tails and outputs as filler steps, within the engine's
+	// capacity.
+	coldSteps
 )
 
-var coldOrderNames = [...]string{"decode load", "free KV", "LRU victim", "churn", "future (bound)"}
+var coldOrderNames = [...]string{"decode load", "free KV", "LRU victim", "churn", "future (bound)", "value (engine's LRU)", "value (shadow of steps)"}
+
+// shadowLRU is a router's model of one engine's prefix cache: the steps of the prompts it
+// sent there and filler for their tails and output, by the time it sent them (most recent
+// last), at most cap steps, each marked valued when the request that last used it had a
+// held prefix at arrival.
+type shadowLRU struct {
+	cap   int
+	pages map[int64]*shadowPage
+	head  shadowPage // sentinel: head.next is the oldest page
+	out   int64      // the next filler step's key (negative: no prompt page has it)
+	rest  int        // tokens of filler not yet a whole step
+}
+
+type shadowPage struct {
+	hash       int64
+	valued     bool
+	prev, next *shadowPage
+}
+
+func newShadowLRU(capPages int) *shadowLRU {
+	s := &shadowLRU{cap: capPages, pages: make(map[int64]*shadowPage), out: -1}
+	s.head.prev, s.head.next = &s.head, &s.head
+	return s
+}
+
+func (s *shadowLRU) unlink(p *shadowPage) { p.prev.next, p.next.prev = p.next, p.prev }
+
+func (s *shadowLRU) touch(h int64, valued bool) {
+	p, ok := s.pages[h]
+	if ok {
+		s.unlink(p)
+	} else {
+		p = &shadowPage{hash: h}
+		s.pages[h] = p
+	}
+	p.valued = valued
+	p.prev, p.next = s.head.prev, &s.head
+	s.head.prev.next = p
+	s.head.prev = p
+	for len(s.pages) > s.cap {
+		old := s.head.next
+		s.unlink(old)
+		delete(s.pages, old.hash)
+	}
+}
+
+// placeSteps records a request at the granularity of step-token steps (each step keyed by
+// its last page's chained hash), its tail and output counted as filler.
+func (s *shadowLRU) placeSteps(hashes []int64, promptTokens, outTokens, pageSize, step int, valued bool) {
+	per := step / pageSize
+	n := len(hashes) / per
+	for k := range n {
+		s.touch(hashes[(k+1)*per-1], valued)
+	}
+	s.rest += promptTokens - n*step + outTokens
+	for ; s.rest >= step; s.rest -= step {
+		s.touch(s.out, false)
+		s.out--
+	}
+}
+
+// valuedVictims is how many valued steps taking n more steps would evict.
+func (s *shadowLRU) valuedVictims(n int) int {
+	k := 0
+	for p, need := s.head.next, len(s.pages)+n-s.cap; p != &s.head && need > 0; p, need = p.next, need-1 {
+		if p.valued {
+			k++
+		}
+	}
+	return k
+}
 
 // pageUses is when each page of a run's prompts is used: its requests' arrivals, in order.
 type pageUses struct{ at map[int64][]time.Duration }
@@ -601,6 +693,13 @@ type simRule struct {
 	// uses and horizon are coldFuture's knowledge of the run (set by traceSim.runRules).
 	uses    *pageUses
 	horizon time.Duration
+	// runGap: a cold tie between engines whose running requests differ by more than runGap
+	// goes to the fewer first (0: no such guard).
+	runGap int
+	// share: a cold tie goes first to an engine whose requests placed lately (decayed with
+	// half-life shareHalfLife seconds; 0: never decayed) are at most share times the fleet's
+	// mean (0: no such guard).
+	share, shareHalfLife float64
 }
 
 // latencyRule is cache_aware's latency decision (engine.CacheAware.pickByLatency) on
@@ -613,12 +712,16 @@ type simRule struct {
 // first; a cold request: r.cold first). r.view says how the queue is seen, r.noise how far
 // off (each engine's queue times its own draw of e^(noise × N(0,1)), seeded by noise).
 func latencyRule(r simRule, perToken float64) mockengine.Placer {
+	const pageSize = 16     // the trace scenario's
+	const stepTokens = 1024 // the dispatch memory's step
 	type key struct {
 		score, ttft float64
 		held, run   int
 		free        int
 		age         time.Duration
 		returning   int // coldFuture: pages evicted that return within r.horizon
+		valued      int // coldValue, coldShadow: valued pages evicted
+		over        bool
 	}
 	var keys []key
 	var evicted []int64
@@ -627,9 +730,26 @@ func latencyRule(r simRule, perToken float64) mockengine.Placer {
 	const halfLife = 300 // seconds
 	noise := rand.New(rand.NewPCG(uint64(1000*r.noise), 1))
 	var queues []time.Duration
+	var valued map[int64]bool // coldValue: whether a page's last use had a held prefix
+	var shadows []*shadowLRU  // coldSteps
+	var placed []float64      // requests placed, for the share guard
+	var lastShare time.Duration
 	return mockengine.PlaceFunc(func(_ int, now time.Duration, req *mockengine.SimRequest, fleet []mockengine.EngineView) int {
 		if churn == nil {
 			churn = make([]float64, len(fleet))
+			placed = make([]float64, len(fleet))
+			valued = map[int64]bool{}
+			shadows = make([]*shadowLRU, len(fleet))
+			for i := range shadows {
+				shadows[i] = newShadowLRU(fleet[i].Free() / stepTokens)
+			}
+		}
+		if r.shareHalfLife > 0 {
+			d := math.Exp2(-(now - lastShare).Seconds() / r.shareHalfLife)
+			for i := range placed {
+				placed[i] *= d
+			}
+			lastShare = now
 		}
 		decay := math.Exp2(-(now - last).Seconds() / halfLife)
 		for i := range churn {
@@ -676,6 +796,17 @@ func latencyRule(r simRule, perToken float64) mockengine.Placer {
 			ttft := queue.Seconds() + float64(req.PromptTokens-held)*perToken
 			k := key{score: ttft - weight*r.credit*float64(held)*perToken, ttft: ttft, held: held, run: e.Running(),
 				free: e.Free() - (req.PromptTokens - held), age: e.VictimAge(now)}
+			switch r.cold {
+			case coldValue:
+				evicted = e.EvictionOrder(evicted[:0], req.PromptTokens-held+req.MaxTokens)
+				for _, h := range evicted {
+					if valued[h] {
+						k.valued++
+					}
+				}
+			case coldSteps:
+				k.valued = shadows[i].valuedVictims((req.PromptTokens - held + req.MaxTokens) / stepTokens)
+			}
 			if r.cold == coldFuture {
 				evicted = e.EvictionOrder(evicted[:0], req.PromptTokens-held+req.MaxTokens)
 				for _, h := range evicted {
@@ -696,7 +827,15 @@ func latencyRule(r simRule, perToken float64) mockengine.Placer {
 		// order for cold work decides (decided); otherwise the rule's own order does.
 		before := func(i, j int) (prefer, decided bool) {
 			a, b := &keys[i], &keys[j]
+			if r.share > 0 && a.over != b.over {
+				return b.over, true
+			}
+			if r.runGap > 0 && (a.run-b.run > r.runGap || b.run-a.run > r.runGap) {
+				return a.run < b.run, true
+			}
 			switch r.cold {
+			case coldValue, coldSteps:
+				return a.valued < b.valued, a.valued != b.valued
 			case coldFree:
 				return a.free > b.free, a.free != b.free
 			case coldVictim:
@@ -711,6 +850,12 @@ func latencyRule(r simRule, perToken float64) mockengine.Placer {
 				return a.returning < b.returning, a.returning != b.returning
 			}
 			return false, false
+		}
+		if r.share > 0 {
+			mean := meanOf(placed)
+			for i := range keys {
+				keys[i].over = placed[i] > r.share*mean
+			}
 		}
 		pick := -1
 		for i, k := range keys {
@@ -741,6 +886,15 @@ func latencyRule(r simRule, perToken float64) mockengine.Placer {
 			}
 		}
 		churn[pick] += float64(req.PromptTokens - keys[pick].held)
+		placed[pick]++
+		switch hadHeld := !cold; r.cold {
+		case coldValue:
+			for _, h := range req.Hashes {
+				valued[h] = hadHeld
+			}
+		case coldSteps:
+			shadows[pick].placeSteps(req.Hashes, req.PromptTokens, req.MaxTokens, pageSize, stepTokens, hadHeld)
+		}
 		return pick
 	})
 }
