@@ -520,8 +520,9 @@ func (x *Index) lookup(ctx context.Context, start time.Time, model string, token
 }
 
 // MatchHashes is Lookup for a caller that already hashed the prompt with blockSize: it
-// matches hashes against the owners of model with that block size only. queryTokens is the
-// prompt length (a match is capped by it).
+// matches hashes, the index's keys of the prompt's blocks (AppendBlockKeys: SGLang's hashes,
+// or the router's own keys with BlockKeyRouter), against the owners of model with that block
+// size only. queryTokens is the prompt length (a match is capped by it).
 func (x *Index) MatchHashes(ctx context.Context, model string, blockSize int, hashes []int64, queryTokens int, dst *kv.Lookup) error {
 	dst.Reset()
 	dst.QueryTokens = queryTokens
