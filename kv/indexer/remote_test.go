@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -246,30 +247,48 @@ func TestRemoteSourceFailures(t *testing.T) {
 		}
 	})
 	t.Run("timeout and in-flight limit are unavailable", func(t *testing.T) {
-		entered := make(chan struct{}, 4)
 		release := make(chan struct{})
+		var releaseOnce sync.Once
+		releaseAll := func() { releaseOnce.Do(func() { close(release) }) }
+		defer releaseAll()
+		// A lookup the indexer does not answer within the timeout is unavailable.
+		hung := serve(t, func(ctx *fasthttp.RequestCtx) {
+			<-release
+			ctx.SetBody(AppendAnswer(nil, &kv.Lookup{}, false))
+		})
+		r, _ := NewRemoteSource(RemoteConfig{URL: hung, Timeout: 50 * time.Millisecond, MaxInflight: 1})
+		var l kv.Lookup
+		if err := r.Lookup(context.Background(), "m", prompt, &l); !errors.Is(err, kv.ErrUnavailable) || errors.Is(err, errInflight) {
+			t.Fatalf("timed-out lookup: %v", err)
+		}
+		if c := r.m.RemoteLookups(); c.Unavailable != 1 {
+			t.Fatalf("counts %+v", c)
+		}
+		// A lookup past the in-flight limit is unavailable without a request. The timeout is
+		// not what this part tests: it only has to outlast a loaded host's delay between the
+		// first lookup's arrival and the second lookup (a 50 ms timeout freed the slot first).
+		entered := make(chan struct{}, 1)
 		base := serve(t, func(ctx *fasthttp.RequestCtx) {
 			entered <- struct{}{}
 			<-release
 			ctx.SetBody(AppendAnswer(nil, &kv.Lookup{}, false))
 		})
-		defer close(release)
-		r, _ := NewRemoteSource(RemoteConfig{URL: base, Timeout: 50 * time.Millisecond, MaxInflight: 1})
+		r, _ = NewRemoteSource(RemoteConfig{URL: base, Timeout: time.Minute, MaxInflight: 1})
 		first := make(chan error, 1)
 		go func() {
 			var l kv.Lookup
 			first <- r.Lookup(context.Background(), "m", prompt, &l)
 		}()
 		<-entered // the first lookup holds the only slot
-		var l kv.Lookup
 		err := r.Lookup(context.Background(), "m", prompt, &l)
 		if !errors.Is(err, kv.ErrUnavailable) || !errors.Is(err, errInflight) {
 			t.Fatalf("second lookup: %v", err)
 		}
-		if err := <-first; !errors.Is(err, kv.ErrUnavailable) {
+		releaseAll()
+		if err := <-first; err != nil {
 			t.Fatalf("first lookup: %v", err)
 		}
-		if c := r.m.RemoteLookups(); c.Unavailable != 2 {
+		if c := r.m.RemoteLookups(); c.Unavailable != 1 {
 			t.Fatalf("counts %+v", c)
 		}
 	})
