@@ -833,9 +833,10 @@ func (r *relay) CloseWithError(error) error {
 	if rc, ok := r.body.(fasthttp.ReadCloserWithError); ok && r.up.Interrupted() {
 		_ = rc.CloseWithError(fleet.ErrInterrupted) // its socket is closed: never pooled
 	}
-	// Closing an unfinished body stream closes its connection, which makes an engine that
-	// watches it abort the request; one with an abort API is told.
-	_ = r.resp.CloseBodyStream()
+	// An engine with an abort API is told (and the abort counted) before the body stream
+	// closes: closing an unfinished body stream closes its connection, which makes an
+	// engine that watches it abort the request, and whoever sees that abort must find it
+	// counted already.
 	switch end {
 	case endClientGone:
 		s.abort(causeClientGone, r.rid, engineStop{m: r.stop})
@@ -844,6 +845,7 @@ func (r *relay) CloseWithError(error) error {
 	case endIdle:
 		s.abort(causeStreamIdle, r.rid, engineStop{m: r.stop})
 	}
+	_ = r.resp.CloseBodyStream()
 	if r.buf != nil {
 		readBufs.Put(r.buf)
 	}
