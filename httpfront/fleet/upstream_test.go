@@ -342,8 +342,11 @@ func TestResponseHeaderTimeout(t *testing.T) {
 // longer applies: a stream longer than it completes.
 func TestResponseHeaderTimeoutSparesStreams(t *testing.T) {
 	srv := newKeepAliveServer(t, nil)
-	srv.slowBody = 60 * time.Millisecond
-	u, _ := testUpstream(t, srv.addr, config.Upstream{ResponseHeaderTimeout: 50 * time.Millisecond}, nil, nil)
+	// The headers and first event come at once; the body lasts 4 x 100 ms, longer than the
+	// header timeout. The timeout leaves a loaded host 250 ms to deliver the headers (50 ms
+	// was within what a host at load 20 can delay a goroutine).
+	srv.slowBody = 100 * time.Millisecond
+	u, _ := testUpstream(t, srv.addr, config.Upstream{ResponseHeaderTimeout: 250 * time.Millisecond}, nil, nil)
 	for range 2 { // the second on the reused connection
 		st, body, err := post(u, true, time.Minute)
 		if err != nil || st != 200 || strings.Count(body, "data:") != 4 {
