@@ -1,5 +1,7 @@
 package engine
 
+import "switchyard/internal/mix"
+
 // ConsistentHash (configured as "consistent_hash") routes by a key the handler reads from the
 // configured headers (hashing.key_headers, the first one present) on a consistent-hash ring
 // with bounded load (see hashRing). It keeps no shared state: router replicas and restarts
@@ -35,7 +37,7 @@ func (p *ConsistentHash) Pick(c []*Worker, req *PickRequest) (Pick, error) {
 	if req.HashKey == "" {
 		return finish(p.admission, p.loads, leastInFlight(c), req, ReasonNoHashKey)
 	}
-	w, home := p.ring.pick(c, mix64(fnv64(fnvOffset, req.HashKey)))
+	w, home := p.ring.pick(c, mix.Mix64(fnv64(fnvOffset, req.HashKey)))
 	reason := ReasonHashHome
 	if !home {
 		reason = ReasonHashBounded

@@ -1,5 +1,7 @@
 package engine
 
+import "switchyard/internal/mix"
+
 // PrefixHash (configured as "prefix_hash") routes by a hash of the prompt's first K token IDs
 // (hashing.prefix_tokens) on the same bounded-load consistent-hash ring as consistent_hash:
 // prompts that share their first K tokens (a system prompt, a few-shot preamble) meet on one
@@ -39,7 +41,7 @@ func (p *PrefixHash) Pick(c []*Worker, req *PickRequest) (Pick, error) {
 		return finish(p.admission, p.loads, leastInFlight(c), req, ReasonNoTokenIDs)
 	}
 	ids = ids[:min(len(ids), p.tokens)]
-	w, home := p.ring.pick(c, mix64(fnv64Tokens(fnvOffset, ids)))
+	w, home := p.ring.pick(c, mix.Mix64(fnv64Tokens(fnvOffset, ids)))
 	reason := ReasonHashHome
 	if !home {
 		reason = ReasonHashBounded

@@ -3,6 +3,8 @@ package engine
 import (
 	"math"
 	"slices"
+
+	"switchyard/internal/mix"
 )
 
 // hashRing is the consistent-hash ring of consistent_hash and prefix_hash: each candidate
@@ -98,7 +100,7 @@ func (r *hashRing) build(c []*Worker) {
 	for i, w := range c {
 		base := fnv64(fnvOffset, w.ID)
 		for v := range r.vnodes {
-			r.points = append(r.points, ringPoint{hash: mix64(base ^ uint64(v)*0x9e3779b97f4a7c15), idx: int32(i)})
+			r.points = append(r.points, ringPoint{hash: mix.Mix64(base ^ uint64(v)*0x9e3779b97f4a7c15), idx: int32(i)})
 		}
 	}
 	slices.SortFunc(r.points, func(a, b ringPoint) int {
@@ -144,16 +146,6 @@ func fnv64Tokens(h uint64, ids []uint32) uint64 {
 		}
 	}
 	return h
-}
-
-// mix64 is splitmix64's finalizer: it spreads FNV's output over the whole ring.
-func mix64(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	x ^= x >> 31
-	return x
 }
 
 // leastInFlight returns the candidate with the fewest router-local in-flight requests, the

@@ -1,6 +1,10 @@
 package mockengine
 
-import "switchyard/tokenizer"
+import (
+	"switchyard/tokenizer"
+
+	"switchyard/internal/mix"
+)
 
 // outputWords are the words the engine generates. Each is one token of the built-in
 // tokenizer with and without a leading space, and decodes back to itself, so a client that
@@ -68,13 +72,9 @@ func (w *wordTable) token(seed uint64, i int) wordToken {
 	return w.rest[h%uint64(len(w.rest))]
 }
 
-// splitmix64 is a fast 64-bit mixer.
-func splitmix64(x uint64) uint64 {
-	x += 0x9e3779b97f4a7c15
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
-	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
-	return x ^ (x >> 31)
-}
+// splitmix64 is one step of the splitmix64 generator from state x: the state advanced by
+// its golden gamma, mixed.
+func splitmix64(x uint64) uint64 { return mix.Mix64(x + 0x9e3779b97f4a7c15) }
 
 // hashTokens mixes a token sequence into a seed.
 func hashTokens(ids []uint32) uint64 {

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"switchyard/tokenizer"
+
+	"switchyard/internal/mix"
 )
 
 // NameTrace is the workload name of a replayed request trace.
@@ -206,21 +208,12 @@ type TokenPrompt struct {
 	seed uint64
 }
 
-// mix is splitmix64's finaliser.
-func mix(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	return x ^ x>>31
-}
-
 // each calls f with the generator state of every token, in order.
 func (p *TokenPrompt) each(f func(x uint64)) {
 	for i, h := 0, 0; i < p.Len; h++ {
-		base := mix(p.seed ^ mix(uint64(p.Blocks[h])+0x7f4a7c15))
+		base := mix.Mix64(p.seed ^ mix.Mix64(uint64(p.Blocks[h])+0x7f4a7c15))
 		for j := 0; j < p.BlockSize && i < p.Len; j, i = j+1, i+1 {
-			f(mix(base + uint64(j)))
+			f(mix.Mix64(base + uint64(j)))
 		}
 	}
 }

@@ -10,16 +10,18 @@ import (
 )
 
 // allowed lists, per top-level package, the internal packages it may import
-// (ARCHITECTURE.md: cmd → httpfront → actors → engine → {kv, load, config}).
+// (ARCHITECTURE.md: cmd → httpfront → actors → engine → {kv, load, config}; internal holds
+// leaves any package may import).
 var allowed = map[string][]string{
+	"internal":  {},
 	"config":    {},
 	"tokenizer": {},
 	"load":      {},
-	"kv":        {"load"},
-	"engine":    {"config", "load", "kv"},
-	"actors":    {"engine", "kv", "load", "config"},
-	"httpfront": {"actors", "engine", "kv", "load", "config", "httpfront", "tokenizer"},
-	"bench":     {"actors", "engine", "kv", "load", "config", "httpfront", "bench", "tokenizer"},
+	"kv":        {"load", "internal"},
+	"engine":    {"config", "load", "kv", "internal"},
+	"actors":    {"engine", "kv", "load", "config", "internal"},
+	"httpfront": {"actors", "engine", "kv", "load", "config", "httpfront", "tokenizer", "internal"},
+	"bench":     {"actors", "engine", "kv", "load", "config", "httpfront", "bench", "tokenizer", "internal"},
 	"deploy":    {}, // the dashboard generator
 }
 

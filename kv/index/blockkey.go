@@ -3,6 +3,8 @@ package index
 import (
 	"hash/maphash"
 	"unsafe"
+
+	"switchyard/internal/mix"
 )
 
 // Block keys: what the index keys a block by (Config.BlockKey, the router's kv.block_key).
@@ -23,10 +25,10 @@ const (
 // RouterKeys computes the router's own block keys (BlockKeyRouter). Block i of a sequence,
 // its tokens t_i, has the key
 //
-//	k_i = fmix64(k_{i-1} ^ maphash(seed, t_i as 4-byte words)),  k_{-1} = 0
+//	k_i = mix(k_{i-1} ^ maphash(seed, t_i as 4-byte words)),  k_{-1} = 0
 //
 // where maphash is hash/maphash's keyed hash (its length is part of it, so a short last block
-// differs from a whole one) and fmix64 MurmurHash3's finalizer, a bijection: two blocks after
+// differs from a whole one) and mix splitmix64's finalizer (internal/mix), a bijection: two blocks after
 // the same prefix get one key only if their token hashes collide, and the token hashes of a
 // prompt's blocks do not depend on each other, so the processor computes them side by side
 // while only the finalizer is sequential.
@@ -52,7 +54,7 @@ func NewRouterKeys() *RouterKeys { return &RouterKeys{seed: maphash.MakeSeed()} 
 // Block returns the key of the block of tokens that follows the block whose key is parent
 // (0 for a sequence's first block).
 func (k *RouterKeys) Block(parent int64, tokens []uint32) int64 {
-	return int64(fmix64(uint64(parent) ^ maphash.Bytes(k.seed, tokenBytes(tokens))))
+	return int64(mix.Mix64(uint64(parent) ^ maphash.Bytes(k.seed, tokenBytes(tokens))))
 }
 
 // AppendChain appends the keys of tokens' blocks to dst, chaining the first after parent (0:
@@ -70,21 +72,10 @@ func (k *RouterKeys) AppendChain(dst []int64, parent int64, tokens []uint32, blo
 	}
 	h := uint64(parent)
 	for i := 0; i < len(tokens); i += blockSize {
-		h = fmix64(h ^ maphash.Bytes(k.seed, tokenBytes(tokens[i:min(i+blockSize, len(tokens))])))
+		h = mix.Mix64(h ^ maphash.Bytes(k.seed, tokenBytes(tokens[i:min(i+blockSize, len(tokens))])))
 		dst = append(dst, int64(h))
 	}
 	return dst, int64(h)
-}
-
-// fmix64 is MurmurHash3's 64-bit finalizer: a bijection whose every output bit depends on
-// every input bit.
-func fmix64(h uint64) uint64 {
-	h ^= h >> 33
-	h *= 0xff51afd7ed558ccd
-	h ^= h >> 33
-	h *= 0xc4ceb9fe1a85ec53
-	h ^= h >> 33
-	return h
 }
 
 // tokenBytes is tokens' memory as bytes (4 per token, in the machine's byte order: keyed
