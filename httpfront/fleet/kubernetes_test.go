@@ -178,6 +178,22 @@ func (e *discoveryEnv) metric(series string) float64 {
 	return -1
 }
 
+// settledMetric returns series once it reads want, or its last value after 10s. A gauge of
+// discovered workers changes after the sink's call returns (a worker counts once the sink
+// has it), so a test that has just seen the call may read the gauge before the reconcile
+// that made it is over.
+func (e *discoveryEnv) settledMetric(series string, want float64) float64 {
+	e.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := e.metric(series)
+		if got == want || time.Now().After(deadline) {
+			return got
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // testPod is a pod in namespace ns with an engine container port named http.
 func testPod(name string, lbl map[string]string, ip string, ready bool) *corev1.Pod {
 	p := &corev1.Pod{
@@ -222,7 +238,7 @@ func TestKubernetesPodLifecycle(t *testing.T) {
 	setReady(a, true)
 	e.update(a)
 	e.expect(`add a.ns http://10.0.0.1:30000 plain model="llama" bootstrap=-`)
-	if got := e.metric(`switchyard_discovery_workers{role="plain"}`); got != 2 {
+	if got := e.settledMetric(`switchyard_discovery_workers{role="plain"}`, 2); got != 2 {
 		t.Errorf("discovered plain workers %v, want 2", got)
 	}
 
@@ -263,7 +279,7 @@ func TestKubernetesPodLifecycle(t *testing.T) {
 	e.expect(`add a.ns http://10.0.0.1:30000 plain model="llama" bootstrap=-`)
 	e.delete(a)
 	e.expect("remove a.ns")
-	if got := e.metric(`switchyard_discovery_workers{role="plain"}`); got != 0 {
+	if got := e.settledMetric(`switchyard_discovery_workers{role="plain"}`, 0); got != 0 {
 		t.Errorf("discovered plain workers %v, want 0", got)
 	}
 }
@@ -300,7 +316,7 @@ func TestKubernetesRoles(t *testing.T) {
 		t.Errorf("pod errors %v, want 2 (bad annotation, no named port)", got)
 	}
 	for role, want := range map[string]float64{"prefill": 1, "decode": 1} {
-		if got := e.metric(`switchyard_discovery_workers{role="` + role + `"}`); got != want {
+		if got := e.settledMetric(`switchyard_discovery_workers{role="`+role+`"}`, want); got != want {
 			t.Errorf("discovered %s workers %v, want %v", role, got, want)
 		}
 	}
