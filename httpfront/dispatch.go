@@ -686,9 +686,14 @@ func (d *dispatch) plain(ex *exchange, o outcome) (outcome, *failedAnswer) {
 	// The request's start time stamps the guard: one clock read less per request. Until its
 	// first token the request is pending prefill on the engine. A buffered answer releases
 	// its guard before this returns: the exchange holds it, no allocation (fast path).
-	var guard *load.Guard
+	// A stream's guard lives in its relay, allocated here (one allocation for both).
+	var (
+		guard *load.Guard
+		rs    *relay
+	)
 	if d.facts.stream {
-		guard = s.tracker.AcquirePrefill(w.Counters, d.start, d.slo.uncached)
+		rs = new(relay)
+		guard = s.tracker.AcquirePrefillInto(&rs.guardStore, w.Counters, d.start, d.slo.uncached)
 	} else {
 		guard = s.tracker.AcquirePrefillInto(&ex.guard, w.Counters, d.start, d.slo.uncached)
 	}
@@ -723,7 +728,7 @@ func (d *dispatch) plain(ex *exchange, o outcome) (outcome, *failedAnswer) {
 	)
 	if err == nil && d.facts.stream && resp.StatusCode() == fasthttp.StatusOK && isEventStream(resp) {
 		// The stream's first bytes, still watched.
-		r = s.newRelay(d, o.mm, resp, w, ticket, guard, nil)
+		r = s.newRelay(rs, d, o.mm, resp, w, ticket, guard, nil)
 		r.trace(&ex.tr)
 		perr = r.prime()
 	}

@@ -184,7 +184,7 @@ func (d *dispatch) pd(ex *exchange, o outcome) (outcome, *failedAnswer) {
 		if len(pLogprobs) > 0 {
 			transform = func(dst, ev []byte) []byte { return mergeEventLogprobs(dst, ev, pLogprobs) }
 		}
-		r = s.newRelay(d, o.mm, dresp, dw, tDecode, gd, transform)
+		r = s.newRelay(nil, d, o.mm, dresp, dw, tDecode, gd, transform)
 		r.trace(&ex.tr)
 		perr = r.prime()
 	}

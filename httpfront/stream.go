@@ -39,6 +39,10 @@ const (
 // closes it (the client sees a malformed event, then the error event).
 const maxEventBytes = 4 << 20
 
+// heldInline is the room in a relay for the held part of an event (relay.heldArr): an
+// OpenAI chunk event is a few hundred bytes; a longer held part moves to the heap.
+const heldInline = 512
+
 var heartbeat = []byte(": keep-alive\n\n")
 var doneEvent = []byte("data: [DONE]\n\n")
 var eventSep = []byte("\n\n")
@@ -101,6 +105,9 @@ type relay struct {
 	// charged to the engine's breaker through it.
 	engine fleet.Ticket
 	guard  *load.Guard
+	// guardStore is where a plain stream's guard lives (load.Tracker.AcquirePrefillInto):
+	// its dispatch allocates the relay before it acquires the guard, one allocation for both.
+	guardStore load.Guard
 	// conn is the client's connection (nil when not one of ours): its writes are bounded by
 	// the request deadline too (plus Options.StreamEndGrace for the error event), so a client
 	// that stops reading cannot hold the stream past it.
@@ -117,8 +124,10 @@ type relay struct {
 
 	// sse tracks the event boundaries of what was received.
 	sse sseFramer
-	// held is the received part of the current event, not yet written.
-	held []byte
+	// held is the received part of the current event, not yet written: in heldArr while it
+	// fits (most events do), no allocation.
+	held    []byte
+	heldArr [heldInline]byte
 	// out is the bytes of one read to write when they are not a slice of it (events
 	// completing held ones, transformed events, the stream's end): a pooled buffer (getBuf),
 	// taken at its first use (outBuf) and returned when the stream closes.
@@ -187,29 +196,21 @@ var (
 	_ hangup.Target                = (*relay)(nil)
 )
 
-func (s *Server) newRelay(d *dispatch, mm *modelMetrics, resp *fasthttp.Response, w *engine.Worker, et fleet.Ticket,
-	guard *load.Guard, transform func(dst, event []byte) []byte) *relay {
-	s.bg.Add(1)
-	conn, _ := d.ctx.Conn().(*clientConn)
-	return &relay{
-		s:         s,
-		kind:      d.kind,
-		mm:        mm,
-		start:     d.start,
-		deadline:  d.deadline(),
-		resp:      resp,
-		body:      resp.BodyStream(),
-		up:        fleet.StreamOf(resp),
-		worker:    w,
-		engine:    et,
-		guard:     guard,
-		conn:      conn,
-		transform: transform,
-		ticket:    d.ticket,
-		rid:       d.ridIfAborting(),
-		slo:       d.slo,
-		holds:     d.holds,
+func (s *Server) newRelay(r *relay, d *dispatch, mm *modelMetrics, resp *fasthttp.Response, w *engine.Worker,
+	et fleet.Ticket, guard *load.Guard, transform func(dst, event []byte) []byte) *relay {
+	if r == nil {
+		r = new(relay)
 	}
+	s.bg.Add(1)
+	// Field by field: r may hold the stream's guard already (guardStore).
+	r.s, r.kind, r.mm, r.start, r.deadline = s, d.kind, mm, d.start, d.deadline()
+	r.resp, r.body, r.up = resp, resp.BodyStream(), fleet.StreamOf(resp)
+	r.worker, r.engine, r.guard = w, et, guard
+	r.conn, _ = d.ctx.Conn().(*clientConn)
+	r.transform, r.ticket, r.rid = transform, d.ticket, d.ridIfAborting()
+	r.slo, r.holds = d.slo, d.holds
+	r.held = r.heldArr[:0]
+	return r
 }
 
 // trace gives the relay the request's spans (from its exchange) before prime: the stream's

@@ -3,10 +3,15 @@
 package fleet
 
 import (
+	"bytes"
 	"io"
 	"net"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/valyala/fasthttp"
 
 	"switchyard/config"
 	"switchyard/engine"
@@ -80,5 +85,132 @@ func TestPacedReadAllocations(t *testing.T) {
 	}
 	if p.waits == 0 {
 		t.Fatal("Waiting never ran: the reads did not wait for the socket")
+	}
+}
+
+// TestStreamExchangeAllocations locks in what a streamed exchange allocates on a keep-alive
+// engine connection: the request written, the headers read, the body read to its end and
+// the connection given back to the pool. The body stream is the one allocation (the
+// function that gave the connection back was a closure over it: one more).
+func TestStreamExchangeAllocations(t *testing.T) {
+	const ev = "data: {\"x\":12}\n\n" // 0x10 bytes
+	addr, accepted := keepAliveEngine(t, []byte(streamHead+"10\r\n"+ev+"\r\n0\r\n\r\n"))
+	u, _ := testUpstream(t, addr, config.Upstream{}, nil, nil)
+	req := fasthttp.AcquireRequest()
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	buf := make([]byte, 256)
+	exchange := func() {
+		req.Reset()
+		req.Header.SetMethod(fasthttp.MethodPost)
+		req.SetRequestURI("/v1/chat/completions")
+		req.Header.SetHost(u.HostPort())
+		req.SetBodyRaw(streamRequestBody)
+		resp.StreamBody = true
+		if err := u.Do(req, resp, time.Now().Add(time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+		got := 0
+		for {
+			n, err := resp.BodyStream().Read(buf[got:])
+			got += n
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if string(buf[:got]) != ev {
+			t.Fatalf("body %q, want %q", buf[:got], ev)
+		}
+		if err := resp.CloseBodyStream(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 20 { // the connection and the pools
+		exchange()
+	}
+	if allocs := testing.AllocsPerRun(200, exchange); allocs > 1 {
+		t.Errorf("%.1f allocations per streamed exchange, want at most 1 (the body stream)", allocs)
+	}
+	if n := accepted.Load(); n != 1 {
+		t.Errorf("%d engine connections, want 1 (each exchange gives it back)", n)
+	}
+}
+
+var streamRequestBody = []byte(`{"model":"m","stream":true}`)
+
+// keepAliveEngine serves, on one keep-alive connection at a time, every request (headers
+// and a body of len(streamRequestBody) bytes) with answer, allocating nothing per request;
+// it returns its address and the connections it accepted, and stops when the test ends.
+func keepAliveEngine(t *testing.T, answer []byte) (string, *atomic.Int32) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		accepted atomic.Int32
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		conns    []net.Conn
+	)
+	accepting := make(chan struct{})
+	go func() {
+		defer close(accepting)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				serveCanned(c, answer)
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		<-accepting
+		mu.Lock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return ln.Addr().String(), &accepted
+}
+
+// serveCanned answers each request read from c (its headers' end, then the body) with
+// answer, until c fails.
+func serveCanned(c net.Conn, answer []byte) {
+	buf := make([]byte, 4096)
+	have := 0
+	for {
+		end := bytes.Index(buf[:have], []byte("\r\n\r\n"))
+		if end >= 0 && have >= end+4+len(streamRequestBody) {
+			used := end + 4 + len(streamRequestBody)
+			have = copy(buf, buf[used:have])
+			if _, err := c.Write(answer); err != nil {
+				return
+			}
+			continue
+		}
+		if have == len(buf) {
+			return
+		}
+		n, err := c.Read(buf[have:])
+		if err != nil {
+			return
+		}
+		have += n
 	}
 }

@@ -94,7 +94,7 @@ func (streamTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Request,
 		}
 		return false, nil
 	}
-	b := &streamBody{c: conn, br: br, hc: hc, left: int64(resp.Header.ContentLength())}
+	b := &streamBody{c: conn, br: br, hc: hc, cc: cc, left: int64(resp.Header.ContentLength())}
 	switch {
 	case b.left == -1:
 		b.mode = bodyChunked
@@ -104,13 +104,7 @@ func (streamTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Request,
 		b.mode = bodyLength
 		b.eof = b.left == 0
 	}
-	b.release = func(reuse bool) {
-		if reuse && !closeConn {
-			hc.ReleaseConn(cc)
-		} else {
-			hc.CloseConn(cc)
-		}
-	}
+	b.closeConn = closeConn
 	resp.SetBodyStream(b, resp.Header.ContentLength())
 	return false, nil
 }
@@ -170,10 +164,13 @@ type streamBody struct {
 	// once they were read (it went back to hc's pool).
 	br *bufio.Reader
 	hc *fasthttp.HostClient
-	// release gives the connection back to the pool (reuse) or closes it.
-	release func(reuse bool)
-	mode    bodyMode
-	dec     chunkDecoder
+	// cc is the connection hc.AcquireConn gave (fasthttp's unexported type, held as any: a
+	// pointer, no allocation), given back to hc's pool or closed by release; closeConn: it
+	// is closed whatever the body's end.
+	cc        any
+	closeConn bool
+	mode      bodyMode
+	dec       chunkDecoder
 	// left is what is left of a Content-Length body.
 	left int64
 	// eof: the body ended where it should; err: the read failed (sticky); past: the engine
@@ -289,4 +286,19 @@ func (b *streamBody) CloseWithError(err error) error {
 	}
 	b.release(err == nil && b.eof && b.err == nil && !b.past && b.mode != bodyToClose)
 	return nil
+}
+
+// release gives the connection back to hc's pool (reuse, unless it must close) or closes it.
+func (b *streamBody) release(reuse bool) {
+	if reuse && !b.closeConn {
+		onConn(b.hc, b.cc, (*fasthttp.HostClient).ReleaseConn)
+	} else {
+		onConn(b.hc, b.cc, (*fasthttp.HostClient).CloseConn)
+	}
+}
+
+// onConn runs f, a HostClient method that takes a connection of AcquireConn's, on cc. The
+// connection's type is fasthttp's unexported one: f's signature names it, cc holds it.
+func onConn[C any](hc *fasthttp.HostClient, cc any, f func(*fasthttp.HostClient, C)) {
+	f(hc, cc.(C))
 }
