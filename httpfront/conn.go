@@ -5,7 +5,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -35,6 +34,13 @@ const (
 // (its request deadline), records its state for the tracker, and closes lingering when an
 // answer was sent before the request body was read. The zero value around a net.Conn is
 // usable: no write bound, no tracking.
+//
+// One goroutine at a time reads, writes and moves deadlines, so the deadline state takes no
+// lock: fasthttp's goroutine serving the connection, then, for a stream that takes the
+// connection over, the hijack handler's goroutine (fasthttp starts it after its last
+// deadline move) and the stream's (started by the Close after the handler). The listener's
+// TLS is none (engines' connections have their own). Close and abort may come from any
+// goroutine; they touch atomics and the socket only.
 type clientConn struct {
 	net.Conn
 	owner *clientListener // nil: untracked
@@ -60,7 +66,6 @@ type clientConn struct {
 	// after its hijack handler starts it instead of closing.
 	handoff atomic.Pointer[relay]
 
-	mu   sync.Mutex
 	r, w fleet.LazyDeadline
 	// limit is an absolute write deadline set by a stream (its request deadline); zero: none.
 	limit time.Time
@@ -69,8 +74,6 @@ type clientConn struct {
 var _ net.Conn = (*clientConn)(nil)
 
 func (c *clientConn) SetReadDeadline(t time.Time) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.r.Set(t) {
 		return c.Conn.SetReadDeadline(t)
 	}
@@ -81,15 +84,11 @@ func (c *clientConn) SetReadDeadline(t time.Time) error {
 // deadline or zero: a watch of the raw socket (hangup) must see the deadline it sets, not a
 // past one left armed by a deadline moved lazily.
 func (c *clientConn) setReadDeadlineNow(t time.Time) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.r.Want, c.r.Armed = t, t
 	return c.Conn.SetReadDeadline(t)
 }
 
 func (c *clientConn) SetWriteDeadline(t time.Time) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.w.Set(t) {
 		return c.Conn.SetWriteDeadline(t)
 	}
@@ -119,10 +118,7 @@ func (c *clientConn) Read(b []byte) (int, error) {
 		if n > 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
 			return n, err
 		}
-		c.mu.Lock()
-		more := c.r.Fired(c.Conn.SetReadDeadline)
-		c.mu.Unlock()
-		if !more {
+		if !c.r.Fired(c.Conn.SetReadDeadline) {
 			return n, err
 		}
 	}
@@ -152,8 +148,6 @@ func (c *clientConn) awaitRequest(idle time.Duration) bool {
 
 // setWriteLimit bounds every later write by t as well (zero clears the limit).
 func (c *clientConn) setWriteLimit(t time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.limit = t
 	if c.w.Arm(t) {
 		_ = c.Conn.SetWriteDeadline(t)
@@ -161,7 +155,7 @@ func (c *clientConn) setWriteLimit(t time.Time) {
 }
 
 // writeDeadline is the deadline of a write that started at bound-writeTimeout: the earliest
-// of the deadline last set, the stream's limit and bound; zero is none. c.mu must be held.
+// of the deadline last set, the stream's limit and bound; zero is none.
 func (c *clientConn) writeDeadline(bound time.Time) time.Time {
 	dl := c.w.Want
 	for _, t := range [...]time.Time{c.limit, bound} {
@@ -179,15 +173,10 @@ func (c *clientConn) Write(b []byte) (int, error) {
 	if c.owner != nil && c.owner.writeTimeout > 0 {
 		bound = time.Now().Add(c.owner.writeTimeout)
 	}
-	c.mu.Lock()
-	dl := c.writeDeadline(bound)
-	var err error
-	if c.w.Arm(dl) {
-		err = c.Conn.SetWriteDeadline(dl)
-	}
-	c.mu.Unlock()
-	if err != nil {
-		return 0, err
+	if dl := c.writeDeadline(bound); c.w.Arm(dl) {
+		if err := c.Conn.SetWriteDeadline(dl); err != nil {
+			return 0, err
+		}
 	}
 	done := 0
 	for {
@@ -197,14 +186,12 @@ func (c *clientConn) Write(b []byte) (int, error) {
 			return done, err
 		}
 		// An earlier write's deadline fired: arm this write's, unless it has passed.
-		c.mu.Lock()
 		dl := c.writeDeadline(bound)
 		more := !dl.IsZero() && time.Now().Before(dl) || dl.IsZero() && !c.w.Armed.IsZero()
 		if more {
 			c.w.Armed = dl
 			more = c.Conn.SetWriteDeadline(dl) == nil
 		}
-		c.mu.Unlock()
 		if !more {
 			return done, err
 		}
