@@ -328,3 +328,31 @@ func TestPlainChatClockReads(t *testing.T) {
 		t.Errorf("%.2f clock readings per request, want 2 (start and answer)", n)
 	}
 }
+
+// TestRequestStartReading: on the wall clock a request's start is fasthttp's reading before
+// the handler (no reading of the Server's own); on another clock it is that clock's.
+func TestRequestStartReading(t *testing.T) {
+	var req fasthttp.Request
+	var ctx fasthttp.RequestCtx
+	ctx.Init(&req, nil, nil) // reads the wall clock, as the server does before the handler
+	reads := 0
+	fake := time.Unix(1000, 0)
+	now := func() time.Time { reads++; return fake }
+	for _, tc := range []struct {
+		name      string
+		wall      bool
+		want      time.Time
+		wantReads int
+	}{
+		{"wall clock", true, ctx.Time(), 0},
+		{"another clock", false, fake, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reads = 0
+			s := &Server{now: now, wallNow: tc.wall}
+			if got := s.requestStart(&ctx); !got.Equal(tc.want) || reads != tc.wantReads {
+				t.Errorf("start %v after %d readings, want %v after %d", got, reads, tc.want, tc.wantReads)
+			}
+		})
+	}
+}
