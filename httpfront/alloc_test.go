@@ -10,7 +10,6 @@ import (
 
 	"switchyard/config"
 	"switchyard/engine"
-	"switchyard/httpfront/internal/loopbench"
 	"switchyard/load"
 )
 
@@ -88,6 +87,13 @@ func TestSLOAllocations(t *testing.T) {
 // alike.
 func plainChatAllocations(t *testing.T, set func(cfg *config.Config)) float64 {
 	client, uri, body := servePlainChatWith(t, set)
+	return requestAllocations(t, client, uri, body, nil)
+}
+
+// requestAllocations is the allocations per POST of body to uri through client, answered
+// 200 (and passing check, when set), counted over the whole process once the pools and the
+// connections are warm.
+func requestAllocations(t *testing.T, client *fasthttp.HostClient, uri string, body []byte, check func(resp *fasthttp.Response)) float64 {
 	req := fasthttp.AcquireRequest()
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
@@ -100,6 +106,9 @@ func plainChatAllocations(t *testing.T, set func(cfg *config.Config)) float64 {
 		req.SetBodyRaw(body)
 		if err := client.Do(req, resp); err != nil || resp.StatusCode() != 200 {
 			t.Fatalf("request: %v, status %d", err, resp.StatusCode())
+		}
+		if check != nil {
+			check(resp)
 		}
 	}
 	for range 50 { // warm the pools and the connection
@@ -139,33 +148,13 @@ func TestAbortWatchAllocations(t *testing.T) {
 // connection's release, a closure), the engine body stream, the hijack handler, fasthttp's
 // drain of the request body and the stream's goroutine.
 func TestStreamAllocations(t *testing.T) {
-	event := []byte(`data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hi"}}]}` + "\n\n")
-	engineAddr := loopbench.StreamEngine(t, 64, event)
-	client, uri, _ := servePlainChatWith(t, func(cfg *config.Config) {
-		cfg.Workers = []config.Worker{plainWorker("A", "http://"+engineAddr, "llama")}
-	})
-	body := []byte(`{"model":"llama","messages":[{"role":"user","content":"hi"}],"max_tokens":64,"stream":true}`)
-	req := fasthttp.AcquireRequest()
-	resp := fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	do := func() {
-		req.Reset()
-		req.SetRequestURI(uri)
-		req.Header.SetMethod(fasthttp.MethodPost)
-		req.Header.SetContentType("application/json")
-		req.SetBodyRaw(body)
-		if err := client.Do(req, resp); err != nil || resp.StatusCode() != 200 {
-			t.Fatalf("request: %v, status %d", err, resp.StatusCode())
-		}
+	client, uri, body := serveStreamChat(t)
+	n := requestAllocations(t, client, uri, body, func(resp *fasthttp.Response) {
 		if !bytes.HasSuffix(resp.Body(), []byte("data: [DONE]\n\n")) {
 			t.Fatalf("stream ended without [DONE]: %q", resp.Body())
 		}
-	}
-	for range 50 { // warm the pools and the connections
-		do()
-	}
-	if n := testing.AllocsPerRun(300, do); n > 18 {
+	})
+	if n > 18 {
 		t.Errorf("%.0f allocations per stream, want at most 18 (21 before the guard and the held part lived in the relay and the engine connection's release was a method)", n)
 	}
 }

@@ -238,13 +238,19 @@ func benchServePlainChat(b *testing.B, set func(cfg *config.Config)) {
 // whole answer: the stream relay's path, client and engine included. cpu-ms/1000req is the
 // process's CPU time per 1,000 requests.
 func BenchmarkServeStream(b *testing.B) {
+	client, uri, body := serveStreamChat(b)
+	postLoop(b, client, uri, body)
+}
+
+// serveStreamChat is servePlainChatWith in front of an engine on loopback that answers every
+// request with 64 events, each its own chunk, then [DONE]; body asks for a stream.
+func serveStreamChat(tb testing.TB) (client *fasthttp.HostClient, uri string, body []byte) {
 	event := []byte(`data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hi"}}]}` + "\n\n")
-	engineAddr := loopbench.StreamEngine(b, 64, event)
-	client, uri, _ := servePlainChatWith(b, func(cfg *config.Config) {
+	engineAddr := loopbench.StreamEngine(tb, 64, event)
+	client, uri, _ = servePlainChatWith(tb, func(cfg *config.Config) {
 		cfg.Workers = []config.Worker{plainWorker("A", "http://"+engineAddr, "llama")}
 	})
-	body := []byte(`{"model":"llama","messages":[{"role":"user","content":"hi"}],"max_tokens":64,"stream":true}`)
-	postLoop(b, client, uri, body)
+	return client, uri, []byte(`{"model":"llama","messages":[{"role":"user","content":"hi"}],"max_tokens":64,"stream":true}`)
 }
 
 // postLoop POSTs body to uri from parallel keep-alive clients until b ends, and reports the
