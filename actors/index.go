@@ -58,7 +58,7 @@ func IndexHost(opts IndexOptions) func(shards []*index.Shard) (index.ShardHost, 
 //
 // Writes are fire-and-forget: batches queue per shard behind one ApplyEvents doorbell; a
 // full queue or mailbox refuses them at once and the index writer clears the affected
-// owners. Lookups read the shard tables on their own goroutines (index.Shard.MatchDirect)
+// owners. Lookups read the shard tables on their own goroutines (index.Index.Lookup)
 // and do not message the actors; a query a lookup could not read beside the writer, and
 // index.Index.Sync, go through the actors (MatchPrefix): one pooled call per fan-out whose
 // reply channel collects every answer, waiting until the lookup's deadline; a miss abandons

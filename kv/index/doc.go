@@ -9,12 +9,16 @@
 // Blocks are sharded by hash over Shards; each shard keeps its blocks inline in an
 // open-addressing table (table.go: linear probing from the first slot of a cache line,
 // backward-shift deletion). A lookup (Index.Lookup) hashes the prompt with each block size
-// its model's engines use and computes every owner's longest held prefix: the shards answer
-// in growing waves (each wave's first block asked about alone before the wave is hashed, so
-// a prompt nobody holds costs one block's hash), a long cached prompt is streamed
-// (stream.go: one goroutine hashes, a helper matches and, while it waits for hashes, reads
-// the tokens of the chunks ahead for their cache keys), and whole 64-block chunks of recent
-// prompts keep their hashes in a lock-free cache (hashcache.go). The index is bounded
+// its model's engines use and computes every owner's longest held prefix. The lookup
+// goroutine reads the shards' tables itself (match.go: a software pipeline over batches of
+// blocks, in prompt order across shards, prefetching the table lines and owner runs of the
+// batches ahead). With the engines' SHA-256 keys it asks in growing waves (each wave's first
+// block asked about alone before the wave is hashed, so a prompt nobody holds costs one
+// block's hash), a long cached prompt is streamed (stream.go: one goroutine hashes, a helper
+// matches and, while it waits for hashes, reads the tokens of the chunks ahead for their
+// cache keys), and whole 64-block chunks of recent prompts keep their hashes in a lock-free
+// cache (hashcache.go). With the router's keys, cheap to compute, the prompt is keyed as it
+// is matched, in one pass. The index is bounded
 // (Config.MaxBlocks) with a CLOCK approximation of LRU in which blocks a request matched
 // outlive blocks only stored.
 //
@@ -25,7 +29,7 @@
 // Concurrency: Index is safe for concurrent use. Each Shard has one writer at a time, the
 // goroutine that owns it (an index shard actor, package actors implements ShardHost, or a
 // mutex in LockedShards): writes, clears, prunes and sweeps run there, in order. Lookups
-// read the shard tables on their own goroutine (Shard.MatchDirect), beside the writer and
+// read the shard tables on their own goroutine (Index.matchDirect), beside the writer and
 // without waiting for it: every table word and owner record is written and read
 // with sync/atomic; reallocated arrays are published with atomic.Pointer (a reader keeps the
 // old ones until it is done); and a sequence per stripe of block hashes, odd while the

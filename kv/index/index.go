@@ -400,6 +400,9 @@ type lookupScratch struct {
 	ahead *stream
 	// start is when the lookup started (its LookupTimeout runs from there).
 	start time.Time
+	// The direct matcher's state (match.go) and the sum of its read-ahead loads.
+	pipe pipeline
+	sink int64
 }
 
 // hashUpTo hashes the prompt's blocks up to block hi (exclusive) into sc.hashes.
@@ -595,9 +598,13 @@ func (x *Index) matchGroup(ctx context.Context, sc *lookupScratch, owners []Owne
 // set of owners that hold every block so far, and stops at the first block nobody left
 // holds. A wave's first block is asked about alone before the wave is hashed (see
 // probeNext). A prompt still held after its first wave with at least streamMinBlocks to go
-// is streamed (see matchStream), unless it is keyed by the router's keys, whose hashing is
-// too short a part of the lookup for a helper's wake-up to pay.
+// is streamed (see matchStream). A prompt keyed by the router's keys, whose keying is too
+// short a part of the lookup for waves or a helper's wake-up to pay, is matched in one pass
+// (matchKeyed).
 func (x *Index) matchWaves(ctx context.Context, sc *lookupScratch, w, n int) error {
+	if sc.keys != nil && sc.tokens != nil {
+		return x.matchKeyed(ctx, sc, w, n)
+	}
 	size := firstWave
 	for lo := 0; lo < n; lo, size = lo+size, nextWave(size) {
 		if lo > 0 && sc.tokens != nil && sc.keys == nil && n-lo >= streamMinBlocks {
@@ -647,9 +654,47 @@ func (x *Index) probeNext(ctx context.Context, sc *lookupScratch, w int) (bool, 
 	return alive, err
 }
 
+// matchKeyed matches the prompt's n blocks keyed by the router's keys in one pass
+// (matchDirect), keying them as it goes: keying is a small part of such a lookup, so there
+// are no waves and no probe ahead of each. The first block is matched alone, so that a
+// prompt nobody holds costs one key and one probe. A block read beside a busy writer leaves
+// the rest to the shards' host.
+func (x *Index) matchKeyed(ctx context.Context, sc *lookupScratch, w, n int) error {
+	sc.hashUpTo(1)
+	end, alive := x.matchDirect(sc, w, 0, 1, false)
+	if alive && end == 1 {
+		end, alive = x.matchDirect(sc, w, 1, n, true)
+	}
+	if !alive {
+		return nil
+	}
+	if end < n {
+		sc.hashUpTo(n)
+		for lo := end; lo < n; lo += streamMaxWave {
+			if alive, err := x.matchHost(ctx, sc, w, lo, min(n, lo+streamMaxWave)); err != nil || !alive {
+				return err
+			}
+		}
+	}
+	sc.holdAll(n)
+	return nil
+}
+
 // matchWave asks the shards about blocks [lo, hi), which are hashed, and folds the answers
 // into sc.alive and sc.count. It reports whether some owner still holds every block so far.
+// Fast path: the blocks are read on this goroutine (matchDirect). Slow path: from a block
+// whose stripe kept changing under the read, the shards' host answers.
 func (x *Index) matchWave(ctx context.Context, sc *lookupScratch, w, lo, hi int) (bool, error) {
+	end, alive := x.matchDirect(sc, w, lo, hi, false)
+	if !alive || end == hi {
+		return alive, nil
+	}
+	return x.matchHost(ctx, sc, w, end, hi)
+}
+
+// matchHost has the shards' host answer about blocks [lo, hi), which are hashed, and folds the
+// answers as matchWave does.
+func (x *Index) matchHost(ctx context.Context, sc *lookupScratch, w, lo, hi int) (bool, error) {
 	for i := range sc.qs {
 		sc.qs[i].reset()
 		sc.qs[i].Bits, sc.qs[i].Words = sc.bits, w
@@ -663,22 +708,8 @@ func (x *Index) matchWave(ctx context.Context, sc *lookupScratch, w, lo, hi int)
 		q.Hash = append(q.Hash, h)
 		sc.qp[i] = q
 	}
-	// Fast path: every shard's table is read on this goroutine, beside its writer. Slow
-	// path: the shards whose blocks kept changing under the read answer through their host.
-	rest := false
-	for i, q := range sc.qp {
-		if q != nil {
-			if x.shards[i].MatchDirect(q) {
-				sc.qp[i] = nil
-			} else {
-				rest = true
-			}
-		}
-	}
-	if rest {
-		if err := x.hostMatch(ctx, sc); err != nil {
-			return false, err
-		}
+	if err := x.hostMatch(ctx, sc); err != nil {
+		return false, err
 	}
 	for p := lo; p < hi; p++ {
 		i := x.shardOf(sc.hashes[p])

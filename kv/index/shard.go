@@ -90,8 +90,8 @@ type ShardStats struct {
 	Pruned uint64
 	// Queries and Probes count match requests and the block lookups they made.
 	Queries, Probes uint64
-	// Fallbacks counts queries a reader could not read consistently beside the writer
-	// (MatchDirect returned false), left to the shard's owner.
+	// Fallbacks counts the blocks a lookup could not read consistently beside the writer
+	// (maxReadTries reads), whose queries it left to the shard's owner.
 	Fallbacks uint64
 }
 
@@ -200,7 +200,7 @@ const (
 // sweepChunk is how many entries a shard examines for stale owners per message.
 const sweepChunk = 4096
 
-// MatchDirect reads a block that changed under its read at most maxReadTries more times, and
+// A lookup reads a block that changed under its read at most maxReadTries more times, and
 // waits for a write of its stripe in progress for at most maxReadYields rounds of
 // maxReadSpins loads of the sequence, yielding its processor between rounds, before it
 // leaves the query to the shard's owner.
@@ -219,7 +219,7 @@ const (
 //
 // One goroutine at a time owns a Shard and is its only writer (its index shard actor, or a
 // mutex in LockedShards): Apply, Match, Prune and Reset. Any goroutine may read it at the
-// same time with MatchDirect: every word it reads is written atomically, the arrays are
+// same time (Index.matchDirect, match.go): every word it reads is written atomically, the arrays are
 // published with atomic.Pointer when they are reallocated, and a per-stripe sequence (see
 // stripes) tells a reader whether a block changed under it. Stats may be read from any
 // goroutine.
@@ -386,19 +386,9 @@ func (s *Shard) Match(q *ShardQuery) {
 	}
 }
 
-// MatchDirect answers q (see ShardQuery) on the caller's goroutine, beside the shard's
-// writer, without waiting for it. Each block's owner set is one the block had at some
-// moment of the read. It reports false, leaving q to the shard's owner (Match), when a
-// block kept changing under the read (maxReadTries reads).
-func (s *Shard) MatchDirect(q *ShardQuery) bool {
-	if s.match(q) {
-		return true
-	}
-	s.fallbacks.Add(1)
-	return false
-}
-
-// match answers q from the published view; see MatchDirect.
+// match answers q from the published view. Each block's owner set is one the block had at
+// some moment of the read (the shard's owner reads what it wrote; a reader beside it reads
+// each block again while its stripe changes, up to maxReadTries times, then reports false).
 func (s *Shard) match(q *ShardQuery) bool {
 	w := q.Words
 	n := len(q.Hash) * w

@@ -1,6 +1,7 @@
 package index
 
 import (
+	"context"
 	"math/rand/v2"
 	"runtime"
 	"slices"
@@ -283,17 +284,31 @@ func TestShardSeveralOwnersCostOneRun(t *testing.T) {
 }
 
 // TestShardConcurrentReadersAgainstModel runs random stores, removes, owner clears and
-// prunes on a shard's writer goroutine while two goroutines read it with MatchDirect, and
-// checks every answer against a model that keeps each block's history: the owner set read
-// for a block must be one the block had at some version between the read's start and end
-// (an owner's validity may be read at any moment of that span, as owner epochs are read
-// without the shard). Blocks collide in few home slots (long probe runs, backward-shift
-// moves), move between one owner inline and several in a run, and the table grows while
-// they are read.
+// prunes on a shard's writer goroutine while two goroutines read it through the index's
+// direct matcher (as MatchHashes does, runs of blocks; a read the matcher leaves to the host
+// is refused and skipped), and checks every answer against a model that keeps each block's
+// history: the owners a lookup read a block as held by, among those still holding the
+// prefix before it, must be those of a state the block had at some version between the
+// read's start and end (an owner's validity may be read at any moment of that span, as owner
+// epochs are read without the shard). Blocks collide in few home slots (long probe runs,
+// backward-shift moves), move between one owner inline and several in a run, and the table
+// grows while they are read.
 func TestShardConcurrentReadersAgainstModel(t *testing.T) {
+	workers := []string{"a", "b", "c", "d", "e", "f"}
 	for seed := range uint64(2) {
 		r := rand.New(rand.NewPCG(seed, 17))
-		owners, ids := testOwners(t, "a", "b", "c", "d", "e", "f")
+		x, err := New(Config{Shards: 1, MaxBlocks: 1 << 20, Host: func(s []*Shard) (ShardHost, error) {
+			return refusingHost{NewLockedShards(s)}, nil
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer x.Close()
+		owners, s := x.owners, x.shards[0] // the test is the shard's writer
+		var ids []OwnerID
+		for _, w := range workers {
+			ids = append(ids, register(t, x, w, 1, 16)[0])
+		}
 		bits := make([]uint16, 16)
 		for i, id := range ids {
 			bits[id] = uint16(i + 1)
@@ -326,32 +341,40 @@ func TestShardConcurrentReadersAgainstModel(t *testing.T) {
 		cur := map[int64]map[OwnerID]rec{}
 		tiers := map[int64]map[OwnerID]Tiers{}
 
-		s := NewShard(owners, 1<<20)
 		var ver atomic.Int64
 		var done atomic.Bool
 		type answer struct {
 			from, to int64
 			hashes   []int64
-			sets     []uint64
+			counts   []int64 // blocks of the prefix each owner holds, in ids' order
 		}
 		answers := make([][]answer, 2)
 		var wg sync.WaitGroup
 		for g := range answers {
 			rr := rand.New(rand.NewPCG(seed, uint64(g)))
 			wg.Go(func() {
-				q := &ShardQuery{Bits: bits, Words: 1}
+				ctx := context.Background()
 				for i := 0; i < 200_000 && !done.Load(); i++ {
 					lo := rr.IntN(len(hashes))
-					q.Hash = hashes[lo:min(len(hashes), lo+1+rr.IntN(24))]
+					run := hashes[lo:min(len(hashes), lo+1+rr.IntN(24))]
 					from := ver.Load()
-					if !s.MatchDirect(q) {
-						continue
+					// MatchHashes without the result's assembly: more reads overlap writes.
+					sc := x.getScratch(owners.snap.Load().maxID)
+					sc.hashes = append(sc.hashes[:0], run...)
+					sc.tokens, sc.hashed, sc.keys = nil, len(run), nil
+					if err := x.matchGroup(ctx, sc, ids, len(run)); err != nil {
+						continue // left to the host
 					}
 					to := ver.Load() + 1 // the write after the last published may be visible
 					// Keep the reads that overlapped a write, and a sample of the others.
 					if len(answers[g]) < 20_000 && (to > from+1 || i%16 == 0) {
-						answers[g] = append(answers[g], answer{from, to, q.Hash, slices.Clone(q.Sets)})
+						counts := make([]int64, len(workers))
+						for k := range workers {
+							counts[k] = int64(sc.count[k])
+						}
+						answers[g] = append(answers[g], answer{from, to, run, counts})
 					}
+					x.scratch.Put(sc)
 				}
 			})
 		}
@@ -427,7 +450,9 @@ func TestShardConcurrentReadersAgainstModel(t *testing.T) {
 			}
 			return canValid, canInvalid
 		}
-		possible := func(h int64, from, to int64, got uint64) bool {
+		// possible reports whether the owners of known can have been read as got (a bit
+		// per owner, bits' numbering) for block h at some version in [from, to].
+		possible := func(h int64, from, to int64, got, known uint64) bool {
 			hs := hist[h]
 			states := []map[OwnerID]uint32{nil} // before its first change: empty
 			for i, st := range hs {
@@ -445,6 +470,9 @@ func TestShardConcurrentReadersAgainstModel(t *testing.T) {
 		next:
 			for _, recs := range states {
 				for _, id := range ids {
+					if known>>(bits[id]-1)&1 == 0 {
+						continue
+					}
 					bit := got>>(bits[id]-1)&1 != 0
 					e, held := recs[id]
 					if !held {
@@ -469,19 +497,24 @@ func TestShardConcurrentReadersAgainstModel(t *testing.T) {
 				if a.to > a.from+1 {
 					overlapped++
 				}
-				ended := false
+				// Block i was read for the owners holding blocks [0, i) (known); those
+				// holding more held it.
 				for i, h := range a.hashes {
-					got := a.sets[i]
-					if ended {
-						if got != 0 {
-							t.Fatalf("seed %d: block %d after the prefix's end reads %b", seed, i, got)
+					var got, known uint64
+					for k, c := range a.counts {
+						if c >= int64(i) {
+							known |= 1 << k
 						}
-						continue
+						if c > int64(i) {
+							got |= 1 << k
+						}
 					}
-					if !possible(h, a.from, a.to, got) {
-						t.Fatalf("seed %d: block %x read as %b between versions %d and %d: no state of the block then (history %v)", seed, h, got, a.from, a.to, hist[h])
+					if known == 0 {
+						break // the prefix ended before block i: not read
 					}
-					ended = got == 0
+					if !possible(h, a.from, a.to, got, known) {
+						t.Fatalf("seed %d: block %x read as %b of %b between versions %d and %d: no state of the block then (history %v)", seed, h, got, known, a.from, a.to, hist[h])
+					}
 				}
 			}
 		}
@@ -491,6 +524,11 @@ func TestShardConcurrentReadersAgainstModel(t *testing.T) {
 		t.Logf("seed %d: %d reads checked, %d overlapped writes, %d left to the owner", seed, n, overlapped, s.Stats().Fallbacks)
 	}
 }
+
+// refusingHost is a host that answers no query: a read left to it fails.
+type refusingHost struct{ *LockedShards }
+
+func (refusingHost) Match(context.Context, []*ShardQuery) error { return ErrShardBusy }
 
 // testOwners registers workers (model "m", one rank, 16-token pages) and returns their
 // owner IDs in order.

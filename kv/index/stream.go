@@ -14,7 +14,7 @@ import (
 // it (long on a virtual machine whose cores are busy; docs/benchmarks.md), so the lookup
 // goroutine, already running, does the work that cannot wait (the chain), and the helper
 // catches up once it runs, matching being faster. The helper reads the shards' tables
-// itself (Shard.MatchDirect), on the second core. It sleeps while it waits for hashes, never spins: the
+// itself (Index.matchDirect), on the second core. It sleeps while it waits for hashes, never spins: the
 // system may put its thread on the hashing core, where a spin would steal the chain's time.
 // If the hashing ends before the helper has started, or while it sleeps waiting for hashes,
 // the lookup goroutine withdraws it and matches the rest itself: the lookup then waits for

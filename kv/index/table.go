@@ -11,7 +11,7 @@ import "sync/atomic"
 // maxLoadNum/maxLoadDen occupancy and never shrinks.
 //
 // One goroutine writes the table (the shard's owner); readers may probe it at the same time
-// (Shard.MatchDirect). Every word of a slot is therefore stored with sync/atomic, an empty
+// (Index.matchDirect). Every word of a slot is therefore stored with sync/atomic, an empty
 // slot is one whose meta word is not live (its hash word keeps whatever it held), and an
 // entry that moves (backward shift) does so under its stripe's sequence, so that a reader
 // validating its block's stripe never takes a torn or half-moved entry for a state of the

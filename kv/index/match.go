@@ -1,0 +1,218 @@
+package index
+
+import (
+	"math/bits"
+	"unsafe"
+)
+
+// The lookup's direct matcher reads a run of the prompt's blocks in prompt order, across
+// shards, on the lookup goroutine, as a software pipeline over batches of pipeBatch blocks:
+// while it resolves batch k (each block's owners, folded into the set of owners still
+// holding the whole prefix), it has already found batch k+1 (their table slots read, the
+// first lines of their owner runs requested) and requested the table lines of batch k+2.
+// Each block waits for two dependent cache misses (its table line, then its owner run); in
+// the pipeline those of the batches ahead are in flight while the current one is resolved,
+// across shards and waves. The loads of a batch are issued together, so that their misses
+// overlap one another too. Shard.match, which answers a ShardQuery per shard, is the slow
+// path: a block whose stripe kept changing under the read leaves the rest of the run to the
+// shards' host.
+const (
+	// pipeBatch is how many blocks a stage of the pipeline handles at once.
+	pipeBatch = 16
+	// pipeRing is the ring of blocks in flight: three batches, rounded up to a power of two.
+	pipeRing = 4 * pipeBatch
+	// keyAhead is how many blocks the matcher keys at once when it keys the prompt as it
+	// goes (router keys): a prompt held for one block costs this many keys, not its length.
+	keyAhead = 64
+)
+
+// pipeBlock is a block in the matcher's pipeline.
+type pipeBlock struct {
+	h     int64
+	v     *shardView // its shard's view, loaded after seq0
+	seq0  uint64     // its stripe's sequence before the read
+	m     meta
+	idx   uint32
+	shard uint32
+	found bool // resident, at slot idx with meta m
+	whole bool // find's probe ended (else the block is read again alone)
+}
+
+// pipeline is the direct matcher's state, kept with a lookup's scratch.
+type pipeline struct {
+	ring   [pipeRing]pipeBlock
+	touch  int64                     // sums the loads nobody waits for, so that they are not optimised away
+	probes []uint32                  // blocks resolved per shard
+	set    []uint64                  // a block's owner set, for queries of more than two words
+	addrs  [pipeBatch]unsafe.Pointer // lines to prefetch
+}
+
+// matchDirect matches blocks [lo, hi) of sc's prompt on this goroutine, folding each into
+// sc.alive and sc.count in prompt order; sc.hashes holds at least [lo, hi), unless keyed, in
+// which case the matcher keys the prompt (sc.hashInto) as it goes, keyAhead blocks at a time.
+// It returns alive false when no owner holds the prefix through some block, and end < hi
+// when block end could not be read beside its shard's writer (maxReadTries reads): blocks
+// [lo, end) are matched and the caller asks the host about the rest.
+func (x *Index) matchDirect(sc *lookupScratch, w, lo, hi int, keyed bool) (end int, alive bool) {
+	pl := &sc.pipe
+	if cap(pl.probes) < len(x.shards) {
+		pl.probes = make([]uint32, len(x.shards))
+	}
+	if cap(pl.set) < w {
+		pl.set = make([]uint64, w)
+	}
+	probes, set := pl.probes[:len(x.shards)], pl.set[:w]
+	clear(probes)
+	bitsOf := sc.bits
+	// The first two words of the alive set are kept in registers.
+	var a0, a1 uint64
+	a0 = sc.alive[0]
+	if w > 1 {
+		a1 = sc.alive[1]
+	}
+	end, alive = hi, true
+	pl.request(x, sc, lo, min(hi, lo+pipeBatch), keyed)
+	pl.request(x, sc, lo+pipeBatch, min(hi, lo+2*pipeBatch), keyed)
+	pl.find(lo, min(hi, lo+pipeBatch))
+resolve:
+	for base := lo; base < hi; base += pipeBatch {
+		pl.request(x, sc, base+2*pipeBatch, min(hi, base+3*pipeBatch), keyed)
+		pl.find(base+pipeBatch, min(hi, base+2*pipeBatch))
+		for p := base; p < min(hi, base+pipeBatch); p++ {
+			b := &pl.ring[p&(pipeRing-1)]
+			s := x.shards[b.shard]
+			probes[b.shard]++
+			// Fast path: the owners read with the block, kept if no write of its stripe
+			// overlapped the read.
+			var lo2, hi2 uint64 // the set's first two words
+			ok := b.whole
+			if b.found && w <= 2 {
+				if !b.m.multi() {
+					if sl := b.m.single(); int(sl.owner) < len(bitsOf) && bitsOf[sl.owner] != 0 && s.valid(sl) {
+						bit := bitsOf[sl.owner] - 1
+						if bit < 64 {
+							lo2 = 1 << bit
+						} else {
+							hi2 = 1 << (bit - 64)
+						}
+					}
+				} else if off, n := b.m.run(); int(off)+int(n) <= len(b.v.arena) {
+					lo2, hi2 = s.ownerBits2(bitsOf, b.v.arena[off:off+n])
+				} else {
+					ok = false
+				}
+			} else if w > 2 {
+				clear(set)
+				_, ok = s.ownersOf(b.v, b.m, b.found, bitsOf, set)
+				ok = ok && b.whole
+			}
+			if !ok || b.seq0&1 != 0 || s.seqs.of(b.h).Load() != b.seq0 {
+				// Slow path: the block changed under the read; read it alone again.
+				if _, ok = s.readBlock(b.h, bitsOf, set); !ok {
+					s.fallbacks.Add(1)
+					end = p
+					break resolve
+				}
+				if w <= 2 {
+					lo2 = set[0]
+					if w == 2 {
+						hi2 = set[1]
+					}
+				}
+			} else if b.found && b.m.age() != ageMatched {
+				bump(b.v, b.idx, b.m)
+			}
+			if w <= 2 {
+				n0, n1 := a0&lo2, a1&hi2
+				for d := a0 &^ n0; d != 0; d &= d - 1 {
+					sc.count[bits.TrailingZeros64(d)] = uint32(p)
+				}
+				for d := a1 &^ n1; d != 0; d &= d - 1 {
+					sc.count[64+bits.TrailingZeros64(d)] = uint32(p)
+				}
+				a0, a1 = n0, n1
+				if a0|a1 == 0 {
+					end, alive = p+1, false // nobody holds the prefix through block p
+					break resolve
+				}
+			} else if sc.drop(p, set) == 0 {
+				end, alive = p+1, false
+				break resolve
+			}
+		}
+	}
+	if w <= 2 {
+		sc.alive[0] = a0
+		if w == 2 {
+			sc.alive[1] = a1
+		}
+	}
+	for i, n := range probes {
+		if n > 0 {
+			x.shards[i].queries.Add(1)
+			x.shards[i].probes.Add(uint64(n))
+		}
+	}
+	sc.sink = pl.touch
+	return end, alive
+}
+
+// request is the first stage for blocks [from, to): each block's stripe sequence, then its
+// shard's view, then a load of its table line, whose result nobody waits for. keyed: key the
+// prompt up to them first.
+func (pl *pipeline) request(x *Index, sc *lookupScratch, from, to int, keyed bool) {
+	if from >= to {
+		return
+	}
+	if keyed && to > sc.hashed {
+		sc.hashes = sc.hashInto(sc.hashes, min(x.keyEnd(sc), from+keyAhead))
+	}
+	n := 0
+	for q := from; q < to; q++ {
+		b := &pl.ring[q&(pipeRing-1)]
+		h := sc.hashes[q]
+		i := x.shardOf(h)
+		s := x.shards[i]
+		b.h, b.shard = h, uint32(i)
+		b.seq0 = s.seqs.of(h).Load()
+		v := s.view.Load()
+		b.v = v
+		pl.addrs[n] = unsafe.Pointer(&v.slots[v.home(h)])
+		n++
+	}
+	pl.touch += int64(prefetch(&pl.addrs, n))
+}
+
+// find is the second stage for blocks [from, to): each block's slot, from the line requested
+// a batch earlier, and a load of its owner run's first line.
+func (pl *pipeline) find(from, to int) {
+	n := 0
+	for q := from; q < to; q++ {
+		b := &pl.ring[q&(pipeRing-1)]
+		b.idx, b.m, b.found, b.whole = b.v.find(b.h)
+		if off, _ := b.m.run(); b.found && b.m.multi() && int(off) < len(b.v.arena) {
+			pl.addrs[n] = unsafe.Pointer(&b.v.arena[off])
+			n++
+		}
+	}
+	pl.touch += int64(prefetch(&pl.addrs, n))
+}
+
+// drop folds block p's owner set into sc.alive: the owners alive that do not hold it hold p
+// leading blocks. It returns the union of the owners still alive.
+func (sc *lookupScratch) drop(p int, set []uint64) (any uint64) {
+	for k, a := range sc.alive {
+		na := a & set[k]
+		for d := a &^ na; d != 0; d &= d - 1 {
+			sc.count[k*64+bits.TrailingZeros64(d)] = uint32(p)
+		}
+		sc.alive[k] = na
+		any |= na
+	}
+	return any
+}
+
+// keyEnd is the number of blocks of sc's prompt.
+func (x *Index) keyEnd(sc *lookupScratch) int {
+	return (len(sc.tokens) + sc.blockSize - 1) / sc.blockSize
+}

@@ -1,0 +1,150 @@
+package index
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"switchyard/kv"
+)
+
+// TestDirectMatcherAgainstHolds: lookups of a long prompt (hundreds of the matcher's batches,
+// several waves with engine keys) give every owner the prefix it holds, under both key
+// schemes and block sizes, over three shards: owners holding the whole prompt, prefixes
+// ending inside and at the edge of a batch, one block, a prefix cut by a block removed in
+// the middle of the prompt, a tier removed from a block another tier still holds, an owner
+// cleared, the last block held by one owner alone (inline in its entry), and 12, 100 and 140
+// owners in one lookup (queries of one, two and three 64-bit words).
+func TestDirectMatcherAgainstHolds(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 9))
+	prompt := make([]uint32, 16*1000+5) // a short last block at 16 tokens
+	for i := range prompt {
+		prompt[i] = rng.Uint32()
+	}
+	for _, key := range []string{BlockKeyEngine, BlockKeyRouter} {
+		for _, bs := range []int{16, 64} {
+			for _, owners := range []int{12, 100, 140} { // queries of one, two and three words
+				t.Run(fmt.Sprintf("%s/bs=%d/owners=%d", key, bs, owners), func(t *testing.T) {
+					x := newKeyedIndex(t, 3, 1<<20, key)
+					n := (len(prompt) + bs - 1) / bs
+					want := map[string]int64{}
+					tokens := func(blocks int) int64 { return int64(min(blocks*bs, len(prompt))) }
+					for i := range owners {
+						worker := fmt.Sprintf("w%03d", i)
+						id := register(t, x, worker, 1, bs)[0]
+						var held int
+						switch i % 12 {
+						case 0:
+							held = n - 1
+						case 1:
+							held = 1
+						case 2:
+							held = pipeBatch // up to a batch's edge
+						case 3:
+							held = 3*pipeBatch + 5
+						case 4:
+							held = n / 2
+						case 5:
+							held = n - 1
+						case 6:
+							held = n - 1
+						default:
+							held = 1 + rng.IntN(n)
+						}
+						if i == owners-1 {
+							held = n
+						}
+						hs := hold(t, x, id, prompt[:min(len(prompt), held*bs)], bs, TierGPU)
+						switch i % 12 {
+						case 6: // a block removed in the middle of the prompt
+							cut := len(hs) / 3
+							drop(t, x, id, hs[cut:cut+1], TierGPU)
+							held = cut
+						case 7: // the same block held in two tiers, one removed
+							hold(t, x, id, prompt[:min(len(prompt), held*bs)], bs, TierCPUPinned)
+							drop(t, x, id, hs[len(hs)/2:len(hs)/2+1], TierGPU)
+						case 8: // cleared
+							x.ClearOwner(id, kv.ClearRemoved)
+							held = 0
+						}
+						if held > 0 {
+							want[worker] = tokens(held)
+						}
+					}
+					for range 2 { // the second finds every block of the prompt at the matched age
+						got := lookup(t, x, "m", prompt)
+						if len(got) != len(want) {
+							t.Fatalf("%d owners matched, want %d", len(got), len(want))
+						}
+						for w, n := range want {
+							if got[w] != n {
+								t.Fatalf("%s matched %d tokens, want %d", w, got[w], n)
+							}
+						}
+					}
+					if got := lookup(t, x, "m", prompt[:bs]); len(got) != owners-owners/12-min(1, owners%12/9) {
+						t.Fatalf("the first block alone matched %d owners", len(got))
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestRouterKeyColdPromptProbesOneBlock: with the router's keys, a prompt nobody holds costs
+// one probe: the first block is matched alone, not the matcher's first batches.
+func TestRouterKeyColdPromptProbesOneBlock(t *testing.T) {
+	x := newKeyedIndex(t, 4, 1<<16, BlockKeyRouter)
+	hold(t, x, register(t, x, "a", 1, 16)[0], seqTokens(1, 4096), 16, TierGPU)
+	before := x.Stats().Probes
+	if got := lookup(t, x, "m", seqTokens(1<<20, 16*4096)); len(got) != 0 {
+		t.Fatalf("a cold prompt matched %v", got)
+	}
+	if probes := x.Stats().Probes - before; probes != 1 {
+		t.Fatalf("a cold prompt of 4,096 blocks took %d probes", probes)
+	}
+}
+
+// TestDirectMatcherFallsBackMidPrompt: a block in the middle of the prompt whose stripe a
+// writer holds is left, with the rest of the prompt, to the shards' host, which answers once
+// the write is over; the lookup gives the same matches as without the write.
+func TestDirectMatcherFallsBackMidPrompt(t *testing.T) {
+	for _, key := range []string{BlockKeyEngine, BlockKeyRouter} {
+		t.Run(key, func(t *testing.T) {
+			h := &answeringHost{release: func() {}}
+			x, err := New(Config{Shards: 2, MaxBlocks: 1 << 16, BlockKey: key, Host: func(s []*Shard) (ShardHost, error) {
+				h.LockedShards = NewLockedShards(s)
+				return h, nil
+			}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer x.Close()
+			prompt := seqTokens(0, 16*500)
+			hs := hold(t, x, register(t, x, "a", 1, 16)[0], prompt, 16, TierGPU)
+			hold(t, x, register(t, x, "b", 1, 16)[0], prompt[:16*300], 16, TierGPU)
+			want := map[string]int64{"a": int64(len(prompt)), "b": 16 * 300}
+			check := func(what string) {
+				t.Helper()
+				got := lookup(t, x, "m", prompt)
+				if len(got) != 2 || got["a"] != want["a"] || got["b"] != want["b"] {
+					t.Fatalf("%s: matched %v, want %v", what, got, want)
+				}
+			}
+			check("direct")
+			if h.queries != 0 {
+				t.Fatalf("a direct lookup asked the host %d times", h.queries)
+			}
+			// Hold block 200's stripe, as its shard's writer does while it changes it.
+			mid := hs[200]
+			s := x.shards[x.shardOf(mid)]
+			s.seqs.of(mid).Add(1)
+			h.release = func() { s.seqs.release() }
+			fallbacks := x.Stats().Fallbacks
+			check("fallback")
+			if h.queries == 0 || x.Stats().Fallbacks == fallbacks {
+				t.Fatalf("%d host queries, %d fallbacks: the held block was not left to the host", h.queries, x.Stats().Fallbacks-fallbacks)
+			}
+		})
+	}
+}
