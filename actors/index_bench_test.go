@@ -375,10 +375,13 @@ type ingestBench struct {
 
 func newIngestBench(b *testing.B, h benchHost, resident int) *ingestBench {
 	b.Helper()
-	x, err := index.New(index.Config{Shards: h.shards, Host: h.host, HashCacheChunks: h.hashCache,
+	x, err := index.New(index.Config{Shards: h.shards, Host: h.host, HashCacheChunks: h.hashCache, BlockKey: h.blockKey,
 		MaxBlocks: resident + resident/2 + ingestEngines*removeWindow*eventsPerBatch*blocksPerEvent})
 	if err != nil {
 		b.Fatal(err)
+	}
+	if (h.blockKey == index.BlockKeyRouter) != (x.RouterKeys() != nil) {
+		b.Fatalf("%s: the index is not keyed by %q", h.name, h.blockKey)
 	}
 	ids := registerEngines(b, x, ingestEngines, 16)
 	ingestors := make([]*subscribe.Ingestor, ingestEngines)
