@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"runtime"
 	"slices"
 	"sync/atomic"
 	"syscall"
@@ -14,53 +13,6 @@ import (
 	"switchyard/kv"
 	"switchyard/kv/hashing"
 )
-
-// BenchmarkResidentMemory measures the heap a resident block costs: the index is filled
-// with n random blocks (each held by `owners` engines) and the live heap is compared before
-// and after. The shards' own estimate (Stats().MemoryBytes) is reported beside it.
-func BenchmarkResidentMemory(b *testing.B) {
-	for _, n := range []int{1_000_000, 10_000_000} {
-		for _, owners := range []int{1, 2} {
-			b.Run(fmt.Sprintf("blocks=%d/owners=%d", n, owners), func(b *testing.B) {
-				for b.Loop() {
-					runtime.GC()
-					var before, after runtime.MemStats
-					runtime.ReadMemStats(&before)
-					x, err := New(Config{Shards: 8, MaxBlocks: 2 * n})
-					if err != nil {
-						b.Fatal(err)
-					}
-					ids := make([]OwnerID, owners)
-					for i := range ids {
-						got, _ := x.SetWorker(fmt.Sprintf("w%d", i), "m", 1, 16)
-						ids[i] = got[0]
-					}
-					rng := rand.New(rand.NewPCG(1, 1))
-					w := x.NewWriter()
-					for range n {
-						h := int64(rng.Uint64())
-						for _, o := range ids {
-							w.Store(o, x.Owners().Epoch(o), h, TierGPU)
-						}
-						if w.Pending() > 1<<14 {
-							w.Flush()
-						}
-					}
-					w.Flush()
-					runtime.GC()
-					runtime.ReadMemStats(&after)
-					st := x.Stats()
-					if st.Blocks != int64(n) {
-						b.Fatalf("%d blocks resident", st.Blocks)
-					}
-					b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(n), "heap-B/block")
-					b.ReportMetric(float64(st.MemoryBytes)/float64(n), "estimate-B/block")
-					runtime.KeepAlive(x)
-				}
-			})
-		}
-	}
-}
 
 // BenchmarkShardApply measures block stores and removes on one shard without contention:
 // a steady state of n resident blocks with churn, in batches of `batch` operations (the

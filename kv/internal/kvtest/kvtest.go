@@ -1,12 +1,14 @@
 // Package kvtest holds the test helpers that the tests of several kv sub-packages share: an
-// index on locked shards, a registered worker, held blocks and a lookup as a map. Only tests
-// import it. The index package's own tests keep their copies: they live inside that package,
-// which this one imports.
+// index on locked shards, a registered worker, held blocks, a lookup as a map and the heap a
+// structure keeps (HeapGrowth). Only tests import it. The index package's own tests keep
+// their copies: they live inside that package, which this one imports (its external tests,
+// package index_test, use this one).
 package kvtest
 
 import (
 	"cmp"
 	"context"
+	"runtime"
 	"slices"
 	"testing"
 
@@ -85,4 +87,19 @@ func Lookup(t testing.TB, x *index.Index, model string, tokens []uint32) map[str
 		out[m.Worker] = m.Tokens
 	}
 	return out
+}
+
+// HeapGrowth returns the live heap, in bytes, that build leaves allocated: the heap after a
+// collection before build runs and after it, with build's result kept alive until the second
+// reading. The heap is the process's: what another goroutine allocates or frees in between
+// counts too.
+func HeapGrowth(build func() any) int64 {
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	kept := build()
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	runtime.KeepAlive(kept)
+	return int64(after.HeapAlloc) - int64(before.HeapAlloc)
 }
