@@ -242,14 +242,17 @@ models:
 	if code, w, _ := chatVia(t, base, "llama-static", false); code != http.StatusOK || (w != "static" && w != "admin") {
 		t.Errorf("llama-static: %d via %q", code, w)
 	}
+	// The discovery counts a worker once the fleet has added or removed it: the gauges may
+	// trail the worker list just read.
 	for series, want := range map[string]float64{
 		`switchyard_discovery_workers{role="plain"}`:   0,
 		`switchyard_discovery_workers{role="prefill"}`: 1,
 		`switchyard_discovery_workers{role="decode"}`:  1,
 	} {
-		if got := metricValue(t, base+"/metrics", series); got != want {
-			t.Errorf("%s = %v, want %v", series, got, want)
-		}
+		waitFor(t, fmt.Sprintf("%s = %v", series, want), func() (bool, string) {
+			got := metricValue(t, base+"/metrics", series)
+			return got == want, fmt.Sprint(got)
+		})
 	}
 	// The router lists and watches the way client-go does against a current API server: a
 	// watch-list request (the initial events, then the bookmark).
