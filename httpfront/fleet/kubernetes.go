@@ -74,6 +74,10 @@ type KubernetesOptions struct {
 	// RetryBase and RetryMax bound the per-pod backoff after a failed add. Default 500ms
 	// and 30s.
 	RetryBase, RetryMax time.Duration
+	// OnReconciled, when set, is called on the reconciler after each reconcile of a pod, with
+	// the pod's key ("namespace/name"), once the sink's calls, the discovery's metrics and
+	// its record of the pod are final. For tests; it must not block.
+	OnReconciled func(key string)
 }
 
 // Kubernetes discovers workers from pods. One informer lists and watches the pods (with
@@ -97,6 +101,8 @@ type Kubernetes struct {
 	// configured, else every pod of the namespace, matched to roles here.
 	informer cache.SharedIndexInformer
 	errs     map[string]*metrics.Counter
+	// reconciled is KubernetesOptions.OnReconciled.
+	reconciled func(key string)
 
 	mu     sync.Mutex
 	owned  map[string]Spec   // pod key → the worker added for it; guarded by mu
@@ -150,10 +156,11 @@ func NewKubernetes(opts KubernetesOptions) (*Kubernetes, error) {
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](opts.RetryBase, opts.RetryMax),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "switchyard-discovery"}),
-		errs:   map[string]*metrics.Counter{},
-		owned:  map[string]Spec{},
-		failed: map[string]string{},
-		counts: map[config.Role]int{},
+		errs:       map[string]*metrics.Counter{},
+		reconciled: opts.OnReconciled,
+		owned:      map[string]Spec{},
+		failed:     map[string]string{},
+		counts:     map[config.Role]int{},
 	}
 	for _, kind := range []string{discoveryErrWatch, discoveryErrPod, discoveryErrAdd} {
 		k.errs[kind] = opts.Metrics.NewCounter(MetricDiscoveryErrors + `{kind="` + kind + `"}`)
@@ -364,7 +371,11 @@ func (k *Kubernetes) next(ctx context.Context) bool {
 		return false
 	}
 	defer k.queue.Done(key)
-	if retry := k.reconcile(ctx, key); retry && ctx.Err() == nil {
+	retry := k.reconcile(ctx, key)
+	if k.reconciled != nil {
+		k.reconciled(key)
+	}
+	if retry && ctx.Err() == nil {
 		k.queue.AddRateLimited(key)
 		return true
 	}

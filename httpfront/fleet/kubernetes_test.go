@@ -23,11 +23,11 @@ import (
 	"switchyard/config"
 )
 
-// sinkOp is one call the discovery made on its sink.
+// sinkOp is one call the discovery made on its sink, or the end of a reconcile.
 type sinkOp struct {
-	op   string // add or remove
-	spec Spec   // add
-	id   string // remove
+	op   string // add, failed (an add that failed), remove or reconciled
+	spec Spec   // add, failed
+	id   string // remove; reconciled: the pod's key
 }
 
 func (o sinkOp) String() string {
@@ -92,14 +92,17 @@ type discoveryEnv struct {
 func startDiscovery(t *testing.T, cfg config.Kubernetes, addErr func(Spec) error) *discoveryEnv {
 	t.Helper()
 	cs := fake.NewClientset()
-	sink := &fakeSink{ops: make(chan sinkOp, 64), addErr: addErr}
+	sink := &fakeSink{ops: make(chan sinkOp, 256), addErr: addErr}
 	set := metrics.NewSet()
 	cfg.Enabled = true
 	if cfg.Scheme == "" {
 		cfg.Scheme = "http"
 	}
+	// One reconciler: the sink's calls and the reconciles' ends arrive on ops in the order
+	// they happened.
 	k, err := NewKubernetes(KubernetesOptions{Config: cfg, Pods: fakePods{cs}, Sink: sink, Metrics: set,
-		Reconcilers: 1, RetryBase: time.Millisecond, RetryMax: 5 * time.Millisecond})
+		Reconcilers: 1, RetryBase: time.Millisecond, RetryMax: 5 * time.Millisecond,
+		OnReconciled: func(key string) { sink.ops <- sinkOp{op: "reconciled", id: key} }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,15 +124,34 @@ func runKubernetes(k *Kubernetes) (stop func()) {
 	}
 }
 
-// next returns the sink's next call, failing after 10s.
+// next returns the sink's next call (past the ends of reconciles), failing after 10s.
 func (e *discoveryEnv) next() sinkOp {
+	e.t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case op := <-e.sink.ops:
+			if op.op != "reconciled" {
+				return op
+			}
+		case <-timeout:
+			e.t.Fatal("no call on the sink after 10s")
+			return sinkOp{}
+		}
+	}
+}
+
+// settle waits for the end of the reconcile that made the sink call just seen: the next
+// event on the sink's channel. The discovery's gauges and counters are final then.
+func (e *discoveryEnv) settle() {
 	e.t.Helper()
 	select {
 	case op := <-e.sink.ops:
-		return op
+		if op.op != "reconciled" {
+			e.t.Fatalf("%v before the end of the reconcile that made the last call", op)
+		}
 	case <-time.After(10 * time.Second):
-		e.t.Fatal("no call on the sink after 10s")
-		return sinkOp{}
+		e.t.Fatal("the reconcile did not end after 10s")
 	}
 }
 
@@ -178,22 +200,6 @@ func (e *discoveryEnv) metric(series string) float64 {
 	return -1
 }
 
-// settledMetric returns series once it reads want, or its last value after 10s. A gauge of
-// discovered workers changes after the sink's call returns (a worker counts once the sink
-// has it), so a test that has just seen the call may read the gauge before the reconcile
-// that made it is over.
-func (e *discoveryEnv) settledMetric(series string, want float64) float64 {
-	e.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		got := e.metric(series)
-		if got == want || time.Now().After(deadline) {
-			return got
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // testPod is a pod in namespace ns with an engine container port named http.
 func testPod(name string, lbl map[string]string, ip string, ready bool) *corev1.Pod {
 	p := &corev1.Pod{
@@ -238,7 +244,8 @@ func TestKubernetesPodLifecycle(t *testing.T) {
 	setReady(a, true)
 	e.update(a)
 	e.expect(`add a.ns http://10.0.0.1:30000 plain model="llama" bootstrap=-`)
-	if got := e.settledMetric(`switchyard_discovery_workers{role="plain"}`, 2); got != 2 {
+	e.settle()
+	if got := e.metric(`switchyard_discovery_workers{role="plain"}`); got != 2 {
 		t.Errorf("discovered plain workers %v, want 2", got)
 	}
 
@@ -279,7 +286,8 @@ func TestKubernetesPodLifecycle(t *testing.T) {
 	e.expect(`add a.ns http://10.0.0.1:30000 plain model="llama" bootstrap=-`)
 	e.delete(a)
 	e.expect("remove a.ns")
-	if got := e.settledMetric(`switchyard_discovery_workers{role="plain"}`, 0); got != 0 {
+	e.settle()
+	if got := e.metric(`switchyard_discovery_workers{role="plain"}`); got != 0 {
 		t.Errorf("discovered plain workers %v, want 0", got)
 	}
 }
@@ -312,11 +320,12 @@ func TestKubernetesRoles(t *testing.T) {
 	p.Annotations[config.DefaultBootstrapPortAnnotation] = "9000"
 	e.update(p)
 	e.expect(`add p.ns http://10.0.1.1:30000 prefill model="" bootstrap=9000`)
+	e.settle()
 	if got := e.metric(`switchyard_discovery_errors_total{kind="pod"}`); got != 2 {
 		t.Errorf("pod errors %v, want 2 (bad annotation, no named port)", got)
 	}
 	for role, want := range map[string]float64{"prefill": 1, "decode": 1} {
-		if got := e.settledMetric(`switchyard_discovery_workers{role="`+role+`"}`, want); got != want {
+		if got := e.metric(`switchyard_discovery_workers{role="` + role + `"}`); got != want {
 			t.Errorf("discovered %s workers %v, want %v", role, got, want)
 		}
 	}
@@ -363,10 +372,10 @@ func TestKubernetesAddRetries(t *testing.T) {
 	if got := e.metric(`switchyard_discovery_errors_total{kind="add"}`); got != 4 {
 		t.Errorf("add errors %v, want 4", got)
 	}
-	select {
-	case op := <-e.sink.ops:
-		t.Fatalf("unexpected call %v: an ID taken by another source is not retried", op)
-	default:
+	for len(e.sink.ops) > 0 { // what has arrived: ends of reconciles, no other call
+		if op := <-e.sink.ops; op.op != "reconciled" {
+			t.Fatalf("unexpected call %v: an ID taken by another source is not retried", op)
+		}
 	}
 }
 
