@@ -180,7 +180,7 @@ func TestBenchReplicas(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary and runs router processes")
 	}
-	bin := buildSwitchyard(t)
+	bin := switchyardBinary(t)
 	jsonPath := filepath.Join(t.TempDir(), "report.json")
 	code, out, errOut := runBenchCmd(t, "--scenario", "replicas", "--router-binary", bin, "--engines", "3",
 		"--users", "16", "--turns", "6", "--concurrency", "8", "--duration", "2m", "--json", jsonPath, "--quiet")

@@ -51,17 +51,6 @@ func reservePorts(t *testing.T, n int) []int {
 	return out
 }
 
-// buildSwitchyard builds the binary into a temporary directory.
-func buildSwitchyard(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "switchyard")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
-
 // startReplicas starts n router processes forming one automanaged cluster in front of the
 // engines (session_aware with affinity.prefix_rebind, every engine a plain worker), and
 // waits until every replica is ready, sees n members and indexes every engine's KV events.
@@ -232,7 +221,7 @@ func TestClusterReplicasShareSessions(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary and runs three processes")
 	}
-	bin := buildSwitchyard(t)
+	bin := switchyardBinary(t)
 	engines := []*mockengine.Engine{kvEngine(t, affModel, "E0"), kvEngine(t, affModel, "E1"), kvEngine(t, affModel, "E2"), kvEngine(t, affModel, "E3")}
 	rs := startReplicas(t, bin, 3, engines)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*clusterWait)
