@@ -164,7 +164,6 @@ func (s *traceSim) runRules(t *testing.T, o *Options, offered float64, rules []s
 			if err != nil {
 				t.Fatal(err)
 			}
-			held := sim.result(orc).HitRate
 			var uses *pageUses
 			for ri, r := range rules {
 				r.view = routerLeft
@@ -178,32 +177,38 @@ func (s *traceSim) runRules(t *testing.T, o *Options, offered float64, rules []s
 				if err != nil {
 					t.Fatal(err)
 				}
-				x := &res[ri]
-				x.share = append(x.share, sim.result(out).HitRate/held)
-				var lost [lossGone + 1]float64
-				var total float64
-				served, prefilled := make([]float64, sim.cfg.Engines), make([]float64, sim.cfg.Engines)
-				ttft := make([]time.Duration, 0, len(out))
-				for i := range out {
-					want, at := orc[i].Cached, &out[i]
-					total += float64(want)
-					lost[lossOf(want, at.Cached, at)] += math.Abs(float64(want - at.Cached))
-					served[at.Engine]++
-					prefilled[at.Engine] += float64(sim.reqs[i].PromptTokens - at.Cached)
-					ttft = append(ttft, at.FirstToken)
-				}
-				slices.Sort(ttft)
-				q := func(p float64) float64 { return ttft[int(p*float64(len(ttft)-1))].Seconds() }
-				x.gone = append(x.gone, lost[lossGone]/total)
-				x.away = append(x.away, (lost[lossElsewhere]+lost[lossQueued])/total)
-				x.gained = append(x.gained, lost[lossGained]/total)
-				x.p50, x.p90, x.p99 = append(x.p50, q(0.5)), append(x.p90, q(0.9)), append(x.p99, q(0.99))
-				x.spread = append(x.spread, slices.Max(served)/meanOf(served))
-				x.prefill = append(x.prefill, slices.Max(prefilled)/meanOf(prefilled))
+				res[ri].add(sim, orc, out)
 			}
 		}
 	}
 	return res
+}
+
+// add appends one run's figures: out, the placement of sim's requests, against orc, the
+// holder placement's outcome of the same requests.
+func (x *ruleRuns) add(sim *traceSim, orc, out []mockengine.SimOutcome) {
+	held := sim.result(orc).HitRate
+	x.share = append(x.share, sim.result(out).HitRate/held)
+	var lost [lossGone + 1]float64
+	var total float64
+	served, prefilled := make([]float64, sim.cfg.Engines), make([]float64, sim.cfg.Engines)
+	ttft := make([]time.Duration, 0, len(out))
+	for i := range out {
+		want, at := orc[i].Cached, &out[i]
+		total += float64(want)
+		lost[lossOf(want, at.Cached, at)] += math.Abs(float64(want - at.Cached))
+		served[at.Engine]++
+		prefilled[at.Engine] += float64(sim.reqs[i].PromptTokens - at.Cached)
+		ttft = append(ttft, at.FirstToken)
+	}
+	slices.Sort(ttft)
+	q := func(p float64) float64 { return ttft[int(p*float64(len(ttft)-1))].Seconds() }
+	x.gone = append(x.gone, lost[lossGone]/total)
+	x.away = append(x.away, (lost[lossElsewhere]+lost[lossQueued])/total)
+	x.gained = append(x.gained, lost[lossGained]/total)
+	x.p50, x.p90, x.p99 = append(x.p50, q(0.5)), append(x.p90, q(0.9)), append(x.p99, q(0.99))
+	x.spread = append(x.spread, slices.Max(served)/meanOf(served))
+	x.prefill = append(x.prefill, slices.Max(prefilled)/meanOf(prefilled))
 }
 
 // TestTraceGoneSimulation finds where the prefixes that the latency rule loses to eviction
@@ -432,6 +437,20 @@ const (
 	// worth (the mean pending prompt).
 	routerLeft
 )
+
+// queue is e's prefill queue at now (the work ahead of a new request's own) as v sees it.
+func (v queueView) queue(e mockengine.EngineView, now time.Duration) time.Duration {
+	queue := e.Backlog(now)
+	switch started := e.Started(now); v {
+	case routerFull:
+		queue += started
+	case routerLeft:
+		if n := e.Waiting() + e.Prefilling(now); n > 0 {
+			queue += max(started-(queue+started)/time.Duration(n), 0)
+		}
+	}
+	return queue
+}
 
 func (v queueView) String() string {
 	return [...]string{"engine's queue", "router's view, in full", "router's view, what is left"}[v]
@@ -700,6 +719,11 @@ type simRule struct {
 	// half-life shareHalfLife seconds; 0: never decayed) are at most share times the fleet's
 	// mean (0: no such guard).
 	share, shareHalfLife float64
+	// slowEngine is taken to be slowFactor times slower than it is (its expected TTFT and
+	// its hit credit times slowFactor: a learned prefill rate outside the rate band) for
+	// the requests before slowUntil (0: none is).
+	slowEngine, slowUntil int
+	slowFactor            float64
 }
 
 // latencyRule is cache_aware's latency decision (engine.CacheAware.pickByLatency) on
@@ -734,7 +758,7 @@ func latencyRule(r simRule, perToken float64) mockengine.Placer {
 	var shadows []*shadowLRU  // coldSteps
 	var placed []float64      // requests placed, for the share guard
 	var lastShare time.Duration
-	return mockengine.PlaceFunc(func(_ int, now time.Duration, req *mockengine.SimRequest, fleet []mockengine.EngineView) int {
+	return mockengine.PlaceFunc(func(ri int, now time.Duration, req *mockengine.SimRequest, fleet []mockengine.EngineView) int {
 		if churn == nil {
 			churn = make([]float64, len(fleet))
 			placed = make([]float64, len(fleet))
@@ -762,15 +786,7 @@ func latencyRule(r simRule, perToken float64) mockengine.Placer {
 		weight := 1.0
 		queues = queues[:0]
 		for _, e := range fleet {
-			queue := e.Backlog(now)
-			switch started := e.Started(now); r.view {
-			case routerFull:
-				queue += started
-			case routerLeft:
-				if n := e.Waiting() + e.Prefilling(now); n > 0 {
-					queue += max(started-(queue+started)/time.Duration(n), 0)
-				}
-			}
+			queue := r.view.queue(e, now)
 			if r.noise > 0 {
 				queue = time.Duration(float64(queue) * math.Exp(r.noise*noise.NormFloat64()))
 			}
@@ -794,7 +810,11 @@ func latencyRule(r simRule, perToken float64) mockengine.Placer {
 			cold = cold && held == 0
 			queue := queues[i]
 			ttft := queue.Seconds() + float64(req.PromptTokens-held)*perToken
-			k := key{score: ttft - weight*r.credit*float64(held)*perToken, ttft: ttft, held: held, run: e.Running(),
+			credit := weight * r.credit * float64(held) * perToken
+			if i == r.slowEngine && ri < r.slowUntil {
+				ttft, credit = ttft*r.slowFactor, credit*r.slowFactor
+			}
+			k := key{score: ttft - credit, ttft: ttft, held: held, run: e.Running(),
 				free: e.Free() - (req.PromptTokens - held), age: e.VictimAge(now)}
 			switch r.cold {
 			case coldValue:
