@@ -23,10 +23,11 @@ import (
 // load.Counters.PendingPrefillLeft, so a long prompt half prefilled counts half.
 // queued(e) is what e's last report queued beyond them, uncached(e) the request's prompt
 // tokens e does not hold in cache. rate(e) is e's learned prefill rate in tokens per
-// second: load.Rates.PrefillSecondsPerToken, the mean cost per token of e's learned
-// time-to-first-token line at the work e typically sees, its fixed part included, so that
-// how the line split its fit between fixed part and slope does not matter (a slope alone
-// near zero would make e look infinitely fast). Cache hits, queues and engine speeds are
+// second: load.Rates.PrefillSecondsPerToken, e's smoothed time to first token over its
+// smoothed prefill work, its fixed part included, so that how the learned line split its
+// fit between fixed part and slope does not matter (a slope alone near zero would make e
+// look infinitely fast) and a first request of a few tokens does not make e look many
+// times slower for dozens of requests. Cache hits, queues and engine speeds are
 // thus weighed in one unit. Until every candidate has learned a rate, all are compared by
 // work(e) in tokens (equal speeds assumed).
 //

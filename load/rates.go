@@ -30,6 +30,7 @@ type Line struct {
 	base  atomic.Uint64 // float64 bits: seconds
 	slope atomic.Uint64 // float64 bits: seconds per unit of x
 	scale atomic.Uint64 // float64 bits: the smoothed x
+	mean  atomic.Uint64 // float64 bits: the smoothed y (seconds), as scale smooths x
 	n     atomic.Uint64
 }
 
@@ -47,6 +48,7 @@ func (l *Line) Observe(x, y float64) {
 		} else {
 			l.store(y, 0, 1)
 		}
+		l.mean.Store(math.Float64bits(y))
 		return
 	}
 	base, slope, scale := l.load()
@@ -65,6 +67,21 @@ func (l *Line) Observe(x, y float64) {
 	slope += gain * err * u / norm / scale
 	scale += gain * (max(x, 1) - scale)
 	l.store(max(base, 0), max(slope, 0), scale)
+	mean := math.Float64frombits(l.mean.Load())
+	l.mean.Store(math.Float64bits(mean + gain*(y-mean)))
+}
+
+// meanCost is the smoothed y over the smoothed x (the same smoothing of both), 0 before
+// the first observation or while the smoothed x is 0.
+func (l *Line) meanCost() float64 {
+	if l.n.Load() == 0 {
+		return 0
+	}
+	_, _, scale := l.load()
+	if !(scale > 0) {
+		return 0
+	}
+	return math.Float64frombits(l.mean.Load()) / scale
 }
 
 func (l *Line) load() (base, slope, scale float64) {
@@ -115,20 +132,19 @@ type Rates struct {
 	Decode  Line
 }
 
-// PrefillSecondsPerToken is the learned prefill line's mean cost per token at the work
-// the engine typically sees: (Base + Slope·x̄)/x̄, x̄ the smoothed work. Unlike the slope
-// alone it does not depend on how the line split its prediction between base and slope
-// (a line fitted where the work hardly varies may put most of it in either), so engines
-// compare by what their first tokens actually cost. 0 when nothing was learned.
+// PrefillSecondsPerToken is the engine's mean cost per prefill token at the work it
+// typically sees: its smoothed time to first token over its smoothed prefill work (both
+// smoothed alike, by Prefill's gain). Unlike the slope alone it does not depend on how the
+// line split its prediction between base and slope (a line fitted where the work hardly
+// varies may put most of it in either), so engines compare by what their first tokens
+// actually cost; unlike the line's own prediction at the smoothed work, it does not keep
+// the error of a first observation the line could not split: a first request of a few
+// tokens, all fixed cost, set the line's slope to many times the engine's cost per token,
+// and the line shed it over dozens of requests (TestPrefillSecondsPerTokenAfterTinyFirst),
+// while the means are those of long prompts from the first one on. 0 when nothing was
+// learned.
 func (r *Rates) PrefillSecondsPerToken() float64 {
-	if r.Prefill.n.Load() == 0 {
-		return 0
-	}
-	base, slope, scale := r.Prefill.load()
-	if !(scale > 0) {
-		return 0
-	}
-	return (base + slope*scale) / scale
+	return r.Prefill.meanCost()
 }
 
 // PrefillTokensPerSecond is the learned prefill throughput (1/slope of Prefill), or 0 when

@@ -315,6 +315,28 @@ func TestPrefillSecondsPerToken(t *testing.T) {
 	}
 }
 
+// TestPrefillSecondsPerTokenAfterTinyFirst: an engine whose first request was a tiny
+// prompt (its first token all fixed cost) is compared by the same cost per token as one
+// whose first request was long, from its first long request on. In a trace run on the
+// bench's engines the engine that drew the 28-token sixth request first was taken to be
+// 2.1 times slower than the others for its next ~45 requests (the first 350 of the run),
+// outside the latency decision's rate band, and lost its share of the cold prompts.
+func TestPrefillSecondsPerTokenAfterTinyFirst(t *testing.T) {
+	ttft := func(x float64) float64 { return 0.015 + 50e-6*x } // 15 ms fixed, 50 µs a token
+	var tiny, long Rates
+	for i, x := range []float64{28, 18053, 16833, 16967, 18871, 31, 20000, 30, 20000, 30} {
+		tiny.Prefill.Observe(x, ttft(x))
+		long.Prefill.Observe(20000, ttft(20000))
+		if i == 0 {
+			continue
+		}
+		a, b := tiny.PrefillSecondsPerToken(), long.PrefillSecondsPerToken()
+		if r := a / b; r > 1.2 || r < 1/1.2 {
+			t.Fatalf("after %d observations: %.1f µs a token after a tiny first prompt, %.1f µs after a long one: want within 1.2 times", i+1, 1e6*a, 1e6*b)
+		}
+	}
+}
+
 // TestPendingPrefillLeft: the router's pending prefill on an engine counts what is left of
 // the prompt at its head at the engine's learned rate (a prompt half prefilled counts half),
 // from the dispatch that found the engine idle or the latest first token, and the prompts
