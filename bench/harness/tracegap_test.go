@@ -485,7 +485,10 @@ func analyseEngineRun(t *testing.T, run *engineRun) {
 	}
 
 	// What each class costs: the rule with the router's choices of a class forced where
-	// they occurred, over timing-noise draws.
+	// they occurred, over timing-noise draws (a minute of CPU: not with -short).
+	if testing.Short() {
+		return
+	}
 	forced := make([]int, n)
 	for i := range forced {
 		forced[i] = -1
@@ -549,6 +552,26 @@ const dispatchedStepTokens = 1024
 func TestTraceSlowRateSimulation(t *testing.T) {
 	slow := benchRule()
 	slow.slowEngine, slow.slowUntil, slow.slowFactor = 5, 350, 2.1
+	compareSimRules(t, "engine 5 seen 2.1x slower for 350 requests", slow)
+}
+
+// TestTraceInFlightTieSimulation asks what the router's decode load costs in the tie order:
+// the router counts the requests it has in flight on an engine (waiting ones too) where the
+// simulated rule counts the running ones; in the seed-1 engine run of
+// TestTraceEnginePlacement 131 of the 431 requests the rule would have placed elsewhere are
+// explained by that term alone. The default rule with an engine's waiting requests counted
+// in its decode load, against the rule alone, as TestTraceSlowRateSimulation
+// (SWITCHYARD_BENCH_TRACE; skipped without it).
+func TestTraceInFlightTieSimulation(t *testing.T) {
+	r := benchRule()
+	r.inFlight = true
+	compareSimRules(t, "waiting requests in the decode load", r)
+}
+
+// compareSimRules logs the default rule and alt (named name) on the 16 timing-noise draws
+// of the bench's run (seed 1) and on the 21 runs of traceSim.runRules at 68%.
+func compareSimRules(t *testing.T, name string, alt simRule) {
+	t.Helper()
 	sim, o := traceSimOf(t, Options{Trace: tracePathOf(t), Requests: 1500, Engines: 8, TimeScale: 2.5, Seed: 1})
 	orc, err := sim.holder(len(sim.reqs))
 	if err != nil {
@@ -558,7 +581,7 @@ func TestTraceSlowRateSimulation(t *testing.T) {
 	var res [2]ruleRuns
 	for draw := range uint64(16) {
 		late := sim.late(draw+1, time.Millisecond)
-		for k, r := range []simRule{benchRule(), slow} {
+		for k, r := range []simRule{benchRule(), alt} {
 			out, err := mockengine.Simulate(late.cfg, late.reqs, latencyRule(r, perToken))
 			if err != nil {
 				t.Fatal(err)
@@ -567,8 +590,8 @@ func TestTraceSlowRateSimulation(t *testing.T) {
 		}
 	}
 	all, ao := fullTraceSim(t, 8)
-	runs := all.runRules(t, &ao, 0.68, []simRule{defaultRule, slow})
-	for k, name := range []string{"the rule alone", "engine 5 seen 2.1x slower for 350 requests"} {
+	runs := all.runRules(t, &ao, 0.68, []simRule{defaultRule, alt}) // each seen with the router's view
+	for k, name := range []string{"the rule alone", name} {
 		wins, losses := winsOf(res[k].share, res[0].share)
 		rw, rl := winsOf(runs[k].share, runs[0].share)
 		t.Logf("%s: bench run, 16 draws: %.1f%% of the holder placement's hits (%.1f-%.1f%%, %d above / %d below the rule alone), gone %.1f%%, spread at most %.2f; 21 runs at 68%%: %.1f%% (lowest %.1f%%, %d / %d), gone %.1f%%, spread at most %.2f",

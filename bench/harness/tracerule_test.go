@@ -724,6 +724,9 @@ type simRule struct {
 	// the requests before slowUntil (0: none is).
 	slowEngine, slowUntil int
 	slowFactor            float64
+	// inFlight: the tie order's decode load counts an engine's waiting requests with its
+	// running ones (as the router's in-flight count does), not its running ones alone.
+	inFlight bool
 }
 
 // latencyRule is cache_aware's latency decision (engine.CacheAware.pickByLatency) on
@@ -814,7 +817,11 @@ func latencyRule(r simRule, perToken float64) mockengine.Placer {
 			if i == r.slowEngine && ri < r.slowUntil {
 				ttft, credit = ttft*r.slowFactor, credit*r.slowFactor
 			}
-			k := key{score: ttft - credit, ttft: ttft, held: held, run: e.Running(),
+			run := e.Running()
+			if r.inFlight {
+				run += e.Waiting()
+			}
+			k := key{score: ttft - credit, ttft: ttft, held: held, run: run,
 				free: e.Free() - (req.PromptTokens - held), age: e.VictimAge(now)}
 			switch r.cold {
 			case coldValue:
