@@ -78,11 +78,11 @@ test-short: testdeps testdata-tokenizers testdata-openai ## run the tests withou
 bench: testdata-tokenizers ## run the Go benchmarks (BENCH=regexp, BENCHTIME=1s)
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) $(PKGS)
 
-lint: ## go vet, gofmt and the import-direction rule
+lint: ## go vet, gofmt and the import-direction rules
 	$(GO) vet $(PKGS)
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
-	$(GO) test -count=1 -run TestImportDirection ./cmd/switchyard
+	$(GO) test -count=1 -run 'Test(KV)?ImportDirection$$' ./cmd/switchyard
 
 fmt: ## format the code
 	gofmt -w $$(find . -name '*.go' -not -path './.cache/*')
