@@ -131,6 +131,7 @@ type engineRun struct {
 	Engine   []int                     `json:"engine"`
 	Cached   []int                     `json:"cached"`
 	Start    []time.Duration           `json:"start_ns"`
+	TTFT     []time.Duration           `json:"ttft_ns,omitempty"` // simulated time; 0 when failed
 	Decision []*engine.LatencyDecision `json:"decision"`
 }
 
@@ -170,6 +171,7 @@ func measureEngineRun(t *testing.T, seed uint64) *engineRun {
 			run.Engine = append(run.Engine, e)
 			run.Cached = append(run.Cached, r.CachedTokens)
 			run.Start = append(run.Start, time.Duration(float64(r.Start)*h.opts.Speedup))
+			run.TTFT = append(run.TTFT, time.Duration(float64(r.TTFT)*h.opts.Speedup))
 			run.Decision = append(run.Decision, d.take(orc.sim.keys[i], r.Worker))
 		}
 		return nil, nil
@@ -412,6 +414,10 @@ func analyseEngineRun(t *testing.T, run *engineRun) {
 	}
 	t.Logf("engine run of seed %d (load average %s): %d requests, measured %.1f%% of the holder placement's hits (%.2f%%), sent at most %.0f ms after the recorded arrival",
 		run.Seed, run.Load, n, 100*cached/prompts/sim.result(orc).HitRate, 100*sim.result(orc).HitRate, 1000*late)
+	if ttft := slices.Sorted(slices.Values(run.TTFT)); len(ttft) > 0 {
+		q := func(p float64) time.Duration { return ttft[int(p*float64(len(ttft)-1))].Round(time.Millisecond) }
+		t.Logf("measured TTFT p50 %v, p90 %v, p99 %v", q(0.5), q(0.9), q(0.99))
+	}
 
 	// The engines' placement replayed, the rule asked at each request.
 	rule := latencyRule(benchRule(), perToken)
