@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -249,8 +250,8 @@ models:
 
 // TestDeployArtifactsMatchARunningRouter: every metric and label the dashboard's queries and
 // variables, and the alert rules, refer to is exported by a running router (a renamed metric
-// or label fails here, not on an operator's screen), and the paths the Kubernetes manifests
-// probe and scrape are served.
+// or label fails here, not on an operator's screen), every switchyard_* family it exports is
+// in docs/operations.md, and the paths the Kubernetes manifests probe and scrape are served.
 func TestDeployArtifactsMatchARunningRouter(t *testing.T) {
 	r := observeRouter(t)
 	dir := deployDir(t)
@@ -293,6 +294,15 @@ func TestDeployArtifactsMatchARunningRouter(t *testing.T) {
 	t.Run("metric kinds", func(t *testing.T) {
 		for _, p := range checkMetricKinds(r.scrape) {
 			t.Error(p)
+		}
+	})
+	t.Run("metrics documented", func(t *testing.T) {
+		doc, err := os.ReadFile("../../docs/operations.md")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range undocumentedMetrics(r.scrape, string(doc)) {
+			t.Errorf("%s is exported but not in docs/operations.md's metric reference", name)
 		}
 	})
 	t.Run("kubernetes probes and scrape", func(t *testing.T) {

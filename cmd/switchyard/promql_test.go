@@ -392,6 +392,65 @@ func checkMetricKinds(scrape string) []string {
 	return problems
 }
 
+// undocumentedMetrics returns the switchyard_* families of a scrape (its # TYPE lines) that
+// doc never names as a whole word: a renamed or new metric fails here until the metric
+// reference says what it counts.
+func undocumentedMetrics(scrape, doc string) []string {
+	var missing []string
+	for _, line := range strings.Split(scrape, "\n") {
+		f := strings.Fields(line)
+		if len(f) != 4 || f[0] != "#" || f[1] != "TYPE" || !strings.HasPrefix(f[2], "switchyard_") {
+			continue
+		}
+		if !namesWord(doc, f[2]) && !slices.Contains(missing, f[2]) {
+			missing = append(missing, f[2])
+		}
+	}
+	return missing
+}
+
+// namesWord reports whether text holds name not followed or preceded by an identifier byte.
+func namesWord(text, name string) bool {
+	for i := 0; ; {
+		j := strings.Index(text[i:], name)
+		if j < 0 {
+			return false
+		}
+		start, end := i+j, i+j+len(name)
+		before := start == 0 || !isIdentByte(text[start-1]) && (text[start-1] < '0' || text[start-1] > '9')
+		after := end == len(text) || !isIdentByte(text[end]) && (text[end] < '0' || text[end] > '9')
+		if before && after {
+			return true
+		}
+		i = start + 1
+	}
+}
+
+func TestUndocumentedMetrics(t *testing.T) {
+	scrape := "# TYPE switchyard_requests_total counter\nswitchyard_requests_total 1\n" +
+		"# TYPE switchyard_requests counter\nswitchyard_requests 1\n" +
+		"# TYPE switchyard_lag_seconds histogram\nswitchyard_lag_seconds_bucket{le=\"1\"} 1\n" +
+		"# TYPE go_goroutines gauge\ngo_goroutines 3\n"
+	tests := []struct {
+		name, doc string
+		want      []string
+	}{
+		{"all named", "`switchyard_requests_total`, `switchyard_requests{x}` and switchyard_lag_seconds.", nil},
+		{"a longer name does not document a prefix", "`switchyard_requests_total`, `switchyard_lag_seconds`",
+			[]string{"switchyard_requests"}},
+		{"a histogram is named by its family, not its buckets", "switchyard_requests_total switchyard_requests switchyard_lag_seconds_bucket",
+			[]string{"switchyard_lag_seconds"}},
+		{"nothing named", "", []string{"switchyard_requests_total", "switchyard_requests", "switchyard_lag_seconds"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := undocumentedMetrics(scrape, tt.doc); !slices.Equal(got, tt.want) {
+				t.Errorf("got %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
 func TestCheckMetricKinds(t *testing.T) {
 	var good, bad strings.Builder
 	for i := range 20 {
