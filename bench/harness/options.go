@@ -153,7 +153,7 @@ func DefaultWorkloads() []string { return []string{workload.NameSharedPrefix, wo
 type Options struct {
 	// Scenarios to run, in order. Default: routing.
 	Scenarios []string
-	// Target, when set, is a running router's base URL: the routing scenario then measures
+	// Target, when set, is a running router's base URL: the routing and trace scenarios measure
 	// that router as one row ("target"), and the scenarios that need their own engines are
 	// refused.
 	Target string

@@ -37,7 +37,7 @@ func newBenchFlagSet(stderr io.Writer) (*flag.FlagSet, *benchFlags) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&f.scenario, "scenario", report.ScenarioRouting, "scenarios to run, comma-separated: "+strings.Join(harness.Scenarios(), ", ")+", trace, or all (every one but trace)")
-	fs.StringVar(&o.Target, "target", "", "measure the router at this URL instead of starting engines and a router (routing scenario only; one row, wall time)")
+	fs.StringVar(&o.Target, "target", "", "measure the router at this URL instead of starting engines and a router (routing and trace scenarios only; one row, wall time)")
 	fs.StringVar(&o.Model, "model", harness.DefaultModel, "model name served by the engines and requested")
 
 	fs.IntVar(&o.Engines, "engines", harness.DefaultEngines, "plain mock engines (routing, overhead, buckets, mailbox)")
