@@ -1,12 +1,14 @@
 package main
 
 import (
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The documentation names every flag a command's --help lists, so that a new or renamed flag
@@ -105,5 +107,149 @@ func TestUndocumentedFlags(t *testing.T) {
 				t.Errorf("got %q, want %q", got, tt.want)
 			}
 		})
+	}
+}
+
+// helpDefaults returns each flag's default as a command's help prints it, "(default X)",
+// "(default: X)" or `(default "X")` at the end of its description; flags without one, or
+// with an empty or "none" default, or one in words ("this one"), are left out.
+func helpDefaults(help string) map[string]string {
+	out := map[string]string{}
+	locs := helpFlag.FindAllStringSubmatchIndex(help, -1)
+	for i, l := range locs {
+		end := len(help)
+		if i+1 < len(locs) {
+			end = locs[i+1][0]
+		}
+		m := helpDefault.FindStringSubmatch(strings.TrimSpace(help[l[1]:end]))
+		if m == nil {
+			continue
+		}
+		if d := strings.Trim(m[1], `"`); d != "" && d != "none" && (!strings.Contains(d, " ") || m[1][0] == '"') {
+			out[help[l[2]:l[3]]] = d
+		}
+	}
+	return out
+}
+
+var (
+	helpDefault = regexp.MustCompile(`\(default:? ("[^"]*"|[^()]*)\)$`)
+	docDuration = regexp.MustCompile(`[0-9][0-9.]*(?:ns|µs|us|ms|s|m|h)(?:[0-9.]+(?:ns|µs|us|ms|s|m|h))*`)
+)
+
+// docDefaults returns the default cell of every row of doc's flag tables (a header row
+// "| flag | ... | default | ...") by the flags its first cell names.
+func docDefaults(doc string) map[string]string {
+	out := map[string]string{}
+	col := -1
+	for _, line := range strings.Split(doc, "\n") {
+		if !strings.HasPrefix(line, "|") {
+			col = -1
+			continue
+		}
+		cells := strings.Split(strings.ReplaceAll(strings.Trim(line, "| "), `\|`, ""), "|")
+		for i := range cells {
+			cells[i] = strings.TrimSpace(cells[i])
+		}
+		switch {
+		case cells[0] == "flag":
+			col = slices.Index(cells, "default")
+		case col > 0 && col < len(cells) && strings.HasPrefix(cells[0], "`--"):
+			for _, m := range docFlagName.FindAllStringSubmatch(cells[0], -1) {
+				out[m[1]] = cells[col]
+			}
+		}
+	}
+	return out
+}
+
+var docFlagName = regexp.MustCompile(`--([a-z][a-z0-9-]*)`)
+
+// sameDefault reports whether a doc's default cell states the help's default: as a word (1
+// is not stated by 16), or as the same duration written another way (2m for 2m0s).
+func sameDefault(cell, def string) bool {
+	if regexp.MustCompile(`(^|[^0-9A-Za-z.])` + regexp.QuoteMeta(def) + `($|[^0-9A-Za-z.])`).MatchString(cell) {
+		return true
+	}
+	d, err := time.ParseDuration(def)
+	if err != nil {
+		return false
+	}
+	for _, s := range docDuration.FindAllString(cell, -1) {
+		if c, err := time.ParseDuration(s); err == nil && c == d {
+			return true
+		}
+	}
+	return false
+}
+
+// TestFlagDefaultsDocumented: the flag tables of a command's page state the defaults its help
+// prints.
+func TestFlagDefaultsDocumented(t *testing.T) {
+	for _, tc := range []struct{ cmd, doc string }{
+		{"serve", "configuration.md"},
+		{"mockengine", "mock-engine.md"},
+		{"bench", "benchmarks.md"},
+	} {
+		t.Run(tc.cmd, func(t *testing.T) {
+			text, err := os.ReadFile(filepath.Join("../../docs", tc.doc))
+			if err != nil {
+				t.Fatal(err)
+			}
+			code, stdout, stderr := runCmd(t, tc.cmd, "-h")
+			if code != 0 {
+				t.Fatalf("%s -h: exit %d: %s", tc.cmd, code, stderr)
+			}
+			defs, cells := helpDefaults(stdout+stderr), docDefaults(string(text))
+			checked := 0
+			for name, def := range defs {
+				cell, ok := cells[name]
+				if !ok {
+					continue // named elsewhere in the page (TestEveryFlagDocumented)
+				}
+				checked++
+				if !sameDefault(cell, def) {
+					t.Errorf("--%s: docs/%s says the default is %q, %s -h says %q", name, tc.doc, cell, tc.cmd, def)
+				}
+			}
+			if checked < 5 {
+				t.Errorf("only %d defaults compared with docs/%s; is its flag table still read?", checked, tc.doc)
+			}
+		})
+	}
+}
+
+func TestFlagDefaultParsing(t *testing.T) {
+	help := "  --port PORT\n        listen PORT (default: 8080)\n  --key KEY\n        a key (default: none)\n" +
+		"  -chart string\n    \tdirectory (default \"/tmp/x\")\n  -timeout duration\n    \tbound (default 2m0s)\n" +
+		"  -json string\n    \twrite JSON\n  -binary string\n    \tthe binary (default: this one)\n  --topic string\n        first frame (default \"\")\n"
+	want := map[string]string{"port": "8080", "chart": "/tmp/x", "timeout": "2m0s"}
+	if got := helpDefaults(help); !maps.Equal(got, want) {
+		t.Errorf("helpDefaults = %q, want %q", got, want)
+	}
+	doc := "| flag | effect | default |\n|---|---|---|\n| `--port PORT` | `server.port` | `8080` |\n" +
+		"| `--a`, `--b` | x \\| y | `1` |\n\n| `--port` | outside a flag table | 1 |\n" +
+		"| flag | default |\n|---|---|\n| `--timeout` | 2m (trace: none) |\n"
+	wantDoc := map[string]string{"port": "`8080`", "a": "`1`", "b": "`1`", "timeout": "2m (trace: none)"}
+	if got := docDefaults(doc); !maps.Equal(got, wantDoc) {
+		t.Errorf("docDefaults = %q, want %q", got, wantDoc)
+	}
+	for _, tt := range []struct {
+		cell, def string
+		want      bool
+	}{
+		{"`8080`", "8080", true},
+		{"`8081`", "8080", false},
+		{"`16`", "1", false},
+		{"`1` (off)", "1", true},
+		{"`0.2`", "0", false},
+		{"2m (trace: none)", "2m0s", true},
+		{"`100µs`", "100µs", true},
+		{"3m", "2m0s", false},
+		{"none", "2m0s", false},
+	} {
+		if got := sameDefault(tt.cell, tt.def); got != tt.want {
+			t.Errorf("sameDefault(%q, %q) = %v, want %v", tt.cell, tt.def, got, tt.want)
+		}
 	}
 }
