@@ -117,7 +117,7 @@ func newFlagSet(stderr io.Writer) (*flag.FlagSet, *commandFlags) {
 	fs.DurationVar(&f.restartDowntime, "fault-restart-downtime", 0, "answer 503 for this long after each restart")
 	fs.Usage = func() {
 		out := fs.Output()
-		fmt.Fprintf(out, "Usage: switchyard mockengine [flags]\n\n"+
+		fmt.Fprintf(out, "usage: switchyard mockengine [flags]\n\n"+
 			"Runs one or more simulated SGLang (or, with --flavor vllm, vLLM) engines: the OpenAI and native HTTP APIs, a paged prefix\n"+
 			"cache with LRU eviction, a scheduler with time-scaled prefill and decode costs, load reports,\n"+
 			"KV events and load gauges over ZMQ, PD roles with a bootstrap handshake, and fault injection.\n"+

@@ -16,7 +16,7 @@ import (
 // runCheck loads and validates a configuration and reads the TLS files it names, printing
 // every problem on its own line.
 func runCheck(_ context.Context, args []string, stdout, stderr io.Writer) error {
-	cfg, err := loadConfig(args, stdout, stderr)
+	cfg, err := loadConfig(args, stdout, stderr, "usage: switchyard check [--config FILE] [flags]")
 	if err != nil {
 		return err
 	}

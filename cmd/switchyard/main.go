@@ -87,3 +87,16 @@ func usage(w io.Writer) {
 		fmt.Fprintf(w, "  %-14s %s\n", c.name, c.usage)
 	}
 }
+
+// setUsage makes fs's help (-h, or a flag error) what every command's help starts with: its
+// usage line ("usage: switchyard NAME ..."), then what it does (when about is not empty), then
+// its flags.
+func setUsage(fs *flag.FlagSet, line, about string) {
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), line)
+		if about != "" {
+			fmt.Fprintln(fs.Output(), about)
+		}
+		fs.PrintDefaults()
+	}
+}

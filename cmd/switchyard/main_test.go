@@ -117,7 +117,7 @@ models:
 		cmd       string
 		wantUsage string
 	}{
-		{"check", ""},
+		{"check", "usage: switchyard check [--config FILE] [flags]"},
 		{"serve", "usage: switchyard serve [--config FILE] [flags]"},
 		{"indexer", "--listen HOST:PORT  address of the indexer's HTTP service (default " + defaultIndexerListen + ")"},
 	}
@@ -137,6 +137,43 @@ models:
 			}
 			if tt.wantUsage != "" && !strings.Contains(out, tt.wantUsage) {
 				t.Fatalf("--help lacks %q:\n%s", tt.wantUsage, out)
+			}
+		})
+	}
+}
+
+// TestEveryCommandHelpNamesIt runs CMD -h for every command switchyard -h lists: each exits 0
+// and its help starts with the line "usage: switchyard CMD", before its flags.
+func TestEveryCommandHelpNamesIt(t *testing.T) {
+	code, out, errOut := runCmd(t, "-h")
+	if code != 0 || !strings.HasPrefix(out, "usage: switchyard <command>") {
+		t.Fatalf("switchyard -h: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	_, list, ok := strings.Cut(out, "\ncommands:\n")
+	if !ok {
+		t.Fatalf("switchyard -h lists no commands:\n%s", out)
+	}
+	var names []string
+	for _, line := range strings.Split(strings.TrimRight(list, "\n"), "\n") {
+		if f := strings.Fields(line); len(f) > 0 && strings.HasPrefix(line, "  ") {
+			names = append(names, f[0])
+		}
+	}
+	if len(names) < len(commands()) {
+		t.Fatalf("switchyard -h lists %d commands (%q), the binary has %d", len(names), names, len(commands()))
+	}
+	for _, name := range names {
+		t.Run(name, func(t *testing.T) {
+			code, out, errOut := runCmd(t, name, "-h")
+			if code != 0 {
+				t.Fatalf("%s -h: exit %d: %s%s", name, code, out, errOut)
+			}
+			if out != "" && errOut != "" {
+				t.Fatalf("%s -h writes its help to both stdout and stderr:\nstdout: %s\nstderr: %s", name, out, errOut)
+			}
+			first, _, _ := strings.Cut(out+errOut, "\n")
+			if want := "usage: switchyard " + name; first != want && !strings.HasPrefix(first, want+" ") {
+				t.Errorf("%s -h: first line %q, want it to start with %q", name, first, want)
 			}
 		})
 	}

@@ -24,6 +24,8 @@ var selectConfig []byte
 func runSelect(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("select", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	setUsage(fs, "usage: switchyard select",
+		"Prints the selection core's picks for the built-in example configuration, with synthetic load (no engines needed).")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

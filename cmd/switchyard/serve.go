@@ -111,8 +111,10 @@ func logLevel(s string) slog.Level {
 // bucket, and a prefill/decode pair), puts the router in front of them on a loopback port,
 // sends a short burst of chat requests, streaming and not, and prints where each went.
 func runServeDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("serve-demo", flag.ContinueOnError)
+	fs := flag.NewFlagSet("dispatch-demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	setUsage(fs, "usage: switchyard dispatch-demo",
+		"Starts mock engines and the router on 127.0.0.1, sends a burst of chat requests and prints where each went.")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

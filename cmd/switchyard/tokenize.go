@@ -29,11 +29,8 @@ func tokenize(_ context.Context, args []string, stdin io.Reader, stdout, stderr 
 	chat := fs.Bool("chat", false, "stdin is a JSON array of OpenAI chat messages: apply the chat template with the generation prompt")
 	render := fs.Bool("render", false, "with --chat, print the rendered prompt text instead of the IDs")
 	noSpecial := fs.Bool("no-special", false, "without --chat, do not add the post-processor's special tokens (add_special_tokens=False)")
-	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: switchyard tokenize --tokenizer PATH [--chat [--render]] [--no-special] < input")
-		fmt.Fprintln(fs.Output(), "Prints the token IDs of stdin as a JSON array, exactly as the router counts and hashes them.")
-		fs.PrintDefaults()
-	}
+	setUsage(fs, "usage: switchyard tokenize --tokenizer PATH [--chat [--render]] [--no-special] < input",
+		"Prints the token IDs of stdin as a JSON array, exactly as the router counts and hashes them.")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

@@ -109,7 +109,7 @@ func labelSafe(v string) string {
 func runVersion(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("version", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprintln(stderr, "usage: switchyard version") }
+	setUsage(fs, "usage: switchyard version", "")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
