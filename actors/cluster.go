@@ -308,6 +308,10 @@ func NewCluster(sys *System, cfg config.Cluster, opts ClusterOptions) (cl *Clust
 	ccfg := cluster.Configure(cfg.Name, provider, disthash.New(), remote.Configure(host, port, ropts...),
 		cluster.WithKinds(kind), cluster.WithRequestTimeout(c.timeout), cluster.WithRequestLog(false))
 	ccfg.GossipInterval = cfg.GossipInterval
+	// Proto.Actor's graceful shutdown slept 2 s for its own activations to move. Leave has
+	// handed this replica's partitions off and waited until every member routes around it
+	// (without Leave they are re-created on their next owners): nothing is left to wait for.
+	ccfg.ShutdownWait = 0
 	c.c = cluster.New(sys.sys, ccfg)
 	if _, ok := sys.sys.ProcessRegistry.Add(nearCacheProcess{c}, nearCacheName); !ok {
 		c.unregister()

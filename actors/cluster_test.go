@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"strings"
 	"sync"
@@ -465,6 +466,56 @@ func TestClusterCrashedOwnerPartitionsReactivate(t *testing.T) {
 	if kept == 0 || missing == 0 {
 		t.Fatalf("kept %d, missing %d: want the survivors' partitions kept and the crashed member's re-created empty", kept, missing)
 	}
+}
+
+// TestClusterCloseIsPromptWithADeadPeer: a replica closing while a peer is gone (the replicas
+// bench kills one router, then stops the others) stops within a second. Proto.Actor's
+// endpoint writer to the dead peer retried its connection five times, two seconds apart,
+// and the remote's stop waited for it; its graceful cluster shutdown then slept 2 s more.
+func TestClusterCloseIsPromptWithADeadPeer(t *testing.T) {
+	failed := make(chan struct{}, 1)
+	logger := slog.New(&messageSignal{msg: "EndpointWriter failed to connect", signal: failed})
+	ms := startMembersWith(t, 3, func(i int) SystemOptions {
+		if i == 0 {
+			return SystemOptions{Logger: logger}
+		}
+		return SystemOptions{}
+	})
+	// Member 2 dies: its remote stops answering, while its provider still lists it, so
+	// member 0 keeps dialling it (as a killed router is listed until its health check fails).
+	ms[2].cl.c.Remote.Shutdown(false)
+	select {
+	case <-failed:
+	case <-time.After(clusterWait):
+		t.Fatalf("member 0 never failed to connect to the dead member within %v", clusterWait)
+	}
+	start := time.Now()
+	ms[0].close()
+	d := time.Since(start)
+	t.Logf("closed in %v", d)
+	if d > time.Second {
+		t.Fatalf("closing a member with a dead peer took %v, want at most 1s", d)
+	}
+}
+
+// messageSignal is a slog handler that signals (without blocking) each record whose message
+// is msg, and drops every record.
+type messageSignal struct {
+	msg    string
+	signal chan struct{}
+}
+
+func (h *messageSignal) Enabled(context.Context, slog.Level) bool { return true }
+func (h *messageSignal) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *messageSignal) WithGroup(string) slog.Handler            { return h }
+func (h *messageSignal) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == h.msg {
+		select {
+		case h.signal <- struct{}{}:
+		default:
+		}
+	}
+	return nil
 }
 
 func TestClusterSharesInflightCounts(t *testing.T) {

@@ -145,7 +145,7 @@ func (c *Cluster) Shutdown(graceful bool) {
 		_ = c.Config.ClusterProvider.Shutdown(graceful)
 		c.IdentityLookup.Shutdown()
 		// This is to wait ownership transferring complete.
-		time.Sleep(time.Millisecond * 2000)
+		time.Sleep(c.Config.ShutdownWait) // Switchyard: was 2 s, always
 		c.MemberList.stopMemberList()
 		c.IdentityLookup.Shutdown()
 		c.Gossip.Shutdown()

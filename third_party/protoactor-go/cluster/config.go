@@ -29,6 +29,9 @@ type Config struct {
 	GossipMaxSend                                int
 	HeartbeatExpiration                          time.Duration // Gossip heartbeat timeout. If the member does not update its heartbeat within this period, it will be added to the BlockList
 	PubSubConfig                                 *PubSubConfig
+	// Switchyard: how long a graceful Shutdown waits after stopping the identity lookup
+	// ("to wait ownership transferring complete"; upstream sleeps 2 s). Default 2 s.
+	ShutdownWait time.Duration
 }
 
 func Configure(clusterName string, clusterProvider ClusterProvider, identityLookup IdentityLookup, remoteConfig *remote.Config, options ...ConfigOption) *Config {
@@ -50,6 +53,7 @@ func Configure(clusterName string, clusterProvider ClusterProvider, identityLook
 		GossipMaxSend:        50,
 		HeartbeatExpiration:  time.Second * 20,
 		PubSubConfig:         newPubSubConfig(),
+		ShutdownWait:         2 * time.Second, // Switchyard
 	}
 
 	for _, option := range options {

@@ -47,8 +47,16 @@ func (state *endpointWriter) initialize(ctx actor.Context) {
 			state.remote.Logger().Error("EndpointWriter failed to connect", slog.String("address", state.address), slog.Any("error", err), slog.Int("retry", i))
 			// Wait 2 seconds to restart and retry
 			// Replace with Exponential Backoff
-			time.Sleep(2 * time.Second)
-			continue
+			// Switchyard: or until the remote shuts down, whose stop waits for this writer
+			// (it slept through every retry, 10 s for a peer that is gone).
+			wait := time.NewTimer(2 * time.Second)
+			select {
+			case <-wait.C:
+				continue
+			case <-state.remote.stopping:
+				wait.Stop()
+			}
+			break
 		}
 
 		break

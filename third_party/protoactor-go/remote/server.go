@@ -5,6 +5,7 @@ import (
 	"io/ioutil"
 	"log/slog"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/asynkron/protoactor-go/extensions"
@@ -25,6 +26,10 @@ type Remote struct {
 	kinds        map[string]*actor.Props
 	activatorPid *actor.PID
 	blocklist    *BlockList
+	// Switchyard: closed when Shutdown begins; an endpoint writer waiting to retry its
+	// connection gives up (the endpoint manager's stop waits for every writer).
+	stopping     chan struct{}
+	stoppingOnce sync.Once
 }
 
 func NewRemote(actorSystem *actor.ActorSystem, config *Config) *Remote {
@@ -33,6 +38,7 @@ func NewRemote(actorSystem *actor.ActorSystem, config *Config) *Remote {
 		config:      config,
 		kinds:       make(map[string]*actor.Props),
 		blocklist:   NewBlockList(),
+		stopping:    make(chan struct{}), // Switchyard
 	}
 	for k, v := range config.Kinds {
 		r.kinds[k] = v
@@ -86,6 +92,7 @@ func (r *Remote) Start() {
 }
 
 func (r *Remote) Shutdown(graceful bool) {
+	r.stoppingOnce.Do(func() { close(r.stopping) }) // Switchyard: writers stop retrying
 	if graceful {
 		// TODO: need more graceful
 		r.edpReader.suspend(true)
