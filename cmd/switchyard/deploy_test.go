@@ -251,7 +251,7 @@ models:
 // TestDeployArtifactsMatchARunningRouter: every metric and label the dashboard's queries and
 // variables, and the alert rules, refer to is exported by a running router (a renamed metric
 // or label fails here, not on an operator's screen), every switchyard_* family it exports is
-// in docs/operations.md, and the paths the Kubernetes manifests probe and scrape are served.
+// in docs/operations.md with the values of its fixed labels, and the paths the Kubernetes manifests probe and scrape are served.
 func TestDeployArtifactsMatchARunningRouter(t *testing.T) {
 	r := observeRouter(t)
 	dir := deployDir(t)
@@ -303,6 +303,11 @@ func TestDeployArtifactsMatchARunningRouter(t *testing.T) {
 		}
 		for _, name := range undocumentedMetrics(r.scrape, string(doc)) {
 			t.Errorf("%s is exported but not in docs/operations.md's metric reference", name)
+		}
+		// The values of the labels with a fixed set (fixedLabels) are named where the
+		// reference describes their metric.
+		for _, series := range undocumentedLabelValues(r.scrape, string(doc)) {
+			t.Errorf("%s is exported but docs/operations.md does not name the value where it describes the metric", series)
 		}
 	})
 	t.Run("kubernetes probes and scrape", func(t *testing.T) {

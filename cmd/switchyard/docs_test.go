@@ -1,11 +1,16 @@
 package main
 
 import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -250,6 +255,74 @@ func TestFlagDefaultParsing(t *testing.T) {
 	} {
 		if got := sameDefault(tt.cell, tt.def); got != tt.want {
 			t.Errorf("sameDefault(%q, %q) = %v, want %v", tt.cell, tt.def, got, tt.want)
+		}
+	}
+}
+
+// sourceMetricName is a whole switchyard_* metric name at the start of a Go string literal
+// (a family, or a series with its labels after it); a literal ending in "_" is a prefix.
+var sourceMetricName = regexp.MustCompile(`^switchyard_[a-z0-9_]*[a-z0-9]($|\{)`)
+
+// sourceMetricNames returns every switchyard_* metric name the module's non-test Go files
+// (outside third_party/) write as a string literal, with the files naming it. Every metric
+// name is a constant or a literal (house style: handles are created once, never named per
+// request), so this finds the metrics of every feature, including those a test router does
+// not turn on (the cluster, Kubernetes discovery).
+func sourceMetricNames(t *testing.T) map[string][]string {
+	t.Helper()
+	out := map[string][]string{}
+	fset := token.NewFileSet()
+	err := filepath.WalkDir("../..", func(path string, d fs.DirEntry, err error) error {
+		switch {
+		case err != nil:
+			return err
+		case d.IsDir() && (d.Name() == "third_party" || d.Name() == "testdata" || strings.HasPrefix(d.Name(), ".")) && path != "../..":
+			return filepath.SkipDir
+		case d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go"):
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+		if err != nil {
+			return err
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			lit, ok := n.(*ast.BasicLit)
+			if !ok || lit.Kind != token.STRING {
+				return true
+			}
+			s, err := strconv.Unquote(lit.Value)
+			if err != nil || !sourceMetricName.MatchString(s) {
+				return true
+			}
+			name, _, _ := strings.Cut(s, "{")
+			if !slices.Contains(out[name], path) {
+				out[name] = append(out[name], path)
+			}
+			return true
+		})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestSourceMetricsDocumented: docs/operations.md, the metric reference, names every metric
+// the code names, whether or not the router of TestDeployArtifactsMatchARunningRouter
+// exports it.
+func TestSourceMetricsDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := sourceMetricNames(t)
+	if len(names) < 80 {
+		t.Fatalf("only %d metric names found in the source; is it still read?", len(names))
+	}
+	for _, name := range slices.Sorted(maps.Keys(names)) {
+		if !namesWord(string(doc), name) {
+			t.Errorf("%s (%s) is not in docs/operations.md's metric reference", name, strings.Join(names[name], ", "))
 		}
 	}
 }

@@ -472,3 +472,117 @@ func TestCheckMetricKinds(t *testing.T) {
 		}
 	}
 }
+
+// fixedLabels are the labels whose values are a fixed set the code names (Go constants):
+// every value a scrape shows for them must be named where docs/operations.md describes the
+// metric. The others (model, bucket, worker, route, status, priority, tenant, policy, group
+// and the build stamp) take their values from the configuration, the traffic or the build.
+var fixedLabels = []string{"cause", "component", "decision", "direction", "kind", "limit", "order",
+	"outcome", "owner", "reason", "result", "role", "scope", "source", "stage", "target", "trigger"}
+
+// undocumentedLabelValues returns family{label="value"} for every value of a fixed label a
+// scrape shows on a switchyard_* family that no entry of doc naming the family names: a
+// table row, or a paragraph (lines between blank lines) outside tables.
+func undocumentedLabelValues(scrape, doc string) []string {
+	entries := docEntries(doc)
+	var missing []string
+	family := ""
+	for _, line := range strings.Split(scrape, "\n") {
+		if f := strings.Fields(line); len(f) == 4 && f[0] == "#" && f[1] == "TYPE" {
+			family = f[2]
+			continue
+		}
+		open := strings.IndexByte(line, '{')
+		if !strings.HasPrefix(line, "switchyard_") || family == "" || !strings.HasPrefix(line, family) || open < 0 {
+			continue
+		}
+		for _, lv := range sampleLabels(line[open:]) {
+			if !slices.Contains(fixedLabels, lv[0]) {
+				continue
+			}
+			named := false
+			for _, e := range entries {
+				if namesWord(e, family) && namesWord(e, lv[1]) {
+					named = true
+					break
+				}
+			}
+			key := fmt.Sprintf("%s{%s=%q}", family, lv[0], lv[1])
+			if !named && !slices.Contains(missing, key) {
+				missing = append(missing, key)
+			}
+		}
+	}
+	return missing
+}
+
+// docEntries splits a Markdown document into its table rows and its other paragraphs.
+func docEntries(doc string) []string {
+	var out []string
+	var para strings.Builder
+	flush := func() {
+		if para.Len() > 0 {
+			out = append(out, para.String())
+			para.Reset()
+		}
+	}
+	for _, line := range strings.Split(doc, "\n") {
+		switch {
+		case strings.HasPrefix(line, "|"):
+			flush()
+			out = append(out, line)
+		case strings.TrimSpace(line) == "":
+			flush()
+		default:
+			para.WriteString(line)
+			para.WriteByte('\n')
+		}
+	}
+	flush()
+	return out
+}
+
+// sampleLabels returns the label pairs of a sample's {a="x",b="y"} (values without escapes,
+// as the fixed labels' are); it stops at the first pair it cannot read.
+func sampleLabels(s string) [][2]string {
+	s = strings.TrimPrefix(s, "{")
+	var out [][2]string
+	for len(s) > 0 && s[0] != '}' {
+		eq := strings.Index(s, `="`)
+		if eq <= 0 {
+			break
+		}
+		end := strings.IndexByte(s[eq+2:], '"')
+		if end < 0 {
+			break
+		}
+		out = append(out, [2]string{s[:eq], s[eq+2 : eq+2+end]})
+		s = strings.TrimPrefix(s[eq+2+end+1:], ",")
+	}
+	return out
+}
+
+func TestUndocumentedLabelValues(t *testing.T) {
+	scrape := "# TYPE switchyard_retries_total counter\n" +
+		`switchyard_retries_total{reason="transport"} 1` + "\n" + `switchyard_retries_total{reason="timeout"} 1` + "\n" +
+		"# TYPE switchyard_lag_seconds histogram\n" + `switchyard_lag_seconds_bucket{source="zmq",le="1"} 1` + "\n" +
+		"# TYPE switchyard_requests_total counter\n" + `switchyard_requests_total{model="llama",route="/v1/x"} 1` + "\n"
+	tests := []struct {
+		name, doc string
+		want      []string
+	}{
+		{"named beside the metric", "`switchyard_retries_total{reason}`: transport, timeout.\n\n| `switchyard_lag_seconds` | `source` = zmq |\n", nil},
+		{"a value named elsewhere is not documented",
+			"`switchyard_retries_total{reason}`: transport.\n\ntimeout\n\n| `switchyard_lag_seconds` | |\n| zmq | |\n",
+			[]string{`switchyard_retries_total{reason="timeout"}`, `switchyard_lag_seconds{source="zmq"}`}},
+		{"a longer word does not name a value", "switchyard_retries_total transports timeouts switchyard_lag_seconds zmq",
+			[]string{`switchyard_retries_total{reason="transport"}`, `switchyard_retries_total{reason="timeout"}`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := undocumentedLabelValues(scrape, tt.doc); !slices.Equal(got, tt.want) {
+				t.Errorf("got %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
