@@ -16,7 +16,7 @@ import (
 // runCheck loads and validates a configuration and reads the TLS files it names, printing
 // every problem on its own line.
 func runCheck(_ context.Context, args []string, stdout, stderr io.Writer) error {
-	cfg, err := loadConfig(args, stdout, stderr, "usage: switchyard check [--config FILE] [flags]")
+	cfg, err := loadConfig(args, stdout, stderr, "check", "usage: switchyard check [--config FILE] [flags]")
 	if err != nil {
 		return err
 	}
@@ -27,18 +27,18 @@ func runCheck(_ context.Context, args []string, stdout, stderr io.Writer) error 
 // loadConfig is the one configuration load of check, serve and indexer: it loads args and the
 // environment, validates the result and prints every problem on its own line to stderr
 // (returning errReported), or the usage lines and config.Usage to stdout on --help (returning
-// flag.ErrHelp).
-func loadConfig(args []string, stdout, stderr io.Writer, usage ...string) (*config.Config, error) {
+// flag.ErrHelp). cmd is the command's name, for the usage line of --compat's help.
+func loadConfig(args []string, stdout, stderr io.Writer, cmd string, usage ...string) (*config.Config, error) {
 	cfg, err := config.Load(args, os.Environ())
-	return checkLoaded(cfg, err, stdout, stderr, usage...)
+	return checkLoaded(cfg, err, stdout, stderr, cmd, usage...)
 }
 
 // checkLoaded is loadConfig's second half, for a configuration loaded (cfg, err) by other
 // means (serve's, which may first ask sgl-router's workers for their model). On --help
 // after --compat sgl-router it prints sgl-router's flags instead of config.Usage.
-func checkLoaded(cfg *config.Config, err error, stdout, stderr io.Writer, usage ...string) (*config.Config, error) {
+func checkLoaded(cfg *config.Config, err error, stdout, stderr io.Writer, cmd string, usage ...string) (*config.Config, error) {
 	if errors.Is(err, config.ErrCompatHelp) {
-		fmt.Fprintln(stdout, "usage: switchyard serve --compat "+config.CompatSGLRouter+" [sgl-router flags]")
+		fmt.Fprintln(stdout, "usage: switchyard "+cmd+" --compat "+config.CompatSGLRouter+" [sgl-router flags]")
 		config.CompatUsage(stdout)
 		return nil, err
 	}

@@ -36,7 +36,7 @@ func runIndexer(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		fmt.Fprintln(stderr, err)
 		return errReported
 	}
-	cfg, err := loadConfig(rest, stdout, stderr,
+	cfg, err := loadConfig(rest, stdout, stderr, "indexer",
 		"usage: switchyard indexer [--listen HOST:PORT] [--config FILE] [flags]",
 		fmt.Sprintf("  --listen HOST:PORT  address of the indexer's HTTP service (default %s)", defaultIndexerListen))
 	if err != nil {

@@ -138,6 +138,13 @@ models:
 			if tt.wantUsage != "" && !strings.Contains(out, tt.wantUsage) {
 				t.Fatalf("--help lacks %q:\n%s", tt.wantUsage, out)
 			}
+			// With sgl-router's command line, the help is sgl-router's flags, under a usage
+			// line naming this command.
+			code, out, errOut = runCmd(t, tt.cmd, "--compat", "sgl-router", "--help")
+			want := "usage: switchyard " + tt.cmd + " --compat sgl-router "
+			if code != 0 || errOut != "" || !strings.HasPrefix(out, want) {
+				t.Fatalf("--compat sgl-router --help: exit %d, stderr %q, want stdout to start with %q:\n%s", code, errOut, want, out)
+			}
 		})
 	}
 }

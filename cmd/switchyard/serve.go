@@ -62,7 +62,7 @@ func loadServe(ctx context.Context, args []string, stdout, stderr io.Writer) (*c
 	const usage = "usage: switchyard serve [--config FILE] [flags]"
 	cl, err := config.ParseCommandLine(args)
 	if err != nil {
-		return checkLoaded(nil, err, stdout, stderr, usage)
+		return checkLoaded(nil, err, stdout, stderr, "serve", usage)
 	}
 	if urls := cl.NeedsModel(); len(urls) > 0 {
 		timeout, interval := cl.StartupWait()
@@ -81,7 +81,7 @@ func loadServe(ctx context.Context, args []string, stdout, stderr io.Writer) (*c
 		cl.SetModel(model)
 	}
 	cfg, err := cl.Load(os.Environ())
-	return checkLoaded(cfg, err, stdout, stderr, usage)
+	return checkLoaded(cfg, err, stdout, stderr, "serve", usage)
 }
 
 // bearerDoer sends every request with an Authorization header (the workers' key).
