@@ -1,6 +1,7 @@
 package load
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"sync"
@@ -91,11 +92,126 @@ func TestLineBadAndOutlyingObservations(t *testing.T) {
 	}
 }
 
+// TestEstimateTTFTAfterTinyFirst: an engine whose true first-token cost is 20 ms plus
+// 0.1 ms a token, whose first request is a 28-token prompt (its first token nearly all
+// fixed cost) and whose next ones are 2k-30k tokens, estimates a 10k-token request within
+// 25% of the truth from its first long observation on. A line whose first observation is
+// all slope and that sheds it by a gain per request estimated it several times too long.
+func TestEstimateTTFTAfterTinyFirst(t *testing.T) {
+	truth := func(x float64) float64 { return 0.020 + 100e-6*x }
+	var c Counters
+	var o Observation
+	c.Rates().Prefill.Observe(28, truth(28))
+	for i, x := range []float64{18053, 2210, 29500, 7400, 16833, 4100, 25000, 12000} {
+		c.Rates().Prefill.Observe(x, truth(x))
+		got, ok := ttft(t, &o, &c, 10000)
+		if !ok || !within(got, truth(10000), 0.25) {
+			t.Fatalf("after the tiny first and %d long observations: TTFT of 10k tokens %.3fs, want %.3fs ±25%%", i+1, got, truth(10000))
+		}
+	}
+	// The exact fit: base and slope are the engine's.
+	if b, s, _ := c.Rates().Prefill.Params(); !within(b, 0.020, 0.01) || !within(s, 100e-6, 0.01) {
+		t.Fatalf("base %.4fs slope %.3gs a token, want 0.020 and 1e-4", b, s)
+	}
+	if tps := c.Rates().PrefillTokensPerSecond(); !within(tps, 10000, 0.01) {
+		t.Fatalf("PrefillTokensPerSecond %v, want 10000", tps)
+	}
+}
+
+// TestLineSequences fits lines to sequences of an engine's observations and checks the
+// prediction against the truth at every step after the first few: a long first prompt
+// then tiny ones (the base must come out, or tiny prompts are estimated at nothing), a
+// constant work (the typical work predicted exactly), and noisy ones.
+func TestLineSequences(t *testing.T) {
+	truth := func(x float64) float64 { return 0.020 + 100e-6*x }
+	tests := []struct {
+		name  string
+		x     func(rng *rand.Rand, i int) float64
+		noise float64 // relative, uniform ±
+		at    []float64
+		after int     // checks from this observation on
+		rel   float64 // allowed error of each prediction at the at points
+	}{
+		{
+			name: "long first, then tiny",
+			x: func(rng *rand.Rand, i int) float64 {
+				if i == 0 {
+					return 20000
+				}
+				return 20 + float64(rng.IntN(60))
+			},
+			at: []float64{30, 10000}, after: 2, rel: 0.1, // 10k extrapolated from 20-80 once the long one is forgotten
+		},
+		{
+			name: "long first, then tiny and long mixed, noisy",
+			x: func(rng *rand.Rand, i int) float64 {
+				if i == 0 {
+					return 20000
+				}
+				if i%3 == 0 {
+					return 2000 + rng.Float64()*28000
+				}
+				return 20 + rng.Float64()*60
+			},
+			noise: 0.05, at: []float64{30, 10000}, after: 4, rel: 0.2,
+		},
+		{
+			name: "constant work",
+			x:    func(*rand.Rand, int) float64 { return 4000 },
+			at:   []float64{4000}, after: 1, rel: 1e-9,
+		},
+		{
+			name:  "work within 1%, noisy",
+			x:     func(rng *rand.Rand, _ int) float64 { return 4000 + rng.Float64()*40 },
+			noise: 0.1, at: []float64{4020}, after: 20, rel: 0.1,
+		},
+		{
+			name:  "wide work, noisy",
+			x:     func(rng *rand.Rand, _ int) float64 { return 200 + rng.Float64()*20000 },
+			noise: 0.05, at: []float64{500, 10000, 20000}, after: 3, rel: 0.15,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(3, 4))
+			var l Line
+			for i := range 300 {
+				x := tt.x(rng, i)
+				l.Observe(x, truth(x)*(1+tt.noise*(2*rng.Float64()-1)))
+				if i+1 < tt.after {
+					continue
+				}
+				for _, at := range tt.at {
+					if y, ok := l.At(at); !ok || !within(y, truth(at), tt.rel) {
+						t.Fatalf("after %d observations At(%v) = %.4f, want %.4f ±%v", i+1, at, y, truth(at), tt.rel)
+					}
+				}
+			}
+		})
+	}
+}
+
 // TestLineConcurrent observes from several goroutines: the parameters stay finite and
 // non-negative and every observation is counted.
 func TestLineConcurrent(t *testing.T) {
 	var l Line
 	var wg sync.WaitGroup
+	bad := make(chan string, 1)
+	for range 2 {
+		wg.Go(func() {
+			for i := range 4000 {
+				b, s, _ := l.Params()
+				y, ok := l.At(float64(i))
+				if b < 0 || s < 0 || y < 0 || !finite(b) || !finite(s) || !finite(y) || (ok && y == 0 && i > 0 && s > 0) {
+					select {
+					case bad <- fmt.Sprintf("base %v slope %v At(%d) %v", b, s, i, y):
+					default:
+					}
+					return
+				}
+			}
+		})
+	}
 	for g := range 4 {
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(g), 9))
@@ -106,6 +222,11 @@ func TestLineConcurrent(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	select {
+	case msg := <-bad:
+		t.Fatalf("a reader saw %s", msg)
+	default:
+	}
 	b, s, n := l.Params()
 	if n != 8000 || b < 0 || s < 0 || math.IsNaN(b) || math.IsNaN(s) {
 		t.Fatalf("base %v slope %v n %d", b, s, n)
