@@ -84,6 +84,12 @@ func TestLineBadAndOutlyingObservations(t *testing.T) {
 	if y > 0.1*(1+lineGain*(lineClip-1))+1e-9 {
 		t.Fatalf("one outlier moved the prediction to %v", y)
 	}
+	// An x so large that the moments would overflow is dropped.
+	before, _ := l.At(100)
+	l.Observe(1e300, 1)
+	if after, _ := l.At(100); after != before || !finite(after) {
+		t.Fatalf("an overflowing observation moved At(100) from %v to %v", before, after)
+	}
 	// x = 0 on a fresh line is all base.
 	var z Line
 	z.Observe(0, 0.01)
@@ -201,8 +207,8 @@ func TestLineConcurrent(t *testing.T) {
 		wg.Go(func() {
 			for i := range 4000 {
 				b, s, _ := l.Params()
-				y, ok := l.At(float64(i))
-				if b < 0 || s < 0 || y < 0 || !finite(b) || !finite(s) || !finite(y) || (ok && y == 0 && i > 0 && s > 0) {
+				y, _ := l.At(float64(i))
+				if b < 0 || s < 0 || y < 0 || !finite(b) || !finite(s) || !finite(y) {
 					select {
 					case bad <- fmt.Sprintf("base %v slope %v At(%d) %v", b, s, i, y):
 					default:
