@@ -197,6 +197,104 @@ func TestLineSequences(t *testing.T) {
 	}
 }
 
+// TestLinePredictionError replays sequences of an engine's observations through a Line
+// and bounds its mean relative error predicting each observation before it learns it
+// (20 seeds each). The bounds are a little above what the least-squares line reaches;
+// the normalized LMS line it replaced exceeded all but the three stationary noisy ones
+// (0.291, 0.050, 0.146, 0.074, 0.367 and 0.081 in order; docs/benchmarks.md, "The learned
+// line's first observations").
+func TestLinePredictionError(t *testing.T) {
+	truth := func(x float64) float64 { return 0.020 + 100e-6*x }
+	noisy := func(rng *rand.Rand, y, rel float64) float64 { return y * (1 + rel*(2*rng.Float64()-1)) }
+	tests := []struct {
+		name string
+		n    int
+		obs  func(rng *rand.Rand, i int) (x, y float64)
+		max  float64
+	}{
+		{"a 28-token first prompt, then 2k-30k", 200, func(rng *rand.Rand, i int) (float64, float64) {
+			if i == 0 {
+				return 28, truth(28)
+			}
+			x := 2000 + rng.Float64()*28000
+			return x, noisy(rng, truth(x), 0.05)
+		}, 0.07},
+		{"a long first prompt, then two tiny to one long", 200, func(rng *rand.Rand, i int) (float64, float64) {
+			x := 20000.0
+			if i > 0 && i%3 != 0 {
+				x = 20 + rng.Float64()*60
+			} else if i > 0 {
+				x = 2000 + rng.Float64()*28000
+			}
+			return x, noisy(rng, truth(x), 0.05)
+		}, 0.04},
+		{"wide work", 2000, func(rng *rand.Rand, _ int) (float64, float64) {
+			x := 200 + rng.Float64()*20000
+			return x, noisy(rng, 0.012+50e-6*x, 0.05)
+		}, 0.03},
+		{"exponential work, ±30% noise", 2000, func(rng *rand.Rand, _ int) (float64, float64) {
+			x := 500 + rng.ExpFloat64()*4000
+			return x, noisy(rng, truth(x), 0.3)
+		}, 0.18},
+		{"work within 1%", 500, func(rng *rand.Rand, _ int) (float64, float64) {
+			x := 4000 + rng.Float64()*40
+			return x, noisy(rng, truth(x), 0.1)
+		}, 0.06},
+		{"cost doubles half-way, a stall in 50", 400, func(rng *rand.Rand, i int) (float64, float64) {
+			x := 500 + rng.ExpFloat64()*4000
+			y := truth(x)
+			if i >= 300 {
+				y = 0.04 + 200e-6*x
+			}
+			if i%50 == 7 {
+				y *= 20
+			}
+			return x, noisy(rng, y, 0.1)
+		}, 0.13},
+		{"cost ×4 after 100", 160, func(rng *rand.Rand, i int) (float64, float64) {
+			x := 1000 + rng.Float64()*2000
+			if i >= 100 {
+				return x, 4 * truth(x)
+			}
+			return x, truth(x)
+		}, 0.06},
+		{"cost ÷4 after 100", 160, func(rng *rand.Rand, i int) (float64, float64) {
+			x := 1000 + rng.Float64()*2000
+			if i >= 100 {
+				return x, truth(x) / 4
+			}
+			return x, truth(x)
+		}, 0.25},
+		{"decode: 1-16 running requests", 1000, func(rng *rand.Rand, _ int) (float64, float64) {
+			x := float64(1 + rng.IntN(16))
+			return x, noisy(rng, 0.008+0.0005*x, 0.1)
+		}, 0.062},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var sum float64
+			var n int
+			for seed := range 20 {
+				rng := rand.New(rand.NewPCG(uint64(seed), 7))
+				var l Line
+				for i := range tt.n {
+					x, y := tt.obs(rng, i)
+					if p, ok := l.At(x); ok {
+						sum += math.Abs(p-y) / y
+						n++
+					}
+					l.Observe(x, y)
+				}
+			}
+			if got := sum / float64(n); got > tt.max {
+				t.Errorf("mean relative error %.3f, want at most %.3f", got, tt.max)
+			} else {
+				t.Logf("mean relative error %.3f", got)
+			}
+		})
+	}
+}
+
 // TestLineConcurrent observes from several goroutines: the parameters stay finite and
 // non-negative and every observation is counted.
 func TestLineConcurrent(t *testing.T) {
