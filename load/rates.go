@@ -187,15 +187,13 @@ type Rates struct {
 
 // PrefillSecondsPerToken is the engine's mean cost per prefill token at the work it
 // typically sees: its smoothed time to first token over its smoothed prefill work (both
-// smoothed alike, by Prefill's gain). Unlike the slope alone it does not depend on how the
-// line split its prediction between base and slope (a line fitted where the work hardly
-// varies may put most of it in either), so engines compare by what their first tokens
-// actually cost; unlike the line's own prediction at the smoothed work, it does not keep
-// the error of a first observation the line could not split: a first request of a few
-// tokens, all fixed cost, set the line's slope to many times the engine's cost per token,
-// and the line shed it over dozens of requests (TestPrefillSecondsPerTokenAfterTinyFirst),
-// while the means are those of long prompts from the first one on. 0 when nothing was
-// learned.
+// smoothed alike, by Prefill's gain, unweighted). Unlike the slope alone it does not depend
+// on how the line splits its prediction between base and slope (a line fitted where the
+// work hardly varies falls back to all slope, and one where it varies may put little in
+// the slope), so engines compare by what their first tokens actually cost, fixed part
+// included; after a first request of a few tokens, all fixed cost, the means are those of
+// long prompts from the first long one on (TestPrefillSecondsPerTokenAfterTinyFirst). 0
+// when nothing was learned.
 func (r *Rates) PrefillSecondsPerToken() float64 {
 	return r.Prefill.meanCost()
 }
