@@ -549,6 +549,15 @@ type LoRA struct {
 	// LoadTimeout bounds one adapter load, and how long the engine picked for it keeps the
 	// slot reserved for the load. Default 60s.
 	LoadTimeout time.Duration `koanf:"load_timeout" json:"load_timeout"`
+	// ReplicateAbove, with auto_load, loads an adapter that engines hold already onto one
+	// more engine when the adapter has more than this many requests in flight on its
+	// holders together and every holder more than this many requests in flight beyond that
+	// engine: the least busy one with a free slot to spare (a replica never takes an engine's last free slot, and
+	// never evicts). That engine joins the adapter's candidates
+	// and, when the policy picks it, the router loads the adapter there before it forwards
+	// the request; one such load of an adapter at a time. 0 turns replication off. At least
+	// 0. Default 4.
+	ReplicateAbove int64 `koanf:"replicate_above" json:"replicate_above" unit:"requests"`
 }
 
 // DPDispatch configures data-parallel rank dispatch: the router picks the rank inside an

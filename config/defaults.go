@@ -65,6 +65,7 @@ func Default() *Config {
 			SlotsPerEngine:  8,
 			RefreshInterval: 10 * time.Second,
 			LoadTimeout:     60 * time.Second,
+			ReplicateAbove:  4,
 		},
 		Hashing: Hashing{
 			KeyHeaders:   []string{"x-sgl-routing-key", "x-session-id"},

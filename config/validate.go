@@ -477,6 +477,7 @@ func (c *Config) validateAffinity(p *problems) {
 func (c *Config) validateLoRA(p *problems) {
 	l := c.LoRA
 	atLeast(p, "lora.slots_per_engine", int64(l.SlotsPerEngine), 0)
+	atLeast(p, "lora.replicate_above", l.ReplicateAbove, 0)
 	positive(p, "lora.refresh_interval", l.RefreshInterval)
 	positive(p, "lora.load_timeout", l.LoadTimeout)
 	owner := map[string]string{}

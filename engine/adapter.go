@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"math"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -160,9 +161,14 @@ func (s *AdapterSet) Loading(name string, now time.Time) bool {
 // Free reports whether the engine has room for one more adapter at now: its slots less the
 // adapters it holds and the loads reserved until after now. A nil set (nothing learned yet)
 // has room.
-func (s *AdapterSet) Free(now time.Time) bool {
+func (s *AdapterSet) Free(now time.Time) bool { return s.FreeSlots(now) > 0 }
+
+// FreeSlots returns how many more adapters the engine has room for at now: its slots less
+// the adapters it holds and the loads reserved until after now; math.MaxInt for a nil set
+// (nothing learned yet) or one of unbounded slots.
+func (s *AdapterSet) FreeSlots(now time.Time) int {
 	if s == nil || s.Slots == 0 {
-		return true
+		return math.MaxInt
 	}
 	used := len(s.names)
 	for _, r := range s.loading {
@@ -170,7 +176,7 @@ func (s *AdapterSet) Free(now time.Time) bool {
 			used++
 		}
 	}
-	return used < s.Slots
+	return max(s.Slots-used, 0)
 }
 
 // With returns a set with name added (s itself when it holds it already) and its

@@ -318,3 +318,154 @@ func TestAdapterStaleEngineList(t *testing.T) {
 		t.Fatalf("after a fresh list: %v", s.Names())
 	}
 }
+
+// TestGroupAdapterReplication: with lora.replicate_above, a held adapter's candidates gain
+// the least busy engine that has a free slot to spare, only when every holder is busier than
+// it by more than the margin, with more than the margin of the adapter's own requests, and no
+// load of the adapter is under way; a pick of it reserves a free slot (never evicting) and
+// says to load, a pick of a holder does not.
+func TestGroupAdapterReplication(t *testing.T) {
+	now := time.Unix(1000, 0)
+	all := map[string]struct{}{"sql": {}, "x": {}, "y": {}, "z": {}}
+	tests := []struct {
+		name     string
+		above    int64
+		inflight [4]int64 // requests in flight on each engine
+		own      int64    // of which sql's on each holder; 0: all of them
+		sets     [4]*AdapterSet
+		pickLast bool // the policy picks the last candidate, else the first
+		want     []int
+		wantLoad bool
+	}{
+		{name: "holder busy, replica offered and picked", above: 2, inflight: [4]int64{5, 2, 1, 3},
+			sets:     [4]*AdapterSet{NewAdapterSet([]string{"sql"}, 4), NewAdapterSet(nil, 4), NewAdapterSet([]string{"x"}, 4), NewAdapterSet(nil, 4)},
+			pickLast: true, want: []int{0, 2}, wantLoad: true},
+		{name: "replica offered, holder picked", above: 2, inflight: [4]int64{5, 2, 1, 3},
+			sets: [4]*AdapterSet{NewAdapterSet([]string{"sql"}, 4), NewAdapterSet(nil, 4), NewAdapterSet([]string{"x"}, 4), NewAdapterSet(nil, 4)},
+			want: []int{0, 2}},
+		{name: "the margin not exceeded", above: 4, inflight: [4]int64{5, 2, 1, 3},
+			sets:     [4]*AdapterSet{NewAdapterSet([]string{"sql"}, 4), NewAdapterSet(nil, 4), NewAdapterSet([]string{"x"}, 4), NewAdapterSet(nil, 4)},
+			pickLast: true, want: []int{0}},
+		{name: "replication off", above: 0, inflight: [4]int64{50, 0, 0, 0},
+			sets:     [4]*AdapterSet{NewAdapterSet([]string{"sql"}, 4), NewAdapterSet(nil, 4), NewAdapterSet(nil, 4), NewAdapterSet(nil, 4)},
+			pickLast: true, want: []int{0}},
+		{name: "an engine's last free slot is spared", above: 1, inflight: [4]int64{9, 0, 4, 0},
+			sets:     [4]*AdapterSet{NewAdapterSet([]string{"sql"}, 4), NewAdapterSet([]string{"x", "y", "z"}, 4), NewAdapterSet(nil, 4), NewAdapterSet([]string{"x", "y", "z", "q"}, 4)},
+			pickLast: true, want: []int{0, 2}, wantLoad: true},
+		{name: "full engines are not evicted for a replica", above: 1, inflight: [4]int64{9, 0, 0, 0},
+			sets:     [4]*AdapterSet{NewAdapterSet([]string{"sql"}, 2), NewAdapterSet([]string{"x", "y"}, 2), NewAdapterSet([]string{"x"}, 2), NewAdapterSet([]string{"z", "y"}, 2)},
+			pickLast: true, want: []int{0}},
+		{name: "a cold adapter on a busy engine stays", above: 2, inflight: [4]int64{9, 0, 0, 0}, own: 2,
+			sets:     [4]*AdapterSet{NewAdapterSet([]string{"sql"}, 4), NewAdapterSet(nil, 4), NewAdapterSet(nil, 4), NewAdapterSet(nil, 4)},
+			pickLast: true, want: []int{0}},
+		{name: "the adapter's requests count over its holders", above: 3, inflight: [4]int64{9, 8, 0, 0}, own: 2,
+			sets:     [4]*AdapterSet{NewAdapterSet([]string{"sql"}, 4), NewAdapterSet([]string{"sql"}, 4), NewAdapterSet(nil, 4), NewAdapterSet(nil, 4)},
+			pickLast: true, want: []int{0, 1, 2}, wantLoad: true},
+		{name: "every holder must be busy", above: 1, inflight: [4]int64{9, 1, 0, 0},
+			sets:     [4]*AdapterSet{NewAdapterSet([]string{"sql"}, 4), NewAdapterSet([]string{"sql"}, 4), NewAdapterSet(nil, 4), NewAdapterSet(nil, 4)},
+			pickLast: true, want: []int{0, 1}},
+		{name: "two busy holders", above: 1, inflight: [4]int64{9, 3, 0, 1},
+			sets:     [4]*AdapterSet{NewAdapterSet([]string{"sql"}, 4), NewAdapterSet([]string{"sql"}, 4), NewAdapterSet(nil, 4), NewAdapterSet(nil, 4)},
+			pickLast: true, want: []int{0, 1, 2}, wantLoad: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ws := testWorkers(t, "llama", StagePlain, "w", 4)
+			for i, w := range ws {
+				w.SetAdapters(tt.sets[i])
+				w.Counters.SetPeers(tt.inflight[i], 0)
+				if w.Adapters().Has("sql") {
+					n := tt.inflight[i]
+					if tt.own > 0 {
+						n = tt.own
+					}
+					for range n {
+						w.HoldAdapter("sql", now)
+					}
+				}
+			}
+			reg, _ := NewRegistry(ws)
+			var offered []*Worker
+			policy := &fixedPolicy{fn: func(c []*Worker, _ *PickRequest) (Pick, error) {
+				offered = slices.Clone(c)
+				if tt.pickLast {
+					return Pick{Worker: c[len(c)-1]}, nil
+				}
+				return Pick{Worker: c[0]}, nil
+			}}
+			g := NewEngineGroup("llama", StagePlain, nil, policy)
+			g.SetAdapterLoading(time.Minute, all)
+			g.SetAdapterReplication(tt.above)
+			p, err := g.Pick(reg, "b", &BucketRequest{Model: "llama", ExpectedPeak: -1, Adapter: "sql", Now: now})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var want []*Worker
+			for _, i := range tt.want {
+				want = append(want, ws[i])
+			}
+			if !slices.Equal(offered, want) {
+				t.Fatalf("candidates %v, want %v", offered, want)
+			}
+			if p.LoadAdapter != tt.wantLoad || p.ReplicateAdapter != tt.wantLoad {
+				t.Fatalf("pick %s: load %v replicate %v, want %v", p.Worker.ID, p.LoadAdapter, p.ReplicateAdapter, tt.wantLoad)
+			}
+			for _, w := range ws {
+				if v := w.Adapters().Evicting("sql"); v != "" {
+					t.Fatalf("%s evicts %s for a replica", w.ID, v)
+				}
+				if loading := w.Adapters().Loading("sql", now); loading != (tt.wantLoad && w == p.Worker) {
+					t.Fatalf("%s loading sql: %v", w.ID, loading)
+				}
+			}
+		})
+	}
+}
+
+// TestGroupAdapterReplicaLoadsOnce: while a replica load of an adapter is under way, the
+// adapter's requests go to its holders only (no second replica, no request herding onto the
+// load); once the load completes the replica is a holder like any other.
+func TestGroupAdapterReplicaLoadsOnce(t *testing.T) {
+	now := time.Unix(1000, 0)
+	ws := testWorkers(t, "llama", StagePlain, "w", 3)
+	ws[0].SetAdapters(NewAdapterSet([]string{"sql"}, 4))
+	ws[1].SetAdapters(NewAdapterSet(nil, 4))
+	ws[2].SetAdapters(NewAdapterSet(nil, 4))
+	ws[0].Counters.SetPeers(10, 0)
+	for range 10 {
+		ws[0].HoldAdapter("sql", now)
+	}
+	reg, _ := NewRegistry(ws)
+	var offered []*Worker
+	last := &fixedPolicy{fn: func(c []*Worker, _ *PickRequest) (Pick, error) {
+		offered = slices.Clone(c)
+		return Pick{Worker: c[len(c)-1]}, nil
+	}}
+	g := NewEngineGroup("llama", StagePlain, nil, last)
+	g.SetAdapterLoading(time.Minute, nil)
+	g.SetAdapterReplication(2)
+	pick := func() Pick {
+		t.Helper()
+		p, err := g.Pick(reg, "b", &BucketRequest{Model: "llama", ExpectedPeak: -1, Adapter: "sql", Now: now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	if p := pick(); p.Worker != ws[1] || !p.ReplicateAdapter {
+		t.Fatalf("first pick %s replicate %v of %v: want a replica load on w1", p.Worker.ID, p.ReplicateAdapter, offered)
+	}
+	for range 3 {
+		if p := pick(); p.Worker != ws[0] || p.LoadAdapter {
+			t.Fatalf("during w1's load: %s load %v of %v, want w0 alone", p.Worker.ID, p.LoadAdapter, offered)
+		}
+	}
+	ws[1].AddAdapter("sql")
+	ws[1].Counters.SetPeers(10, 0)
+	for range 10 {
+		ws[1].HoldAdapter("sql", now)
+	}
+	if p := pick(); p.Worker != ws[2] || !p.ReplicateAdapter {
+		t.Fatalf("both holders busy: %s replicate %v of %v, want a replica load on w2", p.Worker.ID, p.ReplicateAdapter, offered)
+	}
+}

@@ -163,6 +163,7 @@ func (b *builder) group(model string, m *config.Model, stage Stage, g *config.Gr
 			}
 		}
 		g2.SetAdapterLoading(l.LoadTimeout, evictable)
+		g2.SetAdapterReplication(l.ReplicateAbove)
 	}
 	return g2, nil
 }

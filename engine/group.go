@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -40,6 +41,10 @@ type EngineGroup struct {
 	// evictable are the adapters the group may unload from a full engine to make room
 	// (lora.evict: those it can load again); nil evicts none.
 	evictable map[string]struct{}
+	// replicateAbove, when more than 0, loads a held adapter with more than that many
+	// requests in flight onto one more engine when its holders are more than that many
+	// requests busier than it (see replica); 0 never does.
+	replicateAbove int64
 	// adapted is the scratch of an adapter request's candidates.
 	adapted []*Worker
 	// ranks chooses the DP rank of a multi-rank engine (dp_dispatch); nil leaves it to the
@@ -209,13 +214,14 @@ func (g *EngineGroup) Pick(reg *Registry, bucketID string, req *BucketRequest) (
 		}
 	}
 	load := false
+	var replica *Worker // the engine that may load the adapter beside its holders
 	var now time.Time
 	if req.Adapter != "" {
 		// Slow path: a LoRA adapter request.
 		if now = req.Now; now.IsZero() {
 			now = time.Now()
 		}
-		if c, load = g.withAdapter(c, req.Adapter, now); len(c) == 0 {
+		if c, load, replica = g.withAdapter(c, req.Adapter, now); len(c) == 0 {
 			detail := "no eligible engine of the group holds adapter " + req.Adapter
 			if g.loadAdapters {
 				detail += " or has a free adapter slot"
@@ -241,7 +247,14 @@ func (g *EngineGroup) Pick(reg *Registry, bucketID string, req *BucketRequest) (
 		return Pick{}, pickErr(OutcomeOutsideCandidates, g.stage, bucketID,
 			fmt.Sprintf("policy %s returned %s, not one of its %d candidates", g.policy.Name(), id, len(c)))
 	}
-	if load && !p.Worker.ReserveAdapter(req.Adapter, now, now.Add(g.loadTimeout), g.evictable) {
+	evictable := g.evictable
+	if replica != nil {
+		// Slow path: a held adapter with one more engine offered; only it loads, into a
+		// free slot (a replica never evicts).
+		load, evictable = p.Worker == replica, nil
+		p.ReplicateAdapter = load
+	}
+	if load && !p.Worker.ReserveAdapter(req.Adapter, now, now.Add(g.loadTimeout), evictable) {
 		// Slow path: another group took the engine's last free slot since the candidates
 		// were read.
 		return Pick{}, pickErr(OutcomeNoCandidates, g.stage, bucketID, "engine "+p.Worker.ID+" has no free adapter slot left for "+req.Adapter)
@@ -264,18 +277,34 @@ func (g *EngineGroup) Pick(reg *Registry, bucketID string, req *BucketRequest) (
 }
 
 // withAdapter returns the candidates of c holding adapter name, in c's order, in the group's
-// scratch; when none does and the group loads adapters, the candidates loading it, else those
-// with a free adapter slot at now, else (evicting) those with an adapter to evict, and load
-// true.
-func (g *EngineGroup) withAdapter(c []*Worker, name string, now time.Time) (out []*Worker, load bool) {
+// scratch, and with replication on, the replica (one more engine that may load it; nil when
+// none) among them; when none holds it and the group loads adapters, the candidates loading
+// it, else those with a free adapter slot at now, else (evicting) those with an adapter to
+// evict, and load true.
+func (g *EngineGroup) withAdapter(c []*Worker, name string, now time.Time) (out []*Worker, load bool, replica *Worker) {
 	g.adapted = g.adapted[:0]
 	for _, w := range c {
 		if w.Adapters().Has(name) {
 			g.adapted = append(g.adapted, w)
 		}
 	}
-	if len(g.adapted) > 0 || !g.loadAdapters {
-		return g.adapted, false
+	if len(g.adapted) > 0 {
+		if g.replicateAbove > 0 && g.loadAdapters && len(g.adapted) < len(c) {
+			if replica = g.replica(c, name, now); replica != nil {
+				// Slow path: the holders again, with the replica in its place in c's order.
+				g.adapted = g.adapted[:0]
+				for _, w := range c {
+					if w == replica || w.Adapters().Has(name) {
+						g.adapted = append(g.adapted, w)
+					}
+				}
+				return g.adapted, true, replica
+			}
+		}
+		return g.adapted, false, nil
+	}
+	if !g.loadAdapters {
+		return g.adapted, false, nil
 	}
 	for _, w := range c {
 		if w.Adapters().Loading(name, now) {
@@ -283,7 +312,7 @@ func (g *EngineGroup) withAdapter(c []*Worker, name string, now time.Time) (out 
 		}
 	}
 	if len(g.adapted) > 0 {
-		return g.adapted, true // wait for the load under way rather than start another
+		return g.adapted, true, nil // wait for the load under way rather than start another
 	}
 	for _, w := range c {
 		if w.Adapters().Free(now) {
@@ -291,7 +320,7 @@ func (g *EngineGroup) withAdapter(c []*Worker, name string, now time.Time) (out 
 		}
 	}
 	if len(g.adapted) > 0 || g.evictable == nil {
-		return g.adapted, true
+		return g.adapted, true, nil
 	}
 	// Slow path: every slot full; the engines that could evict an adapter no request uses.
 	for _, w := range c {
@@ -299,7 +328,52 @@ func (g *EngineGroup) withAdapter(c []*Worker, name string, now time.Time) (out 
 			g.adapted = append(g.adapted, w)
 		}
 	}
-	return g.adapted, true
+	return g.adapted, true, nil
+}
+
+// replicaSpareSlots are the free adapter slots a replica leaves on its engine: a replica
+// never takes an engine's last free slot, which stays for an adapter no engine holds.
+const replicaSpareSlots = 1
+
+// replica returns the engine of c that may load adapter name beside its holders (g.adapted,
+// not empty), or nil. It is the engine not holding the adapter with the fewest requests in
+// flight (router-local, cluster peers included; the first in c's order on a tie) among those
+// with more than replicaSpareSlots free slots at now, offered when the adapter has more than
+// g.replicateAbove requests in flight on its holders together, every holder has more than
+// g.replicateAbove requests in flight beyond that engine, and no engine of c is loading the
+// adapter already (one replica load at a time, so requests do not herd onto loads). The
+// first condition keeps a cold adapter on a busy engine where it is: moving its few requests
+// would not relieve the engine, and its replica would take a slot a hot adapter may need.
+// O(len(c)).
+func (g *EngineGroup) replica(c []*Worker, name string, now time.Time) *Worker {
+	busy, own := int64(math.MaxInt64), int64(0)
+	for _, w := range g.adapted {
+		busy, own = min(busy, w.Counters.InFlight()), own+w.Adapters().InFlight(name)
+	}
+	if own <= g.replicateAbove {
+		return nil // fast path: the adapter is not busy
+	}
+	var best *Worker
+	var least int64
+	for _, w := range c {
+		s := w.Adapters()
+		if s.Has(name) {
+			continue
+		}
+		if s.Loading(name, now) {
+			return nil
+		}
+		if s.FreeSlots(now) <= replicaSpareSlots {
+			continue
+		}
+		if n := w.Counters.InFlight(); best == nil || n < least {
+			best, least = w, n
+		}
+	}
+	if best == nil || busy-least <= g.replicateAbove {
+		return nil
+	}
+	return best
 }
 
 // SetAdapterLoading makes the group offer the engines loading a request's LoRA adapter, else
@@ -313,6 +387,15 @@ func (g *EngineGroup) SetAdapterLoading(loadTimeout time.Duration, evictable map
 	if g.loadAdapters {
 		g.evictable = evictable
 	}
+}
+
+// SetAdapterReplication makes a group that loads adapters (SetAdapterLoading first) offer,
+// beside the holders of a request's adapter, the least busy engine with a spare free slot
+// when every holder has more than above requests in flight beyond it (see replica); a pick of
+// it reserves the slot and says to load the adapter (Pick.LoadAdapter and
+// Pick.ReplicateAdapter). 0 turns replication off.
+func (g *EngineGroup) SetAdapterReplication(above int64) {
+	g.replicateAbove = max(above, 0)
 }
 
 // SetRankDispatch makes the group choose the data-parallel rank of the multi-rank engines

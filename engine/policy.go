@@ -33,6 +33,9 @@ type Pick struct {
 	// LoadAdapter: the engine does not hold the request's adapter yet and has a free slot;
 	// dispatch loads the adapter before it forwards the request.
 	LoadAdapter bool
+	// ReplicateAdapter: LoadAdapter onto an engine picked beside engines that hold the
+	// adapter already (lora.replicate_above).
+	ReplicateAdapter bool
 }
 
 // Selection reasons of the load policies.

@@ -53,6 +53,9 @@ type loraRouting struct {
 
 type loraMetrics struct {
 	hit, load, loaded, failed *metrics.Counter
+	// replica counts the picks that loaded the adapter beside its holders
+	// (lora.replicate_above).
+	replica *metrics.Counter
 	// evicted and evictFailed count the adapters unloaded to make room (lora.evict).
 	evicted, evictFailed *metrics.Counter
 }
@@ -79,6 +82,7 @@ func newLoRARouting(cfg *config.Config, set *metrics.Set, logger *slog.Logger) *
 		l.metrics[name] = &loraMetrics{
 			hit:         set.NewCounter(metricLoRAPicks + base + `hit"}`),
 			load:        set.NewCounter(metricLoRAPicks + base + `load"}`),
+			replica:     set.NewCounter(metricLoRAPicks + base + `replica"}`),
 			loaded:      set.NewCounter(metricLoRALoads + base + `ok"}`),
 			failed:      set.NewCounter(metricLoRALoads + base + `failed"}`),
 			evicted:     set.NewCounter(metricLoRAEvictions + base + `ok"}`),
@@ -110,7 +114,7 @@ func (s *Server) adapterRoute(name []byte) (*modelRoute, string) {
 // picked engine that does not hold it yet. It runs before any guard is taken.
 func (s *Server) prepareAdapter(model, adapter string, p *engine.BucketPick, a *picked) *apiError {
 	lm := s.lora.metrics[model]
-	loads := false
+	loads, replicates := false, false
 	for _, x := range []struct {
 		pick *engine.Pick
 		m    *fleet.Member
@@ -119,13 +123,17 @@ func (s *Server) prepareAdapter(model, adapter string, p *engine.BucketPick, a *
 			continue
 		}
 		loads = true
+		replicates = replicates || x.pick.ReplicateAdapter
 		if e := s.lora.load(x.m, x.pick.Worker, adapter, lm); e != nil {
 			return e
 		}
 	}
-	if loads {
+	switch {
+	case replicates:
+		lm.replica.Inc()
+	case loads:
 		lm.load.Inc()
-	} else {
+	default:
 		lm.hit.Inc()
 	}
 	return nil

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"switchyard/config"
 	"switchyard/engine"
 )
 
@@ -114,6 +115,91 @@ func TestAdapterEviction(t *testing.T) {
 		`switchyard_lora_evictions_total{model="llama",result="ok"} 2`,
 		`switchyard_lora_evictions_total{model="llama",result="failed"} 0`,
 		`switchyard_lora_loads_total{model="llama",result="ok"} 2`,
+	} {
+		if !contains([]byte(metrics), want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+}
+
+// TestAdapterReplication: an adapter held by one engine takes all its requests while that
+// engine is not much busier than the others; once its requests in flight exceed an engine
+// with free slots by more than lora.replicate_above, that engine joins the candidates, the
+// policy picks it and the router loads the adapter there (counted as a replica pick), and
+// from then on the adapter's requests spread over both holders without another load.
+func TestAdapterReplication(t *testing.T) {
+	a := newFakeEngine(t, "A", "llama", withGate(), withLoRA(4, "sql"))
+	b := newFakeEngine(t, "B", "llama", withGate(), withLoRA(4))
+	cfg := flowConfig(a, b)
+	cfg.DefaultPolicy.Type = config.PolicyPowerOfTwo // no load reports: the lower in-flight wins
+	cfg.LoRA.Enabled, cfg.LoRA.AutoLoad = true, true
+	cfg.LoRA.RefreshInterval = time.Hour // learned once, at start
+	cfg.LoRA.ReplicateAbove = 1
+	m := cfg.Models["llama"]
+	m.LoRAAdapters = map[string]string{"sql": "/adapters/sql"}
+	cfg.Models["llama"] = m
+	ts := startServer(t, cfg, Options{SkipStartupChecks: true})
+	workers := map[string]*engine.Worker{}
+	waitUntil(t, "the router learns both engines' adapters", func() bool {
+		for _, x := range ts.wset.Load().Workers() {
+			if x.Adapters() != nil {
+				workers[x.ID] = x
+			}
+		}
+		return len(workers) == 2 && workers["A"].Adapters().Has("sql")
+	})
+	served := func(what string) string {
+		t.Helper()
+		r := post(t, ts.url+"/v1/chat/completions", chatBody("sql", "hi", ""))
+		if r.status != 200 {
+			t.Fatalf("%s: %d %s", what, r.status, r.body)
+		}
+		return r.header.Get("X-Worker-Id")
+	}
+
+	out := make(chan result, 2)
+	postAsync(context.Background(), ts.url+"/v1/chat/completions", chatBody("sql", "hi", `"stream":true`), out)
+	waitFor(t, a.streamed, "the first sql stream on A")
+	// A has one request in flight, B none: not more than replicate_above (1) busier.
+	if id := served("a request beside one stream"); id != "A" {
+		t.Fatalf("a request beside one stream went to %s, want A (the holder, not busy enough to replicate)", id)
+	}
+	postAsync(context.Background(), ts.url+"/v1/chat/completions", chatBody("sql", "hi", `"stream":true`), out)
+	waitFor(t, a.streamed, "the second sql stream on A")
+	if n := workers["A"].Adapters().InFlight("sql"); n != 2 {
+		t.Fatalf("%d requests hold sql on A, want 2", n)
+	}
+	// Two in flight on A against none on B: B loads sql and serves the request.
+	if id := served("the request that replicates"); id != "B" {
+		t.Fatalf("with A two requests busier than B, sql's request went to %s; want B, loading sql", id)
+	}
+	if names, calls := b.loraState(); !slices.Equal(names, []string{"sql"}) || !slices.Equal(calls, []string{"load sql"}) {
+		t.Fatalf("B holds %v after the calls %v; want sql after one load", names, calls)
+	}
+	// Both hold sql now: the less busy one serves, without another load.
+	if id := served("a request after the replica"); id != "B" {
+		t.Fatalf("a request with A busy went to %s, want B (a holder now)", id)
+	}
+	if _, calls := a.loraState(); len(calls) != 0 {
+		t.Fatalf("A got adapter calls %v", calls)
+	}
+	if _, calls := b.loraState(); len(calls) != 1 {
+		t.Fatalf("B got adapter calls %v, want one load", calls)
+	}
+	close(a.gate)
+	for _, r := range collect(t, out, 2, "the sql streams") {
+		if r.status != 200 {
+			t.Fatalf("sql stream: %d", r.status)
+		}
+	}
+	ts.waitBackground(t)
+	metrics := scrape(t, ts.url)
+	for _, want := range []string{
+		`switchyard_lora_picks_total{model="llama",result="replica"} 1`,
+		`switchyard_lora_picks_total{model="llama",result="load"} 0`,
+		`switchyard_lora_picks_total{model="llama",result="hit"} 4`,
+		`switchyard_lora_loads_total{model="llama",result="ok"} 1`,
+		`switchyard_lora_evictions_total{model="llama",result="ok"} 0`,
 	} {
 		if !contains([]byte(metrics), want) {
 			t.Errorf("metrics lack %s", want)
