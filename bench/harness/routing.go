@@ -268,6 +268,9 @@ func (h *harness) loraRow(ctx context.Context, sc *report.Scenario, wl *workload
 			if fig.Loads, err = r.counter(ctx, "switchyard_lora_picks_total", `result="load"`); err != nil {
 				return err
 			}
+			if fig.Replicas, err = r.counter(ctx, "switchyard_lora_picks_total", `result="replica"`); err != nil {
+				return err
+			}
 			fig.Evictions, err = r.counter(ctx, "switchyard_lora_evictions_total", `result="ok"`)
 			return err
 		},
@@ -278,9 +281,9 @@ func (h *harness) loraRow(ctx context.Context, sc *report.Scenario, wl *workload
 	}
 	if row.Summary != nil {
 		row.LoRA = &fig
-		if picks := fig.Hits + fig.Loads; picks > 0 {
-			sc.Notes = append(sc.Notes, fmt.Sprintf("%s: %d of %d requests served (%d refused); %d of %d picks (%.1f%%) found their adapter on the engine picked; %d adapter loads, %d evictions",
-				v.name, row.Summary.OK, row.Summary.Requests, row.Summary.ErrorCount(), fig.Hits, picks, 100*float64(fig.Hits)/float64(picks), fig.EngineLoads, fig.Evictions))
+		if picks := fig.Hits + fig.Loads + fig.Replicas; picks > 0 {
+			sc.Notes = append(sc.Notes, fmt.Sprintf("%s: %d of %d requests served (%d refused); %d of %d picks (%.1f%%) found their adapter on the engine picked; %d adapter loads (%d of them replicas beside busy holders), %d evictions",
+				v.name, row.Summary.OK, row.Summary.Requests, row.Summary.ErrorCount(), fig.Hits, picks, 100*float64(fig.Hits)/float64(picks), fig.EngineLoads, fig.Replicas, fig.Evictions))
 		}
 	}
 	sc.Rows = append(sc.Rows, row)

@@ -218,9 +218,11 @@ type LossClass struct {
 // LoRAFigures count a row's LoRA-adapter selections.
 type LoRAFigures struct {
 	// Hits and Loads are the router's selections whose engine held the request's adapter and
-	// those that loaded it first (or waited for its load) (switchyard_lora_picks_total).
-	Hits  int64 `json:"hits"`
-	Loads int64 `json:"loads"`
+	// those that loaded it first (or waited for its load); Replicas those that loaded it
+	// beside its busy holders (switchyard_lora_picks_total, lora.replicate_above).
+	Hits     int64 `json:"hits"`
+	Loads    int64 `json:"loads"`
+	Replicas int64 `json:"replicas"`
 	// EngineLoads are the adapter loads the engines completed.
 	EngineLoads int64 `json:"engine_loads"`
 	// Evictions are the adapters the router unloaded to make room
