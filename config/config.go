@@ -527,8 +527,8 @@ type LoRA struct {
 	// Enabled turns adapter routing on: the router asks every engine for its adapters.
 	// Default false.
 	Enabled bool `koanf:"enabled" json:"enabled"`
-	// AutoLoad loads a requested adapter that no candidate engine holds onto one with a free
-	// slot (the group's policy picks it) through the engine's API (vLLM
+	// AutoLoad loads a requested adapter that no candidate engine holds onto one of those
+	// with the most free slots (the group's policy picks it) through the engine's API (vLLM
 	// /v1/load_lora_adapter, SGLang /load_lora_adapter), from the path in the model's
 	// lora_adapters. Default false.
 	AutoLoad bool `koanf:"auto_load" json:"auto_load"`
@@ -552,8 +552,8 @@ type LoRA struct {
 	// ReplicateAbove, with auto_load, loads an adapter that engines hold already onto one
 	// more engine when the adapter has more than this many requests in flight on its
 	// holders together and every holder more than this many requests in flight beyond that
-	// engine: the least busy one with a free slot to spare (a replica never takes an engine's last free slot, and
-	// never evicts). That engine joins the adapter's candidates
+	// engine: the least busy one with a free slot to spare (a replica never takes an
+	// engine's last free slot, and never evicts). That engine joins the adapter's candidates
 	// and, when the policy picks it, the router loads the adapter there before it forwards
 	// the request; one such load of an adapter at a time. 0 turns replication off. At least
 	// 0. Default 4.

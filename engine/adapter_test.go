@@ -469,3 +469,31 @@ func TestGroupAdapterReplicaLoadsOnce(t *testing.T) {
 		t.Fatalf("both holders busy: %s replicate %v of %v, want a replica load on w2", p.Worker.ID, p.ReplicateAdapter, offered)
 	}
 }
+
+// TestGroupAdapterFirstLoadsSpread: adapters no engine holds are loaded onto the engines with
+// the most free slots, so a policy that prefers one engine while all are idle does not gather
+// every first load there.
+func TestGroupAdapterFirstLoadsSpread(t *testing.T) {
+	now := time.Unix(1000, 0)
+	ws := testWorkers(t, "llama", StagePlain, "w", 3)
+	for _, w := range ws {
+		w.SetAdapters(NewAdapterSet(nil, 4))
+	}
+	ws[2].SetAdapters(NewAdapterSet([]string{"x"}, 4))
+	reg, _ := NewRegistry(ws)
+	first := &fixedPolicy{fn: func(c []*Worker, _ *PickRequest) (Pick, error) { return Pick{Worker: c[0]}, nil }}
+	g := NewEngineGroup("llama", StagePlain, nil, first)
+	g.SetAdapterLoading(time.Minute, nil)
+	var got []int
+	for _, a := range []string{"a", "b", "c", "d", "e"} {
+		p, err := g.Pick(reg, "b", &BucketRequest{Model: "llama", ExpectedPeak: -1, Adapter: a, Now: now})
+		if err != nil || !p.LoadAdapter {
+			t.Fatalf("%s: %+v %v", a, p, err)
+		}
+		got = append(got, slices.Index(ws, p.Worker))
+	}
+	// w0 and w1 have 4 free slots, w2 3: a to w0, b to w1, then each has 3.
+	if want := []int{0, 1, 0, 1, 2}; !slices.Equal(got, want) {
+		t.Fatalf("loads went to %v, want %v", got, want)
+	}
+}

@@ -24,7 +24,8 @@
 //
 // Beyond the policies, a group narrows and completes a pick: a request naming a LoRA adapter
 // (BucketRequest.Adapter) has as candidates the engines whose AdapterSet holds it (or, with
-// adapter loading on, those with a free slot, and the pick says to load it); a multi-rank
+// adapter loading on, those with the most free slots, and the pick says to load it; with
+// replication on, a busy adapter's holders and one more engine that may load it); a multi-rank
 // engine gets its data-parallel rank from the group's rank picker (dp_dispatch) by each
 // rank's own load report. A PD bucket with BypassBelow asks its decode group first and
 // sends a request whose uncached prefill on that engine is short to it alone (Bypasses).

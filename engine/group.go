@@ -34,7 +34,7 @@ type EngineGroup struct {
 	rule       Compatibility
 	compatible []*Worker
 	// loadAdapters: with no candidate holding a request's adapter, the engines loading it, else
-	// those with a free adapter slot, are the candidates, and the pick reserves a slot for
+	// those with the most free adapter slots, are the candidates, and the pick reserves a slot for
 	// loadTimeout and loads it (lora.auto_load).
 	loadAdapters bool
 	loadTimeout  time.Duration
@@ -279,7 +279,7 @@ func (g *EngineGroup) Pick(reg *Registry, bucketID string, req *BucketRequest) (
 // withAdapter returns the candidates of c holding adapter name, in c's order, in the group's
 // scratch, and with replication on, the replica (one more engine that may load it; nil when
 // none) among them; when none holds it and the group loads adapters, the candidates loading
-// it, else those with a free adapter slot at now, else (evicting) those with an adapter to
+// it, else those with the most free adapter slots at now, else (evicting) those with an adapter to
 // evict, and load true.
 func (g *EngineGroup) withAdapter(c []*Worker, name string, now time.Time) (out []*Worker, load bool, replica *Worker) {
 	g.adapted = g.adapted[:0]
@@ -314,8 +314,17 @@ func (g *EngineGroup) withAdapter(c []*Worker, name string, now time.Time) (out 
 	if len(g.adapted) > 0 {
 		return g.adapted, true, nil // wait for the load under way rather than start another
 	}
+	// The engines with the most free slots: an adapter no engine holds goes where the fewest
+	// adapters are, so that the first loads spread over the fleet rather than gather on the
+	// engine the policy happens to prefer while every engine is still idle.
+	most := 0
 	for _, w := range c {
-		if w.Adapters().Free(now) {
+		if n := w.Adapters().FreeSlots(now); n > most {
+			most = n
+		}
+	}
+	for _, w := range c {
+		if most > 0 && w.Adapters().FreeSlots(now) == most {
 			g.adapted = append(g.adapted, w)
 		}
 	}
@@ -377,8 +386,8 @@ func (g *EngineGroup) replica(c []*Worker, name string, now time.Time) *Worker {
 }
 
 // SetAdapterLoading makes the group offer the engines loading a request's LoRA adapter, else
-// those with a free adapter slot, when no candidate holds it; the pick then reserves the slot for
-// loadTimeout (a load lasts at most that long) and says to load it (Pick.LoadAdapter). With
+// those with the most free adapter slots, when no candidate holds it; the pick then reserves
+// the slot for loadTimeout (a load lasts at most that long) and says to load it (Pick.LoadAdapter). With
 // evictable non-nil, when every candidate's slots are full, the engines holding an adapter of
 // evictable that no request uses are offered too: the pick evicts the engine's least recently
 // used such adapter (AdapterSet.Evicting names it, for dispatch to unload first).
