@@ -149,6 +149,12 @@ type Cluster struct {
 	nearSent      *metrics.Counter // invalidations this replica's grains sent
 	names         []string
 
+	// placeMu serializes refreshPlacement: the topology, a suspicion, gossip and Leave call
+	// it from their own goroutines, and each computes under mu and publishes after, so
+	// that unserialized a placement computed before a change could be published after the
+	// one computed from it (and stay until the next topology change).
+	placeMu sync.Mutex
+
 	mu      sync.Mutex // guards the fields below
 	leaving map[string]bool
 	// leavingAcks is each other member's latest gossiped list of members it knows are
@@ -474,6 +480,8 @@ func (c *Cluster) suspect(addr string) {
 // refreshPlacement recomputes every partition's owner by rendezvous hashing (the hash
 // disthash places grains with) over the members that are neither leaving nor suspect.
 func (c *Cluster) refreshPlacement() {
+	c.placeMu.Lock()
+	defer c.placeMu.Unlock()
 	c.mu.Lock()
 	var ms cluster.Members
 	for _, m := range c.members {

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -808,6 +809,35 @@ func TestClusterLeaveIsBoundedWhenANewOwnerHangs(t *testing.T) {
 	t.Logf("leave took %v (%d partitions to the hung member)", took, most)
 	if took > budget+time.Second {
 		t.Fatalf("the leave took %v with a %v deadline (%d partitions to the hung member)", took, budget, most)
+	}
+}
+
+// The topology, a suspicion, gossip and Leave each recompute the placement from their own
+// goroutine: whatever order they run in, the placement published last is the one the
+// latest members and suspects give (a recomputation changes nothing), not one computed
+// before a change and published after it.
+func TestClusterPlacementFollowsTheLatestChange(t *testing.T) {
+	ms := startMembers(t, 3)
+	m, target := ms[0], ms[1].cl.Address()
+	for i := range 50 {
+		var wg sync.WaitGroup
+		wg.Go(func() { m.cl.suspect(target) })
+		wg.Go(func() { // what a new topology does
+			m.cl.mu.Lock()
+			clear(m.cl.suspects)
+			m.cl.mu.Unlock()
+			m.cl.refreshPlacement()
+		})
+		wg.Wait()
+		published := m.cl.placement.Load()
+		m.cl.refreshPlacement()
+		if now := m.cl.placement.Load(); !slices.Equal(published.owners, now.owners) || !slices.Equal(published.next, now.next) {
+			t.Fatalf("round %d: the published placement was not the latest state's: owners %v, recomputed %v", i, published.owners, now.owners)
+		}
+		m.cl.mu.Lock()
+		clear(m.cl.suspects)
+		m.cl.mu.Unlock()
+		m.cl.refreshPlacement()
 	}
 }
 
