@@ -222,12 +222,28 @@ func TestBenchReplicas(t *testing.T) {
 	for i, r := range rep.Scenarios[0].Rows {
 		f := r.Replicas
 		if r.Summary.Requests != 96 || f.OtherErrors != 0 || f.Agreement < 0.9 || f.HitRateVsSingle < 0.9 || len(f.CPU) != f.Replicas {
-			t.Errorf("row %d %s: %d requests, figures %+v", i, r.Name, r.Summary.Requests, f)
+			// The report's "errors ROW:" lines name the failures' statuses and codes.
+			t.Errorf("row %d %s: %d requests, figures %+v\n%s", i, r.Name, r.Summary.Requests, f, errorLines(out))
 		}
 		if i == 2 && (f.AgreementAfterCrash < 0.9 || f.CrashErrors > 8) {
 			t.Errorf("after the crash: agreement %v, %d errors on the crashed replica (at most its 8 clients' requests)", f.AgreementAfterCrash, f.CrashErrors)
 		}
 	}
+}
+
+// errorLines returns the "errors ROW: ..." lines of a bench report's text, or a note that it
+// has none.
+func errorLines(out string) string {
+	var b strings.Builder
+	for line := range strings.Lines(out) {
+		if strings.HasPrefix(line, "errors ") {
+			b.WriteString(line)
+		}
+	}
+	if b.Len() == 0 {
+		return "(the report names no failed request)"
+	}
+	return b.String()
 }
 
 // TestBenchOverheadProcesses runs the overhead scenario from the binary: the router and
