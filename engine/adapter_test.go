@@ -497,3 +497,47 @@ func TestGroupAdapterFirstLoadsSpread(t *testing.T) {
 		t.Fatalf("loads went to %v, want %v", got, want)
 	}
 }
+
+// TestGroupAdapterReplicaRaceFallsBackToHolders: when the replica's free slots go to other
+// adapters between reading the candidates and reserving (another group's loads), the request
+// is served by a holder of its adapter rather than refused by the group.
+func TestGroupAdapterReplicaRaceFallsBackToHolders(t *testing.T) {
+	now := time.Unix(1000, 0)
+	ws := testWorkers(t, "llama", StagePlain, "w", 2)
+	ws[0].SetAdapters(NewAdapterSet([]string{"sql"}, 4))
+	ws[1].SetAdapters(NewAdapterSet(nil, 2))
+	ws[0].Counters.SetPeers(10, 0)
+	for range 10 {
+		ws[0].HoldAdapter("sql", now)
+	}
+	reg, _ := NewRegistry(ws)
+	var offers [][]*Worker
+	last := &fixedPolicy{fn: func(c []*Worker, _ *PickRequest) (Pick, error) {
+		offers = append(offers, slices.Clone(c))
+		if len(offers) == 1 {
+			// Another group fills the replica's slots before this pick reserves one.
+			for _, a := range []string{"a", "b"} {
+				if !ws[1].ReserveAdapter(a, now, now.Add(time.Minute), nil) {
+					t.Fatalf("reserving %s on w1", a)
+				}
+			}
+		}
+		return Pick{Worker: c[len(c)-1]}, nil
+	}}
+	g := NewEngineGroup("llama", StagePlain, nil, last)
+	g.SetAdapterLoading(time.Minute, nil)
+	g.SetAdapterReplication(2)
+	p, err := g.Pick(reg, "b", &BucketRequest{Model: "llama", ExpectedPeak: -1, Adapter: "sql", Now: now})
+	if err != nil {
+		t.Fatalf("pick after the replica lost its slots: %v", err)
+	}
+	if p.Worker != ws[0] || p.LoadAdapter || p.ReplicateAdapter {
+		t.Fatalf("pick %s load %v replicate %v, want the holder w0 without a load", p.Worker.ID, p.LoadAdapter, p.ReplicateAdapter)
+	}
+	if len(offers) != 2 || !slices.Equal(offers[0], ws) || !slices.Equal(offers[1], ws[:1]) {
+		t.Fatalf("offers %v, want [w0 w1] then [w0]", offers)
+	}
+	if ws[1].Adapters().Loading("sql", now) {
+		t.Fatal("w1 loads sql after losing its slots")
+	}
+}

@@ -232,20 +232,9 @@ func (g *EngineGroup) Pick(reg *Registry, bucketID string, req *BucketRequest) (
 			return Pick{}, pickErr(OutcomeNoCandidates, g.stage, bucketID, detail)
 		}
 	}
-	g.req = PickRequest{BucketRequest: req, Stage: g.stage, BucketID: bucketID}
-	p, err := g.policy.Pick(c, &g.req)
-	g.req.BucketRequest = nil // do not retain the request
+	p, err := g.pickFrom(c, req, bucketID)
 	if err != nil {
 		return Pick{}, err
-	}
-	if _, ok := g.inSet[p.Worker]; !ok || p.Worker == nil || ex.Has(p.Worker) ||
-		g.partner != nil && !g.rule.Pairs(g.partner, p.Worker) || req.Adapter != "" && !slices.Contains(c, p.Worker) {
-		id := "<nil>"
-		if p.Worker != nil {
-			id = p.Worker.ID
-		}
-		return Pick{}, pickErr(OutcomeOutsideCandidates, g.stage, bucketID,
-			fmt.Sprintf("policy %s returned %s, not one of its %d candidates", g.policy.Name(), id, len(c)))
 	}
 	evictable := g.evictable
 	if replica != nil {
@@ -257,7 +246,15 @@ func (g *EngineGroup) Pick(reg *Registry, bucketID string, req *BucketRequest) (
 	if load && !p.Worker.ReserveAdapter(req.Adapter, now, now.Add(g.loadTimeout), evictable) {
 		// Slow path: another group took the engine's last free slot since the candidates
 		// were read.
-		return Pick{}, pickErr(OutcomeNoCandidates, g.stage, bucketID, "engine "+p.Worker.ID+" has no free adapter slot left for "+req.Adapter)
+		if replica == nil {
+			return Pick{}, pickErr(OutcomeNoCandidates, g.stage, bucketID, "engine "+p.Worker.ID+" has no free adapter slot left for "+req.Adapter)
+		}
+		// The adapter's holders are still there: one of them serves the request.
+		c = slices.DeleteFunc(c, func(w *Worker) bool { return w == replica })
+		if p, err = g.pickFrom(c, req, bucketID); err != nil {
+			return Pick{}, err
+		}
+		load = false
 	}
 	p.LoadAdapter = load
 	if g.ranks != nil && p.Worker.DPSize > 1 {
@@ -272,6 +269,26 @@ func (g *EngineGroup) Pick(reg *Registry, bucketID string, req *BucketRequest) (
 				Rejections: []Rejection{{BucketID: bucketID, Stage: g.stage, WorkerID: p.Worker.ID, Limit: limit}}}
 		}
 		p.Rank, p.HasRank = rank, true
+	}
+	return p, nil
+}
+
+// pickFrom asks the policy for one of candidates c and checks its answer is one of them.
+func (g *EngineGroup) pickFrom(c []*Worker, req *BucketRequest, bucketID string) (Pick, error) {
+	g.req = PickRequest{BucketRequest: req, Stage: g.stage, BucketID: bucketID}
+	p, err := g.policy.Pick(c, &g.req)
+	g.req.BucketRequest = nil // do not retain the request
+	if err != nil {
+		return Pick{}, err
+	}
+	if _, ok := g.inSet[p.Worker]; !ok || p.Worker == nil || req.Retry.Excluded.Has(p.Worker) ||
+		g.partner != nil && !g.rule.Pairs(g.partner, p.Worker) || req.Adapter != "" && !slices.Contains(c, p.Worker) {
+		id := "<nil>"
+		if p.Worker != nil {
+			id = p.Worker.ID
+		}
+		return Pick{}, pickErr(OutcomeOutsideCandidates, g.stage, bucketID,
+			fmt.Sprintf("policy %s returned %s, not one of its %d candidates", g.policy.Name(), id, len(c)))
 	}
 	return p, nil
 }
