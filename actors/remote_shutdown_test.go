@@ -6,8 +6,10 @@
 package actors
 
 import (
+	"net"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/remote"
@@ -52,4 +54,55 @@ func TestRemoteShutdownWithEndpointEventInFlight(t *testing.T) {
 	}
 	// A message for a remote actor sent after the shutdown goes to the dead letters.
 	sys.Root.Send(actor.NewPID(peer, "someone"), "late")
+}
+
+// TestRemoteShutdownIsPromptWithASilentPeer: a peer whose packets are dropped (its host gone,
+// a firewall) accepts nothing and answers nothing; an endpoint writer connecting to it waits
+// for the connection's handshake, 20 s by default. The remote's shutdown waits for its
+// writers, so a router stopping beside such a peer took that long. The writer's connection
+// attempt ends when the remote shuts down. The silent peer here accepts connections and never
+// answers them, which holds the handshake the same way.
+func TestRemoteShutdownIsPromptWithASilentPeer(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted := make(chan net.Conn, 8)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				close(accepted)
+				return
+			}
+			accepted <- c // held open, never answered
+		}
+	}()
+	defer func() {
+		ln.Close()
+		for c := range accepted {
+			c.Close()
+		}
+	}()
+
+	sys := actor.NewActorSystem()
+	defer sys.Shutdown()
+	r := remote.NewRemote(sys, remote.Configure("127.0.0.1", 0))
+	r.Start()
+	sys.Root.Send(actor.NewPID(ln.Addr().String(), "someone"), "hello")
+	// The writer is connecting once the peer accepted its connection.
+	var held net.Conn
+	select {
+	case held = <-accepted:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the endpoint writer never connected to the silent peer")
+	}
+	defer held.Close()
+	start := time.Now()
+	r.Shutdown(true)
+	d := time.Since(start)
+	t.Logf("shut down in %v", d)
+	if d > 2*time.Second {
+		t.Fatalf("shutting down beside a silent peer took %v, want at most 2s", d)
+	}
 }

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
-	"golang.org/x/net/context"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 )
@@ -53,7 +52,7 @@ func (state *endpointWriter) initialize(ctx actor.Context) {
 			select {
 			case <-wait.C:
 				continue
-			case <-state.remote.stopping:
+			case <-state.remote.stopping.Done():
 				wait.Stop()
 			}
 			break
@@ -93,7 +92,10 @@ func (state *endpointWriter) initializeInternal() error {
 	}
 	state.conn = conn
 	c := NewRemotingClient(conn)
-	stream, err := c.Receive(context.Background(), state.config.CallOptions...)
+	// Switchyard: the stream ends when the remote shuts down (it was context.Background()):
+	// a peer that never answers the connection's handshake held this writer, and with it the
+	// remote's shutdown, for the handshake's 20 s.
+	stream, err := c.Receive(state.remote.stopping, state.config.CallOptions...)
 	if err != nil {
 		state.remote.Logger().Error("EndpointWriter failed to create receive stream", slog.String("address", state.address), slog.Any("error", err))
 		return err

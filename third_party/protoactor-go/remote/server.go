@@ -1,11 +1,11 @@
 package remote
 
 import (
+	"context"
 	"fmt"
 	"io/ioutil"
 	"log/slog"
 	"net"
-	"sync"
 	"time"
 
 	"github.com/asynkron/protoactor-go/extensions"
@@ -26,10 +26,11 @@ type Remote struct {
 	kinds        map[string]*actor.Props
 	activatorPid *actor.PID
 	blocklist    *BlockList
-	// Switchyard: closed when Shutdown begins; an endpoint writer waiting to retry its
-	// connection gives up (the endpoint manager's stop waits for every writer).
-	stopping     chan struct{}
-	stoppingOnce sync.Once
+	// Switchyard: done when Shutdown begins; an endpoint writer waiting to retry its
+	// connection, or waiting for a peer's handshake, gives up (the endpoint manager's stop
+	// waits for every writer).
+	stopping context.Context
+	stop     context.CancelFunc
 }
 
 func NewRemote(actorSystem *actor.ActorSystem, config *Config) *Remote {
@@ -38,8 +39,8 @@ func NewRemote(actorSystem *actor.ActorSystem, config *Config) *Remote {
 		config:      config,
 		kinds:       make(map[string]*actor.Props),
 		blocklist:   NewBlockList(),
-		stopping:    make(chan struct{}), // Switchyard
 	}
+	r.stopping, r.stop = context.WithCancel(context.Background()) // Switchyard
 	for k, v := range config.Kinds {
 		r.kinds[k] = v
 	}
@@ -92,7 +93,7 @@ func (r *Remote) Start() {
 }
 
 func (r *Remote) Shutdown(graceful bool) {
-	r.stoppingOnce.Do(func() { close(r.stopping) }) // Switchyard: writers stop retrying
+	r.stop() // Switchyard: writers stop connecting
 	if graceful {
 		// TODO: need more graceful
 		r.edpReader.suspend(true)
