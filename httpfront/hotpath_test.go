@@ -15,6 +15,7 @@ import (
 
 	"switchyard/config"
 	"switchyard/engine"
+	"switchyard/httpfront/internal/loopbench"
 )
 
 // parseRequestHeader parses raw request headers the way the server does (names normalized).
@@ -101,34 +102,6 @@ func TestForwardedHeaders(t *testing.T) {
 	}
 }
 
-// tcpPair returns both ends of a loopback TCP connection, closed at the end of the test.
-func tcpPair(t *testing.T) (net.Conn, net.Conn) {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, _ := ln.Accept()
-		accepted <- c
-	}()
-	a, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := <-accepted
-	if b == nil {
-		t.Fatal("accept failed")
-	}
-	t.Cleanup(func() {
-		_ = a.Close()
-		_ = b.Close()
-	})
-	return a, b
-}
-
 func TestLazyDeadlineConnRead(t *testing.T) {
 	past, soon, later := time.Now().Add(-2*time.Second), time.Now().Add(-time.Second), time.Now().Add(time.Hour)
 	tests := []struct {
@@ -145,7 +118,7 @@ func TestLazyDeadlineConnRead(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			a, b := tcpPair(t)
+			a, b := loopbench.Pair(t)
 			c := &clientConn{Conn: a}
 			for _, d := range tt.deadlines {
 				if err := c.SetReadDeadline(d); err != nil {
@@ -179,7 +152,7 @@ func TestLazyDeadlineConnRead(t *testing.T) {
 }
 
 func TestLazyDeadlineConnWrite(t *testing.T) {
-	a, b := tcpPair(t)
+	a, b := loopbench.Pair(t)
 	c := &clientConn{Conn: a}
 	if err := c.SetWriteDeadline(time.Now().Add(-time.Second)); err != nil {
 		t.Fatal(err)
@@ -269,7 +242,7 @@ func TestServerTimeoutsWithLazyDeadlines(t *testing.T) {
 // moved its read deadline still sees the client leave: the past deadline the first Stop
 // armed, which a lazily cleared deadline leaves on the socket, must not end the next watch.
 func TestWatchAfterWatch(t *testing.T) {
-	a, b := tcpPair(t)
+	a, b := loopbench.Pair(t)
 	c := &clientConn{Conn: a}
 	if err := c.SetReadDeadline(time.Now().Add(time.Hour)); err != nil { // the read timeout
 		t.Fatal(err)

@@ -1,8 +1,8 @@
-// Package loopbench is the setup the serving benchmarks of httpfront and its sub-packages
-// share: an engine on loopback that answers every request with one fixed JSON body (or a
-// stream of events, each its own chunk), and the parallel client loop that sends requests
-// until the benchmark ends. Only tests and
-// benchmarks import it.
+// Package loopbench is the setup the serving benchmarks and socket tests of httpfront and its
+// sub-packages share: an engine on loopback that answers every request with one fixed JSON
+// body (or a stream of events, each its own chunk), the parallel client loop that sends
+// requests until the benchmark ends, and loopback TCP connections. Only tests and benchmarks
+// import it.
 package loopbench
 
 import (
@@ -117,4 +117,35 @@ func Conn(tb testing.TB) net.Conn {
 		<-done
 	})
 	return c
+}
+
+// Pair returns both ends of a loopback TCP connection: the dialed end and the accepted one.
+// Both are closed when the test or benchmark ends.
+func Pair(tb testing.TB) (dialed, accepted *net.TCPConn) {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer ln.Close()
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		acc <- c
+	}()
+	d, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		<-acc // the listener's close ends the accept
+		tb.Fatal(err)
+	}
+	a := <-acc
+	if a == nil {
+		_ = d.Close()
+		tb.Fatal("accept failed")
+	}
+	tb.Cleanup(func() {
+		_ = d.Close()
+		_ = a.Close()
+	})
+	return d.(*net.TCPConn), a.(*net.TCPConn)
 }
