@@ -29,10 +29,11 @@ const (
 	connIdle                // between keep-alive requests
 )
 
-// clientConn is one accepted client connection. It moves deadlines lazily (see
-// fleet.LazyDeadline), bounds every write by server.write_timeout and by a limit a stream sets
-// (its request deadline), records its state for the tracker, and closes lingering when an
-// answer was sent before the request body was read. The zero value around a net.Conn is
+// clientConn is one accepted client connection, over its fleet.Socket (raw system calls)
+// when it is a TCP connection. It moves deadlines lazily (see fleet.LazyDeadline), bounds
+// every write by server.write_timeout and by a limit a stream sets (its request deadline),
+// records its state for the tracker, and closes lingering when an answer was sent before the
+// request body was read. The zero value around a net.Conn is
 // usable: no write bound, no tracking.
 //
 // One goroutine at a time reads, writes and moves deadlines, so the deadline state takes no

@@ -164,6 +164,9 @@ func (l *clientListener) Accept() (net.Conn, error) {
 // admit tracks raw, or refuses it (answered and closed) when a cap is reached.
 func (l *clientListener) admit(raw net.Conn) *clientConn {
 	c := &clientConn{Conn: raw, owner: l, since: time.Now().UnixNano()}
+	if s := fleet.NewSocket(raw); s != nil {
+		c.Conn = s // reads and writes without the scheduler's system-call bookkeeping
+	}
 	if ta, ok := raw.RemoteAddr().(*net.TCPAddr); ok {
 		c.ip = ta.AddrPort().Addr().Unmap()
 	}

@@ -15,6 +15,7 @@ import (
 
 	"switchyard/config"
 	"switchyard/engine"
+	"switchyard/httpfront/internal/loopbench"
 )
 
 // TestDispatchAccountingAllocations locks in an allocation-free Admit and Done on the
@@ -212,5 +213,36 @@ func serveCanned(c net.Conn, answer []byte) {
 			return
 		}
 		have += n
+	}
+}
+
+// TestSocketAllocations locks in allocation-free reads and writes of a Socket: a request
+// written and its answer read, the peer echoing.
+func TestSocketAllocations(t *testing.T) {
+	end, peer := loopbench.Pair(t)
+	s := NewSocket(end)
+	msg := bytes.Repeat([]byte("x"), 200)
+	in := make([]byte, len(msg))
+	echo := make([]byte, len(msg))
+	roundTrip := func() {
+		if _, err := s.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(peer, echo); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := peer.Write(echo); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(s, in); err != nil {
+			t.Fatal(err)
+		}
+	}
+	roundTrip()
+	if allocs := testing.AllocsPerRun(500, roundTrip); allocs != 0 {
+		t.Errorf("%.1f allocations per write and read, want 0", allocs)
+	}
+	if !bytes.Equal(in, msg) {
+		t.Error("the answer read is not what was written")
 	}
 }

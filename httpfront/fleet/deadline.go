@@ -2,10 +2,8 @@ package fleet
 
 import (
 	"errors"
-	"io"
 	"net"
 	"os"
-	"syscall"
 	"time"
 )
 
@@ -66,27 +64,25 @@ func (d *LazyDeadline) Fired(arm func(time.Time) error) bool {
 type lazyConn struct {
 	net.Conn
 	r, w LazyDeadline
-	// waiting, when set (a paced stream, Stream.Pace), runs Waiting before a read waits for
-	// the socket: nothing is left to read; false fails the read (errWaitRefused). rc is the
-	// socket's raw connection, for reads that can run it.
+	// sock is the connection's Socket (Conn itself) when it is one: a TCP socket, the
+	// router's own. waiting, when set (a paced stream, Stream.Pace; only with sock), runs
+	// Waiting before a read waits for the socket: nothing is left to read; false fails the
+	// read (errWaitRefused).
+	sock    *Socket
 	waiting waiter
-	rc      syscall.RawConn
-	// rd is the read in progress in waitingRead, for rawRead, the function rc runs (made
-	// once a connection, rawReadFn): a read allocates nothing.
-	rd        rawReadState
-	rawReadFn func(fd uintptr) bool
+}
+
+// newLazyConn returns c with lazy deadlines, its reads and writes through a Socket when c is
+// a TCP connection.
+func newLazyConn(c net.Conn) *lazyConn {
+	if s := NewSocket(c); s != nil {
+		return &lazyConn{Conn: s, sock: s}
+	}
+	return &lazyConn{Conn: c}
 }
 
 // waiter is what a paced read runs before it waits: Pacer's Waiting.
 type waiter interface{ Waiting() bool }
-
-// rawReadState is one read of waitingRead: its buffer, and what the system calls returned.
-type rawReadState struct {
-	b    []byte
-	n    int
-	err  error
-	told bool // Waiting ran
-}
 
 func (c *lazyConn) SetReadDeadline(t time.Time) error {
 	if c.r.Set(t) {
@@ -116,7 +112,7 @@ func (c *lazyConn) Read(b []byte) (int, error) {
 		var n int
 		var err error
 		if c.waiting != nil {
-			n, err = c.waitingRead(b)
+			n, err = c.sock.read(b, c.waiting)
 		} else {
 			n, err = c.Conn.Read(b)
 		}
@@ -141,48 +137,3 @@ func (c *lazyConn) Write(b []byte) (int, error) {
 
 // errWaitRefused fails a read whose waiting hook said not to wait.
 var errWaitRefused = errors.New("the stream's reader ended the read before waiting")
-
-// waitingRead reads b from the socket as the runtime does (a read; on EAGAIN a wait for the
-// socket, bounded by the read deadline; a read again), running waiting once before it waits.
-// It makes no system call more than a plain read.
-func (c *lazyConn) waitingRead(b []byte) (int, error) {
-	if c.rawReadFn == nil {
-		c.rawReadFn = c.rawRead
-	}
-	c.rd = rawReadState{b: b}
-	rerr := c.rc.Read(c.rawReadFn)
-	n, err := c.rd.n, c.rd.err
-	c.rd = rawReadState{} // the caller's buffer is not kept
-	switch {
-	case rerr != nil:
-		return 0, rerr
-	case err != nil:
-		return 0, &net.OpError{Op: "read", Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: os.NewSyscallError("read", err)}
-	case n == 0 && len(b) > 0:
-		return 0, io.EOF
-	}
-	return n, nil
-}
-
-// rawRead is the function the raw connection runs for waitingRead (c.rd): one read, and
-// Waiting before the first wait.
-func (c *lazyConn) rawRead(fd uintptr) bool {
-	rd := &c.rd
-	for {
-		rd.n, rd.err = syscall.Read(int(fd), rd.b)
-		if rd.err != syscall.EINTR {
-			break
-		}
-	}
-	if rd.err != syscall.EAGAIN {
-		return true
-	}
-	if !rd.told {
-		rd.told = true
-		if !c.waiting.Waiting() {
-			rd.err = errWaitRefused
-			return true
-		}
-	}
-	return false
-}

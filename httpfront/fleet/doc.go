@@ -2,8 +2,10 @@
 // configuration, the admin API, Kubernetes pods), and for each worker its registry entry,
 // its one introspection (Introspect: /server_info with load.Fetch, decoded by DecodeInfo),
 // its LoRA adapter list, active health checks, circuit breaker (Member.Admit), upstream HTTP
-// client (Upstream, with lazily moved deadlines: LazyDeadline; a streamed response's reads
-// paced by its connection's read deadline and interruptible from any goroutine: Stream;
+// client (Upstream, with lazily moved deadlines: LazyDeadline; reads and writes of its TCP
+// sockets, and of the router's client connections, as raw system calls: Socket; a streamed
+// response's reads paced by its connection's read deadline and interruptible from any
+// goroutine: Stream;
 // its chunked body decoded below fasthttp's client, straight into the reader's buffer:
 // streamTransport, streamBody, chunkDecoder),
 // telemetry and KV-event subscriptions; and Kubernetes discovery (Kubernetes). Failures are *Error values whose Kind

@@ -3,7 +3,6 @@ package fleet
 import (
 	"errors"
 	"net"
-	"syscall"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -64,15 +63,8 @@ func (s Stream) Pace(p Pacer) bool {
 		return true
 	}
 	c.pacer = p
-	if l := c.lazy; l != nil {
-		if l.rc == nil {
-			if sc, ok := l.Conn.(syscall.Conn); ok {
-				l.rc, _ = sc.SyscallConn()
-			}
-		}
-		if l.rc != nil {
-			l.waiting = p
-		}
+	if l := c.lazy; l != nil && l.sock != nil {
+		l.waiting = p
 	}
 	c.streaming.Store(true)
 	if c.set.stopping.Load() {

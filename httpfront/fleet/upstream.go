@@ -330,7 +330,7 @@ func (u *Upstream) dialer(headerTimeout time.Duration) fasthttp.DialFuncWithTime
 			return nil, &dialError{timeout: ct, err: err}
 		}
 		raw := c
-		lazy := &lazyConn{Conn: c}
+		lazy := newLazyConn(c)
 		c = lazy
 		var note handshakeNote
 		if u.tls != nil {
