@@ -55,8 +55,13 @@ type rawOp struct {
 	told  bool   // wait ran
 }
 
-// maxRW bounds one read or write system call, as the runtime's own do (1 GiB).
+// maxRW bounds one read system call, as the runtime's own do (1 GiB).
 const maxRW = 1 << 30
+
+// maxRawWrite bounds one write system call: a raw one cannot be preempted, so a garbage
+// collection's stop waits for its copy; 256 KiB copies in tens of microseconds. A larger
+// write is continued by the same loop.
+const maxRawWrite = 256 << 10
 
 // NewSocket returns c's Socket, or nil when c is not a *net.TCPConn (a test's pipe, a
 // connection a DialFunc wrapped): use c as it is then.
@@ -169,8 +174,8 @@ func (s *Socket) rawWrite(fd uintptr) bool {
 	op := &s.wr
 	for op.n < len(op.b) {
 		b := op.b[op.n:]
-		if len(b) > maxRW {
-			b = b[:maxRW]
+		if len(b) > maxRawWrite {
+			b = b[:maxRawWrite]
 		}
 		n, errno := sysWrite(fd, b)
 		switch errno {
