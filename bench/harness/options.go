@@ -282,6 +282,11 @@ type Options struct {
 	// (reference.StartBareProcess appends its flags). switchyard bench sets it to its own
 	// binary's bare-proxy command. Without it the bare proxy runs in this process.
 	BareCommand []string
+	// EvloopCommand runs the overhead scenario's event-loop proxy as its own process
+	// (reference.StartEvloopProcess appends its flags; Linux). switchyard bench sets it to its
+	// own binary's evloop-proxy command on Linux. Without it the scenario has no event-loop
+	// rows.
+	EvloopCommand []string
 
 	// Progress receives the progress line; nil prints none.
 	Progress io.Writer

@@ -52,7 +52,8 @@ type overheadTarget struct {
 }
 
 // overhead measures the same zero-cost engines reached directly, through the router
-// (round_robin), through the bare fasthttp proxy and through nginx (when installed), for
+// (round_robin), through the bare fasthttp proxy, through the event-loop proxy (when
+// Options.EvloopCommand is set) and through nginx (when installed), for
 // small non-streaming requests and for streams of 64 events, each its own chunk. Every
 // target gets a warm-up, then the measured time is split into rounds in which every target
 // runs once, in rotating order, so that a change in the machine's load hits all of them
@@ -68,8 +69,8 @@ func (h *harness) overhead(ctx context.Context) (scs []*report.Scenario, err err
 		Name:     report.ScenarioOverhead,
 		TimeBase: report.TimeWall, Speedup: 1,
 		Description: fmt.Sprintf("small non-streaming chat requests (16-token prompt, 1 output token), then streams of %d events (one chunk each)", streamTokens),
-		Deployment: fmt.Sprintf("%d zero-cost engines reached directly, through the router (one bucket, round_robin), a bare fasthttp proxy and nginx (1 worker, upstream keep-alive, proxy_buffering off); %d closed-loop clients; %d interleaved rounds",
-			o.Engines, clients, overheadRounds),
+		Deployment: fmt.Sprintf("%d zero-cost engines reached directly, through the router (one bucket, round_robin), a bare fasthttp proxy, %snginx (1 worker, upstream keep-alive, proxy_buffering off); %d closed-loop clients; %d interleaved rounds",
+			o.Engines, evloopDeployment(o), clients, overheadRounds),
 	}
 	scs = []*report.Scenario{sc}
 	small, err := h.smallRequests()
@@ -124,6 +125,13 @@ func (h *harness) overhead(ctx context.Context) (scs []*report.Scenario, err err
 	if len(o.BareCommand) == 0 {
 		bareCPU = nil
 	}
+	var evloop *reference.Proxy
+	if len(o.EvloopCommand) > 0 {
+		if evloop, err = reference.StartEvloopProcess(o.EvloopCommand, urls(c.plain)); err != nil {
+			return scs, err
+		}
+		defer func() { err = errors.Join(err, evloop.Close()) }()
+	}
 	nginx, err := reference.StartNginx(urls(c.plain), reference.NginxOptions{Keepalive: 2 * clients})
 	switch {
 	case errors.Is(err, reference.ErrNoNginx):
@@ -148,6 +156,9 @@ func (h *harness) overhead(ctx context.Context) (scs []*report.Scenario, err err
 			{name: "direct", urls: urls(c.plain), okCPU: true},
 			{name: "router", urls: []string{routerURL}, own: routerCPU, okCPU: true},
 			{name: "bare", urls: []string{bare.URL()}, own: bareCPU, okCPU: true},
+		}
+		if evloop != nil {
+			targets = append(targets, &overheadTarget{name: "evloop", urls: []string{evloop.URL()}, own: evloop.ExternalCPU, okCPU: true})
 		}
 		if nginx != nil {
 			targets = append(targets, &overheadTarget{name: "nginx", urls: []string{nginx.URL()}, own: nginx.ExternalCPU, okCPU: true})
@@ -196,14 +207,25 @@ func (h *harness) overhead(ctx context.Context) (scs []*report.Scenario, err err
 			sc.Overhead.References = append(sc.Overhead.References, referenceRatio(mname, rows[0], rows[1], ref))
 		}
 	}
+	if evloop != nil {
+		sc.Notes = append(sc.Notes, "evloop is an HTTP/1.1 reverse proxy on one edge-triggered epoll loop locked to one OS thread (switchyard evloop-proxy): what a Go process pays per request without Go's netpoller and scheduler, as nginx's one worker runs")
+	}
 	if len(o.ReplicaCommand) > 0 && len(o.BareCommand) > 0 {
 		sc.Notes = append(sc.Notes,
-			"the router, the bare proxy and nginx each run as their own process; engines and load generator share this process. CPU s/1k req is this process's CPU time plus the target's own per 1,000 requests; OWN CPU s/1k is the target's own process's alone, which the CPU ratios against the references compare")
+			"the router, the bare proxy, the event-loop proxy (when run) and nginx each run as their own process; engines and load generator share this process. CPU s/1k req is this process's CPU time plus the target's own per 1,000 requests; OWN CPU s/1k is the target's own process's alone, which the CPU ratios against the references compare")
 	} else {
 		sc.Notes = append(sc.Notes,
 			"engines, load generator and the router or bare proxy without their commands share this process and its CPUs (nginx and the rows with an OWN CPU figure run in their own processes); CPU s/1k req is this process's CPU time plus the target's own per 1,000 requests, so an in-process proxy's own cost is its row's minus direct's")
 	}
 	return scs, nil
+}
+
+// evloopDeployment names the event-loop proxy in the scenario's deployment when it runs.
+func evloopDeployment(o *Options) string {
+	if len(o.EvloopCommand) == 0 {
+		return ""
+	}
+	return "an epoll event-loop proxy on one OS thread, "
 }
 
 // overheadPhase runs one measured phase of t and adds it to t's figures.

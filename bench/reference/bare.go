@@ -23,7 +23,7 @@ type Proxy struct {
 	cpu   func() (time.Duration, bool)
 }
 
-// Name is the proxy's name in reports ("bare", "nginx").
+// Name is the proxy's name in reports ("bare", "evloop", "nginx").
 func (p *Proxy) Name() string { return p.name }
 
 // URL is the proxy's base URL (http://127.0.0.1:port).
@@ -112,42 +112,24 @@ func serveBare(ln net.Listener, engineURLs []string) (stop func() error) {
 // inherited socket --listen-fd names (how StartBareProcess starts it) or on --listen, and
 // prints its URL on stdout.
 func BareCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("bare-proxy", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	engines := fs.String("engines", "", "the engines' base URLs (http://host:port), comma-separated")
-	listen := fs.String("listen", "127.0.0.1:0", "listen `ADDRESS` (port 0 lets the OS choose)")
-	fd := fs.Int("listen-fd", 0, "serve on this inherited listening socket `FD` instead of --listen (0: none)")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `usage: switchyard bare-proxy --engines URL[,URL...] [--listen ADDRESS]
+	urls, fd, listen, err := proxyFlags("bare-proxy", `usage: switchyard bare-proxy --engines URL[,URL...] [--listen ADDRESS]
 
 The reference proxy of switchyard bench's overhead scenario: a bare fasthttp reverse proxy,
 round robin over the engines, requests and answers copied through unparsed, streams relayed
 as they arrive. The bench starts it as its own process.
 
 flags:
-`)
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
+`, args, stderr)
+	if err != nil {
 		return err
 	}
-	var urls []string
-	for _, u := range strings.Split(*engines, ",") {
-		if u = strings.TrimSpace(u); u != "" {
-			urls = append(urls, u)
-		}
-	}
-	if len(urls) == 0 {
-		return fmt.Errorf("cannot start the bare proxy: %w (--engines)", errNoEngine)
-	}
 	var ln net.Listener
-	var err error
-	if *fd > 0 {
-		f := os.NewFile(uintptr(*fd), "listener")
+	if fd > 0 {
+		f := os.NewFile(uintptr(fd), "listener")
 		ln, err = net.FileListener(f)
 		_ = f.Close()
 	} else {
-		ln, err = net.Listen("tcp", *listen)
+		ln, err = net.Listen("tcp", listen)
 	}
 	if err != nil {
 		return fmt.Errorf("cannot start the bare proxy: %w", err)
@@ -156,6 +138,33 @@ flags:
 	fmt.Fprintf(stdout, "bare proxy listening on http://%s\n", ln.Addr())
 	<-ctx.Done()
 	return stop()
+}
+
+// proxyFlags parses a reference proxy command's flags (--engines, --listen, --listen-fd):
+// the engines' URLs (at least one), the inherited socket's fd (0: none) and the address to
+// listen on otherwise.
+func proxyFlags(name, usage string, args []string, stderr io.Writer) (urls []string, fd int, listen string, err error) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	engines := fs.String("engines", "", "the engines' base URLs (http://host:port), comma-separated")
+	fs.StringVar(&listen, "listen", "127.0.0.1:0", "listen `ADDRESS` (port 0 lets the OS choose)")
+	fs.IntVar(&fd, "listen-fd", 0, "serve on this inherited listening socket `FD` instead of --listen (0: none)")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usage)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, 0, "", err
+	}
+	for _, u := range strings.Split(*engines, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			urls = append(urls, u)
+		}
+	}
+	if len(urls) == 0 {
+		return nil, 0, "", fmt.Errorf("cannot start the %s: %w (--engines)", name, errNoEngine)
+	}
+	return urls, fd, listen, nil
 }
 
 // upstreamBody is an engine's streamed answer as the client's response body.

@@ -18,15 +18,27 @@ import (
 // here on 127.0.0.1 (a port chosen by the OS) and handed over as fd 3, as nginx's is.
 // ExternalCPU is the process's own CPU time.
 func StartBareProcess(command []string, engineURLs []string) (*Proxy, error) {
+	return startProxyProcess("bare", command, engineURLs)
+}
+
+// StartEvloopProcess starts the event-loop proxy as its own process (switchyard
+// evloop-proxy, which runs EvloopCommand), as StartBareProcess starts the bare proxy.
+func StartEvloopProcess(command []string, engineURLs []string) (*Proxy, error) {
+	return startProxyProcess("evloop", command, engineURLs)
+}
+
+// startProxyProcess starts command, a proxy process named name that takes --listen-fd and
+// --engines, on a listening socket opened here and handed over as fd 3.
+func startProxyProcess(name string, command []string, engineURLs []string) (*Proxy, error) {
 	if len(command) == 0 || command[0] == "" {
-		return nil, fmt.Errorf("cannot start the bare proxy process: no command")
+		return nil, fmt.Errorf("cannot start the %s proxy process: no command", name)
 	}
 	if len(engineURLs) == 0 {
-		return nil, fmt.Errorf("cannot start the bare proxy process: %w", errNoEngine)
+		return nil, fmt.Errorf("cannot start the %s proxy process: %w", name, errNoEngine)
 	}
 	lf, addr, err := listenerFile()
 	if err != nil {
-		return nil, fmt.Errorf("cannot start the bare proxy process: %w", err)
+		return nil, fmt.Errorf("cannot start the %s proxy process: %w", name, err)
 	}
 	defer lf.Close()
 	args := append(slices.Clone(command[1:]), "--listen-fd", "3", "--engines", strings.Join(engineURLs, ","))
@@ -35,13 +47,13 @@ func StartBareProcess(command []string, engineURLs []string) (*Proxy, error) {
 	cmd.ExtraFiles = []*os.File{lf} // fd 3
 	cmd.Stdout, cmd.Stderr = io.Discard, &limitedWriter{w: &stderr, n: 4 << 10}
 	url := "http://" + addr
-	stop, err := runProcess("bare proxy", cmd, url)
+	stop, err := runProcess(name+" proxy", cmd, url)
 	if err != nil {
-		return nil, fmt.Errorf("cannot start the bare proxy process: %w (stderr: %s)", err, strings.TrimSpace(stderr.String()))
+		return nil, fmt.Errorf("cannot start the %s proxy process: %w (stderr: %s)", name, err, strings.TrimSpace(stderr.String()))
 	}
 	pid := cmd.Process.Pid
 	return &Proxy{
-		name:  "bare",
+		name:  name,
 		url:   url,
 		close: stop,
 		cpu:   func() (time.Duration, bool) { return ProcessTreeCPU(pid) },

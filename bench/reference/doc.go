@@ -2,8 +2,25 @@
 // the same run and on the same engines: a bare fasthttp reverse proxy (round robin, the
 // request and answer copied through, streams relayed as they come, nothing parsed; in this
 // process with StartBare, as its own process with StartBareProcess, which runs a command
-// serving BareCommand: switchyard bare-proxy) and nginx (StartNginx: the reverse proxy users compare against, started from
-// the nginx binary with a configuration generated for the run).
+// serving BareCommand: switchyard bare-proxy), an event-loop proxy (Linux: StartEvloop,
+// StartEvloopProcess, EvloopCommand: switchyard evloop-proxy) and nginx (StartNginx: the
+// reverse proxy users compare against, started from the nginx binary with a configuration
+// generated for the run).
+//
+// # The event-loop proxy
+//
+// An HTTP/1.1 reverse proxy on one goroutine locked to its OS thread: an edge-triggered
+// epoll set over the listener, the clients and the engine connections, nonblocking reads
+// and writes as raw system calls, keep-alive connections both ways (idle engine
+// connections pooled per engine, round robin), one request at a time per client
+// connection (pipelined ones wait in its buffer), each engine read relayed to the client at
+// once (a slow client pauses the engine's reads). Only the framing is parsed: the request
+// head (bounded, 16 KiB) and its Content-Length body (8 MiB; chunked bodies get 501), the
+// answer's head and its Content-Length or chunked body. A reused engine connection that
+// drops a request unanswered has it resent once on a new one. No TLS, deadlines, selection
+// or metrics: it measures what a Go process pays per request without Go's netpoller and
+// scheduler. Its state is the loop goroutine's alone; Close wakes it through a pipe and
+// waits for it to close every socket.
 //
 // # nginx
 //

@@ -23,3 +23,8 @@ func StartNginx([]string, NginxOptions) (*Proxy, error) { return nil, ErrNoNginx
 func StartBareProcess([]string, []string) (*Proxy, error) {
 	return nil, errors.New("cannot start the bare proxy process: unix only")
 }
+
+// StartEvloopProcess returns an error: proxy processes are run on unix systems only.
+func StartEvloopProcess([]string, []string) (*Proxy, error) {
+	return nil, errors.New("cannot start the evloop proxy process: unix only")
+}

@@ -19,13 +19,18 @@ import (
 )
 
 // bareChildEnv, set in a child's environment, makes this test binary the bare proxy
-// command (BareCommand): StartBareProcess is tested with the test binary as its program.
+// command (BareCommand; "evloop": EvloopCommand): StartBareProcess and StartEvloopProcess
+// are tested with the test binary as their program.
 const bareChildEnv = "REFERENCE_TEST_BARE_PROXY"
 
 func TestMain(m *testing.M) {
-	if os.Getenv(bareChildEnv) == "1" {
+	if child := os.Getenv(bareChildEnv); child != "" {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
-		err := BareCommand(ctx, os.Args[1:], os.Stdout, os.Stderr)
+		command := BareCommand
+		if child == "evloop" {
+			command = EvloopCommand
+		}
+		err := command(ctx, os.Args[1:], os.Stdout, os.Stderr)
 		stop()
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
@@ -41,6 +46,18 @@ func bareProcess(t *testing.T, engines []string) *Proxy {
 	t.Helper()
 	t.Setenv(bareChildEnv, "1")
 	p, err := StartBareProcess([]string{os.Args[0]}, engines)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// evloopProcess starts the event-loop proxy as its own process (this test binary as
+// EvloopCommand).
+func evloopProcess(t *testing.T, engines []string) *Proxy {
+	t.Helper()
+	t.Setenv(bareChildEnv, "evloop")
+	p, err := StartEvloopProcess([]string{os.Args[0]}, engines)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,11 +119,11 @@ const (
 	stream = `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":64,"stream":true}`
 )
 
-// TestProxies: the bare proxy and nginx relay a small answer and a 64-event stream
+// TestProxies: the bare proxy, the event-loop proxy and nginx relay a small answer and a 64-event stream
 // unchanged in shape, over several keep-alive requests, and stop cleanly.
 func TestProxies(t *testing.T) {
 	engines := startEngines(t, 2)
-	for _, name := range []string{"bare", "bare process", "nginx"} {
+	for _, name := range []string{"bare", "bare process", "evloop", "evloop process", "nginx"} {
 		t.Run(name, func(t *testing.T) {
 			var p *Proxy
 			switch name {
@@ -114,6 +131,13 @@ func TestProxies(t *testing.T) {
 				p = nginx(t, engines)
 			case "bare process":
 				p = bareProcess(t, engines)
+			case "evloop process":
+				p = evloopProcess(t, engines)
+			case "evloop":
+				var err error
+				if p, err = StartEvloop(engines); err != nil {
+					t.Fatal(err)
+				}
 			default:
 				var err error
 				if p, err = StartBare(engines); err != nil {
@@ -135,7 +159,7 @@ func TestProxies(t *testing.T) {
 				}
 			}
 			cpu, ok := p.ExternalCPU()
-			if !ok || cpu < 0 || (name == "bare" && cpu != 0) {
+			if !ok || cpu < 0 || ((name == "bare" || name == "evloop") && cpu != 0) {
 				t.Errorf("ExternalCPU %v %v", cpu, ok)
 			}
 			addr := strings.TrimPrefix(p.URL(), "http://")

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -192,6 +193,9 @@ func (f *benchFlags) options(stderr io.Writer) (harness.Options, error) {
 			errs = append(errs, fmt.Errorf("%w: cannot find this binary for the bare proxy process: %w", errBenchFlags, err))
 		}
 		o.BareCommand = []string{self, "bare-proxy"}
+		if runtime.GOOS == "linux" {
+			o.EvloopCommand = []string{self, "evloop-proxy"}
+		}
 	}
 	o.MailboxSizes = nil
 	for _, s := range splitList(f.mailboxSizes) {

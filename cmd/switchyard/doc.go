@@ -8,6 +8,7 @@
 //	select      the selection core's picks on a built-in example, without engines
 //	mockengine  simulated SGLang engines for tests and benchmarks
 //	bare-proxy  the benchmarks' reference: a bare fasthttp reverse proxy
+//	evloop-proxy  a benchmarks' reference (Linux): an epoll event-loop proxy on one OS thread
 //	indexer     the prefix index as a network service shared by several routers
 //	tokenize    the token IDs the router computes for stdin
 //	version     the version, commit and Go version the binary was built with

@@ -40,6 +40,7 @@ func commands() []command {
 		{"select", "print the selection core's picks for the built-in example (no engines needed)", runSelect},
 		{"mockengine", "run simulated SGLang engines: switchyard mockengine [--count N] (see --help)", mockengine.Command},
 		{"bare-proxy", "the bench's reference, a bare fasthttp reverse proxy: switchyard bare-proxy --engines URL[,URL...]", reference.BareCommand},
+		{"evloop-proxy", "a bench reference, an epoll event-loop reverse proxy on one OS thread (Linux): switchyard evloop-proxy --engines URL[,URL...]", reference.EvloopCommand},
 		{"indexer", "serve the prefix index to several routers: switchyard indexer [--listen HOST:PORT] --config FILE", runIndexer},
 		{"tokenize", "print the token IDs of stdin: switchyard tokenize --tokenizer PATH [--chat]", runTokenize},
 		{"version", "print the version, commit, Go version and platform of this binary", runVersion},
