@@ -200,8 +200,9 @@ func (l *evLoop) run() error {
 	runtime.LockOSThread() // not unlocked: the thread exits with the goroutine
 	defer l.closeAll()
 	for {
-		n, err := syscall.EpollWait(l.epfd, l.events, -1)
+		n, err := rawEpollWait(l.epfd, l.events)
 		if err == syscall.EINTR {
+			runtime.Gosched() // a preemption signal woke the wait: let the runtime stop this goroutine (GC, scheduling)
 			continue
 		}
 		if err != nil {
@@ -269,6 +270,19 @@ func rawRead(fd int, p []byte) (int, syscall.Errno) {
 func rawWrite(fd int, p []byte) (int, syscall.Errno) {
 	n, _, e := syscall.RawSyscall(syscall.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
 	return int(n), e
+}
+
+// rawEpollWait waits for events without telling the runtime (no entersyscall): the
+// thread keeps its P while it sleeps, so sysmon does not hand the P to another thread
+// (a futex wake-up and two context switches each time the loop sleeps); a preemption
+// signal (GC, sysmon every 10 ms) interrupts the wait with EINTR, and the loop reaches a
+// safe point before waiting again.
+func rawEpollWait(epfd int, events []syscall.EpollEvent) (int, error) {
+	n, _, e := syscall.RawSyscall6(syscall.SYS_EPOLL_PWAIT, uintptr(epfd), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), ^uintptr(0), 0, 0)
+	if e != 0 {
+		return 0, e
+	}
+	return int(n), nil
 }
 
 func (l *evLoop) accept() {
@@ -643,7 +657,9 @@ func (l *evLoop) upstreamRead(up *evConn) {
 // goes on with its next request or closes.
 func (l *evLoop) finish(c, up *evConn, reuse bool) {
 	up.peer, c.peer = nil, nil
-	if reuse && c.reqKeep && !up.rdhup {
+	// An answer that came before the whole request was written leaves the connection
+	// mid-request: not reusable.
+	if reuse && c.reqKeep && !up.rdhup && len(up.out) == 0 {
 		up.reused = true
 		l.idle[up.engine] = append(l.idle[up.engine], up)
 	} else {
