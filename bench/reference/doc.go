@@ -16,7 +16,8 @@
 // connection (pipelined ones wait in its buffer), each engine read relayed to the client at
 // once (a slow client pauses the engine's reads). Only the framing is parsed: the request
 // head (bounded, 16 KiB) and its Content-Length body (8 MiB; chunked bodies get 501), the
-// answer's head and its Content-Length or chunked body. A reused engine connection that
+// answer's head and its Content-Length or chunked body (the chunked framing followed by
+// fleet.ChunkedFraming, the router's own decoder). A reused engine connection that
 // drops a request unanswered has it resent once on a new one. No TLS, deadlines, selection
 // or metrics: it measures what a Go process pays per request without Go's netpoller and
 // scheduler. Its state is the loop goroutine's alone; Close wakes it through a pipe and

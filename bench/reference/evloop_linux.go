@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"unsafe"
+
+	"switchyard/httpfront/fleet"
 )
 
 // The event-loop proxy: one goroutine locked to its OS thread, an edge-triggered epoll set
@@ -33,8 +35,6 @@ const (
 	evClientBuf = 4 << 10
 	// evEvents is the most events one epoll_wait returns.
 	evEvents = 256
-	// evChunkLine bounds a chunk-size line and each trailer line of a chunked answer.
-	evChunkLine = 4 << 10
 )
 
 // epollET is EPOLLET as the uint32 epoll_event.events holds it (syscall's is negative).
@@ -54,15 +54,6 @@ const (
 	bodyLength
 	bodyChunked
 	bodyUntilClose
-)
-
-// Chunked-decoder states.
-const (
-	chunkSize    = iota // hex digits, extensions, up to LF
-	chunkData           // remain bytes of data
-	chunkDataCR         // the CR after a chunk's data
-	chunkDataLF         // the LF after a chunk's data
-	chunkTrailer        // trailer lines up to an empty one
 )
 
 // evConn is one socket of the loop: the listener, the wake pipe, a client or an engine
@@ -104,11 +95,8 @@ type respFraming struct {
 	head      []byte // the head's bytes so far, when it spans reads
 	inHead    bool
 	mode      int
-	remain    int64 // bodyLength: bytes left; chunkData: the chunk's bytes left
-	cstate    int
-	lineLen   int
-	sawDigit  bool
-	ext       bool // past a chunk size's digits
+	remain    int64 // bodyLength: bytes left
+	chunked   fleet.ChunkedFraming
 	keepAlive bool
 	isHead    bool
 }
@@ -125,13 +113,14 @@ type evLoop struct {
 	conns   []*evConn   // by fd
 	gen     uint32
 	buf     []byte
+	scratch []byte // the chunked framing's copy of a read
 	events  []syscall.EpollEvent
 }
 
 // newEvLoop prepares a loop serving on the listening socket lfd (which it owns from now
 // on, also on error) in front of engineURLs (http://host:port).
 func newEvLoop(lfd int, engineURLs []string) (_ *evLoop, err error) {
-	l := &evLoop{epfd: -1, lfd: lfd, wakeR: -1, wakeW: -1, buf: make([]byte, evReadSize), events: make([]syscall.EpollEvent, evEvents)}
+	l := &evLoop{epfd: -1, lfd: lfd, wakeR: -1, wakeW: -1, buf: make([]byte, evReadSize), scratch: make([]byte, evReadSize), events: make([]syscall.EpollEvent, evEvents)}
 	defer func() {
 		if err != nil {
 			l.closeAll()
@@ -631,7 +620,7 @@ func (l *evLoop) upstreamRead(up *evConn) {
 		}
 		up.gotResp = true
 		p := l.buf[:n]
-		end, done, perr := up.resp.feed(p)
+		end, done, perr := up.resp.feed(p, l.scratch)
 		if perr != "" {
 			if !c.sent {
 				l.badGateway(c, "invalid answer from the engine: "+perr)
@@ -820,10 +809,10 @@ func parseRequestHead(h []byte) (reqHead, string) {
 	return r, ""
 }
 
-// feed follows the answer through p, the next bytes read from the engine: end is how many
-// of them belong to the answer, done whether it ended there; a non-empty message is a
-// framing error.
-func (f *respFraming) feed(p []byte) (end int, done bool, errMsg string) {
+// feed follows the answer through p, the next bytes read from the engine (scratch, at
+// least as long, is overwritten): end is how many of them belong to the answer, done
+// whether it ended there; a non-empty message is a framing error.
+func (f *respFraming) feed(p, scratch []byte) (end int, done bool, errMsg string) {
 	i := 0
 	for i < len(p) {
 		if f.inHead {
@@ -857,14 +846,15 @@ func (f *respFraming) feed(p []byte) (end int, done bool, errMsg string) {
 		case bodyUntilClose:
 			return len(p), false, ""
 		case bodyChunked:
-			n, fin, msg := f.feedChunked(p[i:])
-			if msg != "" {
-				return 0, false, msg
+			n, fin, err := f.chunked.Feed(p[i:], scratch)
+			if err != nil {
+				return 0, false, err.Error()
 			}
 			i += n
 			if fin {
 				return i, true, ""
 			}
+			return i, false, ""
 		}
 	}
 	return i, false, ""
@@ -948,7 +938,7 @@ func (f *respFraming) parseHead(h []byte) string {
 	case f.isHead || status == 204 || status == 304:
 		f.mode = bodyNone
 	case chunked && !other:
-		f.mode, f.cstate, f.lineLen, f.sawDigit, f.ext, f.remain = bodyChunked, chunkSize, 0, false, false, 0
+		f.mode, f.chunked = bodyChunked, fleet.ChunkedFraming{}
 	case other || status == 101 || length < 0:
 		f.mode = bodyUntilClose
 	case length == 0:
@@ -957,99 +947,6 @@ func (f *respFraming) parseHead(h []byte) string {
 		f.mode, f.remain = bodyLength, length
 	}
 	return ""
-}
-
-// feedChunked follows chunked framing through p: n bytes of it belong to the answer, fin
-// when the last chunk and the trailer ended there.
-func (f *respFraming) feedChunked(p []byte) (n int, fin bool, errMsg string) {
-	i := 0
-	for i < len(p) {
-		switch f.cstate {
-		case chunkSize:
-			b := p[i]
-			i++
-			f.lineLen++
-			if f.lineLen > evChunkLine {
-				return 0, false, "chunk size line too long"
-			}
-			switch {
-			case b == '\n':
-				if !f.sawDigit {
-					return 0, false, "malformed chunk size"
-				}
-				f.lineLen, f.sawDigit, f.ext = 0, false, false
-				if f.remain == 0 {
-					f.cstate = chunkTrailer
-				} else {
-					f.cstate = chunkData
-				}
-			case f.ext: // past the digits: extensions and the CR are skipped
-			case b == ';' || b == ' ' || b == '\t' || b == '\r':
-				f.ext = true
-			default:
-				d := hexDigit(b)
-				if d < 0 {
-					return 0, false, "malformed chunk size"
-				}
-				if f.remain > (1<<59)>>4 {
-					return 0, false, "chunk size too large"
-				}
-				f.remain = f.remain<<4 | int64(d)
-				f.sawDigit = true
-			}
-		case chunkData:
-			take := int64(len(p) - i)
-			if take > f.remain {
-				take = f.remain
-			}
-			i += int(take)
-			f.remain -= take
-			if f.remain == 0 {
-				f.cstate = chunkDataCR
-			}
-		case chunkDataCR:
-			if p[i] != '\r' {
-				return 0, false, "malformed chunk end"
-			}
-			i++
-			f.cstate = chunkDataLF
-		case chunkDataLF:
-			if p[i] != '\n' {
-				return 0, false, "malformed chunk end"
-			}
-			i++
-			f.cstate = chunkSize
-		case chunkTrailer:
-			b := p[i]
-			i++
-			if b == '\n' {
-				if f.lineLen == 0 {
-					return i, true, ""
-				}
-				f.lineLen = 0
-				continue
-			}
-			if b != '\r' {
-				f.lineLen++
-			}
-			if f.lineLen > evChunkLine {
-				return 0, false, "trailer line too long"
-			}
-		}
-	}
-	return i, false, ""
-}
-
-func hexDigit(b byte) int {
-	switch {
-	case b >= '0' && b <= '9':
-		return int(b - '0')
-	case b >= 'a' && b <= 'f':
-		return int(b-'a') + 10
-	case b >= 'A' && b <= 'F':
-		return int(b-'A') + 10
-	}
-	return -1
 }
 
 // asciiEqualFold reports whether b equals the lower-case s, ignoring ASCII case.

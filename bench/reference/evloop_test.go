@@ -517,7 +517,7 @@ func feedSplit(isHead bool, in []byte, cut int) (end int, done bool, msg string,
 		if len(part) == 0 {
 			continue
 		}
-		n, d, m := f.feed(part)
+		n, d, m := f.feed(part, make([]byte, len(part)))
 		if m != "" {
 			return 0, false, m, f
 		}

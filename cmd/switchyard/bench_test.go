@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -305,6 +306,9 @@ func TestBenchOverheadProcesses(t *testing.T) {
 			t.Errorf("row %s: own CPU %v s/1k, total %v", r.Name, r.Own, r.CPU)
 		}
 		own[r.Name] = r.Own
+	}
+	if _, ok := own["evloop stream"]; runtime.GOOS == "linux" && (own["evloop"] == 0 || !ok) {
+		t.Errorf("no event-loop proxy rows on Linux: %v", own)
 	}
 	if sc.Overhead.RouterCPU != own["router"] {
 		t.Errorf("router CPU %v, want its own process's %v", sc.Overhead.RouterCPU, own["router"])

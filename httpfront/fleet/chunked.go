@@ -222,3 +222,20 @@ func upToCR(b []byte) ([]byte, bool) {
 	}
 	return b, false
 }
+
+// ChunkedFraming follows a chunked body's framing through the reads that carry it without
+// taking its data out: a proxy that relays the bytes as they came (the bench's event-loop
+// proxy) learns where the body ends. The zero value is ready for a body's first byte; it is
+// the chunkDecoder the streamed answers use, run on a copy of each read.
+type ChunkedFraming struct{ d chunkDecoder }
+
+// Feed follows the framing through b, which it leaves as it is; scratch is a buffer of at
+// least len(b) bytes it may overwrite. used is how many bytes of b belong to the body
+// (len(b) unless it ended inside b), done whether it has ended; a broken framing fails with
+// an error wrapping ErrBadChunk.
+func (f *ChunkedFraming) Feed(b, scratch []byte) (used int, done bool, err error) {
+	s := scratch[:len(b)]
+	copy(s, b)
+	_, used, err = f.d.decode(s)
+	return used, f.d.done(), err
+}

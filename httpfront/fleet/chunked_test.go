@@ -89,6 +89,53 @@ func TestChunkDecoder(t *testing.T) {
 	}
 }
 
+// TestChunkedFraming: the framing follower finds the same end as the decoder, cut at every
+// point, and leaves the bytes it reads as they came.
+func TestChunkedFraming(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		body     string
+		wantUsed int // -1: not done
+		wantErr  bool
+	}{
+		{"chunks, extension and trailer, then the next answer", "5;x\r\nhello\r\n0\r\nT: v\r\n\r\nHTTP/1.1", 23, false},
+		{"unfinished", "5\r\nhel", -1, false},
+		{"bare LF", "5\nhello\r\n", -1, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			for cut := range len(tt.body) + 1 {
+				var f ChunkedFraming
+				in := []byte(tt.body)
+				scratch := make([]byte, len(in))
+				off, used, done := 0, 0, false
+				var err error
+				for _, part := range [][]byte{in[:cut], in[cut:]} {
+					if len(part) == 0 || done || err != nil {
+						continue
+					}
+					used, done, err = f.Feed(part, scratch)
+					if done {
+						used += off
+					}
+					off += len(part)
+				}
+				if string(in) != tt.body {
+					t.Fatalf("cut %d: Feed changed its input to %q", cut, in)
+				}
+				if tt.wantErr {
+					if !errors.Is(err, ErrBadChunk) {
+						t.Fatalf("cut %d: error %v", cut, err)
+					}
+					continue
+				}
+				if err != nil || done != (tt.wantUsed >= 0) || done && used != tt.wantUsed {
+					t.Fatalf("cut %d: used %d done %v err %v, want %d", cut, used, done, err, tt.wantUsed)
+				}
+			}
+		})
+	}
+}
+
 // FuzzChunkDecoder: whatever an engine sends, cut into whatever reads, the decoder neither
 // panics nor reads past its input, gives the same data and verdict as when the bytes come
 // at once, and never accepts a body whose data Go's own chunked reader reads otherwise.

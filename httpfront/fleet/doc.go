@@ -7,7 +7,8 @@
 // response's reads paced by its connection's read deadline and interruptible from any
 // goroutine: Stream;
 // its chunked body decoded below fasthttp's client, straight into the reader's buffer:
-// streamTransport, streamBody, chunkDecoder),
+// streamTransport, streamBody, chunkDecoder; the same decoder follows the framing alone for
+// a proxy that relays the bytes as they came: ChunkedFraming),
 // telemetry and KV-event subscriptions; and Kubernetes discovery (Kubernetes). Failures are *Error values whose Kind
 // says whether the engine or the router is answerable. docs/architecture.md ("httpfront/fleet
 // in detail") says what each part does.
