@@ -248,19 +248,6 @@ func (l *evLoop) closeWake() {
 	}
 }
 
-// Raw nonblocking system calls: they never block, so they skip the runtime's
-// entersyscall/exitsyscall.
-
-func rawRead(fd int, p []byte) (int, syscall.Errno) {
-	n, _, e := syscall.RawSyscall(syscall.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
-	return int(n), e
-}
-
-func rawWrite(fd int, p []byte) (int, syscall.Errno) {
-	n, _, e := syscall.RawSyscall(syscall.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
-	return int(n), e
-}
-
 // rawEpollWait waits for events without telling the runtime (no entersyscall): the
 // thread keeps its P while it sleeps, so sysmon does not hand the P to another thread
 // (a futex wake-up and two context switches each time the loop sleeps); a preemption
@@ -335,7 +322,7 @@ func (l *evLoop) clientEvent(c *evConn, events uint32) {
 // engine answer paused behind it resumes or a closing client is closed.
 func (l *evLoop) flushClient(c *evConn) bool {
 	for len(c.out) > 0 && c.writable {
-		n, e := rawWrite(c.fd, c.out)
+		n, e := fleet.SysWrite(uintptr(c.fd), c.out)
 		switch {
 		case e == syscall.EINTR:
 			continue
@@ -371,7 +358,7 @@ func (l *evLoop) writeClient(c *evConn, p []byte) bool {
 		return true
 	}
 	for len(p) > 0 {
-		n, e := rawWrite(c.fd, p)
+		n, e := fleet.SysWrite(uintptr(c.fd), p)
 		switch {
 		case e == syscall.EINTR:
 			continue
@@ -406,7 +393,7 @@ func (l *evLoop) clientProgress(c *evConn) {
 			c.in = append(c.in[:cap(c.in)], make([]byte, cap(c.in))...)[:len(c.in)]
 		}
 		room := c.in[len(c.in):cap(c.in)]
-		n, e := rawRead(c.fd, room)
+		n, e := fleet.SysRead(uintptr(c.fd), room)
 		switch {
 		case e == syscall.EINTR:
 			continue
@@ -510,7 +497,7 @@ func (l *evLoop) send(c *evConn, up *evConn) {
 // writeUpstream writes p to up, keeping what the socket does not take.
 func (l *evLoop) writeUpstream(up *evConn, p []byte) {
 	for len(p) > 0 {
-		n, e := rawWrite(up.fd, p)
+		n, e := fleet.SysWrite(uintptr(up.fd), p)
 		switch {
 		case e == syscall.EINTR:
 			continue
@@ -592,7 +579,7 @@ func (l *evLoop) upstreamRead(up *evConn) {
 		if c != nil && len(c.out) > 0 {
 			return // the client is slow: read on once its output is written
 		}
-		n, e := rawRead(up.fd, l.buf)
+		n, e := fleet.SysRead(uintptr(up.fd), l.buf)
 		switch {
 		case e == syscall.EINTR:
 			continue

@@ -120,7 +120,7 @@ func (s *Socket) read(b []byte, w waiter) (int, error) {
 func (s *Socket) rawRead(fd uintptr) bool {
 	op := &s.rd
 	for {
-		n, errno := sysRead(fd, op.b)
+		n, errno := SysRead(fd, op.b)
 		switch errno {
 		case 0:
 			op.n = n
@@ -177,7 +177,7 @@ func (s *Socket) rawWrite(fd uintptr) bool {
 		if len(b) > maxRawWrite {
 			b = b[:maxRawWrite]
 		}
-		n, errno := sysWrite(fd, b)
+		n, errno := SysWrite(fd, b)
 		switch errno {
 		case 0:
 			if n == 0 {

@@ -4,15 +4,15 @@ package fleet
 
 import "syscall"
 
-// sysRead is read(2) through syscall.Read under the race detector: its annotations order a
+// SysRead is read(2) through syscall.Read under the race detector: its annotations order a
 // socket's write before the read of it in the same process (see Socket).
-func sysRead(fd uintptr, b []byte) (int, syscall.Errno) {
+func SysRead(fd uintptr, b []byte) (int, syscall.Errno) {
 	n, err := syscall.Read(int(fd), b)
 	return n, errnoOf(err)
 }
 
-// sysWrite is write(2) through syscall.Write under the race detector (see sysRead).
-func sysWrite(fd uintptr, b []byte) (int, syscall.Errno) {
+// SysWrite is write(2) through syscall.Write under the race detector (see SysRead).
+func SysWrite(fd uintptr, b []byte) (int, syscall.Errno) {
 	n, err := syscall.Write(int(fd), b)
 	return n, errnoOf(err)
 }
