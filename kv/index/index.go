@@ -456,6 +456,15 @@ func (sc *lookupScratch) hashInto(dst []int64, hi int) []int64 {
 	return dst
 }
 
+// reserveHashes makes room in sc.hashes for n keys, keeping those computed.
+func (sc *lookupScratch) reserveHashes(n int) {
+	if cap(sc.hashes) < n {
+		grown := make([]int64, len(sc.hashes), n)
+		copy(grown, sc.hashes)
+		sc.hashes = grown
+	}
+}
+
 // startChain points sc at the prompt tokens, hashed in blocks of blockSize from the start,
 // with keys (nil: the SHA-256 chain, through cache if any).
 func (sc *lookupScratch) startChain(tokens []uint32, blockSize int, cache *hashCache, keys *RouterKeys) {
@@ -660,6 +669,7 @@ func (x *Index) probeNext(ctx context.Context, sc *lookupScratch, w int) (bool, 
 // prompt nobody holds costs one key and one probe. A block read beside a busy writer leaves
 // the rest to the shards' host.
 func (x *Index) matchKeyed(ctx context.Context, sc *lookupScratch, w, n int) error {
+	sc.reserveHashes(n) // one allocation for a scratch the pool made anew, not a growing series
 	sc.hashUpTo(1)
 	end, alive := x.matchDirect(sc, w, 0, 1, false)
 	if alive && end == 1 {

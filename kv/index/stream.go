@@ -71,11 +71,7 @@ func newStream() *stream {
 // matchStream matches blocks [lo, n) of sc's prompt, blocks [0, sc.hashed) being hashed and
 // blocks [0, lo) matched (see the comment above streamMinBlocks).
 func (x *Index) matchStream(ctx context.Context, sc *lookupScratch, w, lo, n int) error {
-	if cap(sc.hashes) < n {
-		grown := make([]int64, sc.hashed, n)
-		copy(grown, sc.hashes[:sc.hashed])
-		sc.hashes = grown
-	}
+	sc.reserveHashes(n)
 	hashes := sc.hashes[:n]
 	sc.hashes = hashes
 	st := sc.stream
