@@ -135,7 +135,8 @@ func Pair(tb testing.TB) (dialed, accepted *net.TCPConn) {
 	}()
 	d, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {
-		<-acc // the listener's close ends the accept
+		_ = ln.Close() // ends the accept
+		<-acc
 		tb.Fatal(err)
 	}
 	a := <-acc
