@@ -78,11 +78,13 @@ test-short: testdeps testdata-tokenizers testdata-openai ## run the tests withou
 bench: testdata-tokenizers ## run the Go benchmarks (BENCH=regexp, BENCHTIME=1s)
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) $(PKGS)
 
-lint: ## go vet, gofmt and the import-direction rules
+lint: ## go vet, gofmt, the import-direction rules and the binary built for darwin and windows
 	$(GO) vet $(PKGS)
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) test -count=1 -run 'Test(KV)?ImportDirection$$' ./cmd/switchyard
+	GOOS=darwin GOARCH=arm64 $(GO) build -o /dev/null ./cmd/switchyard
+	GOOS=windows GOARCH=amd64 $(GO) build -o /dev/null ./cmd/switchyard
 
 fmt: ## format the code
 	gofmt -w $$(find . -name '*.go' -not -path './.cache/*')

@@ -64,10 +64,11 @@ const maxRW = 1 << 30
 const maxRawWrite = 256 << 10
 
 // NewSocket returns c's Socket, or nil when c is not a *net.TCPConn (a test's pipe, a
-// connection a DialFunc wrapped): use c as it is then.
+// connection a DialFunc wrapped) or the system has no raw socket calls (not Unix): use c as
+// it is then.
 func NewSocket(c net.Conn) *Socket {
 	tc, ok := c.(*net.TCPConn)
-	if !ok {
+	if !ok || !rawSockets {
 		return nil
 	}
 	rc, err := tc.SyscallConn()
