@@ -18,7 +18,10 @@
 // matches and, while it waits for hashes, reads the tokens of the chunks ahead for their
 // cache keys), and whole 64-block chunks of recent prompts keep their hashes in a lock-free
 // cache (hashcache.go). With the router's keys, cheap to compute, the prompt is keyed as it
-// is matched, in one pass. The index is bounded
+// is matched, in one pass; when the operator switches it on (Config.SplitBlocks, off by
+// default), a long one on two cores while the index's twin is free (twin.go: a goroutine
+// started by the first long lookup and stopped by Close matches the back part of the
+// prompt while the lookup goroutine matches the front). The index is bounded
 // (Config.MaxBlocks) with a CLOCK approximation of LRU in which blocks a request matched
 // outlive blocks only stored.
 //
@@ -41,6 +44,6 @@
 // entry's age, skipped when it is already set; a concurrent write may undo it (LRU stays
 // approximate). A lookup sees what the shards have applied, not batches still queued for
 // them; Sync waits for those. Owners publishes immutable snapshots and keeps epochs in
-// atomics. A Writer belongs to one goroutine. Close an Index (it stops its shard host); a
-// host returns the ShardBatch values handed to it with Done.
+// atomics. A Writer belongs to one goroutine. Close an Index (it stops its twin, if any, and
+// its shard host); a host returns the ShardBatch values handed to it with Done.
 package index

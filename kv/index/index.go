@@ -61,9 +61,20 @@ type Config struct {
 	// BlockKeyRouter. With BlockKeyRouter there is no hash cache (HashCacheChunks is not
 	// used): a chunk's cache key costs about what its router keys do.
 	BlockKey string
+	// SplitBlocks, when not 0, splits a lookup keyed by the router's keys (BlockKeyRouter) of
+	// at least this many blocks across two goroutines: the index's twin (twin.go), one more
+	// goroutine per index started by the first such lookup and stopped by Close, matches the
+	// back part of the prompt while the lookup goroutine matches the front. It buys a lower
+	// tail with a spare core, at a higher median on a busy one (docs/benchmarks.md). 0 (the
+	// default) keeps every lookup on its own goroutine; otherwise at least MinSplitBlocks.
+	// Not used with BlockKeyEngine, nor with GOMAXPROCS 1.
+	SplitBlocks int
 
 	// observer sees streamed lookups (tests in this package); nil: none.
 	observer streamObserver
+	// matchRest, when not nil, matches blocks [1, n) of a lookup keyed by the router's keys
+	// instead of the matcher or the twin, as matchDirect does (tests in this package).
+	matchRest func(x *Index, sc *lookupScratch, w, n int) (end int, alive bool)
 }
 
 // Index is the prefix index: block hash → owners ((worker, DP rank) pairs) per storage tier,
@@ -82,8 +93,10 @@ type Index struct {
 	n       uint64
 	timeout time.Duration
 	metrics *kv.Metrics
-	hcache  *hashCache  // nil: none
-	keys    *RouterKeys // nil: BlockKeyEngine
+	hcache  *hashCache                                              // nil: none
+	keys    *RouterKeys                                             // nil: BlockKeyEngine
+	twin    *twin                                                   // nil: none (Config.SplitBlocks)
+	rest    func(x *Index, sc *lookupScratch, w, n int) (int, bool) // see Config.matchRest
 
 	scratch sync.Pool // *lookupScratch
 	batches sync.Pool // *ShardBatch
@@ -113,6 +126,9 @@ func New(cfg Config) (*Index, error) {
 	default:
 		return nil, fmt.Errorf("cannot build the index: unknown block key %q (%s or %s)", cfg.BlockKey, BlockKeyEngine, BlockKeyRouter)
 	}
+	if cfg.SplitBlocks != 0 && cfg.SplitBlocks < MinSplitBlocks {
+		return nil, fmt.Errorf("cannot build the index: split blocks must be 0 (off) or at least %d, got %d", MinSplitBlocks, cfg.SplitBlocks)
+	}
 	x := &Index{
 		keys:    keys,
 		owners:  NewOwners(),
@@ -120,8 +136,12 @@ func New(cfg Config) (*Index, error) {
 		timeout: cfg.LookupTimeout,
 		metrics: cfg.Metrics,
 		obs:     cfg.observer,
+		rest:    cfg.matchRest,
 	}
 	x.hcache = newHashCache(cfg.HashCacheChunks, cfg.Metrics)
+	if keys != nil && cfg.SplitBlocks > 0 && runtime.GOMAXPROCS(0) > 1 {
+		x.twin = newTwin(cfg.SplitBlocks)
+	}
 	per := (cfg.MaxBlocks + cfg.Shards - 1) / cfg.Shards
 	x.shards = make([]*Shard, cfg.Shards)
 	for i := range x.shards {
@@ -172,8 +192,9 @@ func (x *Index) Metrics() *kv.Metrics { return x.metrics }
 // Shards returns the number of shards.
 func (x *Index) Shards() int { return len(x.shards) }
 
-// Close stops the shard host when it has anything to stop.
+// Close stops the twin (Config.SplitBlocks) and the shard host when it has anything to stop.
 func (x *Index) Close() error {
+	x.twin.stop()
 	if c, ok := x.host.(io.Closer); ok {
 		return c.Close()
 	}
@@ -589,18 +610,22 @@ func (x *Index) matchGroup(ctx context.Context, sc *lookupScratch, owners []Owne
 			sc.bits[o] = 0
 		}
 	}()
+	sc.startSets(k, w)
+	return x.matchWaves(ctx, sc, w, n)
+}
+
+// startSets sets sc's counts of k owners to zero and all k alive, in w words.
+func (sc *lookupScratch) startSets(k, w int) {
 	if cap(sc.count) < k {
 		sc.count = make([]uint32, k)
-	} else {
-		sc.count = sc.count[:k]
-		clear(sc.count)
 	}
-	sc.alive = sc.alive[:0]
-	for i := range w {
-		n := min(64, k-64*i)
-		sc.alive = append(sc.alive, ^uint64(0)>>(64-n))
+	sc.count = sc.count[:k]
+	clear(sc.count)
+	if cap(sc.alive) < w {
+		sc.alive = make([]uint64, w)
 	}
-	return x.matchWaves(ctx, sc, w, n)
+	sc.alive = sc.alive[:w]
+	fillAlive(sc.alive, k)
 }
 
 // matchWaves asks the shards about the prompt's n blocks in growing waves, following the
@@ -666,14 +691,22 @@ func (x *Index) probeNext(ctx context.Context, sc *lookupScratch, w int) (bool, 
 // matchKeyed matches the prompt's n blocks keyed by the router's keys in one pass
 // (matchDirect), keying them as it goes: keying is a small part of such a lookup, so there
 // are no waves and no probe ahead of each. The first block is matched alone, so that a
-// prompt nobody holds costs one key and one probe. A block read beside a busy writer leaves
-// the rest to the shards' host.
+// prompt nobody holds costs one key and one probe. A long prompt is matched on two cores when
+// the index's twin is free (twin.go: it takes the back part of what is left when it starts).
+// A block read beside a busy writer leaves the rest to the shards' host.
 func (x *Index) matchKeyed(ctx context.Context, sc *lookupScratch, w, n int) error {
 	sc.reserveHashes(n) // one allocation for a scratch the pool made anew, not a growing series
 	sc.hashUpTo(1)
 	end, alive := x.matchDirect(sc, w, 0, 1, false)
 	if alive && end == 1 {
-		end, alive = x.matchDirect(sc, w, 1, n, true)
+		switch {
+		case x.rest != nil:
+			end, alive = x.rest(x, sc, w, n)
+		case x.twin.acquire(x, n):
+			end, alive = x.matchTwin(x.twin, sc, w, n) // a long prompt: on two cores
+		default:
+			end, alive = x.matchDirect(sc, w, 1, n, true)
+		}
 	}
 	if !alive {
 		return nil
