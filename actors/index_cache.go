@@ -137,7 +137,7 @@ func NewCacheState(cfg *config.Config, opts CacheOptions) (*CacheState, error) {
 	io := IndexOptionsFrom(cfg)
 	io.Logger, io.Metrics, io.System = opts.Logger, opts.Metrics, opts.System
 	x, err := index.New(index.Config{Shards: cfg.KV.Shards, MaxBlocks: cfg.KV.MaxBlocks, HashCacheChunks: cfg.KV.HashCacheChunks, BlockKey: cfg.KV.BlockKey,
-		LookupTimeout: cfg.CacheAware.QueryTimeout, Host: IndexHost(io), Metrics: km})
+		SplitBlocks: cfg.KV.LookupSplitBlocks, LookupTimeout: cfg.CacheAware.QueryTimeout, Host: IndexHost(io), Metrics: km})
 	if err != nil {
 		return nil, fmt.Errorf("cannot build the cache state: %w", err)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"reflect"
+	"runtime"
 	"strconv"
 	"sync"
 	"testing"
@@ -579,5 +580,40 @@ func TestCacheStateBlockKey(t *testing.T) {
 			t.Errorf("kv.block_key %s: index %v not keyed as configured", key, cs.Index())
 		}
 		cs.Close()
+	}
+}
+
+// TestCacheStateLookupSplit: kv.lookup_split_blocks reaches an index keyed by the router's
+// keys, with the index's own least value; off (the default) or with engine keys there is no
+// split.
+func TestCacheStateLookupSplit(t *testing.T) {
+	if config.MinLookupSplitBlocks != index.MinSplitBlocks {
+		t.Fatalf("kv.lookup_split_blocks least %d; the index's %d", config.MinLookupSplitBlocks, index.MinSplitBlocks)
+	}
+	if runtime.GOMAXPROCS(0) < 2 {
+		t.Skip("no split on one processor")
+	}
+	tests := []struct {
+		key   string
+		split int
+		want  int
+	}{
+		{config.BlockKeyRouter, 0, 0},
+		{config.BlockKeyRouter, 2048, 2048},
+		{config.BlockKeyEngine, 2048, 0},
+	}
+	for _, tc := range tests {
+		t.Run(fmt.Sprintf("%s/%d", tc.key, tc.split), func(t *testing.T) {
+			cfg := config.Default()
+			cfg.KV.Shards, cfg.KV.BlockKey, cfg.KV.LookupSplitBlocks = 2, tc.key, tc.split
+			cs, err := NewCacheState(cfg, CacheOptions{Metrics: metrics.NewSet()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cs.Close()
+			if got := cs.Index().SplitBlocks(); got != tc.want {
+				t.Fatalf("index splits lookups of %d blocks, want %d", got, tc.want)
+			}
+		})
 	}
 }

@@ -492,6 +492,12 @@ type KV struct {
 	// more ingest work and a map entry per held block; hash_cache_chunks is not used).
 	// Default "engine".
 	BlockKey string `koanf:"block_key" json:"block_key"`
+	// LookupSplitBlocks, when not 0, splits a lookup of at least this many blocks across two
+	// goroutines with block_key router: one more goroutine per index matches the back part
+	// of the prompt while the lookup's own goroutine matches the front. It lowers the tail
+	// of long lookups when a core is to spare, and raises their median when none is; at
+	// least 1024 when set. Not used with block_key engine, nor on one core. Default 0 (off).
+	LookupSplitBlocks int `koanf:"lookup_split_blocks" json:"lookup_split_blocks" unit:"blocks"`
 	// MaxMessageBytes bounds one ZeroMQ message (its frames together) read from any
 	// engine or peer: KV events, replays, the bound SUB and the load gauge. A peer that
 	// announces more is disconnected and counted in switchyard_zmq_peer_drops_total.

@@ -158,6 +158,10 @@ const (
 	BlockKeyRouter = "router"
 )
 
+// MinLookupSplitBlocks is the least kv.lookup_split_blocks other than 0 (off): the prefix
+// index's index.MinSplitBlocks.
+const MinLookupSplitBlocks = 1024
+
 // Load sources, cache sources, bucket orders and log levels, as written in configuration.
 const (
 	LoadSourceHTTP = "http"

@@ -75,6 +75,7 @@ func TestDefault(t *testing.T) {
 		{"kv.max_blocks", d.KV.MaxBlocks, 4_000_000},
 		{"kv.hash_cache_chunks", d.KV.HashCacheChunks, 16384},
 		{"kv.block_key", d.KV.BlockKey, "engine"},
+		{"kv.lookup_split_blocks", d.KV.LookupSplitBlocks, 0},
 		{"kv.max_message_bytes", d.KV.MaxMessageBytes, int64(16 << 20)},
 		{"kv.reconnect_backoff", d.KV.ReconnectBackoff, 500 * time.Millisecond},
 		{"affinity.session_header", d.Affinity.SessionHeader, "x-session-id"},

@@ -447,6 +447,9 @@ func (c *Config) validateKV(p *problems) {
 	positive(p, "kv.reconnect_backoff", k.ReconnectBackoff)
 	atLeast(p, "kv.hash_cache_chunks", int64(k.HashCacheChunks), 0) // 0: off
 	atLeast(p, "kv.max_message_bytes", k.MaxMessageBytes, 4096)
+	if k.LookupSplitBlocks != 0 && k.LookupSplitBlocks < MinLookupSplitBlocks {
+		p.add("kv.lookup_split_blocks", ErrInvalid, fmt.Sprintf("must be 0 (off) or at least %d blocks, got %d", MinLookupSplitBlocks, k.LookupSplitBlocks))
+	}
 	switch k.BlockKey {
 	case "", BlockKeyEngine, BlockKeyRouter: // "": engine
 	default:

@@ -383,6 +383,12 @@ func TestValidate(t *testing.T) {
 			want: []string{`kv.block_key: unknown block key "sha256" (engine or router)`}},
 		{name: "kv shards explicit", mutate: func(c *Config) { c.KV.Shards = 8 }},
 		{name: "kv hash cache off", mutate: func(c *Config) { c.KV.HashCacheChunks = 0 }},
+		{name: "kv lookup split on", mutate: func(c *Config) { c.KV.BlockKey, c.KV.LookupSplitBlocks = BlockKeyRouter, MinLookupSplitBlocks }},
+		{name: "kv lookup split on, engine keys (ignored)", mutate: func(c *Config) { c.KV.LookupSplitBlocks = 4096 }},
+		{name: "kv lookup split below the least", mutate: func(c *Config) { c.KV.LookupSplitBlocks = MinLookupSplitBlocks - 1 },
+			want: []string{"kv.lookup_split_blocks: must be 0 (off) or at least 1024 blocks, got 1023"}},
+		{name: "kv lookup split negative", mutate: func(c *Config) { c.KV.LookupSplitBlocks = -1 },
+			want: []string{"kv.lookup_split_blocks: must be 0 (off) or at least 1024 blocks, got -1"}},
 		{name: "affinity", mutate: func(c *Config) {
 			c.Affinity = Affinity{SessionHeader: "", RoutingKeyHeader: "x routing"}
 		}, want: []string{

@@ -45,7 +45,8 @@ func runIndexer(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: logLevel(cfg.Log.Level)}))
 	exposeMetricKinds()
 	set := metrics.NewSet()
-	idx, err := index.New(index.Config{Shards: cfg.KV.Shards, MaxBlocks: cfg.KV.MaxBlocks, HashCacheChunks: cfg.KV.HashCacheChunks, BlockKey: cfg.KV.BlockKey, Metrics: kv.NewMetrics(set)})
+	idx, err := index.New(index.Config{Shards: cfg.KV.Shards, MaxBlocks: cfg.KV.MaxBlocks, HashCacheChunks: cfg.KV.HashCacheChunks, BlockKey: cfg.KV.BlockKey,
+		SplitBlocks: cfg.KV.LookupSplitBlocks, Metrics: kv.NewMetrics(set)})
 	if err != nil {
 		return err
 	}

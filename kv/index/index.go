@@ -176,6 +176,16 @@ func (x *Index) Owners() *Owners { return x.owners }
 // (BlockKeyRouter), nil when they are keyed by the engines' hashes (BlockKeyEngine).
 func (x *Index) RouterKeys() *RouterKeys { return x.keys }
 
+// SplitBlocks returns the least number of blocks of a lookup the index splits across two
+// goroutines (Config.SplitBlocks), 0 when it has no twin: switched off, keyed by the
+// engines' hashes, or on one processor.
+func (x *Index) SplitBlocks() int {
+	if x.twin == nil {
+		return 0
+	}
+	return x.twin.minBlocks
+}
+
 // AppendBlockKeys appends to dst the keys the index holds tokens' blocks of blockSize under:
 // the router's keys (BlockKeyRouter) or SGLang's wire hashes (BlockKeyEngine).
 func (x *Index) AppendBlockKeys(dst []int64, tokens []uint32, blockSize int) []int64 {

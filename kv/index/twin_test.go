@@ -265,8 +265,8 @@ func TestSplitBlocksSwitch(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer x.Close()
-			if (x.twin != nil) != tc.wantTwin {
-				t.Fatalf("twin %v, want %v", x.twin != nil, tc.wantTwin)
+			if (x.twin != nil) != tc.wantTwin || (x.SplitBlocks() != 0) != tc.wantTwin {
+				t.Fatalf("twin %v (SplitBlocks %d), want %v", x.twin != nil, x.SplitBlocks(), tc.wantTwin)
 			}
 			split := max(tc.split, MinSplitBlocks)
 			prompt := seqTokens(5, 16*(split+MinSplitBlocks))
