@@ -27,7 +27,8 @@ import (
 // These hash every lookup's prompt from scratch; "actors+hashcache" has the router's default
 // hash cache (kv.hash_cache_chunks), so a prompt looked up again is not hashed again;
 // "actors+routerkey" keys blocks by the router's own keys (kv.block_key router), which every
-// lookup computes from scratch (there is no hash cache with them).
+// lookup computes from scratch (there is no hash cache with them); "actors+routerkey+split"
+// also splits long lookups across two goroutines (kv.lookup_split_blocks 1024).
 
 type benchHost struct {
 	name   string
@@ -37,25 +38,33 @@ type benchHost struct {
 	hashCache int
 	// blockKey is kv.block_key ("": engine).
 	blockKey string
+	// splitBlocks is kv.lookup_split_blocks (0: off).
+	splitBlocks int
 }
 
 func benchHosts() []benchHost {
 	locked := func(s []*index.Shard) (index.ShardHost, error) { return index.NewLockedShards(s), nil }
 	return []benchHost{
-		{"locked", 8, locked, 0, ""},
-		{"actors", 0, IndexHost(IndexOptions{}), 0, ""}, // the default: one shard per core
-		{"actors-8shards", 8, IndexHost(IndexOptions{}), 0, ""},
+		{"locked", 8, locked, 0, "", 0},
+		{"actors", 0, IndexHost(IndexOptions{}), 0, "", 0}, // the default: one shard per core
+		{"actors-8shards", 8, IndexHost(IndexOptions{}), 0, "", 0},
 	}
 }
 
 // routerHost is the actor host with the router's default hash cache.
 func routerHost() benchHost {
-	return benchHost{"actors+hashcache", 0, IndexHost(IndexOptions{}), config.Default().KV.HashCacheChunks, ""}
+	return benchHost{"actors+hashcache", 0, IndexHost(IndexOptions{}), config.Default().KV.HashCacheChunks, "", 0}
 }
 
 // routerKeyHost is the actor host keyed by the router's own block keys (kv.block_key router).
 func routerKeyHost() benchHost {
-	return benchHost{"actors+routerkey", 0, IndexHost(IndexOptions{}), 0, index.BlockKeyRouter}
+	return benchHost{"actors+routerkey", 0, IndexHost(IndexOptions{}), 0, index.BlockKeyRouter, 0}
+}
+
+// routerKeySplitHost is routerKeyHost with long lookups split across two goroutines
+// (kv.lookup_split_blocks at its least, 1024 blocks).
+func routerKeySplitHost() benchHost {
+	return benchHost{"actors+routerkey+split", 0, IndexHost(IndexOptions{}), 0, index.BlockKeyRouter, config.MinLookupSplitBlocks}
 }
 
 // coldCacheHost is the actor host with a hash cache of one chunk: each chunk a lookup hashes
@@ -63,14 +72,18 @@ func routerKeyHost() benchHost {
 // the cache (a chunk's key, the probe, the entry) on top of the hashing, as a prompt the
 // router sees for the first time does.
 func coldCacheHost() benchHost {
-	return benchHost{"actors+coldcache", 0, IndexHost(IndexOptions{}), 1, ""}
+	return benchHost{"actors+coldcache", 0, IndexHost(IndexOptions{}), 1, "", 0}
 }
 
 func newBenchIndex(b *testing.B, h benchHost, maxBlocks int) *index.Index {
 	b.Helper()
-	x, err := index.New(index.Config{Shards: h.shards, MaxBlocks: maxBlocks, Host: h.host, HashCacheChunks: h.hashCache, BlockKey: h.blockKey})
+	x, err := index.New(index.Config{Shards: h.shards, MaxBlocks: maxBlocks, Host: h.host, HashCacheChunks: h.hashCache, BlockKey: h.blockKey,
+		SplitBlocks: h.splitBlocks})
 	if err != nil {
 		b.Fatal(err)
+	}
+	if h.splitBlocks > 0 && runtime.GOMAXPROCS(0) > 1 && x.SplitBlocks() != h.splitBlocks {
+		b.Fatalf("%s: the index splits lookups of %d blocks, want %d", h.name, x.SplitBlocks(), h.splitBlocks)
 	}
 	b.Cleanup(func() { _ = x.Close() })
 	return x
@@ -158,10 +171,12 @@ func reportPercentiles(b *testing.B, d []time.Duration) {
 // and matches (a full hit: the worst case); "miss" looks up a prompt nobody holds; "match"
 // matches precomputed hashes; "hash" only hashes (the floor of full). On "actors+hashcache"
 // the repeated prompt's hashes come from the hash cache after the first lookup; on
-// "actors+coldcache" every lookup misses the cache (the router's first lookup of a prompt).
+// "actors+coldcache" every lookup misses the cache (the router's first lookup of a prompt);
+// "actors+routerkey+split" is "actors+routerkey" with kv.lookup_split_blocks on (its twin
+// idle but for these lookups).
 func BenchmarkLookup100kTokens(b *testing.B) {
 	const engines, resident, promptLen = 100, 1_000_000, 100_000
-	for _, h := range append(benchHosts(), routerHost(), coldCacheHost(), routerKeyHost()) {
+	for _, h := range append(benchHosts(), routerHost(), coldCacheHost(), routerKeyHost(), routerKeySplitHost()) {
 		for _, bs := range []int{16, 64} {
 			var x *index.Index
 			var prompt []uint32
@@ -375,7 +390,7 @@ type ingestBench struct {
 
 func newIngestBench(b *testing.B, h benchHost, resident int) *ingestBench {
 	b.Helper()
-	x, err := index.New(index.Config{Shards: h.shards, Host: h.host, HashCacheChunks: h.hashCache, BlockKey: h.blockKey,
+	x, err := index.New(index.Config{Shards: h.shards, Host: h.host, HashCacheChunks: h.hashCache, BlockKey: h.blockKey, SplitBlocks: h.splitBlocks,
 		MaxBlocks: resident + resident/2 + ingestEngines*removeWindow*eventsPerBatch*blocksPerEvent})
 	if err != nil {
 		b.Fatal(err)
