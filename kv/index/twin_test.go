@@ -210,14 +210,7 @@ func TestTwinLookupsEqualAlone(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	if err := x.Close(); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-x.twin.ended:
-	default:
-		t.Fatal("Close left the twin running")
-	}
+	closeStopsTwin(t, x)
 	if got := lookup(t, x, "m", prompts[0]); !maps.Equal(got, want[0]) {
 		t.Fatalf("after Close (no twin): %v, want %v", got, want[0])
 	}
@@ -289,14 +282,7 @@ func TestSplitBlocksSwitch(t *testing.T) {
 			if !x.twin.started {
 				t.Fatalf("a lookup of %d blocks did not start the twin of an index splitting %d", len(prompt)/16, split)
 			}
-			if err := x.Close(); err != nil {
-				t.Fatal(err)
-			}
-			select {
-			case <-x.twin.ended:
-			default:
-				t.Fatal("Close left the twin running")
-			}
+			closeStopsTwin(t, x)
 		})
 	}
 }
@@ -336,6 +322,19 @@ func TestTwinWithdrawn(t *testing.T) {
 		if got := lookup(t, x, "m", prompt); !maps.Equal(got, want) {
 			t.Fatalf("lookup %d with the twin running: %s", i, mapDiff(got, want))
 		}
+	}
+}
+
+// closeStopsTwin closes x, whose twin started, and fails unless its goroutine has returned.
+func closeStopsTwin(t *testing.T, x *Index) {
+	t.Helper()
+	if err := x.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-x.twin.ended:
+	default:
+		t.Fatal("Close left the twin running")
 	}
 }
 
