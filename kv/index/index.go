@@ -702,7 +702,8 @@ func (x *Index) probeNext(ctx context.Context, sc *lookupScratch, w int) (bool, 
 // (matchDirect), keying them as it goes: keying is a small part of such a lookup, so there
 // are no waves and no probe ahead of each. The first block is matched alone, so that a
 // prompt nobody holds costs one key and one probe. A long prompt is matched on two cores when
-// the index's twin is free (twin.go: it takes the back part of what is left when it starts).
+// the index has a twin (Config.SplitBlocks) and it is free (twin.go: it takes the back part
+// of what is left when it starts).
 // A block read beside a busy writer leaves the rest to the shards' host.
 func (x *Index) matchKeyed(ctx context.Context, sc *lookupScratch, w, n int) error {
 	sc.reserveHashes(n) // one allocation for a scratch the pool made anew, not a growing series

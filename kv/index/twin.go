@@ -26,7 +26,7 @@ import (
 //
 // The trade: on a core otherwise idle the split lowers the lookup's tail; on a busy one the
 // twin's wake-up shares or takes the lookup's own core and raises its median
-// (docs/benchmarks.md, "The lookup on two cores").
+// (docs/benchmarks.md, "The lookup on two cores, an operator switch").
 const (
 	// MinSplitBlocks is the least Config.SplitBlocks other than 0: a shorter prompt leaves
 	// the twin little to cut (twinMinCut) once the lookup goroutine's first chunk is claimed.
@@ -84,7 +84,8 @@ type twin struct {
 	end   int
 	alive bool
 
-	mu      sync.Mutex // start and stop
+	live    atomic.Bool // started and not closed: a lookup need not lock mu
+	mu      sync.Mutex  // start and stop
 	started bool
 	closed  bool
 }
@@ -101,6 +102,10 @@ func (t *twin) acquire(x *Index, n int) bool {
 	if t == nil || n < t.minBlocks || !t.busy.CompareAndSwap(false, true) {
 		return false
 	}
+	if t.live.Load() {
+		return true // fast path: the goroutine runs
+	}
+	// Slow path: the first long lookup starts the goroutine; after Close, none does.
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -109,6 +114,7 @@ func (t *twin) acquire(x *Index, n int) bool {
 	}
 	if !t.started {
 		t.started = true
+		t.live.Store(true)
 		go t.run(x)
 	}
 	return true
@@ -123,6 +129,7 @@ func (t *twin) stop() {
 	t.mu.Lock()
 	started := t.started && !t.closed
 	t.closed = true
+	t.live.Store(false)
 	t.mu.Unlock()
 	if started {
 		close(t.quit)

@@ -295,6 +295,7 @@ func TestTwinWithdrawn(t *testing.T) {
 	x := newKeyedIndex(t, 2, 1<<20, BlockKeyRouter)
 	tw := newTwin(MinSplitBlocks)
 	tw.started = true // but not running: every job waits
+	tw.live.Store(true)
 	x.twin = tw
 	running := false
 	t.Cleanup(func() {
@@ -325,7 +326,8 @@ func TestTwinWithdrawn(t *testing.T) {
 	}
 }
 
-// closeStopsTwin closes x, whose twin started, and fails unless its goroutine has returned.
+// closeStopsTwin closes x, whose twin started, and fails unless its goroutine has returned
+// and a long lookup after it would match alone.
 func closeStopsTwin(t *testing.T, x *Index) {
 	t.Helper()
 	if err := x.Close(); err != nil {
@@ -335,6 +337,9 @@ func closeStopsTwin(t *testing.T, x *Index) {
 	case <-x.twin.ended:
 	default:
 		t.Fatal("Close left the twin running")
+	}
+	if x.twin.acquire(x, x.twin.minBlocks) {
+		t.Fatal("a lookup after Close was offered to the stopped twin")
 	}
 }
 
