@@ -411,10 +411,16 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 		}
 		att.n++
 		s.metrics.selected(mr.metrics, &pick, ex.breq.InputTokens)
-		var holds adapterHolds
+		var (
+			holds  adapterHolds
+			waited waitGuards
+		)
 		if ex.breq.Adapter != "" {
-			// Slow path: a LoRA adapter request; an engine picked to load it loads it now.
+			// Slow path: a LoRA adapter request; an engine picked to load it loads it now,
+			// the request counted in flight there meanwhile.
+			waited = s.waitGuards(&pick, s.now())
 			if e := s.prepareAdapter(mr.name, ex.breq.Adapter, &pick, &adm); e != nil {
+				waited.release()
 				adm.done(fleet.OutcomeNeutral)
 				o = s.fail(ctx, o, e)
 				att.setHeader(ctx)
@@ -424,6 +430,7 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 			if holds, lost = holdAdapter(ex.breq.Adapter, &pick, s.opts.Now()); lost != nil {
 				// Slow path: another pick evicted the adapter from a picked engine meanwhile;
 				// the request selects again without that engine.
+				waited.release()
 				adm.done(fleet.OutcomeNeutral)
 				if att.refuse(&pick, sideOf(&pick, lost), true) {
 					continue
@@ -442,11 +449,13 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 			abody = ex.rank
 		}
 		ex.d = dispatch{s: s, ctx: ctx, kind: kind, body: abody, facts: &ex.facts, pick: pick, adm: adm, hdr: *hdr, start: start,
-			mm: mr.metrics, dl: att.deadline(), ticket: o.ticket, att: att, holds: holds}
+			mm: mr.metrics, dl: att.deadline(), ticket: o.ticket, att: att, holds: holds, waited: waited}
 		d := &ex.d
 		if pick.IsPD() && !kind.generates() {
 			// A route that generates nothing goes to one engine: the pair's prefill engine.
 			d.adm.tDecode.Done(fleet.OutcomeNeutral)
+			d.waited[1].Release()
+			d.waited[1] = nil
 			d.pick = engine.BucketPick{BucketID: pick.BucketID, Plain: pick.Prefill, Order: pick.Order}
 			d.adm = picked{plain: adm.prefill, tPlain: adm.tPrefill}
 		}
@@ -583,6 +592,9 @@ type dispatch struct {
 	// holds are the request's holds of its LoRA adapter on the picked engines; a stream's
 	// relay releases them.
 	holds adapterHolds
+	// waited are the in-flight guards of a request that waited for its adapter's load,
+	// which the dispatch takes for its own (nil when it did not wait).
+	waited waitGuards
 }
 
 // timeout is the request's end-to-end timeout.
@@ -701,16 +713,25 @@ func (d *dispatch) plain(ex *exchange, o outcome) (outcome, *failedAnswer) {
 		guard *load.Guard
 		rs    *relay
 	)
+	at := d.start
 	if d.facts.stream {
 		rs = new(relay)
-		guard = s.tracker.AcquirePrefillInto(&rs.guardStore, w.Counters, d.start, d.slo.uncached)
-	} else {
-		guard = s.tracker.AcquirePrefillInto(&ex.guard, w.Counters, d.start, d.slo.uncached)
+	}
+	switch {
+	case d.waited[0] != nil:
+		// Slow path: the request waited for its adapter's load, in flight since its pick;
+		// that guard is the dispatch's.
+		at = s.now()
+		guard = d.waited[0].Dispatch(at, d.slo.uncached)
+	case d.facts.stream:
+		guard = s.tracker.AcquirePrefillInto(&rs.guardStore, w.Counters, at, d.slo.uncached)
+	default:
+		guard = s.tracker.AcquirePrefillInto(&ex.guard, w.Counters, at, d.slo.uncached)
 	}
 	if !d.facts.stream && d.slo.hasTTFT {
 		// A buffered answer reports no first token: it leaves the pending prefill when the
 		// estimate made at dispatch expects it, or with the answer if that comes first.
-		guard.FirstTokenAt(d.start.Add(time.Duration(d.slo.estTTFT * float64(time.Second))))
+		guard.FirstTokenAt(at.Add(time.Duration(d.slo.estTTFT * float64(time.Second))))
 	}
 	req := fasthttp.AcquireRequest()
 	resp := fasthttp.AcquireResponse()

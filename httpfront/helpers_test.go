@@ -152,6 +152,12 @@ type fakeLoRA struct {
 	mu    sync.Mutex
 	names []string
 	calls []string // "load NAME" or "unload NAME"
+	// gate, when set (withLoRALoadGate), holds every load until the test closes it; loading
+	// receives as a load starts waiting there. loadStatus, when not 0, is the status of the
+	// loads answered after it is set (the adapter is then not loaded).
+	gate       chan struct{}
+	loading    chan struct{}
+	loadStatus atomic.Int32
 }
 
 // withLoRA makes the engine serve LoRA adapters, holding names at start, with slots
@@ -160,6 +166,14 @@ func withLoRA(slots int, names ...string) engineOpt {
 	return func(e *fakeEngine) {
 		e.lora = &fakeLoRA{names: names}
 		withInfo("max_loaded_loras", slots)(e)
+	}
+}
+
+// withLoRALoadGate holds the engine's adapter loads until the test closes e.lora.gate
+// (after withLoRA).
+func withLoRALoadGate() engineOpt {
+	return func(e *fakeEngine) {
+		e.lora.gate, e.lora.loading = make(chan struct{}), make(chan struct{}, 16)
 	}
 }
 
@@ -191,6 +205,20 @@ func (e *fakeEngine) serveLoRA(ctx *fasthttp.RequestCtx) bool {
 		_ = json.Unmarshal(ctx.PostBody(), &req)
 		l.mu.Lock()
 		l.calls = append(l.calls, "load "+req.Name)
+		l.mu.Unlock()
+		if l.gate != nil {
+			select {
+			case l.loading <- struct{}{}:
+			default:
+			}
+			<-l.gate
+		}
+		if st := l.loadStatus.Load(); st != 0 {
+			ctx.SetStatusCode(int(st))
+			ctx.SetBodyString(`{"error":{"message":"cannot load the lora adapter"}}`)
+			return true
+		}
+		l.mu.Lock()
 		l.names = append(l.names, req.Name)
 		l.mu.Unlock()
 	case "/v1/unload_lora_adapter":
@@ -253,6 +281,13 @@ func newFakeEngine(t *testing.T, id, model string, opts ...engineOpt) *fakeEngin
 			case <-e.gate:
 			default:
 				close(e.gate)
+			}
+		}
+		if e.lora != nil && e.lora.gate != nil {
+			select {
+			case <-e.lora.gate:
+			default:
+				close(e.lora.gate)
 			}
 		}
 		if e.hold != nil {

@@ -14,6 +14,7 @@ import (
 	"switchyard/engine"
 	"switchyard/httpfront/fleet"
 	"switchyard/httpfront/jsontext"
+	"switchyard/load"
 	"switchyard/load/series"
 )
 
@@ -111,7 +112,8 @@ func (s *Server) adapterRoute(name []byte) (*modelRoute, string) {
 }
 
 // prepareAdapter counts the selection of an adapter request and loads the adapter onto every
-// picked engine that does not hold it yet. It runs before any guard is taken.
+// picked engine that does not hold it yet. It runs before the dispatch's guards are taken: a
+// request waiting for a load holds its waitGuards meanwhile.
 func (s *Server) prepareAdapter(model, adapter string, p *engine.BucketPick, a *picked) *apiError {
 	lm := s.lora.metrics[model]
 	loads, replicates := false, false
@@ -137,6 +139,39 @@ func (s *Server) prepareAdapter(model, adapter string, p *engine.BucketPick, a *
 		lm.hit.Inc()
 	}
 	return nil
+}
+
+// waitGuards are the in-flight guards of a request whose picked engines load its adapter
+// first, on those engines (the plain engine, or the prefill and decode engines): taken at the
+// pick, so that the request counts in their in-flight requests (admission caps, policies,
+// the gauge) while it waits for the load, and handed to the dispatch, which makes them its
+// own (load.Guard.Dispatch) instead of acquiring others. A request that is not dispatched
+// releases them.
+type waitGuards [2]*load.Guard
+
+// waitGuards takes the in-flight guards of a request whose pick loads its adapter on some
+// engine, at now; none (the zero value) when every picked engine holds it already.
+func (s *Server) waitGuards(pick *engine.BucketPick, now time.Time) waitGuards {
+	var g waitGuards
+	switch {
+	case !pick.IsPD():
+		if pick.Plain.LoadAdapter {
+			g[0] = s.tracker.AcquireWaiting(pick.Plain.Worker.Counters, now)
+		}
+	case pick.Prefill.LoadAdapter || pick.Decode.LoadAdapter:
+		// The pair waits for either engine's load.
+		g[0] = s.tracker.AcquireWaiting(pick.Prefill.Worker.Counters, now)
+		g[1] = s.tracker.AcquireWaiting(pick.Decode.Worker.Counters, now)
+	}
+	return g
+}
+
+// release releases the guards of a request that is not dispatched.
+func (g *waitGuards) release() {
+	for i := range g {
+		g[i].Release()
+		g[i] = nil
+	}
 }
 
 // adapterHolds are one request's holds of its adapter on its picked engines (the plain

@@ -206,3 +206,118 @@ func TestAdapterReplication(t *testing.T) {
 		}
 	}
 }
+
+// TestAdapterLoadWaitersCountInFlight: requests waiting for their adapter's load on an engine
+// count in its in-flight requests from their pick (the gauge shows them, the admission cap
+// sees them), once each, until they end: with the cap full of requests waiting for the
+// load, the next request is refused by the cap (503, one bucket) or moves on to the next
+// bucket; a load that fails releases its waiters.
+func TestAdapterLoadWaitersCountInFlight(t *testing.T) {
+	tests := []struct {
+		name string
+		// spill adds a second bucket, of engine B, after A's.
+		spill bool
+		// failLoad makes A's held load fail.
+		failLoad bool
+		// wantThird is the status of the request beyond the cap; wantWaiters the waiters'.
+		wantThird, wantWaiters int
+	}{
+		{name: "the cap refuses", wantThird: 503, wantWaiters: 200},
+		{name: "the cap moves on", spill: true, wantThird: 200, wantWaiters: 200},
+		{name: "the load fails", failLoad: true, wantThird: 503, wantWaiters: 502},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := newFakeEngine(t, "A", "llama", withLoRA(4), withLoRALoadGate())
+			b := newFakeEngine(t, "B", "llama", withLoRA(4))
+			cfg := flowConfig(a, b)
+			cfg.Models["llama"].Buckets[0].Groups.Plain.WorkerIDs = &[]string{"A"}
+			if tt.spill {
+				spill := plainBucket("spill", nil, nil, "B")
+				spill.Rank = 1
+				m := cfg.Models["llama"]
+				m.Buckets = append(m.Buckets, spill)
+				cfg.Models["llama"] = m
+			} else {
+				cfg.Workers = cfg.Workers[:1]
+			}
+			cfg.DefaultPolicy.Admission.MaxInflightRequests = ptr(int64(2))
+			cfg.LoRA.Enabled, cfg.LoRA.AutoLoad = true, true
+			cfg.LoRA.RefreshInterval = time.Hour // learned once, at start
+			m := cfg.Models["llama"]
+			m.LoRAAdapters = map[string]string{"math": "/adapters/math"}
+			cfg.Models["llama"] = m
+			ts := startServer(t, cfg, Options{SkipStartupChecks: true})
+			workers := map[string]*engine.Worker{}
+			waitUntil(t, "the router learns the engines' adapters", func() bool {
+				for _, x := range ts.wset.Load().Workers() {
+					if x.Adapters() != nil {
+						workers[x.ID] = x
+					}
+				}
+				return len(workers) == len(cfg.Workers)
+			})
+			wa := workers["A"]
+
+			out := make(chan result, 2)
+			postAsync(context.Background(), ts.url+"/v1/chat/completions", chatBody("math", "hi", ""), out)
+			waitFor(t, a.lora.loading, "A's load of math")
+			if n := wa.Counters.InFlight(); n != 1 {
+				t.Fatalf("A has %d requests in flight while the first waits for its load, want 1", n)
+			}
+			postAsync(context.Background(), ts.url+"/v1/chat/completions", chatBody("math", "hi", ""), out)
+			waitUntil(t, "the second request for math counted on A", func() bool { return wa.Counters.InFlight() == 2 })
+			if m := scrape(t, ts.url); !contains([]byte(m), `switchyard_worker_inflight_requests{worker="A"} 2`) {
+				t.Fatalf("the in-flight gauge does not show the two waiting requests:\n%s", m)
+			}
+
+			// A is at its cap of 2 with both waiting: the third request is not sent there.
+			r := post(t, ts.url+"/v1/chat/completions", chatBody("math", "hi", ""))
+			if r.status != tt.wantThird {
+				t.Fatalf("the request beyond A's cap: %d %s, want %d", r.status, r.body, tt.wantThird)
+			}
+			switch {
+			case tt.spill:
+				if id := r.header.Get("X-Worker-Id"); id != "B" {
+					t.Fatalf("the request beyond A's cap was served by %s, want B (the next bucket)", id)
+				}
+			case r.errorCode() != CodeNoAvailableEngine || !contains(r.body, engine.LimitInFlight):
+				t.Fatalf("the request beyond A's cap: %s %s, want %s naming %s", r.errorCode(), r.body, CodeNoAvailableEngine, engine.LimitInFlight)
+			}
+			if n := wa.Counters.InFlight(); n != 2 {
+				t.Fatalf("A has %d requests in flight after the refused one, want 2", n)
+			}
+
+			if tt.failLoad {
+				a.lora.loadStatus.Store(500)
+			}
+			close(a.lora.gate)
+			for _, r := range collect(t, out, 2, "the requests that waited for the load") {
+				if r.status != tt.wantWaiters {
+					t.Fatalf("a request that waited for the load: %d %s, want %d", r.status, r.code, tt.wantWaiters)
+				}
+				if r.status == 200 && r.header.Get("X-Worker-Id") != "A" {
+					t.Fatalf("a request that waited for A's load was served by %s", r.header.Get("X-Worker-Id"))
+				}
+			}
+			if _, calls := a.loraState(); !slices.Equal(calls, []string{"load math"}) {
+				t.Fatalf("A got the adapter calls %v, want one load", calls)
+			}
+			if n := wa.Counters.InFlight(); n != 0 {
+				t.Fatalf("A has %d requests in flight after every request ended", n)
+			}
+			if n := ts.tracker.Outstanding(); n != 0 {
+				t.Fatalf("%d guards outstanding after every request ended", n)
+			}
+			// Each request counted as one dispatch to the engine that served it, none for
+			// the waiters of a failed load.
+			wantA := uint64(2)
+			if tt.failLoad {
+				wantA = 0
+			}
+			if n := wa.Counters.Dispatched(); n != wantA {
+				t.Fatalf("A counted %d dispatches, want %d", n, wantA)
+			}
+		})
+	}
+}

@@ -132,8 +132,14 @@ func (d *dispatch) pd(ex *exchange, o outcome) (outcome, *failedAnswer) {
 		dbody = ex.rank2
 	}
 	now := s.now()
-	gp := s.tracker.AcquirePrefill(pw.Counters, now, d.slo.uncached) // pending until the prefill answers
-	gd := s.tracker.Acquire(dw.Counters, now)
+	var gp, gd *load.Guard
+	if d.waited[0] != nil {
+		// Slow path: the pair waited for its adapter's load, in flight since its pick.
+		gp, gd = d.waited[0].Dispatch(now, d.slo.uncached), d.waited[1].Dispatch(now, -1)
+	} else {
+		gp = s.tracker.AcquirePrefill(pw.Counters, now, d.slo.uncached) // pending until the prefill answers
+		gd = s.tracker.Acquire(dw.Counters, now)
+	}
 	deadline := d.deadline()
 
 	preq := fasthttp.AcquireRequest()

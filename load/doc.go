@@ -34,6 +34,10 @@
 // maximum age; each such release is counted (StaleReleased). Run
 // methods return when their context is done and close what they opened.
 //
+// A Guard from Tracker.AcquireWaiting (a request assigned to a worker that waits before its
+// dispatch) is released the same way, whether or not its owner called Guard.Dispatch: the
+// dispatch makes it the request's guard, not a second one.
+//
 // A Guard acquired in the caller's storage (Tracker.AcquirePrefillInto) is released the
 // same way, once; after that the storage may be acquired again, and the former guard's
 // methods must not be called.

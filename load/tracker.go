@@ -125,29 +125,85 @@ func (t *Tracker) AcquirePrefillInto(g *Guard, c *Counters, now time.Time, uncac
 		panic("BUG: load: Acquire in a Guard that is not released")
 	}
 	ns := now.UnixNano()
-	c.inflight.Add(1)
 	c.dispatched.Add(1)
 	c.lastDispatch.Store(ns)
-	g.t = t
-	g.c.Store(c)
-	g.at.Store(ns)
 	st := (gen(old) + 1) << guardGenShift
 	var prefill int32
 	if uncached >= 0 {
 		prefill = int32(min(uncached, math.MaxInt32))
 		st |= guardPrefill
-		if d := c.dueNext.Load(); d != 0 && d <= ns {
-			c.settle(ns)
-		}
-		if c.pendingReqs.Load() <= 0 {
-			// Nothing pending: the worker begins this prompt now (if a running slot is
-			// free: Counters.PendingPrefillLeft).
-			storeLater(&c.prefillFrom, ns)
-		}
-		c.pendingReqs.Add(1)
-		c.pendingTokens.Add(int64(prefill))
+		c.addPrefill(ns, prefill)
 	}
 	g.prefill.Store(prefill)
+	return t.hold(g, c, ns, st)
+}
+
+// AcquireWaiting takes an in-flight slot on c for a request assigned to the worker at now
+// that waits before it is dispatched there (for a LoRA adapter the worker loads first): from
+// now on it counts in the worker's in-flight requests, which admission caps and policies
+// read, but neither as a dispatch nor in the pending prefill until the guard's Dispatch. The
+// caller must Release the guard on every path, dispatched or not. Slow path: one allocation.
+func (t *Tracker) AcquireWaiting(c *Counters, now time.Time) *Guard {
+	if c == nil {
+		panic("BUG: load: Acquire with nil Counters")
+	}
+	return t.hold(new(Guard), c, now.UnixNano(), 1<<guardGenShift)
+}
+
+// Dispatch counts the request of a guard from AcquireWaiting as dispatched at now, and from
+// then on as AcquirePrefill with uncached tokens would have (negative: as Acquire would):
+// the guard keeps its one in-flight slot, so the request counts in flight once from its
+// AcquireWaiting to its Release. It returns g. Call it once, from the acquiring owner,
+// before the guard's other methods; on a guard released meanwhile (ReleaseStale) it counts
+// the dispatch and holds no pending-prefill slot.
+func (g *Guard) Dispatch(now time.Time, uncached int64) *Guard {
+	s := g.state.Load()
+	c := g.c.Load()
+	ns := now.UnixNano()
+	c.dispatched.Add(1)
+	c.lastDispatch.Store(ns)
+	if uncached < 0 {
+		return g
+	}
+	prefill := int32(min(uncached, math.MaxInt32))
+	g.prefill.Store(prefill) // before the state says the guard holds it
+	c.addPrefill(ns, prefill)
+	gn := gen(s)
+	for {
+		if s&guardReleased != 0 || gen(s) != gn {
+			givePrefill(c, prefill) // released meanwhile: nobody else gives it back
+			return g
+		}
+		if g.state.CompareAndSwap(s, s|guardPrefill) {
+			return g
+		}
+		s = g.state.Load()
+	}
+}
+
+// addPrefill counts a request of prefill uncached tokens dispatched at ns in c's pending
+// prefill.
+func (c *Counters) addPrefill(ns int64, prefill int32) {
+	if d := c.dueNext.Load(); d != 0 && d <= ns {
+		c.settle(ns)
+	}
+	if c.pendingReqs.Load() <= 0 {
+		// Nothing pending: the worker begins this prompt now (if a running slot is free:
+		// Counters.PendingPrefillLeft).
+		storeLater(&c.prefillFrom, ns)
+	}
+	c.pendingReqs.Add(1)
+	c.pendingTokens.Add(int64(prefill))
+}
+
+// hold takes g's in-flight slot on c, acquired at ns, and publishes the complete guard, of
+// state st without its registration, in a free slot of the table, else in a locked list; it
+// returns g.
+func (t *Tracker) hold(g *Guard, c *Counters, ns int64, st uint64) *Guard {
+	c.inflight.Add(1)
+	g.t = t
+	g.c.Store(c)
+	g.at.Store(ns)
 	r := rand.Uint32()
 	for i := range uint32(guardProbes) {
 		k := (r + i) & (guardSlots - 1)

@@ -512,3 +512,97 @@ func wantLists(t *testing.T, tr *Tracker) {
 		}
 	}
 }
+
+// TestWaitingGuard: a guard from AcquireWaiting counts its request in flight, neither as a
+// dispatch nor as pending prefill, until its Dispatch, which adds those and keeps the one
+// in-flight slot; Release gives everything back once, dispatched or not.
+func TestWaitingGuard(t *testing.T) {
+	tests := []struct {
+		name     string
+		dispatch bool
+		uncached int64
+		// wantPending is the pending prefill (requests, tokens) after the dispatch.
+		wantReqs, wantTokens int64
+	}{
+		{name: "released undispatched"},
+		{name: "dispatched for prefill", dispatch: true, uncached: 300, wantReqs: 1, wantTokens: 300},
+		{name: "dispatched plain", dispatch: true, uncached: -1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tr := NewTracker()
+			c := tr.Counters("w")
+			g := tr.AcquireWaiting(c, t0)
+			if c.InFlight() != 1 || c.Dispatched() != 0 || !c.LastDispatch().IsZero() || tr.Outstanding() != 1 {
+				t.Fatalf("waiting: inflight %d dispatched %d last %v outstanding %d", c.InFlight(), c.Dispatched(), c.LastDispatch(), tr.Outstanding())
+			}
+			if r, k := c.PendingPrefill(); r != 0 || k != 0 {
+				t.Fatalf("waiting: pending prefill %d requests %d tokens", r, k)
+			}
+			if tt.dispatch {
+				at := t0.Add(time.Second)
+				if g.Dispatch(at, tt.uncached) != g {
+					t.Fatal("Dispatch did not return its guard")
+				}
+				if c.InFlight() != 1 || c.Dispatched() != 1 || !c.LastDispatch().Equal(at) || tr.Outstanding() != 1 {
+					t.Fatalf("dispatched: inflight %d dispatched %d last %v outstanding %d", c.InFlight(), c.Dispatched(), c.LastDispatch(), tr.Outstanding())
+				}
+				if r, k := c.PendingPrefill(); r != tt.wantReqs || k != tt.wantTokens {
+					t.Fatalf("dispatched: pending prefill %d requests %d tokens, want %d %d", r, k, tt.wantReqs, tt.wantTokens)
+				}
+			}
+			g.Release()
+			g.Release()
+			if r, k := c.PendingPrefill(); c.InFlight() != 0 || tr.Outstanding() != 0 || r != 0 || k != 0 {
+				t.Fatalf("released: inflight %d outstanding %d pending %d/%d", c.InFlight(), tr.Outstanding(), r, k)
+			}
+		})
+	}
+}
+
+// TestWaitingGuardReapedBeforeDispatch: a waiting guard the sweep released (leaked) holds
+// nothing after a late Dispatch: its pending prefill is given back at once.
+func TestWaitingGuardReapedBeforeDispatch(t *testing.T) {
+	tr := NewTracker()
+	c := tr.Counters("w")
+	g := tr.AcquireWaiting(c, t0)
+	if n := tr.ReleaseStale(t0.Add(time.Hour), time.Minute); n != 1 {
+		t.Fatalf("ReleaseStale released %d, want 1", n)
+	}
+	g.Dispatch(t0.Add(time.Hour), 100)
+	g.FirstToken(t0.Add(time.Hour))
+	g.Release()
+	if r, k := c.PendingPrefill(); c.InFlight() != 0 || r != 0 || k != 0 || c.Dispatched() != 1 {
+		t.Fatalf("inflight %d pending %d/%d dispatched %d", c.InFlight(), r, k, c.Dispatched())
+	}
+}
+
+// TestWaitingGuardDispatchRacesSweep races each guard's Dispatch and Release with a sweep
+// that may release it first: whoever wins, nothing stays counted.
+func TestWaitingGuardDispatchRacesSweep(t *testing.T) {
+	tr := NewTracker()
+	c := tr.Counters("w")
+	const guards = 200
+	gs := make([]*Guard, guards)
+	for i := range gs {
+		gs[i] = tr.AcquireWaiting(c, t0)
+	}
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	wg.Go(func() {
+		<-start
+		for _, g := range gs {
+			g.Dispatch(t0, 10)
+			g.Release()
+		}
+	})
+	wg.Go(func() {
+		<-start
+		tr.ReleaseStale(t0.Add(time.Hour), time.Minute)
+	})
+	close(start)
+	wg.Wait()
+	if r, k := c.PendingPrefill(); c.InFlight() != 0 || r != 0 || k != 0 || tr.Outstanding() != 0 || c.Dispatched() != guards {
+		t.Fatalf("inflight %d pending %d/%d outstanding %d dispatched %d", c.InFlight(), r, k, tr.Outstanding(), c.Dispatched())
+	}
+}
