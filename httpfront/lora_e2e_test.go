@@ -321,3 +321,105 @@ func TestAdapterLoadWaitersCountInFlight(t *testing.T) {
 		})
 	}
 }
+
+// TestAdapterLoadWaitersCountInFlightPD: a PD request whose engines load its adapter counts
+// in flight on both from its pick, through the prefill engine's load, and as one request
+// each once dispatched; a stream's relay releases both at its end.
+func TestAdapterLoadWaitersCountInFlightPD(t *testing.T) {
+	p := newFakeEngine(t, "P", "llama", withMode("prefill"), withLoRA(4), withLoRALoadGate())
+	p.bootstrapPort = 8998
+	d := newFakeEngine(t, "D", "llama", withMode("decode"), withLoRA(4))
+	d.expectHost, d.expectPort = "127.0.0.1", 8998
+	cfg := pdConfig(p, d, ptr(8998))
+	cfg.LoRA.Enabled, cfg.LoRA.AutoLoad = true, true
+	cfg.LoRA.RefreshInterval = time.Hour
+	m := cfg.Models["llama"]
+	m.LoRAAdapters = map[string]string{"math": "/adapters/math"}
+	cfg.Models["llama"] = m
+	ts := startServer(t, cfg, Options{SkipStartupChecks: true})
+	workers := map[string]*engine.Worker{}
+	waitUntil(t, "the router learns the engines' adapters", func() bool {
+		for _, x := range ts.wset.Load().Workers() {
+			if x.Adapters() != nil {
+				workers[x.ID] = x
+			}
+		}
+		return len(workers) == 2
+	})
+	wp, wd := workers["P"], workers["D"]
+
+	out := make(chan result, 1)
+	postAsync(context.Background(), ts.url+"/v1/chat/completions", chatBody("math", "hi", `"stream":true`), out)
+	waitFor(t, p.lora.loading, "P's load of math")
+	if np, nd := wp.Counters.InFlight(), wd.Counters.InFlight(); np != 1 || nd != 1 {
+		t.Fatalf("in flight while the pair waits for P's load: P %d, D %d; want 1 and 1", np, nd)
+	}
+	if np, nd := wp.Counters.Dispatched(), wd.Counters.Dispatched(); np != 0 || nd != 0 {
+		t.Fatalf("dispatches counted before the load ended: P %d, D %d", np, nd)
+	}
+	close(p.lora.gate)
+	if r := collect(t, out, 1, "the PD stream")[0]; r.status != 200 {
+		t.Fatalf("PD stream: %d %s", r.status, r.code)
+	}
+	ts.waitBackground(t)
+	if np, nd := wp.Counters.Dispatched(), wd.Counters.Dispatched(); np != 1 || nd != 1 {
+		t.Fatalf("dispatches: P %d, D %d; want one each", np, nd)
+	}
+	if np, nd := wp.Counters.InFlight(), wd.Counters.InFlight(); np != 0 || nd != 0 || ts.tracker.Outstanding() != 0 {
+		t.Fatalf("after the stream: P %d, D %d in flight, %d guards outstanding", np, nd, ts.tracker.Outstanding())
+	}
+	for _, e := range []*fakeEngine{p, d} {
+		if _, calls := e.loraState(); !slices.Equal(calls, []string{"load math"}) {
+			t.Fatalf("%s got the adapter calls %v, want one load", e.id, calls)
+		}
+	}
+}
+
+// TestAdapterLoadWaiterRetried: a request that waited for its adapter's load on A, then got
+// A's 503, is retried on B (which loads the adapter for it): it counted once on each engine
+// it was dispatched to, and nothing stays in flight on either.
+func TestAdapterLoadWaiterRetried(t *testing.T) {
+	a := newFakeEngine(t, "A", "llama", withLoRA(4), withLoRALoadGate())
+	// B holds another adapter: A has the most free slots, so math goes there first
+	// (whether the router counts the slots each engine advertises or lora.slots_per_engine,
+	// as it does when it learns the adapters before the engine's facts).
+	b := newFakeEngine(t, "B", "llama", withLoRA(4, "other"))
+	a.fail.Store(503) // inference only: its adapter routes answer
+	cfg := retryConfig(a, b)
+	cfg.LoRA.Enabled, cfg.LoRA.AutoLoad = true, true
+	cfg.LoRA.SlotsPerEngine = 4
+	cfg.LoRA.RefreshInterval = time.Hour
+	m := cfg.Models["llama"]
+	m.LoRAAdapters = map[string]string{"math": "/adapters/math"}
+	cfg.Models["llama"] = m
+	ts := startServer(t, cfg, Options{SkipStartupChecks: true})
+	workers := map[string]*engine.Worker{}
+	waitUntil(t, "the router learns the engines' adapters", func() bool {
+		for _, x := range ts.wset.Load().Workers() {
+			if x.Adapters() != nil {
+				workers[x.ID] = x
+			}
+		}
+		return len(workers) == 2
+	})
+
+	out := make(chan result, 1)
+	postAsync(context.Background(), ts.url+"/v1/chat/completions", chatBody("math", "hi", ""), out)
+	waitFor(t, a.lora.loading, "A's load of math")
+	if n := workers["A"].Counters.InFlight(); n != 1 {
+		t.Fatalf("A has %d requests in flight during its load, want 1", n)
+	}
+	close(a.lora.gate)
+	r := collect(t, out, 1, "the retried request")[0]
+	if r.status != 200 || r.header.Get("X-Worker-Id") != "B" || r.header.Get(headerAttempts) != "2" {
+		t.Fatalf("the retried request: %d from %s after %s attempts, want 200 from B after 2", r.status, r.header.Get("X-Worker-Id"), r.header.Get(headerAttempts))
+	}
+	for id, w := range workers {
+		if w.Counters.InFlight() != 0 || w.Counters.Dispatched() != 1 {
+			t.Fatalf("%s: %d in flight, %d dispatches; want 0 and 1", id, w.Counters.InFlight(), w.Counters.Dispatched())
+		}
+	}
+	if n := ts.tracker.Outstanding(); n != 0 {
+		t.Fatalf("%d guards outstanding", n)
+	}
+}
