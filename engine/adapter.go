@@ -142,6 +142,22 @@ func (s *AdapterSet) victim(evictable map[string]struct{}) int {
 	return best
 }
 
+// InUse reports whether a slot of the set is taken at now by an adapter evictable accepts
+// that a request uses, or by a load under way: the end of those requests, or of the load
+// (whose requests then use the adapter, or which failed and frees the slot), may leave an
+// adapter to evict.
+func (s *AdapterSet) InUse(evictable map[string]struct{}, now time.Time) bool {
+	if s == nil {
+		return false
+	}
+	for i, n := range s.names {
+		if _, ok := evictable[n]; ok && s.uses[i].inflight.Load() > 0 {
+			return true
+		}
+	}
+	return slices.ContainsFunc(s.loading, func(r reservation) bool { return now.Before(r.until) })
+}
+
 // Names returns the adapters, sorted; the caller must not modify the slice.
 func (s *AdapterSet) Names() []string {
 	if s == nil {
@@ -336,13 +352,14 @@ func (w *Worker) HoldAdapter(name string, now time.Time) (AdapterHold, bool) {
 	}
 }
 
-// Release ends the hold at now. Release of the zero hold does nothing.
-func (h AdapterHold) Release(now time.Time) {
+// Release ends the hold at now and reports whether it was the adapter's last on the engine
+// (no request uses it any more: it may be evicted). Release of the zero hold does nothing.
+func (h AdapterHold) Release(now time.Time) (idle bool) {
 	if h.u == nil {
-		return
+		return false
 	}
 	h.u.last.Store(now.UnixNano())
-	h.u.inflight.Add(-1)
+	return h.u.inflight.Add(-1) == 0
 }
 
 // AddAdapter records that the engine now holds adapter name (after the router loaded it).

@@ -541,3 +541,78 @@ func TestGroupAdapterReplicaRaceFallsBackToHolders(t *testing.T) {
 		t.Fatal("w1 loads sql after losing its slots")
 	}
 }
+
+// TestGroupAdapterSlotsInUse: a group that may evict fails with ErrAdapterSlotsInUse when
+// every slot of its candidates is taken by an evictable adapter in use or a load under way
+// (the end of either may free one), not when the slots hold only adapters it may not evict,
+// nor without eviction; a hold's Release says whether it was the adapter's last.
+func TestGroupAdapterSlotsInUse(t *testing.T) {
+	now := time.Unix(1000, 0)
+	all := map[string]struct{}{"a": {}, "b": {}, "x": {}}
+	tests := []struct {
+		name      string
+		evictable map[string]struct{}
+		// hold holds adapter a on the engine; reserve reserves its slot for a load of x
+		// (then it holds nothing) until now+reserve.
+		hold    bool
+		reserve time.Duration
+		want    bool
+	}{
+		{name: "in use", evictable: all, hold: true, want: true},
+		{name: "a load under way", evictable: all, reserve: time.Minute, want: true},
+		{name: "no eviction", evictable: nil, hold: true, want: false},
+		{name: "not evictable", evictable: map[string]struct{}{"b": {}}, hold: true, want: false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ws := testWorkers(t, "llama", StagePlain, "w", 1)
+			w := ws[0]
+			if tt.reserve > 0 {
+				w.SetAdapters(NewAdapterSet(nil, 1))
+				if !w.ReserveAdapter("x", now, now.Add(tt.reserve), nil) {
+					t.Fatal("cannot reserve the slot")
+				}
+			} else {
+				w.SetAdapters(NewAdapterSet([]string{"a"}, 1))
+			}
+			var holds []AdapterHold
+			if tt.hold {
+				for range 2 {
+					h, ok := w.HoldAdapter("a", now)
+					if !ok {
+						t.Fatal("cannot hold a")
+					}
+					holds = append(holds, h)
+				}
+			}
+			reg, _ := NewRegistry(ws)
+			g := NewEngineGroup("llama", StagePlain, nil, NewRoundRobin(nil, nil))
+			g.SetAdapterLoading(time.Minute, tt.evictable)
+			_, err := g.Pick(reg, "b", &BucketRequest{Model: "llama", ExpectedPeak: -1, Adapter: "b", Now: now})
+			if !errors.Is(err, ErrNoCandidates) || errors.Is(err, ErrAdapterSlotsInUse) != tt.want {
+				t.Fatalf("err = %v, want no candidates, slots in use %v", err, tt.want)
+			}
+			if tt.reserve > 0 {
+				// Once the reservation lapsed, nothing will free the slot.
+				later := now.Add(tt.reserve)
+				if w.Adapters().InUse(all, later) {
+					t.Fatal("a lapsed reservation counts as in use")
+				}
+			}
+			for i, h := range holds {
+				if idle := h.Release(now); idle != (i == len(holds)-1) {
+					t.Fatalf("release %d of %d said idle %v", i+1, len(holds), idle)
+				}
+			}
+			if tt.hold {
+				if w.Adapters().InUse(all, now) {
+					t.Fatal("an adapter no request holds counts as in use")
+				}
+				_, evicts := tt.evictable["a"]
+				if _, err := g.Pick(reg, "b", &BucketRequest{Model: "llama", ExpectedPeak: -1, Adapter: "b", Now: now}); evicts == (err != nil) {
+					t.Fatalf("after the holds ended (a evictable: %v): %v", evicts, err)
+				}
+			}
+		})
+	}
+}

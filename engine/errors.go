@@ -75,6 +75,12 @@ var (
 	ErrInternal             = errors.New("internal selection failure")
 	ErrPDIncompatible       = errors.New("no compatible decode engine")
 
+	// ErrAdapterSlotsInUse is the cause (PickError.Err) of a LoRA adapter request's failed
+	// selection when the group would evict to make room (EngineGroup.SetAdapterLoading) but
+	// every adapter slot of its candidates is taken by an adapter a request uses, or by a
+	// load under way: the end of such a request, or of the load, may make room.
+	ErrAdapterSlotsInUse = errors.New("every adapter slot is taken by an adapter in use")
+
 	// ErrDuplicateWorker is returned when a worker ID is added twice.
 	ErrDuplicateWorker = errors.New("duplicate worker ID")
 	errNilWorker       = errors.New("nil worker")

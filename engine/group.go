@@ -221,15 +221,20 @@ func (g *EngineGroup) Pick(reg *Registry, bucketID string, req *BucketRequest) (
 		if now = req.Now; now.IsZero() {
 			now = time.Now()
 		}
+		all := c
 		if c, load, replica = g.withAdapter(c, req.Adapter, now); len(c) == 0 {
 			detail := "no eligible engine of the group holds adapter " + req.Adapter
 			if g.loadAdapters {
 				detail += " or has a free adapter slot"
 			}
+			e := pickErr(OutcomeNoCandidates, g.stage, bucketID, detail)
 			if g.evictable != nil {
-				detail += " or an adapter to evict that no request uses"
+				e.Detail += " or an adapter to evict that no request uses"
+				if g.slotsInUse(all, now) {
+					e.Err = ErrAdapterSlotsInUse
+				}
 			}
-			return Pick{}, pickErr(OutcomeNoCandidates, g.stage, bucketID, detail)
+			return Pick{}, e
 		}
 	}
 	p, err := g.pickFrom(c, req, bucketID)
@@ -247,7 +252,11 @@ func (g *EngineGroup) Pick(reg *Registry, bucketID string, req *BucketRequest) (
 		// Slow path: another group took the engine's last free slot since the candidates
 		// were read.
 		if replica == nil {
-			return Pick{}, pickErr(OutcomeNoCandidates, g.stage, bucketID, "engine "+p.Worker.ID+" has no free adapter slot left for "+req.Adapter)
+			e := pickErr(OutcomeNoCandidates, g.stage, bucketID, "engine "+p.Worker.ID+" has no free adapter slot left for "+req.Adapter)
+			if evictable != nil && g.slotsInUse([]*Worker{p.Worker}, now) {
+				e.Err = ErrAdapterSlotsInUse
+			}
+			return Pick{}, e
 		}
 		// The adapter's holders are still there: one of them serves the request.
 		c = slices.DeleteFunc(c, func(w *Worker) bool { return w == replica })
@@ -355,6 +364,12 @@ func (g *EngineGroup) withAdapter(c []*Worker, name string, now time.Time) (out 
 		}
 	}
 	return g.adapted, true, nil
+}
+
+// slotsInUse reports whether an engine of c has an adapter slot that the end of a request or
+// of a load under way may free for eviction at now (AdapterSet.InUse).
+func (g *EngineGroup) slotsInUse(c []*Worker, now time.Time) bool {
+	return slices.ContainsFunc(c, func(w *Worker) bool { return w.Adapters().InUse(g.evictable, now) })
 }
 
 // replicaSpareSlots are the free adapter slots a replica leaves on its engine: a replica

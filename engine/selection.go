@@ -45,6 +45,8 @@ type BucketLoop struct {
 	rejections []Rejection
 	last       *PickError
 	err        *PickError // the error that ended the loop early
+	// slotsInUse: a bucket failed for ErrAdapterSlotsInUse.
+	slotsInUse bool
 }
 
 // StartBucketLoop starts the loop over buckets for req.
@@ -107,23 +109,36 @@ func (l *BucketLoop) Attempted(b *Bucket, pick BucketPick, err error) (done bool
 	}
 	l.rejections = append(l.rejections, pe.Rejections...)
 	l.last = pe
+	l.slotsInUse = l.slotsInUse || pe.Err == ErrAdapterSlotsInUse
 	return false, nil
 }
 
 // Err is why the loop ended without a selection: the error that stopped it, or, once every
 // bucket failed and moved on, NoAdmissibleEngine with every rejection, or the last failure.
+// When a bucket failed for ErrAdapterSlotsInUse, the error returned after every bucket
+// failed unwraps to it.
 func (l *BucketLoop) Err() error {
 	switch {
 	case l.err != nil:
 		return l.err
 	case len(l.rejections) > 0:
-		return &PickError{
+		e := &PickError{
 			Outcome:    OutcomeNoAdmissibleEngine,
 			Stage:      l.last.Stage,
 			Rejections: l.rejections,
 			Detail:     "every compatible bucket rejected the request",
 		}
+		if l.slotsInUse {
+			e.Err = ErrAdapterSlotsInUse
+		}
+		return e
 	case l.last != nil:
+		if l.slotsInUse && l.last.Err == nil {
+			// Slow path: an earlier bucket's slots were in use, the last failed otherwise.
+			e := *l.last
+			e.Err = ErrAdapterSlotsInUse
+			return &e
+		}
 		return l.last
 	}
 	return &PickError{Outcome: OutcomeInternal, Detail: "the bucket loop ended before its last bucket"}

@@ -232,3 +232,50 @@ func TestBucketLoopObserved(t *testing.T) {
 		t.Errorf("observed %v, want %v", log, want)
 	}
 }
+
+// TestBucketLoopAdapterSlotsInUse: when some bucket failed because every adapter slot was in
+// use, the loop's error after every bucket failed unwraps to ErrAdapterSlotsInUse, whatever
+// the last bucket's failure; otherwise it does not.
+func TestBucketLoopAdapterSlotsInUse(t *testing.T) {
+	b1, b2 := bucket("b1", 0, 0, 10, 10), bucket("b2", 0, 0, 100, 100)
+	inUse := func(b string) *PickError {
+		return &PickError{Outcome: OutcomeNoCandidates, BucketID: b, Stage: StagePlain, Err: ErrAdapterSlotsInUse}
+	}
+	none := func(b string) *PickError {
+		return &PickError{Outcome: OutcomeNoCandidates, BucketID: b, Stage: StagePlain}
+	}
+	rej := &PickError{Outcome: OutcomeAdmissionRejected, BucketID: "b2", Stage: StagePlain,
+		Rejections: []Rejection{{BucketID: "b2", Stage: StagePlain, WorkerID: "w", Limit: LimitRunning}}}
+	tests := []struct {
+		name        string
+		results     map[string]error
+		wantOutcome Outcome
+		want        bool
+	}{
+		{"the last bucket's slots", map[string]error{"b1": none("b1"), "b2": inUse("b2")}, OutcomeNoCandidates, true},
+		{"an earlier bucket's slots", map[string]error{"b1": inUse("b1"), "b2": none("b2")}, OutcomeNoCandidates, true},
+		{"then a rejection", map[string]error{"b1": inUse("b1"), "b2": rej}, OutcomeNoAdmissibleEngine, true},
+		{"no slots in use", map[string]error{"b1": none("b1"), "b2": rej}, OutcomeNoAdmissibleEngine, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := selectEngines([]*Bucket{b1, b2}, nil, func(b *Bucket) (BucketPick, error) {
+				return BucketPick{}, tt.results[b.ID]
+			})
+			if OutcomeOf(err) != tt.wantOutcome || errors.Is(err, ErrAdapterSlotsInUse) != tt.want {
+				t.Fatalf("err = %v: outcome %v, want %v; slots in use %v, want %v", err, OutcomeOf(err), tt.wantOutcome,
+					errors.Is(err, ErrAdapterSlotsInUse), tt.want)
+			}
+		})
+	}
+	// The last bucket's own error is not changed.
+	last := none("b2")
+	if _, err := selectEngines([]*Bucket{b1, b2}, nil, func(b *Bucket) (BucketPick, error) {
+		if b == b1 {
+			return BucketPick{}, inUse("b1")
+		}
+		return BucketPick{}, last
+	}); err == last || last.Err != nil {
+		t.Fatalf("the loop changed the last bucket's error: %v, %v", err, last.Err)
+	}
+}
