@@ -552,8 +552,9 @@ type LoRA struct {
 	// RefreshInterval is how often the router asks each engine which adapters it holds.
 	// Default 10s.
 	RefreshInterval time.Duration `koanf:"refresh_interval" json:"refresh_interval"`
-	// LoadTimeout bounds one adapter load, and how long the engine picked for it keeps the
-	// slot reserved for the load. Default 60s.
+	// LoadTimeout bounds one adapter load, how long the engine picked for it keeps the slot
+	// reserved for the load, and a request's waits for a slot (max_slot_waiters). Default
+	// 60s.
 	LoadTimeout time.Duration `koanf:"load_timeout" json:"load_timeout"`
 	// ReplicateAbove, with auto_load, loads an adapter that engines hold already onto one
 	// more engine when the adapter has more than this many requests in flight on its
@@ -564,6 +565,13 @@ type LoRA struct {
 	// the request; one such load of an adapter at a time. 0 turns replication off. At least
 	// 0. Default 4.
 	ReplicateAbove int64 `koanf:"replicate_above" json:"replicate_above" unit:"requests"`
+	// MaxSlotWaiters, with auto_load and evict, is how many requests at once may wait for an
+	// adapter slot when every slot that could take their adapter is taken by an adapter in
+	// use (or a load under way): such a request waits until a request using an adapter ends
+	// (or a load ends), then is selected again and evicts the now idle adapter, for at most
+	// load_timeout (and server.request_timeout). A request beyond this many, or past that
+	// bound, is refused (503). 0 refuses every such request at once. At least 0. Default 64.
+	MaxSlotWaiters int `koanf:"max_slot_waiters" json:"max_slot_waiters" unit:"requests"`
 }
 
 // DPDispatch configures data-parallel rank dispatch: the router picks the rank inside an

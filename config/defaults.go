@@ -66,6 +66,7 @@ func Default() *Config {
 			RefreshInterval: 10 * time.Second,
 			LoadTimeout:     60 * time.Second,
 			ReplicateAbove:  4,
+			MaxSlotWaiters:  64,
 		},
 		Hashing: Hashing{
 			KeyHeaders:   []string{"x-sgl-routing-key", "x-session-id"},

@@ -481,6 +481,7 @@ func (c *Config) validateLoRA(p *problems) {
 	l := c.LoRA
 	atLeast(p, "lora.slots_per_engine", int64(l.SlotsPerEngine), 0)
 	atLeast(p, "lora.replicate_above", l.ReplicateAbove, 0)
+	atLeast(p, "lora.max_slot_waiters", int64(l.MaxSlotWaiters), 0)
 	positive(p, "lora.refresh_interval", l.RefreshInterval)
 	positive(p, "lora.load_timeout", l.LoadTimeout)
 	owner := map[string]string{}

@@ -59,6 +59,9 @@ type attempts struct {
 	failure  retry.Failure
 	// last is how the latest failed attempt is answered when no retry takes its place.
 	last *failedAnswer
+	// slotUntil ends the request's waits for a LoRA adapter slot (Server.awaitAdapterSlot),
+	// fixed at its first (Options.Clock); zero before.
+	slotUntil time.Time
 }
 
 // failedAnswer is how a failed attempt is answered when it is the request's last: the

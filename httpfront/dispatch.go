@@ -366,10 +366,26 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 	ex.att = attempts{s: s, breq: &ex.breq}
 	att := &ex.att
 	for {
+		var slotGen uint64
+		if ex.breq.Adapter != "" {
+			slotGen = s.lora.slotGeneration() // slow path: a LoRA adapter request
+		}
 		ex.tr.startSelect(att.n + 1)
 		pick, err := s.sel.Select(mr.resolver, &ex.breq)
 		ex.tr.endSelect(&pick, err)
 		if err != nil {
+			if ex.breq.Adapter != "" && errors.Is(err, engine.ErrAdapterSlotsInUse) {
+				// Slow path: every slot that could take the adapter is taken by one in use;
+				// the request waits for a slot to free, bounded, then is selected again.
+				again, e := s.awaitAdapterSlot(ctx, att, mr.name, slotGen)
+				if e != nil {
+					return s.fail(ctx, o, e)
+				}
+				if again {
+					ex.breq.Now = s.now()
+					continue
+				}
+			}
 			s.metrics.selectionFailed(err)
 			if engine.OutcomeOf(err) == engine.OutcomeTimeout {
 				o.keep = true
@@ -427,7 +443,7 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 				return o
 			}
 			var lost *engine.Worker
-			if holds, lost = holdAdapter(ex.breq.Adapter, &pick, s.opts.Now()); lost != nil {
+			if holds, lost = s.lora.hold(ex.breq.Adapter, &pick, s.opts.Now()); lost != nil {
 				// Slow path: another pick evicted the adapter from a picked engine meanwhile;
 				// the request selects again without that engine.
 				waited.release()
@@ -472,7 +488,7 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 		}
 		if !o.async {
 			if holds.any() {
-				holds.release(s.opts.Now()) // a stream's relay releases them when it ends
+				holds.release(s.opts.Now(), s.lora) // a stream's relay releases them when it ends
 			}
 			ex.tr.endDispatch(o.status, failed)
 		}

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
@@ -38,6 +39,7 @@ const (
 	metricLoRAPicks     = "switchyard_lora_picks_total"
 	metricLoRALoads     = "switchyard_lora_loads_total"
 	metricLoRAEvictions = "switchyard_lora_evictions_total"
+	metricLoRASlotWaits = "switchyard_lora_slot_waits_total"
 )
 
 // loraRouting is a Server's adapter routing; nil when lora.enabled is off.
@@ -50,6 +52,14 @@ type loraRouting struct {
 
 	mu      sync.Mutex
 	loading map[loadKey]*loadCall // loads under way, shared by concurrent requests
+
+	// Requests waiting for an adapter slot (lora.max_slot_waiters): slotGen counts the
+	// events that may free one (an adapter's last request ended, a load failed), and
+	// slotFreed, while slotWaiters is not 0, is closed and replaced at each, under slotMu.
+	slotGen     atomic.Uint64
+	slotWaiters atomic.Int64
+	slotMu      sync.Mutex
+	slotFreed   chan struct{}
 }
 
 type loraMetrics struct {
@@ -59,6 +69,8 @@ type loraMetrics struct {
 	replica *metrics.Counter
 	// evicted and evictFailed count the adapters unloaded to make room (lora.evict).
 	evicted, evictFailed *metrics.Counter
+	// The waits for an adapter slot (lora.max_slot_waiters), by how each ended.
+	waitFreed, waitTimeout, waitFull, waitAbandoned *metrics.Counter
 }
 
 type loadKey struct{ worker, adapter string }
@@ -74,20 +86,24 @@ func newLoRARouting(cfg *config.Config, set *metrics.Set, logger *slog.Logger) *
 		return nil
 	}
 	l := &loraRouting{cfg: cfg.LoRA, logger: logger, model: map[string]string{}, path: map[string]string{},
-		metrics: map[string]*loraMetrics{}, loading: map[loadKey]*loadCall{}}
+		metrics: map[string]*loraMetrics{}, loading: map[loadKey]*loadCall{}, slotFreed: make(chan struct{})}
 	for name, m := range cfg.Models {
 		for adapter, path := range m.LoRAAdapters {
 			l.model[adapter], l.path[adapter] = name, path
 		}
 		base := `{model="` + series.Label(name) + `",result="`
 		l.metrics[name] = &loraMetrics{
-			hit:         set.NewCounter(metricLoRAPicks + base + `hit"}`),
-			load:        set.NewCounter(metricLoRAPicks + base + `load"}`),
-			replica:     set.NewCounter(metricLoRAPicks + base + `replica"}`),
-			loaded:      set.NewCounter(metricLoRALoads + base + `ok"}`),
-			failed:      set.NewCounter(metricLoRALoads + base + `failed"}`),
-			evicted:     set.NewCounter(metricLoRAEvictions + base + `ok"}`),
-			evictFailed: set.NewCounter(metricLoRAEvictions + base + `failed"}`),
+			hit:           set.NewCounter(metricLoRAPicks + base + `hit"}`),
+			load:          set.NewCounter(metricLoRAPicks + base + `load"}`),
+			replica:       set.NewCounter(metricLoRAPicks + base + `replica"}`),
+			loaded:        set.NewCounter(metricLoRALoads + base + `ok"}`),
+			failed:        set.NewCounter(metricLoRALoads + base + `failed"}`),
+			evicted:       set.NewCounter(metricLoRAEvictions + base + `ok"}`),
+			evictFailed:   set.NewCounter(metricLoRAEvictions + base + `failed"}`),
+			waitFreed:     set.NewCounter(metricLoRASlotWaits + base + `freed"}`),
+			waitTimeout:   set.NewCounter(metricLoRASlotWaits + base + `timeout"}`),
+			waitFull:      set.NewCounter(metricLoRASlotWaits + base + `full"}`),
+			waitAbandoned: set.NewCounter(metricLoRASlotWaits + base + `abandoned"}`),
 		}
 	}
 	return l
@@ -178,10 +194,9 @@ func (g *waitGuards) release() {
 // engine, or the prefill and decode engines): an adapter held is never evicted.
 type adapterHolds [2]engine.AdapterHold
 
-// holdAdapter takes the holds of adapter on the engines of pick at now; lost is the engine
-// that no longer holds it (another pick evicted it since), after the holds taken were
-// released.
-func holdAdapter(adapter string, pick *engine.BucketPick, now time.Time) (h adapterHolds, lost *engine.Worker) {
+// hold takes the holds of adapter on the engines of pick at now; lost is the engine that no
+// longer holds it (another pick evicted it since), after the holds taken were released.
+func (l *loraRouting) hold(adapter string, pick *engine.BucketPick, now time.Time) (h adapterHolds, lost *engine.Worker) {
 	ws := [2]*engine.Worker{pick.Plain.Worker}
 	if pick.IsPD() {
 		ws = [2]*engine.Worker{pick.Prefill.Worker, pick.Decode.Worker}
@@ -192,7 +207,7 @@ func holdAdapter(adapter string, pick *engine.BucketPick, now time.Time) (h adap
 		}
 		var ok bool
 		if h[i], ok = w.HoldAdapter(adapter, now); !ok {
-			h.release(now)
+			h.release(now, l)
 			return adapterHolds{}, w
 		}
 	}
@@ -202,13 +217,107 @@ func holdAdapter(adapter string, pick *engine.BucketPick, now time.Time) (h adap
 // any reports whether h holds an adapter on some engine.
 func (h *adapterHolds) any() bool { return *h != adapterHolds{} }
 
-// release ends the holds at now.
-func (h *adapterHolds) release(now time.Time) {
+// release ends the holds at now; the end of an adapter's last use on an engine wakes l's
+// requests waiting for a slot (l may be nil when h holds nothing).
+func (h *adapterHolds) release(now time.Time, l *loraRouting) {
+	idle := false
 	for i := range h {
-		h[i].Release(now)
+		idle = h[i].Release(now) || idle
 		h[i] = engine.AdapterHold{}
 	}
+	if idle {
+		l.slotMayFree()
+	}
 }
+
+// slotGeneration returns the count of the events that may have freed an adapter slot: a
+// request reads it before a selection that may fail for engine.ErrAdapterSlotsInUse, for
+// awaitAdapterSlot.
+func (l *loraRouting) slotGeneration() uint64 { return l.slotGen.Load() }
+
+// slotMayFree records an event that may leave an adapter to evict (its last request ended,
+// or a load failed and freed its slot) and wakes the requests waiting for a slot.
+func (l *loraRouting) slotMayFree() {
+	if l == nil {
+		return
+	}
+	l.slotGen.Add(1)
+	if l.slotWaiters.Load() == 0 {
+		return // fast path: nobody waits
+	}
+	l.slotMu.Lock()
+	close(l.slotFreed)
+	l.slotFreed = make(chan struct{})
+	l.slotMu.Unlock()
+}
+
+// awaitAdapterSlot makes a request whose selection (begun at slot generation gen) failed
+// because every adapter slot that could take its adapter is taken by an adapter in use
+// (engine.ErrAdapterSlotsInUse) wait for an event that may free one (slotMayFree), and
+// reports whether it should be selected again. It does not wait, and reports false, with
+// lora.max_slot_waiters requests waiting already (or 0 allowed), or once the request has
+// waited lora.load_timeout (or server.request_timeout) in all: the selection's failure is
+// then the request's answer. A client that leaves, or a hard stop, ends the wait with the
+// request's error. Slow path: one timer and one client watch per wait.
+func (s *Server) awaitAdapterSlot(ctx *fasthttp.RequestCtx, att *attempts, model string, gen uint64) (again bool, e *apiError) {
+	l := s.lora
+	limit := int64(l.cfg.MaxSlotWaiters)
+	if limit <= 0 {
+		return false, nil
+	}
+	lm := l.metrics[model]
+	now := s.now()
+	if att.slotUntil.IsZero() {
+		bound := l.cfg.LoadTimeout
+		if t := s.cfg.Server.RequestTimeout; t > 0 {
+			bound = min(bound, t)
+		}
+		att.slotUntil = now.Add(bound)
+	}
+	d := att.slotUntil.Sub(now)
+	if d <= 0 {
+		lm.waitTimeout.Inc()
+		return false, nil
+	}
+	if l.slotWaiters.Add(1) > limit {
+		l.slotWaiters.Add(-1)
+		lm.waitFull.Inc()
+		return false, nil
+	}
+	defer l.slotWaiters.Add(-1)
+	l.slotMu.Lock()
+	freed := l.slotFreed
+	l.slotMu.Unlock()
+	if l.slotGen.Load() != gen {
+		// A slot may have freed since the selection began (before this request counted
+		// among the waiters, so nobody woke it): select again at once.
+		lm.waitFreed.Inc()
+		return true, nil
+	}
+	gone, stop := (*clientWatch)(ctx).Watch()
+	defer stop()
+	fired := make(chan struct{})
+	cancel := s.opts.Clock.AfterFunc(d, func() { close(fired) })
+	defer cancel()
+	select {
+	case <-freed:
+		lm.waitFreed.Inc()
+		return true, nil
+	case <-fired:
+		lm.waitTimeout.Inc()
+		return false, nil
+	case <-gone:
+		lm.waitAbandoned.Inc()
+		return false, errClientGoneSlot
+	case <-s.hardStop:
+		lm.waitAbandoned.Inc()
+		return false, errShuttingDown
+	}
+}
+
+// errClientGoneSlot answers (to nobody) a request whose client left while it waited for an
+// adapter slot.
+var errClientGoneSlot = newAPIError(CodeClientClosed, "the client closed the connection while the request waited for a LoRA adapter slot")
 
 // load loads adapter onto worker w (lifecycle state m) unless a load of it is already under
 // way there, in which case it waits for that one (bounded by the same load timeout). On
@@ -248,6 +357,7 @@ func (l *loraRouting) load(m *fleet.Member, w *engine.Worker, adapter string, lm
 	} else {
 		w.ReleaseAdapter(adapter)
 		lm.failed.Inc()
+		l.slotMayFree() // the reserved slot is free again
 	}
 	l.mu.Lock()
 	delete(l.loading, k)

@@ -51,9 +51,10 @@ func TestAdapterLoadFailure(t *testing.T) {
 }
 
 // TestAdapterEviction: with its one slot full, an engine makes room for a requested adapter
-// by unloading the one it holds, but not while a request uses it (the request for the new
-// adapter is refused then); the unload comes before the load; every request's hold of its
-// adapter ends with it, a stream's when the stream ends.
+// by unloading the one it holds, but not while a request uses it (with
+// lora.max_slot_waiters 0, the request for the new adapter is refused then at once); the
+// unload comes before the load; every request's hold of its adapter ends with it, a
+// stream's when the stream ends.
 func TestAdapterEviction(t *testing.T) {
 	a := newFakeEngine(t, "A", "llama", withGate(), withLoRA(1, "sql"))
 	cfg := flowConfig(a, a)
@@ -61,6 +62,7 @@ func TestAdapterEviction(t *testing.T) {
 	cfg.Models["llama"].Buckets[0].Groups.Plain.WorkerIDs = &[]string{"A"}
 	cfg.LoRA.Enabled, cfg.LoRA.AutoLoad = true, true
 	cfg.LoRA.RefreshInterval = time.Hour // learned once, at start
+	cfg.LoRA.MaxSlotWaiters = 0
 	m := cfg.Models["llama"]
 	m.LoRAAdapters = map[string]string{"sql": "/adapters/sql", "math": "/adapters/math"}
 	cfg.Models["llama"] = m
@@ -421,5 +423,115 @@ func TestAdapterLoadWaiterRetried(t *testing.T) {
 	}
 	if n := ts.tracker.Outstanding(); n != 0 {
 		t.Fatalf("%d guards outstanding", n)
+	}
+}
+
+// TestAdapterSlotWait: with an engine's one slot taken by an adapter a stream uses, a request
+// for another adapter waits for the slot (lora.max_slot_waiters) rather than being refused:
+// when the stream ends, it evicts the idle adapter and is served; a request beyond
+// max_slot_waiters is refused at once, and a waiter past lora.load_timeout gets the 503 it
+// would have had without waiting.
+func TestAdapterSlotWait(t *testing.T) {
+	const loadTimeout = 7 * time.Second // the wait's bound, told apart from other timers
+	tests := []struct {
+		name string
+		// expire ends the wait by its bound instead of the stream's end.
+		expire bool
+		// want is the waiter's status; wantCalls the adapter calls A got.
+		want      int
+		wantCalls []string
+		wantWaits map[string]float64
+	}{
+		{name: "served once the stream ends", want: 200, wantCalls: []string{"unload sql", "load math"},
+			wantWaits: map[string]float64{"freed": 1, "timeout": 0, "full": 1}},
+		{name: "refused past the bound", expire: true, want: 503, wantCalls: nil,
+			wantWaits: map[string]float64{"freed": 0, "timeout": 1, "full": 1}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := newFakeEngine(t, "A", "llama", withGate(), withLoRA(1, "sql"))
+			cfg := flowConfig(a, a)
+			cfg.Workers = cfg.Workers[:1]
+			cfg.Models["llama"].Buckets[0].Groups.Plain.WorkerIDs = &[]string{"A"}
+			cfg.LoRA.Enabled, cfg.LoRA.AutoLoad = true, true
+			cfg.LoRA.RefreshInterval = time.Hour // learned once, at start
+			cfg.LoRA.LoadTimeout = loadTimeout
+			cfg.LoRA.MaxSlotWaiters = 1
+			m := cfg.Models["llama"]
+			m.LoRAAdapters = map[string]string{"sql": "/adapters/sql", "math": "/adapters/math", "code": "/adapters/code"}
+			cfg.Models["llama"] = m
+			clock := newFakeClock()
+			clock.scheduled = make(chan time.Duration, 16)
+			ts := startServer(t, cfg, Options{SkipStartupChecks: true, Clock: clock})
+			var w *engine.Worker
+			waitUntil(t, "the router learns A's adapter", func() bool {
+				for _, x := range ts.wset.Load().Workers() {
+					if x.ID == "A" && x.Adapters().Has("sql") {
+						w = x
+						return true
+					}
+				}
+				return false
+			})
+
+			// A stream uses sql, A's one slot.
+			stream := make(chan result, 1)
+			postAsync(context.Background(), ts.url+"/v1/chat/completions", chatBody("sql", "hi", `"stream":true`), stream)
+			waitFor(t, a.streamed, "the sql stream's first chunk")
+
+			// math waits for the slot: its wait's timer is the bound.
+			waiter := make(chan result, 1)
+			postAsync(context.Background(), ts.url+"/v1/chat/completions", chatBody("math", "hi", ""), waiter)
+			for d := time.Duration(0); d != loadTimeout; {
+				select {
+				case d = <-clock.scheduled:
+				case r := <-waiter:
+					t.Fatalf("math did not wait for the slot: %d %s", r.status, r.code)
+				case <-time.After(10 * time.Second):
+					t.Fatal("math never waited for the slot")
+				}
+			}
+			// One waiter is the limit: code is refused at once.
+			if r := post(t, ts.url+"/v1/chat/completions", chatBody("code", "hi", "")); r.status != 503 || r.errorCode() != CodeNoAvailableEngine {
+				t.Fatalf("code beyond max_slot_waiters: %d %s, want 503 %s", r.status, r.body, CodeNoAvailableEngine)
+			}
+			if _, calls := a.loraState(); len(calls) != 0 {
+				t.Fatalf("A got the adapter calls %v while sql was in use", calls)
+			}
+
+			if tt.expire {
+				clock.Advance(loadTimeout)
+			} else {
+				close(a.gate)
+			}
+			r := collect(t, waiter, 1, "the request that waited for the slot")[0]
+			if r.status != tt.want {
+				t.Fatalf("the waiter: %d %s, want %d", r.status, r.code, tt.want)
+			}
+			if tt.want == 200 && r.header.Get("X-Worker-Id") != "A" {
+				t.Fatalf("the waiter was served by %q", r.header.Get("X-Worker-Id"))
+			}
+			if tt.expire {
+				if n := w.Adapters().InFlight("sql"); n != 1 {
+					t.Fatalf("%d holds of sql after the waiter gave up, want the stream's 1", n)
+				}
+				close(a.gate)
+			}
+			if r := collect(t, stream, 1, "the sql stream")[0]; r.status != 200 {
+				t.Fatalf("sql stream: %d", r.status)
+			}
+			ts.waitBackground(t)
+			if _, calls := a.loraState(); !slices.Equal(calls, tt.wantCalls) {
+				t.Fatalf("A got the adapter calls %v, want %v", calls, tt.wantCalls)
+			}
+			for result, want := range tt.wantWaits {
+				if got := metricValue(t, ts, `switchyard_lora_slot_waits_total{model="llama",result="`+result+`"}`); got != want {
+					t.Errorf("slot waits %s = %v, want %v", result, got, want)
+				}
+			}
+			if n := ts.lora.slotWaiters.Load(); n != 0 {
+				t.Fatalf("%d requests still counted as waiting for a slot", n)
+			}
+		})
 	}
 }
