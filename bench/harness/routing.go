@@ -271,7 +271,10 @@ func (h *harness) loraRow(ctx context.Context, sc *report.Scenario, wl *workload
 			if fig.Replicas, err = r.counter(ctx, "switchyard_lora_picks_total", `result="replica"`); err != nil {
 				return err
 			}
-			fig.Evictions, err = r.counter(ctx, "switchyard_lora_evictions_total", `result="ok"`)
+			if fig.Evictions, err = r.counter(ctx, "switchyard_lora_evictions_total", `result="ok"`); err != nil {
+				return err
+			}
+			fig.SlotWaits, err = r.counter(ctx, "switchyard_lora_slot_waits_total", `result="freed"`)
 			return err
 		},
 	}
@@ -282,8 +285,8 @@ func (h *harness) loraRow(ctx context.Context, sc *report.Scenario, wl *workload
 	if row.Summary != nil {
 		row.LoRA = &fig
 		if picks := fig.Hits + fig.Loads + fig.Replicas; picks > 0 {
-			sc.Notes = append(sc.Notes, fmt.Sprintf("%s: %d of %d requests served (%d refused); %d of %d picks (%.1f%%) found their adapter on the engine picked; %d adapter loads (%d of them replicas beside busy holders), %d evictions",
-				v.name, row.Summary.OK, row.Summary.Requests, row.Summary.ErrorCount(), fig.Hits, picks, 100*float64(fig.Hits)/float64(picks), fig.EngineLoads, fig.Replicas, fig.Evictions))
+			sc.Notes = append(sc.Notes, fmt.Sprintf("%s: %d of %d requests served (%d refused); %d of %d picks (%.1f%%) found their adapter on the engine picked; %d adapter loads (%d of them replicas beside busy holders), %d evictions, %d waits for a slot in use",
+				v.name, row.Summary.OK, row.Summary.Requests, row.Summary.ErrorCount(), fig.Hits, picks, 100*float64(fig.Hits)/float64(picks), fig.EngineLoads, fig.Replicas, fig.Evictions, fig.SlotWaits))
 		}
 	}
 	sc.Rows = append(sc.Rows, row)

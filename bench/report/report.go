@@ -228,6 +228,10 @@ type LoRAFigures struct {
 	// Evictions are the adapters the router unloaded to make room
 	// (switchyard_lora_evictions_total).
 	Evictions int64 `json:"evictions"`
+	// SlotWaits are the router's waits for an adapter slot taken by an adapter in use that
+	// ended with a slot perhaps freed (switchyard_lora_slot_waits_total{result="freed"},
+	// lora.max_slot_waiters); one request may wait more than once.
+	SlotWaits int64 `json:"slot_waits"`
 }
 
 // ReplicaFigures are the figures of one replicas row: router processes in front of one
