@@ -2,7 +2,9 @@ package httpfront
 
 import (
 	"context"
+	"net"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -533,5 +535,72 @@ func TestAdapterSlotWait(t *testing.T) {
 				t.Fatalf("%d requests still counted as waiting for a slot", n)
 			}
 		})
+	}
+}
+
+// TestAdapterSlotWaitEndsWhenClientLeaves: a request waiting for an adapter slot is dropped
+// as soon as its client closes the connection: its wait ends (counted as abandoned), and
+// nothing is loaded or evicted for it once the slot frees.
+func TestAdapterSlotWaitEndsWhenClientLeaves(t *testing.T) {
+	a := newFakeEngine(t, "A", "llama", withGate(), withLoRA(1, "sql"))
+	cfg := flowConfig(a, a)
+	cfg.Workers = cfg.Workers[:1]
+	cfg.Models["llama"].Buckets[0].Groups.Plain.WorkerIDs = &[]string{"A"}
+	cfg.LoRA.Enabled, cfg.LoRA.AutoLoad = true, true
+	cfg.LoRA.RefreshInterval = time.Hour
+	m := cfg.Models["llama"]
+	m.LoRAAdapters = map[string]string{"sql": "/adapters/sql", "math": "/adapters/math"}
+	cfg.Models["llama"] = m
+	clock := newFakeClock() // never advanced: the wait ends only when the client leaves
+	clock.scheduled = make(chan time.Duration, 16)
+	clock.stopped = make(chan struct{}, 16)
+	ts := startServer(t, cfg, Options{SkipStartupChecks: true, Clock: clock})
+	waitUntil(t, "the router learns A's adapter", func() bool {
+		for _, x := range ts.wset.Load().Workers() {
+			if x.ID == "A" && x.Adapters().Has("sql") {
+				return true
+			}
+		}
+		return false
+	})
+	stream := make(chan result, 1)
+	postAsync(context.Background(), ts.url+"/v1/chat/completions", chatBody("sql", "hi", `"stream":true`), stream)
+	waitFor(t, a.streamed, "the sql stream's first chunk")
+
+	conn, err := net.Dial("tcp", ts.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := chatBody("math", "hi", "")
+	if _, err := conn.Write([]byte("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+		strconv.Itoa(len(body)) + "\r\n\r\n" + body)); err != nil {
+		t.Fatal(err)
+	}
+	for d := time.Duration(0); d != cfg.LoRA.LoadTimeout; {
+		select {
+		case d = <-clock.scheduled:
+		case <-time.After(10 * time.Second):
+			t.Fatal("math never waited for the slot")
+		}
+	}
+	_ = conn.Close()
+	select {
+	case <-clock.stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the wait did not end when the client left")
+	}
+	if got := metricValue(t, ts, `switchyard_lora_slot_waits_total{model="llama",result="abandoned"}`); got != 1 {
+		t.Fatalf("abandoned slot waits = %v, want 1", got)
+	}
+	close(a.gate)
+	if r := collect(t, stream, 1, "the sql stream")[0]; r.status != 200 {
+		t.Fatalf("sql stream: %d", r.status)
+	}
+	ts.stop(t) // every handler has returned: nothing can load for the abandoned request
+	if _, calls := a.loraState(); len(calls) != 0 {
+		t.Fatalf("A got the adapter calls %v for a request whose client left", calls)
+	}
+	if n := ts.lora.slotWaiters.Load(); n != 0 {
+		t.Fatalf("%d requests still counted as waiting for a slot", n)
 	}
 }
