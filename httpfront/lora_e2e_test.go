@@ -59,26 +59,10 @@ func TestAdapterLoadFailure(t *testing.T) {
 // stream's when the stream ends.
 func TestAdapterEviction(t *testing.T) {
 	a := newFakeEngine(t, "A", "llama", withGate(), withLoRA(1, "sql"))
-	cfg := flowConfig(a, a)
-	cfg.Workers = cfg.Workers[:1]
-	cfg.Models["llama"].Buckets[0].Groups.Plain.WorkerIDs = &[]string{"A"}
-	cfg.LoRA.Enabled, cfg.LoRA.AutoLoad = true, true
-	cfg.LoRA.RefreshInterval = time.Hour // learned once, at start
+	cfg := loraConfigA(a, map[string]string{"sql": "/adapters/sql", "math": "/adapters/math"})
 	cfg.LoRA.MaxSlotWaiters = 0
-	m := cfg.Models["llama"]
-	m.LoRAAdapters = map[string]string{"sql": "/adapters/sql", "math": "/adapters/math"}
-	cfg.Models["llama"] = m
 	ts := startServer(t, cfg, Options{SkipStartupChecks: true})
-	var w *engine.Worker
-	waitUntil(t, "the router learns A's adapter", func() bool {
-		for _, x := range ts.wset.Load().Workers() {
-			if x.ID == "A" && x.Adapters().Has("sql") {
-				w = x
-				return true
-			}
-		}
-		return false
-	})
+	w := adapterWorker(t, ts, "A", "sql")
 
 	// A stream uses sql: it holds it until the stream ends.
 	out := make(chan result, 1)
@@ -246,21 +230,9 @@ func TestAdapterLoadWaitersCountInFlight(t *testing.T) {
 				cfg.Workers = cfg.Workers[:1]
 			}
 			cfg.DefaultPolicy.Admission.MaxInflightRequests = ptr(int64(2))
-			cfg.LoRA.Enabled, cfg.LoRA.AutoLoad = true, true
-			cfg.LoRA.RefreshInterval = time.Hour // learned once, at start
-			m := cfg.Models["llama"]
-			m.LoRAAdapters = map[string]string{"math": "/adapters/math"}
-			cfg.Models["llama"] = m
+			withAdapters(cfg, map[string]string{"math": "/adapters/math"})
 			ts := startServer(t, cfg, Options{SkipStartupChecks: true})
-			workers := map[string]*engine.Worker{}
-			waitUntil(t, "the router learns the engines' adapters", func() bool {
-				for _, x := range ts.wset.Load().Workers() {
-					if x.Adapters() != nil {
-						workers[x.ID] = x
-					}
-				}
-				return len(workers) == len(cfg.Workers)
-			})
+			workers := learnedWorkers(t, ts, len(cfg.Workers))
 			wa := workers["A"]
 
 			out := make(chan result, 2)
@@ -335,21 +307,9 @@ func TestAdapterLoadWaitersCountInFlightPD(t *testing.T) {
 	d := newFakeEngine(t, "D", "llama", withMode("decode"), withLoRA(4))
 	d.expectHost, d.expectPort = "127.0.0.1", 8998
 	cfg := pdConfig(p, d, ptr(8998))
-	cfg.LoRA.Enabled, cfg.LoRA.AutoLoad = true, true
-	cfg.LoRA.RefreshInterval = time.Hour
-	m := cfg.Models["llama"]
-	m.LoRAAdapters = map[string]string{"math": "/adapters/math"}
-	cfg.Models["llama"] = m
+	withAdapters(cfg, map[string]string{"math": "/adapters/math"})
 	ts := startServer(t, cfg, Options{SkipStartupChecks: true})
-	workers := map[string]*engine.Worker{}
-	waitUntil(t, "the router learns the engines' adapters", func() bool {
-		for _, x := range ts.wset.Load().Workers() {
-			if x.Adapters() != nil {
-				workers[x.ID] = x
-			}
-		}
-		return len(workers) == 2
-	})
+	workers := learnedWorkers(t, ts, 2)
 	wp, wd := workers["P"], workers["D"]
 
 	out := make(chan result, 1)
@@ -390,22 +350,10 @@ func TestAdapterLoadWaiterRetried(t *testing.T) {
 	b := newFakeEngine(t, "B", "llama", withLoRA(4, "other"))
 	a.fail.Store(503) // inference only: its adapter routes answer
 	cfg := retryConfig(a, b)
-	cfg.LoRA.Enabled, cfg.LoRA.AutoLoad = true, true
+	withAdapters(cfg, map[string]string{"math": "/adapters/math"})
 	cfg.LoRA.SlotsPerEngine = 4
-	cfg.LoRA.RefreshInterval = time.Hour
-	m := cfg.Models["llama"]
-	m.LoRAAdapters = map[string]string{"math": "/adapters/math"}
-	cfg.Models["llama"] = m
 	ts := startServer(t, cfg, Options{SkipStartupChecks: true})
-	workers := map[string]*engine.Worker{}
-	waitUntil(t, "the router learns the engines' adapters", func() bool {
-		for _, x := range ts.wset.Load().Workers() {
-			if x.Adapters() != nil {
-				workers[x.ID] = x
-			}
-		}
-		return len(workers) == 2
-	})
+	workers := learnedWorkers(t, ts, 2)
 
 	out := make(chan result, 1)
 	postAsync(context.Background(), ts.url+"/v1/chat/completions", chatBody("math", "hi", ""), out)
@@ -452,29 +400,13 @@ func TestAdapterSlotWait(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			a := newFakeEngine(t, "A", "llama", withGate(), withLoRA(1, "sql"))
-			cfg := flowConfig(a, a)
-			cfg.Workers = cfg.Workers[:1]
-			cfg.Models["llama"].Buckets[0].Groups.Plain.WorkerIDs = &[]string{"A"}
-			cfg.LoRA.Enabled, cfg.LoRA.AutoLoad = true, true
-			cfg.LoRA.RefreshInterval = time.Hour // learned once, at start
+			cfg := loraConfigA(a, map[string]string{"sql": "/adapters/sql", "math": "/adapters/math", "code": "/adapters/code"})
 			cfg.LoRA.LoadTimeout = loadTimeout
 			cfg.LoRA.MaxSlotWaiters = 1
-			m := cfg.Models["llama"]
-			m.LoRAAdapters = map[string]string{"sql": "/adapters/sql", "math": "/adapters/math", "code": "/adapters/code"}
-			cfg.Models["llama"] = m
 			clock := newFakeClock()
 			clock.scheduled = make(chan time.Duration, 16)
 			ts := startServer(t, cfg, Options{SkipStartupChecks: true, Clock: clock})
-			var w *engine.Worker
-			waitUntil(t, "the router learns A's adapter", func() bool {
-				for _, x := range ts.wset.Load().Workers() {
-					if x.ID == "A" && x.Adapters().Has("sql") {
-						w = x
-						return true
-					}
-				}
-				return false
-			})
+			w := adapterWorker(t, ts, "A", "sql")
 
 			// A stream uses sql, A's one slot.
 			stream := make(chan result, 1)
@@ -543,26 +475,12 @@ func TestAdapterSlotWait(t *testing.T) {
 // nothing is loaded or evicted for it once the slot frees.
 func TestAdapterSlotWaitEndsWhenClientLeaves(t *testing.T) {
 	a := newFakeEngine(t, "A", "llama", withGate(), withLoRA(1, "sql"))
-	cfg := flowConfig(a, a)
-	cfg.Workers = cfg.Workers[:1]
-	cfg.Models["llama"].Buckets[0].Groups.Plain.WorkerIDs = &[]string{"A"}
-	cfg.LoRA.Enabled, cfg.LoRA.AutoLoad = true, true
-	cfg.LoRA.RefreshInterval = time.Hour
-	m := cfg.Models["llama"]
-	m.LoRAAdapters = map[string]string{"sql": "/adapters/sql", "math": "/adapters/math"}
-	cfg.Models["llama"] = m
+	cfg := loraConfigA(a, map[string]string{"sql": "/adapters/sql", "math": "/adapters/math"})
 	clock := newFakeClock() // never advanced: the wait ends only when the client leaves
 	clock.scheduled = make(chan time.Duration, 16)
 	clock.stopped = make(chan struct{}, 16)
 	ts := startServer(t, cfg, Options{SkipStartupChecks: true, Clock: clock})
-	waitUntil(t, "the router learns A's adapter", func() bool {
-		for _, x := range ts.wset.Load().Workers() {
-			if x.ID == "A" && x.Adapters().Has("sql") {
-				return true
-			}
-		}
-		return false
-	})
+	adapterWorker(t, ts, "A", "sql")
 	stream := make(chan result, 1)
 	postAsync(context.Background(), ts.url+"/v1/chat/completions", chatBody("sql", "hi", `"stream":true`), stream)
 	waitFor(t, a.streamed, "the sql stream's first chunk")
@@ -603,4 +521,58 @@ func TestAdapterSlotWaitEndsWhenClientLeaves(t *testing.T) {
 	if n := ts.lora.slotWaiters.Load(); n != 0 {
 		t.Fatalf("%d requests still counted as waiting for a slot", n)
 	}
+}
+
+// loraConfigA is a configuration of engine a alone (worker A) with adapter routing and
+// auto_load on, the engines' adapters learned once, at start, and the model's adapters
+// (name: path).
+func loraConfigA(a *fakeEngine, adapters map[string]string) *config.Config {
+	cfg := flowConfig(a, a)
+	cfg.Workers = cfg.Workers[:1]
+	cfg.Models["llama"].Buckets[0].Groups.Plain.WorkerIDs = &[]string{"A"}
+	withAdapters(cfg, adapters)
+	return cfg
+}
+
+// withAdapters turns adapter routing and auto_load on in cfg, the engines' adapters learned
+// once, at start, and gives model llama the adapters (name: path).
+func withAdapters(cfg *config.Config, adapters map[string]string) {
+	cfg.LoRA.Enabled, cfg.LoRA.AutoLoad = true, true
+	cfg.LoRA.RefreshInterval = time.Hour
+	m := cfg.Models["llama"]
+	m.LoRAAdapters = adapters
+	cfg.Models["llama"] = m
+}
+
+// learnedWorkers waits until ts's router has learned the adapters of n engines, and returns
+// their workers by ID.
+func learnedWorkers(t *testing.T, ts *testServer, n int) map[string]*engine.Worker {
+	t.Helper()
+	workers := map[string]*engine.Worker{}
+	waitUntil(t, "the router learns the engines' adapters", func() bool {
+		for _, x := range ts.wset.Load().Workers() {
+			if x.Adapters() != nil {
+				workers[x.ID] = x
+			}
+		}
+		return len(workers) == n
+	})
+	return workers
+}
+
+// adapterWorker waits until ts's router learns that engine id holds adapter, and returns
+// its worker.
+func adapterWorker(t *testing.T, ts *testServer, id, adapter string) *engine.Worker {
+	t.Helper()
+	var w *engine.Worker
+	waitUntil(t, "the router learns "+id+"'s adapter "+adapter, func() bool {
+		for _, x := range ts.wset.Load().Workers() {
+			if x.ID == id && x.Adapters().Has(adapter) {
+				w = x
+				return true
+			}
+		}
+		return false
+	})
+	return w
 }
