@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"switchyard/bench/workload"
@@ -436,4 +437,24 @@ func TestRouteChoosesTheURL(t *testing.T) {
 	if hits[0].Load() != 3 || hits[1].Load() != 5 || len(routed) != 8 {
 		t.Fatalf("hits %d and %d, %d requests routed; want 3 and 5 of 8", hits[0].Load(), hits[1].Load(), len(routed))
 	}
+}
+
+// TestReadStreamSplitReads feeds a stream in two reads split at every offset, and one byte
+// a read: an event split across reads counts as it does whole.
+func TestReadStreamSplitReads(t *testing.T) {
+	want := Result{TTFT: time.Millisecond, ITL: time.Millisecond, E2E: 4 * time.Millisecond,
+		PromptTokens: 40, CachedTokens: 32, CompletionTokens: 3}
+	check := func(name string, body io.Reader) {
+		t.Helper()
+		clk := &stepClock{}
+		var got Result
+		readStream(body, &got, clk.t, clk.now)
+		if got != want {
+			t.Errorf("%s: got %+v\nwant %+v", name, got, want)
+		}
+	}
+	for i := range len(sseBody) + 1 {
+		check(fmt.Sprintf("split at %d", i), io.MultiReader(strings.NewReader(sseBody[:i]), strings.NewReader(sseBody[i:])))
+	}
+	check("one byte a read", iotest.OneByteReader(strings.NewReader(sseBody)))
 }
