@@ -523,8 +523,12 @@ func (s *sseStream) fill() error {
 	for {
 		drop := j.faults.Drop
 		for i, sq := range j.seqs {
-			p := int(sq.produced.Load())
+			// finished before produced: the rank stores a sequence's last count before it
+			// marks it finished, so a finished sequence read in this order has all its
+			// tokens counted. Read the other way, a sequence that ran to its end between
+			// the two loads would end its stream without the tokens it produced meanwhile.
 			fin := sq.finished.Load()
+			p := int(sq.produced.Load())
 			if fin && (errors.Is(sq.err, errRestarted) || errors.Is(sq.err, errClosed)) {
 				return sq.err // a crashed engine cuts the stream
 			}
