@@ -30,7 +30,8 @@ func checkRow(t *testing.T, r *report.Row, requests, engines int, streamed bool)
 		t.Fatalf("%s: no summary (skipped: %q)", r.Name, r.Skipped)
 	}
 	if m.Requests != requests || m.OK != requests || m.Unknown != 0 || r.Truncated {
-		t.Errorf("%s: %d requests, %d ok, %d on unknown engines, truncated %v; want %d ok", r.Name, m.Requests, m.OK, m.Unknown, r.Truncated, requests)
+		t.Errorf("%s: %d requests, %d ok (errors by status %v, by code %v), %d on unknown engines, truncated %v; want %d ok",
+			r.Name, m.Requests, m.OK, m.ErrorsByStatus, m.ErrorsByCode, m.Unknown, r.Truncated, requests)
 	}
 	if m.TTFT.N != requests || m.E2E.N != requests || m.TTFT.P50 <= 0 || m.E2E.P99 < m.E2E.P50 || m.TTFT.P99 < m.TTFT.P90 {
 		t.Errorf("%s: latency figures incomplete: ttft %+v e2e %+v", r.Name, m.TTFT, m.E2E)
