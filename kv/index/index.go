@@ -99,6 +99,7 @@ type Index struct {
 	rest    func(x *Index, sc *lookupScratch, w, n int) (int, bool) // see Config.matchRest
 
 	scratch sync.Pool // *lookupScratch
+	streams sync.Pool // *stream
 	batches sync.Pool // *ShardBatch
 }
 
@@ -422,10 +423,9 @@ type lookupScratch struct {
 	lastKey int64
 	// The hash cache (nil: none) and the key of the chunks hashed so far; keyed is false
 	// once a partial chunk was hashed.
-	cache  *hashCache
-	key    chunkKey
-	keyed  bool
-	stream *stream // reused by the streamed lookups of this scratch
+	cache *hashCache
+	key   chunkKey
+	keyed bool
 	// ahead is the stream of a streamed lookup with a hash cache: its helper computes the
 	// bodies of the chunks ahead of the hashing (stream.bodies).
 	ahead *stream

@@ -222,7 +222,7 @@ func BenchmarkChainPath(b *testing.B) {
 				}
 				sc.startChain(prompt, 16, cache, nil)
 				if mode == "ahead" {
-					st := newStream()
+					st := &stream{}
 					st.bodies, st.ready = make([]uint64, n/chunkBlocks), make([]atomic.Bool, n/chunkBlocks)
 					for c := range st.bodies {
 						st.bodies[c] = cache.body(prompt[c*chunkBlocks*16 : (c+1)*chunkBlocks*16])

@@ -62,10 +62,37 @@ type stream struct {
 	bodies   []uint64
 	ready    []atomic.Bool
 	bodyNext int
+
+	// The helper's arguments, set before it starts: the lookup's context, scratch, owner
+	// words and blocks [lo, n) to match. run starts it (x.streamHelper(st)): made once with
+	// the stream, so that starting a helper allocates nothing.
+	ctx      context.Context
+	sc       *lookupScratch
+	w, lo, n int
+	run      func()
+	// users is how many of the lookup goroutine and its helper still use the stream; the
+	// last to let go (releaseStream) returns it to the index's pool. A withdrawn helper may
+	// look at the stream after its lookup is over, so neither side pools it alone.
+	users atomic.Int32
 }
 
-func newStream() *stream {
-	return &stream{wake: make(chan struct{}, 1), finished: make(chan struct{}, 1)}
+// getStream returns a pooled stream, or a new one.
+func (x *Index) getStream() *stream {
+	if st, _ := x.streams.Get().(*stream); st != nil {
+		return st
+	}
+	st := &stream{wake: make(chan struct{}, 1), finished: make(chan struct{}, 1)}
+	st.run = func() { x.streamHelper(st) }
+	return st
+}
+
+// releaseStream lets go of st for one of its users; the last returns it to the pool.
+func (x *Index) releaseStream(st *stream) {
+	if st.users.Add(-1) != 0 {
+		return
+	}
+	st.ctx, st.sc = nil, nil // do not retain the lookup
+	x.streams.Put(st)
 }
 
 // matchStream matches blocks [lo, n) of sc's prompt, blocks [0, sc.hashed) being hashed and
@@ -74,11 +101,7 @@ func (x *Index) matchStream(ctx context.Context, sc *lookupScratch, w, lo, n int
 	sc.reserveHashes(n)
 	hashes := sc.hashes[:n]
 	sc.hashes = hashes
-	st := sc.stream
-	if st == nil {
-		st = newStream()
-		sc.stream = st
-	}
+	st := x.getStream()
 	st.hashed.Store(int64(sc.hashed))
 	st.stop.Store(false)
 	st.state.Store(helperPending)
@@ -101,7 +124,9 @@ func (x *Index) matchStream(ctx context.Context, sc *lookupScratch, w, lo, n int
 		}
 		sc.ahead = st
 	}
-	go x.streamHelper(ctx, st, sc, w, lo, n)
+	st.ctx, st.sc, st.w, st.lo, st.n = ctx, sc, w, lo, n
+	st.users.Store(2)
+	go st.run()
 
 	for from := sc.hashed; from < n && !st.stop.Load(); from += streamChunk {
 		to := min(n, from+streamChunk)
@@ -117,6 +142,7 @@ func (x *Index) matchStream(ctx context.Context, sc *lookupScratch, w, lo, n int
 			}
 		}
 	}
+	sc.ahead = nil // the chain is hashed
 	withdrawn := st.state.CompareAndSwap(helperPending, helperWithdrawn)
 	if !withdrawn && st.state.CompareAndSwap(helperSleeping, helperWithdrawn) {
 		// The helper wrote sc last before it went to sleep. Wake it to exit.
@@ -127,8 +153,9 @@ func (x *Index) matchStream(ctx context.Context, sc *lookupScratch, w, lo, n int
 		}
 	}
 	if withdrawn {
-		// The helper may still be about to look at st: the next lookup gets its own.
-		sc.stream = nil
+		// The helper may still be about to look at st: it returns st to the pool if it is
+		// the last to let go.
+		x.releaseStream(st)
 		for size := streamMaxWave; lo < n; lo += size {
 			if alive, err := x.matchWave(ctx, sc, w, lo, min(n, lo+size)); err != nil || !alive {
 				return err
@@ -139,12 +166,16 @@ func (x *Index) matchStream(ctx context.Context, sc *lookupScratch, w, lo, n int
 	}
 	// The helper runs: its shard queries are bounded by ctx, so it finishes.
 	<-st.finished
-	return st.err
+	err := st.err
+	x.releaseStream(st)
+	return err
 }
 
-// streamHelper is the helper goroutine of a streamed lookup: it matches the hashed blocks
-// from lo in waves, and tells the hashing to stop when the prefix ends.
-func (x *Index) streamHelper(ctx context.Context, st *stream, sc *lookupScratch, w, lo, n int) {
+// streamHelper is the helper goroutine of a streamed lookup: it matches st's hashed blocks
+// from st.lo in waves, and tells the hashing to stop when the prefix ends.
+func (x *Index) streamHelper(st *stream) {
+	defer x.releaseStream(st)
+	ctx, sc, w, lo, n := st.ctx, st.sc, st.w, st.lo, st.n
 	if x.obs != nil {
 		x.obs.helperStarted()
 	}
