@@ -989,13 +989,16 @@ func isInt(c byte) bool {
 }
 
 // length checks a container or string length against the bytes left: every element needs
-// at least perElem bytes.
+// at least perElem bytes. Small enough to inline, so that the division is by a constant.
 func (r *reader) length(n uint64, perElem int) (int, error) {
 	if n > uint64(len(r.b)-r.off)/uint64(perElem) {
-		return 0, fmt.Errorf("length %d exceeds the payload", n)
+		return 0, lengthError(n)
 	}
 	return int(n), nil
 }
+
+// lengthError is length's error, built out of line.
+func lengthError(n uint64) error { return fmt.Errorf("length %d exceeds the payload", n) }
 
 func (r *reader) arrayLen() (int, error) {
 	c, err := r.u8()
