@@ -354,6 +354,11 @@ func newIngestWorkload(b *testing.B, worker string, seed uint64) *ingestWorkload
 // (CPU per event or lookup), which a shared machine disturbs less than the rates.
 // idle-procs is how many of the Go scheduler's processors (GOMAXPROCS) had no goroutine to
 // run, on average: work that could not keep both cores busy, whatever else the machine runs.
+// gc-cycles (collections the runtime started itself), gc-cpu-share (the collector's share of
+// the process's CPU, the forced collection that ends the measured phase included),
+// page-faults (minor faults: first touches of memory, as after a table grows) and
+// preempted/s (involuntary context switches: the kernel gave a core to another thread) tell
+// what else a slow run spent its time on.
 //
 // The index is filled once per sub-benchmark and kept across its runs (the testing package
 // runs a benchmark with b.N = 1 before the measured run, even with -benchtime Nx): the runs
@@ -469,15 +474,7 @@ func (st *ingestBench) run(b *testing.B) {
 	var firstErr error
 	b.SetParallelism(parallelism)
 	b.ReportAllocs()
-	cpuTime := func() time.Duration { // user and system CPU of the process
-		var ru syscall.Rusage
-		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-			b.Fatal(err)
-		}
-		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-	}
-	idle0 := idleProcs()
-	cpu0 := cpuTime()
+	proc0 := sampleProc(b)
 	start := time.Now()
 	b.RunParallel(func(pb *testing.PB) {
 		g := int(next.Add(1) - 1)
@@ -518,8 +515,8 @@ func (st *ingestBench) run(b *testing.B) {
 	})
 	drain(b, x, 16)
 	elapsed := time.Since(start).Seconds()
-	cpu := (cpuTime() - cpu0).Seconds()
-	idle := idleProcs() - idle0
+	proc := sampleProc(b).since(proc0)
+	cpu, idle := proc.cpu.Seconds(), proc.idle
 	if firstErr != nil {
 		b.Fatal(firstErr)
 	}
@@ -535,6 +532,13 @@ func (st *ingestBench) run(b *testing.B) {
 	if n := events.Load() + lookups.Load(); n > 0 {
 		b.ReportMetric(cpu*1e9/float64(n), "cpu-ns/op")
 	}
+	// What else the process did meanwhile, to tell a slow run's cause: collections the
+	// runtime started on its own and their CPU, page faults (first touches of new memory,
+	// as after a table grows), and how often the kernel took a core from the process.
+	b.ReportMetric(float64(proc.gcs), "gc-cycles")
+	b.ReportMetric(proc.gcCPU/cpu, "gc-cpu-share")
+	b.ReportMetric(float64(proc.faults), "page-faults")
+	b.ReportMetric(float64(proc.preempted)/elapsed, "preempted/s")
 	if dropped := after.OpsDroppedBusy - before.OpsDroppedBusy; dropped > 0 {
 		b.ReportMetric(float64(dropped), "dropped-ops")
 	}
@@ -549,11 +553,39 @@ func (st *ingestBench) run(b *testing.B) {
 	}
 }
 
-// idleProcs is the runtime's estimate of the processor time no goroutine used, in seconds,
-// as of a garbage collection it runs (the runtime updates its CPU classes at each one).
-func idleProcs() float64 {
+// procSample is what the process had used at a moment: its CPU (user and system), the
+// runtime's estimates of the processor time no goroutine used (idle) and of the garbage
+// collector's CPU, in seconds, the collections the runtime started on its own, minor page
+// faults, and involuntary context switches (the kernel gave the core to another thread).
+type procSample struct {
+	cpu                    time.Duration
+	idle, gcCPU            float64
+	gcs, faults, preempted int64
+}
+
+// sampleProc samples the process after a garbage collection it runs (the runtime updates
+// its CPU classes at each one; forced collections are not counted in gcs).
+func sampleProc(b *testing.B) procSample {
+	b.Helper()
 	runtime.GC()
-	m := []metrics.Sample{{Name: "/cpu/classes/idle:cpu-seconds"}}
+	m := []metrics.Sample{{Name: "/cpu/classes/idle:cpu-seconds"}, {Name: "/cpu/classes/gc/total:cpu-seconds"},
+		{Name: "/gc/cycles/automatic:gc-cycles"}}
 	metrics.Read(m)
-	return m[0].Value.Float64()
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return procSample{
+		cpu:  time.Duration(ru.Utime.Nano() + ru.Stime.Nano()),
+		idle: m[0].Value.Float64(), gcCPU: m[1].Value.Float64(), gcs: int64(m[2].Value.Uint64()),
+		faults: int64(ru.Minflt), preempted: int64(ru.Nivcsw),
+	}
+}
+
+// since is what the process used from p0 to p.
+func (p procSample) since(p0 procSample) procSample {
+	return procSample{
+		cpu: p.cpu - p0.cpu, idle: p.idle - p0.idle, gcCPU: p.gcCPU - p0.gcCPU,
+		gcs: p.gcs - p0.gcs, faults: p.faults - p0.faults, preempted: p.preempted - p0.preempted,
+	}
 }
