@@ -66,12 +66,12 @@ func TestRouterKeysIngest(t *testing.T) {
 			}
 			// A remove of one tier keeps the other; a remove of every tier forgets the block.
 			applyEvents(t, a, 0, events.Event{Kind: events.EventBlockRemoved, BlockHashes: eh[12:13], Medium: events.MediumGPU})
-			if got := kvtest.Lookup(t, x, "m", prompt); got["e"] != 320 || len(a.keys[0][0].r) != 20 {
-				t.Fatalf("after removing a tier the block is not held in: %v, %d keys", got, len(a.keys[0][0].r))
+			if got := kvtest.Lookup(t, x, "m", prompt); got["e"] != 320 || a.keys[0][0].r.len() != 20 {
+				t.Fatalf("after removing a tier the block is not held in: %v, %d keys", got, a.keys[0][0].r.len())
 			}
 			applyEvents(t, a, 0, events.Event{Kind: events.EventBlockRemoved, BlockHashes: eh[12:13]})
-			if got := kvtest.Lookup(t, x, "m", prompt); got["e"] != 192 || len(a.keys[0][0].r) != 19 {
-				t.Fatalf("after remove: %v, %d keys", got, len(a.keys[0][0].r))
+			if got := kvtest.Lookup(t, x, "m", prompt); got["e"] != 192 || a.keys[0][0].r.len() != 19 {
+				t.Fatalf("after remove: %v, %d keys", got, a.keys[0][0].r.len())
 			}
 			// A child of the removed block has no parent key: not indexed, counted.
 			applyEvents(t, a, 0, stored(engineHashes(77, 1), eh[12], kvtest.SeqTokens(5, 16), 16, events.MediumGPU))
@@ -80,8 +80,8 @@ func TestRouterKeysIngest(t *testing.T) {
 			}
 			// A clear empties the owner and its map; what follows is keyed afresh.
 			applyEvents(t, a, 0, events.Event{Kind: events.EventAllBlocksCleared}, stored(eh[:2], 0, prompt[:32], 16, events.MediumGPU))
-			if got := kvtest.Lookup(t, x, "m", prompt); got["e"] != 32 || len(a.keys[0][0].r) != 2 {
-				t.Fatalf("after a clear: %v, %d keys", got, len(a.keys[0][0].r))
+			if got := kvtest.Lookup(t, x, "m", prompt); got["e"] != 32 || a.keys[0][0].r.len() != 2 {
+				t.Fatalf("after a clear: %v, %d keys", got, a.keys[0][0].r.len())
 			}
 		})
 	}
@@ -111,8 +111,8 @@ func TestRouterKeysBoundPerOwner(t *testing.T) {
 	}
 	applyEvents(t, a, 0, events.Event{Kind: events.EventBlockRemoved, BlockHashes: eh[5:6]},
 		stored(eh[5:6], eh[4], prompt[80:96], 16, events.MediumGPU))
-	if got := kvtest.Lookup(t, x, "m", prompt); got["e"] != 96 || len(a.keys[0][0].r) != 6 {
-		t.Fatalf("stored again after a remove: %v, %d keys", got, len(a.keys[0][0].r))
+	if got := kvtest.Lookup(t, x, "m", prompt); got["e"] != 96 || a.keys[0][0].r.len() != 6 {
+		t.Fatalf("stored again after a remove: %v, %d keys", got, a.keys[0][0].r.len())
 	}
 }
 
