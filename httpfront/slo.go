@@ -1,7 +1,6 @@
 package httpfront
 
 import (
-	"bytes"
 	"math"
 	"strconv"
 	"strings"
@@ -102,7 +101,7 @@ type sloTrack struct {
 	// Recorded by a stream's relay.
 	start           time.Time
 	firstAt, lastAt time.Time
-	events, done    int // SSE data events, and [DONE] markers among them
+	events, done    int // SSE data lines, and [DONE] lines among them (done set at the end)
 }
 
 // sloStart makes the request's estimates for the engines of pick, at dispatch.
@@ -146,33 +145,12 @@ func (t *sloTrack) headers(h *fasthttp.ResponseHeader) {
 // orderValues are the X-Switchyard-Bucket-Order values by engine.BucketOrder.
 var orderValues = [...][]byte{engine.OrderCapacity: []byte("capacity"), engine.OrderSLO: []byte("slo")}
 
-var (
-	dataField = []byte("data:")
-	doneData  = []byte("[DONE]")
-	lfData    = []byte("\ndata:")
-	crData    = []byte("\rdata:")
-)
-
-// dataLines counts the data lines in b, a chunk of an SSE stream: "data:" at b's start or
-// after a line terminator. The scans look for the terminators, rare bytes, not for the
-// field's first letter, which every JSON payload is full of.
-func dataLines(b []byte) int {
-	n := bytes.Count(b, lfData)
-	if bytes.IndexByte(b, '\r') >= 0 {
-		n += bytes.Count(b, crData) // CR-terminated lines
-	}
-	if bytes.HasPrefix(b, dataField) {
-		n++
-	}
-	return n
-}
-
-// chunk records one chunk of the upstream stream arriving at now: the first carries the
-// first token, and every data event counts as one token (approximately: a final chunk that
-// only carries finish_reason or usage counts too).
-func (t *sloTrack) chunk(b []byte, now time.Time) {
-	n := dataLines(b)
-	if n == 0 {
+// chunk records one read of the upstream stream arriving at now with its data lines (the
+// relay's framer counts them): the first with any carries the first token, and every data
+// event counts as one token (approximately: a final chunk that only carries finish_reason or
+// usage counts too).
+func (t *sloTrack) chunk(dataLines int, now time.Time) {
+	if dataLines == 0 {
 		return
 	}
 	if t.firstAt.IsZero() {
@@ -183,8 +161,7 @@ func (t *sloTrack) chunk(b []byte, now time.Time) {
 			t.mm.ratioTTFT.Update(t.estTTFT / ttft)
 		}
 	}
-	t.events += n
-	t.done += bytes.Count(b, doneData)
+	t.events += dataLines
 	t.lastAt = now
 }
 

@@ -345,27 +345,61 @@ func TestSLORatioHistogramsExposition(t *testing.T) {
 	}
 }
 
-// TestDataLines: a stream chunk's data lines are counted at its start and after every line
-// terminator (LF, CRLF, CR), not where "data:" appears inside a payload.
+// TestDataLines: the relay's framer counts a stream's data lines ("data:" at a line's start,
+// after any line terminator: LF, CRLF, CR; not where "data:" appears inside a payload), its
+// [DONE] lines ("data:", spaces, "[DONE]") and the complete events holding one, the same
+// however the bytes are split across reads.
 func TestDataLines(t *testing.T) {
 	for _, tc := range []struct {
-		name, chunk string
-		want        int
+		name, stream           string
+		data, done, doneEvents int
 	}{
-		{"empty", "", 0},
-		{"one event", "data: {\"x\":1}\n\n", 1},
-		{"two events", "data: a\n\ndata: b\n\n", 2},
-		{"multi-line event", "data: a\ndata: b\n\n", 2},
-		{"CRLF", "data: a\r\n\r\ndata: b\r\n\r\n", 2},
-		{"CR", "data: a\r\rdata: b\r\r", 2},
-		{"comment and event", ": keep-alive\n\ndata: a\n\n", 1},
-		{"in a payload", "data: {\"text\":\"data: no\"}\n\n", 1},
-		{"mid-line start", "ta: a\n\ndata: b\n\n", 1},
-		{"done", "data: [DONE]\n\n", 1},
+		{"empty", "", 0, 0, 0},
+		{"one event", "data: {\"x\":1}\n\n", 1, 0, 0},
+		{"two events", "data: a\n\ndata: b\n\n", 2, 0, 0},
+		{"multi-line event", "data: a\ndata: b\n\n", 2, 0, 0},
+		{"CRLF", "data: a\r\n\r\ndata: b\r\n\r\n", 2, 0, 0},
+		{"CR", "data: a\r\rdata: b\r\r", 2, 0, 0},
+		{"comment and event", ": keep-alive\n\ndata: a\n\n", 1, 0, 0},
+		{"in a payload", "data: {\"text\":\"data: no\"}\n\n", 1, 0, 0},
+		{"not at the line's start", "x data: a\n\n data: b\n\n", 0, 0, 0},
+		{"other fields", "event: data:\nid: 1\ndata:\n\n", 1, 0, 0},
+		{"done", "data: a\n\ndata: [DONE]\n\n", 2, 1, 1},
+		{"done without a space", "data:[DONE]\n\n", 1, 1, 1},
+		{"done after spaces", "data:   [DONE]\r\n\r\n", 1, 1, 1},
+		{"done then text", "data: [DONE] x\n\n", 1, 1, 1},
+		{"done in a payload", "data: {\"text\":\"[DONE]\"}\n\n", 1, 0, 0},
+		{"done in a comment", ": [DONE]\n\n", 0, 0, 0},
+		{"done cut short", "data: [DON\n\n", 1, 0, 0},
+		{"done without its blank line", "data: [DONE]\n", 1, 1, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := dataLines([]byte(tc.chunk)); got != tc.want {
-				t.Fatalf("dataLines(%q) = %d, want %d", tc.chunk, got, tc.want)
+			b := []byte(tc.stream)
+			// Whole, split in two at every offset, and a byte at a time.
+			splits := [][][]byte{{b}}
+			for i := 1; i < len(b); i++ {
+				splits = append(splits, [][]byte{b[:i], b[i:]})
+			}
+			var bytewise [][]byte
+			for i := range b {
+				bytewise = append(bytewise, b[i:i+1])
+			}
+			splits = append(splits, bytewise)
+			for _, reads := range splits {
+				var f sseFramer
+				for _, r := range reads {
+					for off := 0; off < len(r); {
+						n := f.next(r[off:])
+						if n < 0 {
+							break
+						}
+						off += n
+					}
+				}
+				if f.dataLines != tc.data || f.doneLines != tc.done || f.doneEvents != tc.doneEvents {
+					t.Fatalf("reads %q: data lines %d, [DONE] lines %d, [DONE] events %d; want %d, %d, %d",
+						reads, f.dataLines, f.doneLines, f.doneEvents, tc.data, tc.done, tc.doneEvents)
+				}
 			}
 		})
 	}

@@ -140,11 +140,13 @@ type relay struct {
 	done   bool
 	doneBy time.Time
 
-	// buf is the engine body's read buffer; its first `first` bytes are prime's read, not
-	// relayed yet. rerr is an error that came with the last read's bytes.
-	buf   *[]byte
-	first int
-	rerr  error
+	// buf is the engine body's read buffer. firstOut is what prime's read gave for the
+	// client (framed there, so that its data lines count as the first token), not relayed
+	// yet while primed. rerr is an error that came with the last read's bytes.
+	buf      *[]byte
+	firstOut []byte
+	primed   bool
+	rerr     error
 	// idleAfter and hbEvery are server.stream_idle_timeout and the heartbeat interval;
 	// idleAt is when the engine's silence ends the stream, hbAt the next heartbeat.
 	idleAfter, hbEvery time.Duration
@@ -287,14 +289,16 @@ func (r *relay) prime() error {
 		}
 		return &fleet.Error{Kind: fleet.KindTransport, Detail: "failed before its stream's first event", Err: err}
 	}
-	r.first, r.rerr = n, err
+	r.rerr = err
+	ev := r.sse.dataLines
+	r.firstOut, r.primed = r.frame(buf[:n]), true
 	now := s.now()
 	r.mm.routes[r.kind].ttft.Update(since(r.start, now))
 	if r.span != nil {
 		firstToken(r.span, float64(now.Sub(r.start))/float64(time.Millisecond))
 	}
 	r.guard.FirstToken(now)
-	r.slo.chunk(buf[:n], now)
+	r.slo.chunk(r.sse.dataLines-ev, now)
 	r.idleAt = time.Now().Add(r.idleAfter)
 	return nil
 }
@@ -669,10 +673,9 @@ func (r *relay) next() ([]byte, error) {
 	if r.ended {
 		return nil, io.EOF
 	}
-	if r.first > 0 {
-		b := (*r.buf)[:r.first]
-		r.first = 0
-		out := r.frame(b)
+	if r.primed {
+		out := r.firstOut
+		r.firstOut, r.primed = nil, false
 		if r.done {
 			r.noteDoneAt(time.Now())
 		}
@@ -702,10 +705,11 @@ func (r *relay) next() ([]byte, error) {
 			if !r.s.wallNow {
 				at = r.s.now()
 			}
-			r.slo.chunk(buf[:n], at)
 			r.idleAt, r.hbAt = now.Add(r.idleAfter), now.Add(r.hbEvery)
 			r.rerr = err
+			ev := r.sse.dataLines
 			out := r.frame(buf[:n])
+			r.slo.chunk(r.sse.dataLines-ev, at)
 			r.noteDoneAt(now)
 			if len(out) > 0 {
 				if !r.gather {
@@ -853,6 +857,7 @@ func (r *relay) CloseWithError(error) error {
 	putBuf(r.pend)
 	putBuf(r.out)
 	r.buf, r.pend, r.out, r.held, r.pending = nil, nil, nil, nil, nil
+	r.slo.done = r.sse.doneLines
 	r.slo.end(end == endEOF)
 	r.finish(end)
 	return nil
@@ -862,6 +867,15 @@ func (r *relay) CloseWithError(error) error {
 // b completes (through the transform), a slice of b when nothing was held. The unfinished
 // rest is held.
 func (r *relay) frame(b []byte) []byte {
+	out := r.frameEvents(b)
+	if r.sse.doneEvents > 0 {
+		r.done = true // a complete event with a [DONE] line went through
+	}
+	return out
+}
+
+// frameEvents is frame but for the [DONE] event.
+func (r *relay) frameEvents(b []byte) []byte {
 	if !r.midEvent && len(r.held) == 0 && r.transform == nil {
 		// Fast path: no copy.
 		cut := r.lastBoundary(b)
@@ -870,7 +884,6 @@ func (r *relay) frame(b []byte) []byte {
 			*r.out = out
 			return out
 		}
-		r.noteDone(b[:cut])
 		r.held = append(r.held, b[cut:]...) // shorter than b: within maxEventBytes
 		return b[:cut]
 	}
@@ -896,10 +909,8 @@ func (r *relay) frame(b []byte) []byte {
 		out = r.appendEvents(out, b[:cut])
 	case r.transform == nil:
 		// The held start of an event, then the events b completes, copied once.
-		start := len(out)
 		out = append(out, r.held...)
 		out = append(out, b[:cut]...)
-		r.noteDone(out[start:])
 		r.held = r.held[:0]
 	default:
 		r.held = append(r.held, b[:cut]...)
@@ -959,17 +970,9 @@ func (r *relay) noteDoneAt(now time.Time) {
 	}
 }
 
-// noteDone notes the [DONE] event among complete events.
-func (r *relay) noteDone(events []byte) {
-	if !r.done && hasDoneEvent(events) {
-		r.done = true
-	}
-}
-
 // appendEvents appends complete events (a run of them ending on a boundary), each through
-// the transform when there is one, and notes the [DONE] event.
+// the transform when there is one.
 func (r *relay) appendEvents(out, events []byte) []byte {
-	r.noteDone(events)
 	if r.transform == nil {
 		return append(out, events...)
 	}
@@ -1067,11 +1070,30 @@ func (r *relay) finish(end relayEnd) {
 }
 
 // sseFramer finds SSE event boundaries (a blank line: two line terminators in a row, each
-// CRLF, LF or CR) in a byte stream split at arbitrary points.
+// CRLF, LF or CR) in a byte stream split at arbitrary points. In the same pass it counts the
+// stream's data lines ("data:" at a line's start) and its [DONE] lines ("data:", spaces,
+// then "[DONE]"), so that no other scan of the bytes is needed for the SLO's token count or
+// the relay's [DONE] (one pass per line instead of four scans of every read).
 type sseFramer struct {
 	lineLen int  // bytes of the current line so far
 	cr      bool // the last byte was a CR (an LF right after it ends the same line)
+	// head is how far the current line's start matches "data:", then spaces, then
+	// "[DONE]" (headData, headSpaces, headDone+i), headNone once it cannot.
+	head int8
+	// doneLine: the current event has a [DONE] line.
+	doneLine bool
+	// dataLines and doneLines count the lines seen; doneEvents the complete events (their
+	// blank line seen) with a [DONE] line.
+	dataLines, doneLines, doneEvents int
 }
+
+// The states of sseFramer.head: matching "data:" (0..4), the spaces after it, "[DONE]"
+// (headDone..headDone+5); headNone: the line is neither.
+const (
+	headSpaces = int8(len("data:"))
+	headDone   = headSpaces + 1
+	headNone   = int8(-1)
+)
 
 // next consumes b up to its first event boundary and returns the offset just past it (with
 // the LF of a CRLF that ended the blank line), or -1 when b holds none; b is then consumed
@@ -1085,22 +1107,24 @@ func (f *sseFramer) next(b []byte) int {
 				continue
 			}
 			if f.lineLen == 0 {
+				f.endEvent()
 				return i + 1
 			}
-			f.lineLen = 0
+			f.lineLen, f.head = 0, 0
 		case '\r':
 			f.cr = true
 			if f.lineLen == 0 {
+				f.endEvent()
 				if i+1 < len(b) && b[i+1] == '\n' {
 					f.cr = false
 					return i + 2
 				}
 				return i + 1
 			}
-			f.lineLen = 0
+			f.lineLen, f.head = 0, 0
 		default:
 			// Fast path: the rest of the line's text is skipped at once (two vectorized
-			// scans instead of a step per byte).
+			// scans instead of a step per byte); only a line's first bytes are looked at.
 			f.cr = false
 			rest := b[i:]
 			n := bytes.IndexByte(rest, '\n')
@@ -1110,11 +1134,59 @@ func (f *sseFramer) next(b []byte) int {
 			if k := bytes.IndexByte(rest[:n], '\r'); k >= 0 {
 				n = k
 			}
+			if f.head != headNone {
+				f.matchHead(rest[:n])
+			}
 			f.lineLen += n
 			i += n - 1
 		}
 	}
 	return -1
+}
+
+// matchHead goes on matching the current line's start against "data:", spaces, "[DONE]"
+// with t, the line's next text (no terminator in it), and counts the line when it matches.
+func (f *sseFramer) matchHead(t []byte) {
+	const data, done = "data:", "[DONE]"
+	for _, c := range t {
+		switch h := f.head; {
+		case h < headSpaces:
+			if c != data[h] {
+				f.head = headNone
+				return
+			}
+			if f.head++; f.head == headSpaces {
+				f.dataLines++
+			}
+		case h == headSpaces && c == ' ':
+		case h == headSpaces:
+			if c != done[0] {
+				f.head = headNone
+				return
+			}
+			f.head = headDone + 1
+		default:
+			if c != done[h-headDone] {
+				f.head = headNone
+				return
+			}
+			if f.head++; f.head == headDone+int8(len(done)) {
+				f.doneLines++
+				f.doneLine = true
+				f.head = headNone
+				return
+			}
+		}
+	}
+}
+
+// endEvent notes a blank line: the event it ends is complete.
+func (f *sseFramer) endEvent() {
+	if f.doneLine {
+		f.doneEvents++
+		f.doneLine = false
+	}
+	f.head = 0
 }
 
 // eventLen returns the length of the first event of b, which starts on a boundary (up to

@@ -33,10 +33,14 @@ func BenchmarkRelayFrame(b *testing.B) {
 			r := relay{}
 			r.slo.firstAt = time.Unix(1, 0) // the first token was recorded
 			for _, e := range evs {
-				r.slo.chunk(e, r.slo.firstAt)
+				ev := r.sse.dataLines
 				if len(r.frame(e)) != len(e) {
 					b.Fatal("an event was held back")
 				}
+				r.slo.chunk(r.sse.dataLines-ev, r.slo.firstAt)
+			}
+			if !r.done || r.slo.events != len(evs) {
+				b.Fatalf("done %v, %d data lines, want true, %d", r.done, r.slo.events, len(evs))
 			}
 		}
 	})

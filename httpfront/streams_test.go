@@ -410,7 +410,34 @@ func FuzzRelayFraming(f *testing.F) {
 		if got := string(out.Bytes()) + string(r.held); got != string(stream) {
 			t.Fatalf("relayed %q + held %q is not the stream %q", out.Bytes(), r.held, stream)
 		}
+		if data, done := countLines(stream); r.sse.dataLines != data || r.sse.doneLines != done {
+			t.Fatalf("the framer counted %d data and %d [DONE] lines in %q, want %d and %d",
+				r.sse.dataLines, r.sse.doneLines, stream, data, done)
+		}
 	})
+}
+
+// countLines counts the data lines ("data:" at a line's start) and [DONE] lines ("data:",
+// spaces, "[DONE]") of an SSE stream, its last line unterminated or not: the reference for
+// the relay's framer.
+func countLines(b []byte) (data, done int) {
+	for len(b) > 0 {
+		n := bytes.IndexAny(b, "\r\n")
+		if n < 0 {
+			n = len(b)
+		}
+		if rest, ok := bytes.CutPrefix(b[:n], []byte("data:")); ok {
+			data++
+			if bytes.HasPrefix(bytes.TrimLeft(rest, " "), []byte("[DONE]")) {
+				done++
+			}
+		}
+		b = b[n:]
+		if len(b) > 0 {
+			b = b[1:] // the terminator (of a CRLF, the CR: the LF ends an empty line here, counted as none)
+		}
+	}
+	return data, done
 }
 
 // TestRelayReadMatchesWriteTo: a caller that reads the relay (io.Reader) instead of letting
@@ -421,6 +448,7 @@ func TestRelayReadMatchesWriteTo(t *testing.T) {
 		s := &Server{hardStop: make(chan struct{}), now: time.Now}
 		r := &relay{s: s, body: iotest.OneByteReader(strings.NewReader(stream)), buf: getBuf(),
 			idleAfter: time.Minute, hbEvery: time.Minute}
+		r.slo.firstAt = time.Unix(1, 0) // no SLO rates here: the first token counts as recorded
 		r.idleAt = time.Now().Add(time.Minute)
 		return r
 	}
