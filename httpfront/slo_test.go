@@ -347,31 +347,34 @@ func TestSLORatioHistogramsExposition(t *testing.T) {
 
 // TestDataLines: the relay's framer counts a stream's data lines ("data:" at a line's start,
 // after any line terminator: LF, CRLF, CR; not where "data:" appears inside a payload), its
-// [DONE] lines ("data:", spaces, "[DONE]") and the complete events holding one, the same
+// [DONE] lines ("data:", spaces, "[DONE]") and whether a complete event held one, the same
 // however the bytes are split across reads.
 func TestDataLines(t *testing.T) {
 	for _, tc := range []struct {
-		name, stream           string
-		data, done, doneEvents int
+		name, stream string
+		data, done   int
+		doneEvent    bool
 	}{
-		{"empty", "", 0, 0, 0},
-		{"one event", "data: {\"x\":1}\n\n", 1, 0, 0},
-		{"two events", "data: a\n\ndata: b\n\n", 2, 0, 0},
-		{"multi-line event", "data: a\ndata: b\n\n", 2, 0, 0},
-		{"CRLF", "data: a\r\n\r\ndata: b\r\n\r\n", 2, 0, 0},
-		{"CR", "data: a\r\rdata: b\r\r", 2, 0, 0},
-		{"comment and event", ": keep-alive\n\ndata: a\n\n", 1, 0, 0},
-		{"in a payload", "data: {\"text\":\"data: no\"}\n\n", 1, 0, 0},
-		{"not at the line's start", "x data: a\n\n data: b\n\n", 0, 0, 0},
-		{"other fields", "event: data:\nid: 1\ndata:\n\n", 1, 0, 0},
-		{"done", "data: a\n\ndata: [DONE]\n\n", 2, 1, 1},
-		{"done without a space", "data:[DONE]\n\n", 1, 1, 1},
-		{"done after spaces", "data:   [DONE]\r\n\r\n", 1, 1, 1},
-		{"done then text", "data: [DONE] x\n\n", 1, 1, 1},
-		{"done in a payload", "data: {\"text\":\"[DONE]\"}\n\n", 1, 0, 0},
-		{"done in a comment", ": [DONE]\n\n", 0, 0, 0},
-		{"done cut short", "data: [DON\n\n", 1, 0, 0},
-		{"done without its blank line", "data: [DONE]\n", 1, 1, 0},
+		{"empty", "", 0, 0, false},
+		{"one event", "data: {\"x\":1}\n\n", 1, 0, false},
+		{"two events", "data: a\n\ndata: b\n\n", 2, 0, false},
+		{"multi-line event", "data: a\ndata: b\n\n", 2, 0, false},
+		{"CRLF", "data: a\r\n\r\ndata: b\r\n\r\n", 2, 0, false},
+		{"CR", "data: a\r\rdata: b\r\r", 2, 0, false},
+		{"comment and event", ": keep-alive\n\ndata: a\n\n", 1, 0, false},
+		{"in a payload", "data: {\"text\":\"data: no\"}\n\n", 1, 0, false},
+		{"not at the line's start", "x data: a\n\n data: b\n\n", 0, 0, false},
+		{"other fields", "event: data:\nid: 1\ndata:\n\n", 1, 0, false},
+		{"done", "data: a\n\ndata: [DONE]\n\n", 2, 1, true},
+		{"done without a space", "data:[DONE]\n\n", 1, 1, true},
+		{"done after spaces", "data:   [DONE]\r\n\r\n", 1, 1, true},
+		{"done then text", "data: [DONE] x\n\n", 1, 1, true},
+		{"done in a payload", "data: {\"text\":\"[DONE]\"}\n\n", 1, 0, false},
+		{"done in a comment", ": [DONE]\n\n", 0, 0, false},
+		{"done cut short", "data: [DON\n\n", 1, 0, false},
+		{"done without its blank line", "data: [DONE]\n", 1, 1, false},
+		{"done, then more events", "data: [DONE]\n\ndata: a\n\n", 2, 1, true},
+		{"done in an event's second line", "id: 7\ndata: [DONE]\n\n", 1, 1, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := []byte(tc.stream)
@@ -396,9 +399,9 @@ func TestDataLines(t *testing.T) {
 						off += n
 					}
 				}
-				if f.dataLines != tc.data || f.doneLines != tc.done || f.doneEvents != tc.doneEvents {
-					t.Fatalf("reads %q: data lines %d, [DONE] lines %d, [DONE] events %d; want %d, %d, %d",
-						reads, f.dataLines, f.doneLines, f.doneEvents, tc.data, tc.done, tc.doneEvents)
+				if f.dataLines != tc.data || f.doneLines != tc.done || f.doneEvent != tc.doneEvent {
+					t.Fatalf("reads %q: data lines %d, [DONE] lines %d, a complete [DONE] event %v; want %d, %d, %v",
+						reads, f.dataLines, f.doneLines, f.doneEvent, tc.data, tc.done, tc.doneEvent)
 				}
 			}
 		})

@@ -136,16 +136,16 @@ type relay struct {
 	midEvent bool
 	// done: the [DONE] event was relayed (or, while gathering, is held for the engine's
 	// end); doneBy is when the engine's answer must have ended after it (Options.
-	// StreamDoneWait), zero until the [DONE] was read.
-	done   bool
-	doneBy time.Time
+	// StreamDoneWait), zero until the [DONE] was read. primed: firstOut (below) is not
+	// relayed yet. (The flags side by side: TestRelaySize.)
+	done, primed bool
+	doneBy       time.Time
 
 	// buf is the engine body's read buffer. firstOut is what prime's read gave for the
 	// client (framed there, so that its data lines count as the first token), not relayed
 	// yet while primed. rerr is an error that came with the last read's bytes.
 	buf      *[]byte
 	firstOut []byte
-	primed   bool
 	rerr     error
 	// idleAfter and hbEvery are server.stream_idle_timeout and the heartbeat interval;
 	// idleAt is when the engine's silence ends the stream, hbAt the next heartbeat.
@@ -868,7 +868,7 @@ func (r *relay) CloseWithError(error) error {
 // rest is held.
 func (r *relay) frame(b []byte) []byte {
 	out := r.frameEvents(b)
-	if r.sse.doneEvents > 0 {
+	if r.sse.doneEvent {
 		r.done = true // a complete event with a [DONE] line went through
 	}
 	return out
@@ -1074,17 +1074,20 @@ func (r *relay) finish(end relayEnd) {
 // stream's data lines ("data:" at a line's start) and its [DONE] lines ("data:", spaces,
 // then "[DONE]"), so that no other scan of the bytes is needed for the SLO's token count or
 // the relay's [DONE] (one pass per line instead of four scans of every read).
+//
+// It is part of every relay, which a held stream keeps for its whole life: its fields are
+// kept small (flags, not counts, where a flag is all the relay needs).
 type sseFramer struct {
-	lineLen int  // bytes of the current line so far
-	cr      bool // the last byte was a CR (an LF right after it ends the same line)
+	inLine bool // the current line has text (a terminator now ends the line, not the event)
+	cr     bool // the last byte was a CR (an LF right after it ends the same line)
 	// head is how far the current line's start matches "data:", then spaces, then
 	// "[DONE]" (headData, headSpaces, headDone+i), headNone once it cannot.
 	head int8
-	// doneLine: the current event has a [DONE] line.
-	doneLine bool
-	// dataLines and doneLines count the lines seen; doneEvents the complete events (their
-	// blank line seen) with a [DONE] line.
-	dataLines, doneLines, doneEvents int
+	// doneLine: the current event has a [DONE] line; doneEvent: a complete event (its
+	// blank line seen) had one.
+	doneLine, doneEvent bool
+	// dataLines and doneLines count the lines seen.
+	dataLines, doneLines int
 }
 
 // The states of sseFramer.head: matching "data:" (0..4), the spaces after it, "[DONE]"
@@ -1106,14 +1109,14 @@ func (f *sseFramer) next(b []byte) int {
 				f.cr = false
 				continue
 			}
-			if f.lineLen == 0 {
+			if !f.inLine {
 				f.endEvent()
 				return i + 1
 			}
-			f.lineLen, f.head = 0, 0
+			f.inLine, f.head = false, 0
 		case '\r':
 			f.cr = true
-			if f.lineLen == 0 {
+			if !f.inLine {
 				f.endEvent()
 				if i+1 < len(b) && b[i+1] == '\n' {
 					f.cr = false
@@ -1121,7 +1124,7 @@ func (f *sseFramer) next(b []byte) int {
 				}
 				return i + 1
 			}
-			f.lineLen, f.head = 0, 0
+			f.inLine, f.head = false, 0
 		default:
 			// Fast path: the rest of the line's text is skipped at once (two vectorized
 			// scans instead of a step per byte); only a line's first bytes are looked at.
@@ -1137,7 +1140,7 @@ func (f *sseFramer) next(b []byte) int {
 			if f.head != headNone {
 				f.matchHead(rest[:n])
 			}
-			f.lineLen += n
+			f.inLine = true
 			i += n - 1
 		}
 	}
@@ -1183,8 +1186,7 @@ func (f *sseFramer) matchHead(t []byte) {
 // endEvent notes a blank line: the event it ends is complete.
 func (f *sseFramer) endEvent() {
 	if f.doneLine {
-		f.doneEvents++
-		f.doneLine = false
+		f.doneEvent, f.doneLine = true, false
 	}
 	f.head = 0
 }
