@@ -15,14 +15,7 @@ import (
 // takes the back part or the lookup withdraws it (testing.AllocsPerRun runs on one thread,
 // so mostly the latter; each run yields once so that the twin also runs).
 func TestSplitLookupAllocations(t *testing.T) {
-	if runtime.GOMAXPROCS(0) < 2 {
-		t.Skip("no twin on one processor")
-	}
-	x, err := New(Config{Shards: 2, MaxBlocks: 1 << 20, BlockKey: BlockKeyRouter, SplitBlocks: MinSplitBlocks})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer x.Close()
+	x := newSplitIndex(t)
 	prompt := seqTokens(11, 100_000)
 	hold(t, x, register(t, x, "full", 1, 16)[0], prompt, 16, TierGPU)
 	hold(t, x, register(t, x, "half", 1, 16)[0], prompt[:50_000], 16, TierGPU)

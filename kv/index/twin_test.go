@@ -143,14 +143,7 @@ func TestSplitMatchEqualsSingle(t *testing.T) {
 // from two goroutines at once, so that one finds it busy) give what the same holds give on
 // an index without it, and Close stops the twin's goroutine.
 func TestTwinLookupsEqualAlone(t *testing.T) {
-	if runtime.GOMAXPROCS(0) < 2 {
-		t.Skip("no twin on one processor")
-	}
-	x, err := New(Config{Shards: 2, MaxBlocks: 1 << 20, BlockKey: BlockKeyRouter, SplitBlocks: MinSplitBlocks})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer x.Close()
+	x := newSplitIndex(t)
 	alone := newKeyedIndex(t, 2, 1<<20, BlockKeyRouter)
 	if x.twin == nil || alone.twin != nil {
 		t.Fatalf("twins: %v with, %v alone", x.twin != nil, alone.twin != nil)
@@ -358,4 +351,20 @@ func mapDiff(got, want map[string]int64) string {
 	}
 	slices.Sort(out)
 	return strings.Join(out, ", ")
+}
+
+// newSplitIndex returns a router-keyed index that splits lookups of MinSplitBlocks blocks or
+// more (it has a twin), closed when the test ends; it skips the test on one processor, where
+// an index has no twin.
+func newSplitIndex(t *testing.T) *Index {
+	t.Helper()
+	if runtime.GOMAXPROCS(0) < 2 {
+		t.Skip("no twin on one processor")
+	}
+	x, err := New(Config{Shards: 2, MaxBlocks: 1 << 20, BlockKey: BlockKeyRouter, SplitBlocks: MinSplitBlocks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = x.Close() })
+	return x
 }
