@@ -502,11 +502,7 @@ func TestAdapterSlotWaitEndsWhenClientLeaves(t *testing.T) {
 		}
 	}
 	_ = conn.Close()
-	select {
-	case <-clock.stopped:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the wait did not end when the client left")
-	}
+	waitFor(t, clock.stopped, "the wait to end when the client left")
 	if got := metricValue(t, ts, `switchyard_lora_slot_waits_total{model="llama",result="abandoned"}`); got != 1 {
 		t.Fatalf("abandoned slot waits = %v, want 1", got)
 	}

@@ -278,11 +278,7 @@ func TestRetryBackoffEndsWhenClientLeaves(t *testing.T) {
 		t.Fatal("the request never waited for its retry")
 	}
 	_ = conn.Close()
-	select {
-	case <-clock.stopped:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the backoff did not end when the client left")
-	}
+	waitFor(t, clock.stopped, "the backoff to end when the client left")
 	ts.stop(t) // the handler has returned: nothing can dispatch any more
 	if a.hits.Load() != 1 || b.hits.Load() != 0 {
 		t.Fatalf("A served %d, B %d: the abandoned request was retried", a.hits.Load(), b.hits.Load())
