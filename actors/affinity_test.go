@@ -501,15 +501,73 @@ func TestAffinityStoreDeadline(t *testing.T) {
 	if w := mustBind(t, s, affScope, "k", "", "W1", clk.Now()); w != "W1" {
 		t.Fatalf("after the actor recovered: %q", w)
 	}
-	// Through a policy the deadline is a Timeout pick error that stops the bucket loop.
-	block, entered, release = blockingHook("stuck-session")
+}
+
+// TestAffinityDeadlineServesUnbound: a routing key and a session pinned to w3, asked for while
+// their scope actor is held (as a host starved of CPU holds it), are served by the fallback
+// (store_timeout) rather than failed; the pins survive, and once the actor answers again the
+// keys are back on w3.
+func TestAffinityDeadlineServesUnbound(t *testing.T) {
+	// The deadline is the production one (a quarter of the default pick deadline would be
+	// missed by the picks after the release on a loaded machine too); both held picks wait
+	// it out together.
+	s, clk, set := newAffStore(t, AffinityOptions{CallTimeout: time.Second})
+	ws := workers("w", 3, engine.StagePlain)
+	policies := []struct {
+		name string
+		p    engine.Policy
+		req  *engine.BucketRequest
+		hit  string
+	}{
+		{engine.PolicySticky, engine.NewSticky(nil, nil, s, engine.NewRoundRobin(nil, nil)), affRequest(clk, "", "pinned"), engine.ReasonHit},
+		{engine.PolicySessionAware, engine.NewSessionAware(nil, nil, s, rand.New(rand.NewPCG(1, 1))), affRequest(clk, "pinned", ""), engine.ReasonSessionPrimary},
+	}
+	mustBind(t, s, affScope, "pinned", "", "w3", clk.Now())
+	block, entered, release := blockingHook("stall")
 	obsOf(t, s.sys).set(block)
-	defer close(release)
-	_, err := engine.NewSessionAware(nil, nil, s, rand.New(rand.NewPCG(1, 1))).Pick(workers("w", 2, engine.StagePlain),
-		&engine.PickRequest{BucketRequest: affRequest(clk, "stuck-session", ""), Stage: engine.StagePlain, BucketID: "b"})
-	var pe *engine.PickError
-	if !errors.As(err, &pe) || pe.Outcome != engine.OutcomeTimeout || pe.Advances() {
-		t.Fatalf("pick err = %v, want a timeout that stops the loop", err)
+	unblock := sync.OnceFunc(func() { close(release) })
+	defer unblock()
+	c := newAffinityCall() // holds the actor, sent raw (see TestAffinityStoreDeadline)
+	c.lookup = LookupBinding{Key: "stall", Now: clk.Now(), call: c}
+	s.root.Send((*s.scopes.Load())[affScope].pid, &c.lookup)
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the scope actor never took the blocking command")
+	}
+	timeouts := metricValue(t, set, metricAffinityTimeouts)
+	errs := make(chan error, len(policies))
+	for _, tt := range policies {
+		go func() {
+			got, err := tt.p.Pick(ws, &engine.PickRequest{BucketRequest: tt.req, Stage: engine.StagePlain, BucketID: "b"})
+			if err != nil || got.Worker == nil || got.Reason != engine.ReasonStoreTimeout {
+				err = fmt.Errorf("%s: pick behind a held scope = %+v, %v; want an engine, reason %s", tt.name, got, err, engine.ReasonStoreTimeout)
+			}
+			errs <- err
+		}()
+	}
+	for range policies {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	if got := metricValue(t, set, metricAffinityTimeouts); got != timeouts+float64(len(policies)) {
+		t.Fatalf("timeouts = %v, want %v", got, timeouts+float64(len(policies)))
+	}
+	unblock()
+	select {
+	case <-c.reply:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the blocking command was never answered")
+	}
+	for _, tt := range policies {
+		got, err := tt.p.Pick(ws, &engine.PickRequest{BucketRequest: tt.req, Stage: engine.StagePlain, BucketID: "b"})
+		if err != nil || got.Worker != ws[2] || got.Reason != tt.hit {
+			t.Fatalf("%s: pick after the actor answered = %+v, %v; want w3 (%s)", tt.name, got, err, tt.hit)
+		}
 	}
 }
 

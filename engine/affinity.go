@@ -35,7 +35,8 @@ func (s AffinityScope) String() string {
 // Bindings hold worker IDs, not *Worker, so that a store shared by several router replicas
 // (a cluster-backed store) can implement the same contract. Calls are synchronous, made by a
 // policy from its group's goroutine; an implementation bounds each call with a deadline.
-// Errors unwrapping to ErrOverloaded or ErrTimeout are reported as those outcomes; any other
+// An error unwrapping to ErrTimeout (a missed deadline) sends the request to the policy's
+// fallback, unbound; one unwrapping to ErrOverloaded is reported as that outcome; any other
 // error is an internal failure.
 type AffinityStore interface {
 	// Lookup returns the worker ID key is bound to in scope, or "" when the key has no live
@@ -70,6 +71,10 @@ const (
 	// cluster replica's partition); it was bound to the candidate holding the request's
 	// longest cached prefix rather than the fallback's choice (affinity.prefix_rebind).
 	ReasonPrefixHolder = "prefix_holder"
+	// ReasonStoreTimeout: the affinity store missed its deadline on the key's lookup or
+	// bind; the prefix holder (affinity.prefix_rebind) or else the fallback chose, and
+	// nothing was bound by this request.
+	ReasonStoreTimeout = "store_timeout"
 )
 
 // MaxAffinityKeyBytes is the longest session or routing key stored as is. A longer key (a
@@ -105,7 +110,9 @@ type affinityReasons struct {
 
 // affinity is the selection shared by session_aware and sticky: reuse an admitted binding;
 // otherwise ask the fallback (built with default admission), check its engine, and bind it
-// with a compare-and-set, adopting (after checking it) a concurrent winner.
+// with a compare-and-set, adopting (after checking it) a concurrent winner. A store that
+// misses its deadline (ErrTimeout) leaves the request to the slow path's engine (prefix
+// holder or fallback), unbound; any other store failure fails the pick.
 type affinity struct {
 	store     AffinityStore
 	admission EngineAdmission
@@ -164,7 +171,8 @@ func (a *affinity) pick(c []*Worker, req *PickRequest, key string) (Pick, error)
 	key = storeKey(key)
 	now := nowOf(req)
 	bound, err := a.store.Lookup(scope, key, now)
-	if err != nil {
+	lookedUp := err == nil
+	if err != nil && !errors.Is(err, ErrTimeout) {
 		return Pick{}, storeErr(err, req, "look up binding")
 	}
 	// Fast path: the key is bound to a candidate. Reuse it whatever its pressure when admitted;
@@ -173,9 +181,9 @@ func (a *affinity) pick(c []*Worker, req *PickRequest, key string) (Pick, error)
 		return finish(a.admission, a.loads, w, req, a.reasons.reuse)
 	}
 
-	// Slow path: a new key, or a binding outside the candidates. The prefix holder (when
-	// configured) or else the fallback chooses with default admission, then this policy
-	// checks its engine; a binding follows admission.
+	// Slow path: a new key, a binding outside the candidates, or a lookup that missed the
+	// store's deadline. The prefix holder (when configured) or else the fallback chooses with
+	// default admission, then this policy checks its engine; a binding follows admission.
 	w, fromPrefix := a.prefixHolder(c, req), true
 	if w == nil {
 		fromPrefix = false
@@ -192,6 +200,13 @@ func (a *affinity) pick(c []*Worker, req *PickRequest, key string) (Pick, error)
 			return Pick{}, err
 		}
 	}
+	if !lookedUp {
+		// The store did not answer in time: the host was starved of CPU for a moment, or the
+		// scope is stuck. A binding is a preference for a warm cache, not a condition of
+		// service: serve the admitted engine unbound rather than fail the request, and bind
+		// nothing while the binding in force is unknown.
+		return Pick{Worker: w, Reason: ReasonStoreTimeout}, nil
+	}
 	expect := bound
 	for range maxBindAttempts {
 		reason := ReasonAssigned
@@ -202,6 +217,10 @@ func (a *affinity) pick(c []*Worker, req *PickRequest, key string) (Pick, error)
 			reason = a.reasons.rebound
 		}
 		got, set, err := a.store.Bind(scope, key, expect, w.ID, now)
+		if errors.Is(err, ErrTimeout) {
+			// As a lookup past its deadline: w is an admitted candidate; serve it unbound.
+			return Pick{Worker: w, Reason: ReasonStoreTimeout}, nil
+		}
 		if err != nil {
 			return Pick{}, storeErr(err, req, "bind")
 		}
@@ -298,7 +317,7 @@ func workerID(w *Worker) string {
 }
 
 // storeErr turns an affinity store failure into the pick's error: overload and deadline keep
-// their outcome, anything else is internal.
+// their outcome, anything else is internal. (pick itself serves a missed deadline unbound.)
 func storeErr(err error, req *PickRequest, op string) *PickError {
 	out := OutcomeInternal
 	switch {

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"strings"
@@ -12,8 +13,8 @@ import (
 )
 
 // memAffinity is a hand-written AffinityStore: one map per scope with compare-and-set, call
-// counts, a hook that stages a concurrent binding just before a Bind applies, and an injected
-// failure. Expiry and bounds belong to the real store (package actors) and are tested there.
+// counts, a hook that stages a concurrent binding just before a Bind applies, and injected
+// failures (of every call, or of binds only). Expiry and bounds belong to the real store (package actors) and are tested there.
 type memAffinity struct {
 	mu      sync.Mutex
 	m       map[AffinityScope]map[string]string
@@ -23,6 +24,7 @@ type memAffinity struct {
 	// request's binding landing between this pick's Lookup and its Bind.
 	beforeBind func(m map[string]string, key, id string)
 	err        error
+	bindErr    error
 }
 
 var _ AffinityStore = (*memAffinity)(nil)
@@ -54,8 +56,8 @@ func (s *memAffinity) Bind(sc AffinityScope, key, expect, id string, _ time.Time
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.binds++
-	if s.err != nil {
-		return "", false, s.err
+	if err := cmp.Or(s.err, s.bindErr); err != nil {
+		return "", false, err
 	}
 	m := s.scope(sc)
 	if s.beforeBind != nil {
@@ -141,9 +143,10 @@ func TestAffinityRules(t *testing.T) {
 		key        string
 		bound      string   // binding before the pick; may name a non-candidate ("gone")
 		winner     string   // binding a concurrent request makes before this pick's Bind
+		missed     string   // "lookup": every store call misses its deadline; "bind": binds do
 		reject     []string // IDs this policy's admission rejects
 		wantWorker string   // "" on error, anyW, or an ID
-		wantReason string   // noKey, reuse, rebound, assigned (mapped per policy)
+		wantReason string   // noKey, reuse, rebound, assigned, store_timeout (mapped per policy)
 		wantErr    Outcome
 		wantBound  string // binding after the pick: "" none, anyW = the picked worker, or an ID
 		wantAdm    int    // admission calls
@@ -160,10 +163,16 @@ func TestAffinityRules(t *testing.T) {
 		{name: "concurrent winner rejected: AdmissionRejected, winner kept", key: "k", winner: "w3", reject: []string{"w3"}, wantErr: OutcomeAdmissionRejected, wantBound: "w3", wantAdm: 2, wantBinds: 1},
 		{name: "concurrent winner on the same engine is reused as is", key: "k", winner: anyW, wantWorker: anyW, wantReason: "reuse", wantBound: anyW, wantAdm: 1, wantBinds: 1},
 		{name: "concurrent winner outside the group is replaced", key: "k", winner: "gone", wantWorker: anyW, wantReason: "rebound", wantBound: anyW, wantAdm: 1, wantBinds: 2},
+		// A store past its deadline (a host starved of CPU, a stuck scope actor) costs the
+		// key its engine for this request, never the request.
+		{name: "lookup past its deadline: the admitted fallback engine, binding kept", key: "k", bound: "w3", missed: "lookup", wantWorker: anyW, wantReason: ReasonStoreTimeout, wantBound: "w3", wantAdm: 1},
+		{name: "lookup past its deadline, fallback engine rejected: AdmissionRejected", key: "k", bound: "w3", missed: "lookup", reject: []string{"w0", "w1", "w2", "w3"}, wantErr: OutcomeAdmissionRejected, wantBound: "w3", wantAdm: 1},
+		{name: "bind past its deadline: the admitted fallback engine, unbound", key: "k", missed: "bind", wantWorker: anyW, wantReason: ReasonStoreTimeout, wantAdm: 1, wantBinds: 1},
+		{name: "rebind past its deadline: the admitted fallback engine, old binding kept", key: "k", bound: "gone", missed: "bind", wantWorker: anyW, wantReason: ReasonStoreTimeout, wantBound: "gone", wantAdm: 1, wantBinds: 1},
 	}
 	for _, kind := range affinityKinds() {
 		t.Run(kind.name, func(t *testing.T) {
-			reasons := map[string]string{"noKey": kind.noKey, "reuse": kind.reuse, "rebound": kind.rebound, ReasonAssigned: ReasonAssigned}
+			reasons := map[string]string{"noKey": kind.noKey, "reuse": kind.reuse, "rebound": kind.rebound, ReasonAssigned: ReasonAssigned, ReasonStoreTimeout: ReasonStoreTimeout}
 			for _, tt := range tests {
 				t.Run(tt.name, func(t *testing.T) {
 					ws := testWorkers(t, "llama", StagePlain, "w", 4)
@@ -185,6 +194,13 @@ func TestAffinityRules(t *testing.T) {
 					scope := AffinityScope{Model: "llama", BucketID: "b", Stage: StagePlain}
 					if tt.bound != "" {
 						store.set(scope, tt.key, id(tt.bound))
+					}
+					missed := &PickError{Outcome: OutcomeTimeout, Stage: StagePlain, BucketID: "b", Detail: "affinity scope actor did not reply"}
+					switch tt.missed {
+					case "lookup":
+						store.err = missed
+					case "bind":
+						store.bindErr = missed
 					}
 					if tt.winner != "" {
 						staged := false
@@ -274,6 +290,8 @@ func TestAffinityScopesAreIndependent(t *testing.T) {
 	}
 }
 
+// TestAffinityStoreFailures: a store failure other than a missed deadline (TestAffinityRules)
+// fails the pick and stops the bucket loop.
 func TestAffinityStoreFailures(t *testing.T) {
 	tests := []struct {
 		name string
@@ -281,8 +299,8 @@ func TestAffinityStoreFailures(t *testing.T) {
 		want Outcome
 	}{
 		{"overloaded store", &PickError{Outcome: OutcomeOverloaded, Detail: "affinity scope mailbox is full"}, OutcomeOverloaded},
-		{"deadline missed", fmt.Errorf("cannot look up binding: %w", ErrTimeout), OutcomeTimeout},
 		{"anything else is internal", errors.New("boom"), OutcomeInternal},
+		{"a wrapped internal failure stays internal", fmt.Errorf("cannot look up binding: %w", ErrInternal), OutcomeInternal},
 	}
 	for _, kind := range affinityKinds() {
 		for _, tt := range tests {

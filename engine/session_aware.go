@@ -16,6 +16,8 @@ import "math/rand/v2"
 //     (assigned, or session_rebound when it replaced an out-of-group binding).
 //   - When a concurrent request bound the key first, that winner is checked and returned.
 //   - A missing or empty key takes power_of_two and binds nothing (no_session).
+//   - A lookup or bind that misses the store's deadline serves the engine the slow path
+//     chooses (prefix holder or power_of_two, admitted) and binds nothing (store_timeout).
 //
 // A binding records placement, not dispatch: it stays when a later group of a PD bucket
 // fails or when dispatch fails, and it never touches dispatch accounting.

@@ -12,6 +12,9 @@ package engine
 //   - A key is re-pinned only when its engine has left the candidate set (removed, unhealthy,
 //     or no longer a member): remap. Adding engines never moves an existing key.
 //   - A missing or empty key takes the fallback and binds nothing (no_routing_key).
+//   - A lookup or bind that misses the store's deadline serves the engine the slow path
+//     chooses (prefix holder or fallback, admitted) and binds nothing (store_timeout): the
+//     key loses its engine for this request, not the request.
 type Sticky struct {
 	affinity
 }
