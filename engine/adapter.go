@@ -158,6 +158,21 @@ func (s *AdapterSet) InUse(evictable map[string]struct{}, now time.Time) bool {
 	return slices.ContainsFunc(s.loading, func(r reservation) bool { return now.Before(r.until) })
 }
 
+// NextLapse returns the earliest time after now at which a reservation of the set lapses
+// (a load that never started or never finished frees its slot then), or the zero time.
+func (s *AdapterSet) NextLapse(now time.Time) time.Time {
+	var next time.Time
+	if s == nil {
+		return next
+	}
+	for _, r := range s.loading {
+		if now.Before(r.until) && (next.IsZero() || r.until.Before(next)) {
+			next = r.until
+		}
+	}
+	return next
+}
+
 // Names returns the adapters, sorted; the caller must not modify the slice.
 func (s *AdapterSet) Names() []string {
 	if s == nil {
@@ -240,8 +255,10 @@ func (w *Worker) SetAdapters(s *AdapterSet) { w.adapters.Store(s) }
 // answer to a question asked at asOf, keeping the reservations of loads under way of adapters
 // it does not list yet and the use of the adapters it still holds. What the router did since
 // asOf wins over the answer: an adapter it loaded since is kept, one it evicted since (or is
-// evicting) is left out.
-func (w *Worker) LearnAdapters(names []string, slots int, asOf time.Time) {
+// evicting) is left out. It reports whether the answer may have made room on the engine
+// (roomy): an adapter known before is gone (the engine unloaded it), one the router did not
+// know is there (a full engine may evict it), or the engine has more slots than known.
+func (w *Worker) LearnAdapters(names []string, slots int, asOf time.Time) (roomy bool) {
 	at := asOf.UnixNano()
 	for {
 		old := w.adapters.Load()
@@ -275,9 +292,32 @@ func (w *Worker) LearnAdapters(names []string, slots int, asOf time.Time) {
 			}
 		}
 		if w.adapters.CompareAndSwap(old, s) {
-			return
+			return old != nil && (!slices.Equal(old.names, s.names) || moreSlots(old.Slots, s.Slots))
 		}
 	}
+}
+
+// SetAdapterSlots sets the engine's adapter slots (0: no known bound), keeping everything
+// else known, and reports whether the engine has more slots than known before. It does
+// nothing while no adapters were learned (a nil set has room).
+func (w *Worker) SetAdapterSlots(slots int) (more bool) {
+	slots = max(slots, 0)
+	for {
+		old := w.adapters.Load()
+		if old == nil || old.Slots == slots {
+			return false
+		}
+		s := *old // the slices are never modified
+		s.Slots = slots
+		if w.adapters.CompareAndSwap(old, &s) {
+			return moreSlots(old.Slots, slots)
+		}
+	}
+}
+
+// moreSlots reports whether slots after leave more room than slots before (0 is unbounded).
+func moreSlots(before, after int) bool {
+	return before != 0 && (after == 0 || after > before)
 }
 
 // ReserveAdapter takes a slot for a load of adapter name until until, and reports whether

@@ -616,3 +616,96 @@ func TestGroupAdapterSlotsInUse(t *testing.T) {
 		})
 	}
 }
+
+// TestLearnAdaptersRoom: learning an engine's list reports room when the list drops an
+// adapter, names one the router did not know, or brings more slots; the same list again, or
+// fewer slots, does not.
+func TestLearnAdaptersRoom(t *testing.T) {
+	tests := []struct {
+		name  string
+		names []string
+		slots int
+		want  bool
+	}{
+		{name: "the same list", names: []string{"a", "b"}, slots: 2},
+		{name: "fewer slots", names: []string{"a", "b"}, slots: 1},
+		{name: "an adapter gone", names: []string{"a"}, slots: 2, want: true},
+		{name: "an adapter not known", names: []string{"a", "b", "c"}, slots: 2, want: true},
+		{name: "more slots", names: []string{"a", "b"}, slots: 3, want: true},
+		{name: "unbounded slots", names: []string{"a", "b"}, slots: 0, want: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := NewWorker("w", "http://127.0.0.1:1", "llama", StagePlain, nil)
+			if w.LearnAdapters([]string{"a", "b"}, 2, time.Now()) {
+				t.Fatal("the first list of a worker that knew nothing reported room")
+			}
+			if got := w.LearnAdapters(tt.names, tt.slots, time.Now()); got != tt.want {
+				t.Fatalf("room %v, want %v", got, tt.want)
+			}
+			if s := w.Adapters(); !slices.Equal(s.Names(), tt.names) || s.Slots != tt.slots {
+				t.Fatalf("learned %v with %d slots, want %v with %d", s.Names(), s.Slots, tt.names, tt.slots)
+			}
+		})
+	}
+}
+
+// TestSetAdapterSlots: the slots of an engine's facts replace the ones counted, keeping its
+// adapters, their use and the loads under way, and report more room only when there is.
+func TestSetAdapterSlots(t *testing.T) {
+	now := time.Unix(1000, 0)
+	w := NewWorker("w", "http://127.0.0.1:1", "llama", StagePlain, nil)
+	if w.SetAdapterSlots(4) || w.Adapters() != nil {
+		t.Fatal("slots set on a worker whose adapters are not known")
+	}
+	w.SetAdapters(NewAdapterSet([]string{"a"}, 8))
+	h, ok := w.HoldAdapter("a", now)
+	if !ok || !w.ReserveAdapter("b", now, now.Add(time.Minute), nil) {
+		t.Fatal("no hold or reservation")
+	}
+	if w.SetAdapterSlots(2) {
+		t.Fatal("fewer slots reported as more")
+	}
+	s := w.Adapters()
+	if s.Slots != 2 || !s.Has("a") || s.InFlight("a") != 1 || !s.Loading("b", now) || s.Free(now) {
+		t.Fatalf("after 2 slots: %d slots, %v, a in flight %d, loading b %v, free %v",
+			s.Slots, s.Names(), s.InFlight("a"), s.Loading("b", now), s.Free(now))
+	}
+	if w.SetAdapterSlots(2) {
+		t.Fatal("the same slots reported as more")
+	}
+	if !w.SetAdapterSlots(3) || !w.Adapters().Free(now) {
+		t.Fatal("a third slot was not reported, or is not free")
+	}
+	if !w.SetAdapterSlots(0) || w.SetAdapterSlots(5) {
+		t.Fatal("unbounded slots: more than 3 and than 5")
+	}
+	if !h.Release(now) {
+		t.Fatal("the hold taken before the slots changed was not the adapter's last")
+	}
+}
+
+// TestAdapterNextLapse: the earliest reservation still held at now lapses next.
+func TestAdapterNextLapse(t *testing.T) {
+	now := time.Unix(1000, 0)
+	var none *AdapterSet
+	if !none.NextLapse(now).IsZero() || !NewAdapterSet(nil, 4).NextLapse(now).IsZero() {
+		t.Fatal("a lapse without reservations")
+	}
+	w := NewWorker("w", "http://127.0.0.1:1", "llama", StagePlain, nil)
+	w.SetAdapters(NewAdapterSet(nil, 4))
+	w.ReserveAdapter("a", now, now.Add(3*time.Second), nil)
+	w.ReserveAdapter("b", now, now.Add(time.Second), nil)
+	w.ReserveAdapter("c", now, now.Add(2*time.Second), nil)
+	for _, tt := range []struct {
+		at, want time.Duration // after now; want 0: none
+	}{{0, time.Second}, {time.Second, 2 * time.Second}, {2500 * time.Millisecond, 3 * time.Second}, {3 * time.Second, 0}} {
+		want := time.Time{}
+		if tt.want > 0 {
+			want = now.Add(tt.want)
+		}
+		if got := w.Adapters().NextLapse(now.Add(tt.at)); !got.Equal(want) {
+			t.Errorf("at +%v: next lapse %v, want %v", tt.at, got, want)
+		}
+	}
+}
