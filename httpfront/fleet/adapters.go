@@ -10,6 +10,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"switchyard/engine"
 	"switchyard/load"
 )
 
@@ -51,8 +52,9 @@ func DecodeModelList(body []byte) ([]ModelEntry, error) {
 
 // RefreshAdapters asks m's engine which LoRA adapters it holds (its /v1/models entries with a
 // parent) and publishes them on its worker, with the engine's adapter slots (introspected,
-// else Options.AdapterSlots). A failed answer keeps what was known. The adapter loop calls
-// it every Options.AdapterRefresh; so may tests.
+// else Options.AdapterSlots), and tells Options.AdapterRoom when the answer may have made
+// room there. A failed answer keeps what was known. The adapter loop calls it every
+// Options.AdapterRefresh; so may tests.
 func (f *Fleet) RefreshAdapters(ctx context.Context, m *Member) {
 	var entries []ModelEntry
 	asOf := time.Now() // what the router changes after this wins over the answer
@@ -75,8 +77,38 @@ func (f *Fleet) RefreshAdapters(ctx context.Context, m *Member) {
 			names = append(names, entries[i].ID)
 		}
 	}
-	if w := m.worker.Load(); w != nil {
-		w.LearnAdapters(names, f.adapterSlots(m.info.Load()), asOf)
+	w := m.worker.Load()
+	if w == nil {
+		return
+	}
+	info := m.info.Load()
+	roomy := w.LearnAdapters(names, f.adapterSlots(info), asOf)
+	if m.info.Load() != info {
+		// Slow path: the engine's facts arrived meanwhile, and their slots may have been
+		// applied before this answer (applyAdapterSlots): apply them again.
+		roomy = w.SetAdapterSlots(f.adapterSlots(m.info.Load())) || roomy
+	}
+	if roomy {
+		f.adapterRoom(w)
+	}
+}
+
+// applyAdapterSlots makes m's published worker count the adapter slots of m's facts (taken
+// when they arrive: until then, the adapters learned count Options.AdapterSlots), and tells
+// Options.AdapterRoom when that is more slots than counted before.
+func (f *Fleet) applyAdapterSlots(m *Member) {
+	if f.opts.AdapterRefresh <= 0 {
+		return
+	}
+	if w := m.worker.Load(); w.SetAdapterSlots(f.adapterSlots(m.info.Load())) {
+		f.adapterRoom(w)
+	}
+}
+
+// adapterRoom tells Options.AdapterRoom that w's engine may have room for an adapter.
+func (f *Fleet) adapterRoom(w *engine.Worker) {
+	if f.opts.AdapterRoom != nil {
+		f.opts.AdapterRoom(w.Model)
 	}
 }
 

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -113,5 +114,76 @@ func TestAdapterSlotsKnownBeforeTheFirstList(t *testing.T) {
 	}
 	if w.ReserveAdapter("b", now, now.Add(time.Minute), nil) {
 		t.Fatal("a second adapter found room on a one-slot engine")
+	}
+}
+
+// TestAdapterSlotsFollowLateFacts: an engine whose facts are not known when its adapters are
+// first learned (its introspection failed: not ready yet) counts Options.AdapterSlots until
+// they arrive, then the slots they advertise, at once (not at the next adapter refresh),
+// whether its worker stays the same or is republished; the adapters learned stay, and more
+// slots than counted tell Options.AdapterRoom.
+func TestAdapterSlotsFollowLateFacts(t *testing.T) {
+	tests := []struct {
+		name     string
+		info     string
+		want     int
+		wantRoom []string
+	}{
+		{name: "fewer slots, the same worker", info: `{"model_path":"m","max_loaded_loras":2}`, want: 2},
+		{name: "more slots, the worker republished", info: `{"model_path":"m","max_loaded_loras":16,"dp_size":2}`, want: 16,
+			wantRoom: []string{"m"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newTestEngine(t, tt.info)
+			e.infoStatus.Store(503)
+			models := `{"data":[{"id":"m"},{"id":"sql","parent":"m"}]}`
+			e.models.Store(&models)
+			ws, err := engine.NewWorkerSet(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := config.Default()
+			cfg.Health.Interval = time.Hour
+			var room []string
+			f := New(ws, Options{Health: cfg.Health, Upstream: cfg.Upstream, Tracker: load.NewTracker(), Metrics: metrics.NewSet(),
+				AdapterRefresh: time.Hour, AdapterSlots: 8, AdapterRoom: func(model string) { room = append(room, model) }})
+			t.Cleanup(func() {
+				f.Stop()
+				f.CloseConnections()
+			})
+			ctx := context.Background()
+			m, err := f.Add(ctx, Spec{URL: e.url, ID: "L", Model: "m"}, true) // introspection fails: the given facts
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.RefreshAdapters(ctx, m)
+			if s := m.Worker().Adapters(); !s.Has("sql") || s.Slots != 8 {
+				t.Fatalf("before the facts: %v with %d slots, want sql with lora.slots_per_engine's 8", s.Names(), s.Slots)
+			}
+			if !slices.Equal(room, []string{"m"}) {
+				t.Fatalf("room told for %v after the first list, want [m] (sql, not known before, may be evicted)", room)
+			}
+			room = nil
+			before := m.Worker()
+			e.infoStatus.Store(0)
+			f.CheckOnce(ctx, m) // the facts arrive
+			if m.info.Load() == nil {
+				t.Fatal("the facts were not learned")
+			}
+			if republished := m.Worker() != before; republished != (tt.wantRoom != nil) {
+				t.Fatalf("worker republished %v", republished)
+			}
+			if s := m.Worker().Adapters(); !s.Has("sql") || s.Slots != tt.want {
+				t.Fatalf("after the facts: %v with %d slots, want sql with %d", s.Names(), s.Slots, tt.want)
+			}
+			if !slices.Equal(room, tt.wantRoom) {
+				t.Fatalf("room told for %v, want %v", room, tt.wantRoom)
+			}
+			f.RefreshAdapters(ctx, m) // the next list keeps them
+			if s := m.Worker().Adapters(); s.Slots != tt.want || !slices.Equal(room, tt.wantRoom) {
+				t.Fatalf("after the next list: %d slots, room told for %v", s.Slots, room)
+			}
+		})
 	}
 }

@@ -123,6 +123,11 @@ type Options struct {
 	AdapterRefresh time.Duration
 	// AdapterSlots is an engine's adapter slots when it does not report them (0: unbounded).
 	AdapterSlots int
+	// AdapterRoom, when set, is called with an engine's model when what the router learns
+	// of it may have made room for an adapter: its adapter list lost one (the engine
+	// unloaded it) or names one the router did not know (a full engine may evict it), or
+	// its facts give it more slots. It must not block.
+	AdapterRoom func(model string)
 }
 
 // Fleet owns the worker lifecycle: the sources of workers (configuration, admin API) and for
@@ -570,6 +575,9 @@ func (f *Fleet) reintrospect(ctx context.Context, m *Member) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	// The slots of the facts count from now on, for the worker published (the adapters may
+	// have been learned before the facts, with Options.AdapterSlots).
+	defer f.applyAdapterSlots(m)
 	switch {
 	case w.BootstrapPort == old.BootstrapPort && w.DPSize == old.DPSize && w.CanPrefill == old.CanPrefill && w.Model == old.Model && w.Stage == old.Stage:
 		// The same worker: new labels, if any, apply in place, so a request that excluded it

@@ -168,6 +168,11 @@ type testEngine struct {
 	info   atomic.Pointer[string]
 	// asked counts introspection requests.
 	asked atomic.Int32
+	// infoStatus, when not 0, is the status of every introspection answer (an engine not
+	// ready yet).
+	infoStatus atomic.Int32
+	// models, when set, is the /v1/models answer.
+	models atomic.Pointer[string]
 }
 
 func newTestEngine(t *testing.T, info string) *testEngine {
@@ -182,8 +187,18 @@ func newTestEngine(t *testing.T, info string) *testEngine {
 			}
 		case PathServerInfo:
 			e.asked.Add(1)
+			if s := e.infoStatus.Load(); s != 0 {
+				w.WriteHeader(int(s))
+				return
+			}
 			if body := *e.info.Load(); body != "" {
 				fmt.Fprint(w, body)
+				return
+			}
+			http.NotFound(w, r)
+		case PathModels:
+			if body := e.models.Load(); body != nil {
+				fmt.Fprint(w, *body)
 				return
 			}
 			http.NotFound(w, r)
