@@ -368,7 +368,7 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 	for {
 		var slotGen uint64
 		if ex.breq.Adapter != "" {
-			slotGen = s.lora.slotGeneration() // slow path: a LoRA adapter request
+			slotGen = s.lora.slotGeneration(mr.name) // slow path: a LoRA adapter request
 		}
 		ex.tr.startSelect(att.n + 1)
 		pick, err := s.sel.Select(mr.resolver, &ex.breq)
@@ -488,7 +488,7 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 		}
 		if !o.async {
 			if holds.any() {
-				holds.release(s.opts.Now(), s.lora) // a stream's relay releases them when it ends
+				holds.release(s.opts.Now(), s.lora, mr.name) // a stream's relay releases them when it ends
 			}
 			ex.tr.endDispatch(o.status, failed)
 		}

@@ -53,13 +53,22 @@ type loraRouting struct {
 	mu      sync.Mutex
 	loading map[loadKey]*loadCall // loads under way, shared by concurrent requests
 
-	// Requests waiting for an adapter slot (lora.max_slot_waiters): slotGen counts the
-	// events that may free one (an adapter's last request ended, a load failed), and
-	// slotFreed, while slotWaiters is not 0, is closed and replaced at each, under slotMu.
-	slotGen     atomic.Uint64
+	// slotWaiters counts the requests waiting for an adapter slot, of every model
+	// (lora.max_slot_waiters); room is each base model's wake-up of its waiters.
 	slotWaiters atomic.Int64
-	slotMu      sync.Mutex
-	slotFreed   chan struct{}
+	room        map[string]*slotRoom
+}
+
+// slotRoom wakes the requests of one base model waiting for an adapter slot: gen counts the
+// events that may free one on an engine of the model (an adapter's last request ended, a
+// load failed, the engine's adapter list or slots changed), and freed, while waiters is
+// not 0, is closed and replaced at each, under mu. An event takes no lock while nobody
+// waits.
+type slotRoom struct {
+	gen     atomic.Uint64
+	waiters atomic.Int64
+	mu      sync.Mutex
+	freed   chan struct{}
 }
 
 type loraMetrics struct {
@@ -86,8 +95,9 @@ func newLoRARouting(cfg *config.Config, set *metrics.Set, logger *slog.Logger) *
 		return nil
 	}
 	l := &loraRouting{cfg: cfg.LoRA, logger: logger, model: map[string]string{}, path: map[string]string{},
-		metrics: map[string]*loraMetrics{}, loading: map[loadKey]*loadCall{}, slotFreed: make(chan struct{})}
+		metrics: map[string]*loraMetrics{}, loading: map[loadKey]*loadCall{}, room: map[string]*slotRoom{}}
 	for name, m := range cfg.Models {
+		l.room[name] = &slotRoom{freed: make(chan struct{})}
 		for adapter, path := range m.LoRAAdapters {
 			l.model[adapter], l.path[adapter] = name, path
 		}
@@ -207,7 +217,7 @@ func (l *loraRouting) hold(adapter string, pick *engine.BucketPick, now time.Tim
 		}
 		var ok bool
 		if h[i], ok = w.HoldAdapter(adapter, now); !ok {
-			h.release(now, l)
+			h.release(now, l, w.Model)
 			return adapterHolds{}, w
 		}
 	}
@@ -217,52 +227,83 @@ func (l *loraRouting) hold(adapter string, pick *engine.BucketPick, now time.Tim
 // any reports whether h holds an adapter on some engine.
 func (h *adapterHolds) any() bool { return *h != adapterHolds{} }
 
-// release ends the holds at now; the end of an adapter's last use on an engine wakes l's
-// requests waiting for a slot (l may be nil when h holds nothing).
-func (h *adapterHolds) release(now time.Time, l *loraRouting) {
+// release ends the holds at now; the end of an adapter's last use on an engine of model
+// wakes l's requests for adapters of model waiting for a slot (l may be nil when h holds
+// nothing).
+func (h *adapterHolds) release(now time.Time, l *loraRouting, model string) {
 	idle := false
 	for i := range h {
 		idle = h[i].Release(now) || idle
 		h[i] = engine.AdapterHold{}
 	}
 	if idle {
-		l.slotMayFree()
+		l.slotMayFree(model)
 	}
 }
 
-// slotGeneration returns the count of the events that may have freed an adapter slot: a
-// request reads it before a selection that may fail for engine.ErrAdapterSlotsInUse, for
-// awaitAdapterSlot.
-func (l *loraRouting) slotGeneration() uint64 { return l.slotGen.Load() }
+// slotGeneration returns the count of the events that may have freed an adapter slot on an
+// engine of base model model: a request reads it before a selection that may fail for
+// engine.ErrAdapterSlotsInUse, for awaitAdapterSlot.
+func (l *loraRouting) slotGeneration(model string) uint64 {
+	if r := l.room[model]; r != nil {
+		return r.gen.Load()
+	}
+	return 0
+}
 
-// slotMayFree records an event that may leave an adapter to evict (its last request ended,
-// or a load failed and freed its slot) and wakes the requests waiting for a slot.
-func (l *loraRouting) slotMayFree() {
+// slotMayFree records an event that may leave room for an adapter on an engine of base
+// model model (an adapter's last request ended there, a load failed and freed its slot, the
+// engine's adapter list or slots changed) and wakes the requests for adapters of model
+// waiting for a slot. An engine of a model not configured has no waiters.
+func (l *loraRouting) slotMayFree(model string) {
 	if l == nil {
 		return
 	}
-	l.slotGen.Add(1)
-	if l.slotWaiters.Load() == 0 {
+	r := l.room[model]
+	if r == nil {
+		return
+	}
+	r.gen.Add(1)
+	if r.waiters.Load() == 0 {
 		return // fast path: nobody waits
 	}
-	l.slotMu.Lock()
-	close(l.slotFreed)
-	l.slotFreed = make(chan struct{})
-	l.slotMu.Unlock()
+	r.mu.Lock()
+	close(r.freed)
+	r.freed = make(chan struct{})
+	r.mu.Unlock()
 }
 
-// awaitAdapterSlot makes a request whose selection (begun at slot generation gen) failed
-// because every adapter slot that could take its adapter is taken by an adapter in use
-// (engine.ErrAdapterSlotsInUse) wait for an event that may free one (slotMayFree), and
-// reports whether it should be selected again. It does not wait, and reports false, with
-// lora.max_slot_waiters requests waiting already (or 0 allowed), or once the request has
-// waited lora.load_timeout (or server.request_timeout) in all: the selection's failure is
-// then the request's answer. A client that leaves, or a hard stop, ends the wait with the
-// request's error. Slow path: one timer and one client watch per wait.
+// nextLapse returns the earliest time after now at which a load's reservation of an adapter
+// slot lapses on an engine of base model model (its load never started or never finished),
+// or the zero time. Slow path: a scan of the registry.
+func (s *Server) nextLapse(model string, now time.Time) time.Time {
+	var next time.Time
+	for _, w := range s.wset.Load().Workers() {
+		if w.Model != model {
+			continue
+		}
+		if t := w.Adapters().NextLapse(now); !t.IsZero() && (next.IsZero() || t.Before(next)) {
+			next = t
+		}
+	}
+	return next
+}
+
+// awaitAdapterSlot makes a request for an adapter of base model model whose selection (begun
+// at the model's slot generation gen) failed because every adapter slot that could take its
+// adapter is taken by an adapter in use or a load under way (engine.ErrAdapterSlotsInUse)
+// wait for an event that may free one on an engine of the model (slotMayFree), or for the
+// earliest lapse of a load's reservation there, and reports whether it should be selected
+// again. It does not wait, and reports false, with lora.max_slot_waiters requests waiting
+// already (or 0 allowed), or once the request has waited lora.load_timeout (or
+// server.request_timeout) in all: the selection's failure is then the request's answer. A
+// client that leaves, or a hard stop, ends the wait with the request's error. Slow path:
+// one timer and one client watch per wait.
 func (s *Server) awaitAdapterSlot(ctx *fasthttp.RequestCtx, att *attempts, model string, gen uint64) (again bool, e *apiError) {
 	l := s.lora
 	limit := int64(l.cfg.MaxSlotWaiters)
-	if limit <= 0 {
+	room := l.room[model]
+	if limit <= 0 || room == nil {
 		return false, nil
 	}
 	lm := l.metrics[model]
@@ -285,14 +326,22 @@ func (s *Server) awaitAdapterSlot(ctx *fasthttp.RequestCtx, att *attempts, model
 		return false, nil
 	}
 	defer l.slotWaiters.Add(-1)
-	l.slotMu.Lock()
-	freed := l.slotFreed
-	l.slotMu.Unlock()
-	if l.slotGen.Load() != gen {
+	room.waiters.Add(1)
+	defer room.waiters.Add(-1)
+	room.mu.Lock()
+	freed := room.freed
+	room.mu.Unlock()
+	if room.gen.Load() != gen {
 		// A slot may have freed since the selection began (before this request counted
 		// among the waiters, so nobody woke it): select again at once.
 		lm.waitFreed.Inc()
 		return true, nil
+	}
+	// A reservation that lapses frees its slot without an event: the wait ends then, if
+	// before its bound.
+	lapse := false
+	if t := s.nextLapse(model, now); !t.IsZero() && t.Before(att.slotUntil) {
+		d, lapse = t.Sub(now), true
 	}
 	gone, stop := (*clientWatch)(ctx).Watch()
 	defer stop()
@@ -304,6 +353,10 @@ func (s *Server) awaitAdapterSlot(ctx *fasthttp.RequestCtx, att *attempts, model
 		lm.waitFreed.Inc()
 		return true, nil
 	case <-fired:
+		if lapse {
+			lm.waitFreed.Inc()
+			return true, nil
+		}
 		lm.waitTimeout.Inc()
 		return false, nil
 	case <-gone:
@@ -357,7 +410,7 @@ func (l *loraRouting) load(m *fleet.Member, w *engine.Worker, adapter string, lm
 	} else {
 		w.ReleaseAdapter(adapter)
 		lm.failed.Inc()
-		l.slotMayFree() // the reserved slot is free again
+		l.slotMayFree(w.Model) // the reserved slot is free again
 	}
 	l.mu.Lock()
 	delete(l.loading, k)

@@ -416,15 +416,7 @@ func TestAdapterSlotWait(t *testing.T) {
 			// math waits for the slot: its wait's timer is the bound.
 			waiter := make(chan result, 1)
 			postAsync(context.Background(), ts.url+"/v1/chat/completions", chatBody("math", "hi", ""), waiter)
-			for d := time.Duration(0); d != loadTimeout; {
-				select {
-				case d = <-clock.scheduled:
-				case r := <-waiter:
-					t.Fatalf("math did not wait for the slot: %d %s", r.status, r.code)
-				case <-time.After(10 * time.Second):
-					t.Fatal("math never waited for the slot")
-				}
-			}
+			waitSlotTimer(t, clock, loadTimeout, waiter)
 			// One waiter is the limit: code is refused at once.
 			if r := post(t, ts.url+"/v1/chat/completions", chatBody("code", "hi", "")); r.status != 503 || r.errorCode() != CodeNoAvailableEngine {
 				t.Fatalf("code beyond max_slot_waiters: %d %s, want 503 %s", r.status, r.body, CodeNoAvailableEngine)
@@ -494,13 +486,7 @@ func TestAdapterSlotWaitEndsWhenClientLeaves(t *testing.T) {
 		strconv.Itoa(len(body)) + "\r\n\r\n" + body)); err != nil {
 		t.Fatal(err)
 	}
-	for d := time.Duration(0); d != cfg.LoRA.LoadTimeout; {
-		select {
-		case d = <-clock.scheduled:
-		case <-time.After(10 * time.Second):
-			t.Fatal("math never waited for the slot")
-		}
-	}
+	waitSlotTimer(t, clock, cfg.LoRA.LoadTimeout, nil)
 	_ = conn.Close()
 	waitFor(t, clock.stopped, "the wait to end when the client left")
 	if got := metricValue(t, ts, `switchyard_lora_slot_waits_total{model="llama",result="abandoned"}`); got != 1 {
@@ -564,6 +550,117 @@ func adapterWorker(t *testing.T, ts *testServer, id, adapter string) *engine.Wor
 	waitUntil(t, "the router learns "+id+"'s adapter "+adapter, func() bool {
 		for _, x := range ts.wset.Load().Workers() {
 			if x.ID == id && x.Adapters().Has(adapter) {
+				w = x
+				return true
+			}
+		}
+		return false
+	})
+	return w
+}
+
+// TestAdapterSlotWaitWokenByLapse: a request waiting for an adapter slot that a load's
+// reservation holds (its request never loaded: refused after its pick, say) is selected
+// again when the reservation lapses, before the wait's own bound, and served.
+func TestAdapterSlotWaitWokenByLapse(t *testing.T) {
+	const loadTimeout, lapse = 7 * time.Second, 3 * time.Second
+	a := newFakeEngine(t, "A", "llama", withLoRA(1))
+	cfg := loraConfigA(a, map[string]string{"math": "/adapters/math"})
+	cfg.LoRA.LoadTimeout = loadTimeout
+	clock := newFakeClock()
+	clock.scheduled = make(chan time.Duration, 16)
+	ts := startServer(t, cfg, Options{SkipStartupChecks: true, Clock: clock})
+	w := slotsWorker(t, ts, "A", 1)
+	// A pick reserved A's one slot for a load that never comes; it lapses in 3s.
+	if now := clock.Now(); !w.ReserveAdapter("ghost", now, now.Add(lapse), nil) {
+		t.Fatal("A's slot was not reserved")
+	}
+
+	waiter := make(chan result, 1)
+	postAsync(context.Background(), ts.url+"/v1/chat/completions", chatBody("math", "hi", ""), waiter)
+	waitSlotTimer(t, clock, lapse, waiter) // not its bound, 7s
+	clock.Advance(lapse)
+	r := collect(t, waiter, 1, "the request that waited for the lapse")[0]
+	if r.status != 200 || r.header.Get("X-Worker-Id") != "A" {
+		t.Fatalf("the waiter: %d %s from %q, want 200 from A", r.status, r.code, r.header.Get("X-Worker-Id"))
+	}
+	if _, calls := a.loraState(); !slices.Equal(calls, []string{"load math"}) {
+		t.Fatalf("A got the adapter calls %v, want one load of math", calls)
+	}
+	for result, want := range map[string]float64{"freed": 1, "timeout": 0} {
+		if got := metricValue(t, ts, `switchyard_lora_slot_waits_total{model="llama",result="`+result+`"}`); got != want {
+			t.Errorf("slot waits %s = %v, want %v", result, got, want)
+		}
+	}
+}
+
+// TestAdapterSlotWaitWokenByEngineList: a request waiting for the slot of an adapter a stream
+// uses is selected again, and served, as soon as the router learns that the engine no longer
+// holds that adapter (an operator unloaded it), without waiting for the stream's end.
+func TestAdapterSlotWaitWokenByEngineList(t *testing.T) {
+	a := newFakeEngine(t, "A", "llama", withGate(), withLoRA(1, "sql"))
+	cfg := loraConfigA(a, map[string]string{"sql": "/adapters/sql", "math": "/adapters/math"})
+	clock := newFakeClock() // never advanced: only the engine's list ends the wait
+	clock.scheduled = make(chan time.Duration, 16)
+	ts := startServer(t, cfg, Options{SkipStartupChecks: true, Clock: clock})
+	adapterWorker(t, ts, "A", "sql")
+	stream := make(chan result, 1)
+	postAsync(context.Background(), ts.url+"/v1/chat/completions", chatBody("sql", "hi", `"stream":true`), stream)
+	waitFor(t, a.streamed, "the sql stream's first chunk")
+
+	waiter := make(chan result, 1)
+	postAsync(context.Background(), ts.url+"/v1/chat/completions", chatBody("math", "hi", ""), waiter)
+	waitSlotTimer(t, clock, cfg.LoRA.LoadTimeout, waiter)
+	a.lora.mu.Lock()
+	a.lora.names = nil // unloaded behind the router's back
+	a.lora.mu.Unlock()
+	ts.workers.RefreshAdapters(context.Background(), ts.workers.Member("A"))
+	r := collect(t, waiter, 1, "the request that waited for the slot")[0]
+	if r.status != 200 || r.header.Get("X-Worker-Id") != "A" {
+		t.Fatalf("the waiter: %d %s from %q, want 200 from A", r.status, r.code, r.header.Get("X-Worker-Id"))
+	}
+	if names, calls := a.loraState(); !slices.Equal(names, []string{"math"}) || !slices.Equal(calls, []string{"load math"}) {
+		t.Fatalf("A holds %v after the calls %v, want math after one load", names, calls)
+	}
+	if got := metricValue(t, ts, `switchyard_lora_slot_waits_total{model="llama",result="freed"}`); got != 1 {
+		t.Errorf("freed slot waits = %v, want 1", got)
+	}
+	close(a.gate)
+	if r := collect(t, stream, 1, "the sql stream")[0]; r.status != 200 {
+		t.Fatalf("sql stream: %d", r.status)
+	}
+	ts.waitBackground(t)
+}
+
+// waitSlotTimer waits until clock (with scheduled set) schedules a timer of d: the end of a
+// request's wait for an adapter slot. An answer on waiter first (nil: none) fails the test.
+func waitSlotTimer(t *testing.T, clock *fakeClock, d time.Duration, waiter <-chan result) {
+	t.Helper()
+	var seen []time.Duration
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case got := <-clock.scheduled:
+			if got == d {
+				return
+			}
+			seen = append(seen, got)
+		case r := <-waiter:
+			t.Fatalf("the request did not wait for a slot: %d %s", r.status, r.code)
+		case <-deadline:
+			t.Fatalf("no timer of %v for a slot wait (timers scheduled: %v)", d, seen)
+		}
+	}
+}
+
+// slotsWorker waits until ts's router counts slots adapter slots on engine id (its facts are
+// known), and returns its worker.
+func slotsWorker(t *testing.T, ts *testServer, id string, slots int) *engine.Worker {
+	t.Helper()
+	var w *engine.Worker
+	waitUntil(t, "the router counts "+id+"'s adapter slots", func() bool {
+		for _, x := range ts.wset.Load().Workers() {
+			if x.ID == id && x.Adapters() != nil && x.Adapters().Slots == slots {
 				w = x
 				return true
 			}

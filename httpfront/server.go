@@ -426,6 +426,7 @@ func (s *Server) build() error {
 		Metrics: s.set, Logger: opts.Logger, Clock: opts.Clock, Dial: opts.Dial, TLS: clientTLS.Global}
 	if cfg.LoRA.Enabled {
 		fo.AdapterRefresh, fo.AdapterSlots = cfg.LoRA.RefreshInterval, cfg.LoRA.SlotsPerEngine
+		fo.AdapterRoom = s.lora.slotMayFree // an engine's list or slots may make room for a waiter
 	}
 	if s.cache != nil {
 		fo.KV = s.cache

@@ -1035,7 +1035,7 @@ func (r *relay) finish(end relayEnd) {
 	fasthttp.ReleaseResponse(r.resp)
 	r.guard.Release()
 	r.ticket.Release()
-	r.holds.release(s.opts.Now(), s.lora)
+	r.holds.release(s.opts.Now(), s.lora, r.worker.Model)
 	status := fasthttp.StatusOK
 	// The stream's end says something of the engine only when it completed, broke or went
 	// silent; the request's own deadline, the client leaving and shutdown do not.
