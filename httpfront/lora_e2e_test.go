@@ -346,7 +346,7 @@ func TestAdapterLoadWaiterRetried(t *testing.T) {
 	a := newFakeEngine(t, "A", "llama", withLoRA(4), withLoRALoadGate())
 	// B holds another adapter: A has the most free slots, so math goes there first
 	// (whether the router counts the slots each engine advertises or lora.slots_per_engine,
-	// as it does when it learns the adapters before the engine's facts).
+	// as it does until it learns the engine's facts).
 	b := newFakeEngine(t, "B", "llama", withLoRA(4, "other"))
 	a.fail.Store(503) // inference only: its adapter routes answer
 	cfg := retryConfig(a, b)
