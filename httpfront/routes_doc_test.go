@@ -12,7 +12,7 @@ import (
 	"testing"
 )
 
-// handledPaths returns the paths the case clauses of Server.handle in src (routes.go) name.
+// handledPaths returns the paths the case clauses of Server.route in src (routes.go) name.
 func handledPaths(t *testing.T, src []byte) []string {
 	t.Helper()
 	f, err := parser.ParseFile(token.NewFileSet(), "routes.go", src, 0)
@@ -22,7 +22,7 @@ func handledPaths(t *testing.T, src []byte) []string {
 	var paths []string
 	for _, d := range f.Decls {
 		fn, ok := d.(*ast.FuncDecl)
-		if !ok || fn.Name.Name != "handle" || fn.Recv == nil {
+		if !ok || fn.Name.Name != "route" || fn.Recv == nil {
 			continue
 		}
 		ast.Inspect(fn.Body, func(n ast.Node) bool {
@@ -105,7 +105,7 @@ func TestDocRoutes(t *testing.T) {
 	if got := docRoutes(doc); !slices.Equal(got, want) {
 		t.Errorf("docRoutes = %q, want %q", got, want)
 	}
-	src := []byte("package p\nfunc (s *S) handle() {\n\tswitch p {\n\tcase \"/x\":\n\tcase \"/y\", \"/z\":\n\tcase \"nope\":\n\t}\n}\n" +
+	src := []byte("package p\nfunc (s *S) route() {\n\tswitch p {\n\tcase \"/x\":\n\tcase \"/y\", \"/z\":\n\tcase \"nope\":\n\t}\n}\n" +
 		"func other() {\n\tswitch p {\n\tcase \"/other\":\n\t}\n}\n")
 	if got, want := handledPaths(t, src), []string{"/x", "/y", "/z"}; !slices.Equal(got, want) {
 		t.Errorf("handledPaths = %q, want %q", got, want)
