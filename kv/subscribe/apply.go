@@ -98,14 +98,15 @@ type applier struct {
 	touched int64
 }
 
-// rekeyMap maps an engine's block hashes to the router's keys for one owner: m to the
-// SHA-256 chain's digests (index.BlockKeyEngine; a block's key is its digest's wire hash),
-// r to the router's own keys (index.BlockKeyRouter, which chain from the key itself).
+// rekeyMap maps an engine's block hashes to the router's keys for one owner: d to the
+// SHA-256 chain's digests (index.BlockKeyEngine; a block's key is its digest's wire hash,
+// and its children's digests chain from the whole digest), r to the router's own keys
+// (index.BlockKeyRouter, which chain from the key itself). One of them is set.
 type rekeyMap struct {
 	owner index.OwnerID
 	epoch uint32
-	m     map[int64]hashing.Digest
-	r     *keyTable
+	d     *keyTable[hashing.Digest]
+	r     *keyTable[int64]
 }
 
 // newApplier returns the applier of worker's events on x, its engine's hashes declared by
@@ -132,12 +133,12 @@ func (a *applier) keysFor(rank int, owner index.OwnerID, epoch uint32) *rekeyMap
 		a.keys[rank] = ks
 	}
 	k := &ks[0]
-	if (k.m == nil && k.r == nil) || k.owner != owner || k.epoch != epoch {
+	if (k.d == nil && k.r == nil) || k.owner != owner || k.epoch != epoch {
 		*k = rekeyMap{owner: owner, epoch: epoch}
 		if a.routerKeys != nil {
-			k.r = &keyTable{}
+			k.r = &keyTable[int64]{}
 		} else {
-			k.m = make(map[int64]hashing.Digest)
+			k.d = &keyTable[hashing.Digest]{}
 		}
 	}
 	return k
@@ -148,7 +149,7 @@ func (k *rekeyMap) key(h int64) (int64, bool) {
 	if k.r != nil {
 		return k.r.get(h)
 	}
-	d, ok := k.m[h]
+	d, ok := k.d.get(h)
 	return d.Hash(), ok
 }
 
@@ -158,7 +159,7 @@ func (k *rekeyMap) forget(h int64) {
 		k.r.del(h)
 		return
 	}
-	delete(k.m, h)
+	k.d.del(h)
 }
 
 // apply applies one batch of the publisher of defaultRank (a batch's own DP rank wins). It
@@ -251,15 +252,22 @@ func (a *applier) apply(b *events.EventBatch, defaultRank int) error {
 // misses overlap, where a Go map's would follow one another.
 const keyAhead = 8
 
-// touchKeys loads, ahead of their events, the lines of rank's router-key table (if there is
+// touchKeys loads, ahead of their events, the lines of rank's re-key table (if there is
 // one) that evs will read or write: their parents' and their blocks'.
 func (a *applier) touchKeys(rank int, evs []events.Event) {
 	ks := a.keys[rank]
-	if len(ks) == 0 || ks[0].r == nil {
+	if len(ks) == 0 {
 		return
 	}
-	t := ks[0].r
-	sum := a.touched
+	if ks[0].r != nil {
+		a.touched = touchEvents(ks[0].r, evs, a.touched)
+	} else if ks[0].d != nil {
+		a.touched = touchEvents(ks[0].d, evs, a.touched)
+	}
+}
+
+// touchEvents loads t's lines of evs's parents and blocks, adding a word of each to sum.
+func touchEvents[V any](t *keyTable[V], evs []events.Event, sum int64) int64 {
 	for i := range evs {
 		ev := &evs[i]
 		if ev.HasParent {
@@ -269,7 +277,7 @@ func (a *applier) touchKeys(rank int, evs []events.Event) {
 			sum += t.touch(h)
 		}
 	}
-	a.touched = sum
+	return sum
 }
 
 // verify checks a first block's hash against the router's and switches to re-keying, clearing
@@ -313,7 +321,7 @@ func (a *applier) rekeyStore(ev *events.Event, rank int, owner index.OwnerID, ep
 	}
 	var parent *hashing.Digest
 	if ev.HasParent {
-		d, ok := k.m[ev.ParentHash]
+		d, ok := k.d.get(ev.ParentHash)
 		if !ok {
 			a.m.OpsDroppedUnkey.Add(n) // parent stored before we subscribed, or evicted
 			return
@@ -321,12 +329,12 @@ func (a *applier) rekeyStore(ev *events.Event, rank int, owner index.OwnerID, ep
 		parent = &d
 	}
 	for i, h := range ev.BlockHashes {
-		if len(k.m) >= a.maxKeys {
+		if k.d.len() >= a.maxKeys {
 			a.m.OpsDroppedUnkey.Add(n - i)
 			return
 		}
 		d := hashing.HashBlock(parent, ev.TokenIDs[i*blockSize:min((i+1)*blockSize, len(ev.TokenIDs))])
-		k.m[h] = d
+		k.d.put(h, d)
 		a.w.Store(owner, epoch, d.Hash(), t)
 		parent = &d
 	}

@@ -12,10 +12,11 @@
 //
 // The applier (apply.go) keys a worker's events by the engine's hashes once a first block
 // without a parent proves them to be the router's (or WorkerSpec.HashScheme declares it),
-// and otherwise re-keys them from their token IDs (vLLM-style engines); on an index keyed by
-// the router's own keys (index.BlockKeyRouter) it re-keys every engine's blocks to them,
-// mapping the engine's hashes to keys per owner (at most 2M blocks each; keytable.go, an
-// open-addressing table whose lines a batch's events load ahead). Once a worker's
+// and otherwise re-keys them from their token IDs (vLLM-style engines) to the SHA-256 chain;
+// on an index keyed by the router's own keys (index.BlockKeyRouter) it re-keys every engine's
+// blocks to them. Either way it maps the engine's hashes to the keys (or digests) per owner
+// (at most 2M blocks each; keytable.go, an open-addressing table whose lines a batch's events
+// load ahead, growing a few entries a put). Once a worker's
 // hashes are the router's, its batches (on a per-rank subscription or an Ingestor) are decoded
 // without their token IDs (events.Decoder.SkipTokenIDs). Ingestor applies raw payloads
 // without a transport.

@@ -47,7 +47,7 @@ func TestRouterKeysIngest(t *testing.T) {
 			applyEvents(t, a, 0,
 				stored(eh[:10], 0, prompt[:160], 16, events.MediumGPU),
 				stored(eh[10:], eh[9], prompt[160:], 16, events.MediumCPUPinned))
-			if !a.needsTokens() || a.verified || a.keys[0][0].r == nil || a.keys[0][0].m != nil {
+			if !a.needsTokens() || a.verified || a.keys[0][0].r == nil || a.keys[0][0].d != nil {
 				t.Fatalf("needs tokens %t, verified %t: not keyed by the router's keys", a.needsTokens(), a.verified)
 			}
 			if got := kvtest.Lookup(t, x, "m", prompt); got["e"] != 320 {
