@@ -28,7 +28,9 @@ import (
 // hash cache (kv.hash_cache_chunks), so a prompt looked up again is not hashed again;
 // "actors+routerkey" keys blocks by the router's own keys (kv.block_key router), which every
 // lookup computes from scratch (there is no hash cache with them); "actors+routerkey+split"
-// also splits long lookups across two goroutines (kv.lookup_split_blocks 1024).
+// also splits long lookups across two goroutines (kv.lookup_split_blocks 1024);
+// "actors+hashcache+rekey" is the default host with engines whose hashes are not the
+// router's (vLLM's): their blocks are re-keyed from their token IDs to the SHA-256 chain.
 
 type benchHost struct {
 	name   string
@@ -40,31 +42,42 @@ type benchHost struct {
 	blockKey string
 	// splitBlocks is kv.lookup_split_blocks (0: off).
 	splitBlocks int
+	// rekey: the engines' hashes are not the router's, and their blocks are re-keyed from
+	// their token IDs (subscribe.NewIngestor's rekey).
+	rekey bool
 }
 
 func benchHosts() []benchHost {
 	locked := func(s []*index.Shard) (index.ShardHost, error) { return index.NewLockedShards(s), nil }
 	return []benchHost{
-		{"locked", 8, locked, 0, "", 0},
-		{"actors", 0, IndexHost(IndexOptions{}), 0, "", 0}, // the default: one shard per core
-		{"actors-8shards", 8, IndexHost(IndexOptions{}), 0, "", 0},
+		{"locked", 8, locked, 0, "", 0, false},
+		{"actors", 0, IndexHost(IndexOptions{}), 0, "", 0, false}, // the default: one shard per core
+		{"actors-8shards", 8, IndexHost(IndexOptions{}), 0, "", 0, false},
 	}
 }
 
 // routerHost is the actor host with the router's default hash cache.
 func routerHost() benchHost {
-	return benchHost{"actors+hashcache", 0, IndexHost(IndexOptions{}), config.Default().KV.HashCacheChunks, "", 0}
+	return benchHost{"actors+hashcache", 0, IndexHost(IndexOptions{}), config.Default().KV.HashCacheChunks, "", 0, false}
 }
 
 // routerKeyHost is the actor host keyed by the router's own block keys (kv.block_key router).
 func routerKeyHost() benchHost {
-	return benchHost{"actors+routerkey", 0, IndexHost(IndexOptions{}), 0, index.BlockKeyRouter, 0}
+	return benchHost{"actors+routerkey", 0, IndexHost(IndexOptions{}), 0, index.BlockKeyRouter, 0, false}
 }
 
 // routerKeySplitHost is routerKeyHost with long lookups split across two goroutines
 // (kv.lookup_split_blocks at its least, 1024 blocks).
 func routerKeySplitHost() benchHost {
-	return benchHost{"actors+routerkey+split", 0, IndexHost(IndexOptions{}), 0, index.BlockKeyRouter, config.MinLookupSplitBlocks}
+	return benchHost{"actors+routerkey+split", 0, IndexHost(IndexOptions{}), 0, index.BlockKeyRouter, config.MinLookupSplitBlocks, false}
+}
+
+// engineRekeyHost is routerHost with engines whose blocks are re-keyed to the SHA-256 chain
+// (index.BlockKeyEngine, a vLLM engine's events).
+func engineRekeyHost() benchHost {
+	h := routerHost()
+	h.name, h.rekey = "actors+hashcache+rekey", true
+	return h
 }
 
 // coldCacheHost is the actor host with a hash cache of one chunk: each chunk a lookup hashes
@@ -72,7 +85,7 @@ func routerKeySplitHost() benchHost {
 // the cache (a chunk's key, the probe, the entry) on top of the hashing, as a prompt the
 // router sees for the first time does.
 func coldCacheHost() benchHost {
-	return benchHost{"actors+coldcache", 0, IndexHost(IndexOptions{}), 1, "", 0}
+	return benchHost{"actors+coldcache", 0, IndexHost(IndexOptions{}), 1, "", 0, false}
 }
 
 func newBenchIndex(b *testing.B, h benchHost, maxBlocks int) *index.Index {
@@ -366,7 +379,7 @@ func newIngestWorkload(b *testing.B, worker string, seed uint64) *ingestWorkload
 // resident.
 func BenchmarkIngestAndLookup(b *testing.B) {
 	for _, resident := range []int{100_000, 1_000_000, 10_000_000} {
-		for _, h := range append(benchHosts(), routerHost(), routerKeyHost()) {
+		for _, h := range append(benchHosts(), routerHost(), routerKeyHost(), engineRekeyHost()) {
 			var st *ingestBench
 			b.Run(fmt.Sprintf("%s/resident=%d", h.name, resident), func(b *testing.B) {
 				if st == nil {
@@ -406,9 +419,9 @@ func newIngestBench(b *testing.B, h benchHost, resident int) *ingestBench {
 	ids := registerEngines(b, x, ingestEngines, 16)
 	ingestors := make([]*subscribe.Ingestor, ingestEngines)
 	for i := range ingestors {
-		ingestors[i] = subscribe.NewIngestor(x, fmt.Sprintf("e%03d", i), false, nil)
+		ingestors[i] = subscribe.NewIngestor(x, fmt.Sprintf("e%03d", i), h.rekey, nil)
 	}
-	if x.RouterKeys() != nil {
+	if x.RouterKeys() != nil || h.rekey {
 		fillIngested(b, x, ingestors, resident)
 	} else {
 		fillResident(b, x, ids, resident, 16)
@@ -430,8 +443,8 @@ func newIngestBench(b *testing.B, h benchHost, resident int) *ingestBench {
 
 // fillIngested stores n blocks of random tokens through the engines' ingestors, spread
 // round-robin over them, in chains of 32 blocks under random engine hashes: on an index keyed
-// by the router's keys, each engine's re-key map then holds its resident blocks, as it would
-// have after their BlockStored events.
+// by the router's keys, or with engines re-keyed to the SHA-256 chain, each engine's re-key
+// map then holds its resident blocks, as it would have after their BlockStored events.
 func fillIngested(b *testing.B, x *index.Index, ingestors []*subscribe.Ingestor, n int) {
 	b.Helper()
 	const chain = 32
