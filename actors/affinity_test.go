@@ -411,6 +411,35 @@ func blockingHook(key string) (hook func(any), entered chan struct{}, release ch
 	return hook, entered, release
 }
 
+// holdScope holds affScope's actor (which must be running) in a lookup of key until release
+// is called (once; also at the test's end). The lookup is sent raw, without a deadline: a
+// call that missed its deadline before the actor took it would be skipped, and never hold
+// it. answered waits for the held lookup's answer.
+func holdScope(t *testing.T, s *AffinityStore, clk *affClock, key string) (release, answered func()) {
+	t.Helper()
+	hook, entered, held := blockingHook(key)
+	obsOf(t, s.sys).set(hook)
+	release = sync.OnceFunc(func() { close(held) })
+	t.Cleanup(release)
+	c := newAffinityCall()
+	c.lookup = LookupBinding{Key: key, Now: clk.Now(), call: c}
+	s.root.Send((*s.scopes.Load())[affScope].pid, &c.lookup)
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the scope actor never took the holding lookup")
+	}
+	answered = func() {
+		t.Helper()
+		select {
+		case <-c.reply:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the holding lookup was never answered")
+		}
+	}
+	return release, answered
+}
+
 func TestAffinityStoreFullMailboxRejectsFast(t *testing.T) {
 	s, clk, set := newAffStore(t, AffinityOptions{Mailbox: 1, CallTimeout: time.Minute})
 	hook, entered, release := blockingHook("block")
@@ -472,19 +501,8 @@ func TestAffinityStoreFullMailboxRejectsFast(t *testing.T) {
 
 func TestAffinityStoreDeadline(t *testing.T) {
 	s, clk, set := newAffStore(t, AffinityOptions{CallTimeout: 250 * time.Millisecond})
-	block, entered, release := blockingHook("block")
-	obsOf(t, s.sys).set(block)
 	mustBind(t, s, affScope, "warm-up", "", "W1", clk.Now()) // spawns the scope
-	// The command that holds the actor is sent raw, without a deadline: a call that missed
-	// its deadline before the actor took it would be skipped, and never hold it.
-	c := newAffinityCall()
-	c.lookup = LookupBinding{Key: "block", Now: clk.Now(), call: c}
-	s.root.Send((*s.scopes.Load())[affScope].pid, &c.lookup)
-	select {
-	case <-entered:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the scope actor never took the blocking command")
-	}
+	release, answered := holdScope(t, s, clk, "block")
 	timeouts := metricValue(t, set, metricAffinityTimeouts)
 	if _, err := s.Lookup(affScope, "next", clk.Now()); engine.OutcomeOf(err) != engine.OutcomeTimeout {
 		t.Fatalf("lookup behind a stuck actor: %v, want timeout", err)
@@ -492,12 +510,8 @@ func TestAffinityStoreDeadline(t *testing.T) {
 	if got := metricValue(t, set, metricAffinityTimeouts); got != timeouts+1 {
 		t.Fatalf("timeouts = %v, want %v", got, timeouts+1)
 	}
-	close(release)
-	select {
-	case <-c.reply:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the blocking command was never answered")
-	}
+	release()
+	answered()
 	if w := mustBind(t, s, affScope, "k", "", "W1", clk.Now()); w != "W1" {
 		t.Fatalf("after the actor recovered: %q", w)
 	}
@@ -523,18 +537,7 @@ func TestAffinityDeadlineServesUnbound(t *testing.T) {
 		{engine.PolicySessionAware, engine.NewSessionAware(nil, nil, s, rand.New(rand.NewPCG(1, 1))), affRequest(clk, "pinned", ""), engine.ReasonSessionPrimary},
 	}
 	mustBind(t, s, affScope, "pinned", "", "w3", clk.Now())
-	block, entered, release := blockingHook("stall")
-	obsOf(t, s.sys).set(block)
-	unblock := sync.OnceFunc(func() { close(release) })
-	defer unblock()
-	c := newAffinityCall() // holds the actor, sent raw (see TestAffinityStoreDeadline)
-	c.lookup = LookupBinding{Key: "stall", Now: clk.Now(), call: c}
-	s.root.Send((*s.scopes.Load())[affScope].pid, &c.lookup)
-	select {
-	case <-entered:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the scope actor never took the blocking command")
-	}
+	release, answered := holdScope(t, s, clk, "stall")
 	timeouts := metricValue(t, set, metricAffinityTimeouts)
 	errs := make(chan error, len(policies))
 	for _, tt := range policies {
@@ -557,12 +560,8 @@ func TestAffinityDeadlineServesUnbound(t *testing.T) {
 	if got := metricValue(t, set, metricAffinityTimeouts); got != timeouts+float64(len(policies)) {
 		t.Fatalf("timeouts = %v, want %v", got, timeouts+float64(len(policies)))
 	}
-	unblock()
-	select {
-	case <-c.reply:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the blocking command was never answered")
-	}
+	release()
+	answered()
 	for _, tt := range policies {
 		got, err := tt.p.Pick(ws, &engine.PickRequest{BucketRequest: tt.req, Stage: engine.StagePlain, BucketID: "b"})
 		if err != nil || got.Worker != ws[2] || got.Reason != tt.hit {
