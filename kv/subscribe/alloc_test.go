@@ -4,6 +4,7 @@ package subscribe
 
 import (
 	"context"
+	"slices"
 	"testing"
 
 	"switchyard/kv"
@@ -50,5 +51,33 @@ func TestHotPathAllocations(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(50, func() { _, _ = ing.Apply(payload, 0) }); n != 0 {
 		t.Errorf("ingest: %v allocations, want 0", n)
+	}
+
+	// A re-keyed engine (hashes of its own, as vLLM's): its blocks are hashed from their
+	// token IDs along the chain, a parent's digest read back from the re-key table.
+	vllm := []int64{1001, 1002, 1003, 1004, 1005, 1006}
+	payload, err = events.NewEncoder().Encode(&events.EventBatch{Events: []events.Event{
+		{Kind: events.EventBlockStored, BlockHashes: vllm[:3], TokenIDs: prompt[:48], BlockSize: 16, Medium: events.MediumGPU},
+		{Kind: events.EventBlockStored, BlockHashes: vllm[3:], HasParent: true, ParentHash: vllm[2], TokenIDs: prompt[48:96], BlockSize: 16, Medium: events.MediumGPU},
+		{Kind: events.EventBlockRemoved, BlockHashes: vllm[4:], Medium: events.MediumGPU},
+	}}, events.ShapeArray)
+	if err != nil {
+		t.Fatal(err)
+	}
+	payload = append([]byte(nil), payload...)
+	kvtest.Register(t, x, "v", 1, 16)
+	rekeyed := NewIngestor(x, "v", true, nil)
+	if _, err := rekeyed.Apply(payload, 0); err != nil {
+		t.Fatal(err)
+	}
+	if n := testing.AllocsPerRun(50, func() { _, _ = rekeyed.Apply(payload, 0) }); n != 0 {
+		t.Errorf("re-keyed ingest: %v allocations, want 0", n)
+	}
+	// The blocks were keyed along the chain: the engine holds the prompt's first four.
+	if err := x.Lookup(ctx, "m", prompt[:96], &l); err != nil {
+		t.Fatal(err)
+	}
+	if i := slices.IndexFunc(l.Matches, func(m kv.Match) bool { return m.Worker == "v" }); i < 0 || l.Matches[i].Tokens != 64 {
+		t.Errorf("re-keyed engine's match in %+v, want 64 tokens", l.Matches)
 	}
 }

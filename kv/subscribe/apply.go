@@ -319,6 +319,9 @@ func (a *applier) rekeyStore(ev *events.Event, rank int, owner index.OwnerID, ep
 		a.routerStore(ev, k, owner, epoch, blockSize, t)
 		return
 	}
+	// The chain's last digest lives in one variable outside the loop: a pointer to a digest
+	// declared in the loop would move each block's digest to the heap.
+	var last hashing.Digest
 	var parent *hashing.Digest
 	if ev.HasParent {
 		d, ok := k.d.get(ev.ParentHash)
@@ -326,17 +329,17 @@ func (a *applier) rekeyStore(ev *events.Event, rank int, owner index.OwnerID, ep
 			a.m.OpsDroppedUnkey.Add(n) // parent stored before we subscribed, or evicted
 			return
 		}
-		parent = &d
+		last, parent = d, &last
 	}
 	for i, h := range ev.BlockHashes {
 		if k.d.len() >= a.maxKeys {
 			a.m.OpsDroppedUnkey.Add(n - i)
 			return
 		}
-		d := hashing.HashBlock(parent, ev.TokenIDs[i*blockSize:min((i+1)*blockSize, len(ev.TokenIDs))])
-		k.d.put(h, d)
-		a.w.Store(owner, epoch, d.Hash(), t)
-		parent = &d
+		last = hashing.HashBlock(parent, ev.TokenIDs[i*blockSize:min((i+1)*blockSize, len(ev.TokenIDs))])
+		k.d.put(h, last)
+		a.w.Store(owner, epoch, last.Hash(), t)
+		parent = &last
 	}
 }
 
