@@ -60,12 +60,26 @@ func newAdapterUse(now int64) *adapterUse {
 
 // reservation is a slot taken for an adapter load under way; it lapses at until (a load
 // that was never started or never finished frees its slot then). victim is the adapter the
-// load evicts first ("" when the slot was free).
+// load evicts first ("" when the slot was free). key names it to the picks that rely on it
+// (AdapterReservation); picks counts them: the pick that took it and those that found the
+// load under way. A pick whose dispatch never begins the load gives its share back
+// (Pick.AbandonAdapter); the reservation goes with the last share, unless a dispatch began
+// its load (Pick.BeginAdapterLoad keeps that pick's share until the load's end drops the
+// reservation: AddAdapter or ReleaseAdapter).
 type reservation struct {
 	name   string
 	victim string
 	until  time.Time
+	key    *reservationKey
+	picks  int
 }
+
+// reservationKey identifies one reservation (its pointer); it is never modified.
+type reservationKey struct{ name string }
+
+// AdapterReservation is one pick's share in a reservation of an adapter slot
+// (Worker.ReserveAdapter); the zero value shares none.
+type AdapterReservation struct{ key *reservationKey }
 
 // NewAdapterSet returns the set of names (copied, duplicates dropped) with slots slots.
 func NewAdapterSet(names []string, slots int) *AdapterSet {
@@ -325,17 +339,32 @@ func moreSlots(before, after int) bool {
 // evictable non-nil — held an adapter evictable accepts that no request used: the least
 // recently used one is then evicted (dropped from the set, no hold can be taken on it any
 // more) and named by the reservation (Evicting), for dispatch to unload before the load.
-func (w *Worker) ReserveAdapter(name string, now, until time.Time, evictable map[string]struct{}) bool {
+// r is the caller's share in the reservation, new or of the load under way (the zero value
+// when the engine holds the adapter): a pick that does not begin the load gives it back
+// (Pick.AbandonAdapter), so that the slot frees at once when no other pick relies on it.
+func (w *Worker) ReserveAdapter(name string, now, until time.Time, evictable map[string]struct{}) (r AdapterReservation, ok bool) {
 	victim := "" // evicted by this call, to drop from the set
 	for {
 		old := w.adapters.Load()
-		if victim == "" && (old.Has(name) || old.Loading(name, now)) {
-			return true
+		if victim == "" && old.Has(name) {
+			return AdapterReservation{}, true
+		}
+		if victim == "" {
+			if i := old.live(name, now); i >= 0 {
+				// A load of it holds a slot already: share its reservation.
+				s := *old
+				s.loading = slices.Clone(old.loading)
+				s.loading[i].picks++
+				if w.adapters.CompareAndSwap(old, &s) {
+					return AdapterReservation{s.loading[i].key}, true
+				}
+				continue
+			}
 		}
 		if victim == "" && !old.Free(now) {
 			i := old.victim(evictable)
 			if i < 0 {
-				return false
+				return AdapterReservation{}, false
 			}
 			if !old.uses[i].inflight.CompareAndSwap(0, evictedUse) {
 				continue // a request took it meanwhile: look again
@@ -349,7 +378,7 @@ func (w *Worker) ReserveAdapter(name string, now, until time.Time, evictable map
 				if u := s.uses[i]; !u.inflight.CompareAndSwap(0, evictedUse) && u.inflight.Load() != evictedUse {
 					// Slow path: the engine's list was learned again meanwhile and a request
 					// holds the adapter anew; no room is made.
-					return false
+					return AdapterReservation{}, false
 				}
 				s.names = slices.Delete(slices.Clone(s.names), i, i+1)
 				s.uses = slices.Delete(slices.Clone(s.uses), i, i+1)
@@ -361,11 +390,85 @@ func (w *Worker) ReserveAdapter(name string, now, until time.Time, evictable map
 				}
 			}
 		}
-		s.loading = append(s.loading, reservation{name: name, victim: victim, until: until})
+		key := &reservationKey{name}
+		s.loading = append(s.loading, reservation{name: name, victim: victim, until: until, key: key, picks: 1})
 		if w.adapters.CompareAndSwap(old, s) {
-			return true
+			return AdapterReservation{key}, true
 		}
 	}
+}
+
+// live returns the index of the reservation of a load of adapter name that holds a slot at
+// now, or -1.
+func (s *AdapterSet) live(name string, now time.Time) int {
+	if s == nil {
+		return -1
+	}
+	return slices.IndexFunc(s.loading, func(r reservation) bool { return r.name == name && now.Before(r.until) })
+}
+
+// abandonAdapter gives back share r of a pick that never began its load, and reports whether
+// the reservation went with it (no other pick relied on it): its slot is free again, and the
+// adapter it evicted, which was never unloaded, is the engine's again. A share of a
+// reservation gone already (its load ended, or it lapsed) gives back nothing.
+func (w *Worker) abandonAdapter(r AdapterReservation) (freed bool) {
+	for {
+		old := w.adapters.Load()
+		if old == nil {
+			return false
+		}
+		i := slices.IndexFunc(old.loading, func(x reservation) bool { return x.key == r.key })
+		if i < 0 {
+			return false
+		}
+		s := *old
+		if res := old.loading[i]; res.picks > 1 {
+			s.loading = slices.Clone(old.loading)
+			s.loading[i].picks--
+		} else {
+			s.loading = slices.Delete(slices.Clone(old.loading), i, i+1)
+			if v := res.victim; v != "" && old.use(v) == nil {
+				// Slow path: the victim was dropped from the set but never unloaded.
+				j, _ := slices.BinarySearch(old.names, v)
+				s.names = slices.Insert(slices.Clone(old.names), j, v)
+				s.uses = slices.Insert(slices.Clone(old.uses), j, &adapterUse{})
+				if k := slices.IndexFunc(old.gone, func(g evicted) bool { return g.name == v }); k >= 0 {
+					s.gone = slices.Delete(slices.Clone(old.gone), k, k+1)
+				}
+			}
+		}
+		if w.adapters.CompareAndSwap(old, &s) {
+			return len(s.loading) < len(old.loading)
+		}
+	}
+}
+
+// AbandonAdapter gives back the pick's share in the reservation of its adapter load
+// (Worker.ReserveAdapter) when the pick is not dispatched: refused, failed on the other side
+// of its PD pair, or its request gone. The slot frees at once when no other pick relies on
+// the reservation and no load of it began; the worker's AdapterRoom is then told. It does
+// nothing for a pick that reserved nothing, or after BeginAdapterLoad.
+func (p *Pick) AbandonAdapter() {
+	r := p.Reservation
+	if r.key == nil {
+		return
+	}
+	p.Reservation = AdapterReservation{}
+	if p.Worker.abandonAdapter(r) && p.Worker.AdapterRoom != nil {
+		p.Worker.AdapterRoom(p.Worker.Model)
+	}
+}
+
+// BeginAdapterLoad records that dispatch begins the pick's adapter load (or joins the one
+// under way): the reservation is the load's now, and ends with it (AddAdapter, or
+// ReleaseAdapter when it fails); AbandonAdapter gives back nothing any more.
+func (p *Pick) BeginAdapterLoad() { p.Reservation = AdapterReservation{} }
+
+// AbandonAdapters is AbandonAdapter for each pick of the selection.
+func (p *BucketPick) AbandonAdapters() {
+	p.Plain.AbandonAdapter()
+	p.Prefill.AbandonAdapter()
+	p.Decode.AbandonAdapter()
 }
 
 // AdapterHold is one request's use of an adapter on an engine, from HoldAdapter until

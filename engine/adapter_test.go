@@ -89,16 +89,16 @@ func TestAdapterReservations(t *testing.T) {
 	now := time.Unix(1000, 0)
 	w := NewWorker("w", "http://127.0.0.1:1", "llama", StagePlain, nil)
 	w.SetAdapters(NewAdapterSet([]string{"sql"}, 2))
-	if !w.ReserveAdapter("math", now, now.Add(time.Minute), nil) {
+	if !reserve(w, "math", now, now.Add(time.Minute), nil) {
 		t.Fatal("the free slot was not reserved")
 	}
 	if s := w.Adapters(); s.Free(now) || !s.Loading("math", now) || s.Has("math") {
 		t.Fatalf("after the reservation: free %v, loading %v", s.Free(now), s.Loading("math", now))
 	}
-	if w.ReserveAdapter("code", now, now.Add(time.Minute), nil) {
+	if reserve(w, "code", now, now.Add(time.Minute), nil) {
 		t.Fatal("a second adapter was given the slot a load holds")
 	}
-	if !w.ReserveAdapter("math", now, now.Add(time.Minute), nil) {
+	if !reserve(w, "math", now, now.Add(time.Minute), nil) {
 		t.Fatal("a second request for the adapter being loaded was refused")
 	}
 	// The engine's list, learned while the load is under way, keeps the reservation.
@@ -111,13 +111,13 @@ func TestAdapterReservations(t *testing.T) {
 		t.Fatalf("after the load: %v, loading %v", s.Names(), s.Loading("math", now))
 	}
 	w.SetAdapters(NewAdapterSet([]string{"sql"}, 2))
-	w.ReserveAdapter("code", now, now.Add(time.Minute), nil)
+	reserve(w, "code", now, now.Add(time.Minute), nil)
 	w.ReleaseAdapter("code")
 	if s := w.Adapters(); !s.Free(now) || s.Loading("code", now) {
 		t.Fatal("a failed load kept its slot")
 	}
-	w.ReserveAdapter("code", now, now.Add(time.Minute), nil)
-	if later := now.Add(time.Minute); !w.Adapters().Free(later) || !w.ReserveAdapter("chat", later, later.Add(time.Minute), nil) {
+	reserve(w, "code", now, now.Add(time.Minute), nil)
+	if later := now.Add(time.Minute); !w.Adapters().Free(later) || !reserve(w, "chat", later, later.Add(time.Minute), nil) {
 		t.Fatal("a load never completed kept its slot past its bound")
 	}
 }
@@ -175,7 +175,7 @@ func TestAdapterEviction(t *testing.T) {
 		ha.Release(t0.Add(2 * time.Second)) // a: used last at t0+2s
 		hb, _ := w.HoldAdapter("b", t0.Add(time.Second))
 		hb.Release(t0.Add(time.Second)) // b: used last at t0+1s
-		if !w.ReserveAdapter("c", t0.Add(3*time.Second), t0.Add(time.Minute), evictable) {
+		if !reserve(w, "c", t0.Add(3*time.Second), t0.Add(time.Minute), evictable) {
 			t.Fatal("no room made on a full engine")
 		}
 		s := w.Adapters()
@@ -205,7 +205,7 @@ func TestAdapterEviction(t *testing.T) {
 		if !ok || w.Adapters().CanEvict(evictable) {
 			t.Fatal("an adapter in use counts as evictable")
 		}
-		if w.ReserveAdapter("c", t0, t0.Add(time.Minute), evictable) || w.ReserveAdapter("c", t0, t0.Add(time.Minute), nil) {
+		if reserve(w, "c", t0, t0.Add(time.Minute), evictable) || reserve(w, "c", t0, t0.Add(time.Minute), nil) {
 			t.Fatal("room made though a is in use and pinned may not be evicted")
 		}
 		// The engine's list, learned again, keeps a's use.
@@ -214,7 +214,7 @@ func TestAdapterEviction(t *testing.T) {
 			t.Fatalf("in flight on a after relearning: %d", n)
 		}
 		h.Release(t0)
-		if !w.Adapters().CanEvict(evictable) || !w.ReserveAdapter("c", t0, t0.Add(time.Minute), evictable) {
+		if !w.Adapters().CanEvict(evictable) || !reserve(w, "c", t0, t0.Add(time.Minute), evictable) {
 			t.Fatal("a, released, was not evicted")
 		}
 	})
@@ -242,7 +242,7 @@ func TestAdapterEviction(t *testing.T) {
 			close(start)
 			evicted := false
 			for range 200 {
-				if evicted = w.ReserveAdapter("c", t0, t0.Add(time.Minute), evictable); evicted {
+				if evicted = reserve(w, "c", t0, t0.Add(time.Minute), evictable); evicted {
 					break
 				}
 			}
@@ -304,7 +304,7 @@ func TestAdapterStaleEngineList(t *testing.T) {
 		t.Fatalf("after a stale list: %v, free %v", s.Names(), s.Free(now))
 	}
 	asked = time.Now()
-	if !w.ReserveAdapter("c", now, now.Add(time.Minute), map[string]struct{}{"a": {}, "b": {}}) || w.Adapters().Evicting("c") == "" {
+	if !reserve(w, "c", now, now.Add(time.Minute), map[string]struct{}{"a": {}, "b": {}}) || w.Adapters().Evicting("c") == "" {
 		t.Fatal("no eviction")
 	}
 	victim := w.Adapters().Evicting("c")
@@ -517,7 +517,7 @@ func TestGroupAdapterReplicaRaceFallsBackToHolders(t *testing.T) {
 		if len(offers) == 1 {
 			// Another group fills the replica's slots before this pick reserves one.
 			for _, a := range []string{"a", "b"} {
-				if !ws[1].ReserveAdapter(a, now, now.Add(time.Minute), nil) {
+				if !reserve(ws[1], a, now, now.Add(time.Minute), nil) {
 					t.Fatalf("reserving %s on w1", a)
 				}
 			}
@@ -569,7 +569,7 @@ func TestGroupAdapterSlotsInUse(t *testing.T) {
 			w := ws[0]
 			if tt.reserve > 0 {
 				w.SetAdapters(NewAdapterSet(nil, 1))
-				if !w.ReserveAdapter("x", now, now.Add(tt.reserve), nil) {
+				if !reserve(w, "x", now, now.Add(tt.reserve), nil) {
 					t.Fatal("cannot reserve the slot")
 				}
 			} else {
@@ -660,7 +660,7 @@ func TestSetAdapterSlots(t *testing.T) {
 	}
 	w.SetAdapters(NewAdapterSet([]string{"a"}, 8))
 	h, ok := w.HoldAdapter("a", now)
-	if !ok || !w.ReserveAdapter("b", now, now.Add(time.Minute), nil) {
+	if !ok || !reserve(w, "b", now, now.Add(time.Minute), nil) {
 		t.Fatal("no hold or reservation")
 	}
 	if w.SetAdapterSlots(2) {
@@ -694,9 +694,9 @@ func TestAdapterNextLapse(t *testing.T) {
 	}
 	w := NewWorker("w", "http://127.0.0.1:1", "llama", StagePlain, nil)
 	w.SetAdapters(NewAdapterSet(nil, 4))
-	w.ReserveAdapter("a", now, now.Add(3*time.Second), nil)
-	w.ReserveAdapter("b", now, now.Add(time.Second), nil)
-	w.ReserveAdapter("c", now, now.Add(2*time.Second), nil)
+	reserve(w, "a", now, now.Add(3*time.Second), nil)
+	reserve(w, "b", now, now.Add(time.Second), nil)
+	reserve(w, "c", now, now.Add(2*time.Second), nil)
 	for _, tt := range []struct {
 		at, want time.Duration // after now; want 0: none
 	}{{0, time.Second}, {time.Second, 2 * time.Second}, {2500 * time.Millisecond, 3 * time.Second}, {3 * time.Second, 0}} {
@@ -708,4 +708,10 @@ func TestAdapterNextLapse(t *testing.T) {
 			t.Errorf("at +%v: next lapse %v, want %v", tt.at, got, want)
 		}
 	}
+}
+
+// reserve is Worker.ReserveAdapter for a test that keeps its share.
+func reserve(w *Worker, name string, now, until time.Time, evictable map[string]struct{}) bool {
+	_, ok := w.ReserveAdapter(name, now, until, evictable)
+	return ok
 }

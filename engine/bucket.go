@@ -116,6 +116,7 @@ func (b *Bucket) PickStage(reg *Registry, req *BucketRequest, stage Stage, sel *
 		if bypass { // the decode engine was picked first
 			p, err := b.Prefill.PickFor(reg, b.ID, req, sel.Decode.Worker, b.Compat)
 			if err != nil {
+				sel.Decode.AbandonAdapter() // the pair is not made: its slot is free again
 				return 0, false, err
 			}
 			sel.Prefill = p
@@ -142,6 +143,7 @@ func (b *Bucket) PickStage(reg *Registry, req *BucketRequest, stage Stage, sel *
 		}
 		p, err := b.Decode.PickFor(reg, b.ID, req, sel.Prefill.Worker, b.Compat)
 		if err != nil {
+			sel.Prefill.AbandonAdapter() // the pair is not made: its slot is free again
 			return 0, false, err
 		}
 		sel.Decode = p

@@ -248,7 +248,11 @@ func (g *EngineGroup) Pick(reg *Registry, bucketID string, req *BucketRequest) (
 		load, evictable = p.Worker == replica, nil
 		p.ReplicateAdapter = load
 	}
-	if load && !p.Worker.ReserveAdapter(req.Adapter, now, now.Add(g.loadTimeout), evictable) {
+	reserved := false
+	if load {
+		p.Reservation, reserved = p.Worker.ReserveAdapter(req.Adapter, now, now.Add(g.loadTimeout), evictable)
+	}
+	if load && !reserved {
 		// Slow path: another group took the engine's last free slot since the candidates
 		// were read.
 		if replica == nil {
@@ -274,6 +278,7 @@ func (g *EngineGroup) Pick(reg *Registry, bucketID string, req *BucketRequest) (
 		}
 		rank, limit := g.ranks.pick(p.Worker, now, req.Prefix)
 		if limit != "" {
+			p.AbandonAdapter() // the slot it reserved is free again
 			return Pick{}, &PickError{Outcome: OutcomeAdmissionRejected, Stage: g.stage, BucketID: bucketID,
 				Rejections: []Rejection{{BucketID: bucketID, Stage: g.stage, WorkerID: p.Worker.ID, Limit: limit}}}
 		}

@@ -36,6 +36,9 @@ type Pick struct {
 	// ReplicateAdapter: LoadAdapter onto an engine picked beside engines that hold the
 	// adapter already (lora.replicate_above).
 	ReplicateAdapter bool
+	// Reservation is the pick's share in the reservation of its adapter slot, with
+	// LoadAdapter: a pick that is not dispatched gives it back (AbandonAdapter).
+	Reservation AdapterReservation
 }
 
 // Selection reasons of the load policies.

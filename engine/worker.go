@@ -36,6 +36,10 @@ type Worker struct {
 	// publishing the worker), so that dispatch reaches the engine's client and breaker from
 	// a pick without a lookup. Nil for workers built elsewhere; engine never reads it.
 	Handle any
+	// AdapterRoom, when set (before the worker is published), is called with the worker's
+	// model when a pick gives back an adapter slot it reserved and no other pick or load
+	// relies on (Pick.AbandonAdapter): a request waiting for a slot may find one now.
+	AdapterRoom func(model string)
 	// labels are the worker's labels (configured over introspected) that PD compatibility
 	// compares; nil when none. Like health, they may change while the worker is published
 	// (SetLabels: re-introspection learned new ones) without making it a new worker.

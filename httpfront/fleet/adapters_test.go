@@ -109,10 +109,10 @@ func TestAdapterSlotsKnownBeforeTheFirstList(t *testing.T) {
 		t.Fatalf("adapter set %+v before the first list, want 1 slot", s)
 	}
 	now := time.Now()
-	if !w.ReserveAdapter("a", now, now.Add(time.Minute), nil) {
+	if _, ok := w.ReserveAdapter("a", now, now.Add(time.Minute), nil); !ok {
 		t.Fatal("no room for a first adapter")
 	}
-	if w.ReserveAdapter("b", now, now.Add(time.Minute), nil) {
+	if _, ok := w.ReserveAdapter("b", now, now.Add(time.Minute), nil); ok {
 		t.Fatal("a second adapter found room on a one-slot engine")
 	}
 }

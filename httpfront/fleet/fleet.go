@@ -624,6 +624,7 @@ func (f *Fleet) buildWorker(m *Member, info *Info) (*engine.Worker, error) {
 	}
 	w := engine.NewWorker(spec.ID, spec.URL, model, stage, f.opts.Tracker.Counters(spec.ID))
 	w.Handle = m
+	w.AdapterRoom = f.opts.AdapterRoom // a pick that gives back a reserved slot makes room
 	if f.opts.AdapterRefresh > 0 {
 		// Until the engine's adapter list is first read, the router knows its slots and that
 		// it loaded nothing there yet: the loads it starts meanwhile count against the slots
