@@ -357,6 +357,15 @@ func (s *Server) serveInference(ctx *fasthttp.RequestCtx, kind routeKind, ex *ex
 	return s.attempt(ctx, kind, ex, mr, body, &hdr, start, o)
 }
 
+// abandonPick gives back the adapter slots a selection reserved for a request that is not
+// dispatched with it (engine.BucketPick.AbandonAdapters); nothing for a request without an
+// adapter.
+func (s *Server) abandonPick(ex *exchange, pick *engine.BucketPick) {
+	if ex.breq.Adapter != "" {
+		pick.AbandonAdapters() // slow path: a LoRA adapter request
+	}
+}
+
 // attempt runs the request's attempt loop (see attempts): select, admit, dispatch, and
 // after a failure that allows it, back off and select again.
 func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange, mr *modelRoute, body []byte,
@@ -399,9 +408,11 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 		if att.retrying {
 			// Slow path: a retry has engines; the budget allows it, then it waits.
 			if !att.grant() {
+				s.abandonPick(ex, &pick)
 				return att.answerLast(ctx, o)
 			}
 			if e := att.backoff(ctx); e != nil {
+				s.abandonPick(ex, &pick)
 				o = s.fail(ctx, o, e)
 				att.setHeader(ctx)
 				return o
@@ -413,6 +424,7 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 			// is taken, or it was removed). It is withdrawn from picks, and left out of this
 			// request's next selection.
 			ex.tr.refused(refused)
+			s.abandonPick(ex, &pick)
 			if att.refuse(&pick, sideOf(&pick, refused), false) {
 				continue
 			}
@@ -436,6 +448,7 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 			// the request counted in flight there meanwhile.
 			waited = s.waitGuards(&pick, s.now())
 			if e := s.prepareAdapter(mr.name, ex.breq.Adapter, &pick, &adm); e != nil {
+				pick.AbandonAdapters() // the picks whose loads never began
 				waited.release()
 				adm.done(fleet.OutcomeNeutral)
 				o = s.fail(ctx, o, e)

@@ -152,7 +152,7 @@ func (s *Server) prepareAdapter(model, adapter string, p *engine.BucketPick, a *
 		}
 		loads = true
 		replicates = replicates || x.pick.ReplicateAdapter
-		if e := s.lora.load(x.m, x.pick.Worker, adapter, lm); e != nil {
+		if e := s.lora.load(x.m, x.pick, adapter, lm); e != nil {
 			return e
 		}
 	}
@@ -372,14 +372,18 @@ func (s *Server) awaitAdapterSlot(ctx *fasthttp.RequestCtx, att *attempts, model
 // adapter slot.
 var errClientGoneSlot = newAPIError(CodeClientClosed, "the client closed the connection while the request waited for a LoRA adapter slot")
 
-// load loads adapter onto worker w (lifecycle state m) unless a load of it is already under
-// way there, in which case it waits for that one (bounded by the same load timeout). On
-// success the worker holds the adapter.
-func (l *loraRouting) load(m *fleet.Member, w *engine.Worker, adapter string, lm *loraMetrics) *apiError {
+// load loads adapter onto the worker of pick p (lifecycle state m) unless a load of it is
+// already under way there, in which case it waits for that one (bounded by the same load
+// timeout). On success the worker holds the adapter. The pick's share in the slot's
+// reservation is the load's from then on (engine.Pick.BeginAdapterLoad); a pick whose load
+// never begins keeps it, for the caller to give back (engine.BucketPick.AbandonAdapters).
+func (l *loraRouting) load(m *fleet.Member, p *engine.Pick, adapter string, lm *loraMetrics) *apiError {
 	path, ok := l.path[adapter]
 	if !ok {
 		return newAPIError(CodeAdapterLoad, "adapter "+adapter+" has no configured path (models.<name>.lora_adapters): it cannot be loaded")
 	}
+	w := p.Worker
+	p.BeginAdapterLoad()
 	k := loadKey{w.ID, adapter}
 	l.mu.Lock()
 	if c := l.loading[k]; c != nil {
