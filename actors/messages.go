@@ -58,14 +58,40 @@ func newPickCall() *pickCall {
 	return c
 }
 
-// fail replies with err, discarding any partial selection.
+// fail replies with err, discarding any partial selection (the adapter slots its picks
+// reserved are given back).
 func (c *pickCall) fail(err error) {
+	c.result.Pick.AbandonAdapters()
 	c.result = PickEnginesResult{Err: err}
 	c.answer(&c.result)
 }
 
-// finish replies with the selection in result.
-func (c *pickCall) finish() { c.answer(&c.result) }
+// finish replies with the selection in result. When the caller stopped waiting meanwhile,
+// whichever of it (Selector.await) and finish takes the reply back gives back the adapter
+// slots the selection reserved: the caller marks the call abandoned before it looks, and
+// finish looks after it answered, so one of them finds the reply.
+func (c *pickCall) finish() {
+	c.answer(&c.result)
+	if c.abandoned.Load() {
+		c.reclaim() // slow path: nobody waits for the reply
+	}
+}
+
+// reclaim takes an undelivered reply back, if any, and gives back the adapter slots its
+// selection reserved.
+func (c *pickCall) reclaim() {
+	select {
+	case r := <-c.reply:
+		if !r.expired {
+			r.v.Pick.AbandonAdapters()
+		}
+	default:
+	}
+}
+
+// skip drops a call its caller abandoned before the selection ended: the adapter slots the
+// stages made so far reserved are given back.
+func (c *pickCall) skip() { c.result.Pick.AbandonAdapters() }
 
 // reset drops the call's references before it returns to the pool.
 func (c *pickCall) reset() {

@@ -255,7 +255,9 @@ func (s *Selector) await(bh *bucketHost, c *pickCall) (engine.BucketPick, error)
 	if r, ok := c.wait(); ok {
 		return s.release(c, r)
 	}
-	// Slow path: deadline missed; c is abandoned (never pooled again).
+	// Slow path: deadline missed; c is abandoned (never pooled again). A reply that came
+	// meanwhile is nobody's: what it reserved is given back.
+	c.reclaim()
 	return engine.BucketPick{}, &engine.PickError{Outcome: engine.OutcomeTimeout, Stage: bh.stage, BucketID: bh.id,
 		Detail: "no reply within " + s.timeout.String()}
 }
@@ -385,6 +387,7 @@ func (bh *bucketHost) pickHere(req *engine.BucketRequest) (engine.BucketPick, er
 		next, more, err := bh.group(stage).step(req, &pick)
 		switch {
 		case err != nil:
+			pick.AbandonAdapters() // a stage that panicked after an earlier one reserved
 			return engine.BucketPick{}, err
 		case !more:
 			return pick, nil
@@ -552,6 +555,7 @@ func (a *groupActor) Receive(ctx actor.Context) {
 func (a *groupActor) pickEngine(ctx actor.Context, msg *PickEngine) {
 	c := msg.call
 	if c.abandoned.Load() {
+		c.skip()
 		return
 	}
 	// A selection made in a request goroutine (Selector.pick) may hold the group: wait for it.
