@@ -568,9 +568,9 @@ type LoRA struct {
 	// MaxSlotWaiters, with auto_load and evict, is how many requests at once may wait for an
 	// adapter slot when every slot that could take their adapter is taken by an adapter in
 	// use (or a load under way): such a request waits until a slot may have freed on an
-	// engine of its model (a request using an adapter ends, a load ends, a load's
-	// reservation lapses, the engine's adapter list drops one or its facts bring more
-	// slots), then is selected again and evicts the now idle adapter, for at most
+	// engine of its model (a request using an adapter ends, a load ends, a pick that was
+	// not dispatched gives back its reserved slot, a load's reservation lapses, the
+	// engine's adapter list drops one or its facts bring more slots), then is selected again and evicts the now idle adapter, for at most
 	// load_timeout (and server.request_timeout). A request beyond this many, or past that
 	// bound, is refused (503). 0 refuses every such request at once. At least 0. Default 64.
 	MaxSlotWaiters int `koanf:"max_slot_waiters" json:"max_slot_waiters" unit:"requests"`
