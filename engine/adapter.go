@@ -10,7 +10,8 @@ import (
 // AdapterSet is the LoRA adapters one engine holds, the loads the router has under way on it,
 // and how many adapters it can hold (its slots): an immutable value the worker lifecycle
 // publishes on the Worker (LearnAdapters) as it learns them, a group's pick reserves a slot in
-// (ReserveAdapter) and dispatch completes (AddAdapter) or releases (ReleaseAdapter).
+// (ReserveAdapter) and dispatch completes (AddAdapter) or releases (ReleaseAdapter), or a
+// pick that is not dispatched gives back (Pick.AbandonAdapter).
 //
 // Each adapter held carries its use (adapterUse), shared by every version of the set that
 // holds it: the requests using it on the engine (HoldAdapter) and when it was last used. A
@@ -432,8 +433,11 @@ func (w *Worker) abandonAdapter(r AdapterReservation) (freed bool) {
 				j, _ := slices.BinarySearch(old.names, v)
 				s.names = slices.Insert(slices.Clone(old.names), j, v)
 				s.uses = slices.Insert(slices.Clone(old.uses), j, &adapterUse{})
-				if k := slices.IndexFunc(old.gone, func(g evicted) bool { return g.name == v }); k >= 0 {
-					s.gone = slices.Delete(slices.Clone(old.gone), k, k+1)
+				for k := len(old.gone) - 1; k >= 0; k-- {
+					if old.gone[k].name == v { // its latest eviction, this reservation's
+						s.gone = slices.Delete(slices.Clone(old.gone), k, k+1)
+						break
+					}
 				}
 			}
 		}
