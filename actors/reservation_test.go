@@ -1,7 +1,6 @@
 package actors
 
 import (
-	"errors"
 	"testing"
 	"time"
 
@@ -23,26 +22,11 @@ func TestPickTimeoutGivesBackAdapterSlot(t *testing.T) {
 	b.Plain.SetAdapterLoading(time.Minute, nil)
 	s := newTestSelector(t, workerSet(t, ws), config.Actors{PickTimeout: 20 * time.Millisecond}, nil, b)
 
-	// As in TestPickTimeoutAndLateReply: send the blocking pick until one reaches the policy
-	// (a pick the deadline passes first is skipped, reserving nothing).
-	entered := false
-	for attempt := 0; attempt < 50 && !entered; attempt++ {
+	blockPick(t, s, b, pol, func() *engine.BucketRequest {
 		req := requestFor(10, markBlock, "W1")
 		req.Adapter = "math"
-		if _, err := s.PickEngines(b, req); !errors.Is(err, engine.ErrTimeout) {
-			t.Fatalf("error = %v, want Timeout", err)
-		}
-		wait := time.NewTimer(200 * time.Millisecond)
-		select {
-		case <-pol.entered:
-			entered = true
-		case <-wait.C:
-		}
-		wait.Stop()
-	}
-	if !entered {
-		t.Fatal("no blocking pick reached the policy in 50 attempts")
-	}
+		return req
+	})
 	if now := time.Unix(1000, 0); !w.Adapters().Free(now) {
 		t.Fatal("the slot was taken before the blocked pick ended")
 	}

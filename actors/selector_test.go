@@ -212,33 +212,7 @@ func TestPickTimeoutAndLateReply(t *testing.T) {
 	b := plainBucket("short", 4096, pol, nil)
 	s := newTestSelector(t, workerSet(t, ws), config.Actors{PickTimeout: 20 * time.Millisecond}, nil, b)
 
-	// The blocking pick times out while the policy holds the group actor. On a loaded
-	// machine the 20ms deadline may pass before the group actor even sees the pick, which it
-	// then skips as abandoned: send it again until one reaches the policy (bounded).
-	entered := false
-	for attempt := 0; attempt < 50 && !entered; attempt++ {
-		start := time.Now()
-		_, err := s.PickEngines(b, requestFor(10, markBlock, "W1"))
-		if !errors.Is(err, engine.ErrTimeout) {
-			t.Fatalf("error = %v, want Timeout", err)
-		}
-		if pe := pickErrOf(t, err); pe.BucketID != "short" || pe.Advances() {
-			t.Errorf("timeout error = %+v, want a non-advancing failure of bucket short", pe)
-		}
-		if d := time.Since(start); d > 5*time.Second {
-			t.Errorf("timeout took %v", d)
-		}
-		wait := time.NewTimer(200 * time.Millisecond)
-		select {
-		case <-pol.entered:
-			entered = true
-		case <-wait.C:
-		}
-		wait.Stop()
-	}
-	if !entered {
-		t.Fatal("no blocking pick reached the policy in 50 attempts")
-	}
+	blockPick(t, s, b, pol, func() *engine.BucketRequest { return requestFor(10, markBlock, "W1") })
 	// A second pick queued behind the blocked one also times out; its caller abandons it,
 	// so the group actor skips it without calling the policy.
 	if _, err := s.PickEngines(b, requestFor(10, "", "W3")); !errors.Is(err, engine.ErrTimeout) {
@@ -468,4 +442,32 @@ func TestBucketActorPanicRestartsItAndItsGroups(t *testing.T) {
 	if !oldPrefill.closed.Load() || bh.prefill.mb.Load() == oldPrefill {
 		t.Error("the bucket restart did not replace its group actors")
 	}
+}
+
+// blockPick sends the blocking pick req makes to b until one times out while the policy
+// holds the group actor (bounded). On a loaded machine the deadline may pass before the
+// group actor even sees the pick, which it then skips as abandoned: such picks are sent again.
+func blockPick(t *testing.T, s *Selector, b *engine.Bucket, pol *testPolicy, req func() *engine.BucketRequest) {
+	t.Helper()
+	for range 50 {
+		start := time.Now()
+		_, err := s.PickEngines(b, req())
+		if !errors.Is(err, engine.ErrTimeout) {
+			t.Fatalf("error = %v, want Timeout", err)
+		}
+		if pe := pickErrOf(t, err); pe.BucketID != b.ID || pe.Advances() {
+			t.Errorf("timeout error = %+v, want a non-advancing failure of bucket %s", pe, b.ID)
+		}
+		if d := time.Since(start); d > 5*time.Second {
+			t.Errorf("timeout took %v", d)
+		}
+		wait := time.NewTimer(200 * time.Millisecond)
+		select {
+		case <-pol.entered:
+			wait.Stop()
+			return
+		case <-wait.C:
+		}
+	}
+	t.Fatal("no blocking pick reached the policy in 50 attempts")
 }

@@ -879,3 +879,18 @@ var routerRID = regexp.MustCompile(`,?"rid":"switchyard-[0-9a-f]{32}"`)
 func withoutRouterRID(body []byte) []byte {
 	return routerRID.ReplaceAll(body, nil)
 }
+
+// sendChat opens a connection to ts and writes a chat completion request with body on it,
+// without reading the answer: the test closes the connection to play a client that leaves.
+func sendChat(t *testing.T, ts *testServer, body string) net.Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp", ts.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Write([]byte("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+		strconv.Itoa(len(body)) + "\r\n\r\n" + body)); err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}

@@ -1,9 +1,7 @@
 package httpfront
 
 import (
-	"net"
 	"slices"
-	"strconv"
 	"testing"
 	"time"
 )
@@ -67,15 +65,7 @@ func TestAdapterRetryAbandonedGivesBackSlot(t *testing.T) {
 	adapterWorker(t, ts, "A", "math")
 	wb := slotsWorker(t, ts, "B", 1)
 
-	conn, err := net.Dial("tcp", ts.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	body := chatBody("math", "hi", "")
-	if _, err := conn.Write([]byte("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
-		strconv.Itoa(len(body)) + "\r\n\r\n" + body)); err != nil {
-		t.Fatal(err)
-	}
+	conn := sendChat(t, ts, chatBody("math", "hi", ""))
 	select {
 	case <-clock.scheduled:
 	case <-time.After(10 * time.Second):

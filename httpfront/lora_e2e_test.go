@@ -2,9 +2,7 @@ package httpfront
 
 import (
 	"context"
-	"net"
 	"slices"
-	"strconv"
 	"testing"
 	"time"
 
@@ -477,15 +475,7 @@ func TestAdapterSlotWaitEndsWhenClientLeaves(t *testing.T) {
 	postAsync(context.Background(), ts.url+"/v1/chat/completions", chatBody("sql", "hi", `"stream":true`), stream)
 	waitFor(t, a.streamed, "the sql stream's first chunk")
 
-	conn, err := net.Dial("tcp", ts.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	body := chatBody("math", "hi", "")
-	if _, err := conn.Write([]byte("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
-		strconv.Itoa(len(body)) + "\r\n\r\n" + body)); err != nil {
-		t.Fatal(err)
-	}
+	conn := sendChat(t, ts, chatBody("math", "hi", ""))
 	waitSlotTimer(t, clock, cfg.LoRA.LoadTimeout, nil)
 	_ = conn.Close()
 	waitFor(t, clock.stopped, "the wait to end when the client left")

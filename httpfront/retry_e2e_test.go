@@ -3,7 +3,6 @@ package httpfront
 import (
 	"cmp"
 	"encoding/json"
-	"net"
 	"strconv"
 	"strings"
 	"testing"
@@ -260,15 +259,7 @@ func TestRetryBackoffEndsWhenClientLeaves(t *testing.T) {
 	clock.stopped = make(chan struct{}, 4)
 	ts := startServer(t, cfg, Options{NoTelemetry: true, SkipStartupChecks: true, Clock: clock})
 
-	conn, err := net.Dial("tcp", ts.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	body := chatBody("llama", "hi", "")
-	if _, err := conn.Write([]byte("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
-		strconv.Itoa(len(body)) + "\r\n\r\n" + body)); err != nil {
-		t.Fatal(err)
-	}
+	conn := sendChat(t, ts, chatBody("llama", "hi", ""))
 	select {
 	case d := <-clock.scheduled:
 		if d <= 0 || d > cfg.Retry.MaxBackoff {
