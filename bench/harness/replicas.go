@@ -313,10 +313,58 @@ type replicaProc struct {
 	state  *os.ProcessState
 }
 
+// replicaStartAttempts bounds startReplicaProcs's tries with fresh ports.
+const replicaStartAttempts = 3
+
 // startReplicaProcs starts n router processes in front of c (as one automanaged cluster
 // when n > 1) and waits until each is ready and, in a cluster, sees every member. It
-// returns the processes started so far with any error.
+// returns the processes started so far with any error. A port freePorts chose can be taken
+// by another process (any socket bound to port 0) before the router binds it: the router
+// then exits, and the start is tried again with fresh ports (bounded).
 func (h *harness) startReplicaProcs(ctx context.Context, c *cluster, n int) ([]*replicaProc, error) {
+	for attempt := 1; ; attempt++ {
+		procs, err := h.startReplicaProcsOnce(ctx, c, n)
+		if err == nil || attempt == replicaStartAttempts || !slices.ContainsFunc(procs, portTaken) {
+			return procs, err
+		}
+		if err := stopReplicaProcs(procs); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// portTaken reports whether p exited because its port was taken.
+func portTaken(p *replicaProc) bool {
+	select {
+	case <-p.done:
+		return strings.Contains(p.stderr.String(), "address already in use")
+	default:
+		return false
+	}
+}
+
+// waitProcReady is WaitReady for p, ending early (with p's exit) when p exits.
+func waitProcReady(ctx context.Context, p *replicaProc) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-p.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	err := WaitReady(ctx, p.url, replicaStartTimeout)
+	select {
+	case <-p.done:
+		return fmt.Errorf("router at %s exited before it was ready: %v", p.url, p.state)
+	default:
+		return err
+	}
+}
+
+// startReplicaProcsOnce is one try of startReplicaProcs.
+func (h *harness) startReplicaProcsOnce(ctx context.Context, c *cluster, n int) ([]*replicaProc, error) {
 	o := &h.opts
 	ports, err := freePorts(2 * n)
 	if err != nil {
@@ -336,7 +384,7 @@ func (h *harness) startReplicaProcs(ctx context.Context, c *cluster, n int) ([]*
 		procs = append(procs, p)
 	}
 	for _, p := range procs {
-		if err := WaitReady(ctx, p.url, replicaStartTimeout); err != nil {
+		if err := waitProcReady(ctx, p); err != nil {
 			return procs, fmt.Errorf("replica %s: %w; stderr: %s", p.name, err, p.stderr.String())
 		}
 	}
