@@ -2,8 +2,10 @@ package httpfront
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"math"
+	"math/bits"
 	"strconv"
 	"unicode/utf8"
 	"unsafe"
@@ -137,10 +139,16 @@ func scanNumber(b []byte, i int) (int, error) {
 }
 
 // scanString validates the string starting at the quote b[i]; it returns the index past the
-// closing quote and whether the string holds escapes.
+// closing quote and whether the string holds escapes. Runs of plain bytes (printable ASCII
+// other than the quote and the backslash: most of a prompt) are skipped eight at a time
+// (plainRun); the bytes that end a run are checked one by one.
 func scanString(b []byte, i int) (end int, escaped bool, err error) {
 	i++
-	for i < len(b) {
+	for {
+		i = plainRun(b, i)
+		if i >= len(b) {
+			return i, escaped, errJSONSyntax
+		}
 		c := b[i]
 		switch {
 		case c == '"':
@@ -164,8 +172,6 @@ func scanString(b []byte, i int) (end int, escaped bool, err error) {
 			}
 		case c < 0x20:
 			return i, escaped, errJSONSyntax
-		case c < utf8.RuneSelf:
-			i++
 		default:
 			r, n := utf8.DecodeRune(b[i:])
 			if r == utf8.RuneError && n == 1 {
@@ -174,7 +180,40 @@ func scanString(b []byte, i int) (end int, escaped bool, err error) {
 			i += n
 		}
 	}
-	return i, escaped, errJSONSyntax
+}
+
+// Masks of plainRun's word-at-a-time test: a byte of every lane set to 0x01, 0x80, '"', '\\'
+// and 0x20.
+const (
+	lanes01    = 0x0101010101010101
+	lanes80    = 0x8080808080808080
+	lanesQuote = lanes01 * '"'
+	lanesBack  = lanes01 * '\\'
+	lanes20    = lanes01 * 0x20
+)
+
+// plainRun returns the index of the first byte at or after i that is not plain string
+// content (a quote, a backslash, a control byte or a byte of a multi-byte UTF-8 sequence),
+// or len(b). Eight bytes are tested at once: for a word x, (x - lanes01) &^ x & lanes80 is
+// non-zero exactly when a byte of x is zero, and (w - lanes20) &^ w & lanes80 when a byte of w
+// is below 0x20; w & lanes80 marks the bytes at or above 0x80. A borrow can only set bits
+// above a lane that matched, so the lowest set bit is the first byte that ends the run.
+func plainRun(b []byte, i int) int {
+	for ; len(b)-i >= 8; i += 8 {
+		w := binary.LittleEndian.Uint64(b[i:])
+		q := w ^ lanesQuote
+		k := w ^ lanesBack
+		m := ((q - lanes01) &^ q) | ((k - lanes01) &^ k) | ((w - lanes20) &^ w) | w
+		if m &= lanes80; m != 0 {
+			return i + bits.TrailingZeros64(m)/8
+		}
+	}
+	for ; i < len(b); i++ {
+		if c := b[i]; c == '"' || c == '\\' || c < 0x20 || c >= utf8.RuneSelf {
+			return i
+		}
+	}
+	return i
 }
 
 func isHex4(b []byte) bool {
