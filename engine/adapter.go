@@ -261,10 +261,10 @@ func (s *AdapterSet) withoutLoading(name string) []reservation {
 
 // Adapters returns the LoRA adapters the engine is known to hold, or nil when none were
 // learned.
-func (w *Worker) Adapters() *AdapterSet { return w.adapters.Load() }
+func (w *Worker) Adapters() *AdapterSet { return w.adapters().Load() }
 
 // SetAdapters publishes the adapters the engine holds, replacing everything known.
-func (w *Worker) SetAdapters(s *AdapterSet) { w.adapters.Store(s) }
+func (w *Worker) SetAdapters(s *AdapterSet) { w.adapters().Store(s) }
 
 // LearnAdapters publishes the adapters the engine says it holds and its slots, in its
 // answer to a question asked at asOf, keeping the reservations of loads under way of adapters
@@ -276,7 +276,7 @@ func (w *Worker) SetAdapters(s *AdapterSet) { w.adapters.Store(s) }
 func (w *Worker) LearnAdapters(names []string, slots int, asOf time.Time) (roomy bool) {
 	at := asOf.UnixNano()
 	for {
-		old := w.adapters.Load()
+		old := w.adapters().Load()
 		names := slices.DeleteFunc(slices.Clone(names), func(n string) bool {
 			return old != nil && (slices.ContainsFunc(old.loading, func(r reservation) bool { return r.victim == n }) ||
 				slices.ContainsFunc(old.gone, func(g evicted) bool { return g.name == n && g.at >= at }))
@@ -306,7 +306,7 @@ func (w *Worker) LearnAdapters(names []string, slots int, asOf time.Time) (roomy
 				}
 			}
 		}
-		if w.adapters.CompareAndSwap(old, s) {
+		if w.adapters().CompareAndSwap(old, s) {
 			return old != nil && (!slices.Equal(old.names, s.names) || moreSlots(old.Slots, s.Slots))
 		}
 	}
@@ -318,13 +318,13 @@ func (w *Worker) LearnAdapters(names []string, slots int, asOf time.Time) (roomy
 func (w *Worker) SetAdapterSlots(slots int) (more bool) {
 	slots = max(slots, 0)
 	for {
-		old := w.adapters.Load()
+		old := w.adapters().Load()
 		if old == nil || old.Slots == slots {
 			return false
 		}
 		s := *old // the slices are never modified
 		s.Slots = slots
-		if w.adapters.CompareAndSwap(old, &s) {
+		if w.adapters().CompareAndSwap(old, &s) {
 			return moreSlots(old.Slots, slots)
 		}
 	}
@@ -346,7 +346,7 @@ func moreSlots(before, after int) bool {
 func (w *Worker) ReserveAdapter(name string, now, until time.Time, evictable map[string]struct{}) (r AdapterReservation, ok bool) {
 	victim := "" // evicted by this call, to drop from the set
 	for {
-		old := w.adapters.Load()
+		old := w.adapters().Load()
 		if victim == "" && old.Has(name) {
 			return AdapterReservation{}, true
 		}
@@ -356,7 +356,7 @@ func (w *Worker) ReserveAdapter(name string, now, until time.Time, evictable map
 				s := *old
 				s.loading = slices.Clone(old.loading)
 				s.loading[i].picks++
-				if w.adapters.CompareAndSwap(old, &s) {
+				if w.adapters().CompareAndSwap(old, &s) {
 					return AdapterReservation{s.loading[i].key}, true
 				}
 				continue
@@ -393,7 +393,7 @@ func (w *Worker) ReserveAdapter(name string, now, until time.Time, evictable map
 		}
 		key := &reservationKey{name}
 		s.loading = append(s.loading, reservation{name: name, victim: victim, until: until, key: key, picks: 1})
-		if w.adapters.CompareAndSwap(old, s) {
+		if w.adapters().CompareAndSwap(old, s) {
 			return AdapterReservation{key}, true
 		}
 	}
@@ -414,7 +414,7 @@ func (s *AdapterSet) live(name string, now time.Time) int {
 // reservation gone already (its load ended, or it lapsed) gives back nothing.
 func (w *Worker) abandonAdapter(r AdapterReservation) (freed bool) {
 	for {
-		old := w.adapters.Load()
+		old := w.adapters().Load()
 		if old == nil {
 			return false
 		}
@@ -441,7 +441,7 @@ func (w *Worker) abandonAdapter(r AdapterReservation) (freed bool) {
 				}
 			}
 		}
-		if w.adapters.CompareAndSwap(old, &s) {
+		if w.adapters().CompareAndSwap(old, &s) {
 			return len(s.loading) < len(old.loading)
 		}
 	}
@@ -483,7 +483,7 @@ type AdapterHold struct{ u *adapterUse }
 // it; it fails when the engine does not hold the adapter (any more: it may have just been
 // evicted). The caller must Release the hold when the request ends, on every path.
 func (w *Worker) HoldAdapter(name string, now time.Time) (AdapterHold, bool) {
-	u := w.adapters.Load().use(name)
+	u := w.adapters().Load().use(name)
 	if u == nil {
 		return AdapterHold{}, false
 	}
@@ -512,8 +512,8 @@ func (h AdapterHold) Release(now time.Time) (idle bool) {
 // AddAdapter records that the engine now holds adapter name (after the router loaded it).
 func (w *Worker) AddAdapter(name string) {
 	for {
-		old := w.adapters.Load()
-		if old.Has(name) || w.adapters.CompareAndSwap(old, old.With(name)) {
+		old := w.adapters().Load()
+		if old.Has(name) || w.adapters().CompareAndSwap(old, old.With(name)) {
 			return
 		}
 	}
@@ -522,13 +522,13 @@ func (w *Worker) AddAdapter(name string) {
 // ReleaseAdapter drops the reservation of a load of adapter name that failed.
 func (w *Worker) ReleaseAdapter(name string) {
 	for {
-		old := w.adapters.Load()
+		old := w.adapters().Load()
 		if old == nil || !slices.ContainsFunc(old.loading, func(r reservation) bool { return r.name == name }) {
 			return
 		}
 		s := *old
 		s.loading = old.withoutLoading(name)
-		if w.adapters.CompareAndSwap(old, &s) {
+		if w.adapters().CompareAndSwap(old, &s) {
 			return
 		}
 	}

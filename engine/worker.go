@@ -45,9 +45,26 @@ type Worker struct {
 	// (SetLabels: re-introspection learned new ones) without making it a new worker.
 	labels atomic.Pointer[map[string]string]
 
-	healthy  atomic.Bool
-	adapters atomic.Pointer[AdapterSet]
+	healthy atomic.Bool
+	// ownAdapters is the worker's AdapterSet cell, unless sharedAdapters (set by
+	// ShareAdapters before the worker is published) names its predecessor's: one engine's
+	// adapters have one cell, whichever of its workers a pick or a load went through.
+	ownAdapters    atomic.Pointer[AdapterSet]
+	sharedAdapters *atomic.Pointer[AdapterSet]
 }
+
+// adapters returns the cell of the worker's AdapterSet.
+func (w *Worker) adapters() *atomic.Pointer[AdapterSet] {
+	if c := w.sharedAdapters; c != nil {
+		return c
+	}
+	return &w.ownAdapters
+}
+
+// ShareAdapters makes w, a worker rebuilt for the engine of old (its facts changed), keep
+// old's AdapterSet: the same cell, not a copy, so that a load, a release or a give-back
+// that ends on old after w is published reaches w too. Call it before w is published.
+func (w *Worker) ShareAdapters(old *Worker) { w.sharedAdapters = old.adapters() }
 
 // NewWorker returns a healthy worker. A nil counters gets a private set.
 func NewWorker(id, url, model string, stage Stage, counters *load.Counters) *Worker {

@@ -88,18 +88,7 @@ func FuzzDecodeModelList(f *testing.F) {
 // refused by the engine and answered 502).
 func TestAdapterSlotsKnownBeforeTheFirstList(t *testing.T) {
 	e := newTestEngine(t, `{"model_path":"m","max_loaded_loras":1}`)
-	ws, err := engine.NewWorkerSet(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := config.Default()
-	cfg.Health.Interval = time.Hour
-	f := New(ws, Options{Health: cfg.Health, Upstream: cfg.Upstream, Tracker: load.NewTracker(), Metrics: metrics.NewSet(),
-		AdapterRefresh: time.Hour, AdapterSlots: 8})
-	t.Cleanup(func() {
-		f.Stop()
-		f.CloseConnections()
-	})
+	f, _ := loraFleet(t, 8, nil)
 	m, err := f.Add(context.Background(), Spec{URL: e.url, ID: "L"}, true) // introspected; the fleet is not started: no list read
 	if err != nil {
 		t.Fatal(err)
@@ -139,19 +128,8 @@ func TestAdapterSlotsFollowLateFacts(t *testing.T) {
 			e.infoStatus.Store(503)
 			models := `{"data":[{"id":"m"},{"id":"sql","parent":"m"}]}`
 			e.models.Store(&models)
-			ws, err := engine.NewWorkerSet(nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			cfg := config.Default()
-			cfg.Health.Interval = time.Hour
 			var room []string
-			f := New(ws, Options{Health: cfg.Health, Upstream: cfg.Upstream, Tracker: load.NewTracker(), Metrics: metrics.NewSet(),
-				AdapterRefresh: time.Hour, AdapterSlots: 8, AdapterRoom: func(model string) { room = append(room, model) }})
-			t.Cleanup(func() {
-				f.Stop()
-				f.CloseConnections()
-			})
+			f, _ := loraFleet(t, 8, func(model string) { room = append(room, model) })
 			ctx := context.Background()
 			m, err := f.Add(ctx, Spec{URL: e.url, ID: "L", Model: "m"}, true) // introspection fails: the given facts
 			if err != nil {
@@ -186,4 +164,68 @@ func TestAdapterSlotsFollowLateFacts(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestAdapterLoadsEndOnTheRebuiltWorker: an engine whose worker is rebuilt (its facts arrive
+// and change the worker) while the router loads adapters there keeps one adapter state: a
+// load that ends on the worker it was picked through, the old one, reaches the worker
+// published, whether it succeeded (the adapter is held) or failed (its slot is free).
+func TestAdapterLoadsEndOnTheRebuiltWorker(t *testing.T) {
+	e := newTestEngine(t, `{"model_path":"m","max_loaded_loras":4,"dp_size":2}`)
+	e.infoStatus.Store(503)
+	models := `{"data":[{"id":"m"}]}`
+	e.models.Store(&models)
+	f, ws := loraFleet(t, 2, nil)
+	ctx := context.Background()
+	m, err := f.Add(ctx, Spec{URL: e.url, ID: "L", Model: "m"}, true) // introspection fails: the given facts
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.RefreshAdapters(ctx, m)
+	old := m.Worker()
+	now := time.Now()
+	for _, a := range []string{"math", "sql"} { // two picks through the old worker, their loads under way
+		if _, ok := old.ReserveAdapter(a, now, now.Add(time.Hour), nil); !ok {
+			t.Fatalf("no slot for %s", a)
+		}
+	}
+	e.infoStatus.Store(0)
+	f.CheckOnce(ctx, m) // the facts arrive: two ranks, a new worker
+	w := m.Worker()
+	if w == old || ws.Load().Worker("L") != w {
+		t.Fatal("the worker was not rebuilt and published")
+	}
+	old.AddAdapter("math")    // math's load ends on the old worker
+	old.ReleaseAdapter("sql") // sql's load fails there
+	s := w.Adapters()
+	if !s.Has("math") || s.Loading("math", now) || s.Loading("sql", now) {
+		t.Fatalf("the published worker: adapters %v, loading math %v, loading sql %v; want math held and no load",
+			s.Names(), s.Loading("math", now), s.Loading("sql", now))
+	}
+	if n := s.FreeSlots(now); n != 3 {
+		t.Fatalf("the published worker has %d free slots, want 3 (4 less math)", n)
+	}
+	if _, ok := w.HoldAdapter("math", now); !ok {
+		t.Fatal("a request cannot hold math on the published worker")
+	}
+}
+
+// loraFleet returns a fleet, not started, of an empty worker set (also returned) with LoRA
+// routing on: adapter lists read when a test asks (RefreshAdapters), slots engines that do
+// not advertise theirs, and room told to room (nil: nobody). It is stopped when the test ends.
+func loraFleet(t *testing.T, slots int, room func(model string)) (*Fleet, *engine.WorkerSet) {
+	t.Helper()
+	ws, err := engine.NewWorkerSet(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.Default()
+	cfg.Health.Interval = time.Hour
+	f := New(ws, Options{Health: cfg.Health, Upstream: cfg.Upstream, Tracker: load.NewTracker(), Metrics: metrics.NewSet(),
+		AdapterRefresh: time.Hour, AdapterSlots: slots, AdapterRoom: room})
+	t.Cleanup(func() {
+		f.Stop()
+		f.CloseConnections()
+	})
+	return f, ws
 }

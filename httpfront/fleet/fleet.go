@@ -586,7 +586,7 @@ func (f *Fleet) reintrospect(ctx context.Context, m *Member) {
 			old.SetLabels(w.Labels())
 		}
 	default:
-		w.SetAdapters(old.Adapters())
+		w.ShareAdapters(old) // one cell: a load that ends on old reaches w
 		f.set.Remove(m.id)
 		if err := f.set.Add(w); err != nil {
 			f.logger.Error("cannot republish introspected worker", slog.String("worker", m.id), slog.Any("error", err))
