@@ -1,11 +1,13 @@
 package actors
 
 import (
+	"errors"
 	"testing"
 	"time"
 
 	"switchyard/config"
 	"switchyard/engine"
+	"switchyard/load"
 )
 
 // TestPickTimeoutGivesBackAdapterSlot: a selection whose caller stopped waiting (the pick
@@ -46,5 +48,73 @@ func TestPickTimeoutGivesBackAdapterSlot(t *testing.T) {
 		}
 	default:
 		t.Fatal("AdapterRoom was not told of the slot given back")
+	}
+}
+
+// panicLoads is a load table whose read panics, as a broken one would.
+type panicLoads struct{}
+
+func (panicLoads) Load() *load.Snapshot { panic("test load table: read") }
+
+// panicPrefix is a prefix lookup whose answer panics, as a broken one would.
+type panicPrefix struct{}
+
+func (panicPrefix) MatchedTokens(string) int64                { panic("test prefix lookup: matched tokens") }
+func (panicPrefix) Status() (ok, unavailable bool, err error) { panic("test prefix lookup: status") }
+
+// TestPanicAfterReserveGivesBackAdapterSlot: a selection that panics after its group
+// reserved an adapter slot and before the pick reached the selection (in the rank dispatch,
+// or in the PD bypass test) fails its request and gives the slot back at once, whether the
+// request's goroutine or the group actors made it.
+func TestPanicAfterReserveGivesBackAdapterSlot(t *testing.T) {
+	tests := []struct {
+		name   string
+		bucket func() (*engine.Bucket, *engine.Worker, []*engine.Worker)
+		req    func(*engine.BucketRequest)
+	}{
+		{name: "rank dispatch", bucket: func() (*engine.Bucket, *engine.Worker, []*engine.Worker) {
+			ws := workers("W", 1, engine.StagePlain)
+			ws[0].DPSize = 2
+			b := plainBucket("b", engine.Unbounded, engine.NewRoundRobin(nil, nil), nil)
+			b.Plain.SetRankDispatch(panicLoads{}, 0)
+			b.Plain.SetAdapterLoading(time.Minute, nil)
+			return b, ws[0], ws
+		}},
+		{name: "bypass test", bucket: func() (*engine.Bucket, *engine.Worker, []*engine.Worker) {
+			ps, ds := workers("P", 1, engine.StagePrefill), workers("D", 1, engine.StageDecode)
+			ds[0].CanPrefill = true
+			b := pdBucket("b", engine.Unbounded, engine.NewRoundRobin(nil, nil), engine.NewRoundRobin(nil, nil), nil, nil)
+			b.BypassBelow = 64
+			b.Decode.SetAdapterLoading(time.Minute, nil)
+			return b, ds[0], append(ps, ds...)
+		}, req: func(r *engine.BucketRequest) { r.Prefix = panicPrefix{} }},
+	}
+	for _, tt := range tests {
+		for _, path := range []string{"request goroutine", "actors"} {
+			t.Run(tt.name+", "+path, func(t *testing.T) {
+				b, w, ws := tt.bucket()
+				for _, x := range ws {
+					x.SetAdapters(engine.NewAdapterSet(nil, 1))
+				}
+				s := newTestSelector(t, workerSet(t, ws), config.Actors{}, nil, b)
+				req := request(10)
+				req.Adapter = "math"
+				if tt.req != nil {
+					tt.req(req)
+				}
+				var err error
+				if path == "actors" {
+					_, err = s.PickEngines(b, req)
+				} else {
+					_, err = s.Select(resolvers(b)[testModel], req)
+				}
+				if !errors.Is(err, ErrPanicked) {
+					t.Fatalf("err = %v, want the selection's panic", err)
+				}
+				if s := w.Adapters(); !s.Free(req.Now) || s.Loading("math", req.Now) {
+					t.Fatalf("%s's adapter slot is still reserved after the selection panicked", w.ID)
+				}
+			})
+		}
 	}
 }

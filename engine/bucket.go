@@ -134,11 +134,11 @@ func (b *Bucket) PickStage(reg *Registry, req *BucketRequest, stage Stage, sel *
 			if err != nil {
 				return 0, false, err
 			}
+			sel.Decode = p // before the bypass test: a panic there finds the pick, and its slot, in sel
 			if Bypasses(req, p.Worker, b.BypassBelow) {
 				*sel = BucketPick{BucketID: b.ID, Plain: p, Bypass: true}
 				return 0, false, nil
 			}
-			sel.Decode = p
 			return StagePrefill, true, nil
 		}
 		p, err := b.Decode.PickFor(reg, b.ID, req, sel.Prefill.Worker, b.Compat)

@@ -248,9 +248,18 @@ func (g *EngineGroup) Pick(reg *Registry, bucketID string, req *BucketRequest) (
 		load, evictable = p.Worker == replica, nil
 		p.ReplicateAdapter = load
 	}
-	reserved := false
+	reserved, returned := false, false
 	if load {
 		p.Reservation, reserved = p.Worker.ReserveAdapter(req.Adapter, now, now.Add(g.loadTimeout), evictable)
+		if reserved {
+			// Slow path: until the pick is returned, a panic (the rank dispatch below reads
+			// the load table and the prefix lookup) must not lose the share it holds.
+			defer func() {
+				if !returned {
+					p.AbandonAdapter()
+				}
+			}()
+		}
 	}
 	if load && !reserved {
 		// Slow path: another group took the engine's last free slot since the candidates
@@ -284,6 +293,7 @@ func (g *EngineGroup) Pick(reg *Registry, bucketID string, req *BucketRequest) (
 		}
 		p.Rank, p.HasRank = rank, true
 	}
+	returned = true
 	return p, nil
 }
 
