@@ -260,6 +260,9 @@ func (g *EngineGroup) Pick(reg *Registry, bucketID string, req *BucketRequest) (
 				}
 			}()
 		}
+		if reserved && p.Reservation == (AdapterReservation{}) {
+			load, p.ReplicateAdapter = false, false // the engine holds it already: nothing to load
+		}
 	}
 	if load && !reserved {
 		// Slow path: another group took the engine's last free slot since the candidates

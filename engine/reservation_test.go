@@ -173,3 +173,23 @@ func TestPDDecodeFailureGivesBackPrefillSlot(t *testing.T) {
 		})
 	}
 }
+
+// TestGroupAdapterHeldAtReserve: a pick offered to load an adapter whose engine holds it by
+// the time the slot is reserved (a load ended meanwhile) is a plain hit: it reserves
+// nothing and says not to load.
+func TestGroupAdapterHeldAtReserve(t *testing.T) {
+	w := testWorkers(t, "llama", StagePlain, "w", 1)[0]
+	w.SetAdapters(NewAdapterSet(nil, 2))
+	g := NewEngineGroup("llama", StagePlain, nil, &fixedPolicy{fn: func(c []*Worker, _ *PickRequest) (Pick, error) {
+		c[0].AddAdapter("math") // another load of it ends while this pick is made
+		return Pick{Worker: c[0]}, nil
+	}})
+	g.SetAdapterLoading(time.Minute, nil)
+	p, err := g.Pick(mustSet(t, []*Worker{w}).Load(), "b", &BucketRequest{Model: "llama", ExpectedPeak: -1, Adapter: "math", Now: t0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.LoadAdapter || p.ReplicateAdapter || p.Reservation != (AdapterReservation{}) {
+		t.Fatalf("pick %+v, want a hit with no load and no share", p)
+	}
+}
