@@ -66,13 +66,16 @@ func newAdapterUse(now int64) *adapterUse {
 // load under way. A pick whose dispatch never begins the load gives its share back
 // (Pick.AbandonAdapter); the reservation goes with the last share, unless a dispatch began
 // its load (Pick.BeginAdapterLoad keeps that pick's share until the load's end drops the
-// reservation: AddAdapter or ReleaseAdapter).
+// reservation: AddAdapter or ReleaseAdapter). began marks a reservation whose load a
+// dispatch began: its victim may be unloaded already. A reservation that lapses before its
+// load began gives its victim back, as the last share's give-back does (expireLoads).
 type reservation struct {
 	name   string
 	victim string
 	until  time.Time
 	key    *reservationKey
 	picks  int
+	began  bool
 }
 
 // reservationKey identifies one reservation (its pointer); it is never modified.
@@ -347,6 +350,12 @@ func (w *Worker) ReserveAdapter(name string, now, until time.Time, evictable map
 	victim := "" // evicted by this call, to drop from the set
 	for {
 		old := w.adapters().Load()
+		if victim == "" && old.lapsed(now) {
+			// Slow path: a reservation lapsed; its victim, if its load never began, is the
+			// engine's again before this pick looks.
+			w.expireLoads(now)
+			continue
+		}
 		if victim == "" && old.Has(name) {
 			return AdapterReservation{}, true
 		}
@@ -428,21 +437,62 @@ func (w *Worker) abandonAdapter(r AdapterReservation) (freed bool) {
 			s.loading[i].picks--
 		} else {
 			s.loading = slices.Delete(slices.Clone(old.loading), i, i+1)
-			if v := res.victim; v != "" && old.use(v) == nil {
-				// Slow path: the victim was dropped from the set but never unloaded.
-				j, _ := slices.BinarySearch(old.names, v)
-				s.names = slices.Insert(slices.Clone(old.names), j, v)
-				s.uses = slices.Insert(slices.Clone(old.uses), j, &adapterUse{})
-				for k := len(old.gone) - 1; k >= 0; k-- {
-					if old.gone[k].name == v { // its latest eviction, this reservation's
-						s.gone = slices.Delete(slices.Clone(old.gone), k, k+1)
-						break
-					}
-				}
+			if !res.began {
+				s.restore(res.victim)
 			}
 		}
 		if w.adapters().CompareAndSwap(old, &s) {
 			return len(s.loading) < len(old.loading)
+		}
+	}
+}
+
+// restore gives back to s, a set of the caller's own (its slices may be replaced, never
+// modified), adapter v that a reservation evicted and that was never unloaded: it is held
+// again, and its latest eviction record (the reservation's) is removed. Nothing for "" or
+// an adapter s holds.
+func (s *AdapterSet) restore(v string) {
+	if v == "" || s.use(v) != nil {
+		return
+	}
+	// Slow path: the victim was dropped from the set but never unloaded.
+	j, _ := slices.BinarySearch(s.names, v)
+	s.names = slices.Insert(slices.Clone(s.names), j, v)
+	s.uses = slices.Insert(slices.Clone(s.uses), j, &adapterUse{})
+	for k := len(s.gone) - 1; k >= 0; k-- {
+		if s.gone[k].name == v { // its latest eviction, the reservation's
+			s.gone = slices.Delete(slices.Clone(s.gone), k, k+1)
+			break
+		}
+	}
+}
+
+// lapsed reports whether a reservation of s has lapsed at now and is still in it.
+func (s *AdapterSet) lapsed(now time.Time) bool {
+	return s != nil && slices.ContainsFunc(s.loading, func(r reservation) bool { return !now.Before(r.until) })
+}
+
+// expireLoads drops the reservations that have lapsed at now (their load never started or
+// never finished): the adapter each evicted, when its load never began (so the engine was
+// never asked to unload it), is the engine's again. The slots were free already (a lapsed
+// reservation holds none). It does nothing, and allocates nothing, when none lapsed.
+func (w *Worker) expireLoads(now time.Time) {
+	for {
+		old := w.adapters().Load()
+		if !old.lapsed(now) {
+			return
+		}
+		s := *old
+		s.loading = nil
+		for _, r := range old.loading {
+			if now.Before(r.until) {
+				s.loading = append(s.loading, r)
+			} else if !r.began {
+				s.restore(r.victim)
+			}
+		}
+		if w.adapters().CompareAndSwap(old, &s) {
+			return
 		}
 	}
 }
@@ -463,10 +513,42 @@ func (p *Pick) AbandonAdapter() {
 	}
 }
 
-// BeginAdapterLoad records that dispatch begins the pick's adapter load (or joins the one
-// under way): the reservation is the load's now, and ends with it (AddAdapter, or
-// ReleaseAdapter when it fails); AbandonAdapter gives back nothing any more.
-func (p *Pick) BeginAdapterLoad() { p.Reservation = AdapterReservation{} }
+// BeginAdapterLoad records at now that dispatch begins the pick's adapter load (or joins the
+// one under way) and reports whether the pick's reservation still holds its slot. When it
+// does, the reservation is the load's now, ends with it (AddAdapter, or ReleaseAdapter when
+// it fails), and no longer gives its victim back when it lapses; AbandonAdapter gives back
+// nothing any more. When it does not (the load the pick shared ended, failed, while the
+// pick waited to dispatch; or the reservation lapsed), the pick must not load: a load
+// without a reservation would take a slot another pick may have reserved. The pick keeps
+// its share then, for the caller to give back (AbandonAdapter). A pick that reserved
+// nothing reports true.
+func (p *Pick) BeginAdapterLoad(now time.Time) bool {
+	r := p.Reservation
+	if r.key == nil {
+		return true
+	}
+	w := p.Worker
+	for {
+		old := w.adapters().Load()
+		if old == nil {
+			return false
+		}
+		i := slices.IndexFunc(old.loading, func(x reservation) bool { return x.key == r.key })
+		if i < 0 || !now.Before(old.loading[i].until) {
+			return false
+		}
+		if !old.loading[i].began {
+			s := *old
+			s.loading = slices.Clone(old.loading)
+			s.loading[i].began = true
+			if !w.adapters().CompareAndSwap(old, &s) {
+				continue
+			}
+		}
+		p.Reservation = AdapterReservation{}
+		return true
+	}
+}
 
 // AbandonAdapters is AbandonAdapter for each pick of the selection.
 func (p *BucketPick) AbandonAdapters() {

@@ -320,14 +320,16 @@ func (g *EngineGroup) pickFrom(c []*Worker, req *BucketRequest, bucketID string)
 	return p, nil
 }
 
-// withAdapter returns the candidates of c holding adapter name, in c's order, in the group's
-// scratch, and with replication on, the replica (one more engine that may load it; nil when
-// none) among them; when none holds it and the group loads adapters, the candidates loading
-// it, else those with the most free adapter slots at now, else (evicting) those with an adapter to
-// evict, and load true.
+// withAdapter returns the candidates of c holding adapter name (a reservation of theirs that
+// lapsed at now before its load began gives back the adapter it evicted first), in c's
+// order, in the group's scratch, and with replication on, the replica (one more engine that
+// may load it; nil when none) among them; when none holds it and the group loads adapters,
+// the candidates loading it, else those with the most free adapter slots at now, else
+// (evicting) those with an adapter to evict, and load true.
 func (g *EngineGroup) withAdapter(c []*Worker, name string, now time.Time) (out []*Worker, load bool, replica *Worker) {
 	g.adapted = g.adapted[:0]
 	for _, w := range c {
+		w.expireLoads(now) // a lapsed reservation's victim is held again (no load evicted it)
 		if w.Adapters().Has(name) {
 			g.adapted = append(g.adapted, w)
 		}

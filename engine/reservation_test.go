@@ -49,7 +49,7 @@ func TestAdapterReservationShares(t *testing.T) {
 				t.Fatalf("%d free slots after two picks of one load, want 0", n)
 			}
 			if tt.begin {
-				picks[0].BeginAdapterLoad()
+				picks[0].BeginAdapterLoad(now)
 			}
 			for _, i := range tt.abandon {
 				picks[i].AbandonAdapter()
@@ -171,6 +171,91 @@ func TestPDDecodeFailureGivesBackPrefillSlot(t *testing.T) {
 				t.Fatalf("%s's slot is still reserved after the pair failed", first.ID)
 			}
 		})
+	}
+}
+
+// TestAdapterReservationLapseRestoresVictim: a reservation that evicted an adapter and lapses
+// before any dispatch began its load gives the adapter back (the engine was never asked to
+// unload it): the next pick for it finds it held. Once a dispatch began the load, the
+// victim may be unloaded already and stays out.
+func TestAdapterReservationLapseRestoresVictim(t *testing.T) {
+	now := time.Unix(1000, 0)
+	for _, began := range []bool{false, true} {
+		name := "load never began"
+		if began {
+			name = "load began"
+		}
+		t.Run(name, func(t *testing.T) {
+			w := testWorkers(t, "llama", StagePlain, "w", 1)[0]
+			w.SetAdapters(NewAdapterSet([]string{"a"}, 1))
+			evictable := map[string]struct{}{"a": {}, "b": {}}
+			r, ok := w.ReserveAdapter("b", now, now.Add(time.Minute), evictable)
+			if !ok || w.Adapters().Has("a") {
+				t.Fatalf("b did not evict a: %v %v", ok, w.Adapters().Names())
+			}
+			if began {
+				if p := (Pick{Worker: w, LoadAdapter: true, Reservation: r}); !p.BeginAdapterLoad(now) {
+					t.Fatal("a live reservation's load could not begin")
+				}
+			}
+			g := NewEngineGroup("llama", StagePlain, nil, NewRoundRobin(nil, nil))
+			g.SetAdapterLoading(time.Minute, evictable)
+			later := now.Add(2 * time.Minute) // b's reservation has lapsed
+			p, err := g.Pick(mustSet(t, []*Worker{w}).Load(), "b", &BucketRequest{Model: "llama", ExpectedPeak: -1, Adapter: "a", Now: later})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.LoadAdapter == !began || w.Adapters().Has("a") == began {
+				t.Fatalf("the pick for a after the lapse: load %v, a held %v; want load %v", p.LoadAdapter, w.Adapters().Has("a"), began)
+			}
+			if w.Adapters().Loading("b", later) {
+				t.Fatal("the lapsed reservation of b still counts")
+			}
+		})
+	}
+}
+
+// TestBeginAdapterLoad: a pick's load begins only while its reservation holds its slot;
+// one whose reservation was dropped (the load it shared failed) or lapsed must not load,
+// and keeps its share for the caller to give back.
+func TestBeginAdapterLoad(t *testing.T) {
+	now := time.Unix(1000, 0)
+	tests := []struct {
+		name string
+		// before runs between the pick's reservation and its dispatch.
+		before    func(w *Worker)
+		at        time.Duration // after now
+		want      bool
+		wantShare bool
+	}{
+		{name: "reservation held", want: true},
+		{name: "the shared load failed", before: func(w *Worker) { w.ReleaseAdapter("math") }, wantShare: true},
+		{name: "reservation lapsed", at: 2 * time.Minute, wantShare: true},
+		{name: "the failed load's slot taken by another", before: func(w *Worker) {
+			w.ReleaseAdapter("math")
+			w.ReserveAdapter("sql", now, now.Add(time.Minute), nil)
+		}, wantShare: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := testWorkers(t, "llama", StagePlain, "w", 1)[0]
+			w.SetAdapters(NewAdapterSet(nil, 1))
+			r, _ := w.ReserveAdapter("math", now, now.Add(time.Minute), nil)
+			p := Pick{Worker: w, LoadAdapter: true, Reservation: r}
+			if tt.before != nil {
+				tt.before(w)
+			}
+			if got := p.BeginAdapterLoad(now.Add(tt.at)); got != tt.want {
+				t.Fatalf("BeginAdapterLoad = %v, want %v", got, tt.want)
+			}
+			if share := p.Reservation != (AdapterReservation{}); share != tt.wantShare {
+				t.Fatalf("share kept %v, want %v", share, tt.wantShare)
+			}
+		})
+	}
+	p := Pick{Worker: testWorkers(t, "llama", StagePlain, "v", 1)[0]}
+	if !p.BeginAdapterLoad(now) {
+		t.Fatal("a pick that reserved nothing cannot begin")
 	}
 }
 

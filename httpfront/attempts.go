@@ -179,6 +179,19 @@ func (a *attempts) refuse(pick *engine.BucketPick, failed sides, counted bool) b
 	return true
 }
 
+// reselect decides whether the request is selected again at once, with no engine left out,
+// after a picked engine's adapter slot reservation went before its load began
+// (errAdapterReservationGone): it is, while it has refusal rounds left. The dispatch
+// counted is not one.
+func (a *attempts) reselect() bool {
+	a.refusals++
+	if a.refusals >= maxAdmitRounds {
+		return false
+	}
+	a.n--
+	return true
+}
+
 // backoff waits before the next attempt, on the Server's clock; it ends early with the
 // client's error when the client leaves or the drain's hard stop comes.
 func (a *attempts) backoff(ctx *fasthttp.RequestCtx) *apiError {

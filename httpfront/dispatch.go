@@ -451,6 +451,13 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 				pick.AbandonAdapters() // the picks whose loads never began
 				waited.release()
 				adm.done(fleet.OutcomeNeutral)
+				if e == errAdapterReservationGone && att.reselect() {
+					// Slow path: a picked engine's slot reservation went before its load
+					// began; a new selection reserves one, waits for one or is refused, as
+					// any selection.
+					ex.breq.Now = s.now()
+					continue
+				}
 				o = s.fail(ctx, o, e)
 				att.setHeader(ctx)
 				return o

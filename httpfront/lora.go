@@ -152,7 +152,7 @@ func (s *Server) prepareAdapter(model, adapter string, p *engine.BucketPick, a *
 		}
 		loads = true
 		replicates = replicates || x.pick.ReplicateAdapter
-		if e := s.lora.load(x.m, x.pick, adapter, lm); e != nil {
+		if e := s.lora.load(x.m, x.pick, adapter, lm, s.now()); e != nil {
 			return e
 		}
 	}
@@ -372,24 +372,40 @@ func (s *Server) awaitAdapterSlot(ctx *fasthttp.RequestCtx, att *attempts, model
 // adapter slot.
 var errClientGoneSlot = newAPIError(CodeClientClosed, "the client closed the connection while the request waited for a LoRA adapter slot")
 
-// load loads adapter onto the worker of pick p (lifecycle state m) unless a load of it is
-// already under way there, in which case it waits for that one (bounded by the same load
-// timeout). On success the worker holds the adapter. The pick's share in the slot's
-// reservation is the load's from then on (engine.Pick.BeginAdapterLoad); a pick whose load
-// never begins keeps it, for the caller to give back (engine.BucketPick.AbandonAdapters).
-func (l *loraRouting) load(m *fleet.Member, p *engine.Pick, adapter string, lm *loraMetrics) *apiError {
+// load loads adapter onto the worker of pick p (lifecycle state m) at now unless a load of
+// it is already under way there, in which case it waits for that one (bounded by the same
+// load timeout), or the worker holds it already (a load that ended meanwhile). On success
+// the worker holds the adapter. The pick's share in the slot's reservation is the load's
+// from then on (engine.Pick.BeginAdapterLoad); a pick whose load never begins keeps it, for
+// the caller to give back (engine.BucketPick.AbandonAdapters). A pick whose reservation is
+// gone (the load it shared failed while it waited to dispatch, or it lapsed) does not load:
+// it answers errAdapterReservationGone, and the request is selected again.
+func (l *loraRouting) load(m *fleet.Member, p *engine.Pick, adapter string, lm *loraMetrics, now time.Time) *apiError {
 	path, ok := l.path[adapter]
 	if !ok {
 		return newAPIError(CodeAdapterLoad, "adapter "+adapter+" has no configured path (models.<name>.lora_adapters): it cannot be loaded")
 	}
 	w := p.Worker
-	p.BeginAdapterLoad()
 	k := loadKey{w.ID, adapter}
 	l.mu.Lock()
 	if c := l.loading[k]; c != nil {
 		l.mu.Unlock()
+		p.BeginAdapterLoad(now) // the load under way is the pick's, whichever reservation it holds
 		<-c.done
 		return c.err
+	}
+	// No load of it is under way: one that ended did so before its call was removed (under
+	// l.mu), so the worker's set says how it ended.
+	if w.Adapters().Has(adapter) {
+		// Slow path: loaded meanwhile; the load that ended dropped the reservation, else the
+		// pick gives its share back.
+		l.mu.Unlock()
+		p.AbandonAdapter()
+		return nil
+	}
+	if !p.BeginAdapterLoad(now) {
+		l.mu.Unlock()
+		return errAdapterReservationGone // slow path: the load it shared failed, or it lapsed
 	}
 	c := &loadCall{done: make(chan struct{})}
 	l.loading[k] = c
@@ -422,6 +438,12 @@ func (l *loraRouting) load(m *fleet.Member, p *engine.Pick, adapter string, lm *
 	close(c.done)
 	return c.err
 }
+
+// errAdapterReservationGone is load's answer for a pick whose slot reservation is gone
+// before its load began: the request is selected again (attempts.reselect); it answers the
+// client only when the request's selections run out.
+var errAdapterReservationGone = newAPIError(CodeAdapterLoad,
+	"the adapter slot reserved for the request's adapter load was released before the load began (a load it shared failed, or the reservation lapsed)")
 
 // post asks the engine to load the adapter: vLLM's route, else SGLang's (an engine of flavour
 // auto that answers 404 on the first is asked on the second). An engine that says the
