@@ -3,6 +3,8 @@ package httpfront
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"log/slog"
 	"net"
@@ -84,16 +86,24 @@ func (r *rid) setClient(raw []byte) {
 	r.long = string(appendUnquoted(nil, raw))
 }
 
-// newRID makes a rid unique to the process: a random base and a counter.
+// ridPrefix is the start of every rid the router makes: "switchyard-" and the process's
+// random base in 16 hex digits, made once (newRIDPrefix).
+type ridPrefix [ridLen - 16]byte
+
+func newRIDPrefix(base uint64) ridPrefix {
+	var p ridPrefix
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], base)
+	hex.Encode(p[copy(p[:], "switchyard-"):], b[:])
+	return p
+}
+
+// newRID makes a rid unique to the process: the random base and a counter.
 func (s *Server) newRID(r *rid) {
-	const digits = "0123456789abcdef"
-	b := append(r.own[:0], "switchyard-"...)
-	for _, v := range [2]uint64{s.ridBase, s.ridSeq.Add(1)} {
-		for i := 60; i >= 0; i -= 4 {
-			b = append(b, digits[(v>>uint(i))&0xf])
-		}
-	}
-	r.n = len(b)
+	var seq [8]byte
+	binary.BigEndian.PutUint64(seq[:], s.ridSeq.Add(1))
+	n := copy(r.own[:], s.ridPrefix[:])
+	r.n = n + hex.Encode(r.own[n:], seq[:])
 }
 
 // prepareRID settles the request's rid: the client's (a JSON string), or, when the body has

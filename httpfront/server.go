@@ -195,9 +195,9 @@ type Server struct {
 	bg sync.WaitGroup
 	// aborts counts the requests whose engines were stopped, by cause.
 	aborts abortMetrics
-	// ridBase and ridSeq make the rids the router sets (abort.go).
-	ridBase uint64
-	ridSeq  atomic.Uint64
+	// ridPrefix and ridSeq make the rids the router sets (abort.go).
+	ridPrefix ridPrefix
+	ridSeq    atomic.Uint64
 	// conns accepts, caps and tracks the client connections (on ln).
 	conns *clientListener
 	// poller watches clients for hang-ups while their requests are dispatched (abort.go);
@@ -284,7 +284,7 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		s.hashHeaders = append(s.hashHeaders, fasthttp.AppendNormalizedHeaderKey(nil, h))
 	}
 	s.exPool.New = func() any { return new(exchange) }
-	s.ridBase = rand.Uint64()
+	s.ridPrefix = newRIDPrefix(rand.Uint64())
 	s.aborts = newAbortMetrics(s.set)
 	budget := cfg.Server.MaxBodyBytesInFlight
 	if budget <= 0 {
