@@ -3,6 +3,7 @@ package httpfront
 import (
 	"errors"
 	"io"
+	"math/bits"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -49,21 +50,31 @@ type clientHeaders [numRead][]byte
 
 // forwardNames are a Server's forwarded (then read) header names by slot, canonical; an
 // unconfigured affinity header is empty.
-type forwardNames [numRead][]byte
+type forwardNames struct {
+	names [numRead][]byte
+	// byLen has bit i set when slot i's name is that many bytes long (the last entry: that
+	// long or longer), so a received name is compared only with the names of its length.
+	byLen [64]uint16
+}
 
 func newForwardNames(sessionHeader, routingHeader string) forwardNames {
 	var n forwardNames
 	for i, name := range forwardHeaders {
-		n[i] = []byte(name)
+		n.names[i] = []byte(name)
 	}
 	if sessionHeader != "" {
-		n[fwdSession] = fasthttp.AppendNormalizedHeaderKey(nil, sessionHeader)
+		n.names[fwdSession] = fasthttp.AppendNormalizedHeaderKey(nil, sessionHeader)
 	}
 	if routingHeader != "" {
-		n[fwdRouting] = fasthttp.AppendNormalizedHeaderKey(nil, routingHeader)
+		n.names[fwdRouting] = fasthttp.AppendNormalizedHeaderKey(nil, routingHeader)
 	}
-	n[readSLOTTFT] = fasthttp.AppendNormalizedHeaderKey(nil, headerSLOTTFT)
-	n[readSLOTPOT] = fasthttp.AppendNormalizedHeaderKey(nil, headerSLOTPOT)
+	n.names[readSLOTTFT] = fasthttp.AppendNormalizedHeaderKey(nil, headerSLOTTFT)
+	n.names[readSLOTPOT] = fasthttp.AppendNormalizedHeaderKey(nil, headerSLOTPOT)
+	for i, name := range n.names {
+		if len(name) > 0 {
+			n.byLen[min(len(name), len(n.byLen)-1)] |= 1 << i
+		}
+	}
 	return n
 }
 
@@ -74,8 +85,9 @@ func (n *forwardNames) scan(h *fasthttp.RequestHeader, ch *clientHeaders) {
 		if len(v) == 0 {
 			continue
 		}
-		for i := range n {
-			if ch[i] == nil && len(n[i]) == len(k) && string(n[i]) == string(k) {
+		for m := n.byLen[min(len(k), len(n.byLen)-1)]; m != 0; m &= m - 1 {
+			i := bits.TrailingZeros16(m)
+			if ch[i] == nil && string(n.names[i]) == string(k) {
 				ch[i] = v
 			}
 		}
@@ -668,7 +680,7 @@ func (d *dispatch) upstreamHeaders(req *fasthttp.Request, hostPort string) {
 	// The router's own key authenticates the client to the router, not to the engine.
 	dropAuth := d.s.cfg.Server.APIKey != ""
 	for i, v := range d.hdr[:numForward] {
-		name := d.s.fwd[i]
+		name := d.s.fwd.names[i]
 		if len(v) == 0 || dropAuth && string(name) == fasthttp.HeaderAuthorization {
 			continue
 		}

@@ -29,6 +29,8 @@ func parseRequestHeader(t testing.TB, raw string) *fasthttp.RequestHeader {
 }
 
 func TestForwardedHeaders(t *testing.T) {
+	// Names past the last length the scan indexes (forwardNames.byLen).
+	longSession, longRouting := "X-Session-"+strings.Repeat("a", 60), "X-Session-"+strings.Repeat("a", 55)
 	tests := []struct {
 		name                     string
 		session, routing, key    string
@@ -59,6 +61,14 @@ func TestForwardedHeaders(t *testing.T) {
 			raw: "POST /generate HTTP/1.1\r\nHost: r\r\nX-Request-Id: first\r\nX-Request-Id: second\r\n" +
 				"Traceparent:\r\nX-Session-Id: s1\r\n\r\n",
 			want: map[string]string{"X-Request-Id": "first", "Traceparent": "", "X-Session-Id": ""},
+		},
+		{
+			name:    "affinity header names longer than the length index",
+			session: longSession, routing: longRouting,
+			raw: "POST /generate HTTP/1.1\r\nHost: r\r\n" + longSession + ": s1\r\n" + longRouting + ": rk\r\n" +
+				"X-Session-" + strings.Repeat("b", 60) + ": other\r\n\r\n",
+			want:        map[string]string{},
+			wantSession: "s1", wantRouting: "rk",
 		},
 		{
 			name: "an affinity header that is also allow-listed", session: "X-Request-Id",
