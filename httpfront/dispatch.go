@@ -674,8 +674,9 @@ func (d *dispatch) buildUpstream(req *fasthttp.Request, hostPort string, body []
 // normalizing them again.
 func (d *dispatch) upstreamHeaders(req *fasthttp.Request, hostPort string) {
 	req.Header.SetMethod(fasthttp.MethodPost)
-	req.SetRequestURI(routePaths[d.kind])
-	req.Header.SetHost(hostPort)
+	// The route's URI, parsed once; the request's Host header is its host when it is written.
+	req.SetURI(&routeURIs[d.kind])
+	req.URI().SetHost(hostPort)
 	req.Header.SetContentType("application/json")
 	// The router's own key authenticates the client to the router, not to the engine.
 	dropAuth := d.s.cfg.Server.APIKey != ""

@@ -3,6 +3,8 @@ package httpfront
 import (
 	"math"
 	"strconv"
+
+	"github.com/valyala/fasthttp"
 )
 
 // routeKind is one inference route.
@@ -26,6 +28,18 @@ var routePaths = [numRoutes]string{"/v1/chat/completions", "/v1/completions", "/
 	"/v1/embeddings", "/v1/rerank", "/tokenize", "/detokenize"}
 
 func (k routeKind) String() string { return routePaths[k] }
+
+// routeURIs are routePaths parsed once, read-only: a request to an engine copies its route's
+// (fasthttp.Request.SetURI) instead of parsing its target again.
+var routeURIs = newRouteURIs()
+
+func newRouteURIs() *[numRoutes]fasthttp.URI {
+	var u [numRoutes]fasthttp.URI
+	for k, p := range routePaths {
+		u[k].SetPath(p)
+	}
+	return &u
+}
 
 // generates reports whether the route generates tokens: a prefill/decode pair serves it
 // (with its bootstrap fields) and cache_aware looks its prompt up. The others go to one
