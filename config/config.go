@@ -773,6 +773,13 @@ type Upstream struct {
 	// 503 upstream_connection_limit, which is not charged to the engine; at least 1.
 	// Default 4096.
 	MaxConnsPerWorker int `koanf:"max_conns_per_worker" json:"max_conns_per_worker" unit:"connections"`
+	// MaxResponseBytes caps an engine's answer that the router reads whole before relaying
+	// it: a non-streaming answer (completion, embeddings), a prefill answer, the answers of
+	// /get_model_info, /flush_cache and adapter loads. An answer announced or grown past it
+	// fails with 502 upstream_error and its connection is closed. Streamed answers are
+	// relayed event by event and not bounded by it. 4096..1073741824; above 100 MiB a
+	// chunked answer is copied again at each chunk as it grows. Default 64 MiB.
+	MaxResponseBytes int64 `koanf:"max_response_bytes" json:"max_response_bytes" unit:"bytes"`
 	// TLS is the client TLS of the router's connections to https:// workers: dispatch,
 	// health checks, introspection and load polls alike. workers[].tls overrides it per
 	// worker. Default: none (the system's roots, no client certificate).

@@ -119,6 +119,7 @@ func Default() *Config {
 			ConnectTimeout:        10 * time.Second,
 			ResponseHeaderTimeout: 60 * time.Second,
 			MaxConnsPerWorker:     4096,
+			MaxResponseBytes:      64 << 20,
 		},
 		Retry:         defaultRetry(),
 		Discovery:     defaultDiscovery(),

@@ -114,6 +114,7 @@ func TestDefault(t *testing.T) {
 		{"upstream.connect_timeout", d.Upstream.ConnectTimeout, 10 * time.Second},
 		{"upstream.response_header_timeout", d.Upstream.ResponseHeaderTimeout, 60 * time.Second},
 		{"upstream.max_conns_per_worker", d.Upstream.MaxConnsPerWorker, 4096},
+		{"upstream.max_response_bytes", d.Upstream.MaxResponseBytes, int64(64 << 20)},
 		{"default_policy.type", d.DefaultPolicy.Type, PolicyRoundRobin},
 		{"default_policy.admission.max_inflight_requests", d.DefaultPolicy.Admission.MaxInflightRequests == nil, true},
 		{"log.level", d.Log.Level, "info"},

@@ -613,6 +613,9 @@ func (c *Config) validateUpstream(p *problems) {
 		p.add("upstream.response_header_timeout", ErrInvalid, "must not be negative (0 disables it), got "+u.ResponseHeaderTimeout.String())
 	}
 	atLeast(p, "upstream.max_conns_per_worker", int64(u.MaxConnsPerWorker), 1)
+	if u.MaxResponseBytes < 4096 || u.MaxResponseBytes > 1<<30 {
+		p.add("upstream.max_response_bytes", ErrInvalid, fmt.Sprintf("must be in 4096..1073741824 bytes, got %d", u.MaxResponseBytes))
+	}
 	validateTLS(p, "upstream.tls", &u.TLS)
 }
 

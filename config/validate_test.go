@@ -339,6 +339,9 @@ func TestValidate(t *testing.T) {
 			"load.scrape_max_bytes: must be in 4096..1073741824 bytes, got 0",
 			`load.source: unknown source "grpc" (http, prometheus, zmq or auto)`,
 		}},
+		{name: "upstream answer bound too large", mutate: func(c *Config) { c.Upstream.MaxResponseBytes = 1<<30 + 1 }, want: []string{
+			"upstream.max_response_bytes: must be in 4096..1073741824 bytes, got 1073741825",
+		}},
 		{name: "load source prometheus", mutate: func(c *Config) { c.Load.Source = LoadSourcePrometheus }},
 		{name: "worker flavors and metrics paths", mutate: func(c *Config) {
 			c.Workers[0].Flavor = FlavorVLLM
@@ -545,6 +548,7 @@ func TestValidate(t *testing.T) {
 			"upstream.connect_timeout: must be a positive duration, got 0s",
 			"upstream.response_header_timeout: must not be negative (0 disables it), got -1s",
 			"upstream.max_conns_per_worker: must be at least 1, got 0",
+			"upstream.max_response_bytes: must be in 4096..1073741824 bytes, got 0",
 		}},
 		{name: "upstream header timeout off", mutate: func(c *Config) { c.Upstream.ResponseHeaderTimeout = 0 }},
 		{name: "upstream tls and a worker's override", mutate: func(c *Config) {

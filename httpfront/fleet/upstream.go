@@ -152,7 +152,8 @@ func newUpstream(t *transport, hostPort, serverName string, isTLS bool, own *tls
 		Name:                          "switchyard",
 		NoDefaultUserAgentHeader:      true,
 		MaxConns:                      t.set.MaxConnsPerWorker,
-		MaxConnWaitTimeout:            0, // a full pool fails at once (KindConnLimit)
+		MaxResponseBodySize:           t.maxAnswer(), // buffered answers; streamBody frames its own
+		MaxConnWaitTimeout:            0,             // a full pool fails at once (KindConnLimit)
 		MaxIdleConnDuration:           t.set.MaxIdleConnDuration,
 		ConnPoolStrategy:              fasthttp.LIFO, // the warmest connection first; idle ones age out
 		DisablePathNormalizing:        true,
@@ -168,6 +169,7 @@ func newUpstream(t *transport, hostPort, serverName string, isTLS bool, own *tls
 		Name:                     "switchyard-probe",
 		NoDefaultUserAgentHeader: true,
 		MaxConns:                 probeConns,
+		MaxResponseBodySize:      t.maxAnswer(), // buffered answers; load.Fetch bounds its streamed ones
 		MaxConnWaitTimeout:       time.Second,
 		MaxIdleConnDuration:      t.set.MaxIdleConnDuration,
 		ConnPoolStrategy:         fasthttp.LIFO,
@@ -183,12 +185,20 @@ var authorizationKey = []byte(fasthttp.HeaderAuthorization)
 
 // newTransport returns the transport of set: the upstream.api_key header built once.
 func newTransport(set config.Upstream, dial DialFunc, tlsCfg *tls.Config) *transport {
+	if set.MaxResponseBytes <= 0 {
+		set.MaxResponseBytes = config.Default().Upstream.MaxResponseBytes // a settings literal
+	}
 	t := &transport{set: set, dial: dial, tls: tlsCfg}
 	if set.APIKey != "" {
 		t.auth = []byte("Bearer " + set.APIKey)
 	}
 	return t
 }
+
+// maxAnswer is the bound of an answer read whole (upstream.max_response_bytes): fasthttp
+// refuses a larger Content-Length before it allocates, and a chunked answer as it grows past
+// it. Without it, one answer announcing 64 GiB makes the runtime abort the process.
+func (t *transport) maxAnswer() int { return int(min(t.set.MaxResponseBytes, 1<<30)) }
 
 // HostPort is the engine's host:port (the Host header of every request to it).
 func (u *Upstream) HostPort() string { return u.hostPort }
@@ -265,6 +275,9 @@ func (u *Upstream) classify(err error, c *upConn) *Error {
 		return &Error{Kind: KindTransport, Err: err, Detail: "failed the TLS handshake (upstream.tls)"}
 	case errors.As(err, &de):
 		return &Error{Kind: KindTransport, Err: err, Detail: "cannot be reached"}
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		return &Error{Kind: KindTransport, Err: err,
+			Detail: fmt.Sprintf("answered more than %d bytes (upstream.max_response_bytes)", u.t.maxAnswer())}
 	case c != nil && c.headerTimedOut:
 		return &Error{Kind: KindTimeout, Err: err, Detail: "sent no response headers within " + c.ttfb.String() + " (upstream.response_header_timeout)"}
 	case IsTimeout(err):

@@ -188,6 +188,9 @@ func testUpstream(t *testing.T, addr string, set config.Upstream, dial DialFunc,
 	if set.MaxConnsPerWorker == 0 {
 		set.MaxConnsPerWorker = d.MaxConnsPerWorker
 	}
+	if set.MaxResponseBytes == 0 {
+		set.MaxResponseBytes = d.MaxResponseBytes
+	}
 	if dial == nil {
 		dial = defaultDial
 	}
