@@ -484,7 +484,10 @@ func (d *Decoder) optRank() (int, bool, error) {
 	if err != nil {
 		return 0, false, err
 	}
-	if neg || v > math.MaxInt32 {
+	if neg || uint64(v) > math.MaxInt32 { // unsigned: a uint64 past MaxInt64 wraps negative
+		if !neg {
+			return 0, false, fmt.Errorf("rank %d out of range", uint64(v))
+		}
 		return 0, false, fmt.Errorf("rank %d out of range", v)
 	}
 	return int(v), true, nil
