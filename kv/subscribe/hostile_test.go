@@ -1,6 +1,7 @@
 package subscribe
 
 import (
+	"context"
 	"encoding/binary"
 	"log/slog"
 	"net"
@@ -299,5 +300,32 @@ func TestBoundSubRepairsGapFromConfiguredReplay(t *testing.T) {
 	h.waitApplied(t, "v", send(&events.EventBatch{Events: []events.Event{}}))
 	if c := h.x.Metrics().Ingest(); c.Gaps != 1 || c.Replays != 1 || c.ClearsGap != 0 {
 		t.Fatalf("counts %+v", c)
+	}
+}
+
+// TestBoundSubRanksBounded: batches on the bound SUB that name DP ranks past maxDPRanks are
+// dropped as malformed without leaving state behind: a peer sending one rank after another
+// used to add a sequence stream per rank (up to 2^31 of them), and gaps on them asked the
+// replay socket at port+rank.
+func TestBoundSubRanksBounded(t *testing.T) {
+	h := startManager(t, "", WorkerSpec{ID: "v", URL: "http://127.0.0.1:8100", Model: "m", NoDiscovery: true,
+		Replay: "tcp://127.0.0.1:1"})
+	b := &boundState{m: h.m, streams: map[streamKey]*boundStream{}, appliers: map[string]*boundWorker{}}
+	topic := []byte("kv@127.0.0.1:8100@m")
+	before := h.x.Metrics().BatchesMalformed.Get()
+	const sent = 1000
+	for i := range sent {
+		payload, err := events.AppendEventBatch(nil, &events.EventBatch{HasDPRank: true, DPRank: maxDPRanks + i,
+			Events: []events.Event{{Kind: events.EventAllBlocksCleared}}}, events.ShapeArray)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.handle(context.Background(), [][]byte{topic, binary.BigEndian.AppendUint64(nil, 7), payload})
+	}
+	if n := len(b.streams); n != 0 {
+		t.Errorf("%d sequence streams kept for ranks past %d", n, maxDPRanks)
+	}
+	if n := h.x.Metrics().BatchesMalformed.Get() - before; n != sent {
+		t.Errorf("%d batches counted malformed, want %d", n, sent)
 	}
 }

@@ -676,6 +676,16 @@ func (b *boundState) handle(ctx context.Context, frames [][]byte) {
 			rank = b.batch.DPRank
 		}
 	}
+	if rank >= maxDPRanks {
+		// Slow path: a rank past the bound keeps no sequence state (one per rank would grow
+		// without end, and a gap on it would ask the replay socket at port+rank) unless
+		// the worker has it (a configured dp_size past the bound).
+		if _, ok := b.m.x.Owners().Lookup(rt.worker, rank); !ok {
+			mt.BatchesMalformed.Inc()
+			w.badLog.Note(fmt.Errorf("cannot apply KV events of %s: unknown DP rank %d", rt.worker, rank))
+			return
+		}
+	}
 	key := streamKey{topic: topic, rank: rank}
 	st := b.streams[key]
 	if st == nil {
