@@ -182,7 +182,7 @@ type Worker struct {
 	// BootstrapPort is a prefill engine's PD bootstrap port, 1..65535. Default: none (null
 	// on the wire).
 	BootstrapPort *int `koanf:"bootstrap_port" json:"bootstrap_port"`
-	// DPSize is the engine's data-parallel size, at least 1. Default 1 (or introspected).
+	// DPSize is the engine's data-parallel size, 1..4096. Default 1 (or introspected).
 	DPSize int `koanf:"dp_size" json:"dp_size" unit:"ranks"`
 	// CanPrefill declares a decode engine that can also serve a request alone, prefill
 	// included (SGLang decode servers cannot; a mock engine with --decode-can-prefill can):

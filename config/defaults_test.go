@@ -160,7 +160,7 @@ workers:
 		}
 	}
 	// An explicit dp_size 0 is kept so that Validate reports it.
-	if got := errLines(cfg.Validate()); !equalLines(got, []string{"workers[2].dp_size: must be at least 1, got 0"}) {
+	if got := errLines(cfg.Validate()); !equalLines(got, []string{"workers[2].dp_size: must be in 1..4096, got 0"}) {
 		t.Errorf("Validate = %q", got)
 	}
 }

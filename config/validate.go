@@ -126,7 +126,9 @@ func (c *Config) validateWorkers(p *problems) map[string]int {
 		default:
 			p.add(path+".role", ErrInvalid, fmt.Sprintf("unknown role %q (plain, prefill or decode)", w.Role))
 		}
-		atLeast(p, path+".dp_size", int64(w.DPSize), 1)
+		if w.DPSize < 1 || w.DPSize > MaxDPSize {
+			p.add(path+".dp_size", ErrInvalid, fmt.Sprintf("must be in 1..%d, got %d", MaxDPSize, w.DPSize))
+		}
 		if w.CanPrefill && w.Role != RoleDecode {
 			p.add(path+".can_prefill", ErrInvalid, fmt.Sprintf("only valid on a decode worker (this one is %s)", w.Role))
 		}
@@ -618,6 +620,10 @@ func (c *Config) validateUpstream(p *problems) {
 	}
 	validateTLS(p, "upstream.tls", &u.TLS)
 }
+
+// MaxDPSize bounds a worker's data-parallel ranks, configured, added or introspected: the
+// router keeps state per rank.
+const MaxDPSize = 4096
 
 // Bounds of a worker's labels: how many, and a value's length in bytes.
 const (

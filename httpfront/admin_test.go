@@ -113,3 +113,33 @@ func TestAdminWorkersByURL(t *testing.T) {
 		}
 	}
 }
+
+// TestAdminRefusesHostileWorkerFacts: POST /workers bodies whose facts the router would keep
+// state for (a dp_size of 2e9 made the telemetry allocate a slot per rank and the runtime
+// abort the router) or that cannot be right are refused with 400 invalid_worker, and the
+// fleet is unchanged.
+func TestAdminRefusesHostileWorkerFacts(t *testing.T) {
+	e := newFakeEngine(t, "A", "llama")
+	ts := startServer(t, oneEngineConfig(e), Options{SkipStartupChecks: true})
+	tests := []struct {
+		name, body, want string
+	}{
+		{"dp_size of 2e9", `"dp_size":2000000000`, "dp_size 2000000000 is not in 1..4096"},
+		{"dp_size one past the bound", `"dp_size":4097`, "dp_size 4097 is not in 1..4096"},
+		{"negative dp_size", `"dp_size":-5`, "dp_size -5 is not in 1..4096"},
+		{"dp_size past int64", `"dp_size":99999999999999999999`, "cannot decode worker"},
+		{"negative bootstrap_port", `"role":"prefill","bootstrap_port":-7`, "bootstrap_port -7 is not in 1..65535"},
+		{"bootstrap_port past 65535", `"role":"prefill","bootstrap_port":65536`, "bootstrap_port 65536 is not in 1..65535"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := post(t, ts.url+"/workers", `{"url":"http://127.0.0.1:9","model":"llama","flavor":"vllm",`+tt.body+`}`)
+			if r.status != 400 || r.errorCode() != CodeInvalidWorker || !contains(r.body, tt.want) {
+				t.Fatalf("%d %s; want 400 %s saying %q", r.status, r.body, CodeInvalidWorker, tt.want)
+			}
+		})
+	}
+	if n := len(ts.workers.Members()); n != 1 {
+		t.Fatalf("%d workers after the refusals, want 1", n)
+	}
+}

@@ -236,7 +236,7 @@ func (f *Fleet) add(ctx context.Context, spec Spec, introspect bool, job string)
 	if spec.MetricsPath != "" && spec.MetricsPath[0] != '/' {
 		return nil, fmt.Errorf("cannot add worker %q: %w: metrics_path %q is not an absolute path", spec.ID, ErrInvalidWorker, spec.MetricsPath)
 	}
-	if err := errors.Join(checkKVFacts(spec), checkLabels(spec)); err != nil {
+	if err := errors.Join(checkEngineFacts(spec), checkKVFacts(spec), checkLabels(spec)); err != nil {
 		return nil, fmt.Errorf("cannot add worker %q: %w: %w", spec.ID, ErrInvalidWorker, err)
 	}
 	if f.Member(spec.ID) != nil {
@@ -731,6 +731,19 @@ func (f *Fleet) kvSpecOf(m *Member) subscribe.WorkerSpec {
 		}
 	}
 	return spec
+}
+
+// checkEngineFacts checks the data-parallel size and bootstrap port a worker declares, as
+// config.Validate does for the configuration's workers: the router keeps state per rank,
+// and a POST /workers of dp_size 2e9 made it allocate for every one and abort.
+func checkEngineFacts(spec Spec) error {
+	if spec.DPSize < 0 || spec.DPSize > config.MaxDPSize {
+		return fmt.Errorf("dp_size %d is not in 1..%d (0: introspected)", spec.DPSize, config.MaxDPSize)
+	}
+	if spec.BootstrapPort != nil && (*spec.BootstrapPort < 1 || *spec.BootstrapPort > 65535) {
+		return fmt.Errorf("bootstrap_port %d is not in 1..65535", *spec.BootstrapPort)
+	}
+	return nil
 }
 
 // checkKVFacts checks the KV facts a worker declares, as config.Validate does for the

@@ -24,7 +24,7 @@ var ErrNoIntrospection = fmt.Errorf("%w: no introspection route", ErrIntrospecti
 
 // Bounds of the decoded facts.
 const (
-	maxDPSize    = 4096
+	maxDPSize    = config.MaxDPSize
 	maxPageSize  = 1 << 20
 	maxLoRASlots = 1 << 16
 )
