@@ -158,6 +158,7 @@ var (
 	errShuttingDown     = newAPIError(CodeShuttingDown, "the router is shutting down")
 	errNotObject        = newAPIError(CodeInvalidJSON, "the request body must be a JSON object")
 	errBadJSON          = newAPIError(CodeInvalidJSON, "the request body is not valid JSON")
+	errDeepJSON         = newAPIError(CodeInvalidJSON, "the request body nests JSON deeper than "+strconv.Itoa(maxJSONDepth)+" levels")
 )
 
 // maxQuoted bounds the client input an error message quotes, in bytes.

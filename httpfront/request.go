@@ -1,6 +1,7 @@
 package httpfront
 
 import (
+	"errors"
 	"math"
 	"strconv"
 
@@ -178,7 +179,7 @@ func parseRequest(kind routeKind, body []byte, f *requestFacts) *apiError {
 		return nil
 	})
 	if err != nil {
-		return errBadJSON
+		return jsonError(err)
 	}
 	if skipWS(body, end) != len(body) {
 		return errBadJSON
@@ -580,13 +581,21 @@ func parseSamplingParams(v jsonValue, maxNew *int64) *apiError {
 	return perr
 }
 
+// jsonError is the client's error for a body the scanner refused with err.
+func jsonError(err error) *apiError {
+	if errors.Is(err, errJSONDepth) {
+		return errDeepJSON
+	}
+	return errBadJSON
+}
+
 // objectStart returns the index of the '{' opening body, or the error for a body that is
 // not a JSON object: invalid_json when it is not JSON at all, else not an object.
 func objectStart(body []byte) (int, *apiError) {
 	i := skipWS(body, 0)
 	if i >= len(body) || body[i] != '{' {
 		if _, _, err := scanValue(body, 0, 0); err != nil {
-			return 0, errBadJSON
+			return 0, jsonError(err)
 		}
 		return 0, errNotObject
 	}
@@ -672,7 +681,10 @@ func parseAuxRequest(kind routeKind, body []byte, f *requestFacts) *apiError {
 		}
 		return nil
 	})
-	if err != nil || skipWS(body, end) != len(body) {
+	if err != nil {
+		return jsonError(err)
+	}
+	if skipWS(body, end) != len(body) {
 		return errBadJSON
 	}
 	if perr != nil {
