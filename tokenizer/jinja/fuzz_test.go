@@ -15,7 +15,21 @@ func FuzzJinja(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Fuzz(func(t *testing.T, src string) {
-		renderString(src, ctx.(*Dict)) // must not panic or hang; errors are fine
+		// Must not panic or hang; errors are fine. What renders is within the output bound,
+		// and a second rendering of the same template and values gives the same result: a
+		// rendering leaves no state behind (a chat template renders every request).
+		tmpl, err := Compile(src, Options{Now: fixedNow})
+		if err != nil {
+			return
+		}
+		out, err := tmpl.Render(ctx.(*Dict), 0)
+		if len(out) > maxOutput {
+			t.Fatalf("%d bytes rendered, bound %d", len(out), maxOutput)
+		}
+		again, err2 := tmpl.Render(ctx.(*Dict), 0)
+		if again != out || (err == nil) != (err2 == nil) {
+			t.Fatalf("renderings differ: %q (%v), then %q (%v)", out, err, again, err2)
+		}
 	})
 }
 
