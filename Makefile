@@ -27,7 +27,7 @@ build: ## build bin/switchyard (version-stamped)
 # Programs some tests run for real (command → Debian package). `make testdeps` installs the
 # missing ones with apt-get where it can (root, Debian). Under CI (CI set) a program still
 # missing fails the target, and its tests fail too; elsewhere they say loudly what they skipped.
-TEST_PROGRAMS ?= promtool:prometheus nginx:nginx etcd:etcd-server
+TEST_PROGRAMS ?= promtool:prometheus nginx:nginx etcd:etcd-server valgrind:valgrind
 
 .PHONY: testdeps
 testdeps: ## install the programs some tests run (Debian packages, where possible)

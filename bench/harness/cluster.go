@@ -20,6 +20,9 @@ import (
 // cluster is a set of in-process mock engines.
 type cluster struct {
 	plain, prefill, decode []*mockengine.Engine
+	// quiet: the engines' load gauges, and a router process's load polls and health checks,
+	// are quietInterval apart (clusterSpec.quiet).
+	quiet bool
 }
 
 // clusterSpec sizes a cluster.
@@ -34,7 +37,15 @@ type clusterSpec struct {
 	dpSize int
 	// lora is every plain engine's LoRA simulation (off by default).
 	lora mockengine.LoRA
+	// quiet sets the engines' load gauges, and a router process's load polls and health
+	// checks (routerProcConfig), quietInterval apart: work that follows wall time rather
+	// than requests stays out of a count of work per request.
+	quiet bool
 }
+
+// quietInterval is the period of a quiet cluster's load gauges, load polls and health
+// checks: longer than any run.
+const quietInterval = time.Hour
 
 // gaugeInterval is the engines' load-gauge period and the router's HTTP load poll period.
 const gaugeInterval = 250 * time.Millisecond
@@ -63,12 +74,15 @@ func (o *Options) engineConfig(zeroCost bool) mockengine.Config {
 
 // startCluster starts the engines of spec. On error every engine started is closed.
 func (o *Options) startCluster(ctx context.Context, spec clusterSpec) (*cluster, error) {
-	c := &cluster{}
+	c := &cluster{quiet: spec.quiet}
 	start := func(role mockengine.Role, prefix string, n int) ([]*mockengine.Engine, error) {
 		var out []*mockengine.Engine
 		for i := range n {
 			cfg := o.engineConfig(spec.zeroCost)
 			cfg.EventPerWrite = spec.eventPerWrite
+			if spec.quiet {
+				cfg.LoadPublish.Interval = quietInterval
+			}
 			cfg.Role = role
 			cfg.DecodeCanPrefill = role == mockengine.RoleDecode && spec.decodeCanPrefill
 			cfg.DPSize = max(spec.dpSize, 1)
@@ -274,11 +288,19 @@ func (r *router) close() error {
 // WaitReady polls GET /readiness of the router at base until it answers 200, for at most
 // timeout.
 func WaitReady(ctx context.Context, base string, timeout time.Duration) error {
+	return waitReady(ctx, base, timeout, readyPoll)
+}
+
+// readyPoll is WaitReady's period.
+const readyPoll = 10 * time.Millisecond
+
+// waitReady is WaitReady polling every period.
+func waitReady(ctx context.Context, base string, timeout, period time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	client := &http.Client{Timeout: time.Second}
 	defer client.CloseIdleConnections()
-	tick := time.NewTicker(10 * time.Millisecond)
+	tick := time.NewTicker(period)
 	defer tick.Stop()
 	var last error
 	for {

@@ -20,7 +20,10 @@
 //     accepted throughput, 429 rate, p99) and slo (two buckets over the same lengths, one
 //     also fed background load sent to its engines directly; requests with a TTFT target,
 //     arriving open loop, under capacity and slo bucket order: SLO attainment, goodput,
-//     TTFT percentiles and the router's TTFT estimates against the observed TTFT).
+//     TTFT percentiles and the router's TTFT estimates against the observed TTFT) and
+//     instructions (the router and the reference proxies, each its own process under
+//     valgrind's cachegrind, started twice per mode for N1 and N2 requests: user-space
+//     instructions per request from the difference of the two counts; run by name).
 //   - The trace scenario's hit-loss lines: each row's placement replayed on simulated
 //     engines (mockengine.Simulate) against the oracle's, and, for a cache_aware row, the
 //     router's own latency decisions (recorded through httpfront.Options.CacheAwareObserver

@@ -56,6 +56,8 @@ func Run(ctx context.Context, opts Options) (*report.Report, error) {
 				scs, err = h.replicas(ctx)
 			case report.ScenarioSLO:
 				scs, err = h.slo(ctx)
+			case report.ScenarioInstructions:
+				scs, err = h.instructions(ctx)
 			}
 			if h.opts.showFlavor() {
 				for _, sc := range scs {

@@ -19,15 +19,18 @@ import (
 // ErrInvalidOptions is wrapped by every option error.
 var ErrInvalidOptions = errors.New("invalid bench options")
 
-// Scenarios returns every scenario name in the order "all" runs them. The trace scenario
-// is not among them: it runs when named (it needs a trace file).
+// Scenarios returns every scenario name in the order "all" runs them. The trace and
+// instructions scenarios are not among them: they run when named (one needs a trace file,
+// the other valgrind and the commands of its processes).
 func Scenarios() []string {
 	return []string{report.ScenarioOverhead, report.ScenarioRouting, report.ScenarioPD, report.ScenarioBuckets, report.ScenarioMailbox,
 		report.ScenarioReplicas, report.ScenarioSLO}
 }
 
 // knownScenarios are the names Options.Scenarios accepts.
-func knownScenarios() []string { return append(Scenarios(), report.ScenarioTrace) }
+func knownScenarios() []string {
+	return append(Scenarios(), report.ScenarioTrace, report.ScenarioInstructions)
+}
 
 // PolicySpec is one row of a policy comparison: a display name and the policy configured
 // on the compared group.
@@ -123,6 +126,11 @@ const (
 	DefaultOverheadClients = 32
 	DefaultMailboxClients  = 512
 	DefaultMailboxRequests = 20000
+	// DefaultInstructionRequests is the instructions scenario's N2: each target serves
+	// N2/5 and then N2 small requests (and a fifth as many streams).
+	DefaultInstructionRequests = 5000
+	// DefaultInstructionClients is the instructions scenario's closed-loop clients.
+	DefaultInstructionClients = 8
 	// DefaultReplicas is the replicas scenario's router processes.
 	DefaultReplicas           = 3
 	DefaultPrefillEngines     = 2
@@ -189,10 +197,11 @@ type Options struct {
 	// trace's own span).
 	Duration time.Duration
 	// Requests bounds the requests of each row. Default 0: the whole workload (routing, pd,
-	// buckets), no bound (overhead), MailboxRequests (mailbox).
+	// buckets), no bound (overhead), MailboxRequests (mailbox). The instructions scenario's
+	// N2 (at least 10; default DefaultInstructionRequests).
 	Requests int
 	// Concurrency is the number of closed-loop clients. Default 16 (overhead 32, mailbox
-	// 512).
+	// 512, instructions 8).
 	Concurrency int
 	// Rate, when positive, sends open-loop Poisson arrivals at this many requests per
 	// simulated second instead (routing, pd and buckets).
@@ -274,18 +283,20 @@ type Options struct {
 	// Replicas is the replicas scenario's number of router processes. Default 3.
 	Replicas int
 	// ReplicaCommand runs one router process (the replicas scenario's routers, the overhead
-	// scenario's router); the harness appends "--config FILE". switchyard bench sets it to
-	// its own binary's serve command. Required by the replicas scenario; without it the
-	// overhead scenario runs its router in this process.
+	// and instructions scenarios' router); the harness appends "--config FILE". switchyard
+	// bench sets it to its own binary's serve command. Required by the replicas and
+	// instructions scenarios; without it the overhead scenario runs its router in this
+	// process.
 	ReplicaCommand []string
-	// BareCommand runs the overhead scenario's bare fasthttp proxy as its own process
-	// (reference.StartBareProcess appends its flags). switchyard bench sets it to its own
-	// binary's bare-proxy command. Without it the bare proxy runs in this process.
+	// BareCommand runs the overhead and instructions scenarios' bare fasthttp proxy as its
+	// own process (reference.StartBareProcess appends its flags). switchyard bench sets it to
+	// its own binary's bare-proxy command. Required by the instructions scenario; without it
+	// the overhead scenario's bare proxy runs in this process.
 	BareCommand []string
-	// EvloopCommand runs the overhead scenario's event-loop proxy as its own process
-	// (reference.StartEvloopProcess appends its flags; Linux). switchyard bench sets it to its
-	// own binary's evloop-proxy command on Linux. Without it the scenario has no event-loop
-	// rows.
+	// EvloopCommand runs the overhead and instructions scenarios' event-loop proxy as its
+	// own process (reference.StartEvloopProcess appends its flags; Linux). switchyard bench
+	// sets it to its own binary's evloop-proxy command on Linux. Without it those scenarios
+	// have no event-loop rows.
 	EvloopCommand []string
 
 	// Progress receives the progress line; nil prints none.
@@ -505,6 +516,17 @@ func (o Options) Validate() error {
 		}
 		if len(o.ReplicaCommand) == 0 || o.ReplicaCommand[0] == "" {
 			bad("replica_command", "the replicas scenario needs the command that runs a router (switchyard bench sets it)")
+		}
+	}
+	if slices.Contains(o.Scenarios, report.ScenarioInstructions) {
+		if len(o.ReplicaCommand) == 0 || o.ReplicaCommand[0] == "" {
+			bad("replica_command", "the instructions scenario needs the command that runs a router (switchyard bench sets it)")
+		}
+		if len(o.BareCommand) == 0 || o.BareCommand[0] == "" {
+			bad("bare_command", "the instructions scenario needs the command that runs the bare proxy (switchyard bench sets it)")
+		}
+		if o.Requests != 0 && o.Requests < 10 {
+			bad("requests", "the instructions scenario needs at least 10 (N2; N1 is a fifth)")
 		}
 	}
 	if o.MailboxRequests < 1 {

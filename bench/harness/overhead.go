@@ -20,10 +20,20 @@ import (
 // throughput scenarios: connections open and the Go runtime settles.
 const warmup = time.Second
 
-// smallRequests are the overhead and mailbox scenarios' requests: short unique prompts
+// smallRequests are the overhead, instructions and mailbox scenarios' requests: short unique prompts
 // answered with one token, so the engines (at zero cost) do next to nothing.
 func (h *harness) smallRequests() ([]workload.Request, error) {
 	wl, err := workload.ZeroReuse(workload.ZeroReuseConfig{Requests: 1024, PromptLen: 16, OutputLen: 1}, h.opts.Seed)
+	if err != nil {
+		return nil, err
+	}
+	return wl.Requests, nil
+}
+
+// streamRequests are the overhead and instructions scenarios' streams: short unique
+// prompts answered with streamTokens events.
+func (h *harness) streamRequests() ([]workload.Request, error) {
+	wl, err := workload.ZeroReuse(workload.ZeroReuseConfig{Requests: 1024, PromptLen: 16, OutputLen: streamTokens}, h.opts.Seed)
 	if err != nil {
 		return nil, err
 	}
@@ -77,11 +87,10 @@ func (h *harness) overhead(ctx context.Context) (scs []*report.Scenario, err err
 	if err != nil {
 		return scs, err
 	}
-	wl, err := workload.ZeroReuse(workload.ZeroReuseConfig{Requests: 1024, PromptLen: 16, OutputLen: streamTokens}, o.Seed)
+	streams, err := h.streamRequests()
 	if err != nil {
 		return scs, err
 	}
-	streams := wl.Requests
 	c, err := o.startCluster(ctx, clusterSpec{plain: o.Engines, zeroCost: true, eventPerWrite: true})
 	if err != nil {
 		return scs, err
@@ -94,7 +103,7 @@ func (h *harness) overhead(ctx context.Context) (scs []*report.Scenario, err err
 	var routerCPU func() (time.Duration, bool)
 	if len(o.ReplicaCommand) > 0 {
 		var p *replicaProc
-		p, err = h.startOverheadRouterProc(ctx, c)
+		p, err = h.startOverheadRouterProc(ctx, c, nil)
 		if p != nil {
 			defer func() { err = errors.Join(err, stopReplicaProcs([]*replicaProc{p})) }()
 		}
@@ -113,7 +122,7 @@ func (h *harness) overhead(ctx context.Context) (scs []*report.Scenario, err err
 	}
 	var bare *reference.Proxy
 	if len(o.BareCommand) > 0 {
-		bare, err = reference.StartBareProcess(o.BareCommand, urls(c.plain))
+		bare, err = reference.StartBareProcess(o.BareCommand, urls(c.plain), reference.ProcessOptions{})
 	} else {
 		bare, err = reference.StartBare(urls(c.plain))
 	}
@@ -127,7 +136,7 @@ func (h *harness) overhead(ctx context.Context) (scs []*report.Scenario, err err
 	}
 	var evloop *reference.Proxy
 	if len(o.EvloopCommand) > 0 {
-		if evloop, err = reference.StartEvloopProcess(o.EvloopCommand, urls(c.plain)); err != nil {
+		if evloop, err = reference.StartEvloopProcess(o.EvloopCommand, urls(c.plain), reference.ProcessOptions{}); err != nil {
 			return scs, err
 		}
 		defer func() { err = errors.Join(err, evloop.Close()) }()
@@ -253,10 +262,16 @@ func (t *overheadTarget) ownProcessCPU() (time.Duration, bool) {
 	return t.own()
 }
 
+// wrappedReadyPoll is the readiness poll period of a router run by another program
+// (valgrind), which starts slowly and counts what it answers.
+const wrappedReadyPoll = 250 * time.Millisecond
+
 // startOverheadRouterProc starts the overhead scenario's router as its own process (one
-// plain bucket over c's engines, round_robin) and waits until it is ready. A process it
-// returns, also with an error, is the caller's to stop.
-func (h *harness) startOverheadRouterProc(ctx context.Context, c *cluster) (*replicaProc, error) {
+// plain bucket over c's engines, round_robin), run by wrap when it is not empty (valgrind),
+// and waits until it is ready (replicaStartTimeout at most, valgrindStartTimeout when
+// wrapped; an exit ends the wait). A process it returns, also with an error, is the
+// caller's to stop.
+func (h *harness) startOverheadRouterProc(ctx context.Context, c *cluster, wrap []string) (*replicaProc, error) {
 	o := &h.opts
 	ports, err := freePorts(1)
 	if err != nil {
@@ -269,11 +284,16 @@ func (h *harness) startOverheadRouterProc(ctx context.Context, c *cluster) (*rep
 	defer os.RemoveAll(dir)
 	b := o.routerProcConfig(c, ports[0])
 	o.plainModelYAML(b, c, config.PolicyRoundRobin)
-	p, err := o.startRouterProc(dir, "router", ports[0], b.String())
+	p, err := o.startWrappedRouterProc(wrap, dir, "router", ports[0], b.String())
 	if err != nil {
 		return nil, err
 	}
-	if err := WaitReady(ctx, p.url, replicaStartTimeout); err != nil {
+	period, timeout := readyPoll, replicaStartTimeout
+	if len(wrap) > 0 {
+		// Every readiness answer is work in the process's count: few of them.
+		period, timeout = wrappedReadyPoll, valgrindStartTimeout
+	}
+	if err := waitProcReady(ctx, p, period, timeout); err != nil {
 		return p, fmt.Errorf("router process: %w; stderr: %s", err, p.stderr.String())
 	}
 	return p, nil

@@ -343,8 +343,9 @@ func portTaken(p *replicaProc) bool {
 	}
 }
 
-// waitProcReady is WaitReady for p, ending early (with p's exit) when p exits.
-func waitProcReady(ctx context.Context, p *replicaProc) error {
+// waitProcReady is WaitReady for p polling every period for at most timeout, ending early
+// (with p's exit) when p exits.
+func waitProcReady(ctx context.Context, p *replicaProc, period, timeout time.Duration) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
@@ -354,7 +355,7 @@ func waitProcReady(ctx context.Context, p *replicaProc) error {
 		case <-ctx.Done():
 		}
 	}()
-	err := WaitReady(ctx, p.url, replicaStartTimeout)
+	err := waitReady(ctx, p.url, timeout, period)
 	select {
 	case <-p.done:
 		return fmt.Errorf("router at %s exited before it was ready: %v", p.url, p.state)
@@ -384,7 +385,7 @@ func (h *harness) startReplicaProcsOnce(ctx context.Context, c *cluster, n int) 
 		procs = append(procs, p)
 	}
 	for _, p := range procs {
-		if err := waitProcReady(ctx, p); err != nil {
+		if err := waitProcReady(ctx, p, readyPoll, replicaStartTimeout); err != nil {
 			return procs, fmt.Errorf("replica %s: %w; stderr: %s", p.name, err, p.stderr.String())
 		}
 	}
@@ -402,14 +403,21 @@ func (h *harness) startReplicaProcsOnce(ctx context.Context, c *cluster, n int) 
 // the configuration conf (YAML, written into dir); the caller waits for it to be ready and
 // stops it (stopReplicaProcs).
 func (o *Options) startRouterProc(dir, name string, port int, conf string) (*replicaProc, error) {
+	return o.startWrappedRouterProc(nil, dir, name, port, conf)
+}
+
+// startWrappedRouterProc is startRouterProc with the router run by wrap (a program and its
+// arguments, such as valgrind's) when wrap is not empty.
+func (o *Options) startWrappedRouterProc(wrap []string, dir, name string, port int, conf string) (*replicaProc, error) {
 	path := filepath.Join(dir, name+".yaml")
 	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
 		return nil, fmt.Errorf("cannot start router %s: %w", name, err)
 	}
-	args := append(slices.Clone(o.ReplicaCommand[1:]), "--config", path)
+	command := append(slices.Clone(wrap), o.ReplicaCommand...)
+	args := append(command[1:], "--config", path)
 	p := &replicaProc{name: name, url: fmt.Sprintf("http://127.0.0.1:%d", port),
 		stderr: &tailWriter{max: replicaStderrTail}, done: make(chan struct{})}
-	p.cmd = exec.Command(o.ReplicaCommand[0], args...)
+	p.cmd = exec.Command(command[0], args...)
 	p.cmd.Stdout = io.Discard
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {
@@ -425,12 +433,18 @@ func (o *Options) startRouterProc(dir, name string, port int, conf string) (*rep
 
 // routerProcConfig is the start of a router process's configuration (YAML): the server on
 // port, warnings only, the load poll and block size of the in-process router
-// (Options.routerConfig), and c's workers. The caller adds the models.
+// (Options.routerConfig; a quiet cluster's polls and health checks quietInterval apart),
+// and c's workers. The caller adds the models.
 func (o *Options) routerProcConfig(c *cluster, port int) *strings.Builder {
 	var b strings.Builder
 	fmt.Fprintf(&b, "server: {host: 127.0.0.1, port: %d, drain_timeout: 10s, request_timeout: %s}\n", port, o.RequestTimeout)
 	b.WriteString("log: {level: warn}\n")
-	fmt.Fprintf(&b, "load: {poll_interval: %s}\n", gaugeInterval)
+	if c.quiet {
+		fmt.Fprintf(&b, "load: {poll_interval: %s, freshness: %s}\n", quietInterval, 2*quietInterval)
+		fmt.Fprintf(&b, "health: {interval: %s}\n", quietInterval)
+	} else {
+		fmt.Fprintf(&b, "load: {poll_interval: %s}\n", gaugeInterval)
+	}
 	fmt.Fprintf(&b, "kv: {block_size: %d}\n", o.PageSize)
 	b.WriteString("workers:\n")
 	for _, w := range c.workers(o.Model) {

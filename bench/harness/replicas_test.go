@@ -30,7 +30,7 @@ func TestReplicaPortTakenEndsTheWait(t *testing.T) {
 			}
 			t.Cleanup(func() { _ = stopReplicaProcs([]*replicaProc{p}) })
 			start := time.Now()
-			err = waitProcReady(context.Background(), p)
+			err = waitProcReady(context.Background(), p, readyPoll, replicaStartTimeout)
 			if err == nil || !strings.Contains(err.Error(), "exited before it was ready") {
 				t.Fatalf("wait = %v, want the process's exit", err)
 			}

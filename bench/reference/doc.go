@@ -44,6 +44,7 @@
 // # Concurrency model and what a caller must release
 //
 // A Proxy serves on its own goroutines (StartBare) or processes (nginx, StartBareProcess;
-// each in its own process group, SIGTERM then SIGKILL on Close) until Close,
+// each in its own process group, SIGTERM then SIGKILL on Close; ProcessOptions lengthen
+// the waits for a process run under valgrind) until Close,
 // which stops them and waits for them, and removes nginx's directory. Close every Proxy.
 package reference

@@ -22,11 +22,32 @@ import (
 // ErrNoNginx: no nginx binary on PATH nor at /usr/sbin/nginx.
 var ErrNoNginx = errors.New("no nginx binary (install the Debian package nginx or nginx-light)")
 
-// procStartTimeout bounds the start of a proxy process (nginx, the bare proxy), up to its first answer.
+// procStartTimeout bounds the start of a proxy process (nginx, the bare proxy), up to its
+// first answer, unless ProcessOptions.StartTimeout says otherwise.
 const procStartTimeout = 10 * time.Second
 
-// procStopTimeout bounds a proxy process's shutdown (nginx: its fast shutdown) before it is killed.
+// procStopTimeout bounds a proxy process's shutdown (nginx: its fast shutdown) before it is
+// killed, unless ProcessOptions.StopTimeout says otherwise.
 const procStopTimeout = 5 * time.Second
+
+// ProcessOptions adjust the waits of a proxy process (StartBareProcess,
+// StartEvloopProcess), for one that starts and stops slowly (run under valgrind).
+type ProcessOptions struct {
+	// StartTimeout bounds the wait for its first answer. Default 10s.
+	StartTimeout time.Duration
+	// StopTimeout bounds its exit after SIGTERM, before it is killed (SIGKILL). Default 5s.
+	StopTimeout time.Duration
+}
+
+func (o ProcessOptions) withDefaults() ProcessOptions {
+	if o.StartTimeout <= 0 {
+		o.StartTimeout = procStartTimeout
+	}
+	if o.StopTimeout <= 0 {
+		o.StopTimeout = procStopTimeout
+	}
+	return o
+}
 
 // NginxBinary returns the path of the nginx binary, or ErrNoNginx.
 func NginxBinary() (string, error) {
@@ -144,7 +165,7 @@ func StartNginx(engineURLs []string, opts NginxOptions) (_ *Proxy, err error) {
 	cmd.Env = []string{"NGINX=3;", "PATH=" + os.Getenv("PATH")}
 	cmd.Stdout, cmd.Stderr = io.Discard, &limitedWriter{w: &stderr, n: 4 << 10}
 	url := "http://" + addr
-	stop, err := runProcess("nginx", cmd, url)
+	stop, err := runProcess("nginx", cmd, url, ProcessOptions{})
 	if err != nil {
 		log, _ := os.ReadFile(filepath.Join(dir, "error.log"))
 		return nil, fmt.Errorf("cannot start nginx: %w (stderr: %s; error.log: %s)", err,
@@ -180,8 +201,10 @@ func listenerFile() (*os.File, string, error) {
 }
 
 // runProcess starts cmd, a proxy serving url, in its own process group and waits for its
-// first answer. stop ends it: SIGTERM, then after procStopTimeout SIGKILL to its group.
-func runProcess(name string, cmd *exec.Cmd, url string) (stop func() error, err error) {
+// first answer (opts.StartTimeout). stop ends it: SIGTERM, then after opts.StopTimeout
+// SIGKILL to its group.
+func runProcess(name string, cmd *exec.Cmd, url string, opts ProcessOptions) (stop func() error, err error) {
+	opts = opts.withDefaults()
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		return nil, err
@@ -196,7 +219,7 @@ func runProcess(name string, cmd *exec.Cmd, url string) (stop func() error, err 
 		default:
 		}
 		_ = cmd.Process.Signal(syscall.SIGTERM) // nginx: fast shutdown, master and worker exit
-		t := time.NewTimer(procStopTimeout)
+		t := time.NewTimer(opts.StopTimeout)
 		defer t.Stop()
 		select {
 		case err := <-exited:
@@ -206,10 +229,10 @@ func runProcess(name string, cmd *exec.Cmd, url string) (stop func() error, err 
 			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 			err := <-exited
 			exited <- err
-			return fmt.Errorf("%s did not stop within %s and was killed", name, procStopTimeout)
+			return fmt.Errorf("%s did not stop within %s and was killed", name, opts.StopTimeout)
 		}
 	}
-	if err := firstAnswer(name, url, exited); err != nil {
+	if err := firstAnswer(name, url, exited, opts.StartTimeout); err != nil {
 		_ = stop()
 		return nil, err
 	}
@@ -217,9 +240,9 @@ func runProcess(name string, cmd *exec.Cmd, url string) (stop func() error, err 
 }
 
 // firstAnswer waits for a proxy process's first answer (any status will do), or for its
-// exit, within procStartTimeout; name is the proxy's in the error.
-func firstAnswer(name, url string, exited chan error) error {
-	ctx, cancel := context.WithTimeout(context.Background(), procStartTimeout)
+// exit, within timeout; name is the proxy's in the error.
+func firstAnswer(name, url string, exited chan error, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	answered := make(chan error, 1)
 	go func() {
@@ -227,7 +250,7 @@ func firstAnswer(name, url string, exited chan error) error {
 		defer fasthttp.ReleaseRequest(req)
 		defer fasthttp.ReleaseResponse(resp)
 		req.SetRequestURI(url + "/health")
-		answered <- fasthttp.DoTimeout(req, resp, procStartTimeout)
+		answered <- fasthttp.DoTimeout(req, resp, timeout)
 	}()
 	select {
 	case err := <-answered:
@@ -236,7 +259,7 @@ func firstAnswer(name, url string, exited chan error) error {
 		exited <- err
 		return fmt.Errorf("%s exited: %v", name, err)
 	case <-ctx.Done():
-		return fmt.Errorf("%s did not answer within %s", name, procStartTimeout)
+		return fmt.Errorf("%s did not answer within %s", name, timeout)
 	}
 }
 

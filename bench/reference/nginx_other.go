@@ -2,7 +2,10 @@
 
 package reference
 
-import "errors"
+import (
+	"errors"
+	"time"
+)
 
 // ErrNoNginx: nginx is run on unix systems only.
 var ErrNoNginx = errors.New("no nginx here (unix only)")
@@ -19,12 +22,18 @@ type NginxOptions struct {
 // StartNginx returns ErrNoNginx.
 func StartNginx([]string, NginxOptions) (*Proxy, error) { return nil, ErrNoNginx }
 
+// ProcessOptions adjust the waits of a proxy process (unix only).
+type ProcessOptions struct {
+	StartTimeout time.Duration
+	StopTimeout  time.Duration
+}
+
 // StartBareProcess returns an error: proxy processes are run on unix systems only.
-func StartBareProcess([]string, []string) (*Proxy, error) {
+func StartBareProcess([]string, []string, ProcessOptions) (*Proxy, error) {
 	return nil, errors.New("cannot start the bare proxy process: unix only")
 }
 
 // StartEvloopProcess returns an error: proxy processes are run on unix systems only.
-func StartEvloopProcess([]string, []string) (*Proxy, error) {
+func StartEvloopProcess([]string, []string, ProcessOptions) (*Proxy, error) {
 	return nil, errors.New("cannot start the evloop proxy process: unix only")
 }

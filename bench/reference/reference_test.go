@@ -44,7 +44,7 @@ func TestMain(m *testing.M) {
 func bareProcess(t *testing.T, engines []string) *Proxy {
 	t.Helper()
 	t.Setenv(bareChildEnv, "1")
-	p, err := StartBareProcess([]string{os.Args[0]}, engines)
+	p, err := StartBareProcess([]string{os.Args[0]}, engines, ProcessOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func bareProcess(t *testing.T, engines []string) *Proxy {
 func evloopProcess(t *testing.T, engines []string) *Proxy {
 	t.Helper()
 	t.Setenv(bareChildEnv, "evloop")
-	p, err := StartEvloopProcess([]string{os.Args[0]}, engines)
+	p, err := StartEvloopProcess([]string{os.Args[0]}, engines, ProcessOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +206,7 @@ func TestBareProcessCounted(t *testing.T) {
 		}
 	}
 	t.Setenv(bareChildEnv, "1")
-	_, err := StartBareProcess([]string{os.Args[0], "--no-such-flag"}, engines)
+	_, err := StartBareProcess([]string{os.Args[0], "--no-such-flag"}, engines, ProcessOptions{})
 	if err == nil || !strings.Contains(err.Error(), "no-such-flag") {
 		t.Fatalf("a failing command: err = %v", err)
 	}

@@ -20,6 +20,9 @@ const (
 	ScenarioTrace    = "trace"
 	ScenarioReplicas = "replicas"
 	ScenarioSLO      = "slo"
+	// ScenarioInstructions counts the user-space instructions a proxy process executes per
+	// request, under valgrind.
+	ScenarioInstructions = "instructions"
 )
 
 // Time bases of a scenario's figures.
@@ -72,6 +75,9 @@ type Scenario struct {
 	Oracle *workload.OracleResult `json:"oracle,omitempty"`
 	// Overhead holds the overhead scenario's derived figures.
 	Overhead *Overhead `json:"overhead,omitempty"`
+	// InstructionRatios compare the router's instructions per request with each reference
+	// proxy's, in each mode (the instructions scenario).
+	InstructionRatios []InstructionRatio `json:"instruction_ratios,omitempty"`
 	// Notes explain figures a reader could misread.
 	Notes []string `json:"notes,omitempty"`
 	// Flavor is the engines' flavour ("vllm", "sglang") when the run compares flavours or
@@ -156,6 +162,30 @@ type Row struct {
 	LoRA *LoRAFigures `json:"lora,omitempty"`
 	// Loss explains a trace row's hit rate against the oracle.
 	Loss *HitLoss `json:"hit_loss,omitempty"`
+	// Instructions are an instructions row's counts.
+	Instructions *InstructionCount `json:"instructions,omitempty"`
+}
+
+// InstructionCount is one row of the instructions scenario: the user-space instructions
+// (valgrind cachegrind's Ir) a proxy process executed from its start to its exit, in a run
+// that served Requests[0] requests and in one that served Requests[1]. Their difference
+// over the difference of the requests is the instructions per request: what the process
+// spends to start and to stop cancels.
+type InstructionCount struct {
+	Requests     [2]int    `json:"requests"`
+	Instructions [2]uint64 `json:"instructions"`
+	// PerRequest is (Instructions[1] - Instructions[0]) / (Requests[1] - Requests[0]).
+	PerRequest float64 `json:"per_request"`
+}
+
+// InstructionRatio is the router's instructions per request divided by a reference
+// proxy's, in one mode of the instructions scenario.
+type InstructionRatio struct {
+	// Mode is "small" (non-streaming requests) or "stream" (streamed answers).
+	Mode string `json:"mode"`
+	// Against is the reference: "bare" or "evloop".
+	Against string  `json:"against"`
+	Ratio   float64 `json:"ratio"`
 }
 
 // HitLoss explains a trace row's hit rate against the oracle, request by request: the row's

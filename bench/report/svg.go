@@ -232,6 +232,15 @@ func buildChart(s *Scenario) chart {
 				return out
 			}()}}},
 		}
+	case ScenarioInstructions:
+		c.panels = []panel{
+			{title: "User-space instructions per request (cachegrind Ir)", format: fmtNum, series: []series{{name: "instructions", values: rowCol(func(r *Row) (float64, bool) {
+				if r.Instructions == nil {
+					return 0, false
+				}
+				return r.Instructions.PerRequest, true
+			})}}},
+		}
 	case ScenarioMailbox:
 		c.panels = []panel{
 			{title: "Accepted throughput (requests " + rate + ")", format: fmtNum, series: []series{{name: "accepted", values: col(func(m *Summary) float64 { return m.RequestsPerS })}}},

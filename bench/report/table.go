@@ -33,6 +33,8 @@ func WriteTable(w io.Writer, s *Scenario) error {
 		replicasTable(tw, s)
 	case ScenarioSLO:
 		sloTable(tw, s)
+	case ScenarioInstructions:
+		instructionsTable(tw, s)
 	default:
 		policyTable(tw, s)
 	}
@@ -52,6 +54,9 @@ func WriteTable(w io.Writer, s *Scenario) error {
 			}
 			b.WriteString("\n")
 		}
+	}
+	for _, ir := range s.InstructionRatios {
+		fmt.Fprintf(&b, "%s: router %.2f× %s's instructions per request\n", ir.Mode, ir.Ratio, ir.Against)
 	}
 	for i := range s.Rows {
 		r := &s.Rows[i]
@@ -204,6 +209,27 @@ func overheadTable(tw io.Writer, s *Scenario) {
 			num(m.E2E.P50), num(m.E2E.P90), num(m.E2E.P99), r.CPUSecondsPer1K, own)
 	}
 }
+
+func instructionsTable(tw io.Writer, s *Scenario) {
+	fmt.Fprintln(tw, "MODE\tREQS\tERR\tINSTRUCTIONS\tINSTR/REQ\t")
+	for i := range s.Rows {
+		r := &s.Rows[i]
+		if r.Skipped != "" || r.Instructions == nil {
+			fmt.Fprintf(tw, "%s\tskipped\t\t\t\t\n", r.Name)
+			continue
+		}
+		f := r.Instructions
+		errs := 0
+		if r.Summary != nil {
+			errs = r.Summary.ErrorCount()
+		}
+		fmt.Fprintf(tw, "%s\t%d / %d\t%d\t%s / %s\t%.0f\t\n", r.Name, f.Requests[0], f.Requests[1], errs,
+			millions(f.Instructions[0]), millions(f.Instructions[1]), f.PerRequest)
+	}
+}
+
+// millions formats an instruction count in millions.
+func millions(n uint64) string { return fmt.Sprintf("%.1fM", float64(n)/1e6) }
 
 func mailboxTable(tw io.Writer, s *Scenario) {
 	fmt.Fprintln(tw, "MAILBOX\tSENT\tOK\t429\t429 RATE\tACCEPTED REQ/S\tp50\tp99\t")

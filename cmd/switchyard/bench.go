@@ -37,7 +37,7 @@ func newBenchFlagSet(stderr io.Writer) (*flag.FlagSet, *benchFlags) {
 	o := &f.opts
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&f.scenario, "scenario", report.ScenarioRouting, "scenarios to run, comma-separated: "+strings.Join(harness.Scenarios(), ", ")+", trace, or all (every one but trace)")
+	fs.StringVar(&f.scenario, "scenario", report.ScenarioRouting, "scenarios to run, comma-separated: "+strings.Join(harness.Scenarios(), ", ")+", trace, instructions, or all (every one but trace and instructions)")
 	fs.StringVar(&o.Target, "target", "", "measure the router at this URL instead of starting engines and a router (routing and trace scenarios only; one row, wall time)")
 	fs.StringVar(&o.Model, "model", harness.DefaultModel, "model name served by the engines and requested")
 
@@ -55,8 +55,8 @@ func newBenchFlagSet(stderr io.Writer) (*flag.FlagSet, *benchFlags) {
 	fs.StringVar(&f.engineSpeeds, "engine-speeds", "", "relative speed of each plain engine, comma-separated, one per engine (e.g. 1,1,1,0.2: the last five times slower); empty: all 1")
 
 	fs.DurationVar(&o.Duration, "duration", harness.DefaultDuration, "wall-time bound of each measured row (each policy, variant or mailbox size); trace default: none (the replay ends the row)")
-	fs.IntVar(&o.Requests, "requests", 0, "request bound of each row; 0: the whole workload (routing, pd, buckets, trace), none (overhead), --mailbox-requests (mailbox); trace: its first N requests")
-	fs.IntVar(&o.Concurrency, "concurrency", 0, "closed-loop clients; 0: 16 (overhead 32, mailbox 512)")
+	fs.IntVar(&o.Requests, "requests", 0, "request bound of each row; 0: the whole workload (routing, pd, buckets, trace), none (overhead), --mailbox-requests (mailbox); trace: its first N requests; instructions: N2, 0: 5000 (N1 is a fifth; streams a fifth as many)")
+	fs.IntVar(&o.Concurrency, "concurrency", 0, "closed-loop clients; 0: 16 (overhead 32, mailbox 512, instructions 8)")
 	fs.Float64Var(&o.Rate, "rate", 0, "open-loop Poisson arrivals at this many requests per simulated second instead of a closed loop (routing, pd, buckets)")
 	fs.BoolVar(&f.noStream, "no-stream", false, "send non-streaming requests (time to first token is then the whole response)")
 	fs.Uint64Var(&o.Seed, "seed", harness.DefaultSeed, "seed of the workloads, the arrivals and the router's policies")
@@ -68,7 +68,7 @@ func newBenchFlagSet(stderr io.Writer) (*flag.FlagSet, *benchFlags) {
 	fs.StringVar(&f.mailboxSizes, "mailbox-sizes", ints(harness.DefaultMailboxSizes()), "mailbox scenario actors.mailbox sizes (bucket and group)")
 	fs.IntVar(&o.MailboxRequests, "mailbox-requests", harness.DefaultMailboxRequests, "requests in each mailbox row's burst")
 	fs.IntVar(&o.Replicas, "replicas", harness.DefaultReplicas, "replicas scenario: router processes forming one cluster")
-	fs.StringVar(&f.routerBinary, "router-binary", "", "replicas and overhead scenarios: the switchyard binary each router process runs (default: this one)")
+	fs.StringVar(&f.routerBinary, "router-binary", "", "replicas, overhead and instructions scenarios: the switchyard binary each router process runs (default: this one)")
 	fs.DurationVar(&o.SLOTTFT, "slo-ttft", harness.DefaultSLOTTFT, "slo scenario: the foreground requests' time-to-first-token target, simulated time")
 	fs.Float64Var(&o.SLORate, "slo-rate", harness.DefaultSLORate, "slo scenario: foreground open-loop arrivals, requests per simulated second")
 	fs.Float64Var(&o.SLOBackgroundRate, "slo-background-rate", harness.DefaultSLOBackgroundRate, "slo scenario: background arrivals per engine of the loaded bucket, requests per simulated second")
@@ -127,6 +127,11 @@ the report for machines and an SVG chart per scenario. Scenarios:
   slo       two buckets over the same lengths, one also fed background load; requests
             with a TTFT target under capacity and slo bucket order: SLO attainment,
             goodput, TTFT percentiles and the router's TTFT estimate error
+  instructions
+            user-space instructions per request (valgrind cachegrind, Linux; needs
+            valgrind) of the router, the bare proxy and the event-loop proxy, each its own
+            process run twice (a fifth of --requests, then --requests): small requests
+            and 64-event streams; deterministic where CPU time is noisy; run it by name
 
 flags:
 `)
@@ -179,7 +184,8 @@ func (f *benchFlags) options(stderr io.Writer) (harness.Options, error) {
 		errs = append(errs, err)
 	}
 	o.Workloads = splitList(f.workloads)
-	if slices.Contains(o.Scenarios, report.ScenarioReplicas) || slices.Contains(o.Scenarios, report.ScenarioOverhead) {
+	if slices.Contains(o.Scenarios, report.ScenarioReplicas) || slices.Contains(o.Scenarios, report.ScenarioOverhead) ||
+		slices.Contains(o.Scenarios, report.ScenarioInstructions) {
 		bin := f.routerBinary
 		if bin == "" {
 			if bin, err = os.Executable(); err != nil {

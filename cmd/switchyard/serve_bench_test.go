@@ -165,7 +165,7 @@ func (t *benchTarget) cpuPer1K() float64 {
 // bare-proxy), as the router process and nginx run, closed at the end of the benchmark.
 func startBareProcess(b *testing.B, engines []string) *reference.Proxy {
 	b.Helper()
-	p, err := reference.StartBareProcess([]string{switchyardBinary(b), "bare-proxy"}, engines)
+	p, err := reference.StartBareProcess([]string{switchyardBinary(b), "bare-proxy"}, engines, reference.ProcessOptions{})
 	if err != nil {
 		b.Fatal(err)
 	}
