@@ -67,6 +67,12 @@ func TestBenchRejectsBadFlags(t *testing.T) {
 	if code, _, errOut := runBenchCmd(t, "--target", "http://127.0.0.1:1", "--scenario", "overhead"); code != 1 || !strings.Contains(errOut, "--target") {
 		t.Errorf("overhead against a target: exit %d: %s", code, errOut)
 	}
+	// The instructions scenario gets its router and bare proxy commands from the flags; its
+	// N2 must leave an N1.
+	code, _, errOut = runBenchCmd(t, "--scenario", "instructions", "--requests", "5")
+	if code != 1 || !strings.Contains(errOut, "needs at least 10") || strings.Contains(errOut, "_command") {
+		t.Errorf("instructions with 5 requests: exit %d: %s", code, errOut)
+	}
 }
 
 func TestBenchWritesTableJSONAndChart(t *testing.T) {
