@@ -130,8 +130,11 @@ func (h *harness) instructions(ctx context.Context) (scs []*report.Scenario, err
 //     time-paced workers take, so a cycle's count varies by millions of instructions. The
 //     allocations themselves are counted. GOMEMLIMIT bounds the heap all the same (a run of
 //     hundreds of thousands of requests collects near it, and its count varies again).
+//   - GODEBUG=cpu.rdtscp=off: valgrind 3.19 does not decode RDTSCP, which the runtime reads
+//     the cycle counter with where the CPU has it (a contended runtime lock's spin): the
+//     process died of SIGILL in about one run in two on an AMD EPYC host.
 func instrEnv() []string {
-	return []string{"env", "GOMAXPROCS=1", "GOGC=off", "GOMEMLIMIT=" + instrMemLimit}
+	return []string{"env", "GOMAXPROCS=1", "GOGC=off", "GOMEMLIMIT=" + instrMemLimit, "GODEBUG=cpu.rdtscp=off"}
 }
 
 // instrMemLimit is GOMEMLIMIT of a process run under valgrind.
