@@ -6,12 +6,11 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"switchyard/config"
+	"switchyard/internal/rawtest"
 )
 
 // hostileAnswerEngine answers the paths in hostile with answer (on a connection it then
@@ -24,42 +23,23 @@ type hostileAnswerEngine struct {
 
 func newHostileAnswerEngine(t *testing.T, hostile []string, answer func(w io.Writer)) *hostileAnswerEngine {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &hostileAnswerEngine{url: "http://" + ln.Addr().String()}
-	var wg sync.WaitGroup
-	wg.Go(func() {
+	e := &hostileAnswerEngine{}
+	e.url = "http://" + rawtest.Serve(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
 		for {
-			c, err := ln.Accept()
+			req, err := http.ReadRequest(br)
 			if err != nil {
 				return
 			}
-			wg.Go(func() {
-				defer c.Close()
-				_ = c.SetDeadline(time.Now().Add(30 * time.Second))
-				br := bufio.NewReader(c)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					_, _ = io.Copy(io.Discard, req.Body)
-					for _, p := range hostile {
-						if req.URL.Path == p {
-							answer(countingWriter{c, &e.sent})
-							return
-						}
-					}
-					_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+			_, _ = io.Copy(io.Discard, req.Body)
+			for _, p := range hostile {
+				if req.URL.Path == p {
+					answer(countingWriter{c, &e.sent})
+					return
 				}
-			})
+			}
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
 		}
-	})
-	t.Cleanup(func() {
-		_ = ln.Close()
-		wg.Wait()
 	})
 	return e
 }

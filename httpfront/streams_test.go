@@ -1,7 +1,6 @@
 package httpfront
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -19,6 +18,7 @@ import (
 	"unsafe"
 
 	"switchyard/config"
+	"switchyard/internal/rawtest"
 )
 
 // Streams must end in a way every client reads: with the engine's whole answer and its
@@ -96,45 +96,12 @@ func checkStreamEnd(t *testing.T, body, wantCode string) []string {
 // rawEngine is an upstream written over raw TCP: each inference request's connection is
 // handed to answer once its request was read. It lets a test cut a stream anywhere.
 type rawEngine struct {
-	ln  net.Listener
 	url string
-	wg  sync.WaitGroup
 }
 
 func newRawEngine(t *testing.T, answer func(c net.Conn)) *rawEngine {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &rawEngine{ln: ln, url: "http://" + ln.Addr().String()}
-	e.wg.Add(1)
-	go func() {
-		defer e.wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			e.wg.Add(1)
-			go func() {
-				defer e.wg.Done()
-				defer c.Close()
-				_ = c.SetDeadline(time.Now().Add(30 * time.Second))
-				req, err := http.ReadRequest(bufio.NewReader(c))
-				if err != nil {
-					return
-				}
-				_, _ = io.Copy(io.Discard, req.Body)
-				answer(c)
-			}()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		e.wg.Wait()
-	})
-	return e
+	return &rawEngine{url: "http://" + rawtest.Serve(t, rawtest.OneRequest(answer))}
 }
 
 const sseHead = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"

@@ -1,51 +1,27 @@
 package load
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"io"
 	"net"
-	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"switchyard/internal/rawtest"
 )
 
 // hostileRoute serves every request of every connection with answer (raw bytes on the
 // connection, which is closed after it) until the test ends.
 func hostileRoute(t *testing.T, answer func(c net.Conn, stop <-chan struct{})) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				defer c.Close()
-				if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
-					return
-				}
-				answer(c, stop)
-			})
-		}
-	})
-	t.Cleanup(func() {
-		close(stop)
-		_ = ln.Close()
-		wg.Wait()
-	})
-	return ln.Addr().String()
+	addr := rawtest.Serve(t, rawtest.OneRequest(func(c net.Conn) { answer(c, stop) }))
+	t.Cleanup(func() { close(stop) }) // before Serve's: the answers waiting on stop return
+	return addr
 }
 
 // TestFetchBoundsHostileAnswers: the one bounded GET of every engine route the router polls

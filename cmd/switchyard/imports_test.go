@@ -14,9 +14,9 @@ import (
 // leaves any package may import).
 var allowed = map[string][]string{
 	"internal":  {},
-	"config":    {},
-	"tokenizer": {},
-	"load":      {},
+	"config":    {"internal"},
+	"tokenizer": {"internal"},
+	"load":      {"internal"},
 	"kv":        {"load", "internal"},
 	"engine":    {"config", "load", "kv", "internal"},
 	"actors":    {"engine", "kv", "load", "config", "internal"},

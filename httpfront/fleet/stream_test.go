@@ -1,62 +1,31 @@
 package fleet
 
 import (
-	"bufio"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"io"
 	"net"
-	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
 	"switchyard/config"
+	"switchyard/internal/rawtest"
 )
 
 // scriptEngine answers each request on a connection of its own with answer, over TLS when
 // tlsCfg is set: a test can cut the response's bytes anywhere.
 func scriptEngine(t *testing.T, tlsCfg *tls.Config, answer func(c net.Conn)) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				if tlsCfg != nil {
-					c = tls.Server(c, tlsCfg)
-				}
-				_ = c.SetDeadline(time.Now().Add(30 * time.Second))
-				req, err := http.ReadRequest(bufio.NewReader(c))
-				if err != nil {
-					return
-				}
-				_, _ = io.Copy(io.Discard, req.Body)
-				answer(c)
-			}()
+	return rawtest.Serve(t, func(c net.Conn) {
+		if tlsCfg != nil {
+			c = tls.Server(c, tlsCfg)
 		}
-	}()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		wg.Wait()
+		rawtest.OneRequest(answer)(c)
 	})
-	return ln.Addr().String()
 }
 
 // testPacer wakes every `every`; each wake is signalled on woke (without blocking) and read

@@ -10,9 +10,10 @@ import (
 	"encoding/binary"
 	"io"
 	"net"
-	"sync"
 	"testing"
 	"time"
+
+	"switchyard/internal/rawtest"
 )
 
 // Wait bounds every wait of these helpers.
@@ -47,35 +48,20 @@ func Frames(n int) []byte {
 // nil when the peer closed it.
 func Server(t testing.TB, sockType string, attack []byte) (endpoint string, ends <-chan error) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	out := make(chan error, 64)
-	var wg sync.WaitGroup
-	t.Cleanup(func() { _ = ln.Close(); wg.Wait() })
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				defer c.Close()
-				_ = c.SetDeadline(time.Now().Add(Wait))
-				if _, err := c.Write(append(Hello(sockType), attack...)); err != nil {
-					out <- err
-					return
-				}
-				_, err := io.Copy(io.Discard, c)
-				select {
-				case out <- err:
-				default:
-				}
-			})
+	addr := rawtest.Serve(t, func(c net.Conn) {
+		_ = c.SetDeadline(time.Now().Add(Wait))
+		if _, err := c.Write(append(Hello(sockType), attack...)); err != nil {
+			out <- err
+			return
+		}
+		_, err := io.Copy(io.Discard, c)
+		select {
+		case out <- err:
+		default:
 		}
 	})
-	return "tcp://" + ln.Addr().String(), out
+	return "tcp://" + addr, out
 }
 
 // HungUp waits for n connection ends of a Server that the peer caused.
