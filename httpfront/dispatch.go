@@ -386,7 +386,14 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 	// to the handler's stack would move it to the heap for every request.
 	ex.att = attempts{s: s, breq: &ex.breq}
 	att := &ex.att
-	for {
+	for first := true; ; first = false {
+		if !first {
+			// Slow path: a selection after the first (a retry, after an engine's refusal, a
+			// slot wait or a reservation that went) runs at the clock's now, not at the
+			// request's start: its adapter slot reservations, rank picks and adapter slot
+			// counts are for now. One reading per selection; the first keeps start.
+			ex.breq.Now = s.now()
+		}
 		var slotGen uint64
 		if ex.breq.Adapter != "" {
 			slotGen = s.lora.slotGeneration(mr.name) // slow path: a LoRA adapter request
@@ -403,7 +410,6 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 					return s.fail(ctx, o, e)
 				}
 				if again {
-					ex.breq.Now = s.now()
 					continue
 				}
 			}
@@ -467,7 +473,6 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 					// Slow path: a picked engine's slot reservation went before its load
 					// began; a new selection reserves one, waits for one or is refused, as
 					// any selection.
-					ex.breq.Now = s.now()
 					continue
 				}
 				o = s.fail(ctx, o, e)
