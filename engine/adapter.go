@@ -228,9 +228,9 @@ func (s *AdapterSet) FreeSlots(now time.Time) int {
 	return max(s.Slots-used, 0)
 }
 
-// With returns a set with name added (s itself when it holds it already) and its
+// With returns a set with name added at now (s itself when it holds it already) and its
 // reservation, if any, dropped.
-func (s *AdapterSet) With(name string) *AdapterSet {
+func (s *AdapterSet) With(name string, now time.Time) *AdapterSet {
 	if s.Has(name) {
 		return s
 	}
@@ -242,11 +242,11 @@ func (s *AdapterSet) With(name string) *AdapterSet {
 	if s != nil {
 		i, _ := slices.BinarySearch(s.names, name)
 		out.names = slices.Insert(slices.Clone(s.names), i, name)
-		out.uses = slices.Insert(slices.Clone(s.uses), i, newAdapterUse(time.Now().UnixNano()))
+		out.uses = slices.Insert(slices.Clone(s.uses), i, newAdapterUse(now.UnixNano()))
 		out.loading = s.withoutLoading(name)
 		out.gone = s.gone
 	} else {
-		out.names, out.uses = []string{name}, []*adapterUse{newAdapterUse(time.Now().UnixNano())}
+		out.names, out.uses = []string{name}, []*adapterUse{newAdapterUse(now.UnixNano())}
 	}
 	return out
 }
@@ -276,6 +276,8 @@ func (w *Worker) SetAdapters(s *AdapterSet) { w.adapters().Store(s) }
 // evicting) is left out. It reports whether the answer may have made room on the engine
 // (roomy): an adapter known before is gone (the engine unloaded it), one the router did not
 // know is there (a full engine may evict it), or the engine has more slots than known.
+// asOf is on the clock of the times the router's changes are recorded at (ReserveAdapter's
+// now, AddAdapter's now).
 func (w *Worker) LearnAdapters(names []string, slots int, asOf time.Time) (roomy bool) {
 	at := asOf.UnixNano()
 	for {
@@ -342,7 +344,8 @@ func moreSlots(before, after int) bool {
 // the engine holds it, is loading it, had a free slot at now, or — with every slot full and
 // evictable non-nil — held an adapter evictable accepts that no request used: the least
 // recently used one is then evicted (dropped from the set, no hold can be taken on it any
-// more) and named by the reservation (Evicting), for dispatch to unload before the load.
+// more), recorded as evicted at now, and named by the reservation (Evicting), for dispatch
+// to unload before the load.
 // r is the caller's share in the reservation, new or of the load under way (the zero value
 // when the engine holds the adapter): a pick that does not begin the load gives it back
 // (Pick.AbandonAdapter), so that the slot frees at once when no other pick relies on it.
@@ -392,7 +395,7 @@ func (w *Worker) ReserveAdapter(name string, now, until time.Time, evictable map
 				}
 				s.names = slices.Delete(slices.Clone(s.names), i, i+1)
 				s.uses = slices.Delete(slices.Clone(s.uses), i, i+1)
-				s.gone = append(slices.Clone(s.gone[max(len(s.gone)-maxGone+1, 0):]), evicted{victim, time.Now().UnixNano()})
+				s.gone = append(slices.Clone(s.gone[max(len(s.gone)-maxGone+1, 0):]), evicted{victim, now.UnixNano()})
 			}
 			for _, r := range old.loading {
 				if now.Before(r.until) { // lapsed reservations go
@@ -591,11 +594,12 @@ func (h AdapterHold) Release(now time.Time) (idle bool) {
 	return h.u.inflight.Add(-1) == 0
 }
 
-// AddAdapter records that the engine now holds adapter name (after the router loaded it).
-func (w *Worker) AddAdapter(name string) {
+// AddAdapter records that the engine holds adapter name from now on (the router loaded it;
+// now is on the clock LearnAdapters' asOf is read on).
+func (w *Worker) AddAdapter(name string, now time.Time) {
 	for {
 		old := w.adapters().Load()
-		if old.Has(name) || w.adapters().CompareAndSwap(old, old.With(name)) {
+		if old.Has(name) || w.adapters().CompareAndSwap(old, old.With(name, now)) {
 			return
 		}
 	}

@@ -19,15 +19,15 @@ func TestAdapterSet(t *testing.T) {
 	if !s.Has("a") || !s.Has("b") || s.Has("c") || s.Free(now) || len(s.Names()) != 2 {
 		t.Fatalf("set %v slots %d", s.Names(), s.Slots)
 	}
-	if s.With("a") != s {
+	if s.With("a", now) != s {
 		t.Fatal("With of a held adapter made a new set")
 	}
-	if u := NewAdapterSet(nil, 0).With("x"); !u.Has("x") || !u.Free(now) {
+	if u := NewAdapterSet(nil, 0).With("x", now); !u.Has("x") || !u.Free(now) {
 		t.Fatal("an unbounded set")
 	}
 	w := NewWorker("w", "http://127.0.0.1:1", "llama", StagePlain, nil)
-	w.AddAdapter("x")
-	w.AddAdapter("x")
+	w.AddAdapter("x", now)
+	w.AddAdapter("x", now)
 	if got := w.Adapters().Names(); len(got) != 1 || got[0] != "x" {
 		t.Fatalf("worker adapters %v", got)
 	}
@@ -106,7 +106,7 @@ func TestAdapterReservations(t *testing.T) {
 	if w.Adapters().Free(now) {
 		t.Fatal("learning the engine's adapters dropped the load's reservation")
 	}
-	w.AddAdapter("math")
+	w.AddAdapter("math", now)
 	if s := w.Adapters(); !s.Has("math") || s.Loading("math", now) || s.Free(now) {
 		t.Fatalf("after the load: %v, loading %v", s.Names(), s.Loading("math", now))
 	}
@@ -193,7 +193,7 @@ func TestAdapterEviction(t *testing.T) {
 		if s := w.Adapters(); s.Has("b") || s.Evicting("c") != "b" {
 			t.Fatalf("relearned %v, evicting %q", s.Names(), s.Evicting("c"))
 		}
-		w.AddAdapter("c")
+		w.AddAdapter("c", t0)
 		if s := w.Adapters(); !slices.Equal(s.Names(), []string{"a", "c", "pinned"}) || s.Evicting("c") != "" {
 			t.Fatalf("after the load: %v", s.Names())
 		}
@@ -294,28 +294,46 @@ func TestGroupAdapterEviction(t *testing.T) {
 // an adapter does not undo it (the load would otherwise look like a free slot, and the
 // eviction like an adapter still held); a list asked for afterwards is the truth.
 func TestAdapterStaleEngineList(t *testing.T) {
-	now := time.Now()
+	t0 := time.Unix(1000, 0)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
 	w := NewWorker("w", "http://127.0.0.1:1", "llama", StagePlain, nil)
 	w.SetAdapters(NewAdapterSet([]string{"a"}, 2))
-	asked := time.Now()
-	w.AddAdapter("b") // loaded after the question
-	w.LearnAdapters([]string{"a"}, 2, asked)
-	if s := w.Adapters(); !slices.Equal(s.Names(), []string{"a", "b"}) || s.Free(now) {
-		t.Fatalf("after a stale list: %v, free %v", s.Names(), s.Free(now))
+	w.AddAdapter("b", at(1)) // loaded after the question
+	w.LearnAdapters([]string{"a"}, 2, at(0))
+	if s := w.Adapters(); !slices.Equal(s.Names(), []string{"a", "b"}) || s.Free(at(1)) {
+		t.Fatalf("after a stale list: %v, free %v", s.Names(), s.Free(at(1)))
 	}
-	asked = time.Now()
-	if !reserve(w, "c", now, now.Add(time.Minute), map[string]struct{}{"a": {}, "b": {}}) || w.Adapters().Evicting("c") == "" {
+	if !reserve(w, "c", at(3), at(60), map[string]struct{}{"a": {}, "b": {}}) || w.Adapters().Evicting("c") == "" {
 		t.Fatal("no eviction")
 	}
 	victim := w.Adapters().Evicting("c")
-	w.AddAdapter("c")
-	w.LearnAdapters([]string{"a", "b"}, 2, asked) // asked before the eviction: still lists the victim
+	w.AddAdapter("c", at(4))
+	w.LearnAdapters([]string{"a", "b"}, 2, at(2)) // asked before the eviction: still lists the victim
 	if s := w.Adapters(); s.Has(victim) || !s.Has("c") || len(s.Names()) != 2 {
 		t.Fatalf("after a stale list naming the evicted %s: %v", victim, s.Names())
 	}
-	w.LearnAdapters([]string{victim}, 2, time.Now()) // the engine's word, asked after everything
+	w.LearnAdapters([]string{victim}, 2, at(5)) // the engine's word, asked after everything
 	if s := w.Adapters(); !slices.Equal(s.Names(), []string{victim}) {
 		t.Fatalf("after a fresh list: %v", s.Names())
+	}
+}
+
+// TestAdapterTimesOnCallersClock: the times a set records of what the router did (an
+// adapter loaded, one evicted) are on the caller's clock, the one its engine's lists are
+// asked on (LearnAdapters' asOf), not the wall clock: with a clock far from the wall's, a
+// list asked after a load and an eviction is the engine's word (here: it unloaded the
+// adapter loaded, and holds the one evicted again).
+func TestAdapterTimesOnCallersClock(t *testing.T) {
+	t0 := time.Unix(1_000_000, 0) // far before the wall clock
+	w := NewWorker("w", "http://127.0.0.1:1", "llama", StagePlain, nil)
+	w.SetAdapters(NewAdapterSet([]string{"a"}, 1))
+	if !reserve(w, "b", t0, t0.Add(time.Minute), map[string]struct{}{"a": {}}) || w.Adapters().Evicting("b") != "a" {
+		t.Fatal("no eviction of a for b")
+	}
+	w.AddAdapter("b", t0)
+	w.LearnAdapters([]string{"a"}, 1, t0.Add(time.Second)) // asked after the load and the eviction
+	if s := w.Adapters(); !slices.Equal(s.Names(), []string{"a"}) {
+		t.Fatalf("after a list asked after everything: %v, want [a]", s.Names())
 	}
 }
 
@@ -460,7 +478,7 @@ func TestGroupAdapterReplicaLoadsOnce(t *testing.T) {
 			t.Fatalf("during w1's load: %s load %v of %v, want w0 alone", p.Worker.ID, p.LoadAdapter, offered)
 		}
 	}
-	ws[1].AddAdapter("sql")
+	ws[1].AddAdapter("sql", now)
 	ws[1].Counters.SetPeers(10, 0)
 	for range 10 {
 		ws[1].HoldAdapter("sql", now)

@@ -266,7 +266,7 @@ func TestGroupAdapterHeldAtReserve(t *testing.T) {
 	w := testWorkers(t, "llama", StagePlain, "w", 1)[0]
 	w.SetAdapters(NewAdapterSet(nil, 2))
 	g := NewEngineGroup("llama", StagePlain, nil, &fixedPolicy{fn: func(c []*Worker, _ *PickRequest) (Pick, error) {
-		c[0].AddAdapter("math") // another load of it ends while this pick is made
+		c[0].AddAdapter("math", t0) // another load of it ends while this pick is made
 		return Pick{Worker: c[0]}, nil
 	}})
 	g.SetAdapterLoading(time.Minute, nil)

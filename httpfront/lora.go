@@ -46,6 +46,9 @@ const (
 type loraRouting struct {
 	cfg    config.LoRA
 	logger *slog.Logger
+	// now is the server's clock (Options.Now): the reservations' and the engines' adapter
+	// lists' (fleet.Options.AdapterNow).
+	now func() time.Time
 	// model and path are the configured adapters: adapter name to base model and to path.
 	model, path map[string]string
 	metrics     map[string]*loraMetrics // by base model
@@ -90,11 +93,11 @@ type loadCall struct {
 	err  *apiError
 }
 
-func newLoRARouting(cfg *config.Config, set *metrics.Set, logger *slog.Logger) *loraRouting {
+func newLoRARouting(cfg *config.Config, set *metrics.Set, logger *slog.Logger, now func() time.Time) *loraRouting {
 	if !cfg.LoRA.Enabled {
 		return nil
 	}
-	l := &loraRouting{cfg: cfg.LoRA, logger: logger, model: map[string]string{}, path: map[string]string{},
+	l := &loraRouting{cfg: cfg.LoRA, logger: logger, now: now, model: map[string]string{}, path: map[string]string{},
 		metrics: map[string]*loraMetrics{}, loading: map[loadKey]*loadCall{}, room: map[string]*slotRoom{}}
 	for name, m := range cfg.Models {
 		l.room[name] = &slotRoom{freed: make(chan struct{})}
@@ -425,7 +428,7 @@ func (l *loraRouting) load(m *fleet.Member, p *engine.Pick, adapter string, lm *
 	}
 	c.err = l.post(m, adapter, path, deadline)
 	if c.err == nil {
-		w.AddAdapter(adapter)
+		w.AddAdapter(adapter, l.now()) // on the clock the engine's list is asked on
 		lm.loaded.Inc()
 	} else {
 		w.ReleaseAdapter(adapter)

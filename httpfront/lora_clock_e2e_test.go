@@ -50,3 +50,33 @@ func TestAdapterRetrySelectsAtClockNow(t *testing.T) {
 	}
 	ts.waitBackground(t)
 }
+
+// TestAdapterListOnServerClock: the router's adapter loads and its questions of an engine's
+// adapter list are timed on one clock, the server's (Options.Clock): with a clock far
+// ahead of the wall's, a list asked after the router loaded an adapter, which the engine has
+// unloaded since, is the engine's word (a load timed on one clock and a question on another
+// would keep the adapter as loaded after the question).
+func TestAdapterListOnServerClock(t *testing.T) {
+	a := newFakeEngine(t, "A", "llama", withLoRA(2))
+	cfg := loraConfigA(a, map[string]string{"math": "/adapters/math"})
+	clock := newFakeClock()
+	clock.Advance(20 * 365 * 24 * time.Hour) // far ahead of the wall clock
+	ts := startServer(t, cfg, Options{SkipStartupChecks: true, Clock: clock})
+	wa := slotsWorker(t, ts, "A", 2)
+
+	if r := post(t, ts.url+"/v1/chat/completions", chatBody("math", "hi", "")); r.status != 200 {
+		t.Fatalf("status %d: %s", r.status, r.body)
+	}
+	if !wa.Adapters().Has("math") {
+		t.Fatal("the router does not count math on A after loading it")
+	}
+	clock.Advance(time.Second)
+	a.lora.mu.Lock()
+	a.lora.names = nil // unloaded behind the router's back
+	a.lora.mu.Unlock()
+	ts.workers.RefreshAdapters(context.Background(), ts.workers.Member("A"))
+	if s := wa.Adapters(); s.Has("math") {
+		t.Fatalf("after a list asked after the load: %v, want none", s.Names())
+	}
+	ts.waitBackground(t)
+}

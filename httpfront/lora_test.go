@@ -3,6 +3,7 @@ package httpfront
 import (
 	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/VictoriaMetrics/metrics"
 
@@ -16,7 +17,7 @@ func TestSlotMayFreeWakesItsModel(t *testing.T) {
 	cfg := config.Default()
 	cfg.LoRA.Enabled = true
 	cfg.Models = map[string]config.Model{"llama": {}, "qwen": {}}
-	l := newLoRARouting(cfg, metrics.NewSet(), slog.New(slog.DiscardHandler))
+	l := newLoRARouting(cfg, metrics.NewSet(), slog.New(slog.DiscardHandler), time.Now)
 	closed := func(model string) bool {
 		r := l.room[model]
 		r.mu.Lock()

@@ -396,7 +396,7 @@ func (s *Server) build() error {
 	if len(names) == 1 {
 		s.only = s.models[names[0]]
 	}
-	s.lora = newLoRARouting(cfg, s.set, s.logger)
+	s.lora = newLoRARouting(cfg, s.set, s.logger, opts.Now)
 
 	sel, err := actors.NewSelector(resolvers, ws, cfg.Actors, actors.SelectorOptions{System: s.sys, Logger: opts.Logger})
 	if err != nil {
@@ -426,6 +426,7 @@ func (s *Server) build() error {
 		Metrics: s.set, Logger: opts.Logger, Clock: opts.Clock, Dial: opts.Dial, TLS: clientTLS.Global}
 	if cfg.LoRA.Enabled {
 		fo.AdapterRefresh, fo.AdapterSlots = cfg.LoRA.RefreshInterval, cfg.LoRA.SlotsPerEngine
+		fo.AdapterNow = opts.Now            // the clock of the selections' reservations and of the loads
 		fo.AdapterRoom = s.lora.slotMayFree // an engine's list or slots may make room for a waiter
 	}
 	if s.cache != nil {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -57,7 +56,7 @@ func DecodeModelList(body []byte) ([]ModelEntry, error) {
 // Options.AdapterRefresh; so may tests.
 func (f *Fleet) RefreshAdapters(ctx context.Context, m *Member) {
 	var entries []ModelEntry
-	asOf := time.Now() // what the router changes after this wins over the answer
+	asOf := f.opts.AdapterNow() // what the router changes after this wins over the answer
 	err := load.Fetch(ctx, m.up.Probe(), strings.TrimRight(m.url, "/")+PathModels, "application/json", f.health.Timeout, maxInfoBody,
 		func(status int, body []byte) error {
 			if status != fasthttp.StatusOK {

@@ -195,8 +195,8 @@ func TestAdapterLoadsEndOnTheRebuiltWorker(t *testing.T) {
 	if w == old || ws.Load().Worker("L") != w {
 		t.Fatal("the worker was not rebuilt and published")
 	}
-	old.AddAdapter("math")    // math's load ends on the old worker
-	old.ReleaseAdapter("sql") // sql's load fails there
+	old.AddAdapter("math", now) // math's load ends on the old worker
+	old.ReleaseAdapter("sql")   // sql's load fails there
 	s := w.Adapters()
 	if !s.Has("math") || s.Loading("math", now) || s.Loading("sql", now) {
 		t.Fatalf("the published worker: adapters %v, loading math %v, loading sql %v; want math held and no load",

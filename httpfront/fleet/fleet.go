@@ -123,6 +123,10 @@ type Options struct {
 	AdapterRefresh time.Duration
 	// AdapterSlots is an engine's adapter slots when it does not report them (0: unbounded).
 	AdapterSlots int
+	// AdapterNow is when an engine is asked for its adapter list (RefreshAdapters), on the
+	// clock the router times its adapter loads and evictions on (engine.Worker.AddAdapter,
+	// ReserveAdapter). Default: Clock's Now.
+	AdapterNow func() time.Time
 	// AdapterRoom, when set, is called with an engine's model when what the router learns
 	// of it may have made room for an adapter: its adapter list lost one (the engine
 	// unloaded it) or names one the router did not know (a full engine may evict it), or
@@ -164,6 +168,9 @@ func New(set *engine.WorkerSet, opts Options) *Fleet {
 	}
 	if opts.Clock == nil {
 		opts.Clock = SystemClock{}
+	}
+	if opts.AdapterNow == nil {
+		opts.AdapterNow = opts.Clock.Now
 	}
 	if opts.Dial == nil {
 		opts.Dial = defaultDial
