@@ -76,6 +76,10 @@ type slotRoom struct {
 
 type loraMetrics struct {
 	hit, load, loaded, failed *metrics.Counter
+	// joined counts the picks that waited for a load of the adapter another request began
+	// on the engine (or that ended meanwhile) instead of loading it; reselected those whose
+	// slot reservation went before their load began (the request is selected again).
+	joined, reselected *metrics.Counter
 	// replica counts the picks that loaded the adapter beside its holders
 	// (lora.replicate_above).
 	replica *metrics.Counter
@@ -109,6 +113,8 @@ func newLoRARouting(cfg *config.Config, set *metrics.Set, logger *slog.Logger, n
 			hit:           set.NewCounter(metricLoRAPicks + base + `hit"}`),
 			load:          set.NewCounter(metricLoRAPicks + base + `load"}`),
 			replica:       set.NewCounter(metricLoRAPicks + base + `replica"}`),
+			joined:        set.NewCounter(metricLoRAPicks + base + `joined"}`),
+			reselected:    set.NewCounter(metricLoRAPicks + base + `reselected"}`),
 			loaded:        set.NewCounter(metricLoRALoads + base + `ok"}`),
 			failed:        set.NewCounter(metricLoRALoads + base + `failed"}`),
 			evicted:       set.NewCounter(metricLoRAEvictions + base + `ok"}`),
@@ -142,10 +148,14 @@ func (s *Server) adapterRoute(name []byte) (*modelRoute, string) {
 
 // prepareAdapter counts the selection of an adapter request and loads the adapter onto every
 // picked engine that does not hold it yet. It runs before the dispatch's guards are taken: a
-// request waiting for a load holds its waitGuards meanwhile.
+// request waiting for a load holds its waitGuards meanwhile. The selection counts as a
+// replica when a picked engine loads the adapter beside its holders, as a load when one
+// loads it, as joined when every picked engine that was to load it found another request's
+// load there, and as a hit when none was to load it; one whose reservation went before its
+// load began (errAdapterReservationGone) as reselected, a failed load not at all.
 func (s *Server) prepareAdapter(model, adapter string, p *engine.BucketPick, a *picked) *apiError {
 	lm := s.lora.metrics[model]
-	loads, replicates := false, false
+	loads, replicates, joinedAll := false, false, true
 	for _, x := range []struct {
 		pick *engine.Pick
 		m    *fleet.Member
@@ -155,13 +165,20 @@ func (s *Server) prepareAdapter(model, adapter string, p *engine.BucketPick, a *
 		}
 		loads = true
 		replicates = replicates || x.pick.ReplicateAdapter
-		if e := s.lora.load(x.m, x.pick, adapter, lm, s.now()); e != nil {
+		joined, e := s.lora.load(x.m, x.pick, adapter, lm, s.now())
+		if e == errAdapterReservationGone {
+			lm.reselected.Inc()
+		}
+		if e != nil {
 			return e
 		}
+		joinedAll = joinedAll && joined
 	}
 	switch {
 	case replicates:
 		lm.replica.Inc()
+	case loads && joinedAll:
+		lm.joined.Inc()
 	case loads:
 		lm.load.Inc()
 	default:
@@ -382,11 +399,12 @@ var errClientGoneSlot = newAPIError(CodeClientClosed, "the client closed the con
 // from then on (engine.Pick.BeginAdapterLoad); a pick whose load never begins keeps it, for
 // the caller to give back (engine.BucketPick.AbandonAdapters). A pick whose reservation is
 // gone (the load it shared failed while it waited to dispatch, or it lapsed) does not load:
-// it answers errAdapterReservationGone, and the request is selected again.
-func (l *loraRouting) load(m *fleet.Member, p *engine.Pick, adapter string, lm *loraMetrics, now time.Time) *apiError {
+// it answers errAdapterReservationGone, and the request is selected again. joined reports
+// that another request's load did it (one under way, or ended meanwhile).
+func (l *loraRouting) load(m *fleet.Member, p *engine.Pick, adapter string, lm *loraMetrics, now time.Time) (joined bool, e *apiError) {
 	path, ok := l.path[adapter]
 	if !ok {
-		return newAPIError(CodeAdapterLoad, "adapter "+adapter+" has no configured path (models.<name>.lora_adapters): it cannot be loaded")
+		return false, newAPIError(CodeAdapterLoad, "adapter "+adapter+" has no configured path (models.<name>.lora_adapters): it cannot be loaded")
 	}
 	w := p.Worker
 	k := loadKey{w.ID, adapter}
@@ -395,7 +413,7 @@ func (l *loraRouting) load(m *fleet.Member, p *engine.Pick, adapter string, lm *
 		l.mu.Unlock()
 		p.BeginAdapterLoad(now) // the load under way is the pick's, whichever reservation it holds
 		<-c.done
-		return c.err
+		return true, c.err
 	}
 	// No load of it is under way: one that ended did so before its call was removed (under
 	// l.mu), so the worker's set says how it ended.
@@ -404,11 +422,11 @@ func (l *loraRouting) load(m *fleet.Member, p *engine.Pick, adapter string, lm *
 		// pick gives its share back.
 		l.mu.Unlock()
 		p.AbandonAdapter()
-		return nil
+		return true, nil
 	}
 	if !p.BeginAdapterLoad(now) {
 		l.mu.Unlock()
-		return errAdapterReservationGone // slow path: the load it shared failed, or it lapsed
+		return false, errAdapterReservationGone // slow path: the load it shared failed, or it lapsed
 	}
 	c := &loadCall{done: make(chan struct{})}
 	l.loading[k] = c
@@ -439,7 +457,7 @@ func (l *loraRouting) load(m *fleet.Member, p *engine.Pick, adapter string, lm *
 	delete(l.loading, k)
 	l.mu.Unlock()
 	close(c.done)
-	return c.err
+	return false, c.err
 }
 
 // errAdapterReservationGone is load's answer for a pick whose slot reservation is gone

@@ -156,6 +156,10 @@ func TestAdapterSharedLoadFailedNoLoadWithoutReservation(t *testing.T) {
 			if _, calls := b.loraState(); !slices.Equal(calls, tt.wantCalls) {
 				t.Fatalf("B got the adapter calls %v, want %v", calls, tt.wantCalls)
 			}
+			// The second request's pick whose reservation went is counted, once.
+			if got := metricValue(t, ts, `switchyard_lora_picks_total{model="llama",result="reselected"}`); got != 1 {
+				t.Errorf("reselected picks = %v, want 1", got)
+			}
 			if tt.takeSlot {
 				if s := wb.Adapters(); s.Loading("math", now) || s.Has("math") || !s.Loading("sql", now) {
 					t.Fatalf("B's slot: math held %v or loading %v, sql loading %v; want sql's reservation alone",

@@ -292,6 +292,23 @@ func TestAdapterLoadWaitersCountInFlight(t *testing.T) {
 			if n := wa.Counters.Dispatched(); n != wantA {
 				t.Fatalf("A counted %d dispatches, want %d", n, wantA)
 			}
+			// The first request's pick loaded math, the second's joined that load (the one
+			// beyond the cap loaded it on B); a failed load's picks count none.
+			wantLoad, wantJoined := 1.0, 1.0
+			switch {
+			case tt.failLoad:
+				wantLoad, wantJoined = 0, 0
+			case tt.spill:
+				wantLoad = 2
+			}
+			for _, m := range []struct {
+				result string
+				want   float64
+			}{{"load", wantLoad}, {"joined", wantJoined}} {
+				if got := metricValue(t, ts, `switchyard_lora_picks_total{model="llama",result="`+m.result+`"}`); got != m.want {
+					t.Errorf("picks %s = %v, want %v", m.result, got, m.want)
+				}
+			}
 		})
 	}
 }

@@ -268,6 +268,11 @@ func (h *harness) loraRow(ctx context.Context, sc *report.Scenario, wl *workload
 			if fig.Loads, err = r.counter(ctx, "switchyard_lora_picks_total", `result="load"`); err != nil {
 				return err
 			}
+			joined, err := r.counter(ctx, "switchyard_lora_picks_total", `result="joined"`)
+			if err != nil {
+				return err
+			}
+			fig.Loads += joined // the selections that waited for a load count with those that loaded
 			if fig.Replicas, err = r.counter(ctx, "switchyard_lora_picks_total", `result="replica"`); err != nil {
 				return err
 			}
