@@ -98,8 +98,12 @@ type sloTrack struct {
 	estTTFT, estTPOT float64
 	hasTTFT, hasTPOT bool
 
+	// start is the selection of the dispatch (engine.BucketRequest.Now; a retry's own): the
+	// engine's learning and the estimates' ratios count from it (chunk). The targets are
+	// judged from the request's arrival (end).
+	start time.Time
+
 	// Recorded by a stream's relay.
-	start           time.Time
 	firstAt, lastAt time.Time
 	events, done    int // SSE data lines, and [DONE] lines among them (done set at the end)
 }
@@ -165,9 +169,11 @@ func (t *sloTrack) chunk(dataLines int, now time.Time) {
 	t.lastAt = now
 }
 
-// end records the end of the stream: a complete one teaches the decode engine its time per
-// output token and, when the request had targets, counts them met or missed.
-func (t *sloTrack) end(complete bool) {
+// end records the end of the stream of a request that arrived at arrived: a complete one
+// teaches the decode engine its time per output token and, when the request had targets,
+// counts them met or missed (its TTFT the client's, from arrived: a retry's earlier
+// attempts count).
+func (t *sloTrack) end(complete bool, arrived time.Time) {
 	if !complete || t.firstAt.IsZero() {
 		return
 	}
@@ -183,7 +189,7 @@ func (t *sloTrack) end(complete bool) {
 	if !t.targets.Any() || t.bucket == nil {
 		return
 	}
-	ttft := t.firstAt.Sub(t.start)
+	ttft := t.firstAt.Sub(arrived)
 	met := true
 	if t.targets.TTFT > 0 && ttft > t.targets.TTFT {
 		met = false

@@ -446,3 +446,33 @@ func TestBufferedAnswerFirstTokenExpected(t *testing.T) {
 	}
 	waitUntil(t, "the request's end", func() bool { return c.InFlight() == 0 })
 }
+
+// TestSLOAttainmentOfARetryCountsFromTheStart: a request's TTFT target is the client's: a
+// retried stream is judged on the time from the request's start to its first token, the
+// failed first attempt included.
+func TestSLOAttainmentOfARetryCountsFromTheStart(t *testing.T) {
+	a, b := newFakeEngine(t, "A", "llama"), newFakeEngine(t, "B", "llama")
+	a.fail.Store(503)
+	a.delay = make(chan struct{})
+	clock := newFakeClock()
+	clock.scheduled = make(chan time.Duration, 4)
+	ts := startServer(t, retryConfig(a, b), Options{NoTelemetry: true, SkipStartupChecks: true, Clock: clock})
+	out := make(chan result, 1)
+	postAsync(t.Context(), ts.url+"/v1/chat/completions", chatBody("llama", "hi", `"stream":true`), out, "x-slo-ttft-ms", "1000")
+	waitUntil(t, "the first attempt to reach A", func() bool { return a.hits.Load() == 1 })
+	clock.Advance(2 * time.Second) // the first attempt alone outlasts the target
+	close(a.delay)
+	select {
+	case <-clock.scheduled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request never waited for its retry")
+	}
+	clock.Advance(10 * time.Millisecond) // the backoff ends; B answers at once
+	if r := collect(t, out, 1, "the stream")[0]; r.status != 200 || r.header.Get(headerWorker) != "B" {
+		t.Fatalf("status %d from %q, want 200 from B", r.status, r.header.Get(headerWorker))
+	}
+	waitUntil(t, "the stream's end", func() bool { return ts.tracker.Counters("B").InFlight() == 0 })
+	if got := metricValue(t, ts, `switchyard_slo_missed_total{model="llama",bucket="b",target="ttft"}`); got != 1 {
+		t.Errorf("missed ttft = %v, want 1 (2.01 s from the start against 1 s)", got)
+	}
+}

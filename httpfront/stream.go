@@ -858,7 +858,7 @@ func (r *relay) CloseWithError(error) error {
 	putBuf(r.out)
 	r.buf, r.pend, r.out, r.held, r.pending = nil, nil, nil, nil, nil
 	r.slo.done = r.sse.doneLines
-	r.slo.end(end == endEOF)
+	r.slo.end(end == endEOF, r.start) // r.start: the request's arrival
 	r.finish(end)
 	return nil
 }
