@@ -334,17 +334,12 @@ func (s *Server) serveInference(ctx *fasthttp.RequestCtx, kind routeKind, ex *ex
 	if e != nil {
 		return s.fail(ctx, o, e)
 	}
-	ex.breq = engine.BucketRequest{
-		Model:        mr.name,
-		InputTokens:  input,
-		ExpectedPeak: peak,
-		TokenIDs:     ids,
-		Adapter:      adapter,
-		SessionKey:   hdr.string(fwdSession),
-		RoutingKey:   hdr.string(fwdRouting),
-		Now:          start,
-		SLO:          targets,
-	}
+	// The pooled exchange's request is zero here (trim). Its fields are set in place: a
+	// composite literal would be built on the stack and copied whole (fast path).
+	b := &ex.breq
+	b.Model, b.InputTokens, b.ExpectedPeak, b.TokenIDs, b.Adapter = mr.name, input, peak, ids, adapter
+	b.SessionKey, b.RoutingKey = hdr.string(fwdSession), hdr.string(fwdRouting)
+	b.Now, b.SLO = start, targets
 	if mr.hashKey {
 		ex.breq.HashKey = s.hashKey(&ctx.Request.Header)
 	}
@@ -501,9 +496,15 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 			ex.rank = injectInts(ex.rank[:0], body, intField{fieldDPRank, pick.Plain.Rank})
 			abody = ex.rank
 		}
-		ex.d = dispatch{s: s, ctx: ctx, kind: kind, body: abody, facts: &ex.facts, pick: pick, adm: adm, hdr: *hdr, start: start,
-			mm: mr.metrics, dl: att.deadline(), ticket: o.ticket, att: att, holds: holds, waited: waited}
+		// The dispatch is built in place: a composite literal would be built on the stack and
+		// copied whole (fast path). The first attempt's is zero (trim); a retry's is cleared.
 		d := &ex.d
+		if d.s != nil {
+			*d = dispatch{} // slow path: a retry
+		}
+		d.s, d.ctx, d.kind, d.body, d.facts, d.start, d.mm = s, ctx, kind, abody, &ex.facts, start, mr.metrics
+		d.pick, d.adm, d.hdr = pick, adm, *hdr
+		d.dl, d.ticket, d.att, d.holds, d.waited = att.deadline(), o.ticket, att, holds, waited
 		if pick.IsPD() && !kind.generates() {
 			// A route that generates nothing goes to one engine: the pair's prefill engine.
 			d.adm.tDecode.Done(fleet.OutcomeNeutral)
