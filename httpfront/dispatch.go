@@ -513,7 +513,7 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 			d.pick = engine.BucketPick{BucketID: pick.BucketID, Plain: pick.Prefill, Order: pick.Order}
 			d.adm = picked{plain: adm.prefill, tPlain: adm.tPrefill}
 		}
-		d.slo = s.sloStart(mr, &ex.breq, &d.pick)
+		s.sloStart(&d.slo, mr, &ex.breq, &d.pick)
 		if ex.tr.on() {
 			// Slow path: the attempt is traced, and its span is the engines' parent.
 			ex.tr.startDispatch(d, att.n, att.retryReason(), att.wait)

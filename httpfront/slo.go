@@ -108,13 +108,14 @@ type sloTrack struct {
 	events, done    int // SSE data lines, and [DONE] lines among them (done set at the end)
 }
 
-// sloStart makes the request's estimates for the engines of pick, at dispatch.
-func (s *Server) sloStart(mr *modelRoute, req *engine.BucketRequest, pick *engine.BucketPick) sloTrack {
+// sloStart makes into t the request's estimates for the engines of pick, at dispatch. It
+// fills t in place: a returned sloTrack would be copied twice (fast path).
+func (s *Server) sloStart(t *sloTrack, mr *modelRoute, req *engine.BucketRequest, pick *engine.BucketPick) {
 	pw, dw := pick.Plain.Worker, pick.Plain.Worker
 	if pick.IsPD() {
 		pw, dw = pick.Prefill.Worker, pick.Decode.Worker
 	}
-	t := sloTrack{targets: req.SLO, order: pick.Order, mm: mr.metrics.slo, start: req.Now,
+	*t = sloTrack{targets: req.SLO, order: pick.Order, mm: mr.metrics.slo, start: req.Now,
 		prefill: pw.Counters.Rates(), decode: dw.Counters.Rates()}
 	t.bucket = t.mm.buckets[pick.BucketID]
 	snap := s.opts.Loads.Load()
@@ -128,7 +129,6 @@ func (s *Server) sloStart(mr *modelRoute, req *engine.BucketRequest, pick *engin
 	}
 	t.dload = load.DecodeLoad(&do, dw.Counters)
 	t.estTPOT, t.hasTPOT = load.EstimateTPOTAtLoad(dw.Counters, t.dload)
-	return t
 }
 
 // headers sets the estimate and order headers of a request that has a target.
