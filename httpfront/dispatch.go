@@ -310,8 +310,10 @@ func (s *Server) serveInference(ctx *fasthttp.RequestCtx, kind routeKind, ex *ex
 			}
 		}()
 	}
-	var hdr clientHeaders
-	s.fwd.scan(&ctx.Request.Header, &hdr)
+	// The client's headers are scanned into the dispatch's, zero here (trim): the dispatch
+	// holds them without a copy (fast path).
+	hdr := &ex.d.hdr
+	s.fwd.scan(&ctx.Request.Header, hdr)
 	ex.tr.startPrepare(mr.name, f.stream)
 	var (
 		input int64
@@ -330,7 +332,7 @@ func (s *Server) serveInference(ctx *fasthttp.RequestCtx, kind routeKind, ex *ex
 	if e != nil {
 		return s.fail(ctx, o, e)
 	}
-	targets, e := sloTargets(&hdr, mr.slo)
+	targets, e := sloTargets(hdr, mr.slo)
 	if e != nil {
 		return s.fail(ctx, o, e)
 	}
@@ -361,7 +363,7 @@ func (s *Server) serveInference(ctx *fasthttp.RequestCtx, kind routeKind, ex *ex
 	if ex.tr.on() {
 		ex.tr.endPrepare(&ex.breq, tokenSource(f, ids))
 	}
-	return s.attempt(ctx, kind, ex, mr, body, &hdr, start, o)
+	return s.attempt(ctx, kind, ex, mr, body, start, o)
 }
 
 // abandonPick gives back the adapter slots a selection reserved for a request that is not
@@ -374,9 +376,10 @@ func (s *Server) abandonPick(ex *exchange, pick *engine.BucketPick) {
 }
 
 // attempt runs the request's attempt loop (see attempts): select, admit, dispatch, and
-// after a failure that allows it, back off and select again.
+// after a failure that allows it, back off and select again. The client's headers are in
+// ex.d.hdr (serveInference).
 func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange, mr *modelRoute, body []byte,
-	hdr *clientHeaders, start time.Time, o outcome) outcome {
+	start time.Time, o outcome) outcome {
 	// The loop's state lives in the pooled exchange: a dispatch points to it, and a pointer
 	// to the handler's stack would move it to the heap for every request.
 	ex.att = attempts{s: s, breq: &ex.breq}
@@ -497,13 +500,15 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 			abody = ex.rank
 		}
 		// The dispatch is built in place: a composite literal would be built on the stack and
-		// copied whole (fast path). The first attempt's is zero (trim); a retry's is cleared.
+		// copied whole (fast path). The first attempt's is zero but for the client's headers
+		// (serveInference); a retry's is cleared but for them.
 		d := &ex.d
 		if d.s != nil {
-			*d = dispatch{} // slow path: a retry
+			hdr := d.hdr // slow path: a retry
+			*d = dispatch{hdr: hdr}
 		}
 		d.s, d.ctx, d.kind, d.body, d.facts, d.start, d.mm = s, ctx, kind, abody, &ex.facts, start, mr.metrics
-		d.pick, d.adm, d.hdr = pick, adm, *hdr
+		d.pick, d.adm = pick, adm
 		d.dl, d.ticket, d.att, d.holds, d.waited = att.deadline(), o.ticket, att, holds, waited
 		if pick.IsPD() && !kind.generates() {
 			// A route that generates nothing goes to one engine: the pair's prefill engine.

@@ -83,6 +83,34 @@ func TestRetryTakesAnotherEngine(t *testing.T) {
 	}
 }
 
+// TestRetryForwardsClientHeaders: the retry's request to the other engine carries the
+// client's forwarded headers as the first attempt's did (the dispatch is rebuilt in place
+// for each attempt, and keeps them).
+func TestRetryForwardsClientHeaders(t *testing.T) {
+	a, b := newFakeEngine(t, "A", "llama"), newFakeEngine(t, "B", "llama")
+	a.fail.Store(503)
+	cfg := retryConfig(a, b)
+	cfg.Health.BreakerEnabled = false
+	ts := startServer(t, cfg, Options{NoTelemetry: true, SkipStartupChecks: true})
+	want := map[string]string{"X-Request-Id": "req-7", "Traceparent": "00-abc-01", "X-Session-Id": "s7"}
+	r := post(t, ts.url+"/v1/chat/completions", chatBody("llama", "hi", ""),
+		"X-Request-Id", want["X-Request-Id"], "Traceparent", want["Traceparent"], "X-Session-Id", want["X-Session-Id"])
+	if r.status != 200 || r.header.Get(headerWorker) != "B" || attemptsOf(t, r) != 2 {
+		t.Fatalf("%d %s from %s after %s attempts", r.status, r.body, r.header.Get(headerWorker), r.header.Get(headerAttempts))
+	}
+	for _, e := range []*fakeEngine{a, b} {
+		_, hs := e.received()
+		if len(hs) != 1 {
+			t.Fatalf("engine %s got %d requests, want 1", e.id, len(hs))
+		}
+		for k, v := range want {
+			if got := hs[0].Get(k); got != v {
+				t.Errorf("engine %s: %s = %q, want %q", e.id, k, got, v)
+			}
+		}
+	}
+}
+
 // TestStreamThatStartedIsNotRetried: once the engine's stream has begun, its failure ends
 // the client's stream with an error event and no retry.
 func TestStreamThatStartedIsNotRetried(t *testing.T) {
