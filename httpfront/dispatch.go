@@ -434,7 +434,9 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 				return o
 			}
 		}
-		adm, refused := admitPicked(&pick, start)
+		// The selection's time is the dispatch's in its engines' breaker windows: a retry's
+		// own, so that its outcome counts in the window it ends in (the first keeps start).
+		adm, refused := admitPicked(&pick, ex.breq.Now)
 		if refused != nil {
 			// Slow path: a picked engine refused the dispatch (its half-open breaker's probe
 			// is taken, or it was removed). It is withdrawn from picks, and left out of this
@@ -588,9 +590,9 @@ func (a *picked) done(o fleet.Outcome) {
 	a.tDecode.Done(o)
 }
 
-// admitPicked asks the picked engines to take the dispatch of a request that started at
-// start (fleet.Member.Admit). refused is the engine that did not, nil when all did; any
-// ticket already taken was then given back.
+// admitPicked asks the picked engines to take a dispatch that starts at start, the time of
+// its selection (fleet.Member.Admit). refused is the engine that did not, nil when all did;
+// any ticket already taken was then given back.
 func admitPicked(p *engine.BucketPick, start time.Time) (a picked, refused *engine.Worker) {
 	var ok bool
 	if !p.IsPD() {

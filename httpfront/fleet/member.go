@@ -131,8 +131,9 @@ type Ticket struct {
 	start time.Time
 }
 
-// Admit is called when a request that started at start is about to be sent to the worker.
-// It refuses when the worker was removed, its breaker is open, or its breaker is half-open
+// Admit is called when a dispatch that starts at start is about to be sent to the worker:
+// its outcome counts in the breaker's error-rate window at start (a retry's start is its
+// own, not its request's). It refuses when the worker was removed, its breaker is open, or its breaker is half-open
 // with the probe already in flight; the worker is then withdrawn from picks before Admit
 // returns, so the caller's next selection chooses another engine. The fast path (a closed
 // breaker) is two atomic loads.

@@ -1,0 +1,53 @@
+package httpfront
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"switchyard/httpfront/fleet"
+)
+
+// TestRetryChargesBreakerAtItsOwnTime: a retry's outcome counts in its engine's breaker
+// window at the retry's time, not at the request's start. The first attempt, on A, lasts
+// longer than health.breaker_window before A answers 503; the retry's 500 on B and a second
+// request's 500 on B are then two errors in one window, which open B's breaker
+// (breaker_min_requests 2). Timed from the request's start, the retry's error would fall in
+// a window long gone, and B's breaker would stay closed after one counted error.
+func TestRetryChargesBreakerAtItsOwnTime(t *testing.T) {
+	a, b := newFakeEngine(t, "A", "llama"), newFakeEngine(t, "B", "llama")
+	a.fail.Store(503)
+	a.delay = make(chan struct{})
+	b.fail.Store(500) // an error (not retried): it counts only in the error rate
+	cfg := retryConfig(a, b)
+	cfg.Health.BreakerFailures = 100 // consecutive failures out of the way: the window decides
+	cfg.Health.BreakerErrorRate = 1
+	cfg.Health.BreakerMinRequests = 2
+	cfg.Health.BreakerWindow = 10 * time.Second
+	clock := newFakeClock() // the request's time; the backoff runs on the wall clock
+	ts := startServer(t, cfg, Options{NoTelemetry: true, SkipStartupChecks: true, Now: clock.Now})
+	mb := ts.workers.Member("B")
+
+	done := make(chan result, 1)
+	postAsync(context.Background(), ts.url+"/v1/chat/completions", chatBody("llama", "hi", ""), done)
+	waitUntil(t, "the first attempt to reach A", func() bool { return a.hits.Load() == 1 })
+	clock.Advance(time.Minute) // the first attempt outlasts the breaker's window
+	close(a.delay)
+	if r := collect(t, done, 1, "the retried request")[0]; r.status != 500 || r.header.Get(headerWorker) != "B" {
+		t.Fatalf("the retried request: %d %s from %q, want B's 500", r.status, r.code, r.header.Get(headerWorker))
+	}
+	if st := mb.Breaker().State(); st != fleet.BreakerClosed {
+		t.Fatalf("B's breaker %v after one error, want closed", st)
+	}
+	// A second error on B at the same time: whichever engine the request is offered first,
+	// it ends with B's 500.
+	if r := post(t, ts.url+"/v1/chat/completions", chatBody("llama", "hi", "")); r.status != 500 || r.header.Get(headerWorker) != "B" {
+		t.Fatalf("the second request: %d %s from %q, want B's 500", r.status, r.body, r.header.Get(headerWorker))
+	}
+	if n := b.hits.Load(); n != 2 {
+		t.Fatalf("B served %d requests, want 2", n)
+	}
+	if st := mb.Breaker().State(); st != fleet.BreakerOpen {
+		t.Fatalf("B's breaker %v after two errors in its window, want open (the retry's error was counted at the request's start)", st)
+	}
+}
