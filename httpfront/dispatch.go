@@ -781,7 +781,9 @@ func (d *dispatch) plain(ex *exchange, o outcome) (outcome, *failedAnswer) {
 	s := d.s
 	w := d.pick.Plain.Worker
 	m, ticket := d.adm.plain, d.adm.tPlain
-	// The request's start time stamps the guard: one clock read less per request. Until its
+	// The selection's time stamps the guard, with no clock read: the request's start on the
+	// first attempt, a retry's own reading on a retry (the guard's age, its pending prefill
+	// and the expected first token of a buffered answer count from the attempt). Until its
 	// first token the request is pending prefill on the engine. A buffered answer releases
 	// its guard before this returns: the exchange holds it, no allocation (fast path).
 	// A stream's guard lives in its relay, allocated here (one allocation for both).
@@ -789,7 +791,7 @@ func (d *dispatch) plain(ex *exchange, o outcome) (outcome, *failedAnswer) {
 		guard *load.Guard
 		rs    *relay
 	)
-	at := d.start
+	at := ex.breq.Now
 	if d.facts.stream {
 		rs = new(relay)
 	}

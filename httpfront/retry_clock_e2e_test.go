@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"switchyard/httpfront/fleet"
+	"switchyard/load"
 )
 
 // TestRetryChargesBreakerAtItsOwnTime: a retry's outcome counts in its engine's breaker
@@ -49,5 +50,56 @@ func TestRetryChargesBreakerAtItsOwnTime(t *testing.T) {
 	}
 	if st := mb.Breaker().State(); st != fleet.BreakerOpen {
 		t.Fatalf("B's breaker %v after two errors in its window, want open (the retry's error was counted at the request's start)", st)
+	}
+}
+
+// TestRetryGuardStampedAtItsOwnTime: a retry's in-flight guard on its engine is stamped with
+// the retry's time, not with the request's start. The first attempt, on A, lasts a minute
+// of the server's clock before A answers 503; while the retry is held on B, B's latest
+// dispatch is the clock's now, and the guard is not old enough for the reaper of leaked
+// guards (load.Tracker.ReleaseStale) to take it at half that age. A buffered answer and a
+// stream alike.
+func TestRetryGuardStampedAtItsOwnTime(t *testing.T) {
+	for _, tc := range []struct {
+		name, extra string
+	}{
+		{"buffered", ""},
+		{"stream", `"stream":true`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := newFakeEngine(t, "A", "llama"), newFakeEngine(t, "B", "llama", withGate())
+			a.fail.Store(503)
+			a.delay = make(chan struct{})
+			b.hold, b.entered = make(chan struct{}), make(chan struct{}, 1)
+			cfg := retryConfig(a, b)
+			cfg.Health.BreakerEnabled = false
+			tr := load.NewTracker()
+			clock := newFakeClock() // the request's time; the backoff runs on the wall clock
+			ts := startServer(t, cfg, Options{NoTelemetry: true, SkipStartupChecks: true, Tracker: tr, Now: clock.Now})
+
+			done := make(chan result, 1)
+			postAsync(context.Background(), ts.url+"/v1/chat/completions", chatBody("llama", "hi", tc.extra), done)
+			waitUntil(t, "the first attempt to reach A", func() bool { return a.hits.Load() == 1 })
+			clock.Advance(time.Minute)
+			close(a.delay)
+			if tc.extra == "" {
+				waitFor(t, b.entered, "the retry held on B")
+			} else {
+				waitFor(t, b.streamed, "the retry's stream held on B")
+			}
+			if got, want := tr.Counters("B").LastDispatch(), clock.Now(); !got.Equal(want) {
+				t.Errorf("B's latest dispatch at %v, want the retry's time %v (%v after the request's start)",
+					got, want, want.Sub(got))
+			}
+			if n := tr.ReleaseStale(clock.Now(), 30*time.Second); n != 0 {
+				t.Errorf("the reaper released %d guards at half a minute's age: the retry's guard was stamped at the request's start", n)
+			}
+			close(b.hold)
+			close(b.gate)
+			if r := collect(t, done, 1, "the retried request")[0]; r.status != 200 || r.header.Get(headerWorker) != "B" {
+				t.Fatalf("the retried request: %d %s from %q, want 200 from B", r.status, r.code, r.header.Get(headerWorker))
+			}
+			ts.waitBackground(t)
+		})
 	}
 }
