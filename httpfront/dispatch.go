@@ -433,9 +433,15 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 				att.setHeader(ctx)
 				return o
 			}
+			if att.wait > 0 {
+				// The retry waited after its selection: it is dispatched at the clock's now,
+				// and its breaker ticket, guard and SLO estimates count from then.
+				ex.breq.Now = s.now()
+			}
 		}
-		// The selection's time is the dispatch's in its engines' breaker windows: a retry's
-		// own, so that its outcome counts in the window it ends in (the first keeps start).
+		// The selection's time (a retry's backoff's end) is the dispatch's in its engines'
+		// breaker windows: a retry's own, so that its outcome counts in the window it ends
+		// in (the first keeps start).
 		adm, refused := admitPicked(&pick, ex.breq.Now)
 		if refused != nil {
 			// Slow path: a picked engine refused the dispatch (its half-open breaker's probe

@@ -103,3 +103,39 @@ func TestRetryGuardStampedAtItsOwnTime(t *testing.T) {
 		})
 	}
 }
+
+// TestRetryDispatchedAtItsBackoffEnd: a retry that waited for its backoff is dispatched at
+// the backoff's end, and its guard says so: B's latest dispatch is the clock's now once the
+// backoff (a second on the server's clock) ended, not the time of the selection that
+// preceded the wait.
+func TestRetryDispatchedAtItsBackoffEnd(t *testing.T) {
+	a, b := newFakeEngine(t, "A", "llama"), newFakeEngine(t, "B", "llama")
+	a.fail.Store(503)
+	b.hold, b.entered = make(chan struct{}), make(chan struct{}, 1)
+	cfg := retryConfig(a, b)
+	cfg.Health.BreakerEnabled = false
+	cfg.Retry.InitialBackoff, cfg.Retry.MaxBackoff = time.Second, time.Second
+	tr := load.NewTracker()
+	clock := newFakeClock() // the request's time and the backoff's
+	clock.scheduled = make(chan time.Duration, 4)
+	ts := startServer(t, cfg, Options{NoTelemetry: true, SkipStartupChecks: true, Tracker: tr, Clock: clock})
+
+	done := make(chan result, 1)
+	postAsync(context.Background(), ts.url+"/v1/chat/completions", chatBody("llama", "hi", ""), done)
+	var wait time.Duration
+	select {
+	case wait = <-clock.scheduled: // A failed, the retry's selection picked B, its backoff began
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request never waited for its retry")
+	}
+	clock.Advance(wait)
+	waitFor(t, b.entered, "the retry held on B")
+	if got, want := tr.Counters("B").LastDispatch(), clock.Now(); !got.Equal(want) {
+		t.Errorf("B's latest dispatch at %v, want the backoff's end %v (%v later)", got, want, want.Sub(got))
+	}
+	close(b.hold)
+	if r := collect(t, done, 1, "the retried request")[0]; r.status != 200 || r.header.Get(headerWorker) != "B" {
+		t.Fatalf("the retried request: %d %s from %q, want 200 from B", r.status, r.code, r.header.Get(headerWorker))
+	}
+	ts.waitBackground(t)
+}

@@ -98,9 +98,9 @@ type sloTrack struct {
 	estTTFT, estTPOT float64
 	hasTTFT, hasTPOT bool
 
-	// start is the selection of the dispatch (engine.BucketRequest.Now; a retry's own): the
-	// engine's learning and the estimates' ratios count from it (chunk). The targets are
-	// judged from the request's arrival (end).
+	// start is the dispatch's time (engine.BucketRequest.Now: its selection's, a retry's
+	// own, or the end of a retry's backoff): the engine's learning and the estimates' ratios
+	// count from it (chunk). The targets are judged from the request's arrival (end).
 	start time.Time
 
 	// Recorded by a stream's relay.
