@@ -314,6 +314,37 @@ func TestPlainChatClockReads(t *testing.T) {
 	}
 }
 
+// TestPDChatClockReads: a non-streamed prefill/decode request reads the Server's clock
+// three times: at its start, at the prefill engine's answer (its first token) and at the
+// decode engine's answer; its guards take the selection's time, as a plain dispatch's do.
+func TestPDChatClockReads(t *testing.T) {
+	var reads atomic.Int64
+	now := func() time.Time {
+		reads.Add(1)
+		return time.Now()
+	}
+	p := newFakeEngine(t, "P", "llama", withMode("prefill"))
+	p.bootstrapPort = 8998
+	d := newFakeEngine(t, "D", "llama", withMode("decode"))
+	d.expectHost, d.expectPort = "127.0.0.1", 8998
+	ts := startServer(t, pdConfig(p, d, ptr(8998)), Options{NoTelemetry: true, SkipStartupChecks: true, Now: now})
+	const requests = 20
+	var before int64
+	for i := range requests + 1 {
+		if i == 1 {
+			before = reads.Load() // the first request's reads include the Server's first ones
+		}
+		if r := post(t, ts.url+"/v1/chat/completions", chatBody("llama", "hi", "")); r.status != 200 {
+			t.Fatalf("request %d: %d %s", i, r.status, r.body)
+		}
+	}
+	ts.waitBackground(t)
+	// A janitor tick (every DefaultJanitorInterval) may add one reading.
+	if n := float64(reads.Load()-before) / requests; n > 3.25 {
+		t.Errorf("%.2f clock readings per request, want 3 (start, prefill answer, answer)", n)
+	}
+}
+
 // TestRequestStartReading: on the wall clock a request's start is fasthttp's reading before
 // the handler (no reading of the Server's own); on another clock it is that clock's.
 func TestRequestStartReading(t *testing.T) {

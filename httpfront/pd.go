@@ -131,14 +131,17 @@ func (d *dispatch) pd(ex *exchange, o outcome) (outcome, *failedAnswer) {
 		ex.rank2 = injectInts(ex.rank2[:0], ex.pd, df...)
 		dbody = ex.rank2
 	}
-	now := s.now()
+	// The selection's time stamps the guards, with no clock read, as a plain dispatch's: the
+	// request's start on the first attempt, a retry's own time on a retry.
 	var gp, gd *load.Guard
 	if d.waited[0] != nil {
 		// Slow path: the pair waited for its adapter's load, in flight since its pick.
+		now := s.now()
 		gp, gd = d.waited[0].Dispatch(now, d.slo.uncached), d.waited[1].Dispatch(now, -1)
 	} else {
-		gp = s.tracker.AcquirePrefill(pw.Counters, now, d.slo.uncached) // pending until the prefill answers
-		gd = s.tracker.Acquire(dw.Counters, now)
+		at := ex.breq.Now
+		gp = s.tracker.AcquirePrefill(pw.Counters, at, d.slo.uncached) // pending until the prefill answers
+		gd = s.tracker.Acquire(dw.Counters, at)
 	}
 	deadline := d.deadline()
 

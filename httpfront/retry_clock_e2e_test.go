@@ -139,3 +139,38 @@ func TestRetryDispatchedAtItsBackoffEnd(t *testing.T) {
 	}
 	ts.waitBackground(t)
 }
+
+// TestRetryPDGuardsStampedAtTheirOwnTime: a retried prefill/decode pair's guards are stamped
+// with the retry's time, as a plain retry's: the first prefill, on P1, lasts a minute of the
+// server's clock before P1 answers 503; while the retry's prefill is held on P2, P2's and
+// D1's latest dispatches are the clock's now.
+func TestRetryPDGuardsStampedAtTheirOwnTime(t *testing.T) {
+	p1, p2, p3 := newFakeEngine(t, "P1", "llama", withMode("prefill")), newFakeEngine(t, "P2", "llama", withMode("prefill")),
+		newFakeEngine(t, "P3", "llama", withMode("prefill"))
+	d1, d3 := newFakeEngine(t, "D1", "llama", withMode("decode")), newFakeEngine(t, "D3", "llama", withMode("decode"))
+	p1.fail.Store(503)
+	p1.delay = make(chan struct{})
+	p2.hold, p2.entered = make(chan struct{}), make(chan struct{}, 1)
+	cfg := pdRetryConfig(p1, p2, d1, p3, d3)
+	cfg.Health.BreakerEnabled = false
+	tr := load.NewTracker()
+	clock := newFakeClock() // the request's time; the backoff runs on the wall clock
+	ts := startServer(t, cfg, Options{NoTelemetry: true, SkipStartupChecks: true, Tracker: tr, Now: clock.Now})
+
+	done := make(chan result, 1)
+	postAsync(context.Background(), ts.url+"/v1/chat/completions", chatBody("llama", "hi", ""), done)
+	waitUntil(t, "the first prefill to reach P1", func() bool { return p1.hits.Load() == 1 })
+	clock.Advance(time.Minute)
+	close(p1.delay)
+	waitFor(t, p2.entered, "the retry's prefill held on P2")
+	for _, id := range []string{"P2", "D1"} {
+		if got, want := tr.Counters(id).LastDispatch(), clock.Now(); !got.Equal(want) {
+			t.Errorf("%s's latest dispatch at %v, want the retry's time %v (%v after the request's start)", id, got, want, want.Sub(got))
+		}
+	}
+	close(p2.hold)
+	if r := collect(t, done, 1, "the retried request")[0]; r.status != 200 || r.header.Get(headerPrefillWorker) != "P2" {
+		t.Fatalf("the retried request: %d %s from %q, want 200 with P2's prefill", r.status, r.code, r.header.Get(headerPrefillWorker))
+	}
+	ts.waitBackground(t)
+}
