@@ -439,9 +439,9 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, kind routeKind, ex *exchange,
 				ex.breq.Now = s.now()
 			}
 		}
-		// The selection's time (a retry's backoff's end) is the dispatch's in its engines'
-		// breaker windows: a retry's own, so that its outcome counts in the window it ends
-		// in (the first keeps start).
+		// BucketRequest.Now is the dispatch's time in its engines' breaker windows: the
+		// request's start on the first attempt; a retry's selection, or its backoff's end,
+		// on a retry, so that a retry's outcome counts in the window it ends in.
 		adm, refused := admitPicked(&pick, ex.breq.Now)
 		if refused != nil {
 			// Slow path: a picked engine refused the dispatch (its half-open breaker's probe
