@@ -405,8 +405,10 @@ type lookupScratch struct {
 	qp     []*ShardQuery
 	cursor []int
 	// bits numbers the owners of the block-size group being matched: bits[o] = 1 + o's
-	// bit, 0 for every other owner (it is all zeros between groups).
-	bits []uint16
+	// bit, 0 for every other owner (it is all zeros between groups). asked is the same
+	// owners with their epochs, for the direct matcher (askTable).
+	bits  []uint16
+	asked askTable
 	// alive is the set of owners holding every block so far; count[b] is the number of
 	// leading blocks owner bit b holds.
 	alive []uint64
@@ -516,6 +518,8 @@ func (x *Index) getScratch(maxID OwnerID) *lookupScratch {
 	}
 	if need := int(maxID) + 1; len(sc.bits) < need {
 		sc.bits = make([]uint16, need+need/2)
+		sc.asked = make(askTable, len(sc.bits))
+		sc.asked[0] = askNone
 	}
 	return sc
 }
@@ -603,21 +607,22 @@ func (x *Index) MatchHashes(ctx context.Context, model string, blockSize int, ha
 const maxQueryOwners = 1<<16 - 1
 
 // matchGroup sets sc.count[i] to the number of the prompt's n leading blocks owners[i]
-// holds. On error a shard may still read sc.bits: they are left as they are, and the caller
-// drops sc instead of pooling it.
+// holds. On error a shard may still read sc.bits: they (and sc.asked) are left as they are,
+// and the caller drops sc instead of pooling it.
 func (x *Index) matchGroup(ctx context.Context, sc *lookupScratch, owners []OwnerID, n int) (err error) {
 	owners = owners[:min(len(owners), maxQueryOwners)]
 	k := len(owners)
 	w := (k + 63) / 64
 	for i, o := range owners {
 		sc.bits[o] = uint16(i + 1)
+		sc.asked[o] = askRef(o, x.owners.Epoch(o), i)
 	}
 	defer func() {
 		if err != nil {
 			return
 		}
 		for _, o := range owners {
-			sc.bits[o] = 0
+			sc.bits[o], sc.asked[o] = 0, 0
 		}
 	}()
 	sc.startSets(k, w)

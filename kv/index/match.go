@@ -2,6 +2,7 @@ package index
 
 import (
 	"math/bits"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -63,7 +64,7 @@ func (x *Index) matchDirect(sc *lookupScratch, w, lo, hi int, keyed bool) (end i
 	}
 	probes, set := pl.probes[:len(x.shards)], pl.set[:w]
 	clear(probes)
-	bitsOf := sc.bits
+	bitsOf, asked := sc.bits, sc.asked
 	// The first two words of the alive set are kept in registers.
 	var a0, a1 uint64
 	a0 = sc.alive[0]
@@ -88,8 +89,7 @@ resolve:
 			ok := b.whole
 			if b.found && w <= 2 {
 				if !b.m.multi() {
-					if sl := b.m.single(); int(sl.owner) < len(bitsOf) && bitsOf[sl.owner] != 0 && s.valid(sl) {
-						bit := bitsOf[sl.owner] - 1
+					if bit, held := asked.bit(uint64(b.m)); held {
 						if bit < 64 {
 							lo2 = 1 << bit
 						} else {
@@ -97,14 +97,13 @@ resolve:
 						}
 					}
 				} else if off, n := b.m.run(); int(off)+int(n) <= len(b.v.arena) {
-					lo2, hi2 = s.ownerBits2(bitsOf, b.v.arena[off:off+n])
+					lo2, hi2 = asked.bits2(b.v.arena[off : off+n])
 				} else {
 					ok = false
 				}
 			} else if w > 2 {
 				clear(set)
-				_, ok = s.ownersOf(b.v, b.m, b.found, bitsOf, set)
-				ok = ok && b.whole
+				ok = (!b.found || asked.set(b.v, b.m, set)) && b.whole
 			}
 			if !ok || b.seq0&1 != 0 || s.seqs.of(b.h).Load() != b.seq0 {
 				// Slow path: the block changed under the read; read it alone again.
@@ -215,4 +214,78 @@ func (sc *lookupScratch) drop(p int, set []uint64) (any uint64) {
 // keyEnd is the number of blocks of sc's prompt.
 func (x *Index) keyEnd(sc *lookupScratch) int {
 	return (len(sc.tokens) + sc.blockSize - 1) / sc.blockSize
+}
+
+// askTable is a lookup's table of the owners it asks about, by owner ID: for an owner of
+// the block-size group being matched, its ID and bit number with the epoch it had when the
+// group's match started (askRef), so that judging a record of a block's owners takes one
+// load of it; 0 for every other owner (it is all zeros between groups), but for askTable[0],
+// which names no owner ID (askNone), so that no record matches it.
+//
+// A record is judged against the owner's epoch at the start of the group, not the live one
+// (Owners.Valid): a clear that lands during the lookup is not seen by it, as it is not seen
+// by a lookup that returns just before it. A lookup is not linearizable with writes anyway:
+// it reads each block at a different moment, and its result names the workers of the owner
+// snapshot it started with. The shards' host (Shard.match, and the read of a block alone
+// after a racing write, readBlock) still judges records live, as they ask by ShardQuery.Bits.
+type askTable []uint64
+
+// askNone is askTable[0]: owner field 0xffff, so that a record of owner 0 (none is stored)
+// never matches it.
+const askNone = uint64(0xffff) << 32
+
+// askRef is the entry of owner o, asked about as bit, at epoch: laid out as a record
+// (packSlot) over its epoch and owner fields, bits 0-47, with the bit number in bits 48-63.
+func askRef(o OwnerID, epoch uint32, bit int) uint64 {
+	return uint64(epoch) | uint64(o)<<32 | uint64(bit)<<48
+}
+
+// bit returns the bit of record v's owner (a packed slot, or a single owner's meta word,
+// which shares its layout in bits 0-47), and whether the owner is asked about and v is of
+// its epoch.
+func (t askTable) bit(v uint64) (uint64, bool) {
+	o := uint16(v >> 32)
+	if int(o) >= len(t) {
+		return 0, false
+	}
+	r := t[o]
+	return r >> 48, (v^r)<<16 == 0
+}
+
+// bits2 is the set of the owners asked about holding run, for a query of at most two words
+// (128 owners), as its low and high word. It accumulates in registers: a block every engine
+// holds sets a bit per owner, and a read-modify-write of memory per owner would chain on
+// store forwarding.
+func (t askTable) bits2(run []uint64) (lo, hi uint64) {
+	for i := range run {
+		if b, ok := t.bit(atomic.LoadUint64(&run[i])); ok {
+			bit := uint64(1) << (b & 63)
+			high := -(b >> 6) // all ones for an owner of the second word
+			lo |= bit &^ high
+			hi |= bit & high
+		}
+	}
+	return lo, hi
+}
+
+// set sets in set the owners asked about holding the resident block read as m; false when m
+// names a run the view cannot hold (a read racing the writer).
+func (t askTable) set(v *shardView, m meta, set []uint64) bool {
+	if !m.multi() {
+		if b, ok := t.bit(uint64(m)); ok {
+			set[b>>6] |= 1 << (b & 63)
+		}
+		return true
+	}
+	off, n := m.run()
+	if int(off)+int(n) > len(v.arena) {
+		return false
+	}
+	run := v.arena[off : off+n]
+	for i := range run {
+		if b, ok := t.bit(atomic.LoadUint64(&run[i])); ok {
+			set[b>>6] |= 1 << (b & 63)
+		}
+	}
+	return true
 }

@@ -1,6 +1,7 @@
 package index
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -146,5 +147,100 @@ func TestDirectMatcherFallsBackMidPrompt(t *testing.T) {
 				t.Fatalf("%d host queries, %d fallbacks: the held block was not left to the host", h.queries, x.Stats().Fallbacks-fallbacks)
 			}
 		})
+	}
+}
+
+// TestAskTableJudgesRecords: the direct matcher's table of asked owners matches a record (or
+// a single owner's meta word) of an asked owner at the epoch it was asked at, and nothing
+// else: another epoch, an owner not asked, owner 0, an owner past the table.
+func TestAskTableJudgesRecords(t *testing.T) {
+	asked := make(askTable, 8)
+	asked[0] = askNone
+	asked[3] = askRef(3, 7, 5)
+	asked[5] = askRef(5, 0, maxQueryOwners-1)
+	asked[6] = askRef(6, 1<<32-1, 64)
+	tests := []struct {
+		name    string
+		v       uint64
+		wantBit uint64
+		want    bool
+	}{
+		{"asked, at its epoch", packSlot(slot{7, 3, TierGPU}), 5, true},
+		{"a single owner's meta word", uint64(newMeta(7, 3, TierDisk, entryLive|ageMatched<<ageShift)), 5, true},
+		{"asked, epoch 0, the last bit", packSlot(slot{0, 5, AllTiers}), maxQueryOwners - 1, true},
+		{"asked, the last epoch", packSlot(slot{1<<32 - 1, 6, TierCPUPinned}), 64, true},
+		{"asked, an older epoch", packSlot(slot{6, 3, TierGPU}), 0, false},
+		{"asked, a newer epoch", packSlot(slot{8, 3, TierGPU}), 0, false},
+		{"not asked", packSlot(slot{7, 4, TierGPU}), 0, false},
+		{"not asked, epoch 0", packSlot(slot{0, 4, TierGPU}), 0, false},
+		{"owner 0, a zero word", 0, 0, false},
+		{"owner 0, epoch 0", packSlot(slot{0, 0, TierGPU}), 0, false},
+		{"past the table", packSlot(slot{7, 8, TierGPU}), 0, false},
+		{"the last owner ID", packSlot(slot{7, MaxOwners - 1, TierGPU}), 0, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			bit, ok := asked.bit(tt.v)
+			if ok != tt.want || ok && bit != tt.wantBit {
+				t.Errorf("bit(%#x) = %d, %v, want %d, %v", tt.v, bit, ok, tt.wantBit, tt.want)
+			}
+		})
+	}
+	run := []uint64{
+		packSlot(slot{7, 3, TierGPU}), packSlot(slot{6, 3, TierGPU}), packSlot(slot{1<<32 - 1, 6, TierGPU}),
+		packSlot(slot{7, 4, TierGPU}), 0,
+	}
+	if lo, hi := asked.bits2(run); lo != 1<<5 || hi != 1 {
+		t.Errorf("bits2 = %#x, %#x, want %#x, %#x", lo, hi, uint64(1<<5), 1)
+	}
+	v := &shardView{arena: append(run, packSlot(slot{0, 5, TierGPU}))}
+	set := make([]uint64, 1024)
+	if !asked.set(v, meta(0).withRun(0, uint32(len(v.arena))), set) {
+		t.Fatal("set: a run inside the arena reported out of it")
+	}
+	want := make([]uint64, 1024)
+	want[0], want[1], want[(maxQueryOwners-1)/64] = 1<<5, 1, 1<<((maxQueryOwners-1)%64)
+	if fmt.Sprint(set) != fmt.Sprint(want) {
+		t.Errorf("set: the owners set differ from 5, 64 and %d", maxQueryOwners-1)
+	}
+	if asked.set(v, meta(0).withRun(2, uint32(len(v.arena))), set) {
+		t.Error("set: a run past the arena's end reported read")
+	}
+}
+
+// TestLookupJudgesOwnersAtItsStart: an owner cleared while a lookup reads the prompt is judged
+// at the lookup's start, as if the clear came after it (askTable); the next lookup sees it.
+func TestLookupJudgesOwnersAtItsStart(t *testing.T) {
+	const bs = 16
+	var clearing OwnerID
+	x, err := New(Config{Shards: 2, MaxBlocks: 1 << 16, BlockKey: BlockKeyRouter,
+		matchRest: func(x *Index, sc *lookupScratch, w, n int) (int, bool) {
+			if clearing != 0 {
+				x.Owners().Clear(clearing) // after block 0 was read
+			}
+			return x.matchDirect(sc, w, 1, n, true)
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = x.Close() })
+	prompt := seqTokens(1, 100*bs)
+	a, b := register(t, x, "a", 1, bs)[0], register(t, x, "b", 1, bs)[0]
+	hold(t, x, a, prompt, bs, TierGPU)
+	hold(t, x, b, prompt, bs, TierGPU)
+	var l kv.Lookup
+	clearing = a
+	if err := x.Lookup(context.Background(), "m", prompt, &l); err != nil {
+		t.Fatal(err)
+	}
+	if l.Tokens("a") != int64(len(prompt)) || l.Tokens("b") != int64(len(prompt)) {
+		t.Errorf("during the clear: a holds %d tokens, b %d, want %d each", l.Tokens("a"), l.Tokens("b"), len(prompt))
+	}
+	clearing = 0
+	if err := x.Lookup(context.Background(), "m", prompt, &l); err != nil {
+		t.Fatal(err)
+	}
+	if l.Tokens("a") != 0 || l.Tokens("b") != int64(len(prompt)) {
+		t.Errorf("after the clear: a holds %d tokens, b %d, want 0 and %d", l.Tokens("a"), l.Tokens("b"), len(prompt))
 	}
 }

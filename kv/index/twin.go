@@ -232,7 +232,8 @@ func (x *Index) matchTwin(t *twin, sc *lookupScratch, w, n int) (end int, alive 
 // offer hands the twin the job of sc's prompt of n blocks over w words and wakes it.
 func (t *twin) offer(sc *lookupScratch, w, n int) {
 	ts := &t.sc
-	ts.tokens, ts.blockSize, ts.keys, ts.cache, ts.bits = sc.tokens, sc.blockSize, sc.keys, nil, sc.bits
+	ts.tokens, ts.blockSize, ts.keys, ts.cache = sc.tokens, sc.blockSize, sc.keys, nil
+	ts.bits, ts.asked = sc.bits, sc.asked
 	ts.startSets(len(sc.count), w)
 	if cap(t.buf) < n {
 		t.buf = make([]int64, n)
