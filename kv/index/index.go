@@ -519,7 +519,7 @@ func (x *Index) getScratch(maxID OwnerID) *lookupScratch {
 	if need := int(maxID) + 1; len(sc.bits) < need {
 		sc.bits = make([]uint16, need+need/2)
 		sc.asked = make(askTable, len(sc.bits))
-		sc.asked[0] = askNone
+		sc.asked[0].key = askNone
 	}
 	return sc
 }
@@ -615,14 +615,14 @@ func (x *Index) matchGroup(ctx context.Context, sc *lookupScratch, owners []Owne
 	w := (k + 63) / 64
 	for i, o := range owners {
 		sc.bits[o] = uint16(i + 1)
-		sc.asked[o] = askRef(o, x.owners.Epoch(o), i)
+		sc.asked.setAsked(o, x.owners.Epoch(o), i)
 	}
 	defer func() {
 		if err != nil {
 			return
 		}
 		for _, o := range owners {
-			sc.bits[o], sc.asked[o] = 0, 0
+			sc.bits[o], sc.asked[o] = 0, askEntry{}
 		}
 	}()
 	sc.startSets(k, w)

@@ -89,13 +89,7 @@ resolve:
 			ok := b.whole
 			if b.found && w <= 2 {
 				if !b.m.multi() {
-					if bit, held := asked.bit(uint64(b.m)); held {
-						if bit < 64 {
-							lo2 = 1 << bit
-						} else {
-							hi2 = 1 << (bit - 64)
-						}
-					}
+					lo2, hi2 = asked.bits1(uint64(b.m))
 				} else if off, n := b.m.run(); int(off)+int(n) <= len(b.v.arena) {
 					lo2, hi2 = asked.bits2(b.v.arena[off : off+n])
 				} else {
@@ -218,9 +212,9 @@ func (x *Index) keyEnd(sc *lookupScratch) int {
 
 // askTable is a lookup's table of the owners it asks about, by owner ID: for an owner of
 // the block-size group being matched, its ID and bit number with the epoch it had when the
-// group's match started (askRef), so that judging a record of a block's owners takes one
-// load of it; 0 for every other owner (it is all zeros between groups), but for askTable[0],
-// which names no owner ID (askNone), so that no record matches it.
+// group's match started (askEntry), so that judging a record of a block's owners takes one
+// load of its entry; the zero entry for every other owner (it is all zeros between groups),
+// but for askTable[0], which names no owner ID (askNone), so that no record matches it.
 //
 // A record is judged against the owner's epoch at the start of the group, not the live one
 // (Owners.Valid): a clear that lands during the lookup is not seen by it, as it is not seen
@@ -228,9 +222,27 @@ func (x *Index) keyEnd(sc *lookupScratch) int {
 // it reads each block at a different moment, and its result names the workers of the owner
 // snapshot it started with. The shards' host (Shard.match, and the read of a block alone
 // after a racing write, readBlock) still judges records live, as they ask by ShardQuery.Bits.
-type askTable []uint64
+type askTable []askEntry
 
-// askNone is askTable[0]: owner field 0xffff, so that a record of owner 0 (none is stored)
+// askEntry is an owner's entry in an askTable: key, its askRef, and for an owner of the
+// first 128 bits (a query of at most two words) its bit as two words, one of them 0, so that
+// a record folds into a block's set with two ORs (24 bytes an owner ID: a shift to pick the
+// word costs the matcher more than the wider table; bits2).
+type askEntry struct {
+	key  uint64
+	bits [2]uint64
+}
+
+// setAsked makes o the owner of bit, at epoch, in t.
+func (t askTable) setAsked(o OwnerID, epoch uint32, bit int) {
+	e := askEntry{key: askRef(o, epoch, bit)}
+	if bit < 128 {
+		e.bits[bit>>6] = 1 << (bit & 63)
+	}
+	t[o] = e
+}
+
+// askNone is askTable[0]'s key: owner field 0xffff, so that a record of owner 0 (none is stored)
 // never matches it.
 const askNone = uint64(0xffff) << 32
 
@@ -248,8 +260,18 @@ func (t askTable) bit(v uint64) (uint64, bool) {
 	if int(o) >= len(t) {
 		return 0, false
 	}
-	r := t[o]
+	r := t[o].key
 	return r >> 48, (v^r)<<16 == 0
+}
+
+// bits1 is bits2 of one record.
+func (t askTable) bits1(v uint64) (lo, hi uint64) {
+	if o := uint16(v >> 32); int(o) < len(t) {
+		if e := &t[o]; (v^e.key)<<16 == 0 {
+			return e.bits[0], e.bits[1]
+		}
+	}
+	return 0, 0
 }
 
 // bits2 is the set of the owners asked about holding run, for a query of at most two words
@@ -258,11 +280,12 @@ func (t askTable) bit(v uint64) (uint64, bool) {
 // store forwarding.
 func (t askTable) bits2(run []uint64) (lo, hi uint64) {
 	for i := range run {
-		if b, ok := t.bit(atomic.LoadUint64(&run[i])); ok {
-			bit := uint64(1) << (b & 63)
-			high := -(b >> 6) // all ones for an owner of the second word
-			lo |= bit &^ high
-			hi |= bit & high
+		v := atomic.LoadUint64(&run[i])
+		if o := uint16(v >> 32); int(o) < len(t) {
+			if e := &t[o]; (v^e.key)<<16 == 0 {
+				lo |= e.bits[0]
+				hi |= e.bits[1]
+			}
 		}
 	}
 	return lo, hi

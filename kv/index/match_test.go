@@ -155,10 +155,10 @@ func TestDirectMatcherFallsBackMidPrompt(t *testing.T) {
 // else: another epoch, an owner not asked, owner 0, an owner past the table.
 func TestAskTableJudgesRecords(t *testing.T) {
 	asked := make(askTable, 8)
-	asked[0] = askNone
-	asked[3] = askRef(3, 7, 5)
-	asked[5] = askRef(5, 0, maxQueryOwners-1)
-	asked[6] = askRef(6, 1<<32-1, 64)
+	asked[0].key = askNone
+	asked.setAsked(3, 7, 5)
+	asked.setAsked(5, 0, maxQueryOwners-1)
+	asked.setAsked(6, 1<<32-1, 64)
 	tests := []struct {
 		name    string
 		v       uint64
@@ -183,6 +183,13 @@ func TestAskTableJudgesRecords(t *testing.T) {
 			bit, ok := asked.bit(tt.v)
 			if ok != tt.want || ok && bit != tt.wantBit {
 				t.Errorf("bit(%#x) = %d, %v, want %d, %v", tt.v, bit, ok, tt.wantBit, tt.want)
+			}
+			var want [2]uint64
+			if tt.want && tt.wantBit < 128 {
+				want[tt.wantBit/64] = 1 << (tt.wantBit % 64)
+			}
+			if lo, hi := asked.bits1(tt.v); lo != want[0] || hi != want[1] {
+				t.Errorf("bits1(%#x) = %#x, %#x, want %#x, %#x", tt.v, lo, hi, want[0], want[1])
 			}
 		})
 	}
