@@ -27,7 +27,8 @@
 //
 // Clearing: every owner has an epoch; an entry is valid only with its owner's current epoch.
 // Clearing an owner (ClearOwner, worker removal) is one atomic increment, effective for every
-// lookup at once; shards reclaim the stale records in bounded sweeps.
+// lookup that starts after it (a lookup reads the epochs of the owners it asks about when it
+// starts); shards reclaim the stale records in bounded sweeps.
 //
 // Concurrency: Index is safe for concurrent use. Each Shard has one writer at a time, the
 // goroutine that owns it (an index shard actor, package actors implements ShardHost, or a

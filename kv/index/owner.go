@@ -81,8 +81,9 @@ type OwnerInfo struct {
 
 // Owners registers the owners of cached blocks and their epochs. An owner's entries are
 // valid while they carry its current epoch: clearing an owner (engine restart, sequence gap
-// without replay, removal) is one atomic increment, visible at once to every lookup, and the
-// shards reclaim the stale entries lazily.
+// without replay, removal) is one atomic increment, visible at once to every lookup that
+// starts after it (a lookup reads the epochs of the owners it asks about when it starts), and
+// the shards reclaim the stale entries lazily.
 //
 // Owners is safe for concurrent use. Registration serializes on a mutex and publishes an
 // immutable snapshot; epochs are atomics read without locks.
