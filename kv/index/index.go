@@ -622,7 +622,8 @@ func (x *Index) matchGroup(ctx context.Context, sc *lookupScratch, owners []Owne
 			return
 		}
 		for _, o := range owners {
-			sc.bits[o], sc.asked[o] = 0, askEntry{}
+			sc.bits[o] = 0
+			sc.asked.unask(o)
 		}
 	}()
 	sc.startSets(k, w)

@@ -233,13 +233,21 @@ type askEntry struct {
 	bits [2]uint64
 }
 
-// setAsked makes o the owner of bit, at epoch, in t.
+// setAsked makes o the owner of bit, at epoch, in t. (It and unask write the entry's words
+// one by one: a copy of a whole entry goes through the stack in overlapping 16-byte moves,
+// whose loads wait on a store they cannot be forwarded from.)
 func (t askTable) setAsked(o OwnerID, epoch uint32, bit int) {
-	e := askEntry{key: askRef(o, epoch, bit)}
+	e := &t[o]
+	e.key, e.bits[0], e.bits[1] = askRef(o, epoch, bit), 0, 0
 	if bit < 128 {
 		e.bits[bit>>6] = 1 << (bit & 63)
 	}
-	t[o] = e
+}
+
+// unask gives o the zero entry again.
+func (t askTable) unask(o OwnerID) {
+	e := &t[o]
+	e.key, e.bits[0], e.bits[1] = 0, 0, 0
 }
 
 // askNone is askTable[0]'s key: owner field 0xffff, so that a record of owner 0 (none is stored)
