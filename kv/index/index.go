@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"sync"
 	"time"
+	"unsafe"
 
 	"switchyard/kv"
 	"switchyard/kv/hashing"
@@ -405,10 +406,14 @@ type lookupScratch struct {
 	qp     []*ShardQuery
 	cursor []int
 	// bits numbers the owners of the block-size group being matched: bits[o] = 1 + o's
-	// bit, 0 for every other owner (it is all zeros between groups). asked is the same
-	// owners with their epochs, for the direct matcher (askTable).
-	bits  []uint16
-	asked askTable
+	// bit, 0 for every other owner. asked is the same owners with their epochs, for the
+	// direct matcher (askTable). Both are kept between matches for the next match of the
+	// same owners (ask): askedFor are those owners, askedGen the Owners.ClearGen they were
+	// asked at.
+	bits     []uint16
+	asked    askTable
+	askedFor []OwnerID
+	askedGen uint64
 	// alive is the set of owners holding every block so far; count[b] is the number of
 	// leading blocks owner bit b holds.
 	alive []uint64
@@ -520,6 +525,7 @@ func (x *Index) getScratch(maxID OwnerID) *lookupScratch {
 		sc.bits = make([]uint16, need+need/2)
 		sc.asked = make(askTable, len(sc.bits))
 		sc.asked[0].key = askNone
+		sc.askedFor = nil
 	}
 	return sc
 }
@@ -607,27 +613,37 @@ func (x *Index) MatchHashes(ctx context.Context, model string, blockSize int, ha
 const maxQueryOwners = 1<<16 - 1
 
 // matchGroup sets sc.count[i] to the number of the prompt's n leading blocks owners[i]
-// holds. On error a shard may still read sc.bits: they (and sc.asked) are left as they are,
-// and the caller drops sc instead of pooling it.
-func (x *Index) matchGroup(ctx context.Context, sc *lookupScratch, owners []OwnerID, n int) (err error) {
+// holds. On error a shard may still read sc.bits: the caller drops sc instead of pooling it.
+func (x *Index) matchGroup(ctx context.Context, sc *lookupScratch, owners []OwnerID, n int) error {
 	owners = owners[:min(len(owners), maxQueryOwners)]
 	k := len(owners)
 	w := (k + 63) / 64
-	for i, o := range owners {
-		sc.bits[o] = uint16(i + 1)
-		sc.asked.setAsked(o, x.owners.Epoch(o), i)
-	}
-	defer func() {
-		if err != nil {
-			return
-		}
-		for _, o := range owners {
-			sc.bits[o] = 0
-			sc.asked.unask(o)
-		}
-	}()
+	sc.ask(x.owners, owners)
 	sc.startSets(k, w)
 	return x.matchWaves(ctx, sc, w, n)
+}
+
+// ask numbers owners for a match in sc.bits and sc.asked, with their epochs as of now. The
+// tables are kept after the match: the next match of the same owners (the same snapshot's
+// slice) on sc, with no owner cleared since (Owners.ClearGen: it counts every epoch change,
+// after the change), finds them as they are; a match of other owners clears them first.
+// Reused, the table judges by epochs read before this lookup started; but no clear was
+// counted in between, so a lookup reading the new epoch could only be one that a clear still
+// under way may be ordered after.
+func (sc *lookupScratch) ask(reg *Owners, owners []OwnerID) {
+	gen := reg.ClearGen() // before the epochs: a clear counted after it builds the tables again
+	if sc.askedGen == gen && len(sc.askedFor) == len(owners) && unsafe.SliceData(sc.askedFor) == unsafe.SliceData(owners) {
+		return
+	}
+	for _, o := range sc.askedFor {
+		sc.bits[o] = 0
+		sc.asked.unask(o)
+	}
+	for i, o := range owners {
+		sc.bits[o] = uint16(i + 1)
+		sc.asked.setAsked(o, reg.Epoch(o), i)
+	}
+	sc.askedFor, sc.askedGen = owners, gen
 }
 
 // startSets sets sc's counts of k owners to zero and all k alive, in w words.

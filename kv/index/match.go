@@ -211,10 +211,10 @@ func (x *Index) keyEnd(sc *lookupScratch) int {
 }
 
 // askTable is a lookup's table of the owners it asks about, by owner ID: for an owner of
-// the block-size group being matched, its ID and bit number with the epoch it had when the
-// group's match started (askEntry), so that judging a record of a block's owners takes one
-// load of its entry; the zero entry for every other owner (it is all zeros between groups),
-// but for askTable[0], which names no owner ID (askNone), so that no record matches it.
+// the block-size group being matched, its ID and bit number with its epoch as of the
+// group's match's start (askEntry; lookupScratch.ask), so that judging a record of a
+// block's owners takes one load of its entry; the zero entry for every other owner, but for
+// askTable[0], which names no owner ID (askNone), so that no record matches it.
 //
 // A record is judged against the owner's epoch at the start of the group, not the live one
 // (Owners.Valid): a clear that lands during the lookup is not seen by it, as it is not seen

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"switchyard/kv"
@@ -250,4 +251,46 @@ func TestLookupJudgesOwnersAtItsStart(t *testing.T) {
 	if l.Tokens("a") != 0 || l.Tokens("b") != int64(len(prompt)) {
 		t.Errorf("after the clear: a holds %d tokens, b %d, want 0 and %d", l.Tokens("a"), l.Tokens("b"), len(prompt))
 	}
+}
+
+// TestAskKeepsTablesUntilAClear: a lookup scratch's owner tables are built for a match's
+// owners and kept for the next match of the same owners, rebuilt after a clear (at the new
+// epoch) and for other owners (whose old entries are cleared).
+func TestAskKeepsTablesUntilAClear(t *testing.T) {
+	reg := NewOwners()
+	a, err := reg.SetWorker("a", "m", 2, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := reg.SetWorker("b", "m", 1, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := &lookupScratch{bits: make([]uint16, 8), asked: make(askTable, 8)}
+	sc.asked[0].key = askNone
+	check := func(step string, want ...OwnerID) {
+		t.Helper()
+		for id := OwnerID(1); id < 8; id++ {
+			bit := slices.Index(want, id)
+			got, ok := sc.asked.bit(packSlot(slot{reg.Epoch(id), uint16(id), TierGPU}))
+			switch {
+			case bit < 0 && (sc.bits[id] != 0 || sc.asked[id] != askEntry{}):
+				t.Errorf("%s: owner %d not asked has bits %d, entry %+v", step, id, sc.bits[id], sc.asked[id])
+			case bit >= 0 && (sc.bits[id] != uint16(bit+1) || !ok || got != uint64(bit)):
+				t.Errorf("%s: owner %d has bits %d, bit %d %v at its epoch, want bit %d", step, id, sc.bits[id], got, ok, bit)
+			}
+		}
+	}
+	g := []OwnerID{a[0], a[1], b[0]}
+	sc.ask(reg, g)
+	check("built", g...)
+	sc.ask(reg, g)
+	check("kept", g...)
+	reg.Clear(a[1])
+	sc.ask(reg, g)
+	check("after a clear", g...)
+	sc.ask(reg, b)
+	check("other owners", b...)
+	sc.ask(reg, slices.Clone(b))
+	check("the same owners in another slice", b...)
 }
