@@ -627,9 +627,9 @@ func (x *Index) matchGroup(ctx context.Context, sc *lookupScratch, owners []Owne
 // tables are kept after the match: the next match of the same owners (the same snapshot's
 // slice) on sc, with no owner cleared since (Owners.ClearGen: it counts every epoch change,
 // after the change), finds them as they are; a match of other owners clears them first.
-// Reused, the table judges by epochs read before this lookup started; but no clear was
-// counted in between, so a lookup reading the new epoch could only be one that a clear still
-// under way may be ordered after.
+// Reused, the tables judge by epochs read before this lookup started; but no clear was
+// counted since, so a clear they miss is one still under way, which the lookup may be
+// ordered before.
 func (sc *lookupScratch) ask(reg *Owners, owners []OwnerID) {
 	gen := reg.ClearGen() // before the epochs: a clear counted after it builds the tables again
 	if sc.askedGen == gen && len(sc.askedFor) == len(owners) && unsafe.SliceData(sc.askedFor) == unsafe.SliceData(owners) {

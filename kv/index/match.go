@@ -250,8 +250,8 @@ func (t askTable) unask(o OwnerID) {
 	e.key, e.bits[0], e.bits[1] = 0, 0, 0
 }
 
-// askNone is askTable[0]'s key: owner field 0xffff, so that a record of owner 0 (none is stored)
-// never matches it.
+// askNone is askTable[0]'s key: owner field 0xffff, so that a record of owner 0 (none is
+// stored) never matches it.
 const askNone = uint64(0xffff) << 32
 
 // askRef is the entry of owner o, asked about as bit, at epoch: laid out as a record
