@@ -639,9 +639,10 @@ func (sc *lookupScratch) ask(reg *Owners, owners []OwnerID) {
 		sc.bits[o] = 0
 		sc.asked.unask(o)
 	}
+	words := (len(owners) + 63) / 64
 	for i, o := range owners {
 		sc.bits[o] = uint16(i + 1)
-		sc.asked.setAsked(o, reg.Epoch(o), i)
+		sc.asked.setAsked(o, reg.Epoch(o), i, words)
 	}
 	sc.askedFor, sc.askedGen = owners, gen
 }

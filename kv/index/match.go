@@ -224,23 +224,30 @@ func (x *Index) keyEnd(sc *lookupScratch) int {
 // after a racing write, readBlock) still judges records live, as they ask by ShardQuery.Bits.
 type askTable []askEntry
 
-// askEntry is an owner's entry in an askTable: key, its askRef, and for an owner of the
-// first 128 bits (a query of at most two words) its bit as two words, one of them 0, so that
-// a record folds into a block's set with two ORs (24 bytes an owner ID: a shift to pick the
-// word costs the matcher more than the wider table; bits2).
+// askEntry is an owner's entry in an askTable: key, its askRef, and its bit in the form the
+// query's width folds fastest: for a query of at most two words, the two words of the owner's
+// bit (one of them 0), so that a record folds into a block's set with two ORs (bits2); for a
+// wider one, the bit's mask in its word and the word's index (set). 24 bytes an owner ID: a
+// shift to pick the word costs the matcher more than the wider table.
 type askEntry struct {
 	key  uint64
 	bits [2]uint64
 }
 
-// setAsked makes o the owner of bit, at epoch, in t. (It and unask write the entry's words
-// one by one: a copy of a whole entry goes through the stack in overlapping 16-byte moves,
-// whose loads wait on a store they cannot be forwarded from.)
-func (t askTable) setAsked(o OwnerID, epoch uint32, bit int) {
+// setAsked makes o the owner of bit, at epoch, in t, for a query of words words. (It and
+// unask write the entry's words one by one: a copy of a whole entry goes through the stack in
+// overlapping 16-byte moves, whose loads wait on a store they cannot be forwarded from.)
+func (t askTable) setAsked(o OwnerID, epoch uint32, bit, words int) {
 	e := &t[o]
-	e.key, e.bits[0], e.bits[1] = askRef(o, epoch, bit), 0, 0
-	if bit < 128 {
-		e.bits[bit>>6] = 1 << (bit & 63)
+	e.key = askRef(o, epoch, bit)
+	mask := uint64(1) << (bit & 63)
+	switch {
+	case words > 2:
+		e.bits[0], e.bits[1] = mask, uint64(bit>>6)
+	case bit < 64:
+		e.bits[0], e.bits[1] = mask, 0
+	default:
+		e.bits[0], e.bits[1] = 0, mask
 	}
 }
 
@@ -258,18 +265,6 @@ const askNone = uint64(0xffff) << 32
 // (packSlot) over its epoch and owner fields, bits 0-47, with the bit number in bits 48-63.
 func askRef(o OwnerID, epoch uint32, bit int) uint64 {
 	return uint64(epoch) | uint64(o)<<32 | uint64(bit)<<48
-}
-
-// bit returns the bit of record v's owner (a packed slot, or a single owner's meta word,
-// which shares its layout in bits 0-47), and whether the owner is asked about and v is of
-// its epoch.
-func (t askTable) bit(v uint64) (uint64, bool) {
-	o := uint16(v >> 32)
-	if int(o) >= len(t) {
-		return 0, false
-	}
-	r := t[o].key
-	return r >> 48, (v^r)<<16 == 0
 }
 
 // bits1 is bits2 of one record.
@@ -299,13 +294,12 @@ func (t askTable) bits2(run []uint64) (lo, hi uint64) {
 	return lo, hi
 }
 
-// set sets in set the owners asked about holding the resident block read as m; false when m
-// names a run the view cannot hold (a read racing the writer).
+// set sets in set the owners asked about holding the resident block read as m, for a query of
+// more than two words (len(set)); false when m names a run the view cannot hold (a read
+// racing the writer).
 func (t askTable) set(v *shardView, m meta, set []uint64) bool {
 	if !m.multi() {
-		if b, ok := t.bit(uint64(m)); ok {
-			set[b>>6] |= 1 << (b & 63)
-		}
+		t.setOne(uint64(m), set)
 		return true
 	}
 	off, n := m.run()
@@ -314,9 +308,16 @@ func (t askTable) set(v *shardView, m meta, set []uint64) bool {
 	}
 	run := v.arena[off : off+n]
 	for i := range run {
-		if b, ok := t.bit(atomic.LoadUint64(&run[i])); ok {
-			set[b>>6] |= 1 << (b & 63)
-		}
+		t.setOne(atomic.LoadUint64(&run[i]), set)
 	}
 	return true
+}
+
+// setOne is set for one record v.
+func (t askTable) setOne(v uint64, set []uint64) {
+	if o := uint16(v >> 32); int(o) < len(t) {
+		if e := &t[o]; (v^e.key)<<16 == 0 && e.bits[1] < uint64(len(set)) {
+			set[e.bits[1]] |= e.bits[0]
+		}
+	}
 }

@@ -155,11 +155,16 @@ func TestDirectMatcherFallsBackMidPrompt(t *testing.T) {
 // a single owner's meta word) of an asked owner at the epoch it was asked at, and nothing
 // else: another epoch, an owner not asked, owner 0, an owner past the table.
 func TestAskTableJudgesRecords(t *testing.T) {
-	asked := make(askTable, 8)
-	asked[0].key = askNone
-	asked.setAsked(3, 7, 5)
-	asked.setAsked(5, 0, maxQueryOwners-1)
-	asked.setAsked(6, 1<<32-1, 64)
+	asked, wide := make(askTable, 8), make(askTable, 8) // for queries of two words, and more
+	asked[0].key, wide[0].key = askNone, askNone
+	for _, a := range []struct {
+		o     OwnerID
+		epoch uint32
+		bit   int
+	}{{3, 7, 5}, {5, 0, maxQueryOwners - 1}, {6, 1<<32 - 1, 64}} {
+		asked.setAsked(a.o, a.epoch, a.bit, 2)
+		wide.setAsked(a.o, a.epoch, a.bit, maxQueryOwners/64+1)
+	}
 	tests := []struct {
 		name    string
 		v       uint64
@@ -189,8 +194,17 @@ func TestAskTableJudgesRecords(t *testing.T) {
 			if tt.want && tt.wantBit < 128 {
 				want[tt.wantBit/64] = 1 << (tt.wantBit % 64)
 			}
-			if lo, hi := asked.bits1(tt.v); lo != want[0] || hi != want[1] {
+			if lo, hi := asked.bits1(tt.v); tt.wantBit < 128 && (lo != want[0] || hi != want[1]) {
 				t.Errorf("bits1(%#x) = %#x, %#x, want %#x, %#x", tt.v, lo, hi, want[0], want[1])
+			}
+			set := make([]uint64, maxQueryOwners/64+1)
+			wide.setOne(tt.v, set)
+			wantSet := make([]uint64, len(set))
+			if tt.want {
+				wantSet[tt.wantBit/64] = 1 << (tt.wantBit % 64)
+			}
+			if !slices.Equal(set, wantSet) {
+				t.Errorf("setOne(%#x): the set differs from {%d: %v}", tt.v, tt.wantBit, tt.want)
 			}
 		})
 	}
@@ -203,16 +217,23 @@ func TestAskTableJudgesRecords(t *testing.T) {
 	}
 	v := &shardView{arena: append(run, packSlot(slot{0, 5, TierGPU}))}
 	set := make([]uint64, 1024)
-	if !asked.set(v, meta(0).withRun(0, uint32(len(v.arena))), set) {
+	if !wide.set(v, meta(0).withRun(0, uint32(len(v.arena))), set) {
 		t.Fatal("set: a run inside the arena reported out of it")
 	}
 	want := make([]uint64, 1024)
 	want[0], want[1], want[(maxQueryOwners-1)/64] = 1<<5, 1, 1<<((maxQueryOwners-1)%64)
-	if fmt.Sprint(set) != fmt.Sprint(want) {
+	if !slices.Equal(set, want) {
 		t.Errorf("set: the owners set differ from 5, 64 and %d", maxQueryOwners-1)
 	}
-	if asked.set(v, meta(0).withRun(2, uint32(len(v.arena))), set) {
+	if wide.set(v, meta(0).withRun(2, uint32(len(v.arena))), set) {
 		t.Error("set: a run past the arena's end reported read")
+	}
+	clear(set)
+	if !wide.set(v, newMeta(7, 3, TierGPU, entryLive), set) || !slices.Equal(set[:2], []uint64{1 << 5, 0}) {
+		t.Errorf("set of a single owner's meta word: %#x, want owner bit 5", set[:2])
+	}
+	if short := make([]uint64, 1); !wide.set(v, newMeta(1<<32-1, 6, TierGPU, entryLive), short) || short[0] != 0 {
+		t.Errorf("set of an owner past a short set: %#x, want nothing set", short)
 	}
 }
 
@@ -293,4 +314,16 @@ func TestAskKeepsTablesUntilAClear(t *testing.T) {
 	check("other owners", b...)
 	sc.ask(reg, slices.Clone(b))
 	check("the same owners in another slice", b...)
+}
+
+// bit returns the bit number of record v's owner (a packed slot, or a single owner's meta
+// word, which shares its layout in bits 0-47), and whether the owner is asked about and v is
+// of its epoch.
+func (t askTable) bit(v uint64) (uint64, bool) {
+	o := uint16(v >> 32)
+	if int(o) >= len(t) {
+		return 0, false
+	}
+	r := t[o].key
+	return r >> 48, (v^r)<<16 == 0
 }
