@@ -133,10 +133,10 @@ type Ticket struct {
 
 // Admit is called when a dispatch that starts at start is about to be sent to the worker:
 // its outcome counts in the breaker's error-rate window at start (a retry's start is its
-// own, not its request's). It refuses when the worker was removed, its breaker is open, or its breaker is half-open
-// with the probe already in flight; the worker is then withdrawn from picks before Admit
-// returns, so the caller's next selection chooses another engine. The fast path (a closed
-// breaker) is two atomic loads.
+// own, not its request's). It refuses when the worker was removed, its breaker is open, or
+// its breaker is half-open with the probe already in flight; the worker is then withdrawn
+// from picks before Admit returns, so the caller's next selection chooses another engine.
+// The fast path (a closed breaker) is two atomic loads.
 func (m *Member) Admit(start time.Time) (Ticket, bool) {
 	if m.removed.Load() {
 		return Ticket{}, false
